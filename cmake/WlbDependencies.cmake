@@ -1,0 +1,104 @@
+# All third-party discovery and the Debian Kokkos target quirks live here, so the
+# rest of the build only sees clean imported targets.
+
+# --- Kokkos --------------------------------------------------------------------
+# Debian ships Kokkos 3.4.1 inside Trilinos; a cluster build passes Kokkos_ROOT to a
+# Kokkos 4.x install. No version range: 3.4's config file rejects them.
+find_package(Kokkos REQUIRED)
+if(Kokkos_VERSION VERSION_LESS 3.4)
+  message(FATAL_ERROR "wlb needs Kokkos >= 3.4 (found ${Kokkos_VERSION})")
+endif()
+if(TARGET Kokkos::kokkos AND Kokkos_INCLUDE_DIRS)
+  # Debian's Kokkos::kokkos names a non-existent include directory; point it at the
+  # real one (/usr/include/trilinos). Harmless on a proper Kokkos 4.x install.
+  get_target_property(_wlb_kk_inc Kokkos::kokkos INTERFACE_INCLUDE_DIRECTORIES)
+  set(_wlb_kk_ok TRUE)
+  foreach(_d IN LISTS _wlb_kk_inc)
+    if(NOT _d MATCHES "^\\$<" AND NOT EXISTS "${_d}")
+      set(_wlb_kk_ok FALSE)
+    endif()
+  endforeach()
+  if(NOT _wlb_kk_ok)
+    set_target_properties(Kokkos::kokkos PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${Kokkos_INCLUDE_DIRS}")
+  endif()
+endif()
+
+# KokkosKernels: Debian has no version file and no Kokkos::kokkoskernels target.
+find_package(KokkosKernels QUIET)
+add_library(wlb_kokkoskernels INTERFACE)
+if(TARGET Kokkos::kokkoskernels)
+  target_link_libraries(wlb_kokkoskernels INTERFACE Kokkos::kokkoskernels)
+elseif(KokkosKernels_LIBRARIES)
+  target_include_directories(wlb_kokkoskernels INTERFACE ${KokkosKernels_INCLUDE_DIRS})
+  target_link_directories(wlb_kokkoskernels INTERFACE ${KokkosKernels_LIBRARY_DIRS})
+  target_link_libraries(wlb_kokkoskernels INTERFACE ${KokkosKernels_LIBRARIES})
+endif()
+
+# --- BLAS (GEMMs of the transformer layer) -----------------------------------------
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(WLB_OPENBLAS QUIET IMPORTED_TARGET openblas)
+if(WLB_OPENBLAS_FOUND)
+  add_library(wlb_blas INTERFACE)
+  target_link_libraries(wlb_blas INTERFACE PkgConfig::WLB_OPENBLAS)
+  target_compile_definitions(wlb_blas INTERFACE WLB_HAVE_CBLAS=1)
+else()
+  find_package(BLAS REQUIRED)
+  add_library(wlb_blas INTERFACE)
+  target_link_libraries(wlb_blas INTERFACE BLAS::BLAS)
+endif()
+
+# --- MPI, parallel HDF5 --------------------------------------------------------------
+find_package(MPI REQUIRED COMPONENTS C)
+set(HDF5_PREFER_PARALLEL TRUE)
+find_package(HDF5 REQUIRED COMPONENTS C)
+if(NOT HDF5_IS_PARALLEL)
+  message(FATAL_ERROR "wlb needs parallel HDF5 (Debian: libhdf5-openmpi-dev)")
+endif()
+if(NOT TARGET HDF5::HDF5)
+  add_library(HDF5::HDF5 INTERFACE IMPORTED)
+  target_include_directories(HDF5::HDF5 INTERFACE ${HDF5_C_INCLUDE_DIRS} ${HDF5_INCLUDE_DIRS})
+  target_link_libraries(HDF5::HDF5 INTERFACE ${HDF5_C_LIBRARIES} ${HDF5_LIBRARIES})
+  target_compile_definitions(HDF5::HDF5 INTERFACE ${HDF5_C_DEFINITIONS})
+endif()
+
+# --- Decks, CLI, JSON, logging ---------------------------------------------------
+find_package(toml11 REQUIRED)
+find_package(CLI11 REQUIRED)
+find_package(nlohmann_json 3 REQUIRED)
+find_package(fmt REQUIRED)
+
+# --- MILP (fixed-length optimal packing) -------------------------------------------
+pkg_check_modules(WLB_CBC REQUIRED IMPORTED_TARGET cbc)
+
+# --- NCCL (optional, compile/link only without a GPU) ------------------------------
+if(WLB_ENABLE_NCCL)
+  find_package(CUDAToolkit REQUIRED)
+  find_path(WLB_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
+  find_library(WLB_NCCL_LIB nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
+  if(NOT WLB_NCCL_INCLUDE OR NOT WLB_NCCL_LIB)
+    message(FATAL_ERROR "WLB_ENABLE_NCCL=ON but nccl.h / libnccl were not found")
+  endif()
+endif()
+
+# --- Tests and benchmarks -------------------------------------------------------------
+if(WLB_ENABLE_TESTS)
+  find_package(GTest REQUIRED)
+endif()
+if(WLB_ENABLE_BENCH)
+  find_package(benchmark REQUIRED)
+endif()
+
+# --- Common compile flags ------------------------------------------------------------
+add_library(wlb_flags INTERFACE)
+target_compile_options(wlb_flags INTERFACE -Wall -Wextra -Wno-unused-parameter)
+if(WLB_NATIVE)
+  include(CheckCXXCompilerFlag)
+  check_cxx_compiler_flag(-march=native WLB_HAS_MARCH_NATIVE)
+  if(WLB_HAS_MARCH_NATIVE)
+    target_compile_options(wlb_flags INTERFACE -march=native)
+  endif()
+endif()
+if(WLB_ENABLE_SANITIZERS)
+  target_compile_options(wlb_flags INTERFACE -fsanitize=address,undefined -fno-omit-frame-pointer)
+  target_link_options(wlb_flags INTERFACE -fsanitize=address,undefined)
+endif()

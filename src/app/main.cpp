@@ -1,0 +1,102 @@
+// The `wlb` driver: initialise MPI and Kokkos, dispatch to a registered subcommand,
+// map bad input to exit code 2 on every rank without hanging.
+#include <mpi.h>
+
+#include <Kokkos_Core.hpp>
+#include <cstdio>
+#include <iostream>
+#include <map>
+
+#include "app/command.hpp"
+#include "core/error.hpp"
+#include "core/version_info.hpp"
+
+namespace wlb::app {
+namespace {
+struct Entry {
+  std::string description;
+  Setup setup;
+};
+std::map<std::string, Entry>& registry() {
+  static std::map<std::string, Entry> r;
+  return r;
+}
+}  // namespace
+
+bool registerCommand(const std::string& name, const std::string& description, Setup setup) {
+  registry()[name] = Entry{description, std::move(setup)};
+  return true;
+}
+
+Deck DeckArgs::load() const { return loadDeck(path, overrides); }
+
+void addDeckArgs(CLI::App& sub, DeckArgs& args, bool optional) {
+  auto* opt = sub.add_option("deck", args.path, "TOML input deck");
+  if (!optional) opt->required();
+  sub.add_option("--set", args.overrides,
+                 "Override a deck key: table.key=value (TOML value; repeatable)")
+      ->allow_extra_args(false)
+      ->type_name("TABLE.KEY=VALUE");
+}
+
+int worldRank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int worldSize() {
+  int s = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
+
+}  // namespace wlb::app
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rc = 0;
+  {
+    Kokkos::ScopeGuard kokkos(argc, argv);
+    const int rank = wlb::app::worldRank();
+
+    CLI::App app{"wlb — workload-balanced 4D-parallel LLM training: plan, run, simulate, analyse"};
+    app.require_subcommand(0, 1);
+    bool show_version = false;
+    app.add_flag("--version", show_version, "Print version, git hash, Kokkos, MPI and HDF5");
+
+    std::map<std::string, std::pair<CLI::App*, wlb::app::Runner>> subs;
+    for (auto& [name, entry] : wlb::app::registry()) {
+      CLI::App* sub = app.add_subcommand(name, entry.description);
+      subs[name] = {sub, entry.setup(*sub)};
+    }
+
+    try {
+      app.parse(argc, argv);
+      if (show_version) {
+        if (rank == 0) std::cout << wlb::versionReport();
+      } else if (app.get_subcommands().empty()) {
+        if (rank == 0) std::cout << app.help();
+      } else {
+        const auto* chosen = app.get_subcommands().front();
+        rc = subs.at(chosen->get_name()).second();
+      }
+    } catch (const CLI::ParseError& e) {
+      // --help and friends are "errors" with exit code 0.
+      if (rank == 0) rc = app.exit(e);
+      else rc = e.get_exit_code();
+      if (rc != 0) rc = wlb::kExitBadInput;
+    } catch (const wlb::InputError& e) {
+      if (!e.collective() || rank == 0) {
+        if (e.collective()) std::fprintf(stderr, "wlb: error: %s\n", e.what());
+        else std::fprintf(stderr, "wlb: error (rank %d): %s\n", rank, e.what());
+      }
+      rc = wlb::kExitBadInput;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "wlb: internal error (rank %d): %s\n", rank, e.what());
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+  }
+  MPI_Finalize();
+  return rc;
+}

@@ -1,0 +1,49 @@
+#pragma once
+/// \file types.hpp
+/// \brief The vocabulary of ALGORITHMS.md §0: documents, segments, micro-batches and the
+/// per-step packing plan shared by packers, shard planners, executor, simulator and trace.
+
+#include <cstdint>
+#include <vector>
+
+namespace wlb {
+
+using DocId = std::int64_t;
+
+/// One training sample as the length source produced it.
+struct Document {
+  DocId id = 0;                  ///< stream position (unique, increasing)
+  std::int64_t length = 0;       ///< tokens
+  std::int64_t arrival_step = 0; ///< step at which the dataloader produced it
+};
+
+/// A contiguous token range [offset, offset+length) of one document. Inside a packed
+/// micro-batch a segment is the attention unit: its tokens attend causally to earlier
+/// tokens of the same segment only (a document cut by the `original` packer starts a
+/// fresh attention span in each sequence, as Megatron-style packing does).
+struct Segment {
+  DocId doc = 0;
+  std::int64_t offset = 0;
+  std::int64_t length = 0;
+  std::int64_t arrival_step = 0;  ///< copied from the document, for delay metrics
+};
+
+/// An ordered list of segments packed into one input sequence.
+struct MicroBatch {
+  std::vector<Segment> segments;
+  std::int64_t tokens() const {
+    std::int64_t t = 0;
+    for (const auto& s : segments) t += s.length;
+    return t;
+  }
+};
+
+/// What one training step consumes: replicas[dp][m] micro-batches.
+struct StepPlan {
+  std::int64_t step = 0;
+  std::vector<std::vector<MicroBatch>> replicas;
+  /// Documents that arrived by this step but are held back (outlier queues, carry-over).
+  std::vector<DocId> delayed;
+};
+
+}  // namespace wlb
