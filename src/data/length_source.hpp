@@ -1,0 +1,147 @@
+#pragma once
+/// \file length_source.hpp
+/// \brief Document-length sources (ALGORITHMS.md §0): named generator presets and readers
+/// for plain-text, JSONL and Megatron-LM `.idx` length files. See docs/data.md.
+///
+/// A source plays the role of the *original* dataloader: step `t` receives exactly the
+/// documents that fill `dp * M` sequences of `S = context_window` tokens under the
+/// `original` sequential packing (ALGORITHMS.md §1, baseline 1): documents are taken in
+/// stream order; a document that does not fit in the current sequence's remaining space
+/// starts the next sequence; a document longer than S occupies ceil(d/S) fresh sequences
+/// (its last piece leaves room for more documents). The first document that would need
+/// sequence `dp*M + 1` is held back and becomes the first document of step `t+1`
+/// (its arrival_step is t+1). So every packer sees the same global batches, the `original`
+/// packer never has to carry anything, and the fixed-length packers always have a
+/// feasible packing. (A single document longer than `dp*M*S` forms a step on its own.)
+///
+/// Determinism: the documents of step t are a pure function of (seed, source state at
+/// the start of t). Generators seed a counter-based RNG with (seed, t), so the state is
+/// tiny: next document id, the held-back length and the next step. File sources wrap
+/// around at the end of the file (epoch e+1 starts over; ids keep increasing, the file
+/// index of document `id` is `id % documents_per_epoch`).
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/deck.hpp"
+#include "core/types.hpp"
+
+namespace wlb::data {
+
+/// Portable, seedable RNG (splitmix64-seeded xoshiro256**). Identical streams on every
+/// platform and standard library (std::*_distribution are not portable).
+class Rng {
+ public:
+  explicit Rng(std::uint64_t seed, std::uint64_t stream = 0);
+  std::uint64_t nextU64();
+  double uniform();  ///< [0, 1)
+  double normal();   ///< standard normal (Box-Muller, no cached spare)
+
+ private:
+  std::uint64_t s_[4];
+};
+
+/// A document-length distribution (one generator preset), in tokens before scaling.
+struct PresetSpec {
+  std::string name;
+  std::string description;
+  /// Mixture components: weight, kind ("lognormal": p1=median, p2=sigma;
+  /// "loguniform": p1=lo, p2=hi; "pareto": p1=x_min, p2=alpha), all in tokens.
+  struct Component {
+    double weight;
+    std::string kind;
+    double p1, p2;
+  };
+  std::vector<Component> components;
+  std::int64_t max_length = 0;  ///< preset's own cap in tokens (before scaling); 0 = none
+  std::string sources;          ///< published statistics it was fitted to
+};
+
+/// All generator presets (name order is stable).
+const std::vector<PresetSpec>& presets();
+std::vector<std::string> presetNames();
+/// InputError listing the valid names when `name` is unknown.
+const PresetSpec& presetByName(const std::string& name);
+
+/// Draw one raw length from a preset, scaled by `scale` and clamped to [1, cap].
+std::int64_t sampleLength(const PresetSpec& p, Rng& rng, double scale, std::int64_t cap);
+
+/// Abstract source of documents, one global batch per step.
+class LengthSource {
+ public:
+  virtual ~LengthSource();
+
+  /// Documents arriving at step `step` (ids increasing and contiguous across steps,
+  /// arrival_step = step). Call with consecutive steps starting at the source's next
+  /// step (0 for a fresh source, or the restored one); InputError otherwise.
+  std::vector<Document> next(std::int64_t step);
+
+  /// Human-readable description (preset or file, window, dp*M).
+  virtual std::string describe() const = 0;
+  /// Number of distinct documents per epoch for file sources, 0 for generators.
+  virtual std::int64_t documentsPerEpoch() const { return 0; }
+
+  /// Position for checkpoint/restart; loadState(saveState()) reproduces the stream.
+  nlohmann::json saveState() const;
+  void loadState(const nlohmann::json& state);
+
+  std::int64_t sequencesPerStep() const { return sequences_; }
+  std::int64_t contextWindow() const { return window_; }
+  std::int64_t nextStep() const { return next_step_; }
+
+ protected:
+  LengthSource(std::int64_t sequences_per_step, std::int64_t context_window);
+  /// Prepare to draw the documents of `step` (generators reseed here).
+  virtual void beginStep(std::int64_t step) = 0;
+  /// Next raw document length of the stream (>= 1).
+  virtual std::int64_t draw() = 0;
+  virtual nlohmann::json saveExtra() const { return nlohmann::json::object(); }
+  virtual void loadExtra(const nlohmann::json&) {}
+
+ private:
+  std::int64_t sequences_, window_;
+  std::int64_t next_step_ = 0;
+  DocId next_id_ = 0;
+  std::int64_t held_ = 0;  ///< held-back length for the next step (0 = none)
+};
+
+/// Source from a deck: [data] source = generator | text | jsonl | megatron.
+/// Sequences per step = mesh.dp * M (M = packing.micro_batches, or mesh.pp when 0).
+/// InputError naming the file and line / byte offset on bad files.
+std::unique_ptr<LengthSource> makeLengthSource(const Deck& deck);
+
+/// Micro-batches per DP replica resolved from the deck (packing.micro_batches or pp).
+std::int64_t microBatchesPerReplica(const Deck& deck);
+/// s_max resolved from the deck (data.s_max, or context_window when 0).
+std::int64_t resolvedSMax(const Deck& deck);
+
+// ---- Readers (each returns the document lengths of the file, in file order) ----------
+
+/// Plain text: one positive integer per line; blank lines and `#` comments ignored.
+std::vector<std::int64_t> readTextLengths(const std::string& path);
+/// JSONL: one JSON object per line with an integer field `field` (> 0).
+std::vector<std::int64_t> readJsonlLengths(const std::string& path, const std::string& field);
+/// Megatron-LM MMIDIDX index (`.idx`): document lengths = sum of sequence sizes between
+/// consecutive doc_idx boundaries. Truncated / malformed -> InputError with byte offset.
+std::vector<std::int64_t> readMegatronIdx(const std::string& path);
+/// Write a Megatron `.idx` (used by tests and `wlb data`): one sequence per document.
+void writeMegatronIdx(const std::string& path, const std::vector<std::int64_t>& doc_lengths);
+
+/// Summary statistics of a set of lengths (for `wlb data stats`).
+struct LengthStats {
+  std::int64_t count = 0, total_tokens = 0, min = 0, max = 0;
+  double mean = 0;
+  std::vector<std::pair<double, std::int64_t>> percentiles;  ///< (p, value), p in [0,100]
+  struct Bucket {
+    std::int64_t lo, hi;  ///< [lo, hi)
+    std::int64_t count, tokens;
+  };
+  std::vector<Bucket> buckets;  ///< power-of-two buckets relative to `window`
+};
+LengthStats computeLengthStats(std::vector<std::int64_t> lengths, std::int64_t window);
+
+}  // namespace wlb::data
