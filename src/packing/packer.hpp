@@ -133,6 +133,9 @@ class ConservationChecker {
   std::int64_t unknown() const { return unknown_; }        ///< segments of never-seen docs
   std::int64_t overCapacity() const { return over_capacity_; }
   std::int64_t early() const { return early_; }            ///< trained before arrival
+  /// Step-document pairs where an arrived, unfinished document was missing from
+  /// StepPlan::delayed (the packer "forgot" it).
+  std::int64_t unreported() const { return unreported_; }
   /// At the end of a run: documents still held by the packer are not lost; pass the
   /// packer's pending token count; lost = in-flight tokens not accounted for by it.
   std::int64_t lostTokens(std::int64_t packer_pending_tokens) const;
@@ -148,7 +151,8 @@ class ConservationChecker {
   std::unordered_map<DocId, Open> open_;
   DocId max_seen_ = -1;
   std::int64_t capacity_;
-  std::int64_t completed_ = 0, duplicated_ = 0, unknown_ = 0, over_capacity_ = 0, early_ = 0;
+  std::int64_t completed_ = 0, duplicated_ = 0, unknown_ = 0, over_capacity_ = 0, early_ = 0,
+               unreported_ = 0;
 };
 
 /// Split documents into capacity-sized segments (the shared rule for documents longer

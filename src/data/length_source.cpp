@@ -1,0 +1,490 @@
+// Length sources: generator presets, file readers, the original-dataloader step assembler.
+#include "data/length_source.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+
+namespace wlb::data {
+
+// ---- RNG ---------------------------------------------------------------------------
+namespace {
+std::uint64_t splitmix64(std::uint64_t& x) {
+  std::uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+inline std::uint64_t rotl(std::uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+}  // namespace
+
+Rng::Rng(std::uint64_t seed, std::uint64_t stream) {
+  std::uint64_t x = seed ^ (stream * 0xd1b54a32d192ed03ULL + 0x632be59bd9b4e019ULL);
+  for (auto& s : s_) s = splitmix64(x);
+}
+
+std::uint64_t Rng::nextU64() {
+  const std::uint64_t result = rotl(s_[1] * 5, 7) * 9;
+  const std::uint64_t t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = rotl(s_[3], 45);
+  return result;
+}
+
+double Rng::uniform() { return static_cast<double>(nextU64() >> 11) * 0x1.0p-53; }
+
+double Rng::normal() {
+  double u1 = uniform();
+  while (u1 <= 0.0) u1 = uniform();
+  const double u2 = uniform();
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
+
+// ---- Presets ---------------------------------------------------------------------------
+const std::vector<PresetSpec>& presets() {
+  static const std::vector<PresetSpec> p = {
+      {"long_context_128k",
+       "long-context continued-pretraining mix for a 128K window: short web documents plus "
+       "a log-uniform tail of books/repositories/papers reaching the window",
+       {{0.93, "lognormal", 1000.0, 1.3}, {0.07, "loguniform", 8192.0, 163840.0}},
+       131072,
+       "shape of WLB-LLM (OSDI'25) Fig. 2/3 length distribution; per-source long-document "
+       "upsampling of Fu et al. 2024 (data engineering for 128K context)"},
+      {"pile",
+       "Pile-like mix: web/papers/code body plus a rare book component",
+       {{0.99824, "lognormal", 700.0, 1.1}, {0.00176, "lognormal", 100000.0, 0.7}},
+       0,
+       "Gao et al. 2020 (The Pile), Table 1: mean document size 5.91 KiB over the "
+       "epoch-weighted mix (~1.5K tokens at ~4 bytes/token); Books3/PG-19/BookCorpus "
+       "(mean 370-540 KiB per document) carry ~15% of the bytes"},
+      {"code",
+       "code-repository mix: single source files plus repository-level concatenations",
+       {{0.85, "lognormal", 600.0, 1.4}, {0.15, "lognormal", 12000.0, 1.5}},
+       0,
+       "Pile GitHub mean file 5.25 KiB (~1.6K tokens at ~3.3 bytes/token); repository-level "
+       "documents as in StarCoder2/DeepSeek-Coder repo-context training (assumed median 12K)"},
+      {"wikipedia",
+       "Wikipedia-like: many stubs, a heavy tail of long articles",
+       {{1.0, "lognormal", 150.0, 1.15}},
+       0,
+       "Pile Wikipedia (en) mean document size 1.11 KiB (~285 tokens at ~4 bytes/token)"},
+      {"sft_chat",
+       "SFT/chat conversations with a small long-context QA tail",
+       {{0.98, "lognormal", 600.0, 0.9}, {0.02, "loguniform", 4096.0, 32768.0}},
+       0,
+       "ShareGPT/Vicuna-style conversations average ~1K tokens (median ~600); "
+       "long-document QA tail assumed 2%"},
+  };
+  return p;
+}
+
+std::vector<std::string> presetNames() {
+  std::vector<std::string> n;
+  for (const auto& p : presets()) n.push_back(p.name);
+  return n;
+}
+
+const PresetSpec& presetByName(const std::string& name) {
+  for (const auto& p : presets())
+    if (p.name == name) return p;
+  std::string valid;
+  for (const auto& n : presetNames()) valid += (valid.empty() ? "" : ", ") + n;
+  throw InputError(fmt::format("data.preset: unknown preset '{}' (valid: {})", name, valid),
+                   true);
+}
+
+std::int64_t sampleLength(const PresetSpec& p, Rng& rng, double scale, std::int64_t cap) {
+  double u = rng.uniform();
+  const PresetSpec::Component* c = &p.components.back();
+  for (const auto& comp : p.components) {
+    if (u < comp.weight) {
+      c = &comp;
+      break;
+    }
+    u -= comp.weight;
+  }
+  double x = 1.0;
+  if (c->kind == "lognormal") {
+    x = std::exp(std::log(c->p1) + c->p2 * rng.normal());
+  } else if (c->kind == "loguniform") {
+    x = std::exp(std::log(c->p1) + rng.uniform() * (std::log(c->p2) - std::log(c->p1)));
+  } else {  // pareto
+    x = c->p1 * std::pow(1.0 - rng.uniform(), -1.0 / c->p2);
+  }
+  if (p.max_length > 0) x = std::min(x, static_cast<double>(p.max_length));
+  x *= scale;
+  std::int64_t len = static_cast<std::int64_t>(std::llround(std::min(x, 1e15)));
+  len = std::max<std::int64_t>(1, len);
+  if (cap > 0) len = std::min(len, cap);
+  return len;
+}
+
+// ---- LengthSource base --------------------------------------------------------------------
+LengthSource::~LengthSource() = default;
+
+LengthSource::LengthSource(std::int64_t sequences_per_step, std::int64_t context_window)
+    : sequences_(sequences_per_step), window_(context_window) {
+  if (sequences_ < 1 || window_ < 1)
+    throw InputError("length source: need dp*M >= 1 and context_window >= 1", true);
+}
+
+std::vector<Document> LengthSource::next(std::int64_t step) {
+  if (step != next_step_)
+    throw InputError(fmt::format("length source: asked for step {} but the next step is {}",
+                                 step, next_step_));
+  beginStep(step);
+  std::vector<Document> docs;
+  std::int64_t used = 0, room = 0;
+  for (;;) {
+    const std::int64_t d = held_ > 0 ? held_ : draw();
+    held_ = 0;
+    if (d <= room) {
+      room -= d;
+    } else {
+      const std::int64_t need = (d + window_ - 1) / window_;
+      if (used + need > sequences_ && !docs.empty()) {
+        held_ = d;
+        break;
+      }
+      used += need;
+      room = need * window_ - d;
+    }
+    docs.push_back(Document{next_id_++, d, step});
+    if (used >= sequences_ && room == 0) break;
+  }
+  ++next_step_;
+  return docs;
+}
+
+nlohmann::json LengthSource::saveState() const {
+  return {{"next_step", next_step_}, {"next_id", next_id_}, {"held", held_},
+          {"extra", saveExtra()}};
+}
+
+void LengthSource::loadState(const nlohmann::json& s) {
+  try {
+    next_step_ = s.at("next_step").get<std::int64_t>();
+    next_id_ = s.at("next_id").get<std::int64_t>();
+    held_ = s.at("held").get<std::int64_t>();
+    loadExtra(s.at("extra"));
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(fmt::format("length source state: {}", e.what()));
+  }
+}
+
+// ---- Concrete sources -------------------------------------------------------------------
+namespace {
+
+class GeneratorSource final : public LengthSource {
+ public:
+  GeneratorSource(const PresetSpec& p, std::uint64_t seed, double scale, std::int64_t seqs,
+                  std::int64_t window)
+      : LengthSource(seqs, window), preset_(p), seed_(seed), scale_(scale), rng_(seed) {}
+  std::string describe() const override {
+    return fmt::format("generator:{} (seed {}, length_scale {})", preset_.name, seed_, scale_);
+  }
+
+ protected:
+  void beginStep(std::int64_t step) override {
+    rng_ = Rng(seed_, static_cast<std::uint64_t>(step) + 1);
+  }
+  std::int64_t draw() override { return sampleLength(preset_, rng_, scale_, contextWindow()); }
+
+ private:
+  PresetSpec preset_;
+  std::uint64_t seed_;
+  double scale_;
+  Rng rng_;
+};
+
+class FileSource final : public LengthSource {
+ public:
+  FileSource(std::vector<std::int64_t> lengths, std::string desc, std::int64_t seqs,
+             std::int64_t window)
+      : LengthSource(seqs, window), lengths_(std::move(lengths)), desc_(std::move(desc)) {}
+  std::string describe() const override { return desc_; }
+  std::int64_t documentsPerEpoch() const override {
+    return static_cast<std::int64_t>(lengths_.size());
+  }
+
+ protected:
+  void beginStep(std::int64_t) override {}
+  std::int64_t draw() override {
+    const auto n = static_cast<std::int64_t>(lengths_.size());
+    return lengths_[static_cast<std::size_t>(cursor_++ % n)];
+  }
+  nlohmann::json saveExtra() const override { return {{"cursor", cursor_}}; }
+  void loadExtra(const nlohmann::json& j) override { cursor_ = j.at("cursor").get<std::int64_t>(); }
+
+ private:
+  std::vector<std::int64_t> lengths_;
+  std::string desc_;
+  std::int64_t cursor_ = 0;  ///< total documents drawn (file index = cursor % n)
+};
+
+}  // namespace
+
+std::int64_t microBatchesPerReplica(const Deck& deck) {
+  return deck.packing.micro_batches > 0 ? deck.packing.micro_batches
+                                        : std::max<std::int64_t>(1, deck.mesh.pp);
+}
+
+std::int64_t resolvedSMax(const Deck& deck) {
+  return deck.data.s_max > 0 ? deck.data.s_max : deck.data.context_window;
+}
+
+std::string resolvePath(const Deck& deck, const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  if (!deck.source_path.empty()) {
+    const auto slash = deck.source_path.find_last_of('/');
+    const std::string dir = slash == std::string::npos ? "." : deck.source_path.substr(0, slash);
+    const std::string cand = dir + "/" + path;
+    std::ifstream f(cand);
+    if (f.good()) return cand;
+  }
+  return path;
+}
+
+std::unique_ptr<LengthSource> makeLengthSource(const Deck& deck) {
+  const std::int64_t seqs = deck.mesh.dp * microBatchesPerReplica(deck);
+  const std::int64_t S = deck.data.context_window;
+  const auto& src = deck.data.source;
+  if (src == "generator") {
+    if (!(deck.data.length_scale > 0))
+      throw InputError("data.length_scale: must be > 0", true);
+    return std::make_unique<GeneratorSource>(presetByName(deck.data.preset), deck.data.seed,
+                                             deck.data.length_scale, seqs, S);
+  }
+  if (deck.data.path.empty())
+    throw InputError(fmt::format("data.path: required when data.source = '{}'", src), true);
+  const std::string path = resolvePath(deck, deck.data.path);
+  std::vector<std::int64_t> lengths;
+  if (src == "text") lengths = readTextLengths(path);
+  else if (src == "jsonl") lengths = readJsonlLengths(path, deck.data.jsonl_field);
+  else if (src == "megatron") lengths = readMegatronIdx(path);
+  else
+    throw InputError(fmt::format("data.source: unknown source '{}' (valid: generator, text, "
+                                 "jsonl, megatron)", src), true);
+  return std::make_unique<FileSource>(std::move(lengths), src + ":" + deck.data.path, seqs, S);
+}
+
+// ---- Readers -----------------------------------------------------------------------------
+namespace {
+std::ifstream openOrThrow(const std::string& path, std::ios::openmode mode = std::ios::in) {
+  std::ifstream f(path, mode);
+  if (!f) throw InputError(fmt::format("{}: cannot open length file", path), true);
+  return f;
+}
+std::string trim(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  const auto e = s.find_last_not_of(" \t\r\n");
+  return s.substr(b, e - b + 1);
+}
+}  // namespace
+
+std::vector<std::int64_t> readTextLengths(const std::string& path) {
+  auto f = openOrThrow(path);
+  std::vector<std::int64_t> out;
+  std::string line;
+  std::int64_t lineno = 0;
+  while (std::getline(f, line)) {
+    ++lineno;
+    const auto hash = line.find('#');
+    if (hash != std::string::npos) line.resize(hash);
+    const std::string t = trim(line);
+    if (t.empty()) continue;
+    std::size_t pos = 0;
+    long long v = 0;
+    bool ok = true;
+    try {
+      v = std::stoll(t, &pos);
+    } catch (...) {
+      ok = false;
+    }
+    if (!ok || pos != t.size() || v <= 0)
+      throw InputError(fmt::format("{}:{}: expected a positive integer document length, got '{}'",
+                                   path, lineno, t), true);
+    out.push_back(v);
+  }
+  if (out.empty()) throw InputError(fmt::format("{}: no document lengths found", path), true);
+  return out;
+}
+
+std::vector<std::int64_t> readJsonlLengths(const std::string& path, const std::string& field) {
+  auto f = openOrThrow(path);
+  std::vector<std::int64_t> out;
+  std::string line;
+  std::int64_t lineno = 0;
+  while (std::getline(f, line)) {
+    ++lineno;
+    if (trim(line).empty()) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      throw InputError(fmt::format("{}:{}: invalid JSON: {}", path, lineno, e.what()), true);
+    }
+    if (!j.is_object() || !j.contains(field))
+      throw InputError(fmt::format("{}:{}: missing field '{}'", path, lineno, field), true);
+    const auto& v = j[field];
+    if (!v.is_number_integer() || v.get<std::int64_t>() <= 0)
+      throw InputError(fmt::format("{}:{}: field '{}' must be a positive integer, got {}", path,
+                                   lineno, field, v.dump()), true);
+    out.push_back(v.get<std::int64_t>());
+  }
+  if (out.empty()) throw InputError(fmt::format("{}: no document lengths found", path), true);
+  return out;
+}
+
+namespace {
+constexpr char kIdxMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
+
+struct ByteReader {
+  const std::string& path;
+  const std::vector<char>& buf;
+  std::size_t pos = 0;
+  template <class T>
+  T read(const char* what) {
+    if (pos + sizeof(T) > buf.size())
+      throw InputError(fmt::format("{}: truncated Megatron index at byte offset {} (reading {}, "
+                                   "file has {} bytes)", path, pos, what, buf.size()), true);
+    T v;
+    std::memcpy(&v, buf.data() + pos, sizeof(T));
+    pos += sizeof(T);
+    return v;
+  }
+  void need(std::uint64_t bytes, const char* what) {
+    if (bytes > buf.size() || pos + bytes > buf.size())
+      throw InputError(fmt::format("{}: truncated Megatron index at byte offset {} ({} needs {} "
+                                   "bytes, file has {})", path, pos, what, bytes, buf.size()), true);
+  }
+};
+}  // namespace
+
+std::vector<std::int64_t> readMegatronIdx(const std::string& path) {
+  auto f = openOrThrow(path, std::ios::binary);
+  std::vector<char> buf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  ByteReader r{path, buf};
+  r.need(9, "magic");
+  if (std::memcmp(buf.data(), kIdxMagic, 9) != 0)
+    throw InputError(fmt::format("{}: byte offset 0: not a Megatron MMIDIDX index (bad magic)",
+                                 path), true);
+  r.pos = 9;
+  const auto version = r.read<std::uint64_t>("version");
+  if (version != 1)
+    throw InputError(fmt::format("{}: byte offset 9: unsupported index version {} (expected 1)",
+                                 path, version), true);
+  const auto dtype = r.read<std::uint8_t>("dtype code");
+  if (dtype < 1 || dtype > 8)
+    throw InputError(fmt::format("{}: byte offset 17: invalid dtype code {} (expected 1..8)",
+                                 path, int(dtype)), true);
+  const auto nseq = r.read<std::uint64_t>("sequence count");
+  const auto ndoc = r.read<std::uint64_t>("document count");
+  const std::size_t sizes_at = r.pos;
+  r.need(nseq * 4, "sizes[]");
+  std::vector<std::int32_t> sizes(nseq);
+  if (nseq) std::memcpy(sizes.data(), buf.data() + r.pos, nseq * 4);
+  r.pos += nseq * 4;
+  r.need(nseq * 8, "pointers[]");
+  r.pos += nseq * 8;
+  const std::size_t doc_at = r.pos;
+  r.need(ndoc * 8, "doc_idx[]");
+  std::vector<std::int64_t> doc_idx(ndoc);
+  if (ndoc) std::memcpy(doc_idx.data(), buf.data() + r.pos, ndoc * 8);
+  for (std::uint64_t i = 0; i < nseq; ++i)
+    if (sizes[i] < 0)
+      throw InputError(fmt::format("{}: byte offset {}: negative sequence size {}", path,
+                                   sizes_at + 4 * i, sizes[i]), true);
+  std::vector<std::int64_t> out;
+  for (std::uint64_t i = 0; i < ndoc; ++i) {
+    const auto b = doc_idx[i];
+    const bool bad = b < 0 || static_cast<std::uint64_t>(b) > nseq || (i == 0 && b != 0) ||
+                     (i > 0 && b < doc_idx[i - 1]);
+    if (bad)
+      throw InputError(fmt::format("{}: byte offset {}: invalid doc_idx[{}] = {} (must start at "
+                                   "0, be non-decreasing and <= sequence count {})",
+                                   path, doc_at + 8 * i, i, b, nseq), true);
+    if (i == 0) continue;
+    std::int64_t len = 0;
+    for (auto s = doc_idx[i - 1]; s < b; ++s) len += sizes[static_cast<std::size_t>(s)];
+    if (len > 0) out.push_back(len);  // empty documents are skipped (docs/data.md)
+  }
+  if (out.empty()) throw InputError(fmt::format("{}: index holds no non-empty documents", path), true);
+  return out;
+}
+
+void writeMegatronIdx(const std::string& path, const std::vector<std::int64_t>& lens) {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    if (!f) throw InputError(fmt::format("{}: cannot write", path));
+    auto put = [&](const void* p, std::size_t n) { f.write(static_cast<const char*>(p), n); };
+    put(kIdxMagic, 9);
+    const std::uint64_t version = 1, nseq = lens.size(), ndoc = lens.size() + 1;
+    const std::uint8_t dtype = 4;  // int32 tokens
+    put(&version, 8);
+    put(&dtype, 1);
+    put(&nseq, 8);
+    put(&ndoc, 8);
+    for (auto l : lens) {
+      const std::int32_t s = static_cast<std::int32_t>(l);
+      put(&s, 4);
+    }
+    std::int64_t ptr = 0;
+    for (auto l : lens) {
+      put(&ptr, 8);
+      ptr += l * 4;
+    }
+    for (std::int64_t i = 0; i <= static_cast<std::int64_t>(lens.size()); ++i) put(&i, 8);
+    if (!f) throw InputError(fmt::format("{}: write failed", path));
+  }
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+// ---- Stats ------------------------------------------------------------------------------
+LengthStats computeLengthStats(std::vector<std::int64_t> v, std::int64_t window) {
+  LengthStats s;
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  s.count = static_cast<std::int64_t>(v.size());
+  for (auto x : v) s.total_tokens += x;
+  s.min = v.front();
+  s.max = v.back();
+  s.mean = static_cast<double>(s.total_tokens) / static_cast<double>(s.count);
+  for (double p : {10.0, 25.0, 50.0, 75.0, 90.0, 99.0, 99.9}) {
+    const auto idx = static_cast<std::size_t>(
+        std::min<double>(static_cast<double>(v.size() - 1), std::floor(p / 100.0 * v.size())));
+    s.percentiles.push_back({p, v[idx]});
+  }
+  // Buckets: [1, S/128), [S/128, S/64), ..., [S/2, S], (S, inf).
+  std::vector<std::int64_t> edges = {1};
+  for (int k = 7; k >= 1; --k)
+    if ((window >> k) > edges.back()) edges.push_back(window >> k);
+  edges.push_back(window + 1);
+  edges.push_back(std::numeric_limits<std::int64_t>::max());
+  for (std::size_t i = 0; i + 1 < edges.size(); ++i)
+    s.buckets.push_back({edges[i], edges[i + 1], 0, 0});
+  for (auto x : v) {
+    for (auto& b : s.buckets)
+      if (x >= b.lo && x < b.hi) {
+        ++b.count;
+        b.tokens += x;
+        break;
+      }
+  }
+  return s;
+}
+
+}  // namespace wlb::data

@@ -1,0 +1,315 @@
+// fixed_optimal: the fixed-length min-max attention packing ILP solved with CBC.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <numeric>
+
+#include <coin/CbcModel.hpp>
+#include <coin/CglGomory.hpp>
+#include <coin/CglKnapsackCover.hpp>
+#include <coin/CglProbing.hpp>
+#include <coin/CoinPackedMatrix.hpp>
+#include <coin/CoinPackedVector.hpp>
+#include <coin/OsiClpSolverInterface.hpp>
+
+#include "packing/milp.hpp"
+#include "packing/packer.hpp"
+#include "packing/packer_internal.hpp"
+
+namespace wlb::packing {
+
+double minMaxObjective(const std::vector<std::int64_t>& lengths, const std::vector<int>& bin_of,
+                       int bins, std::int64_t capacity) {
+  std::vector<double> w(static_cast<std::size_t>(bins), 0.0);
+  std::vector<std::int64_t> t(static_cast<std::size_t>(bins), 0);
+  for (std::size_t i = 0; i < lengths.size(); ++i) {
+    const int b = bin_of[i];
+    if (b < 0 || b >= bins) return std::numeric_limits<double>::infinity();
+    const double d = static_cast<double>(lengths[i]);
+    w[static_cast<std::size_t>(b)] += d * d;
+    t[static_cast<std::size_t>(b)] += lengths[i];
+  }
+  for (auto x : t)
+    if (x > capacity) return std::numeric_limits<double>::infinity();
+  return w.empty() ? 0.0 : *std::max_element(w.begin(), w.end());
+}
+
+namespace {
+double trivialBound(const std::vector<std::int64_t>& lengths, int bins) {
+  double mx = 0, sum = 0;
+  for (auto l : lengths) {
+    const double d2 = static_cast<double>(l) * static_cast<double>(l);
+    mx = std::max(mx, d2);
+    sum += d2;
+  }
+  return std::max(mx, sum / std::max(1, bins));
+}
+}  // namespace
+
+MinMaxResult bruteForceMinMaxSquares(const std::vector<std::int64_t>& lengths, int bins,
+                                     std::int64_t capacity) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::size_t n = lengths.size();
+  std::vector<std::size_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](auto a, auto b) { return lengths[a] > lengths[b]; });
+  std::vector<double> w(static_cast<std::size_t>(bins), 0.0);
+  std::vector<std::int64_t> t(static_cast<std::size_t>(bins), 0);
+  std::vector<int> cur(n, -1), best;
+  double best_obj = std::numeric_limits<double>::infinity();
+  std::function<void(std::size_t, int, double)> rec = [&](std::size_t k, int used, double mx) {
+    if (mx >= best_obj) return;
+    if (k == n) {
+      best_obj = mx;
+      best = cur;
+      return;
+    }
+    const std::size_t i = order[k];
+    const double d2 = static_cast<double>(lengths[i]) * static_cast<double>(lengths[i]);
+    for (int b = 0; b < std::min(bins, used + 1); ++b) {
+      const auto bs = static_cast<std::size_t>(b);
+      if (t[bs] + lengths[i] > capacity) continue;
+      t[bs] += lengths[i];
+      w[bs] += d2;
+      cur[i] = b;
+      rec(k + 1, std::max(used, b + 1), std::max(mx, w[bs]));
+      t[bs] -= lengths[i];
+      w[bs] -= d2;
+    }
+    cur[i] = -1;
+  };
+  rec(0, 0, 0.0);
+  MinMaxResult r;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (best.empty() && n > 0) {
+    r.status = "infeasible";
+    return r;
+  }
+  r.bin_of = best;
+  r.objective = n ? best_obj : 0.0;
+  r.bound = r.objective;
+  r.status = "optimal";
+  return r;
+}
+
+MinMaxResult solveMinMaxSquares(const std::vector<std::int64_t>& lengths, int bins,
+                                std::int64_t capacity, double time_limit,
+                                const std::vector<int>* warm) {
+  const auto t0 = std::chrono::steady_clock::now();
+  MinMaxResult r;
+  const std::size_t n = lengths.size();
+  if (n == 0) {
+    r.status = "optimal";
+    return r;
+  }
+  const double lb0 = trivialBound(lengths, bins);
+  // Sorted order and symmetry-broken warm start.
+  std::vector<std::size_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](auto a, auto b) { return lengths[a] > lengths[b]; });
+  double warm_obj = std::numeric_limits<double>::infinity();
+  if (warm && warm->size() == n) warm_obj = minMaxObjective(lengths, *warm, bins, capacity);
+  if (std::isfinite(warm_obj) && warm_obj <= lb0 * (1.0 + 1e-12)) {
+    r.bin_of = *warm;
+    r.objective = warm_obj;
+    r.bound = lb0;
+    r.status = "optimal";
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return r;
+  }
+  const double cap = static_cast<double>(capacity);
+  // Columns: x_{k,j} for sorted item k and bin j <= min(k, bins-1); then z.
+  std::vector<int> first_col(n + 1, 0);
+  for (std::size_t k = 0; k < n; ++k)
+    first_col[k + 1] = first_col[k] + std::min<int>(static_cast<int>(k) + 1, bins);
+  const int nx = first_col[n];
+  const int ncols = nx + 1, zcol = nx;
+  std::vector<double> collb(ncols, 0.0), colub(ncols, 1.0), obj(ncols, 0.0);
+  colub[zcol] = COIN_DBL_MAX;
+  obj[zcol] = 1.0;
+  CoinPackedMatrix m(false, 0, 0);
+  m.setDimensions(0, ncols);
+  std::vector<double> rowlb, rowub;
+  for (std::size_t k = 0; k < n; ++k) {  // assignment
+    CoinPackedVector row;
+    for (int c = first_col[k]; c < first_col[k + 1]; ++c) row.insert(c, 1.0);
+    m.appendRow(row);
+    rowlb.push_back(1.0);
+    rowub.push_back(1.0);
+  }
+  for (int j = 0; j < bins; ++j) {  // capacity and work
+    CoinPackedVector cap_row, work_row;
+    for (std::size_t k = static_cast<std::size_t>(j); k < n; ++k) {
+      const double d = static_cast<double>(lengths[order[k]]) / cap;
+      cap_row.insert(first_col[k] + j, d);
+      work_row.insert(first_col[k] + j, d * d);
+    }
+    if (cap_row.getNumElements() == 0) continue;
+    work_row.insert(zcol, -1.0);
+    m.appendRow(cap_row);
+    rowlb.push_back(-COIN_DBL_MAX);
+    rowub.push_back(1.0);
+    m.appendRow(work_row);
+    rowlb.push_back(-COIN_DBL_MAX);
+    rowub.push_back(0.0);
+  }
+  OsiClpSolverInterface solver;
+  solver.messageHandler()->setLogLevel(0);
+  solver.loadProblem(m, collb.data(), colub.data(), obj.data(), rowlb.data(), rowub.data());
+  for (int c = 0; c < nx; ++c) solver.setInteger(c);
+  CbcModel model(solver);
+  model.setLogLevel(0);
+  model.messageHandler()->setLogLevel(0);
+  model.setMaximumSeconds(std::max(0.01, time_limit));
+  CglProbing probing;
+  probing.setUsingObjective(true);
+  CglGomory gomory;
+  CglKnapsackCover knapsack;
+  model.addCutGenerator(&probing, -1, "Probing");
+  model.addCutGenerator(&gomory, -1, "Gomory");
+  model.addCutGenerator(&knapsack, -1, "KnapsackCover");
+  const double scale = cap * cap;
+  if (std::isfinite(warm_obj)) {
+    // Relabel bins by first use in sorted order so the warm start obeys symmetry breaking.
+    std::vector<int> relabel(static_cast<std::size_t>(bins), -1);
+    int next = 0;
+    std::vector<double> sol(static_cast<std::size_t>(ncols), 0.0);
+    for (std::size_t k = 0; k < n; ++k) {
+      int& b = relabel[static_cast<std::size_t>((*warm)[order[k]])];
+      if (b < 0) b = next++;
+      sol[static_cast<std::size_t>(first_col[k] + b)] = 1.0;
+    }
+    sol[static_cast<std::size_t>(zcol)] = warm_obj / scale;
+    model.setBestSolution(sol.data(), ncols, warm_obj / scale, true);
+  }
+  model.branchAndBound();
+  r.nodes = model.getNodeCount();
+  const double* best = model.bestSolution();
+  if (best) {
+    r.bin_of.assign(n, -1);
+    for (std::size_t k = 0; k < n; ++k)
+      for (int c = first_col[k]; c < first_col[k + 1]; ++c)
+        if (best[c] > 0.5) r.bin_of[order[k]] = c - first_col[k];
+    r.objective = minMaxObjective(lengths, r.bin_of, bins, capacity);
+  }
+  if (!best || !std::isfinite(r.objective) || (std::isfinite(warm_obj) && warm_obj < r.objective)) {
+    if (std::isfinite(warm_obj)) {
+      r.bin_of = *warm;
+      r.objective = warm_obj;
+    } else if (!best) {
+      r.bin_of.clear();
+      r.status = model.isProvenInfeasible() ? "infeasible" : "time_limit";
+      r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      return r;
+    }
+  }
+  const bool proven = model.isProvenOptimal();
+  r.bound = std::max(lb0, std::min(r.objective, model.getBestPossibleObjValue() * scale));
+  if (proven) r.bound = r.objective;
+  r.gap = r.objective > 0 ? std::max(0.0, (r.objective - r.bound) / r.objective) : 0.0;
+  if (r.gap < 1e-9) r.gap = 0.0;
+  r.status = (proven || r.gap == 0.0) ? "optimal" : "time_limit";
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+namespace detail {
+namespace {
+
+class FixedOptimalPacker final : public Packer {
+ public:
+  FixedOptimalPacker(PackerOptions o, const model::CostModel& c) : Packer(std::move(o), c) {}
+  std::string name() const override { return "fixed_optimal"; }
+
+  StepPlan pack(std::int64_t step, const std::vector<Document>& incoming) override {
+    const auto S = opt_.context_window;
+    const int N = static_cast<int>(opt_.N());
+    auto items = carry_;
+    auto pieces = splitToSegments(incoming, S);
+    items.insert(items.end(), pieces.begin(), pieces.end());
+    carry_.clear();
+    // Feasible start 1: greedy decreasing into the least-squared-work bin with room.
+    std::vector<std::size_t> order(items.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(),
+              [&](auto a, auto b) { return longerFirst(items[a], items[b]); });
+    std::vector<int> greedy(items.size(), -1);
+    {
+      std::vector<std::int64_t> room(static_cast<std::size_t>(N), S);
+      std::vector<double> w(static_cast<std::size_t>(N), 0.0);
+      for (auto i : order) {
+        int best = -1;
+        for (int j = 0; j < N; ++j)
+          if (room[j] >= items[i].length && (best < 0 || w[j] < w[best])) best = j;
+        if (best < 0) continue;
+        greedy[i] = best;
+        room[best] -= items[i].length;
+        w[best] += static_cast<double>(items[i].length) * static_cast<double>(items[i].length);
+      }
+    }
+    // Feasible start 2: the original sequential fill (always feasible for a source batch).
+    std::vector<int> seq(items.size(), -1);
+    {
+      int cur = 0;
+      std::int64_t room = S;
+      for (std::size_t i = 0; i < items.size(); ++i) {
+        if (items[i].length > room) {
+          if (cur + 1 >= N) break;
+          ++cur;
+          room = S;
+        }
+        seq[i] = cur;
+        room -= items[i].length;
+      }
+    }
+    auto unplaced = [](const std::vector<int>& a) { return std::count(a.begin(), a.end(), -1); };
+    std::vector<int> start;
+    if (unplaced(greedy) == 0) start = greedy;
+    else if (unplaced(seq) == 0) start = seq;
+    else start = unplaced(greedy) <= unplaced(seq) ? greedy : seq;
+    std::vector<Segment> placed;
+    std::vector<int> warm;
+    std::vector<std::int64_t> lens;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      if (start[i] < 0) {
+        carry_.push_back(items[i]);
+        continue;
+      }
+      placed.push_back(items[i]);
+      warm.push_back(start[i]);
+      lens.push_back(items[i].length);
+    }
+    MinMaxResult res = solveMinMaxSquares(lens, N, S, opt_.milp_time_limit, &warm);
+    const std::vector<int>& assign = res.bin_of.size() == placed.size() ? res.bin_of : warm;
+    std::vector<MicroBatch> mbs(static_cast<std::size_t>(N));
+    for (std::size_t i = 0; i < placed.size(); ++i)
+      mbs[static_cast<std::size_t>(assign[i])].segments.push_back(placed[i]);
+    info_ = {{"status", res.status}, {"objective", res.objective / double(S) / double(S)},
+             {"bound", res.bound / double(S) / double(S)}, {"gap", res.gap},
+             {"seconds", res.seconds}, {"nodes", res.nodes}, {"items", placed.size()}};
+    StepPlan plan;
+    plan.step = step;
+    distribute(plan, mbs, opt_, nullptr);
+    fillDelayed(plan, {&carry_});
+    return plan;
+  }
+  nlohmann::json saveState() const override { return {{"carry", segsToJson(carry_)}}; }
+  void loadState(const nlohmann::json& s) override { carry_ = segsFromJson(s.at("carry")); }
+  std::int64_t pendingTokens() const override { return tokensOf(carry_); }
+  nlohmann::json lastSolverInfo() const override { return info_; }
+
+ private:
+  std::vector<Segment> carry_;
+  nlohmann::json info_;
+};
+
+}  // namespace
+
+std::unique_ptr<Packer> makeFixedOptimal(const PackerOptions& opt, const model::CostModel& cost) {
+  return std::make_unique<FixedOptimalPacker>(opt, cost);
+}
+
+}  // namespace detail
+}  // namespace wlb::packing

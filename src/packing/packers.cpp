@@ -1,0 +1,433 @@
+// Heuristic packers: original, fixed_greedy, best_fit, wlb (ALGORITHMS.md §1). The MILP
+// packer fixed_optimal lives in fixed_optimal.cpp. Semantics: docs/packing.md.
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+#include "data/length_source.hpp"
+#include "packing/packer.hpp"
+#include "packing/packer_internal.hpp"
+
+namespace wlb::packing {
+
+Packer::~Packer() = default;
+
+PackerOptions PackerOptions::fromDeck(const Deck& deck) {
+  PackerOptions o;
+  o.dp = deck.mesh.dp;
+  o.micro_batches = data::microBatchesPerReplica(deck);
+  o.context_window = deck.data.context_window;
+  o.s_max = std::max(data::resolvedSMax(deck), o.context_window);
+  o.window = std::max<std::int64_t>(1, deck.packing.window);
+  o.outlier_thresholds = deck.packing.outlier_thresholds.empty()
+                             ? defaultThresholds(o.context_window, o.s_max)
+                             : deck.packing.outlier_thresholds;
+  o.milp_time_limit = deck.packing.milp_time_limit;
+  // Bound the outlier-queue wait by the delay budget: a queued document waits at most
+  // max(2, ceil(4 * budget)) steps (docs/packing.md).
+  o.max_queue_wait = std::max<std::int64_t>(
+      2, static_cast<std::int64_t>(std::ceil(4.0 * deck.packing.delay_budget)));
+  for (std::size_t i = 0; i < o.outlier_thresholds.size(); ++i) {
+    const auto L = o.outlier_thresholds[i];
+    if (L < 1 || (i > 0 && L <= o.outlier_thresholds[i - 1]))
+      throw InputError(fmt::format("packing.outlier_thresholds: must be positive and strictly "
+                                   "increasing (entry {} = {})", i, L), true);
+  }
+  return o;
+}
+
+std::vector<std::int64_t> defaultThresholds(std::int64_t S, std::int64_t s_max) {
+  std::vector<std::int64_t> t;
+  for (std::int64_t L : {S / 4, S / 2}) {
+    L = std::min(L, s_max);
+    if (L >= 1 && (t.empty() || L > t.back())) t.push_back(L);
+  }
+  return t;
+}
+
+std::vector<Segment> splitToSegments(const std::vector<Document>& docs, std::int64_t cap) {
+  std::vector<Segment> out;
+  out.reserve(docs.size());
+  for (const auto& d : docs) {
+    for (std::int64_t off = 0; off < d.length; off += cap)
+      out.push_back(Segment{d.id, off, std::min(cap, d.length - off), d.arrival_step});
+  }
+  return out;
+}
+
+namespace detail {
+
+nlohmann::json segsToJson(const std::vector<Segment>& v) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const auto& s : v) a.push_back({s.doc, s.offset, s.length, s.arrival_step});
+  return a;
+}
+
+std::vector<Segment> segsFromJson(const nlohmann::json& a) {
+  std::vector<Segment> v;
+  for (const auto& e : a)
+    v.push_back(Segment{e.at(0).get<DocId>(), e.at(1).get<std::int64_t>(),
+                        e.at(2).get<std::int64_t>(), e.at(3).get<std::int64_t>()});
+  return v;
+}
+
+bool longerFirst(const Segment& a, const Segment& b) {
+  if (a.length != b.length) return a.length > b.length;
+  if (a.doc != b.doc) return a.doc < b.doc;
+  return a.offset < b.offset;
+}
+
+void fillDelayed(StepPlan& plan, const std::vector<const std::vector<Segment>*>& held) {
+  std::unordered_set<DocId> seen;
+  for (const auto* v : held)
+    for (const auto& s : *v)
+      if (seen.insert(s.doc).second) plan.delayed.push_back(s.doc);
+  std::sort(plan.delayed.begin(), plan.delayed.end());
+}
+
+std::int64_t tokensOf(const std::vector<Segment>& v) {
+  std::int64_t t = 0;
+  for (const auto& s : v) t += s.length;
+  return t;
+}
+
+void distribute(StepPlan& plan, std::vector<MicroBatch>& mbs, const PackerOptions& opt,
+                const std::vector<double>* work) {
+  const auto dp = opt.dp, M = opt.micro_batches;
+  plan.replicas.assign(static_cast<std::size_t>(dp), std::vector<MicroBatch>());
+  for (auto& r : plan.replicas) r.reserve(static_cast<std::size_t>(M));
+  std::vector<std::size_t> order(mbs.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  if (work) {
+    // Snake-deal micro-batches by decreasing work so DP replicas get equal totals.
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::size_t a, std::size_t b) { return (*work)[a] > (*work)[b]; });
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      const auto round = static_cast<std::int64_t>(i) / dp, pos = static_cast<std::int64_t>(i) % dp;
+      const auto r = (round % 2 == 0) ? pos : dp - 1 - pos;
+      plan.replicas[static_cast<std::size_t>(r)].push_back(std::move(mbs[order[i]]));
+    }
+  } else {
+    for (std::size_t i = 0; i < order.size(); ++i)
+      plan.replicas[i / static_cast<std::size_t>(M)].push_back(std::move(mbs[i]));
+  }
+}
+
+}  // namespace detail
+
+using namespace detail;
+
+namespace {
+
+// ---- original ------------------------------------------------------------------------
+class OriginalPacker final : public Packer {
+ public:
+  OriginalPacker(PackerOptions o, const model::CostModel& c) : Packer(std::move(o), c) {}
+  std::string name() const override { return "original"; }
+
+  StepPlan pack(std::int64_t step, const std::vector<Document>& incoming) override {
+    const auto S = opt_.context_window;
+    const auto N = opt_.N();
+    auto pieces = splitToSegments(incoming, S);
+    std::vector<Segment> items;
+    items.reserve(carry_.size() + pieces.size());
+    items.insert(items.end(), carry_.begin(), carry_.end());
+    items.insert(items.end(), pieces.begin(), pieces.end());
+    carry_.clear();
+    std::vector<MicroBatch> mbs(static_cast<std::size_t>(N));
+    std::int64_t cur = 0, room = S;
+    std::size_t i = 0;
+    for (; i < items.size(); ++i) {
+      const auto& s = items[i];
+      if (s.length > room) {
+        if (cur + 1 >= N) break;
+        ++cur;
+        room = S;
+      }
+      mbs[static_cast<std::size_t>(cur)].segments.push_back(s);
+      room -= s.length;
+    }
+    carry_.assign(items.begin() + static_cast<std::ptrdiff_t>(i), items.end());
+    StepPlan plan;
+    plan.step = step;
+    distribute(plan, mbs, opt_, nullptr);
+    fillDelayed(plan, {&carry_});
+    return plan;
+  }
+  nlohmann::json saveState() const override { return {{"carry", segsToJson(carry_)}}; }
+  void loadState(const nlohmann::json& s) override { carry_ = segsFromJson(s.at("carry")); }
+  std::int64_t pendingTokens() const override { return tokensOf(carry_); }
+
+ private:
+  std::vector<Segment> carry_;
+};
+
+// ---- best_fit (length only) ------------------------------------------------------------
+class BestFitPacker final : public Packer {
+ public:
+  BestFitPacker(PackerOptions o, const model::CostModel& c) : Packer(std::move(o), c) {}
+  std::string name() const override { return "best_fit"; }
+
+  StepPlan pack(std::int64_t step, const std::vector<Document>& incoming) override {
+    const auto S = opt_.context_window;
+    const auto N = static_cast<std::size_t>(opt_.N());
+    auto items = carry_;
+    auto pieces = splitToSegments(incoming, S);
+    items.insert(items.end(), pieces.begin(), pieces.end());
+    std::sort(items.begin(), items.end(), longerFirst);
+    carry_.clear();
+    std::vector<MicroBatch> mbs(N);
+    std::vector<std::int64_t> room(N, S);
+    for (const auto& s : items) {
+      std::size_t best = N;
+      for (std::size_t j = 0; j < N; ++j)
+        if (room[j] >= s.length && (best == N || room[j] < room[best])) best = j;
+      if (best == N) {
+        carry_.push_back(s);
+        continue;
+      }
+      mbs[best].segments.push_back(s);
+      room[best] -= s.length;
+    }
+    StepPlan plan;
+    plan.step = step;
+    distribute(plan, mbs, opt_, nullptr);
+    fillDelayed(plan, {&carry_});
+    return plan;
+  }
+  nlohmann::json saveState() const override { return {{"carry", segsToJson(carry_)}}; }
+  void loadState(const nlohmann::json& s) override { carry_ = segsFromJson(s.at("carry")); }
+  std::int64_t pendingTokens() const override { return tokensOf(carry_); }
+
+ private:
+  std::vector<Segment> carry_;
+};
+
+// ---- fixed_greedy (window of k global batches) -----------------------------------------
+class FixedGreedyPacker final : public Packer {
+ public:
+  FixedGreedyPacker(PackerOptions o, const model::CostModel& c) : Packer(std::move(o), c) {}
+  std::string name() const override { return "fixed_greedy"; }
+
+  StepPlan pack(std::int64_t step, const std::vector<Document>& incoming) override {
+    const auto S = opt_.context_window;
+    const auto N = static_cast<std::size_t>(opt_.N());
+    const auto k = static_cast<std::size_t>(opt_.window);
+    auto pieces = splitToSegments(incoming, S);
+    buffer_.insert(buffer_.end(), pieces.begin(), pieces.end());
+    if (++filled_ >= static_cast<std::int64_t>(k)) {
+      filled_ = 0;
+      auto items = std::move(buffer_);
+      buffer_.clear();
+      std::sort(items.begin(), items.end(), longerFirst);
+      const std::size_t B = k * N;
+      std::vector<std::vector<Segment>> bins(B);
+      std::vector<std::int64_t> room(B, S);
+      std::vector<double> attn(B, 0.0);
+      for (const auto& s : items) {
+        std::size_t best = B;
+        for (std::size_t j = 0; j < B; ++j)
+          if (room[j] >= s.length && (best == B || attn[j] < attn[best])) best = j;
+        if (best == B) {
+          buffer_.push_back(s);  // fits nowhere: carried into the next window
+          continue;
+        }
+        bins[best].push_back(s);
+        room[best] -= s.length;
+        attn[best] += cost_->attnSeconds(0, s.length, model::Phase::Fwd) +
+                      cost_->attnSeconds(0, s.length, model::Phase::Bwd);
+      }
+      // Group bins of similar work into the same step: sort by work, chunks of N.
+      std::vector<std::size_t> order(B);
+      for (std::size_t j = 0; j < B; ++j) order[j] = j;
+      std::vector<double> w(B);
+      for (std::size_t j = 0; j < B; ++j)
+        w[j] = attn[j] + cost_->linearSeconds(S - room[j], model::Phase::Fwd) +
+               cost_->linearSeconds(S - room[j], model::Phase::Bwd);
+      std::stable_sort(order.begin(), order.end(), [&](auto a, auto b) { return w[a] > w[b]; });
+      for (std::size_t g = 0; g < k; ++g) {
+        std::vector<std::vector<Segment>> group;
+        for (std::size_t j = 0; j < N; ++j) group.push_back(std::move(bins[order[g * N + j]]));
+        ready_.push_back(std::move(group));
+      }
+    }
+    std::vector<MicroBatch> mbs(N);
+    if (!ready_.empty()) {
+      for (std::size_t j = 0; j < N; ++j) mbs[j].segments = std::move(ready_.front()[j]);
+      ready_.pop_front();
+    }
+    StepPlan plan;
+    plan.step = step;
+    distribute(plan, mbs, opt_, nullptr);
+    std::vector<const std::vector<Segment>*> held = {&buffer_};
+    for (const auto& g : ready_)
+      for (const auto& b : g) held.push_back(&b);
+    fillDelayed(plan, held);
+    return plan;
+  }
+  nlohmann::json saveState() const override {
+    nlohmann::json r = nlohmann::json::array();
+    for (const auto& g : ready_) {
+      nlohmann::json gj = nlohmann::json::array();
+      for (const auto& b : g) gj.push_back(segsToJson(b));
+      r.push_back(gj);
+    }
+    return {{"buffer", segsToJson(buffer_)}, {"filled", filled_}, {"ready", r}};
+  }
+  void loadState(const nlohmann::json& s) override {
+    buffer_ = segsFromJson(s.at("buffer"));
+    filled_ = s.at("filled").get<std::int64_t>();
+    ready_.clear();
+    for (const auto& gj : s.at("ready")) {
+      std::vector<std::vector<Segment>> g;
+      for (const auto& b : gj) g.push_back(segsFromJson(b));
+      ready_.push_back(std::move(g));
+    }
+  }
+  std::int64_t pendingTokens() const override {
+    std::int64_t t = tokensOf(buffer_);
+    for (const auto& g : ready_)
+      for (const auto& b : g) t += tokensOf(b);
+    return t;
+  }
+
+ private:
+  std::vector<Segment> buffer_;
+  std::int64_t filled_ = 0;
+  std::deque<std::vector<std::vector<Segment>>> ready_;
+};
+
+// ---- wlb: variable-length packing + outlier-delay queues (Algorithm 1) -------------------
+class WlbPacker final : public Packer {
+ public:
+  WlbPacker(PackerOptions o, const model::CostModel& c) : Packer(std::move(o), c) {
+    queues_.resize(opt_.outlier_thresholds.size());
+  }
+  std::string name() const override { return "wlb"; }
+
+  double work(std::int64_t len) {
+    if (len < static_cast<std::int64_t>(small_cache_.size())) {
+      double& w = small_cache_[static_cast<std::size_t>(len)];
+      if (w < 0) w = cost_->segmentWork(len);
+      return w;
+    }
+    return cost_->segmentWork(len);
+  }
+
+  StepPlan pack(std::int64_t step, const std::vector<Document>& incoming) override {
+    if (small_cache_.empty()) small_cache_.assign(static_cast<std::size_t>(std::min<std::int64_t>(opt_.s_max + 1, 1 << 20)), -1.0);
+    const auto Smax = opt_.s_max;
+    const auto N = static_cast<std::size_t>(opt_.N());
+    const auto& L = opt_.outlier_thresholds;
+    std::vector<Segment> fresh;
+    fresh.reserve(incoming.size());
+    for (const auto& d : incoming) {
+      for (std::int64_t off = 0; off < d.length; off += Smax) {
+        Segment s{d.id, off, std::min(Smax, d.length - off), d.arrival_step};
+        const auto lvl = static_cast<std::size_t>(std::upper_bound(L.begin(), L.end(), s.length) - L.begin());
+        if (lvl == 0) fresh.push_back(s);
+        else queues_[lvl - 1].push_back(s);
+      }
+    }
+    // Priority: carried-over documents and queue entries released by age go first.
+    std::vector<Segment> prio = std::move(carry_);
+    carry_.clear();
+    for (auto& q : queues_) {
+      while (q.size() >= N) {
+        fresh.insert(fresh.end(), q.begin(), q.begin() + static_cast<std::ptrdiff_t>(N));
+        q.erase(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(N));
+      }
+      if (opt_.max_queue_wait > 0 && !q.empty() && step - q.front().arrival_step >= opt_.max_queue_wait) {
+        prio.insert(prio.end(), q.begin(), q.end());
+        q.clear();
+      }
+    }
+    std::sort(prio.begin(), prio.end(), longerFirst);
+    std::sort(fresh.begin(), fresh.end(), longerFirst);
+    std::vector<MicroBatch> mbs(N);
+    std::vector<double> w(N, 0.0);
+    std::vector<std::int64_t> len(N, 0);
+    auto place = [&](const Segment& s) {
+      std::size_t bw = 0, bl = 0;
+      for (std::size_t j = 1; j < N; ++j) {
+        if (w[j] < w[bw]) bw = j;
+        if (len[j] < len[bl]) bl = j;
+      }
+      std::size_t t = N;
+      if (len[bw] + s.length <= Smax) t = bw;
+      else if (len[bl] + s.length <= Smax) t = bl;
+      if (t == N) {
+        carry_.push_back(s);
+        return;
+      }
+      mbs[t].segments.push_back(s);
+      len[t] += s.length;
+      w[t] += work(s.length);
+    };
+    for (const auto& s : prio) place(s);
+    for (const auto& s : fresh) place(s);
+    StepPlan plan;
+    plan.step = step;
+    distribute(plan, mbs, opt_, &w);
+    std::vector<const std::vector<Segment>*> held = {&carry_};
+    for (const auto& q : queues_) held.push_back(&q);
+    fillDelayed(plan, held);
+    return plan;
+  }
+  nlohmann::json saveState() const override {
+    nlohmann::json q = nlohmann::json::array();
+    for (const auto& v : queues_) q.push_back(segsToJson(v));
+    return {{"carry", segsToJson(carry_)}, {"queues", q}};
+  }
+  void loadState(const nlohmann::json& s) override {
+    carry_ = segsFromJson(s.at("carry"));
+    const auto& q = s.at("queues");
+    if (q.size() != queues_.size())
+      throw InputError(fmt::format("packer state: {} outlier queues saved, {} configured",
+                                   q.size(), queues_.size()));
+    for (std::size_t i = 0; i < queues_.size(); ++i) queues_[i] = segsFromJson(q[i]);
+  }
+  std::int64_t pendingTokens() const override {
+    std::int64_t t = tokensOf(carry_);
+    for (const auto& q : queues_) t += tokensOf(q);
+    return t;
+  }
+
+ private:
+  std::vector<Segment> carry_;
+  std::vector<std::vector<Segment>> queues_;
+  std::vector<double> small_cache_;
+};
+
+}  // namespace
+
+std::vector<std::string> packerNames() {
+  return {"original", "fixed_greedy", "fixed_optimal", "best_fit", "wlb"};
+}
+
+std::unique_ptr<Packer> makePacker(const std::string& name, const PackerOptions& opt,
+                                   const model::CostModel& cost) {
+  if (opt.dp < 1 || opt.micro_batches < 1 || opt.context_window < 1 || opt.s_max < opt.context_window)
+    throw InputError(fmt::format("packer: need dp >= 1, micro_batches >= 1 and s_max >= "
+                                 "context_window (got dp={}, M={}, S={}, s_max={})",
+                                 opt.dp, opt.micro_batches, opt.context_window, opt.s_max), true);
+  if (name == "original") return std::make_unique<OriginalPacker>(opt, cost);
+  if (name == "best_fit") return std::make_unique<BestFitPacker>(opt, cost);
+  if (name == "fixed_greedy") return std::make_unique<FixedGreedyPacker>(opt, cost);
+  if (name == "wlb") return std::make_unique<WlbPacker>(opt, cost);
+  if (name == "fixed_optimal") return detail::makeFixedOptimal(opt, cost);
+  std::string valid;
+  for (const auto& n : packerNames()) valid += (valid.empty() ? "" : ", ") + n;
+  throw InputError(fmt::format("packing.strategy: unknown packer '{}' (valid: {})", name, valid), true);
+}
+
+std::unique_ptr<Packer> makePacker(const std::string& name, const Deck& deck,
+                                   const model::CostModel& cost) {
+  return makePacker(name, PackerOptions::fromDeck(deck), cost);
+}
+
+}  // namespace wlb::packing
