@@ -259,6 +259,12 @@ void Object::readAttributeRaw(const std::string& attr, hid_t memType, void* data
   check(H5Aread(a.id(), memType, data), "read attribute " + attr);
 }
 
+H5T_class_t Object::attributeClass(const std::string& attr) const {
+  auto a = openAttribute(id(), attr, name_);
+  auto t = Datatype::adopt(H5Aget_type(a.id()));
+  return t.typeClass();
+}
+
 std::size_t Object::attributeElements(const std::string& attr) const {
   auto a = openAttribute(id(), attr, name_);
   auto s = Dataspace::adopt(H5Aget_space(a.id()));

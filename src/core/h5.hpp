@@ -194,7 +194,10 @@ class Object : public Handle {
     readAttributeRaw(attr, nativeType<T>(), v.data(), v.size());
     return v;
   }
-  /// Names of all attributes, in creation/name order.
+  /// Type class of an attribute (H5T_STRING, H5T_INTEGER, H5T_FLOAT, ...); InputError if
+  /// missing.
+  H5T_class_t attributeClass(const std::string& attr) const;
+  /// Names of all attributes, sorted by name.
   std::vector<std::string> attributeNames() const;
 
  protected:

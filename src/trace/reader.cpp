@@ -1,0 +1,121 @@
+/// \file reader.cpp
+/// \brief Trace reader (serial).
+
+#include "trace/reader.hpp"
+
+#include <sstream>
+
+#include "core/error.hpp"
+#include "core/h5.hpp"
+
+namespace wlb::trace {
+
+namespace {
+
+template <class Row>
+std::vector<Row> readTable(const h5::Location& loc, const std::string& name, const h5::Datatype& mem) {
+  auto ds = loc.openDataset(name);
+  if (ds.type().typeClass() != H5T_COMPOUND) throw InputError(ds.name() + ": not a compound table");
+  auto d = ds.dims();
+  if (d.size() != 1) throw InputError(ds.name() + ": expected a 1-D table");
+  std::vector<Row> rows(d[0]);
+  if (d[0] > 0) ds.readAll(mem.id(), rows.data());
+  return rows;
+}
+
+}  // namespace
+
+int Trace::regionId(const std::string& label) const {
+  for (std::size_t i = 0; i < regions.size(); ++i)
+    if (regions[i] == label) return static_cast<int>(i);
+  return -1;
+}
+
+std::vector<Event> Trace::eventsOfRank(int rank) const {
+  for (const auto& r : ranks) {
+    if (r.rank == rank)
+      return std::vector<Event>(events.begin() + r.event_offset, events.begin() + r.event_offset + r.event_count);
+  }
+  return {};
+}
+
+Trace readTrace(const std::string& path) {
+  auto file = h5::File::open(path);  // InputError: missing / not HDF5 / truncated
+  if (!file.hasAttribute("complete") || file.attributeClass("complete") != H5T_INTEGER ||
+      file.attribute<int>("complete") != 1)
+    throw InputError(path + ": incomplete trace (no 'complete' attribute: the writer did not finish)");
+  Trace t;
+  t.path = path;
+  try {
+    auto meta = file.openGroup("meta");
+    for (const auto& name : meta.attributeNames()) {
+      auto c = meta.attributeClass(name);
+      if (c == H5T_STRING) {
+        t.meta[name] = meta.stringAttribute(name);
+      } else if (c == H5T_INTEGER) {
+        t.meta[name] = std::to_string(meta.attribute<long long>(name));
+      } else if (c == H5T_FLOAT) {
+        std::ostringstream os;
+        os << meta.attribute<double>(name);
+        t.meta[name] = os.str();
+      }
+    }
+    t.schema_version = meta.attribute<int>("schema_version");
+    if (t.schema_version > kSchemaVersion)
+      throw InputError(path + ": trace schema version " + std::to_string(t.schema_version) +
+                       " is newer than this wlb supports (" + std::to_string(kSchemaVersion) + ")");
+    t.source = meta.stringAttribute("source");
+    t.deck_toml = meta.stringAttribute("deck");
+    t.git_hash = meta.stringAttribute("git_hash");
+    t.start_time = meta.stringAttribute("start_time");
+    t.mpi_size = meta.attribute<int>("mpi_size");
+    t.world_size = meta.attribute<int>("world_size");
+    t.tp = meta.attribute<int>("mesh_tp");
+    t.cp = meta.attribute<int>("mesh_cp");
+    t.pp = meta.attribute<int>("mesh_pp");
+    t.dp = meta.attribute<int>("mesh_dp");
+    t.warmup = meta.attribute<int>("warmup");
+    t.strategies = meta.readStrings("strategies");
+
+    t.ranks = readTable<schema::RankRow>(file, "ranks", schema::rankMemType());
+    t.regions = file.readStrings("regions");
+    t.events = readTable<Event>(file, "events", schema::eventMemType());
+
+    auto plan = file.openGroup("plan");
+    auto keys = readTable<schema::PlanStepKey>(plan, "steps", schema::planStepMemType());
+    auto pj = plan.readStrings("packing_json");
+    auto sj = plan.readStrings("shard_json");
+    if (pj.size() != keys.size() || sj.size() != keys.size())
+      throw InputError(path + ": /plan/steps, packing_json and shard_json differ in length");
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      t.plan_steps.push_back({keys[i].strategy, keys[i].step, pj[i], sj[i]});
+    t.segments = readTable<SegmentRow>(plan, "segments", schema::segmentMemType());
+  } catch (const h5::Error& e) {
+    throw InputError(path + ": damaged trace (" + e.what() + ")");
+  }
+
+  // Consistency checks: ids in range, rank slices inside the table.
+  const auto nreg = static_cast<int>(t.regions.size());
+  const auto nstr = static_cast<int>(t.strategies.size());
+  for (const auto& e : t.events) {
+    if (e.region < 0 || e.region >= nreg || e.strategy < 0 || e.strategy >= nstr)
+      throw InputError(path + ": /events refers to a label or strategy outside the tables");
+  }
+  for (const auto& r : t.ranks) {
+    if (r.event_offset < 0 || r.event_count < 0 ||
+        r.event_offset + r.event_count > static_cast<std::int64_t>(t.events.size()))
+      throw InputError(path + ": /ranks event slice of rank " + std::to_string(r.rank) + " is out of range");
+  }
+  return t;
+}
+
+bool isCompleteTrace(const std::string& path) {
+  try {
+    auto file = h5::File::open(path);
+    return file.hasAttribute("complete") && file.attribute<int>("complete") == 1;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+}  // namespace wlb::trace
