@@ -1,0 +1,442 @@
+// Host SIMD path of the attention kernels (see attention_host.hpp, docs/attention.md).
+#include "attention/attention_host.hpp"
+
+#if WLB_ATTN_HOST_SIMD
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+// GCC 12 flags _mm512_undefined_ps inside the reduce intrinsics.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace wlb::attention::host {
+namespace {
+
+// ---- 16-float vectors ------------------------------------------------------------------
+typedef float vf __attribute__((vector_size(64)));
+typedef float vfu __attribute__((vector_size(64), aligned(4), may_alias));
+typedef int vi __attribute__((vector_size(64)));
+
+#define WLB_AI inline __attribute__((always_inline))
+
+WLB_AI vf ld(const float* p) { return *reinterpret_cast<const vfu*>(p); }
+WLB_AI void st(float* p, vf x) { *reinterpret_cast<vfu*>(p) = x; }
+WLB_AI vf bc(float x) {
+#if defined(__AVX512F__)
+  return _mm512_set1_ps(x);
+#else
+  return vf{} + x;
+#endif
+}
+WLB_AI vf fmadd(vf a, vf b, vf c) {
+#if defined(__AVX512F__)
+  return _mm512_fmadd_ps(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+WLB_AI vf vmax(vf a, vf b) {
+#if defined(__AVX512F__)
+  return _mm512_max_ps(a, b);
+#else
+  return a > b ? a : b;
+#endif
+}
+WLB_AI float hmax(vf a) {
+#if defined(__AVX512F__)
+  return _mm512_reduce_max_ps(a);
+#else
+  float m = a[0];
+  for (int i = 1; i < 16; ++i) m = a[i] > m ? a[i] : m;
+  return m;
+#endif
+}
+WLB_AI float hsum(vf a) {
+#if defined(__AVX512F__)
+  return _mm512_reduce_add_ps(a);
+#else
+  float s = 0.0f;
+  for (int i = 0; i < 16; ++i) s += a[i];
+  return s;
+#endif
+}
+WLB_AI vi iota16() { return vi{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}; }
+WLB_AI vi bci(int x) { return vi{} + x; }
+
+/// 2^x for x <= ~0 (scores minus the running max); 0 for x < -126 and -inf; relative error
+/// ~1e-7 (degree-7 polynomial of 2^f on f in [-0.5, 0.5]).
+WLB_AI vf exp2v(vf x) {
+  constexpr float c1 = 0.6931471805599453f, c2 = 0.2402265069591007f,
+                  c3 = 0.05550410866482158f, c4 = 0.009618129107628477f,
+                  c5 = 0.0013333558146428443f, c6 = 0.00015403530393381606f,
+                  c7 = 1.525273380405984e-05f;
+#if defined(__AVX512F__)
+  x = _mm512_max_ps(x, _mm512_set1_ps(-200.0f));
+  const vf n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const vf f = x - n;
+  vf p = fmadd(bc(c7), f, bc(c6));
+  p = fmadd(p, f, bc(c5));
+  p = fmadd(p, f, bc(c4));
+  p = fmadd(p, f, bc(c3));
+  p = fmadd(p, f, bc(c2));
+  p = fmadd(p, f, bc(c1));
+  p = fmadd(p, f, bc(1.0f));
+  return _mm512_scalef_ps(p, n);
+#else
+  const vi under = x < bc(-126.0f);
+  x = under ? bc(-126.0f) : x;
+  const vi ni = __builtin_convertvector(x + 128.5f, vi) - 128;  // floor(x + 0.5)
+  const vf f = x - __builtin_convertvector(ni, vf);
+  vf p = fmadd(bc(c7), f, bc(c6));
+  p = fmadd(p, f, bc(c5));
+  p = fmadd(p, f, bc(c4));
+  p = fmadd(p, f, bc(c3));
+  p = fmadd(p, f, bc(c2));
+  p = fmadd(p, f, bc(c1));
+  p = fmadd(p, f, bc(1.0f));
+  vf sc;
+  const vi bits = (ni + 127) << 23;
+  std::memcpy(&sc, &bits, sizeof sc);
+  const vf r = p * sc;
+  return under ? vf{} : r;
+#endif
+}
+
+// ---- register-blocked GEMM micro-kernels ----------------------------------------------
+// C[M][N] (= or +=) A[M][K] * B[K][N]; row-major with leading dimensions; M % RB == 0 and
+// N % 16 == 0. RB rows of A are broadcast, NV vectors of a B row are loaded, RB*NV
+// accumulators stay in registers over the whole K loop.
+template <int RB, int NV, bool ACC>
+WLB_AI void microKernel(std::int64_t K, const float* __restrict A, std::int64_t lda,
+                        const float* __restrict B, std::int64_t ldb, float* __restrict C,
+                        std::int64_t ldc) {
+  vf c[RB][NV];
+#pragma GCC unroll 16
+  for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) c[r][j] = ACC ? ld(C + r * ldc + 16 * j) : vf{};
+  for (std::int64_t kk = 0; kk < K; ++kk) {
+    const float* b = B + kk * ldb;
+    vf bv[NV];
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) bv[j] = ld(b + 16 * j);
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; ++r) {
+      const vf av = bc(A[r * lda + kk]);
+#pragma GCC unroll 8
+      for (int j = 0; j < NV; ++j) c[r][j] = fmadd(av, bv[j], c[r][j]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) st(C + r * ldc + 16 * j, c[r][j]);
+}
+
+constexpr int kRB = 4;  // rows per micro-kernel (M must be a multiple)
+
+template <bool ACC>
+void gemm(std::int64_t M, std::int64_t N, std::int64_t K, const float* __restrict A,
+          std::int64_t lda, const float* __restrict B, std::int64_t ldb, float* __restrict C,
+          std::int64_t ldc) {
+  if (K <= 0) {
+    if (!ACC)
+      for (std::int64_t i = 0; i < M; ++i) std::memset(C + i * ldc, 0, sizeof(float) * N);
+    return;
+  }
+  for (std::int64_t i = 0; i < M; i += kRB) {
+    const float* Ai = A + i * lda;
+    float* Ci = C + i * ldc;
+    std::int64_t j = 0;
+    for (; j + 64 <= N; j += 64) microKernel<kRB, 4, ACC>(K, Ai, lda, B + j, ldb, Ci + j, ldc);
+    switch ((N - j) / 16) {
+      case 3: microKernel<kRB, 3, ACC>(K, Ai, lda, B + j, ldb, Ci + j, ldc); break;
+      case 2: microKernel<kRB, 2, ACC>(K, Ai, lda, B + j, ldb, Ci + j, ldc); break;
+      case 1: microKernel<kRB, 1, ACC>(K, Ai, lda, B + j, ldb, Ci + j, ldc); break;
+      default: break;
+    }
+  }
+}
+
+// ---- per-thread aligned scratch ---------------------------------------------------------
+struct Scratch {
+  float* p = nullptr;
+  std::size_t n = 0;
+  ~Scratch() { std::free(p); }
+  float* get(std::size_t floats) {
+    if (floats > n) {
+      std::free(p);
+      const std::size_t bytes = ((floats * sizeof(float) + 63) / 64) * 64;
+      p = static_cast<float*>(std::aligned_alloc(64, bytes));
+      n = floats;
+    }
+    return p;
+  }
+};
+float* scratch(std::size_t floats) {
+  static thread_local Scratch s;
+  return s.get(floats);
+}
+std::size_t round16(std::size_t n) { return (n + 15) / 16 * 16; }
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+}  // namespace
+
+void packKeyTile(const Args& a, std::int64_t piece, std::int64_t kt, int hk) {
+  const PieceRange& pr = a.pieces[piece];
+  const int D = a.head_dim, TK = a.tile_k;
+  float* dst = a.KT + ((static_cast<std::int64_t>(hk) * a.nkblk + a.kb_off[piece] + kt) * D) * TK;
+  const std::int64_t k0 = kt * TK, cnt = std::min<std::int64_t>(TK, pr.nk() - k0);
+  const float* src = a.k + (pr.k_begin + k0) * a.k_s0 + static_cast<std::int64_t>(hk) * D;
+  for (int d = 0; d < D; ++d) {
+    float* row = dst + static_cast<std::int64_t>(d) * TK;
+    for (std::int64_t j = 0; j < cnt; ++j) row[j] = src[j * a.k_s0 + d];
+    for (std::int64_t j = cnt; j < TK; ++j) row[j] = 0.0f;
+  }
+}
+
+void forwardTile(const Args& a, std::int64_t piece, std::int64_t qt, int h) {
+  const PieceRange& pr = a.pieces[piece];
+  const int D = a.head_dim, TQ = a.tile_q, TK = a.tile_k;
+  const int hk = h / (a.heads / a.kv_heads);
+  const std::int64_t nq = pr.nq(), nk = pr.nk(), off = nk - nq;
+  const std::int64_t q0 = qt * TQ, rows = std::min<std::int64_t>(TQ, nq - q0);
+  const std::int64_t Lmin = off + q0, Lmax = std::min(off + q0 + rows - 1, nk - 1);
+
+  // scratch: Qs[TQ][D] | S[TQ][TK] | O[TQ][D] | m[TQ] | alpha[TQ] | lsum[TQ][16]
+  float* Qs = scratch(round16(TQ * D) * 2 + round16(TQ * TK) + 2 * round16(TQ) + TQ * 16);
+  float* S = Qs + round16(TQ * D);
+  float* O = S + round16(TQ * TK);
+  float* m = O + round16(TQ * D);
+  float* alpha = m + round16(TQ);
+  float* lsum = alpha + round16(TQ);
+
+  const vf sc2 = bc(a.scale2);
+  for (std::int64_t r = 0; r < TQ; ++r) {
+    float* dst = Qs + r * D;
+    if (r < rows) {
+      const float* src = a.q + (pr.q_begin + q0 + r) * a.q_s0 + static_cast<std::int64_t>(h) * D;
+      for (int d = 0; d < D; d += 16) st(dst + d, ld(src + d) * sc2);
+    } else {
+      for (int d = 0; d < D; d += 16) st(dst + d, vf{});
+    }
+    for (int d = 0; d < D; d += 16) st(O + r * D + d, vf{});
+    st(lsum + r * 16, vf{});
+    m[r] = -std::numeric_limits<float>::infinity();
+  }
+
+  const std::int64_t nkt = Lmax / TK + 1;
+  const float* KTh = a.KT + (static_cast<std::int64_t>(hk) * a.nkblk + a.kb_off[piece]) * D * TK;
+  const float* Vh = a.v + pr.k_begin * a.v_s0 + static_cast<std::int64_t>(hk) * D;
+  const vf ninf = bc(-std::numeric_limits<float>::infinity());
+  const int nvk = TK / 16;
+  for (std::int64_t kt = 0; kt < nkt; ++kt) {
+    const std::int64_t k0 = kt * TK;
+    gemm<false>(TQ, TK, D, Qs, D, KTh + kt * D * TK, TK, S, TK);
+    if (k0 + TK - 1 > Lmin) {  // diagonal tile: mask keys beyond each row's limit
+      for (std::int64_t r = 0; r < TQ; ++r) {
+        const std::int64_t L = r < rows ? std::min(off + q0 + r, nk - 1) : Lmax;
+        const vi lim = bci(static_cast<int>(L - k0));
+        for (int j = 0; j < nvk; ++j) {
+          const vi kidx = iota16() + 16 * j;
+          float* s = S + r * TK + 16 * j;
+          st(s, kidx > lim ? ninf : ld(s));
+        }
+      }
+    }
+    // online softmax: new running max, rescale factors, probabilities, lane-wise sums
+    for (std::int64_t r = 0; r < TQ; ++r) {
+      const float* s = S + r * TK;
+      vf mx = ld(s);
+      for (int j = 1; j < nvk; ++j) mx = vmax(mx, ld(s + 16 * j));
+      const float mr = hmax(mx), mo = m[r];
+      const float mn = mr > mo ? mr : mo;
+      alpha[r] = mn;  // temporarily the new max
+    }
+    for (std::int64_t r = 0; r < TQ; r += 16) {
+      const vf mo = ld(m + r), mn = ld(alpha + r);
+      st(m + r, mn);
+      st(alpha + r, exp2v(mo - mn));
+    }
+    for (std::int64_t r = 0; r < TQ; ++r) {
+      float* s = S + r * TK;
+      const vf mr = bc(m[r]);
+      vf acc = ld(lsum + r * 16) * bc(alpha[r]);
+      for (int j = 0; j < nvk; ++j) {
+        const vf p = exp2v(ld(s + 16 * j) - mr);
+        st(s + 16 * j, p);
+        acc += p;
+      }
+      st(lsum + r * 16, acc);
+      if (alpha[r] != 1.0f) {
+        const vf al = bc(alpha[r]);
+        float* orow = O + r * D;
+        for (int d = 0; d < D; d += 16) st(orow + d, ld(orow + d) * al);
+      }
+    }
+    const std::int64_t cnt = std::min<std::int64_t>(TK, Lmax + 1 - k0);
+    gemm<true>(TQ, D, cnt, S, TK, Vh + k0 * a.v_s0, a.v_s0, O, D);
+  }
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float l = hsum(ld(lsum + r * 16));
+    const vf inv = bc(1.0f / l);
+    const std::int64_t t = pr.q_begin + q0 + r;
+    float* dst = a.o_out + t * a.o_s0 + static_cast<std::int64_t>(h) * D;
+    for (int d = 0; d < D; d += 16) st(dst + d, ld(O + r * D + d) * inv);
+    a.lse_out[t * a.lse_s0 + h] = (m[r] + std::log2(l)) * kLn2;
+  }
+}
+
+void packQueryTile(const Args& a, std::int64_t piece, std::int64_t qt, int h) {
+  const PieceRange& pr = a.pieces[piece];
+  const int D = a.head_dim, TQ = a.tile_q;
+  const std::int64_t q0 = qt * TQ, rows = std::min<std::int64_t>(TQ, pr.nq() - q0);
+  const std::int64_t blk = static_cast<std::int64_t>(h) * a.nqblk + a.qb_off[piece] + qt;
+  float* qt_ = a.QT + blk * D * TQ;
+  float* dot = a.dOT + blk * D * TQ;
+  float* lse2 = a.LSE2 + blk * TQ;
+  float* dlt = a.DLT + blk * TQ;
+  for (std::int64_t r = 0; r < TQ; ++r) {
+    if (r < rows) {
+      const std::int64_t t = pr.q_begin + q0 + r;
+      const float* qs = a.q + t * a.q_s0 + static_cast<std::int64_t>(h) * D;
+      const float* ds = a.dO + t * a.dO_s0 + static_cast<std::int64_t>(h) * D;
+      const float* os = a.o + t * a.o_s0 + static_cast<std::int64_t>(h) * D;
+      vf acc{};
+      for (int d = 0; d < D; d += 16) acc = fmadd(ld(ds + d), ld(os + d), acc);
+      for (int d = 0; d < D; ++d) {
+        qt_[static_cast<std::int64_t>(d) * TQ + r] = qs[d] * a.scale2;
+        dot[static_cast<std::int64_t>(d) * TQ + r] = ds[d];
+      }
+      dlt[r] = hsum(acc);
+      lse2[r] = a.lse[t * a.lse_s0 + h] * kLog2e;
+    } else {
+      for (int d = 0; d < D; ++d) {
+        qt_[static_cast<std::int64_t>(d) * TQ + r] = 0.0f;
+        dot[static_cast<std::int64_t>(d) * TQ + r] = 0.0f;
+      }
+      dlt[r] = 0.0f;
+      lse2[r] = 0.0f;
+    }
+  }
+}
+
+void backwardKvHead(const Args& a, int hk) {
+  const int D = a.head_dim, TQ = a.tile_q, TK = a.tile_k;
+  const int group = a.heads / a.kv_heads;
+  // scratch: Kn[TK][D] | Vn[TK][D] | dK[TK][D] | dV[TK][D] | ST[TK][TQ] | dPT[TK][TQ]
+  const std::size_t kd = round16(static_cast<std::size_t>(TK) * D),
+                    kq = round16(static_cast<std::size_t>(TK) * TQ);
+  float* Kn = scratch(4 * kd + 2 * kq);
+  float* Vn = Kn + kd;
+  float* dK = Vn + kd;
+  float* dV = dK + kd;
+  float* ST = dV + kd;
+  float* dPT = ST + kq;
+  const int nvq = TQ / 16;
+
+  for (std::int64_t p = 0; p < a.num_pieces; ++p) {
+    const PieceRange& pr = a.pieces[p];
+    const std::int64_t nq = pr.nq(), nk = pr.nk(), off = nk - nq;
+    if (nq <= 0) continue;
+    const std::int64_t nkt = (nk + TK - 1) / TK;
+    for (std::int64_t kt = 0; kt < nkt; ++kt) {
+      const std::int64_t k0 = kt * TK, kcnt = std::min<std::int64_t>(TK, nk - k0);
+      for (std::int64_t r = 0; r < TK; ++r) {
+        float* kr = Kn + r * D;
+        float* vr = Vn + r * D;
+        if (r < kcnt) {
+          const float* ks = a.k + (pr.k_begin + k0 + r) * a.k_s0 + static_cast<std::int64_t>(hk) * D;
+          const float* vs = a.v + (pr.k_begin + k0 + r) * a.v_s0 + static_cast<std::int64_t>(hk) * D;
+          for (int d = 0; d < D; d += 16) {
+            st(kr + d, ld(ks + d));
+            st(vr + d, ld(vs + d));
+          }
+        } else {
+          for (int d = 0; d < D; d += 16) {
+            st(kr + d, vf{});
+            st(vr + d, vf{});
+          }
+        }
+        for (int d = 0; d < D; d += 16) {
+          st(dK + r * D + d, vf{});
+          st(dV + r * D + d, vf{});
+        }
+      }
+      const float* KTblk =
+          a.KT + ((static_cast<std::int64_t>(hk) * a.nkblk + a.kb_off[p] + kt) * D) * TK;
+      const std::int64_t qfirst = std::max<std::int64_t>(0, k0 - off);
+      const std::int64_t kmax = k0 + kcnt - 1;  // last valid key of the tile
+      for (int h = hk * group; h < (hk + 1) * group; ++h) {
+        for (std::int64_t qt = qfirst / TQ; qt * TQ < nq; ++qt) {
+          const std::int64_t q0 = qt * TQ, qcnt = std::min<std::int64_t>(TQ, nq - q0);
+          const std::int64_t blk = static_cast<std::int64_t>(h) * a.nqblk + a.qb_off[p] + qt;
+          const float* QTb = a.QT + blk * D * TQ;
+          const float* dOTb = a.dOT + blk * D * TQ;
+          const float* lse2 = a.LSE2 + blk * TQ;
+          const float* dlt = a.DLT + blk * TQ;
+          float* dQTb = a.dQT + blk * D * TQ;
+          gemm<false>(TK, TQ, D, Kn, D, QTb, TQ, ST, TQ);
+          gemm<false>(TK, TQ, D, Vn, D, dOTb, TQ, dPT, TQ);
+          const bool masked = (off + q0 < kmax) || qcnt < TQ;
+          for (std::int64_t r = 0; r < TK; ++r) {
+            float* s = ST + r * TQ;
+            float* dp = dPT + r * TQ;
+            // query q (piece-local) sees key k0+r iff off + q >= k0 + r and q < nq
+            const vi qlo = bci(static_cast<int>(k0 + r - off - q0));
+            const vi qhi = bci(static_cast<int>(qcnt));
+            for (int j = 0; j < nvq; ++j) {
+              vf pv = exp2v(ld(s + 16 * j) - ld(lse2 + 16 * j));
+              if (masked) {
+                const vi qi = iota16() + 16 * j;
+                pv = (qi >= qlo) & (qi < qhi) ? pv : vf{};
+              }
+              st(s + 16 * j, pv);
+              st(dp + 16 * j, pv * (ld(dp + 16 * j) - ld(dlt + 16 * j)));
+            }
+          }
+          // ST now holds P^T, dPT holds dS^T
+          const float* dOrows = a.dO + (pr.q_begin + q0) * a.dO_s0 + static_cast<std::int64_t>(h) * D;
+          const float* Qrows = a.q + (pr.q_begin + q0) * a.q_s0 + static_cast<std::int64_t>(h) * D;
+          gemm<true>(TK, D, qcnt, ST, TQ, dOrows, a.dO_s0, dV, D);
+          gemm<true>(TK, D, qcnt, dPT, TQ, Qrows, a.q_s0, dK, D);
+          gemm<true>(D, TQ, kcnt, KTblk, TK, dPT, TQ, dQTb, TQ);
+        }
+      }
+      const vf sc = bc(a.scale);
+      for (std::int64_t r = 0; r < kcnt; ++r) {
+        float* dkr = a.dk + (pr.k_begin + k0 + r) * a.dk_s0 + static_cast<std::int64_t>(hk) * D;
+        float* dvr = a.dv + (pr.k_begin + k0 + r) * a.dv_s0 + static_cast<std::int64_t>(hk) * D;
+        for (int d = 0; d < D; d += 16) {
+          st(dkr + d, fmadd(ld(dK + r * D + d), sc, ld(dkr + d)));
+          st(dvr + d, ld(dvr + d) + ld(dV + r * D + d));
+        }
+      }
+    }
+  }
+}
+
+void unpackDq(const Args& a, std::int64_t piece, std::int64_t qt, int h) {
+  const PieceRange& pr = a.pieces[piece];
+  const int D = a.head_dim, TQ = a.tile_q;
+  const std::int64_t q0 = qt * TQ, rows = std::min<std::int64_t>(TQ, pr.nq() - q0);
+  const std::int64_t blk = static_cast<std::int64_t>(h) * a.nqblk + a.qb_off[piece] + qt;
+  const float* src = a.dQT + blk * D * TQ;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* dst = a.dq + (pr.q_begin + q0 + r) * a.dq_s0 + static_cast<std::int64_t>(h) * D;
+    for (int d = 0; d < D; ++d) dst[d] += a.scale * src[static_cast<std::int64_t>(d) * TQ + r];
+  }
+}
+
+}  // namespace wlb::attention::host
+
+#endif  // WLB_ATTN_HOST_SIMD

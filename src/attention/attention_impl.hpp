@@ -1,0 +1,479 @@
+#pragma once
+/// \file attention_impl.hpp
+/// \brief Internal: template definitions of attention::forward/backward. Include only from
+/// attention.cpp (explicit instantiations) or from a translation unit that needs another
+/// execution space.
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "attention/attention.hpp"
+#include "attention/attention_host.hpp"
+#include "core/kokkos_compat.hpp"
+
+namespace wlb::attention {
+namespace detail {
+
+template <class View>
+void requireShape(const View& v, std::int64_t rows, std::int64_t d1, std::int64_t d2,
+                  const char* name) {
+  if (static_cast<std::int64_t>(v.extent(0)) < rows || static_cast<std::int64_t>(v.extent(1)) != d1 ||
+      (View::rank == 3 && static_cast<std::int64_t>(v.extent(2)) != d2))
+    throw std::invalid_argument(std::string("wlb::attention: view '") + v.label() + "' (" + name +
+                                ") has a shape inconsistent with the batch");
+}
+
+struct Shape {
+  int heads = 0, kv_heads = 0, head_dim = 0;
+  float scale = 1.0f;
+};
+
+template <class In3>
+Shape checkCommon(const In3& q, const In3& k, const In3& v, const VarlenBatch& b,
+                  const KernelConfig& cfg, float softmax_scale) {
+  validateConfig(cfg);
+  Shape s;
+  s.heads = static_cast<int>(q.extent(1));
+  s.kv_heads = static_cast<int>(k.extent(1));
+  s.head_dim = static_cast<int>(q.extent(2));
+  if (s.heads <= 0 || s.kv_heads <= 0 || s.head_dim <= 0 || s.heads % s.kv_heads != 0)
+    throw std::invalid_argument("wlb::attention: heads must be a positive multiple of kv_heads");
+  if (s.head_dim > 256) throw std::invalid_argument("wlb::attention: head_dim > 256 unsupported");
+  requireShape(q, b.q_tokens, s.heads, s.head_dim, "q");
+  requireShape(k, b.k_tokens, s.kv_heads, s.head_dim, "k");
+  requireShape(v, b.k_tokens, s.kv_heads, s.head_dim, "v");
+  s.scale = softmax_scale > 0.0f ? softmax_scale : 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  return s;
+}
+
+template <class ExecSpace>
+using RangeI64 = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
+
+/// Piece ranges [P][4] in the execution space's memory.
+template <class ExecSpace>
+Kokkos::View<std::int64_t* [4], Kokkos::LayoutRight, typename ExecSpace::memory_space> deviceRanges(
+    const VarlenBatch& b) {
+  Kokkos::View<std::int64_t* [4], Kokkos::LayoutRight, typename ExecSpace::memory_space> r(
+      "wlb::attention::ranges", b.pieces.size());
+  auto h = Kokkos::create_mirror_view(r);
+  for (std::size_t i = 0; i < b.pieces.size(); ++i) {
+    h(i, 0) = b.pieces[i].q_begin;
+    h(i, 1) = b.pieces[i].q_end;
+    h(i, 2) = b.pieces[i].k_begin;
+    h(i, 3) = b.pieces[i].k_end;
+  }
+  Kokkos::deep_copy(r, h);
+  return r;
+}
+
+/// (piece, tile) work list in the execution space's memory.
+template <class ExecSpace>
+Kokkos::View<std::int64_t* [2], Kokkos::LayoutRight, typename ExecSpace::memory_space> tileList(
+    const VarlenBatch& b, int tile, bool keys) {
+  std::vector<std::int64_t> flat;
+  for (std::size_t p = 0; p < b.pieces.size(); ++p) {
+    const std::int64_t n = keys ? (b.pieces[p].nq() > 0 ? b.pieces[p].nk() : 0) : b.pieces[p].nq();
+    for (std::int64_t t = 0; t * tile < n; ++t) {
+      flat.push_back(static_cast<std::int64_t>(p));
+      flat.push_back(t);
+    }
+  }
+  Kokkos::View<std::int64_t* [2], Kokkos::LayoutRight, typename ExecSpace::memory_space> l(
+      "wlb::attention::tiles", flat.size() / 2);
+  auto h = Kokkos::create_mirror_view(l);
+  for (std::size_t i = 0; i < flat.size() / 2; ++i) {
+    h(i, 0) = flat[2 * i];
+    h(i, 1) = flat[2 * i + 1];
+  }
+  Kokkos::deep_copy(l, h);
+  return l;
+}
+
+// ---------------- portable (team) path: what device backends run ----------------------
+
+template <class ExecSpace>
+void forwardPortable(const ExecSpace& space, typename Views<ExecSpace>::In3 q,
+                     typename Views<ExecSpace>::In3 k, typename Views<ExecSpace>::In3 v,
+                     const VarlenBatch& b, typename Views<ExecSpace>::Out3 o,
+                     typename Views<ExecSpace>::Out2 lse, const KernelConfig& cfg, Shape s) {
+  const auto ranges = deviceRanges<ExecSpace>(b);
+  const auto tiles = tileList<ExecSpace>(b, cfg.tile_q, false);
+  const int H = s.heads, D = s.head_dim, group = s.heads / s.kv_heads, TQ = cfg.tile_q;
+  const float scale = s.scale;
+  const std::int64_t ntiles = static_cast<std::int64_t>(tiles.extent(0));
+  using Policy = Kokkos::TeamPolicy<ExecSpace>;
+  using Member = typename Policy::member_type;
+  Kokkos::parallel_for(
+      "wlb::attention::fwd::portable", Policy(space, static_cast<int>(ntiles * H), Kokkos::AUTO),
+      KOKKOS_LAMBDA(const Member& team) {
+        const std::int64_t item = team.league_rank() / H;
+        const int h = team.league_rank() % H, hk = h / group;
+        const std::int64_t p = tiles(item, 0), q0 = tiles(item, 1) * TQ;
+        const std::int64_t qb = ranges(p, 0), nq = ranges(p, 1) - qb, kb = ranges(p, 2),
+                           nk = ranges(p, 3) - kb, off = nk - nq;
+        const std::int64_t rows = wlb::kk::min<std::int64_t>(TQ, nq - q0);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, static_cast<int>(rows)), [&](const int r) {
+          const std::int64_t t = qb + q0 + r, L = off + q0 + r;
+          float m = -3.0e38f;
+          for (std::int64_t j = 0; j <= L; ++j) {
+            float sdot = 0.0f;
+            for (int d = 0; d < D; ++d) sdot += q(t, h, d) * k(kb + j, hk, d);
+            m = wlb::kk::max(m, sdot * scale);
+          }
+          float l = 0.0f;
+          for (int d = 0; d < D; ++d) o(t, h, d) = 0.0f;
+          for (std::int64_t j = 0; j <= L; ++j) {
+            float sdot = 0.0f;
+            for (int d = 0; d < D; ++d) sdot += q(t, h, d) * k(kb + j, hk, d);
+            const float pj = wlb::kk::exp(sdot * scale - m);
+            l += pj;
+            for (int d = 0; d < D; ++d) o(t, h, d) += pj * v(kb + j, hk, d);
+          }
+          const float inv = 1.0f / l;
+          for (int d = 0; d < D; ++d) o(t, h, d) *= inv;
+          lse(t, h) = m + wlb::kk::log(l);
+        });
+      });
+}
+
+template <class ExecSpace>
+void backwardPortable(const ExecSpace& space, typename Views<ExecSpace>::In3 q,
+                      typename Views<ExecSpace>::In3 k, typename Views<ExecSpace>::In3 v,
+                      typename Views<ExecSpace>::In3 o, typename Views<ExecSpace>::In2 lse,
+                      typename Views<ExecSpace>::In3 dO, const VarlenBatch& b,
+                      typename Views<ExecSpace>::Out3 dq, typename Views<ExecSpace>::Out3 dk,
+                      typename Views<ExecSpace>::Out3 dv, const KernelConfig& cfg, Shape s) {
+  const auto ranges = deviceRanges<ExecSpace>(b);
+  const auto qtiles = tileList<ExecSpace>(b, cfg.tile_q, false);
+  const auto ktiles = tileList<ExecSpace>(b, cfg.tile_k, true);
+  const int H = s.heads, Hkv = s.kv_heads, D = s.head_dim, group = s.heads / s.kv_heads,
+            TQ = cfg.tile_q, TK = cfg.tile_k;
+  const float scale = s.scale;
+  using mem = typename ExecSpace::memory_space;
+  Kokkos::View<float**, Kokkos::LayoutRight, mem> delta("wlb::attention::bwd::delta", q.extent(0), H);
+  using Policy = Kokkos::TeamPolicy<ExecSpace>;
+  using Member = typename Policy::member_type;
+
+  // dq (and delta): one thread per query row, no races (query ranges are disjoint).
+  Kokkos::parallel_for(
+      "wlb::attention::bwd::dq::portable",
+      Policy(space, static_cast<int>(qtiles.extent(0) * H), Kokkos::AUTO),
+      KOKKOS_LAMBDA(const Member& team) {
+        const std::int64_t item = team.league_rank() / H;
+        const int h = team.league_rank() % H, hk = h / group;
+        const std::int64_t p = qtiles(item, 0), q0 = qtiles(item, 1) * TQ;
+        const std::int64_t qb = ranges(p, 0), nq = ranges(p, 1) - qb, kb = ranges(p, 2),
+                           nk = ranges(p, 3) - kb, off = nk - nq;
+        const std::int64_t rows = wlb::kk::min<std::int64_t>(TQ, nq - q0);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, static_cast<int>(rows)), [&](const int r) {
+          const std::int64_t t = qb + q0 + r, L = off + q0 + r;
+          float dl = 0.0f;
+          for (int d = 0; d < D; ++d) dl += dO(t, h, d) * o(t, h, d);
+          delta(t, h) = dl;
+          const float ls = lse(t, h);
+          for (std::int64_t j = 0; j <= L; ++j) {
+            float sdot = 0.0f, dp = 0.0f;
+            for (int d = 0; d < D; ++d) {
+              sdot += q(t, h, d) * k(kb + j, hk, d);
+              dp += dO(t, h, d) * v(kb + j, hk, d);
+            }
+            const float ds = wlb::kk::exp(sdot * scale - ls) * (dp - dl) * scale;
+            for (int d = 0; d < D; ++d) dq(t, h, d) += ds * k(kb + j, hk, d);
+          }
+        });
+      });
+  // dk, dv: one thread per key row; atomics because pieces may share keys.
+  Kokkos::parallel_for(
+      "wlb::attention::bwd::dkdv::portable",
+      Policy(space, static_cast<int>(ktiles.extent(0) * Hkv), Kokkos::AUTO),
+      KOKKOS_LAMBDA(const Member& team) {
+        const std::int64_t item = team.league_rank() / Hkv;
+        const int hk = team.league_rank() % Hkv;
+        const std::int64_t p = ktiles(item, 0), k0 = ktiles(item, 1) * TK;
+        const std::int64_t qb = ranges(p, 0), nq = ranges(p, 1) - qb, kb = ranges(p, 2),
+                           nk = ranges(p, 3) - kb, off = nk - nq;
+        const std::int64_t rows = wlb::kk::min<std::int64_t>(TK, nk - k0);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, static_cast<int>(rows)), [&](const int r) {
+          const std::int64_t j = k0 + r;
+          float adk[256], adv[256];
+          for (int d = 0; d < D; ++d) adk[d] = adv[d] = 0.0f;
+          for (int h = hk * group; h < (hk + 1) * group; ++h) {
+            for (std::int64_t i = wlb::kk::max<std::int64_t>(0, j - off); i < nq; ++i) {
+              const std::int64_t t = qb + i;
+              float sdot = 0.0f, dp = 0.0f;
+              for (int d = 0; d < D; ++d) {
+                sdot += q(t, h, d) * k(kb + j, hk, d);
+                dp += dO(t, h, d) * v(kb + j, hk, d);
+              }
+              const float pj = wlb::kk::exp(sdot * scale - lse(t, h));
+              const float ds = pj * (dp - delta(t, h)) * scale;
+              for (int d = 0; d < D; ++d) {
+                adv[d] += pj * dO(t, h, d);
+                adk[d] += ds * q(t, h, d);
+              }
+            }
+          }
+          for (int d = 0; d < D; ++d) {
+            Kokkos::atomic_add(&dk(kb + j, hk, d), adk[d]);
+            Kokkos::atomic_add(&dv(kb + j, hk, d), adv[d]);
+          }
+        });
+      });
+}
+
+// ---------------- host SIMD path --------------------------------------------------------
+
+template <class ExecSpace>
+constexpr bool hostAccessible() {
+  return Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible;
+}
+
+template <class V>
+bool innerContiguous(const V& x, int D) {
+  return x.stride(V::rank - 1) == 1 && (V::rank < 3 || static_cast<int>(x.stride(1)) == D);
+}
+
+#if WLB_ATTN_HOST_SIMD
+struct HostOffsets {
+  std::vector<std::int64_t> qb_off, kb_off;
+  std::int64_t nqblk = 0, nkblk = 0;
+  HostOffsets(const VarlenBatch& b, const KernelConfig& cfg) {
+    for (const auto& p : b.pieces) {
+      qb_off.push_back(nqblk);
+      kb_off.push_back(nkblk);
+      nqblk += (p.nq() + cfg.tile_q - 1) / cfg.tile_q;
+      nkblk += p.nq() > 0 ? (p.nk() + cfg.tile_k - 1) / cfg.tile_k : 0;
+    }
+  }
+};
+
+template <class ExecSpace>
+void packKeys(const ExecSpace& space, const host::Args& a, const VarlenBatch& b) {
+  std::vector<std::int64_t> items;  // piece, key tile
+  for (std::size_t p = 0; p < b.pieces.size(); ++p)
+    if (b.pieces[p].nq() > 0)
+      for (std::int64_t t = 0; t * a.tile_k < b.pieces[p].nk(); ++t) {
+        items.push_back(static_cast<std::int64_t>(p));
+        items.push_back(t);
+      }
+  const std::int64_t n = static_cast<std::int64_t>(items.size() / 2);
+  const int Hkv = a.kv_heads;
+  const std::int64_t* it = items.data();
+  Kokkos::parallel_for("wlb::attention::pack_k", RangeI64<ExecSpace>(space, 0, n * Hkv),
+                       [=](const std::int64_t i) {
+                         const std::int64_t j = i / Hkv;
+                         host::packKeyTile(a, it[2 * j], it[2 * j + 1], static_cast<int>(i % Hkv));
+                       });
+  space.fence();
+}
+
+template <class ExecSpace>
+std::vector<std::int64_t> queryItems(const VarlenBatch& b, int TQ) {
+  std::vector<std::int64_t> items;
+  for (std::size_t p = 0; p < b.pieces.size(); ++p)
+    for (std::int64_t t = 0; t * TQ < b.pieces[p].nq(); ++t) {
+      items.push_back(static_cast<std::int64_t>(p));
+      items.push_back(t);
+    }
+  return items;
+}
+
+template <class ExecSpace>
+void forwardHost(const ExecSpace& space, typename Views<ExecSpace>::In3 q,
+                 typename Views<ExecSpace>::In3 k, typename Views<ExecSpace>::In3 v,
+                 const VarlenBatch& b, typename Views<ExecSpace>::Out3 o,
+                 typename Views<ExecSpace>::Out2 lse, const KernelConfig& cfg, Shape s) {
+  using mem = typename ExecSpace::memory_space;
+  const HostOffsets offs(b, cfg);
+  Kokkos::View<float*, mem> KT("wlb::attention::fwd::KT",
+                               static_cast<std::size_t>(offs.nkblk * s.kv_heads * s.head_dim * cfg.tile_k));
+  host::Args a;
+  a.q = q.data();
+  a.k = k.data();
+  a.v = v.data();
+  a.o_out = o.data();
+  a.lse_out = lse.data();
+  a.q_s0 = q.stride(0);
+  a.k_s0 = k.stride(0);
+  a.v_s0 = v.stride(0);
+  a.o_s0 = o.stride(0);
+  a.lse_s0 = lse.stride(0);
+  a.heads = s.heads;
+  a.kv_heads = s.kv_heads;
+  a.head_dim = s.head_dim;
+  a.tile_q = cfg.tile_q;
+  a.tile_k = cfg.tile_k;
+  a.scale = s.scale;
+  a.scale2 = s.scale * 1.4426950408889634f;
+  a.pieces = b.pieces.data();
+  a.num_pieces = static_cast<std::int64_t>(b.pieces.size());
+  a.kb_off = offs.kb_off.data();
+  a.nkblk = offs.nkblk;
+  a.qb_off = offs.qb_off.data();
+  a.nqblk = offs.nqblk;
+  a.KT = KT.data();
+  packKeys(space, a, b);
+  const auto items = queryItems<ExecSpace>(b, cfg.tile_q);
+  const std::int64_t n = static_cast<std::int64_t>(items.size() / 2);
+  const std::int64_t* it = items.data();
+  // head-major order: consecutive items share the kv head's packed keys
+  Kokkos::parallel_for("wlb::attention::fwd", RangeI64<ExecSpace>(space, 0, n * s.heads),
+                       [=](const std::int64_t i) {
+                         const std::int64_t j = i % n;
+                         host::forwardTile(a, it[2 * j], it[2 * j + 1], static_cast<int>(i / n));
+                       });
+  wlb::kk::fence(space, "wlb::attention::fwd");
+}
+
+template <class ExecSpace>
+void backwardHost(const ExecSpace& space, typename Views<ExecSpace>::In3 q,
+                  typename Views<ExecSpace>::In3 k, typename Views<ExecSpace>::In3 v,
+                  typename Views<ExecSpace>::In3 o, typename Views<ExecSpace>::In2 lse,
+                  typename Views<ExecSpace>::In3 dO, const VarlenBatch& b,
+                  typename Views<ExecSpace>::Out3 dq, typename Views<ExecSpace>::Out3 dk,
+                  typename Views<ExecSpace>::Out3 dv, const KernelConfig& cfg, Shape s) {
+  using mem = typename ExecSpace::memory_space;
+  const HostOffsets offs(b, cfg);
+  const std::size_t D = static_cast<std::size_t>(s.head_dim);
+  const std::size_t nq_el = static_cast<std::size_t>(offs.nqblk) * s.heads * cfg.tile_q;
+  Kokkos::View<float*, mem> KT("wlb::attention::bwd::KT",
+                               static_cast<std::size_t>(offs.nkblk * s.kv_heads) * D * cfg.tile_k);
+  Kokkos::View<float*, mem> QT("wlb::attention::bwd::QT", nq_el * D);
+  Kokkos::View<float*, mem> dOT("wlb::attention::bwd::dOT", nq_el * D);
+  Kokkos::View<float*, mem> dQT("wlb::attention::bwd::dQT", nq_el * D);
+  Kokkos::View<float*, mem> LSE2("wlb::attention::bwd::LSE2", nq_el);
+  Kokkos::View<float*, mem> DLT("wlb::attention::bwd::DLT", nq_el);
+  host::Args a;
+  a.q = q.data();
+  a.k = k.data();
+  a.v = v.data();
+  a.o = o.data();
+  a.lse = lse.data();
+  a.dO = dO.data();
+  a.dq = dq.data();
+  a.dk = dk.data();
+  a.dv = dv.data();
+  a.q_s0 = q.stride(0);
+  a.k_s0 = k.stride(0);
+  a.v_s0 = v.stride(0);
+  a.o_s0 = o.stride(0);
+  a.lse_s0 = lse.stride(0);
+  a.dO_s0 = dO.stride(0);
+  a.dq_s0 = dq.stride(0);
+  a.dk_s0 = dk.stride(0);
+  a.dv_s0 = dv.stride(0);
+  a.heads = s.heads;
+  a.kv_heads = s.kv_heads;
+  a.head_dim = s.head_dim;
+  a.tile_q = cfg.tile_q;
+  a.tile_k = cfg.tile_k;
+  a.scale = s.scale;
+  a.scale2 = s.scale * 1.4426950408889634f;
+  a.pieces = b.pieces.data();
+  a.num_pieces = static_cast<std::int64_t>(b.pieces.size());
+  a.kb_off = offs.kb_off.data();
+  a.nkblk = offs.nkblk;
+  a.qb_off = offs.qb_off.data();
+  a.nqblk = offs.nqblk;
+  a.KT = KT.data();
+  a.QT = QT.data();
+  a.dOT = dOT.data();
+  a.dQT = dQT.data();
+  a.LSE2 = LSE2.data();
+  a.DLT = DLT.data();
+  packKeys(space, a, b);
+  const auto items = queryItems<ExecSpace>(b, cfg.tile_q);
+  const std::int64_t n = static_cast<std::int64_t>(items.size() / 2);
+  const std::int64_t* it = items.data();
+  const int H = s.heads;
+  Kokkos::parallel_for("wlb::attention::bwd::pack_q", RangeI64<ExecSpace>(space, 0, n * H),
+                       [=](const std::int64_t i) {
+                         const std::int64_t j = i % n;
+                         host::packQueryTile(a, it[2 * j], it[2 * j + 1], static_cast<int>(i / n));
+                       });
+  space.fence();
+  // one work item per kv head: pieces run in order, so shared keys accumulate race-free
+  Kokkos::parallel_for("wlb::attention::bwd", RangeI64<ExecSpace>(space, 0, s.kv_heads),
+                       [=](const std::int64_t i) { host::backwardKvHead(a, static_cast<int>(i)); });
+  space.fence();
+  Kokkos::parallel_for("wlb::attention::bwd::unpack_dq", RangeI64<ExecSpace>(space, 0, n * H),
+                       [=](const std::int64_t i) {
+                         const std::int64_t j = i % n;
+                         host::unpackDq(a, it[2 * j], it[2 * j + 1], static_cast<int>(i / n));
+                       });
+  wlb::kk::fence(space, "wlb::attention::bwd");
+}
+#endif  // WLB_ATTN_HOST_SIMD
+
+}  // namespace detail
+
+template <class ExecSpace>
+bool usesHostKernels(int head_dim, const KernelConfig& cfg) {
+#if WLB_ATTN_HOST_SIMD
+  if constexpr (detail::hostAccessible<ExecSpace>())
+    return cfg.path == KernelConfig::Path::Auto && head_dim % 16 == 0;
+#endif
+  (void)head_dim;
+  (void)cfg;
+  return false;
+}
+
+template <class ExecSpace>
+void forward(const ExecSpace& space, typename Views<ExecSpace>::In3 q,
+             typename Views<ExecSpace>::In3 k, typename Views<ExecSpace>::In3 v,
+             const VarlenBatch& batch, typename Views<ExecSpace>::Out3 o,
+             typename Views<ExecSpace>::Out2 lse, const KernelConfig& cfg, float softmax_scale) {
+  const detail::Shape s = detail::checkCommon(q, k, v, batch, cfg, softmax_scale);
+  detail::requireShape(o, batch.q_tokens, s.heads, s.head_dim, "o");
+  detail::requireShape(lse, batch.q_tokens, s.heads, 1, "lse");
+  if (batch.pieces.empty()) return;
+#if WLB_ATTN_HOST_SIMD
+  if constexpr (detail::hostAccessible<ExecSpace>()) {
+    if (usesHostKernels<ExecSpace>(s.head_dim, cfg) && detail::innerContiguous(q, s.head_dim) &&
+        detail::innerContiguous(k, s.head_dim) && detail::innerContiguous(v, s.head_dim) &&
+        detail::innerContiguous(o, s.head_dim) && detail::innerContiguous(lse, s.head_dim)) {
+      detail::forwardHost(space, q, k, v, batch, o, lse, cfg, s);
+      return;
+    }
+  }
+#endif
+  detail::forwardPortable(space, q, k, v, batch, o, lse, cfg, s);
+  wlb::kk::fence(space, "wlb::attention::fwd");
+}
+
+template <class ExecSpace>
+void backward(const ExecSpace& space, typename Views<ExecSpace>::In3 q,
+              typename Views<ExecSpace>::In3 k, typename Views<ExecSpace>::In3 v,
+              typename Views<ExecSpace>::In3 o, typename Views<ExecSpace>::In2 lse,
+              typename Views<ExecSpace>::In3 dO, const VarlenBatch& batch,
+              typename Views<ExecSpace>::Out3 dq, typename Views<ExecSpace>::Out3 dk,
+              typename Views<ExecSpace>::Out3 dv, const KernelConfig& cfg, float softmax_scale) {
+  const detail::Shape s = detail::checkCommon(q, k, v, batch, cfg, softmax_scale);
+  detail::requireShape(o, batch.q_tokens, s.heads, s.head_dim, "o");
+  detail::requireShape(dO, batch.q_tokens, s.heads, s.head_dim, "dO");
+  detail::requireShape(dq, batch.q_tokens, s.heads, s.head_dim, "dq");
+  detail::requireShape(dk, batch.k_tokens, s.kv_heads, s.head_dim, "dk");
+  detail::requireShape(dv, batch.k_tokens, s.kv_heads, s.head_dim, "dv");
+  detail::requireShape(lse, batch.q_tokens, s.heads, 1, "lse");
+  if (batch.pieces.empty()) return;
+#if WLB_ATTN_HOST_SIMD
+  if constexpr (detail::hostAccessible<ExecSpace>()) {
+    const int D = s.head_dim;
+    if (usesHostKernels<ExecSpace>(D, cfg) && detail::innerContiguous(q, D) &&
+        detail::innerContiguous(k, D) && detail::innerContiguous(v, D) &&
+        detail::innerContiguous(o, D) && detail::innerContiguous(dO, D) &&
+        detail::innerContiguous(dq, D) && detail::innerContiguous(dk, D) &&
+        detail::innerContiguous(dv, D) && detail::innerContiguous(lse, D)) {
+      detail::backwardHost(space, q, k, v, o, lse, dO, batch, dq, dk, dv, cfg, s);
+      return;
+    }
+  }
+#endif
+  detail::backwardPortable(space, q, k, v, o, lse, dO, batch, dq, dk, dv, cfg, s);
+  wlb::kk::fence(space, "wlb::attention::bwd");
+}
+
+}  // namespace wlb::attention

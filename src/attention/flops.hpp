@@ -1,0 +1,52 @@
+#pragma once
+/// \file flops.hpp
+/// \brief Work accounting of the attention kernels, without Kokkos (cheap to include from
+/// planners and the cost model).
+///
+/// A *piece* has `nq` queries and `nk >= nq` keys (its document prefix); the causal mask is
+/// aligned bottom-right: query j (0-based) sees keys [0, nk - nq + j].
+
+#include <cstdint>
+
+namespace wlb::attention {
+
+/// Tiles of the kernel: a work unit is tile_q queries x tile_k keys. Both are multiples of
+/// 16 in [16, 256]. The cost model pads work to these tiles.
+struct KernelConfig {
+  int tile_q = 64;  ///< queries per tile
+  int tile_k = 64;  ///< keys per tile
+  /// Auto: the fastest path for the execution space (host SIMD micro-kernels on host
+  /// spaces when head_dim % 16 == 0). Portable: the plain Kokkos team path (what device
+  /// backends run); used by tests to cross-check both.
+  enum class Path : int { Auto = 0, Portable = 1 } path = Path::Auto;
+};
+
+/// Unmasked query-key pairs of a piece: nq*(nk-nq) + nq*(nq+1)/2.
+inline double usefulPairs(std::int64_t nq, std::int64_t nk) {
+  const double q = static_cast<double>(nq), o = static_cast<double>(nk - nq);
+  return q * o + q * (q + 1.0) / 2.0;
+}
+
+/// Pairs the tiled kernel visits: for each query tile, every key tile that holds at least
+/// one key visible to a valid row of that tile, counted as full tile_q x tile_k blocks.
+inline double paddedPairs(std::int64_t nq, std::int64_t nk, const KernelConfig& cfg) {
+  const std::int64_t tq = cfg.tile_q, tk = cfg.tile_k, off = nk - nq;
+  double pairs = 0.0;
+  for (std::int64_t q0 = 0; q0 < nq; q0 += tq) {
+    const std::int64_t last = (q0 + tq < nq ? q0 + tq : nq) - 1;  // last valid row
+    const std::int64_t ktiles = (off + last) / tk + 1;             // tiles up to its limit
+    pairs += static_cast<double>(ktiles) * static_cast<double>(tq * tk);
+  }
+  return pairs;
+}
+
+/// Forward FLOPs (QK^T and PV) for `pairs` pairs: 4 * pairs * head_dim * heads.
+inline double forwardFlops(double pairs, std::int64_t heads, std::int64_t head_dim) {
+  return 4.0 * pairs * static_cast<double>(heads) * static_cast<double>(head_dim);
+}
+/// Backward FLOPs, counted as 2.5x forward (ALGORITHMS.md §0).
+inline double backwardFlops(double pairs, std::int64_t heads, std::int64_t head_dim) {
+  return 2.5 * forwardFlops(pairs, heads, head_dim);
+}
+
+}  // namespace wlb::attention

@@ -1,0 +1,315 @@
+// wlb-timeout: 600
+// Attention kernels vs the double-precision reference: forward O/LSE, backward dQ/dK/dV,
+// on random document mixes, CP-style pieces (key prefix longer than the queries), shared
+// keys, GQA, head_dim 64/128, several tile shapes, both the host SIMD and portable paths;
+// plus a finite-difference gradient check on tiny cases.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "attention/attention.hpp"
+#include "attention/reference.hpp"
+
+namespace att = wlb::attention;
+using ES = Kokkos::DefaultExecutionSpace;
+using V3 = Kokkos::View<float***, Kokkos::LayoutRight, ES::memory_space>;
+using V2 = Kokkos::View<float**, Kokkos::LayoutRight, ES::memory_space>;
+
+namespace {
+
+struct Case {
+  std::vector<att::PieceRange> pieces;
+  std::int64_t q_tokens = 0, k_tokens = 0;
+  int heads = 2, kv_heads = 1, head_dim = 64;
+};
+
+std::vector<float> randomVec(std::size_t n, std::mt19937& rng, float amp = 1.0f) {
+  std::normal_distribution<float> nd(0.0f, amp);
+  std::vector<float> x(n);
+  for (auto& e : x) e = nd(rng);
+  return x;
+}
+
+V3 toView(const std::vector<float>& x, std::int64_t t, int h, int d, const char* name) {
+  V3 v(std::string(name), static_cast<std::size_t>(t), static_cast<std::size_t>(h), static_cast<std::size_t>(d));
+  auto hv = Kokkos::create_mirror_view(v);
+  std::copy(x.begin(), x.end(), hv.data());
+  Kokkos::deep_copy(v, hv);
+  return v;
+}
+template <class V>
+std::vector<float> toVec(const V& v) {
+  auto hv = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+  return std::vector<float>(hv.data(), hv.data() + hv.size());
+}
+/// max |a - b| / max |b| (tensor-wise relative error; elementwise is ill-posed near 0)
+double relErr(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0.0, den = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));
+    den = std::max(den, std::fabs(static_cast<double>(b[i])));
+  }
+  return den > 0 ? num / den : num;
+}
+
+/// Whole documents packed back to back (queries = keys).
+Case docsCase(const std::vector<std::int64_t>& lens, int heads, int kv, int d) {
+  Case c;
+  c.heads = heads;
+  c.kv_heads = kv;
+  c.head_dim = d;
+  std::int64_t off = 0;
+  for (auto l : lens) {
+    c.pieces.push_back({off, off + l, off, off + l});
+    off += l;
+  }
+  c.q_tokens = c.k_tokens = off;
+  return c;
+}
+
+/// CP-style pieces: each document is split into pieces of its query range; each piece's
+/// keys are the document prefix up to its last query, stored in its own key buffer range
+/// (so keys are duplicated across pieces) — or shared when `share` (one copy per document).
+Case cpCase(const std::vector<std::int64_t>& lens, int chunks, bool share, int heads, int kv, int d) {
+  Case c;
+  c.heads = heads;
+  c.kv_heads = kv;
+  c.head_dim = d;
+  std::int64_t qoff = 0, koff = 0;
+  for (auto l : lens) {
+    for (int i = 0; i < chunks; ++i) {
+      const std::int64_t a = l * i / chunks, b = l * (i + 1) / chunks;
+      if (b == a) continue;
+      const std::int64_t kb = share ? koff : koff;
+      c.pieces.push_back({qoff, qoff + (b - a), kb, kb + b});
+      qoff += b - a;
+      if (!share) koff += b;
+    }
+    if (share) koff += l;
+  }
+  c.q_tokens = qoff;
+  c.k_tokens = koff;
+  return c;
+}
+
+struct Result {
+  std::vector<float> o, lse, dq, dk, dv;
+};
+
+struct Inputs {
+  std::vector<float> q, k, v, dO;
+};
+
+Inputs makeInputs(const Case& c, unsigned seed) {
+  std::mt19937 rng(seed);
+  Inputs in;
+  const std::size_t nq = c.q_tokens * c.heads * c.head_dim, nk = c.k_tokens * c.kv_heads * c.head_dim;
+  in.q = randomVec(nq, rng, 1.0f);
+  in.k = randomVec(nk, rng, 1.0f);
+  in.v = randomVec(nk, rng, 1.0f);
+  in.dO = randomVec(nq, rng, 1.0f);
+  return in;
+}
+
+Result runKernel(const Case& c, const Inputs& in, const att::KernelConfig& cfg, bool bwd = true,
+                 int bwd_calls = 1) {
+  const auto batch = att::VarlenBatch::fromRanges(c.pieces);
+  const int H = c.heads, Hk = c.kv_heads, D = c.head_dim;
+  V3 q = toView(in.q, c.q_tokens, H, D, "q"), k = toView(in.k, c.k_tokens, Hk, D, "k"),
+     v = toView(in.v, c.k_tokens, Hk, D, "v"), dO = toView(in.dO, c.q_tokens, H, D, "dO");
+  const std::size_t tq = c.q_tokens, tk = c.k_tokens, h = H, hk = Hk, d = D;
+  V3 o("o", tq, h, d), dq("dq", tq, h, d), dk("dk", tk, hk, d), dv("dv", tk, hk, d);
+  V2 lse("lse", tq, h);
+  ES space;
+  att::forward(space, q, k, v, batch, o, lse, cfg);
+  Result r;
+  r.o = toVec(o);
+  r.lse = toVec(lse);
+  if (bwd) {
+    for (int i = 0; i < bwd_calls; ++i) att::backward(space, q, k, v, o, lse, dO, batch, dq, dk, dv, cfg);
+    r.dq = toVec(dq);
+    r.dk = toVec(dk);
+    r.dv = toVec(dv);
+  }
+  return r;
+}
+
+Result runReference(const Case& c, const Inputs& in, bool bwd = true) {
+  att::reference::Dims dims{c.heads, c.kv_heads, c.head_dim, 0.0f};
+  Result r;
+  r.o.assign(in.q.size(), 0.0f);
+  r.lse.assign(c.q_tokens * c.heads, 0.0f);
+  att::reference::forward(in.q, in.k, in.v, c.pieces, dims, r.o, r.lse);
+  if (bwd) {
+    r.dq.assign(in.q.size(), 0.0f);
+    r.dk.assign(in.k.size(), 0.0f);
+    r.dv.assign(in.k.size(), 0.0f);
+    att::reference::backward(in.q, in.k, in.v, in.dO, c.pieces, dims, r.dq, r.dk, r.dv);
+  }
+  return r;
+}
+
+void expectClose(const Case& c, const att::KernelConfig& cfg, unsigned seed, const char* what) {
+  SCOPED_TRACE(what);
+  SCOPED_TRACE("tile_q=" + std::to_string(cfg.tile_q) + " tile_k=" + std::to_string(cfg.tile_k) +
+               " portable=" + std::to_string(cfg.path == att::KernelConfig::Path::Portable) +
+               " D=" + std::to_string(c.head_dim) + " H=" + std::to_string(c.heads) + "/" +
+               std::to_string(c.kv_heads));
+  const Inputs in = makeInputs(c, seed);
+  const Result ref = runReference(c, in), got = runKernel(c, in, cfg);
+  EXPECT_LE(relErr(got.o, ref.o), 1e-5);
+  EXPECT_LE(relErr(got.lse, ref.lse), 1e-5);
+  EXPECT_LE(relErr(got.dq, ref.dq), 1e-4);
+  EXPECT_LE(relErr(got.dk, ref.dk), 1e-4);
+  EXPECT_LE(relErr(got.dv, ref.dv), 1e-4);
+}
+
+std::vector<att::KernelConfig> configs() {
+  std::vector<att::KernelConfig> v;
+  for (auto [tq, tk] : {std::pair{64, 64}, {16, 16}, {32, 128}, {128, 32}}) {
+    att::KernelConfig c;
+    c.tile_q = tq;
+    c.tile_k = tk;
+    v.push_back(c);
+  }
+  att::KernelConfig p;
+  p.path = att::KernelConfig::Path::Portable;
+  v.push_back(p);
+  return v;
+}
+
+}  // namespace
+
+TEST(Attention, FlopAccounting) {
+  EXPECT_DOUBLE_EQ(att::usefulPairs(4, 4), 10.0);
+  EXPECT_DOUBLE_EQ(att::usefulPairs(2, 5), 2 * 3 + 3.0);
+  att::KernelConfig cfg;  // 64 x 64
+  EXPECT_DOUBLE_EQ(att::paddedPairs(1, 1, cfg), 64.0 * 64.0);
+  EXPECT_DOUBLE_EQ(att::paddedPairs(128, 128, cfg), 3 * 64.0 * 64.0);
+  EXPECT_DOUBLE_EQ(att::paddedPairs(64, 128, cfg), 2 * 64.0 * 64.0);
+  EXPECT_DOUBLE_EQ(att::paddedPairs(10, 70, cfg), 2 * 64.0 * 64.0);
+  const bool host = Kokkos::SpaceAccessibility<ES, Kokkos::HostSpace>::accessible;
+  EXPECT_TRUE(att::usesHostKernels<ES>(64, cfg) || !host);
+}
+
+TEST(Attention, RejectsBadBatchesAndShapes) {
+  EXPECT_THROW(att::VarlenBatch::fromRanges({{0, 5, 0, 3}}), std::invalid_argument);  // nq > nk
+  EXPECT_THROW(att::VarlenBatch::fromRanges({{0, 5, 0, 5}, {4, 6, 5, 9}}), std::invalid_argument);
+  EXPECT_THROW(att::VarlenBatch::fromCuSeqlens({0, 5, 3}, {0, 5, 9}), std::invalid_argument);
+  EXPECT_THROW(att::VarlenBatch::fromCuSeqlens({0, 5}, {0, 5, 9}), std::invalid_argument);
+  att::KernelConfig bad;
+  bad.tile_q = 24;
+  EXPECT_THROW(att::validateConfig(bad), std::invalid_argument);
+  const auto b = att::VarlenBatch::fromDocLengths({10});
+  V3 q("q", 10, 2, 16), k("k", 10, 2, 16), v("v", 9, 2, 16), o("o", 10, 2, 16);
+  V2 lse("lse", 10, 2);
+  EXPECT_THROW(att::forward(ES(), q, k, v, b, o, lse), std::invalid_argument);
+  V3 k3("k3", 10, 3, 16);
+  EXPECT_THROW(att::forward(ES(), q, k3, k3, b, o, lse), std::invalid_argument);
+}
+
+TEST(Attention, RandomDocumentMixes) {
+  std::mt19937 rng(7);
+  std::vector<std::int64_t> lens{1, 1, 97, 3, 64, 17, 130, 1, 65, 200, 2};
+  for (int d : {64, 128}) {
+    for (auto hk : {std::pair{2, 1}, {4, 2}, {3, 3}}) {
+      const Case c = docsCase(lens, hk.first, hk.second, d);
+      for (const auto& cfg : configs()) expectClose(c, cfg, 11 + d, "docs");
+      std::shuffle(lens.begin(), lens.end(), rng);
+    }
+  }
+}
+
+TEST(Attention, ContextParallelPiecesWithLongerKeyPrefix) {
+  const std::vector<std::int64_t> lens{300, 1, 77, 150};
+  for (int d : {64, 128}) {
+    for (int chunks : {2, 3, 8}) {
+      const Case c = cpCase(lens, chunks, false, 4, 2, d);
+      for (const auto& cfg : configs()) expectClose(c, cfg, 5 + chunks, "cp pieces");
+    }
+  }
+}
+
+TEST(Attention, SharedKeysAccumulate) {
+  // Pieces of one document share the same key buffer: dK/dV sum over pieces.
+  const Case c = cpCase({257, 40, 129}, 4, true, 4, 1, 64);
+  for (const auto& cfg : configs()) expectClose(c, cfg, 3, "shared keys");
+}
+
+TEST(Attention, BackwardAccumulatesAcrossCalls) {
+  const Case c = docsCase({70, 33}, 2, 1, 64);
+  const Inputs in = makeInputs(c, 21);
+  for (const auto& cfg : configs()) {
+    const Result one = runKernel(c, in, cfg, true, 1), two = runKernel(c, in, cfg, true, 2);
+    std::vector<float> twice(one.dk.size());
+    for (std::size_t i = 0; i < twice.size(); ++i) twice[i] = 2.0f * one.dk[i];
+    EXPECT_LE(relErr(two.dk, twice), 1e-6);
+  }
+}
+
+TEST(Attention, OtherHeadDimsUsePortablePath) {
+  const Case c = docsCase({5, 40, 1}, 2, 1, 24);  // head_dim not a multiple of 16
+  EXPECT_FALSE(att::usesHostKernels<ES>(24, att::KernelConfig{}));
+  expectClose(c, att::KernelConfig{}, 9, "head_dim 24");
+  const Case c32 = docsCase({5, 40, 1, 90}, 2, 2, 32);
+  expectClose(c32, att::KernelConfig{}, 9, "head_dim 32");
+}
+
+TEST(Attention, EmptyAndZeroQueryPieces) {
+  Case c;
+  c.heads = 2;
+  c.kv_heads = 1;
+  c.head_dim = 64;
+  c.pieces = {{0, 0, 0, 10}, {0, 5, 10, 20}, {5, 5, 20, 20}};
+  c.q_tokens = 5;
+  c.k_tokens = 20;
+  for (const auto& cfg : configs()) expectClose(c, cfg, 4, "zero-query pieces");
+}
+
+TEST(Attention, LargeScoresStayFinite) {
+  // Large-magnitude inputs exercise the running-max rescaling and exp underflow.
+  const Case c = docsCase({150, 70}, 2, 1, 64);
+  Inputs in = makeInputs(c, 8);
+  for (auto& x : in.q) x *= 6.0f;
+  for (auto& x : in.k) x *= 6.0f;
+  const Result ref = runReference(c, in);
+  for (const auto& cfg : configs()) {
+    const Result got = runKernel(c, in, cfg);
+    EXPECT_LE(relErr(got.o, ref.o), 1e-5);
+    EXPECT_LE(relErr(got.lse, ref.lse), 1e-5);
+    EXPECT_LE(relErr(got.dq, ref.dq), 1e-4);
+    EXPECT_LE(relErr(got.dk, ref.dk), 1e-4);
+    EXPECT_LE(relErr(got.dv, ref.dv), 1e-4);
+  }
+}
+
+TEST(Attention, FiniteDifferenceGradients) {
+  // L = sum(o * G): dL/dx by central differences of the kernel forward vs backward.
+  for (const auto& cfg : configs()) {
+    Case c = cpCase({6, 3}, 2, false, 2, 1, 16);
+    Inputs in = makeInputs(c, 31);
+    const Result base = runKernel(c, in, cfg);
+    auto loss = [&](const Inputs& x) {
+      const Result r = runKernel(c, x, cfg, false);
+      double s = 0.0;
+      for (std::size_t i = 0; i < r.o.size(); ++i) s += static_cast<double>(r.o[i]) * x.dO[i];
+      return s;
+    };
+    const float eps = 2e-3f;
+    auto check = [&](std::vector<float> Inputs::*field, const std::vector<float>& grad, const char* name) {
+      for (std::size_t i = 0; i < grad.size(); i += 7) {
+        Inputs p = in, m = in;
+        (p.*field)[i] += eps;
+        (m.*field)[i] -= eps;
+        const double fd = (loss(p) - loss(m)) / (2.0 * eps);
+        EXPECT_NEAR(fd, grad[i], 5e-3 + 1e-2 * std::fabs(fd)) << name << "[" << i << "]";
+      }
+    };
+    check(&Inputs::q, base.dq, "dq");
+    check(&Inputs::k, base.dk, "dk");
+    check(&Inputs::v, base.dv, "dv");
+  }
+}
