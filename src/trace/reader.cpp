@@ -65,7 +65,13 @@ Trace readTrace(const std::string& path) {
       throw InputError(path + ": trace schema version " + std::to_string(t.schema_version) +
                        " is newer than this wlb supports (" + std::to_string(kSchemaVersion) + ")");
     t.source = meta.stringAttribute("source");
-    t.deck_toml = meta.stringAttribute("deck");
+    if (meta.hasAttribute("deck")) {
+      t.deck_toml = meta.stringAttribute("deck");
+    } else {
+      auto d = meta.readStrings("deck");
+      t.deck_toml = d.empty() ? std::string() : d[0];
+      t.meta["deck"] = t.deck_toml;
+    }
     t.git_hash = meta.stringAttribute("git_hash");
     t.start_time = meta.stringAttribute("start_time");
     t.mpi_size = meta.attribute<int>("mpi_size");

@@ -308,7 +308,13 @@ std::string Writer::commit(const Recorder& rec) {
       meta.setAttribute("clock", std::string("steady_clock ns since the run epoch (rank 0), offsets aligned"));
       meta.setAttribute("strategy", joined(strategies, ","));
       meta.setAttribute("command", m.command);
-      meta.setAttribute("deck", m.deck_toml);
+      // HDF5 attributes live in the object header (64 KiB limit): a very large deck goes
+      // into the dataset /meta/deck instead (readers check the attribute first).
+      if (m.deck_toml.size() < 60000) {
+        meta.setAttribute("deck", m.deck_toml);
+      } else {
+        meta.writeStrings("deck", {m.deck_toml});
+      }
       for (const auto& kv : m.extra) meta.setAttribute(kv.first, kv.second);
       meta.writeStrings("strategies", strategies);
       // /ranks, /regions

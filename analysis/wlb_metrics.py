@@ -1,0 +1,225 @@
+"""Imbalance metrics of a wlb trace (definitions: docs/analysis.md, ALGORITHMS.md §0).
+
+All times are nanoseconds. Events are grouped by (strategy, step). Labels in
+CONTAINER_LABELS (e.g. "step") and IDLE_LABELS ("idle") only count for the step span.
+
+  step time        = max over ranks of (last end - first start) of the rank's events in the step
+  busy(rank)       = length of the union of the rank's work-event intervals in the step
+  idle(rank)       = step time - busy(rank)
+  mb latency       = sum over PP stages of max over the stage's (tp, cp) ranks of the union
+                     length of that rank's work events of the micro-batch (dp, micro_batch)
+  imbalance degree = max / mean of mb latency over the step's micro-batches (also per phase)
+  CP imbalance(mb) = max over (pp, tp) groups of [max / mean over the group's CP ranks of
+                     the summed duration of `attn` events of the micro-batch]
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from wlb_trace import PHASE_BWD, PHASE_FWD, Trace
+
+CONTAINER_LABELS = ("step",)
+IDLE_LABELS = ("idle",)
+ATTN_LABEL = "attn"
+
+
+def union_length(starts, ends) -> int:
+    """Total length covered by intervals [start, end) (nested/overlapping counted once)."""
+    if len(starts) == 0:
+        return 0
+    order = np.argsort(starts, kind="stable")
+    total = 0
+    cur_s = cur_e = None
+    for i in order:
+        s, e = int(starts[i]), int(ends[i])
+        if e < s:
+            e = s
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        elif e > cur_e:
+            cur_e = e
+    total += cur_e - cur_s
+    return total
+
+
+def _grouped_union(keys, starts, ends):
+    """dict key-tuple -> union length, for events grouped by the rows of `keys` (n x k)."""
+    out = {}
+    if len(starts) == 0:
+        return out
+    keys = np.asarray(keys)
+    order = np.lexsort(tuple(keys[:, j] for j in reversed(range(keys.shape[1]))))
+    sk = keys[order]
+    boundaries = np.nonzero(np.any(sk[1:] != sk[:-1], axis=1))[0] + 1
+    for idx in np.split(order, boundaries):
+        k = tuple(int(x) for x in keys[idx[0]])
+        out[k] = union_length(starts[idx], ends[idx])
+    return out
+
+
+def _ratio(values):
+    v = np.asarray(list(values), dtype=np.float64)
+    if v.size == 0 or v.mean() <= 0:
+        return float("nan")
+    return float(v.max() / v.mean())
+
+
+def strategy_events(trace: Trace, strategy: int):
+    """Event columns of one strategy (dict of arrays)."""
+    sel = trace.events["strategy"] == strategy
+    return {k: v[sel] for k, v in trace.events.items()}
+
+
+def steps_of(trace: Trace, strategy: int):
+    ev = strategy_events(trace, strategy)
+    return sorted(int(s) for s in np.unique(ev["step"]) if s >= 0)
+
+
+def step_metrics(trace: Trace, strategy: int):
+    """Per-step metrics of one strategy: list of dicts sorted by step."""
+    coords = trace.coords()
+    ev = strategy_events(trace, strategy)
+    work_ids = [i for i, l in enumerate(trace.regions) if l not in CONTAINER_LABELS + IDLE_LABELS]
+    attn_id = trace.region_id(ATTN_LABEL)
+    nranks = len(coords["dp"])
+    results = []
+    for step in steps_of(trace, strategy):
+        m = ev["step"] == step
+        e = {k: v[m] for k, v in ev.items()}
+        rank = e["rank"]
+        # Step time: per-rank span, max over ranks.
+        spans = {}
+        for r in np.unique(rank):
+            rm = rank == r
+            spans[int(r)] = int(e["end_ns"][rm].max() - e["start_ns"][rm].min())
+        step_time = max(spans.values()) if spans else 0
+        work = np.isin(e["region"], work_ids)
+        busy_d = _grouped_union(np.stack([rank[work]], axis=1), e["start_ns"][work], e["end_ns"][work])
+        busy = np.zeros(nranks, dtype=np.float64)
+        for (r,), b in busy_d.items():
+            busy[r] = b
+        present = np.zeros(nranks, dtype=bool)
+        present[list(spans.keys())] = True
+        idle = np.where(present, step_time - busy, 0.0)
+
+        # Micro-batch latency (total and per phase).
+        mbw = work & (e["micro_batch"] >= 0)
+        lat = {}
+        for name, pm in (("all", mbw), ("fwd", mbw & (e["phase"] == PHASE_FWD)),
+                         ("bwd", mbw & (e["phase"] == PHASE_BWD))):
+            keys = np.stack([e["micro_batch"][pm], rank[pm]], axis=1)
+            per_rank = _grouped_union(keys, e["start_ns"][pm], e["end_ns"][pm])
+            stage_max = defaultdict(int)  # (dp, mb, pp) -> max over the stage's ranks
+            for (mb, r), u in per_rank.items():
+                k = (int(coords["dp"][r]), mb, int(coords["pp"][r]))
+                stage_max[k] = max(stage_max[k], u)
+            mb_lat = defaultdict(int)
+            for (dp, mb, _pp), u in stage_max.items():
+                mb_lat[(dp, mb)] += u
+            lat[name] = dict(mb_lat)
+
+        # CP imbalance from attention time per CP rank.
+        cp_ratios = {}
+        if attn_id >= 0:
+            am = (e["region"] == attn_id) & (e["micro_batch"] >= 0)
+            attn = defaultdict(float)  # (dp, mb, pp, tp, cp) -> summed attn duration
+            for r, mb, s0, s1 in zip(rank[am], e["micro_batch"][am], e["start_ns"][am], e["end_ns"][am]):
+                c = (int(coords["dp"][r]), int(mb), int(coords["pp"][r]), int(coords["tp"][r]), int(coords["cp"][r]))
+                attn[c] += float(s1 - s0)
+            groups = defaultdict(list)
+            for (dp, mb, pp, tp, _cp), t in attn.items():
+                groups[(dp, mb, pp, tp)].append(t)
+            ncp = max(trace.mesh.get("cp", 1), 1)
+            for (dp, mb, pp, tp), ts in groups.items():
+                ts = ts + [0.0] * (ncp - len(ts))  # CP ranks without attention work
+                r_ = _ratio(ts)
+                if not np.isnan(r_):
+                    cp_ratios[(dp, mb)] = max(cp_ratios.get((dp, mb), 0.0), r_)
+        cpv = list(cp_ratios.values())
+        results.append({
+            "step": step,
+            "step_time_ns": step_time,
+            "micro_batches": len(lat["all"]),
+            "imbalance": _ratio(lat["all"].values()),
+            "imbalance_fwd": _ratio(lat["fwd"].values()),
+            "imbalance_bwd": _ratio(lat["bwd"].values()),
+            "cp_imbalance_mean": float(np.mean(cpv)) if cpv else float("nan"),
+            "cp_imbalance_max": float(np.max(cpv)) if cpv else float("nan"),
+            "busy_ns": busy,
+            "idle_ns": idle,
+            "present": present,
+            "mb_latency_ns": lat["all"],
+            "mb_latency_fwd_ns": lat["fwd"],
+            "mb_latency_bwd_ns": lat["bwd"],
+            "cp_imbalance_by_mb": cp_ratios,
+        })
+    return results
+
+
+def mb_workload(trace: Trace, strategy: int):
+    """(step, dp, mb) -> workload: summed event FLOPs of the micro-batch if any were
+    recorded, else attention pairs sum(l*(l+1)/2) of its plan segments. Returns
+    (dict, unit label)."""
+    coords = trace.coords()
+    ev = strategy_events(trace, strategy)
+    sel = (ev["micro_batch"] >= 0) & (ev["step"] >= 0)
+    if sel.any() and ev["flops"][sel].sum() > 0:
+        out = defaultdict(float)
+        for r, s, mb, fl in zip(ev["rank"][sel], ev["step"][sel], ev["micro_batch"][sel], ev["flops"][sel]):
+            out[(int(s), int(coords["dp"][r]), int(mb))] += float(fl)
+        return dict(out), "recorded FLOPs"
+    seg = trace.segments
+    m = seg["strategy"] == strategy
+    out = defaultdict(float)
+    for s, dp, mb, length in zip(seg["step"][m], seg["dp"][m], seg["micro_batch"][m], seg["length"][m]):
+        out[(int(s), int(dp), int(mb))] += float(length) * (float(length) + 1) / 2
+    return dict(out), "attention pairs (plan)"
+
+
+def doc_lengths(trace: Trace, strategy: int | None = None):
+    """Lengths of the documents in the plan (segments of one document summed)."""
+    seg = trace.segments
+    m = np.ones(len(seg["doc"]), dtype=bool) if strategy is None else seg["strategy"] == strategy
+    if strategy is None and len(trace.strategies):
+        # Every strategy trains the same documents: use the first strategy with a plan.
+        for s in range(len(trace.strategies)):
+            ms = seg["strategy"] == s
+            if ms.any():
+                m = ms
+                break
+    totals = defaultdict(int)
+    for d, l in zip(seg["doc"][m], seg["length"][m]):
+        totals[int(d)] += int(l)
+    return np.array(sorted(totals.values()), dtype=np.int64)
+
+
+def summarize(trace: Trace, strategy: int, steps=None):
+    """Means over the steps after warmup (all steps if there are no others)."""
+    steps = steps if steps is not None else step_metrics(trace, strategy)
+    use = [s for s in steps if s["step"] >= trace.warmup] or steps
+    if not use:
+        return {"steps": 0, "step_time_ns": float("nan"), "imbalance": float("nan"),
+                "cp_imbalance": float("nan"), "busy_frac": float("nan")}
+
+    def nanmean(k):
+        v = np.array([s[k] for s in use], dtype=np.float64)
+        return float(np.nanmean(v)) if np.any(~np.isnan(v)) else float("nan")
+
+    busy_frac = []
+    for s in use:
+        if s["step_time_ns"] > 0:
+            busy_frac.append(float(np.mean(s["busy_ns"][s["present"]]) / s["step_time_ns"]))
+    return {
+        "steps": len(use),
+        "step_time_ns": nanmean("step_time_ns"),
+        "imbalance": nanmean("imbalance"),
+        "imbalance_fwd": nanmean("imbalance_fwd"),
+        "imbalance_bwd": nanmean("imbalance_bwd"),
+        "cp_imbalance": nanmean("cp_imbalance_mean"),
+        "busy_frac": float(np.mean(busy_frac)) if busy_frac else float("nan"),
+    }

@@ -1,0 +1,162 @@
+"""Load a wlb trace file (docs/trace-schema.md) into numpy arrays.
+
+Only h5py and numpy are needed. Every problem with the file (missing, not HDF5,
+truncated, incomplete, schema mismatch) raises TraceError with a message naming the file.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SUPPORTED_SCHEMA = 1
+
+PHASE_NONE, PHASE_FWD, PHASE_BWD = 0, 1, 2
+PHASE_NAMES = {PHASE_NONE: "none", PHASE_FWD: "fwd", PHASE_BWD: "bwd"}
+
+EVENT_FIELDS = ("rank", "strategy", "step", "micro_batch", "region", "layer", "chunk",
+                "phase", "start_ns", "end_ns", "flops", "bytes")
+RANK_FIELDS = ("rank", "tp", "cp", "pp", "dp")
+SEGMENT_FIELDS = ("strategy", "step", "dp", "micro_batch", "index", "doc", "offset", "length",
+                  "arrival_step")
+
+
+class TraceError(Exception):
+    """A trace file cannot be used (message names the file)."""
+
+
+@dataclass
+class Trace:
+    path: str
+    meta: dict
+    strategies: list
+    regions: list
+    ranks: dict            # field -> np.ndarray, one entry per world rank
+    events: dict           # field -> np.ndarray, one entry per event
+    segments: dict         # field -> np.ndarray, one entry per plan segment
+    plan_steps: dict       # "strategy", "step" arrays + "packing_json", "shard_json" lists
+    mesh: dict = field(default_factory=dict)  # tp, cp, pp, dp sizes
+
+    @property
+    def source(self) -> str:
+        return str(self.meta.get("source", "measured"))
+
+    @property
+    def warmup(self) -> int:
+        return int(self.meta.get("warmup", 0))
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path)
+
+    def region_id(self, label: str) -> int:
+        """Id of an op label, or -1 if the file has none."""
+        try:
+            return self.regions.index(label)
+        except ValueError:
+            return -1
+
+    def strategy_id(self, name: str) -> int:
+        return self.strategies.index(name)
+
+    def coords(self):
+        """(tp, cp, pp, dp) arrays indexed by rank."""
+        n = int(self.ranks["rank"].max()) + 1 if len(self.ranks["rank"]) else 0
+        out = {}
+        for k in ("tp", "cp", "pp", "dp"):
+            a = np.zeros(n, dtype=np.int64)
+            a[self.ranks["rank"]] = self.ranks[k]
+            out[k] = a
+        return out
+
+
+def _decode(v):
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "replace")
+    if isinstance(v, np.ndarray) and v.shape == ():
+        return v.item()
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+def _strings(ds):
+    out = []
+    for v in ds[()]:
+        out.append(v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v))
+    return out
+
+
+def _table(f, path, fields, fname):
+    if path not in f:
+        raise TraceError(f"{fname}: missing dataset /{path} (not a wlb trace?)")
+    ds = f[path]
+    if ds.dtype.names is None:
+        raise TraceError(f"{fname}: /{path} is not a compound table")
+    data = ds[()]
+    out = {}
+    for k in fields:
+        if k not in ds.dtype.names:
+            raise TraceError(f"{fname}: /{path} lacks the field '{k}'")
+        col = data[k]
+        out[k] = np.asarray(col).astype(np.float64 if k in ("flops", "bytes") else np.int64)
+    return out
+
+
+def load(path: str) -> Trace:
+    """Read a complete trace file. Raises TraceError on any problem."""
+    try:
+        import h5py
+    except ImportError as e:  # pragma: no cover
+        raise TraceError(f"h5py is not available ({e}); run with /usr/bin/python3") from e
+    if not os.path.exists(path):
+        raise TraceError(f"{path}: no such file")
+    if not os.path.isfile(path):
+        raise TraceError(f"{path}: not a regular file")
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise TraceError(f"{path}: not a readable HDF5 file (truncated or damaged): {e}") from e
+    try:
+        with f:
+            complete = f.attrs.get("complete", None)
+            if complete is None or int(np.asarray(complete).ravel()[0]) != 1:
+                raise TraceError(f"{path}: incomplete trace (no 'complete' attribute: the writer did not finish)")
+            if "meta" not in f:
+                raise TraceError(f"{path}: missing group /meta (not a wlb trace?)")
+            meta = {k: _decode(v) for k, v in f["meta"].attrs.items()}
+            if "deck" not in meta and "meta/deck" in f:
+                meta["deck"] = _strings(f["meta/deck"])[0]
+            version = int(meta.get("schema_version", 0))
+            if version < 1 or version > SUPPORTED_SCHEMA:
+                raise TraceError(f"{path}: unsupported trace schema version {version} "
+                                 f"(this analysis reads version {SUPPORTED_SCHEMA})")
+            for d in ("meta/strategies", "regions", "plan/packing_json", "plan/shard_json"):
+                if d not in f:
+                    raise TraceError(f"{path}: missing dataset /{d}")
+            strategies = _strings(f["meta/strategies"])
+            regions = _strings(f["regions"])
+            ranks = _table(f, "ranks", RANK_FIELDS + ("event_offset", "event_count"), path)
+            events = _table(f, "events", EVENT_FIELDS, path)
+            segments = _table(f, "plan/segments", SEGMENT_FIELDS, path)
+            steps = _table(f, "plan/steps", ("strategy", "step"), path)
+            steps["packing_json"] = _strings(f["plan/packing_json"])
+            steps["shard_json"] = _strings(f["plan/shard_json"])
+    except TraceError:
+        raise
+    except (OSError, KeyError, ValueError, TypeError) as e:
+        raise TraceError(f"{path}: damaged trace ({e})") from e
+
+    n_events = len(events["rank"])
+    if n_events:
+        if events["region"].min() < 0 or events["region"].max() >= len(regions):
+            raise TraceError(f"{path}: /events refers to labels outside /regions")
+        if events["strategy"].min() < 0 or events["strategy"].max() >= len(strategies):
+            raise TraceError(f"{path}: /events refers to strategies outside /meta/strategies")
+        if events["rank"].min() < 0 or events["rank"].max() >= max(len(ranks["rank"]), 1):
+            raise TraceError(f"{path}: /events refers to ranks outside /ranks")
+    mesh = {k: int(meta.get(f"mesh_{k}", 1)) for k in ("tp", "cp", "pp", "dp")}
+    return Trace(path=path, meta=meta, strategies=strategies, regions=regions, ranks=ranks,
+                 events=events, segments=segments, plan_steps=steps, mesh=mesh)
