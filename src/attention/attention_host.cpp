@@ -140,8 +140,19 @@ WLB_AI void microKernel(std::int64_t K, const float* __restrict A, std::int64_t 
     for (int j = 0; j < NV; ++j) st(C + r * ldc + 16 * j, c[r][j]);
 }
 
-constexpr int kRB = 4;  // rows per micro-kernel (M must be a multiple)
+template <int NV, bool ACC>
+WLB_AI void rowPanel(std::int64_t M, std::int64_t K, const float* __restrict A, std::int64_t lda,
+                     const float* __restrict B, std::int64_t ldb, float* __restrict C,
+                     std::int64_t ldc) {
+  // M % 4 == 0: blocks of 12 rows (24 accumulators for NV = 2), then 8 or 4.
+  std::int64_t i = 0;
+  for (; i + 12 <= M; i += 12) microKernel<12, NV, ACC>(K, A + i * lda, lda, B, ldb, C + i * ldc, ldc);
+  if (M - i == 8) microKernel<8, NV, ACC>(K, A + i * lda, lda, B, ldb, C + i * ldc, ldc);
+  if (M - i == 4) microKernel<4, NV, ACC>(K, A + i * lda, lda, B, ldb, C + i * ldc, ldc);
+}
 
+/// C[M][N] (= or +=) A[M][K] B[K][N]; M % 4 == 0, N % 16 == 0. Column panels of 32 are the
+/// outer loop so a K x 32 panel of B stays in L1 while all row blocks stream past it.
 template <bool ACC>
 void gemm(std::int64_t M, std::int64_t N, std::int64_t K, const float* __restrict A,
           std::int64_t lda, const float* __restrict B, std::int64_t ldb, float* __restrict C,
@@ -151,18 +162,9 @@ void gemm(std::int64_t M, std::int64_t N, std::int64_t K, const float* __restric
       for (std::int64_t i = 0; i < M; ++i) std::memset(C + i * ldc, 0, sizeof(float) * N);
     return;
   }
-  for (std::int64_t i = 0; i < M; i += kRB) {
-    const float* Ai = A + i * lda;
-    float* Ci = C + i * ldc;
-    std::int64_t j = 0;
-    for (; j + 64 <= N; j += 64) microKernel<kRB, 4, ACC>(K, Ai, lda, B + j, ldb, Ci + j, ldc);
-    switch ((N - j) / 16) {
-      case 3: microKernel<kRB, 3, ACC>(K, Ai, lda, B + j, ldb, Ci + j, ldc); break;
-      case 2: microKernel<kRB, 2, ACC>(K, Ai, lda, B + j, ldb, Ci + j, ldc); break;
-      case 1: microKernel<kRB, 1, ACC>(K, Ai, lda, B + j, ldb, Ci + j, ldc); break;
-      default: break;
-    }
-  }
+  std::int64_t j = 0;
+  for (; j + 32 <= N; j += 32) rowPanel<2, ACC>(M, K, A, lda, B + j, ldb, C + j, ldc);
+  if (N - j == 16) rowPanel<1, ACC>(M, K, A, lda, B + j, ldb, C + j, ldc);
 }
 
 // ---- per-thread aligned scratch ---------------------------------------------------------
