@@ -1,0 +1,466 @@
+#include "pp/simulator.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.hpp"
+#include "cp/shard_plan.hpp"
+#include "trace/recorder.hpp"
+
+namespace wlb::pp {
+
+Recompute parseRecompute(const std::string& name) {
+  if (name == "none") return Recompute::None;
+  if (name == "selective") return Recompute::Selective;
+  if (name == "full") return Recompute::Full;
+  throw InputError("pipeline.recompute: unknown value '" + name +
+                       "' (allowed: none, selective, full)",
+                   true);
+}
+
+// ---- Micro-batch work ------------------------------------------------------------------
+
+MicroBatchWork planMicroBatchWork(const MicroBatch& mb, const std::string& sharding, int cp,
+                                  const model::CostModel& cost, const CpConfig& cfg) {
+  MicroBatchWork w;
+  const auto n = static_cast<std::size_t>(cp);
+  w.tokens = mb.tokens();
+  w.rank_tokens.assign(n, 0);
+  w.attn_fwd.assign(n, 0.0);
+  w.attn_bwd.assign(n, 0.0);
+  w.kv_fwd_bytes.assign(n, 0.0);
+  w.kv_bwd_bytes.assign(n, 0.0);
+  w.kv_peers.assign(n, 0);
+  w.sharding = sharding;
+  if (w.tokens == 0) return w;
+  const cp::ShardPlan plan = cp::planShards(mb, sharding, cp, cost, cfg);
+  const cp::CommPlan comm = cp::planComm(plan, cp::parseCommMode(cfg.comm), cost);
+  const cp::ShardMetrics m = cp::computeMetrics(plan, comm, cost);
+  w.sharding = plan.strategy;
+  for (std::size_t r = 0; r < n; ++r) {
+    w.rank_tokens[r] = m.ranks[r].tokens;
+    w.attn_fwd[r] = m.ranks[r].attn_seconds_fwd;
+    w.attn_bwd[r] = m.ranks[r].attn_seconds_bwd;
+    if (cp > 1) {
+      const cp::RankComm& rc = comm.ranks[r];
+      w.kv_fwd_bytes[r] = std::max(rc.fwd_bytes_recv, rc.fwd_bytes_sent);
+      w.kv_bwd_bytes[r] = std::max(rc.bwd_bytes_recv, rc.bwd_bytes_sent);
+      w.kv_peers[r] = comm.mode == cp::CommMode::AllGather ? cp - 1 : rc.peers;
+    }
+  }
+  return w;
+}
+
+MicroBatchWork balancedMicroBatchWork(const std::vector<std::int64_t>& doc_lengths, int cp,
+                                      const model::CostModel& cost) {
+  MicroBatchWork w;
+  const auto n = static_cast<std::size_t>(cp);
+  double af = 0, ab = 0;
+  for (auto d : doc_lengths) {
+    w.tokens += d;
+    af += cost.attnSeconds(0, d, Phase::Fwd);
+    ab += cost.attnSeconds(0, d, Phase::Bwd);
+  }
+  w.rank_tokens.assign(n, 0);
+  for (std::size_t r = 0; r < n; ++r)
+    w.rank_tokens[r] = w.tokens / cp + (static_cast<std::int64_t>(r) < w.tokens % cp ? 1 : 0);
+  w.attn_fwd.assign(n, af / cp);
+  w.attn_bwd.assign(n, ab / cp);
+  const double kv = cp > 1 ? cost.kvBytes(w.tokens) * (cp - 1) / cp : 0.0;
+  w.kv_fwd_bytes.assign(n, kv);
+  w.kv_bwd_bytes.assign(n, kv);
+  w.kv_peers.assign(n, cp - 1);
+  w.sharding = "balanced";
+  return w;
+}
+
+// ---- Network ---------------------------------------------------------------------------
+
+namespace {
+/// Locate the profile file the deck names (same search order as HardwareProfile::fromDeck).
+std::string profilePath(const Deck& deck) {
+  namespace fs = std::filesystem;
+  const std::string& name = deck.hardware.profile;
+  if (name.empty() || name == "analytic") return {};
+  fs::path p(name);
+  if (p.is_relative() && !deck.source_path.empty()) {
+    auto rel = fs::path(deck.source_path).parent_path() / p;
+    if (fs::exists(rel)) return rel.string();
+  }
+  if (fs::exists(p)) return p.string();
+#ifdef WLB_SOURCE_DIR
+  if (p.is_relative() && fs::exists(fs::path(WLB_SOURCE_DIR) / p))
+    return (fs::path(WLB_SOURCE_DIR) / p).string();
+#endif
+  return {};
+}
+}  // namespace
+
+Network Network::resolve(const Deck& deck, const model::HardwareProfile& hw) {
+  Network n;
+  n.tp_bps = hw.tp_bandwidth_gbps * 1e9;
+  n.cp_bps = hw.cp_bandwidth_gbps * 1e9;
+  n.pp_bps = hw.pp_bandwidth_gbps * 1e9;
+  n.dp_bps = hw.dp_bandwidth_gbps * 1e9;
+  n.latency_s = hw.link_latency_us * 1e-6;
+  const std::string path = profilePath(deck);
+  if (path.empty()) return n;
+  nlohmann::json j;
+  try {
+    std::ifstream in(path);
+    in >> j;
+  } catch (const std::exception&) {
+    return n;  // HardwareProfile::load already reported bad JSON
+  }
+  if (!j.is_object() || !j.contains("topology")) return n;
+  const auto& t = j["topology"];
+  auto num = [&](const char* key) {
+    if (!t.contains(key) || !t[key].is_number() || t[key].get<double>() <= 0)
+      throw InputError(path + ": key 'topology." + key + "' must be a positive number");
+    return t[key].get<double>();
+  };
+  const double g = num("gpus_per_node"), intra = num("intra_node_gbps") * 1e9,
+               inter = num("inter_node_gbps") * 1e9;
+  const auto& m = deck.mesh;
+  const auto& h = deck.hardware;
+  auto pick = [&](double span, double override_gbps, double& out) {
+    if (override_gbps > 0) return;  // the deck's explicit value wins
+    out = span <= g ? intra : inter;
+  };
+  pick(static_cast<double>(m.tp), h.tp_bandwidth_gbps, n.tp_bps);
+  pick(static_cast<double>(m.tp * m.cp), h.cp_bandwidth_gbps, n.cp_bps);
+  pick(static_cast<double>(m.tp * m.cp * m.pp), h.pp_bandwidth_gbps, n.pp_bps);
+  pick(static_cast<double>(m.size()), h.dp_bandwidth_gbps, n.dp_bps);
+  return n;
+}
+
+SimConfig SimConfig::fromDeck(const Deck& deck, const model::HardwareProfile& hw) {
+  SimConfig c;
+  c.tp = static_cast<int>(deck.mesh.tp);
+  c.cp = static_cast<int>(deck.mesh.cp);
+  c.pp = static_cast<int>(deck.mesh.pp);
+  c.dp = static_cast<int>(deck.mesh.dp);
+  c.chunks = static_cast<int>(std::max<std::int64_t>(1, deck.mesh.virtual_stages));
+  c.schedule = parseScheduleKind(deck.pipeline.schedule);
+  if (c.schedule != ScheduleKind::Interleaved) c.chunks = 1;
+  c.recompute = parseRecompute(deck.pipeline.recompute);
+  c.net = Network::resolve(deck, hw);
+  c.memory_bytes = hw.memory_gb * 1e9;
+  return c;
+}
+
+// ---- StepSimulator ---------------------------------------------------------------------
+
+StepSimulator::StepSimulator(SimConfig cfg, const model::CostModel& cost)
+    : cfg_(cfg), cost_(&cost) {
+  if (cfg_.tp < 1 || cfg_.cp < 1 || cfg_.pp < 1 || cfg_.dp < 1 || cfg_.chunks < 1)
+    throw InputError("simulator: mesh dimensions must be >= 1", true);
+  if (cost.dims().layers < cfg_.pp * cfg_.chunks)
+    throw InputError("model.layers (" + std::to_string(cost.dims().layers) +
+                         ") must be at least pp * virtual_stages",
+                     true);
+}
+
+StepSimulator::StepSimulator(const Deck& deck, const model::CostModel& cost)
+    : StepSimulator(SimConfig::fromDeck(deck, cost.hardware()), cost) {}
+
+const Schedule& StepSimulator::schedule(int micro_batches) const {
+  for (const auto& [m, s] : schedules_)
+    if (m == micro_batches) return s;
+  schedules_.emplace_back(micro_batches,
+                          makeSchedule(cfg_.schedule, cfg_.pp, micro_batches, cfg_.chunks));
+  return schedules_.back().second;
+}
+
+int StepSimulator::layersOf(int vstage) const {
+  const int V = cfg_.pp * cfg_.chunks;
+  const int L = static_cast<int>(cost_->dims().layers);
+  return L / V + (vstage < L % V ? 1 : 0);
+}
+
+double StepSimulator::stageParams(int stage) const {
+  const auto& d = cost_->dims();
+  const double h = static_cast<double>(d.hidden), kv = static_cast<double>(d.kv_heads * d.head_dim),
+               ffn = static_cast<double>(d.ffn), vocab = static_cast<double>(d.vocab);
+  const double per_layer = h * (h + 2.0 * kv) + h * h + 3.0 * h * ffn;
+  int layers = 0;
+  for (int c = 0; c < cfg_.chunks; ++c) layers += layersOf(c * cfg_.pp + stage);
+  double p = layers * (per_layer / cfg_.tp + 2.0 * h);
+  if (stage == 0) p += vocab * h / cfg_.tp;            // input embedding
+  if (stage == cfg_.pp - 1) p += vocab * h / cfg_.tp;  // output head (untied)
+  return p;
+}
+
+double StepSimulator::activationBytesPerToken() const {
+  const auto& d = cost_->dims();
+  const double h = static_cast<double>(d.hidden), kv = static_cast<double>(d.kv_heads * d.head_dim),
+               ffn = static_cast<double>(d.ffn), b = static_cast<double>(d.dtype_bytes);
+  double elems = 0;
+  switch (cfg_.recompute) {
+    case Recompute::None: elems = 6.0 * h + 2.0 * kv + 3.0 * ffn; break;
+    case Recompute::Selective: elems = 4.0 * h + 2.0 * kv + 2.0 * ffn; break;
+    case Recompute::Full: elems = h; break;
+  }
+  return elems * b / cfg_.tp;  // sequence parallelism shards everything over TP
+}
+
+StepSimulator::RankLayerCost StepSimulator::layerCost(const MicroBatchWork& w, int r) const {
+  RankLayerCost c;
+  const std::int64_t tok = w.rank_tokens[static_cast<std::size_t>(r)];
+  if (tok == 0 && w.attn_fwd[static_cast<std::size_t>(r)] == 0) return c;
+  const auto& d = cost_->dims();
+  const auto& net = cfg_.net;
+  double tp_comm = 0;
+  if (cfg_.tp > 1) {
+    // Sequence parallel: 2 all-gathers + 2 reduce-scatters per layer per phase, each
+    // moving (tp-1)/tp of the rank's [tokens x hidden] activation (ring).
+    const double bytes = static_cast<double>(tok) * static_cast<double>(d.hidden * d.dtype_bytes);
+    const double one = (cfg_.tp - 1.0) / cfg_.tp * bytes / net.tp_bps + (cfg_.tp - 1) * net.latency_s;
+    tp_comm = 4.0 * one;
+  }
+  double kv_f = 0, kv_b = 0;
+  if (cfg_.cp > 1) {
+    const auto ri = static_cast<std::size_t>(r);
+    const double lat = w.kv_peers[ri] * net.latency_s;
+    kv_f = w.kv_fwd_bytes[ri] / net.cp_bps + (w.kv_fwd_bytes[ri] > 0 ? lat : 0.0);
+    kv_b = w.kv_bwd_bytes[ri] / net.cp_bps + (w.kv_bwd_bytes[ri] > 0 ? lat : 0.0);
+  }
+  const auto ri = static_cast<std::size_t>(r);
+  c.fwd = w.attn_fwd[ri] + cost_->linearSeconds(tok, Phase::Fwd) + tp_comm + kv_f;
+  c.bwd = w.attn_bwd[ri] + cost_->linearSeconds(tok, Phase::Bwd) + tp_comm + kv_b;
+  if (cfg_.recompute == Recompute::Full) c.bwd += c.fwd;
+  return c;
+}
+
+double StepSimulator::headSeconds(std::int64_t tokens, Phase p) const {
+  const auto& d = cost_->dims();
+  const double f = 2.0 * static_cast<double>(tokens) * static_cast<double>(d.hidden) *
+                   static_cast<double>(d.vocab) / cfg_.tp;
+  return (p == Phase::Fwd ? f : model::kLinearBwdFactor * f) /
+         (cost_->hardware().linear_gflops * 1e9);
+}
+
+double StepSimulator::p2pSeconds(const MicroBatchWork& w) const {
+  if (cfg_.pp * cfg_.chunks <= 1 || w.tokens == 0) return 0.0;
+  std::int64_t tok = 0;
+  for (auto t : w.rank_tokens) tok = std::max(tok, t);
+  const auto& d = cost_->dims();
+  // Scatter-gather optimisation: each TP rank sends 1/tp of the activation.
+  const double bytes = static_cast<double>(tok * d.hidden * d.dtype_bytes) / cfg_.tp;
+  return cfg_.net.latency_s + bytes / cfg_.net.pp_bps;
+}
+
+double StepSimulator::gradSyncSeconds(int stage) const {
+  const int n = cfg_.dp * cfg_.cp;
+  if (n <= 1) return 0.0;
+  const double bytes = stageParams(stage) * static_cast<double>(cost_->dims().dtype_bytes);
+  const double bw = cfg_.dp > 1 ? std::min(cfg_.net.dp_bps, cfg_.net.cp_bps) : cfg_.net.cp_bps;
+  return 2.0 * (n - 1.0) / n * bytes / bw + 2.0 * (n - 1) * cfg_.net.latency_s;
+}
+
+PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mbs) const {
+  const int M = static_cast<int>(mbs.size()), V = cfg_.pp * cfg_.chunks;
+  PipelineCosts c(V, M, cfg_.pp);
+  const double act_tok = activationBytesPerToken();
+  const auto& d = cost_->dims();
+  for (int m = 0; m < M; ++m) {
+    const MicroBatchWork& w = mbs[static_cast<std::size_t>(m)];
+    if (w.cp() != cfg_.cp)
+      throw std::logic_error("simulator: micro-batch work has " + std::to_string(w.cp()) +
+                             " CP ranks, mesh has " + std::to_string(cfg_.cp));
+    std::vector<RankLayerCost> lc(static_cast<std::size_t>(cfg_.cp));
+    std::int64_t max_tok = 0;
+    for (int r = 0; r < cfg_.cp; ++r) {
+      lc[static_cast<std::size_t>(r)] = layerCost(w, r);
+      max_tok = std::max(max_tok, w.rank_tokens[static_cast<std::size_t>(r)]);
+    }
+    for (int vs = 0; vs < V; ++vs) {
+      const double l = layersOf(vs);
+      const bool last = vs == V - 1;
+      double f = 0, b = 0;
+      for (int r = 0; r < cfg_.cp; ++r) {
+        const auto tok = w.rank_tokens[static_cast<std::size_t>(r)];
+        f = std::max(f, l * lc[static_cast<std::size_t>(r)].fwd + (last ? headSeconds(tok, Phase::Fwd) : 0.0));
+        b = std::max(b, l * lc[static_cast<std::size_t>(r)].bwd + (last ? headSeconds(tok, Phase::Bwd) : 0.0));
+      }
+      c.fwd[c.at(vs, m)] = f;
+      c.bwd[c.at(vs, m)] = b;
+      double act = l * act_tok * static_cast<double>(max_tok);
+      if (last)  // fp32 logits of the vocab-parallel loss, held until the backward
+        act += static_cast<double>(max_tok) * static_cast<double>(d.vocab) * 4.0 / cfg_.tp;
+      c.act_bytes[c.at(vs, m)] = act;
+    }
+    c.p2p[static_cast<std::size_t>(m)] = p2pSeconds(w);
+  }
+  const double per_param = static_cast<double>(d.dtype_bytes) + cfg_.grad_bytes_per_param +
+                           cfg_.optimizer_bytes_per_param / (cfg_.dp * cfg_.cp);
+  for (int s = 0; s < cfg_.pp; ++s) c.static_bytes[static_cast<std::size_t>(s)] = stageParams(s) * per_param;
+  return c;
+}
+
+StepResult StepSimulator::simulate(const std::vector<std::vector<MicroBatchWork>>& works,
+                                   trace::Recorder* rec, int step, double t0) const {
+  if (static_cast<int>(works.size()) != cfg_.dp)
+    throw std::logic_error("simulator: plan has " + std::to_string(works.size()) +
+                           " replicas, mesh has dp = " + std::to_string(cfg_.dp));
+  const int P = cfg_.pp, C = cfg_.cp, D = cfg_.dp;
+  StepResult res;
+  res.replica_seconds.assign(static_cast<std::size_t>(D), 0.0);
+  res.peak_bytes.assign(static_cast<std::size_t>(P), 0.0);
+  res.rank_busy.assign(static_cast<std::size_t>(D * P * C), 0.0);
+  std::vector<double> stage_done(static_cast<std::size_t>(P), 0.0), grad(static_cast<std::size_t>(P));
+  for (int s = 0; s < P; ++s) grad[s] = gradSyncSeconds(s);
+
+  std::vector<DagResult> dags;
+  dags.reserve(static_cast<std::size_t>(D));
+  std::vector<PipelineCosts> costs;
+  costs.reserve(static_cast<std::size_t>(D));
+  for (int d = 0; d < D; ++d) {
+    const auto& mbs = works[static_cast<std::size_t>(d)];
+    costs.push_back(pipelineCosts(mbs));
+    const Schedule& sched = schedule(static_cast<int>(mbs.size()));
+    dags.push_back(simulateDag(sched, costs.back()));
+    const DagResult& r = dags.back();
+    res.replica_seconds[d] = r.makespan;
+    res.pipeline_seconds = std::max(res.pipeline_seconds, r.makespan);
+    res.bubble_fraction += r.bubbleFraction() / D;
+    for (int s = 0; s < P; ++s) {
+      stage_done[s] = std::max(stage_done[s], r.stage_finish[s]);
+      res.peak_bytes[s] = std::max(res.peak_bytes[s], r.peak_bytes[s]);
+    }
+  }
+  res.static_bytes = costs.front().static_bytes;
+  for (int s = 0; s < P; ++s) {
+    res.step_seconds = std::max(res.step_seconds, stage_done[s] + grad[s]);
+    res.grad_sync_seconds = std::max(res.grad_sync_seconds, grad[s]);
+    if (cfg_.memory_bytes > 0 && res.peak_bytes[s] > cfg_.memory_bytes) res.fits_memory = false;
+  }
+
+  // Every rank's own busy time (and, if asked, its predicted events).
+  const int V = P * cfg_.chunks;
+  int r_attn = 0, r_mlp = 0, r_tp = 0, r_kv = 0, r_send = 0, r_grad = 0, strat = 0;
+  if (rec) {
+    namespace L = trace::labels;
+    const auto need = static_cast<std::size_t>(cfg_.ranks());
+    if (rec->virtualRanks().size() != need) {
+      std::vector<trace::RankCoord> coords(need);
+      for (int d = 0; d < D; ++d)
+        for (int s = 0; s < P; ++s)
+          for (int c = 0; c < C; ++c)
+            for (int t = 0; t < cfg_.tp; ++t)
+              coords[static_cast<std::size_t>(((d * P + s) * C + c) * cfg_.tp + t)] = {t, c, s, d};
+      rec->setVirtualRanks(std::move(coords));
+    }
+    r_attn = rec->region(L::kAttn);
+    r_mlp = rec->region(L::kMlp);
+    r_tp = rec->region(L::kTpAllreduce);
+    r_kv = rec->region(cfg_.cp > 1 ? L::kKvAllgather : L::kKvExchange);
+    r_send = rec->region(L::kPpSend);
+    r_grad = rec->region(L::kGradAllreduce);
+    strat = rec->strategy();
+  }
+  const auto ns = [&](double sec) { return static_cast<std::int64_t>(std::llround((t0 + sec) * 1e9)); };
+  double busy_total = 0;
+  for (int d = 0; d < D; ++d) {
+    const auto& mbs = works[static_cast<std::size_t>(d)];
+    const DagResult& r = dags[static_cast<std::size_t>(d)];
+    const Schedule& sched = schedule(static_cast<int>(mbs.size()));
+    for (int s = 0; s < P; ++s) {
+      for (int c = 0; c < C; ++c) {
+        double busy = grad[s];
+        for (std::size_t v = r.stage_offset[s]; v < r.stage_offset[s + 1]; ++v) {
+          const Task& t = r.vertices[v].task;
+          const int vs = sched.virtualStage(s, t.chunk);
+          const MicroBatchWork& w = mbs[static_cast<std::size_t>(t.mb)];
+          const RankLayerCost lc = layerCost(w, c);
+          const double l = layersOf(vs);
+          const bool last = vs == V - 1;
+          const auto tok = w.rank_tokens[static_cast<std::size_t>(c)];
+          const double own = l * (t.phase == Phase::Fwd ? lc.fwd : lc.bwd) +
+                             (last ? headSeconds(tok, t.phase) : 0.0);
+          busy += own;
+          if (!rec || own <= 0) continue;
+          // Split the task into attention / linear / TP / KV pieces in that order.
+          const auto ci = static_cast<std::size_t>(c);
+          const bool full = cfg_.recompute == Recompute::Full && t.phase == Phase::Bwd;
+          double attn = l * (t.phase == Phase::Fwd ? w.attn_fwd[ci] : w.attn_bwd[ci] + (full ? w.attn_fwd[ci] : 0.0));
+          double kv = 0;
+          if (cfg_.cp > 1) {
+            const double kf = w.kv_fwd_bytes[ci] / cfg_.net.cp_bps, kb = w.kv_bwd_bytes[ci] / cfg_.net.cp_bps;
+            kv = l * (t.phase == Phase::Fwd ? kf : kb + (full ? kf : 0.0));
+          }
+          double lin = l * (cost_->linearSeconds(tok, Phase::Fwd) * (t.phase == Phase::Fwd || full ? 1.0 : 0.0) +
+                            (t.phase == Phase::Bwd ? cost_->linearSeconds(tok, Phase::Bwd) : 0.0)) +
+                       (last ? headSeconds(tok, t.phase) : 0.0);
+          const double tpc = std::max(0.0, own - attn - kv - lin);  // TP comm + latencies
+          const trace::Phase ph = t.phase == Phase::Fwd ? trace::Phase::Fwd : trace::Phase::Bwd;
+          double cur = r.start[v];
+          for (int tr = 0; tr < cfg_.tp; ++tr) {
+            const int rank = ((d * P + s) * C + c) * cfg_.tp + tr;
+            double x = cur;
+            auto emit = [&](int region, double dur, double bytes) {
+              if (dur <= 0) return;
+              trace::Event e;
+              e.rank = rank;
+              e.strategy = strat;
+              e.step = step;
+              e.micro_batch = t.mb;
+              e.region = region;
+              e.layer = -1;
+              e.chunk = t.chunk;
+              e.phase = ph;
+              e.start_ns = ns(x);
+              e.end_ns = ns(x + dur);
+              e.bytes = bytes;
+              rec->record(e);
+              x += dur;
+            };
+            emit(r_attn, attn, 0);
+            emit(r_mlp, lin, 0);
+            emit(r_tp, tpc, 0);
+            emit(r_kv, kv, l * (t.phase == Phase::Fwd ? w.kv_fwd_bytes[ci] : w.kv_bwd_bytes[ci]));
+            const bool sends = t.phase == Phase::Fwd ? vs + 1 < V : vs > 0;
+            if (sends && cfg_.pp > 1) {
+              x = r.finish[v];
+              emit(r_send, costs[static_cast<std::size_t>(d)].p2p[static_cast<std::size_t>(t.mb)], 0);
+            }
+          }
+        }
+        res.rank_busy[static_cast<std::size_t>((d * P + s) * C + c)] = busy;
+        busy_total += busy * cfg_.tp;
+        if (rec && grad[s] > 0)
+          for (int tr = 0; tr < cfg_.tp; ++tr) {
+            trace::Event e;
+            e.rank = ((d * P + s) * C + c) * cfg_.tp + tr;
+            e.strategy = strat;
+            e.step = step;
+            e.region = r_grad;
+            e.start_ns = ns(stage_done[s]);
+            e.end_ns = ns(stage_done[s] + grad[s]);
+            e.bytes = stageParams(s) * static_cast<double>(cost_->dims().dtype_bytes);
+            rec->record(e);
+          }
+      }
+    }
+  }
+  if (res.step_seconds > 0)
+    res.idle_fraction = 1.0 - busy_total / (static_cast<double>(cfg_.ranks()) * res.step_seconds);
+  return res;
+}
+
+StepResult StepSimulator::simulatePlan(const StepPlan& plan, const std::string& sharding,
+                                       const CpConfig& cfg, trace::Recorder* rec, int step,
+                                       double t0) const {
+  std::vector<std::vector<MicroBatchWork>> works(plan.replicas.size());
+  for (std::size_t d = 0; d < plan.replicas.size(); ++d)
+    for (const MicroBatch& mb : plan.replicas[d])
+      works[d].push_back(planMicroBatchWork(mb, sharding, cfg_.cp, *cost_, cfg));
+  return simulate(works, rec, step, t0);
+}
+
+}  // namespace wlb::pp

@@ -1,0 +1,133 @@
+#pragma once
+/// \file simulator.hpp
+/// \brief 4D step simulator (ALGORITHMS.md §4, docs/simulator.md): predicts the time,
+/// bubbles, per-rank busy/idle and per-stage peak memory of one training step from a
+/// StepPlan, the CP shard/comm plans of its micro-batches and the cost model.
+///
+/// Symmetry: TP ranks of a group do identical work, and a CP group advances at the pace
+/// of its slowest member every layer, so each (dp, pp) pipeline is simulated once with
+/// per-task costs = slowest CP rank; DP replicas meet at the gradient reduction. The DAG
+/// therefore has 2 * M * v * pp vertices per replica whatever tp and cp are, which makes
+/// a 4096-rank step a matter of milliseconds after planning.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/deck.hpp"
+#include "core/types.hpp"
+#include "model/cost_model.hpp"
+#include "pp/dag.hpp"
+#include "pp/schedule.hpp"
+
+namespace wlb::trace {
+class Recorder;
+}
+
+namespace wlb::pp {
+
+enum class Recompute { None, Selective, Full };
+/// "none" | "selective" | "full"; InputError naming `pipeline.recompute` otherwise.
+Recompute parseRecompute(const std::string& name);
+
+/// One micro-batch's work on one TP rank of each CP rank, per transformer layer.
+struct MicroBatchWork {
+  std::int64_t tokens = 0;                 ///< whole micro-batch
+  std::vector<std::int64_t> rank_tokens;   ///< [cp rank] query tokens held
+  std::vector<double> attn_fwd, attn_bwd;  ///< [cp rank] attention seconds per layer
+  std::vector<double> kv_fwd_bytes, kv_bwd_bytes;  ///< [cp rank] KV bytes moved per layer
+  std::vector<int> kv_peers;               ///< [cp rank] messages per layer (latency count)
+  std::string sharding;                    ///< sharding actually applied
+  int cp() const { return static_cast<int>(rank_tokens.size()); }
+};
+
+/// Plan the micro-batch's CP sharding and KV communication with the CP planners
+/// (cp::planShards / cp::planComm, the same plans the executor runs) and extract its work.
+MicroBatchWork planMicroBatchWork(const MicroBatch& mb, const std::string& sharding, int cp,
+                                  const model::CostModel& cost, const CpConfig& cfg);
+
+/// Idealised work: tokens split evenly over CP ranks with perfectly balanced attention
+/// (for tests and quick what-ifs; `doc_lengths` are the micro-batch's documents).
+MicroBatchWork balancedMicroBatchWork(const std::vector<std::int64_t>& doc_lengths, int cp,
+                                      const model::CostModel& cost);
+
+/// Link bandwidths (bytes/s) and latency (s) per mesh axis after topology resolution.
+struct Network {
+  double tp_bps = 0, cp_bps = 0, pp_bps = 0, dp_bps = 0, latency_s = 0;
+  /// From the profile's links, with the deck's non-zero overrides. If the profile file
+  /// carries an optional "topology" block {gpus_per_node, intra_node_gbps,
+  /// inter_node_gbps}, each axis uses intra-node bandwidth when its group fits on one
+  /// node (ranks are laid out TP innermost, then CP, PP, DP) and inter-node otherwise.
+  static Network resolve(const Deck& deck, const model::HardwareProfile& hw);
+};
+
+/// Simulation parameters resolved from a deck.
+struct SimConfig {
+  int tp = 1, cp = 1, pp = 1, dp = 1, chunks = 1;
+  ScheduleKind schedule = ScheduleKind::OneFOneB;
+  Recompute recompute = Recompute::None;
+  Network net;
+  double memory_bytes = 0;     ///< device memory (0 = unknown)
+  double optimizer_bytes_per_param = 12;  ///< fp32 master + Adam m, v (sharded over dp*cp)
+  double grad_bytes_per_param = 4;        ///< fp32 main gradients held per rank
+  static SimConfig fromDeck(const Deck& deck, const model::HardwareProfile& hw);
+  int ranks() const { return tp * cp * pp * dp; }
+};
+
+/// Outcome of one simulated step.
+struct StepResult {
+  double step_seconds = 0;      ///< max over stages of (pipeline finish + grad reduction)
+  double pipeline_seconds = 0;  ///< max over replicas of the pipeline makespan
+  double grad_sync_seconds = 0; ///< largest per-stage gradient reduction
+  double bubble_fraction = 0;   ///< mean over replicas of the DAG's pipeline bubble
+  double idle_fraction = 0;     ///< 1 - sum of every rank's own busy time / (ranks * step)
+  std::vector<double> replica_seconds;  ///< [dp] pipeline makespan
+  std::vector<double> peak_bytes;       ///< [pp] max over replicas of static + activations
+  std::vector<double> static_bytes;     ///< [pp] weights + grads + optimizer state
+  std::vector<double> rank_busy;        ///< [((dp*pp + s)*cp + c)] own busy seconds
+  bool fits_memory = true;              ///< every stage's peak <= memory_bytes (if known)
+};
+
+/// Simulates steps of one deck's model on one mesh.
+class StepSimulator {
+ public:
+  StepSimulator(SimConfig cfg, const model::CostModel& cost);
+  StepSimulator(const Deck& deck, const model::CostModel& cost);
+
+  const SimConfig& config() const { return cfg_; }
+  const Schedule& schedule(int micro_batches) const;
+  /// Layers held by virtual stage vs.
+  int layersOf(int vstage) const;
+
+  /// Per-task costs of one replica (exposed for tests and the executor's comparisons).
+  PipelineCosts pipelineCosts(const std::vector<MicroBatchWork>& mbs) const;
+
+  /// Simulate one step: works[dp][m]. If `rec` is given, predicted events of every rank
+  /// are recorded (times offset by t0_seconds, context step = `step`, current strategy).
+  StepResult simulate(const std::vector<std::vector<MicroBatchWork>>& works,
+                      trace::Recorder* rec = nullptr, int step = 0, double t0_seconds = 0) const;
+
+  /// Plan every micro-batch of a StepPlan (sharding per micro-batch) and simulate it.
+  StepResult simulatePlan(const StepPlan& plan, const std::string& sharding, const CpConfig& cfg,
+                          trace::Recorder* rec = nullptr, int step = 0, double t0_seconds = 0) const;
+
+  /// Parameters held by one rank of stage s (weights / tp, embeddings on the ends).
+  double stageParams(int stage) const;
+  /// Activation bytes one layer holds per query token on one rank (given recompute).
+  double activationBytesPerToken() const;
+
+ private:
+  struct RankLayerCost {
+    double fwd = 0, bwd = 0;  // seconds per layer incl. TP and CP communication
+  };
+  RankLayerCost layerCost(const MicroBatchWork& w, int r) const;
+  double headSeconds(std::int64_t tokens, Phase p) const;
+  double p2pSeconds(const MicroBatchWork& w) const;
+  double gradSyncSeconds(int stage) const;
+
+  SimConfig cfg_;
+  const model::CostModel* cost_;
+  mutable std::vector<std::pair<int, Schedule>> schedules_;
+};
+
+}  // namespace wlb::pp
