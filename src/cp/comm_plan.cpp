@@ -1,0 +1,229 @@
+/// \file comm_plan.cpp
+/// \brief KV communication plans (allgather, sharding_aware), plan metrics and JSON
+/// (docs/cp.md).
+
+#include <algorithm>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "cp/shard_plan.hpp"
+#include "model/cost_model.hpp"
+
+namespace wlb::cp {
+
+double CommPlan::totalBytes() const {
+  double t = 0;
+  for (const RankComm& r : ranks) t += r.fwd_bytes_recv + r.bwd_bytes_recv;
+  return t;
+}
+
+CommPlan planComm(const ShardPlan& plan, CommMode mode, const model::CostModel& cost) {
+  CommPlan c;
+  c.mode = mode;
+  c.cp = plan.cp;
+  const int cp = plan.cp;
+  c.gather_counts.resize(cp);
+  c.gather_displs.resize(cp);
+  std::int64_t off = 0;
+  for (int r = 0; r < cp; ++r) {
+    c.gather_counts[r] = plan.ranks[r].tokens;
+    c.gather_displs[r] = off;
+    off += plan.ranks[r].tokens;
+  }
+  c.ranks.assign(cp, RankComm{});
+  const auto& hw = cost.hardware();
+  const double bw = std::max(1e-9, hw.cp_bandwidth_gbps) * 1e9;  // bytes/s per direction
+  const double lat = hw.link_latency_us * 1e-6;
+  const std::int64_t T = plan.total_tokens;
+
+  if (mode == CommMode::AllGather) {
+    if (cp == 1) return c;
+    for (int r = 0; r < cp; ++r) {
+      RankComm& rc = c.ranks[r];
+      const std::int64_t own = plan.ranks[r].tokens, others = T - own;
+      // Forward all-gather: r receives every other rank's K/V and its own tokens reach
+      // cp-1 peers. Backward reduce-scatter: the mirror image for dK/dV.
+      rc.fwd_bytes_recv = cost.kvBytes(others);
+      rc.fwd_bytes_sent = cost.kvBytes(own) * (cp - 1);
+      rc.bwd_bytes_sent = cost.kvBytes(others);
+      rc.bwd_bytes_recv = cost.kvBytes(own) * (cp - 1);
+      rc.fwd_tokens_recv = others;
+      rc.peers = cp - 1;
+      // Ring: cp-1 steps, the rank's link carries the other ranks' data.
+      rc.fwd_seconds = (cp - 1) * lat + cost.kvBytes(others) / bw;
+      rc.bwd_seconds = rc.fwd_seconds;
+    }
+    return c;
+  }
+
+  // Sharding-aware: one message per (src, dst) pair holding the src-owned runs of dst's
+  // KV buffer, in dst's run order.
+  std::map<std::pair<int, int>, Transfer> msgs;
+  for (int dst = 0; dst < cp; ++dst)
+    for (const KvRun& run : plan.ranks[dst].kv_runs) {
+      if (run.src == dst) continue;
+      Transfer& t = msgs[{run.src, dst}];
+      t.src = run.src;
+      t.dst = dst;
+      t.runs.push_back(run);
+      t.tokens += run.len;
+    }
+  std::vector<std::int64_t> sent(cp, 0), recv(cp, 0);
+  std::vector<int> out_msgs(cp, 0), in_msgs(cp, 0);
+  for (auto& kv : msgs) {
+    Transfer& t = kv.second;
+    sent[t.src] += t.tokens;
+    recv[t.dst] += t.tokens;
+    ++out_msgs[t.src];
+    ++in_msgs[t.dst];
+    c.transfers.push_back(std::move(t));
+  }
+  for (int r = 0; r < cp; ++r) {
+    RankComm& rc = c.ranks[r];
+    rc.fwd_bytes_sent = cost.kvBytes(sent[r]);
+    rc.fwd_bytes_recv = cost.kvBytes(recv[r]);
+    rc.bwd_bytes_sent = rc.fwd_bytes_recv;  // gradients go back to the owners
+    rc.bwd_bytes_recv = rc.fwd_bytes_sent;
+    rc.fwd_tokens_recv = recv[r];
+    rc.peers = in_msgs[r];
+    const int m = std::max(in_msgs[r], out_msgs[r]);
+    rc.fwd_seconds = m * lat + std::max(rc.fwd_bytes_sent, rc.fwd_bytes_recv) / bw;
+    rc.bwd_seconds = rc.fwd_seconds;
+  }
+  return c;
+}
+
+std::vector<std::size_t> transfersFrom(const CommPlan& comm, int rank) {
+  std::vector<std::size_t> out;
+  for (std::size_t i = 0; i < comm.transfers.size(); ++i)
+    if (comm.transfers[i].src == rank) out.push_back(i);
+  return out;  // sorted by (src, dst) -> ascending dst
+}
+
+std::vector<std::size_t> transfersTo(const CommPlan& comm, int rank) {
+  std::vector<std::size_t> out;
+  for (std::size_t i = 0; i < comm.transfers.size(); ++i)
+    if (comm.transfers[i].dst == rank) out.push_back(i);
+  return out;  // ascending src
+}
+
+namespace {
+double ratio(const std::vector<double>& v) {
+  if (v.empty()) return 1.0;
+  double mx = 0, sum = 0;
+  for (double x : v) {
+    mx = std::max(mx, x);
+    sum += x;
+  }
+  return sum > 0 ? mx / (sum / static_cast<double>(v.size())) : 1.0;
+}
+}  // namespace
+
+ShardMetrics computeMetrics(const ShardPlan& plan, const CommPlan& comm,
+                            const model::CostModel& cost) {
+  using model::Phase;
+  ShardMetrics m;
+  m.strategy = plan.strategy;
+  m.requested = plan.requested;
+  m.comm = commModeName(comm.mode);
+  m.cp = plan.cp;
+  m.total_tokens = plan.total_tokens;
+  m.ranks.resize(plan.ranks.size());
+  std::vector<double> attn, tok, lat;
+  for (std::size_t r = 0; r < plan.ranks.size(); ++r) {
+    const RankShard& rs = plan.ranks[r];
+    RankMetrics& rm = m.ranks[r];
+    rm.tokens = rs.tokens;
+    rm.kv_tokens = rs.kv_tokens;
+    for (const Piece& p : rs.pieces) {
+      rm.attn_flops_fwd += cost.attnFlops(p.q_offset, p.q_len, Phase::Fwd);
+      rm.attn_flops_bwd += cost.attnFlops(p.q_offset, p.q_len, Phase::Bwd);
+      rm.attn_seconds_fwd += cost.attnSeconds(p.q_offset, p.q_len, Phase::Fwd);
+      rm.attn_seconds_bwd += cost.attnSeconds(p.q_offset, p.q_len, Phase::Bwd);
+    }
+    if (rs.tokens > 0)
+      rm.linear_seconds = cost.linearSeconds(rs.tokens, Phase::Fwd) +
+                          cost.linearSeconds(rs.tokens, Phase::Bwd);
+    if (r < comm.ranks.size()) {
+      const RankComm& rc = comm.ranks[r];
+      rm.comm_seconds = rc.fwd_seconds + rc.bwd_seconds;
+      rm.kv_bytes = rc.fwd_bytes_recv + rc.bwd_bytes_recv;
+    }
+    attn.push_back(rm.attn_flops_fwd);
+    tok.push_back(static_cast<double>(rm.tokens));
+    lat.push_back(rm.latency());
+    m.max_attn_seconds = std::max(m.max_attn_seconds, rm.attnSeconds());
+    m.max_latency = std::max(m.max_latency, rm.latency());
+    m.kv_bytes_total += rm.kv_bytes;
+    m.kv_bytes_max = std::max(m.kv_bytes_max, rm.kv_bytes);
+  }
+  m.imbalance_attn = ratio(attn);
+  m.imbalance_tokens = ratio(tok);
+  m.imbalance_latency = ratio(lat);
+  return m;
+}
+
+// ---- JSON ----------------------------------------------------------------------------
+
+nlohmann::json toJson(const ShardPlan& plan) {
+  using nlohmann::json;
+  json ranks = json::array();
+  for (const RankShard& rs : plan.ranks) {
+    json pieces = json::array();
+    for (const Piece& p : rs.pieces)
+      pieces.push_back({{"segment", p.segment}, {"doc", p.doc}, {"seg_begin", p.seg_begin},
+                        {"seg_len", p.seg_len}, {"q_offset", p.q_offset}, {"q_len", p.q_len},
+                        {"local_begin", p.local_begin}, {"kv_begin", p.kv_begin},
+                        {"kv_len", p.kv_len}, {"whole", p.whole}});
+    json blocks = json::array();
+    for (const KvBlock& b : rs.kv_blocks)
+      blocks.push_back({b.segment, b.seg_begin, b.len, b.kv_begin});
+    json runs = json::array();
+    for (const KvRun& r : rs.kv_runs) runs.push_back({r.src, r.src_local_begin, r.len, r.kv_begin});
+    ranks.push_back({{"tokens", rs.tokens}, {"kv_tokens", rs.kv_tokens}, {"pieces", pieces},
+                     {"kv_blocks", blocks}, {"kv_runs", runs}});
+  }
+  return {{"strategy", plan.strategy}, {"requested", plan.requested}, {"cp", plan.cp},
+          {"total_tokens", plan.total_tokens}, {"sharded_segments", plan.sharded_segments},
+          {"ranks", ranks}};
+}
+
+nlohmann::json toJson(const CommPlan& comm) {
+  using nlohmann::json;
+  json ranks = json::array();
+  for (const RankComm& r : comm.ranks)
+    ranks.push_back({{"fwd_bytes_sent", r.fwd_bytes_sent}, {"fwd_bytes_recv", r.fwd_bytes_recv},
+                     {"bwd_bytes_sent", r.bwd_bytes_sent}, {"bwd_bytes_recv", r.bwd_bytes_recv},
+                     {"fwd_tokens_recv", r.fwd_tokens_recv}, {"peers", r.peers},
+                     {"fwd_seconds", r.fwd_seconds}, {"bwd_seconds", r.bwd_seconds}});
+  json transfers = json::array();
+  for (const Transfer& t : comm.transfers) {
+    json runs = json::array();
+    for (const KvRun& r : t.runs) runs.push_back({r.src_local_begin, r.len, r.kv_begin});
+    transfers.push_back({{"src", t.src}, {"dst", t.dst}, {"tokens", t.tokens}, {"runs", runs}});
+  }
+  return {{"mode", commModeName(comm.mode)}, {"cp", comm.cp},
+          {"gather_counts", comm.gather_counts}, {"gather_displs", comm.gather_displs},
+          {"transfers", transfers}, {"ranks", ranks}, {"total_bytes", comm.totalBytes()}};
+}
+
+nlohmann::json toJson(const ShardMetrics& m) {
+  using nlohmann::json;
+  json ranks = json::array();
+  for (const RankMetrics& r : m.ranks)
+    ranks.push_back({{"tokens", r.tokens}, {"kv_tokens", r.kv_tokens},
+                     {"attn_flops_fwd", r.attn_flops_fwd}, {"attn_flops_bwd", r.attn_flops_bwd},
+                     {"attn_seconds_fwd", r.attn_seconds_fwd},
+                     {"attn_seconds_bwd", r.attn_seconds_bwd},
+                     {"linear_seconds", r.linear_seconds}, {"comm_seconds", r.comm_seconds},
+                     {"kv_bytes", r.kv_bytes}, {"latency", r.latency()}});
+  return {{"strategy", m.strategy}, {"requested", m.requested}, {"comm", m.comm}, {"cp", m.cp},
+          {"total_tokens", m.total_tokens}, {"imbalance_attn", m.imbalance_attn},
+          {"imbalance_tokens", m.imbalance_tokens}, {"imbalance_latency", m.imbalance_latency},
+          {"max_attn_seconds", m.max_attn_seconds}, {"max_latency", m.max_latency},
+          {"kv_bytes_total", m.kv_bytes_total}, {"kv_bytes_max", m.kv_bytes_max},
+          {"ranks", ranks}};
+}
+
+}  // namespace wlb::cp

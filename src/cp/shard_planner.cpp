@@ -1,0 +1,480 @@
+/// \file shard_planner.cpp
+/// \brief CP shard planners (ALGORITHMS.md §2; choices in docs/cp.md) and the layout
+/// finalisation shared by every strategy.
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+
+#include "core/error.hpp"
+#include "cp/shard_plan.hpp"
+#include "model/cost_model.hpp"
+
+namespace wlb::cp {
+
+// ---- names --------------------------------------------------------------------------
+
+const char* strategyName(Strategy s) {
+  switch (s) {
+    case Strategy::PerSequence: return "per_sequence";
+    case Strategy::PerDocument: return "per_document";
+    case Strategy::Adaptive: return "adaptive";
+    case Strategy::WholeDocument: return "whole_document";
+    case Strategy::Hybrid: return "hybrid";
+  }
+  return "?";
+}
+
+std::vector<Strategy> allStrategies() {
+  return {Strategy::PerSequence, Strategy::PerDocument, Strategy::Adaptive,
+          Strategy::WholeDocument, Strategy::Hybrid};
+}
+
+Strategy parseStrategy(const std::string& name) {
+  for (Strategy s : allStrategies())
+    if (name == strategyName(s)) return s;
+  throw InputError("unknown CP sharding strategy '" + name +
+                   "' (allowed: per_sequence, per_document, adaptive, whole_document, hybrid)");
+}
+
+const char* commModeName(CommMode m) {
+  return m == CommMode::AllGather ? "allgather" : "sharding_aware";
+}
+
+CommMode parseCommMode(const std::string& name) {
+  if (name == "allgather") return CommMode::AllGather;
+  if (name == "sharding_aware") return CommMode::ShardingAware;
+  throw InputError("unknown CP communication mode '" + name +
+                   "' (allowed: allgather, sharding_aware)");
+}
+
+namespace {
+
+/// A query range before layout: rank r holds [q_offset, q_offset+q_len) of segment seg.
+struct Raw {
+  int rank;
+  std::int32_t seg;
+  std::int64_t q_offset, q_len;
+};
+
+struct SegInfo {
+  std::vector<std::int64_t> begin, len;
+  std::int64_t total = 0;
+};
+
+SegInfo segInfo(const MicroBatch& mb) {
+  SegInfo s;
+  s.begin.reserve(mb.segments.size());
+  s.len.reserve(mb.segments.size());
+  for (const auto& seg : mb.segments) {
+    if (seg.length < 0) throw InputError("segment of document " + std::to_string(seg.doc) +
+                                         " has negative length");
+    s.begin.push_back(s.total);
+    s.len.push_back(seg.length);
+    s.total += seg.length;
+  }
+  return s;
+}
+
+/// Turn raw ranges into the full plan: merged pieces in packed order, local buffer
+/// offsets, KV blocks and runs, and (optionally) the packed -> (rank, local) maps.
+ShardPlan finalize(const MicroBatch& mb, const SegInfo& si, std::vector<Raw> raws, int cp,
+                   const std::string& strategy, const std::string& requested,
+                   bool with_maps) {
+  ShardPlan plan;
+  plan.strategy = strategy;
+  plan.requested = requested;
+  plan.cp = cp;
+  plan.total_tokens = si.total;
+  plan.seg_begin = si.begin;
+  plan.seg_len = si.len;
+  plan.ranks.assign(static_cast<std::size_t>(cp), RankShard{});
+
+  raws.erase(std::remove_if(raws.begin(), raws.end(), [](const Raw& r) { return r.q_len <= 0; }),
+             raws.end());
+  std::sort(raws.begin(), raws.end(), [&](const Raw& a, const Raw& b) {
+    const auto pa = si.begin[a.seg] + a.q_offset, pb = si.begin[b.seg] + b.q_offset;
+    if (a.rank != b.rank) return a.rank < b.rank;
+    return pa < pb;
+  });
+  // Merge contiguous ranges of one segment on one rank; lay out local buffers.
+  for (const Raw& r : raws) {
+    RankShard& rs = plan.ranks[r.rank];
+    if (!rs.pieces.empty()) {
+      Piece& last = rs.pieces.back();
+      if (last.segment == r.seg && last.q_offset + last.q_len == r.q_offset) {
+        last.q_len += r.q_len;
+        rs.tokens += r.q_len;
+        continue;
+      }
+    }
+    Piece p;
+    p.segment = r.seg;
+    p.doc = mb.segments[r.seg].doc;
+    p.seg_begin = si.begin[r.seg];
+    p.seg_len = si.len[r.seg];
+    p.q_offset = r.q_offset;
+    p.q_len = r.q_len;
+    p.local_begin = rs.tokens;
+    rs.pieces.push_back(p);
+    rs.tokens += r.q_len;
+  }
+  // Pieces of each segment across ranks, by q_offset (for KV runs and `whole`).
+  struct Ref {
+    int rank;
+    std::size_t idx;
+  };
+  std::vector<std::vector<Ref>> by_seg(si.len.size());
+  for (int r = 0; r < cp; ++r)
+    for (std::size_t i = 0; i < plan.ranks[r].pieces.size(); ++i)
+      by_seg[plan.ranks[r].pieces[i].segment].push_back({r, i});
+  for (auto& v : by_seg)
+    std::sort(v.begin(), v.end(), [&](const Ref& a, const Ref& b) {
+      return plan.ranks[a.rank].pieces[a.idx].q_offset < plan.ranks[b.rank].pieces[b.idx].q_offset;
+    });
+  for (auto& v : by_seg)
+    if (v.size() == 1) plan.ranks[v[0].rank].pieces[v[0].idx].whole = true;
+
+  // KV blocks (one per segment with queries on the rank) and runs.
+  for (int r = 0; r < cp; ++r) {
+    RankShard& rs = plan.ranks[r];
+    std::size_t i = 0;
+    while (i < rs.pieces.size()) {
+      const std::int32_t seg = rs.pieces[i].segment;
+      std::size_t j = i;
+      std::int64_t len = 0;
+      while (j < rs.pieces.size() && rs.pieces[j].segment == seg) {
+        len = std::max(len, rs.pieces[j].q_offset + rs.pieces[j].q_len);
+        ++j;
+      }
+      KvBlock b{seg, si.begin[seg], len, rs.kv_tokens};
+      for (std::size_t k = i; k < j; ++k) {
+        rs.pieces[k].kv_begin = b.kv_begin;
+        rs.pieces[k].kv_len = rs.pieces[k].q_offset + rs.pieces[k].q_len;
+      }
+      for (const Ref& ref : by_seg[seg]) {
+        const Piece& src = plan.ranks[ref.rank].pieces[ref.idx];
+        if (src.q_offset >= len) break;
+        const std::int64_t n = std::min(src.q_offset + src.q_len, len) - src.q_offset;
+        rs.kv_runs.push_back({ref.rank, src.local_begin, n, b.kv_begin + src.q_offset});
+      }
+      rs.kv_blocks.push_back(b);
+      rs.kv_tokens += len;
+      i = j;
+    }
+  }
+  if (with_maps) {
+    plan.owner.assign(static_cast<std::size_t>(si.total), -1);
+    plan.local_index.assign(static_cast<std::size_t>(si.total), -1);
+    for (int r = 0; r < cp; ++r)
+      for (const Piece& p : plan.ranks[r].pieces)
+        for (std::int64_t t = 0; t < p.q_len; ++t) {
+          plan.owner[p.packedBegin() + t] = r;
+          plan.local_index[p.packedBegin() + t] = p.local_begin + t;
+        }
+  }
+  return plan;
+}
+
+// ---- strategies on raw ranges -------------------------------------------------------
+
+std::vector<Raw> rawPerSequence(const SegInfo& si, int cp) {
+  std::vector<Raw> out;
+  const std::int64_t chunks = 2 * static_cast<std::int64_t>(cp);
+  const std::int64_t q = si.total / chunks, rem = si.total % chunks;
+  std::size_t seg = 0;
+  std::int64_t pos = 0;
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    // Extra tokens go first to every rank's first chunk, then to second chunks, so rank
+    // token counts differ by at most one.
+    const std::int64_t r = c < cp ? c : chunks - 1 - c;
+    const bool extra = c < cp ? r < rem : r < rem - cp;
+    std::int64_t left = q + (extra ? 1 : 0);
+    while (left > 0) {
+      while (seg < si.len.size() && pos >= si.begin[seg] + si.len[seg]) ++seg;
+      const std::int64_t seg_end = si.begin[seg] + si.len[seg];
+      const std::int64_t n = std::min(left, seg_end - pos);
+      out.push_back({static_cast<int>(r), static_cast<std::int32_t>(seg), pos - si.begin[seg], n});
+      pos += n;
+      left -= n;
+    }
+  }
+  return out;
+}
+
+/// Per-document split of one segment: 2C floor pieces (rank r: pieces r, 2C-1-r), the
+/// d - 2C*e tail tokens dealt one each to ranks counter, counter+1, ... (mod C).
+void rawPerDocumentSegment(const SegInfo& si, std::int32_t s, int cp, std::int64_t& counter,
+                           std::vector<Raw>& out) {
+  const std::int64_t d = si.len[s], chunks = 2 * static_cast<std::int64_t>(cp);
+  const std::int64_t e = d / chunks;
+  if (e > 0)
+    for (std::int64_t j = 0; j < chunks; ++j)
+      out.push_back({static_cast<int>(j < cp ? j : chunks - 1 - j), s, j * e, e});
+  for (std::int64_t t = chunks * e; t < d; ++t) {
+    out.push_back({static_cast<int>(counter % cp), s, t, 1});
+    ++counter;
+  }
+}
+
+std::vector<Raw> rawPerDocument(const SegInfo& si, int cp) {
+  std::vector<Raw> out;
+  std::int64_t counter = 0;
+  for (std::size_t s = 0; s < si.len.size(); ++s)
+    rawPerDocumentSegment(si, static_cast<std::int32_t>(s), cp, counter, out);
+  return out;
+}
+
+/// Compute load of one query range (fwd+bwd attention + linear seconds).
+double rangeWork(const model::CostModel& cost, std::int64_t q0, std::int64_t q) {
+  using model::Phase;
+  return cost.attnSeconds(q0, q, Phase::Fwd) + cost.attnSeconds(q0, q, Phase::Bwd) +
+         cost.linearSeconds(q, Phase::Fwd) + cost.linearSeconds(q, Phase::Bwd);
+}
+
+/// Whole-document assignment of `segs` (LPT on fwd+bwd compute seconds, heaviest first,
+/// each to the least-loaded rank with room under `cap` tokens). Segments that fit on no
+/// rank are per-document sharded over all ranks (counter carried). `load`/`tokens` hold
+/// the ranks' state on entry (e.g. from hybrid's sharded part) and are updated.
+/// Returns the number of fallback segments.
+int assignWhole(const SegInfo& si, std::vector<std::int32_t> segs, int cp, std::int64_t cap,
+                const model::CostModel& cost, std::vector<double>& load,
+                std::vector<std::int64_t>& tokens, std::int64_t& counter,
+                std::vector<Raw>& out) {
+  std::vector<double> w(segs.size());
+  for (std::size_t i = 0; i < segs.size(); ++i) w[i] = rangeWork(cost, 0, si.len[segs[i]]);
+  std::vector<std::size_t> order(segs.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    if (w[a] != w[b]) return w[a] > w[b];
+    return si.len[segs[a]] > si.len[segs[b]];
+  });
+  int fallback = 0;
+  for (std::size_t oi : order) {
+    const std::int32_t s = segs[oi];
+    const std::int64_t d = si.len[s];
+    if (d == 0) continue;
+    int best = -1;
+    for (int r = 0; r < cp; ++r)
+      if (tokens[r] + d <= cap && (best < 0 || load[r] < load[best])) best = r;
+    if (best >= 0) {
+      out.push_back({best, s, 0, d});
+      load[best] += w[oi];
+      tokens[best] += d;
+      continue;
+    }
+    ++fallback;
+    std::vector<Raw> part;
+    rawPerDocumentSegment(si, s, cp, counter, part);
+    for (const Raw& r : part) {
+      load[r.rank] += rangeWork(cost, r.q_offset, r.q_len);
+      tokens[r.rank] += r.q_len;
+      out.push_back(r);
+    }
+  }
+  return fallback;
+}
+
+std::int64_t capacityTokens(const SegInfo& si, int cp, const CpConfig& cfg) {
+  const double f = std::max(1.0, cfg.capacity_factor);
+  return static_cast<std::int64_t>(std::ceil(f * static_cast<double>(si.total) / cp));
+}
+
+double maxAttnSeconds(const ShardPlan& plan, const model::CostModel& cost) {
+  double m = 0;
+  for (const RankShard& rs : plan.ranks) {
+    double s = 0;
+    for (const Piece& p : rs.pieces)
+      s += cost.attnSeconds(p.q_offset, p.q_len, model::Phase::Fwd) +
+           cost.attnSeconds(p.q_offset, p.q_len, model::Phase::Bwd);
+    m = std::max(m, s);
+  }
+  return m;
+}
+
+/// Hybrid candidate counts k: every k up to 32, then geometric steps (x1.5) up to n.
+std::vector<std::size_t> hybridCandidates(std::size_t n) {
+  std::vector<std::size_t> ks;
+  for (std::size_t k = 0; k <= std::min<std::size_t>(n, 32); ++k) ks.push_back(k);
+  std::size_t k = 32;
+  while (k < n) {
+    k = std::min(n, std::max(k + 1, k * 3 / 2));
+    ks.push_back(k);
+  }
+  return ks;
+}
+
+}  // namespace
+
+// ---- entry points ---------------------------------------------------------------------
+
+ShardPlan planShards(const MicroBatch& mb, Strategy strategy, int cp,
+                     const model::CostModel& cost, const CpConfig& cfg) {
+  if (cp < 1) throw InputError("CP degree must be >= 1 (got " + std::to_string(cp) + ")");
+  const SegInfo si = segInfo(mb);
+  const std::string req = strategyName(strategy);
+  switch (strategy) {
+    case Strategy::PerSequence:
+      return finalize(mb, si, rawPerSequence(si, cp), cp, "per_sequence", req, true);
+    case Strategy::PerDocument:
+      return finalize(mb, si, rawPerDocument(si, cp), cp, "per_document", req, true);
+    case Strategy::Adaptive: {
+      ShardPlan a = finalize(mb, si, rawPerSequence(si, cp), cp, "per_sequence", req, true);
+      ShardPlan b = finalize(mb, si, rawPerDocument(si, cp), cp, "per_document", req, true);
+      // Ties go to per_document (exactly balanced work, less KV to move).
+      return maxAttnSeconds(a, cost) < maxAttnSeconds(b, cost) ? a : b;
+    }
+    case Strategy::WholeDocument: {
+      std::vector<std::int32_t> segs(si.len.size());
+      std::iota(segs.begin(), segs.end(), 0);
+      std::vector<double> load(cp, 0.0);
+      std::vector<std::int64_t> tokens(cp, 0);
+      std::int64_t counter = 0;
+      std::vector<Raw> raws;
+      const int fb = assignWhole(si, segs, cp, capacityTokens(si, cp, cfg), cost, load, tokens,
+                                 counter, raws);
+      ShardPlan p = finalize(mb, si, std::move(raws), cp, "whole_document", req, true);
+      p.sharded_segments = fb;
+      return p;
+    }
+    case Strategy::Hybrid: {
+      const CommMode mode = parseCommMode(cfg.comm);
+      const std::int64_t cap = capacityTokens(si, cp, cfg);
+      std::vector<std::int32_t> by_len(si.len.size());
+      std::iota(by_len.begin(), by_len.end(), 0);
+      std::stable_sort(by_len.begin(), by_len.end(),
+                       [&](std::int32_t a, std::int32_t b) { return si.len[a] > si.len[b]; });
+      // Empty segments carry no work; never count them as sharding candidates.
+      std::size_t n = 0;
+      while (n < by_len.size() && si.len[by_len[n]] > 0) ++n;
+      double best_cost = std::numeric_limits<double>::infinity();
+      std::vector<Raw> best_raws;
+      int best_k = 0;
+      for (std::size_t k : hybridCandidates(n)) {
+        std::vector<Raw> raws;
+        std::vector<double> load(cp, 0.0);
+        std::vector<std::int64_t> tokens(cp, 0);
+        std::int64_t counter = 0;
+        for (std::size_t i = 0; i < k; ++i) {
+          std::vector<Raw> part;
+          rawPerDocumentSegment(si, by_len[i], cp, counter, part);
+          for (const Raw& r : part) {
+            load[r.rank] += rangeWork(cost, r.q_offset, r.q_len);
+            tokens[r.rank] += r.q_len;
+            raws.push_back(r);
+          }
+        }
+        std::vector<std::int32_t> rest(by_len.begin() + static_cast<std::ptrdiff_t>(k),
+                                       by_len.end());
+        const int fb = assignWhole(si, rest, cp, cap, cost, load, tokens, counter, raws);
+        ShardPlan cand = finalize(mb, si, raws, cp, "hybrid", req, false);
+        const CommPlan comm = planComm(cand, mode, cost);
+        const ShardMetrics m = computeMetrics(cand, comm, cost);
+        if (m.max_latency < best_cost * (1.0 - 1e-12)) {
+          best_cost = m.max_latency;
+          best_raws = std::move(raws);
+          best_k = static_cast<int>(k) + fb;
+        }
+      }
+      ShardPlan p = finalize(mb, si, std::move(best_raws), cp, "hybrid", req, true);
+      p.sharded_segments = best_k;
+      return p;
+    }
+  }
+  throw std::logic_error("unreachable strategy");
+}
+
+ShardPlan planShards(const MicroBatch& mb, const std::string& strategy, int cp,
+                     const model::CostModel& cost, const CpConfig& cfg) {
+  return planShards(mb, parseStrategy(strategy), cp, cost, cfg);
+}
+
+// ---- validation and layout helpers ------------------------------------------------------
+
+namespace {
+void check(bool ok, const std::string& what) {
+  if (!ok) throw std::logic_error("invalid shard plan: " + what);
+}
+}  // namespace
+
+void validatePlan(const ShardPlan& plan, const MicroBatch& mb) {
+  const SegInfo si = segInfo(mb);
+  check(plan.cp >= 1 && static_cast<int>(plan.ranks.size()) == plan.cp, "rank count");
+  check(plan.total_tokens == si.total, "total tokens");
+  check(plan.seg_begin == si.begin && plan.seg_len == si.len, "segment table");
+  check(static_cast<std::int64_t>(plan.owner.size()) == si.total &&
+            static_cast<std::int64_t>(plan.local_index.size()) == si.total,
+        "map sizes");
+  std::vector<int> seen(static_cast<std::size_t>(si.total), 0);
+  for (int r = 0; r < plan.cp; ++r) {
+    const RankShard& rs = plan.ranks[r];
+    std::int64_t local = 0, prev_end = -1;
+    for (const Piece& p : rs.pieces) {
+      check(p.segment >= 0 && static_cast<std::size_t>(p.segment) < si.len.size(), "segment index");
+      check(p.doc == mb.segments[p.segment].doc, "piece doc");
+      check(p.seg_begin == si.begin[p.segment] && p.seg_len == si.len[p.segment], "piece segment");
+      check(p.q_len > 0 && p.q_offset >= 0 && p.q_offset + p.q_len <= p.seg_len, "piece range");
+      check(p.local_begin == local, "local buffer order");
+      check(p.packedBegin() >= prev_end, "ascending packed order");
+      check(p.kv_len == p.q_offset + p.q_len, "key range is the segment prefix");
+      check(p.kv_begin >= 0 && p.kv_begin + p.kv_len <= rs.kv_tokens, "kv range in buffer");
+      for (std::int64_t t = 0; t < p.q_len; ++t) {
+        const std::int64_t pos = p.packedBegin() + t;
+        ++seen[pos];
+        check(plan.owner[pos] == r && plan.local_index[pos] == local + t, "owner/local_index");
+      }
+      local += p.q_len;
+      prev_end = p.packedEnd();
+    }
+    check(local == rs.tokens, "rank token count");
+    // KV runs tile the buffer; every slot holds the packed token the blocks say.
+    std::int64_t kv = 0;
+    for (const KvRun& run : rs.kv_runs) {
+      check(run.kv_begin == kv && run.len > 0, "kv runs tile the buffer");
+      check(run.src >= 0 && run.src < plan.cp, "run source");
+      kv += run.len;
+    }
+    check(kv == rs.kv_tokens, "kv runs cover kv_tokens");
+    const std::vector<std::int64_t> kvpos = kvPackedPositions(plan, r);
+    for (const KvRun& run : rs.kv_runs)
+      for (std::int64_t i = 0; i < run.len; ++i) {
+        const std::int64_t pos = kvpos[run.kv_begin + i];
+        check(plan.owner[pos] == run.src && plan.local_index[pos] == run.src_local_begin + i,
+              "kv run source matches owner map");
+      }
+    for (const Piece& p : rs.pieces)
+      for (std::int64_t i = 0; i < p.kv_len; ++i)
+        check(kvpos[p.kv_begin + i] == p.seg_begin + i, "piece keys are the segment prefix");
+  }
+  for (std::int64_t t = 0; t < si.total; ++t) check(seen[t] == 1, "every token exactly once");
+}
+
+std::vector<std::int64_t> packedPositions(const ShardPlan& plan, int rank) {
+  const RankShard& rs = plan.ranks.at(rank);
+  std::vector<std::int64_t> out(static_cast<std::size_t>(rs.tokens));
+  for (const Piece& p : rs.pieces)
+    for (std::int64_t t = 0; t < p.q_len; ++t) out[p.local_begin + t] = p.packedBegin() + t;
+  return out;
+}
+
+std::vector<std::int64_t> kvPackedPositions(const ShardPlan& plan, int rank) {
+  const RankShard& rs = plan.ranks.at(rank);
+  std::vector<std::int64_t> out(static_cast<std::size_t>(rs.kv_tokens));
+  for (const KvBlock& b : rs.kv_blocks)
+    for (std::int64_t i = 0; i < b.len; ++i) out[b.kv_begin + i] = b.seg_begin + i;
+  return out;
+}
+
+std::vector<std::int64_t> allGatherKvIndex(const ShardPlan& plan, const CommPlan& comm, int rank) {
+  const RankShard& rs = plan.ranks.at(rank);
+  std::vector<std::int64_t> out(static_cast<std::size_t>(rs.kv_tokens));
+  for (const KvRun& run : rs.kv_runs)
+    for (std::int64_t i = 0; i < run.len; ++i)
+      out[run.kv_begin + i] = comm.gather_displs[run.src] + run.src_local_begin + i;
+  return out;
+}
+
+}  // namespace wlb::cp
