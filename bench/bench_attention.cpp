@@ -7,6 +7,7 @@
 #include <benchmark/benchmark.h>
 
 #include <Kokkos_Core.hpp>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -58,7 +59,9 @@ void BM_Attention(benchmark::State& state) {
   const int which = static_cast<int>(state.range(0)), D = static_cast<int>(state.range(1));
   const bool bwd = state.range(2) != 0;
   Data d(lengths(which), D);
-  att::KernelConfig cfg;
+  att::KernelConfig cfg;  // WLB_BENCH_TILE_Q / WLB_BENCH_TILE_K override the default tiles
+  if (const char* e = std::getenv("WLB_BENCH_TILE_Q")) cfg.tile_q = std::atoi(e);
+  if (const char* e = std::getenv("WLB_BENCH_TILE_K")) cfg.tile_k = std::atoi(e);
   ES space;
   att::forward(space, d.q, d.k, d.v, d.batch, d.o, d.lse, cfg);  // warm-up
   for (auto _ : state) {
