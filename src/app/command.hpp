@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/deck.hpp"
+#include "core/error.hpp"
 
 namespace wlb::app {
 

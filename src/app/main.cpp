@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <iostream>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "app/command.hpp"
 #include "core/error.hpp"
@@ -55,8 +57,13 @@ int worldSize() {
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int rc = 0;
+  // Kokkos sees only --kokkos-* arguments (so `wlb --help` is ours), CLI11 the rest.
+  std::vector<char*> kokkos_argv{argv[0]}, cli_argv{argv[0]};
+  for (int i = 1; i < argc; ++i)
+    (std::string(argv[i]).rfind("--kokkos-", 0) == 0 ? kokkos_argv : cli_argv).push_back(argv[i]);
+  int kokkos_argc = static_cast<int>(kokkos_argv.size());
   {
-    Kokkos::ScopeGuard kokkos(argc, argv);
+    Kokkos::ScopeGuard kokkos(kokkos_argc, kokkos_argv.data());
     const int rank = wlb::app::worldRank();
 
     CLI::App app{"wlb — workload-balanced 4D-parallel LLM training: plan, run, simulate, analyse"};
@@ -71,7 +78,7 @@ int main(int argc, char** argv) {
     }
 
     try {
-      app.parse(argc, argv);
+      app.parse(static_cast<int>(cli_argv.size()), cli_argv.data());
       if (show_version) {
         if (rank == 0) std::cout << wlb::versionReport();
       } else if (app.get_subcommands().empty()) {
@@ -87,7 +94,7 @@ int main(int argc, char** argv) {
       if (rc != 0) rc = wlb::kExitBadInput;
     } catch (const wlb::InputError& e) {
       if (!e.collective() || rank == 0) {
-        if (e.collective()) std::fprintf(stderr, "wlb: error: %s\n", e.what());
+        if (e.collective() || wlb::app::worldSize() == 1) std::fprintf(stderr, "wlb: error: %s\n", e.what());
         else std::fprintf(stderr, "wlb: error (rank %d): %s\n", rank, e.what());
       }
       rc = wlb::kExitBadInput;

@@ -1,0 +1,40 @@
+// `wlb validate DECK`: full validation; prints the resolved deck; writes nothing.
+#include <iostream>
+
+#include "app/command.hpp"
+#include "core/deck_schema.hpp"
+
+namespace {
+struct Opts {
+  wlb::app::DeckArgs deck;
+  bool reference = false;
+  bool cases = false;
+};
+
+const bool registered = wlb::app::registerCommand(
+    "validate", "Validate a deck and print it fully resolved (writes nothing)", [](CLI::App& sub) {
+      auto o = std::make_shared<Opts>();
+      wlb::app::addDeckArgs(sub, o->deck, /*optional=*/true);
+      sub.add_flag("--reference", o->reference, "Print the reference of every deck key (Markdown) and exit");
+      sub.add_flag("--cases", o->cases, "Also print every case of the deck's [sweep]");
+      return [o]() -> int {
+        if (wlb::app::worldRank() != 0) {
+          if (!o->reference) (void)o->deck.load();  // same validation (and exit code) everywhere
+          return 0;
+        }
+        if (o->reference) {
+          std::cout << wlb::deckReferenceMarkdown();
+          return 0;
+        }
+        if (o->deck.path.empty()) throw wlb::InputError("validate: a DECK argument is required");
+        const wlb::Deck deck = o->deck.load();
+        std::cout << "# " << deck.source_path << ": valid\n" << deck.toToml();
+        if (o->cases) {
+          const auto cases = wlb::expandSweep(deck);
+          std::cout << "\n# " << cases.size() << " sweep case(s)\n";
+          for (const auto& c : cases) std::cout << "#   " << c.output.dir << "\n";
+        }
+        return 0;
+      };
+    });
+}  // namespace
