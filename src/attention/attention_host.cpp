@@ -199,12 +199,21 @@ float* scratch(std::size_t floats) {
   static thread_local Scratch s;
   return s.get(floats);
 }
+struct Workspaces {
+  Scratch slot[8];
+};
+
 std::size_t round16(std::size_t n) { return (n + 15) / 16 * 16; }
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 }  // namespace
+
+float* workspace(int slot, std::size_t floats) {
+  static thread_local Workspaces w;
+  return w.slot[slot].get(floats == 0 ? 16 : floats);
+}
 
 void packKeyTile(const Args& a, std::int64_t piece, std::int64_t kt, int hk) {
   const PieceRange& pr = a.pieces[piece];
@@ -320,6 +329,7 @@ void packQueryTile(const Args& a, std::int64_t piece, std::int64_t qt, int h) {
   float* dot = a.dOT + blk * D * TQ;
   float* lse2 = a.LSE2 + blk * TQ;
   float* dlt = a.DLT + blk * TQ;
+  std::memset(a.dQT + blk * D * TQ, 0, sizeof(float) * D * TQ);  // accumulated later
   for (std::int64_t r = 0; r < TQ; ++r) {
     if (r < rows) {
       const std::int64_t t = pr.q_begin + q0 + r;

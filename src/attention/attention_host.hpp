@@ -6,6 +6,7 @@
 /// public API; compiled only where WLB_ATTN_HOST_SIMD is 1 (GCC/Clang host compilers, not
 /// nvcc/hipcc device compilation). Layout and algorithm: docs/attention.md.
 
+#include <cstddef>
 #include <cstdint>
 
 #include "attention/attention.hpp"
@@ -54,6 +55,10 @@ struct Args {
 };
 
 #if WLB_ATTN_HOST_SIMD
+/// Uninitialised 64-byte-aligned workspace number `slot` (0..7) of the calling thread, at
+/// least `floats` long; cached across calls (grows, never shrinks) so repeated kernel calls
+/// pay no allocation or page faults. Valid until the same thread asks for the slot again.
+float* workspace(int slot, std::size_t floats);
 /// Pack K^T of key tile `kt` of `piece` for kv head `hk` into KT (zero-padded).
 void packKeyTile(const Args& a, std::int64_t piece, std::int64_t kt, int hk);
 /// Forward of one query tile of one piece for head h (writes o_out, lse_out).

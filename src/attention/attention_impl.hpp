@@ -286,10 +286,10 @@ void forwardHost(const ExecSpace& space, typename Views<ExecSpace>::In3 q,
                  typename Views<ExecSpace>::In3 k, typename Views<ExecSpace>::In3 v,
                  const VarlenBatch& b, typename Views<ExecSpace>::Out3 o,
                  typename Views<ExecSpace>::Out2 lse, const KernelConfig& cfg, Shape s) {
-  using mem = typename ExecSpace::memory_space;
   const HostOffsets offs(b, cfg);
-  Kokkos::View<float*, mem> KT("wlb::attention::fwd::KT",
-                               static_cast<std::size_t>(offs.nkblk * s.kv_heads * s.head_dim * cfg.tile_k));
+  // host workspaces: cached per calling thread, uninitialised (the packers write every
+  // element, padding included)
+  float* KT = host::workspace(0, static_cast<std::size_t>(offs.nkblk * s.kv_heads * s.head_dim * cfg.tile_k));
   host::Args a;
   a.q = q.data();
   a.k = k.data();
@@ -314,7 +314,7 @@ void forwardHost(const ExecSpace& space, typename Views<ExecSpace>::In3 q,
   a.nkblk = offs.nkblk;
   a.qb_off = offs.qb_off.data();
   a.nqblk = offs.nqblk;
-  a.KT = KT.data();
+  a.KT = KT;
   packKeys(space, a, b);
   const auto items = queryItems<ExecSpace>(b, cfg.tile_q);
   const std::int64_t n = static_cast<std::int64_t>(items.size() / 2);
@@ -335,17 +335,17 @@ void backwardHost(const ExecSpace& space, typename Views<ExecSpace>::In3 q,
                   typename Views<ExecSpace>::In3 dO, const VarlenBatch& b,
                   typename Views<ExecSpace>::Out3 dq, typename Views<ExecSpace>::Out3 dk,
                   typename Views<ExecSpace>::Out3 dv, const KernelConfig& cfg, Shape s) {
-  using mem = typename ExecSpace::memory_space;
   const HostOffsets offs(b, cfg);
   const std::size_t D = static_cast<std::size_t>(s.head_dim);
   const std::size_t nq_el = static_cast<std::size_t>(offs.nqblk) * s.heads * cfg.tile_q;
-  Kokkos::View<float*, mem> KT("wlb::attention::bwd::KT",
-                               static_cast<std::size_t>(offs.nkblk * s.kv_heads) * D * cfg.tile_k);
-  Kokkos::View<float*, mem> QT("wlb::attention::bwd::QT", nq_el * D);
-  Kokkos::View<float*, mem> dOT("wlb::attention::bwd::dOT", nq_el * D);
-  Kokkos::View<float*, mem> dQT("wlb::attention::bwd::dQT", nq_el * D);
-  Kokkos::View<float*, mem> LSE2("wlb::attention::bwd::LSE2", nq_el);
-  Kokkos::View<float*, mem> DLT("wlb::attention::bwd::DLT", nq_el);
+  // cached, uninitialised host workspaces (packers write every element; dQT is zeroed
+  // block by block in packQueryTile)
+  float* KT = host::workspace(0, static_cast<std::size_t>(offs.nkblk * s.kv_heads) * D * cfg.tile_k);
+  float* QT = host::workspace(1, nq_el * D);
+  float* dOT = host::workspace(2, nq_el * D);
+  float* dQT = host::workspace(3, nq_el * D);
+  float* LSE2 = host::workspace(4, nq_el);
+  float* DLT = host::workspace(5, nq_el);
   host::Args a;
   a.q = q.data();
   a.k = k.data();
@@ -378,12 +378,12 @@ void backwardHost(const ExecSpace& space, typename Views<ExecSpace>::In3 q,
   a.nkblk = offs.nkblk;
   a.qb_off = offs.qb_off.data();
   a.nqblk = offs.nqblk;
-  a.KT = KT.data();
-  a.QT = QT.data();
-  a.dOT = dOT.data();
-  a.dQT = dQT.data();
-  a.LSE2 = LSE2.data();
-  a.DLT = DLT.data();
+  a.KT = KT;
+  a.QT = QT;
+  a.dOT = dOT;
+  a.dQT = dQT;
+  a.LSE2 = LSE2;
+  a.DLT = DLT;
   packKeys(space, a, b);
   const auto items = queryItems<ExecSpace>(b, cfg.tile_q);
   const std::int64_t n = static_cast<std::int64_t>(items.size() / 2);
