@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The wlb driver end to end: help, version, validate, bad decks exit 2 naming the key,
+# and a mesh/world-size mismatch exits 2 on every rank with one message.
+set -u
+WLB=$1
+SRC=$2
+fail() { echo "FAIL: $*"; exit 1; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+"$WLB" --help | grep -q "validate" || fail "--help lists no subcommands"
+"$WLB" validate --help | grep -q -- "--set" || fail "validate --help lacks --set"
+"$WLB" --version | grep -q "Kokkos" || fail "--version lacks Kokkos"
+"$WLB" --version | grep -q "HDF5" || fail "--version lacks HDF5"
+
+"$WLB" validate "$SRC/inputs/quickstart.toml" > "$tmp/out" || fail "quickstart deck invalid"
+grep -q "head_dim = 64" "$tmp/out" || fail "resolved deck lacks derived head_dim"
+
+printf '[model]\nhidden = 256\n[mesh]\ncpp = 2\n' > "$tmp/typo.toml"
+"$WLB" validate "$tmp/typo.toml" > "$tmp/out" 2> "$tmp/err"; rc=$?
+[ "$rc" = 2 ] || fail "typo deck exit $rc, wanted 2"
+grep -q "typo.toml:4: unknown key 'cpp' in table \[mesh\] (did you mean 'cp'?)" "$tmp/err" || fail "typo message: $(cat "$tmp/err")"
+[ ! -s "$tmp/out" ] || fail "bad deck printed output"
+
+"$WLB" validate "$SRC/inputs/quickstart.toml" --set mesh.cp=0 2> "$tmp/err" >/dev/null; rc=$?
+[ "$rc" = 2 ] || fail "--set out of range exit $rc"
+grep -q "mesh.cp" "$tmp/err" || fail "--set message lacks key"
+
+"$WLB" validate "$tmp/missing.toml" 2> "$tmp/err"; rc=$?
+[ "$rc" = 2 ] || fail "missing deck exit $rc"
+
+# Mesh needs 2 ranks; launch 3: exit 2, exactly one error line.
+mpiexec -n 3 "$WLB" mesh "$SRC/inputs/quickstart.toml" > "$tmp/out" 2> "$tmp/err"; rc=$?
+[ "$rc" = 2 ] || fail "mesh mismatch exit $rc, wanted 2"
+n=$(grep -c "wlb: error: mesh" "$tmp/err")
+[ "$n" = 1 ] || fail "mesh mismatch printed $n error lines: $(cat "$tmp/err")"
+
+mpiexec -n 2 "$WLB" mesh "$SRC/inputs/quickstart.toml" > "$tmp/out" || fail "2-rank mesh failed"
+grep -q "tp=1 cp=2 pp=1 dp=1" "$tmp/out" || fail "mesh output: $(cat "$tmp/out")"
+echo "driver CLI tests passed"
