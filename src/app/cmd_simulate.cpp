@@ -1,0 +1,306 @@
+// `wlb simulate DECK... [--steps N] [--out DIR] [--trace FILE]`: predict 4D training steps
+// with the DAG simulator (docs/simulator.md) for every case of every deck ([sweep] lists
+// expand to cases; a `.list` file names decks, one per line) and compare strategies on the
+// same length stream: plain, fixed, wlb and the PP-only / CP-only breakdown. Every rank
+// computes the same (cheap, deterministic) result; only rank 0 prints and writes.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include "app/command.hpp"
+#include "core/error.hpp"
+#include "cp/shard_plan.hpp"
+#include "data/length_source.hpp"
+#include "model/cost_model.hpp"
+#include "packing/packer.hpp"
+#include "pp/simulator.hpp"
+#include "trace/recorder.hpp"
+#include "trace/writer.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Opts {
+  wlb::app::DeckArgs deck;
+  std::vector<std::string> more_decks;
+  std::int64_t steps = -1;
+  std::string out, trace;
+  std::vector<std::string> strategies;
+};
+
+/// Strategies compared when the deck names none: the paper's three plus the breakdown.
+const std::vector<std::pair<std::string, std::string>> kDefault = {
+    {"plain", "plain"},
+    {"fixed", "fixed"},
+    {"wlb", "wlb"},
+    {"pp-only", "wlb+per_sequence"},     // WLB packing, baseline CP sharding
+    {"cp-only", "original+adaptive"}};  // baseline packing, WLB CP sharding
+
+std::string displayName(const std::string& s) {
+  for (const auto& [label, spec] : kDefault)
+    if (spec == s) return label;
+  return s;
+}
+
+struct Row {
+  std::string case_name, mesh, model, strategy, packer, sharding;
+  std::int64_t window = 0, steps = 0;
+  double step_s = 0, speedup = 1, bubble = 0, idle = 0, grad_s = 0, tokens_per_s = 0;
+  std::vector<double> peak_gb;
+  bool fits = true;
+};
+
+std::vector<std::string> expandDeckPaths(const std::vector<std::string>& paths) {
+  std::vector<std::string> out;
+  for (const auto& p : paths) {
+    if (p.size() > 5 && p.substr(p.size() - 5) == ".list") {
+      std::ifstream in(p);
+      if (!in) throw wlb::InputError("cannot open deck list '" + p + "'", true);
+      std::string line;
+      while (std::getline(in, line)) {
+        const auto hash = line.find('#');
+        if (hash != std::string::npos) line.erase(hash);
+        line.erase(0, line.find_first_not_of(" \t\r"));
+        line.erase(line.find_last_not_of(" \t\r") + 1);
+        if (line.empty()) continue;
+        fs::path d(line);
+        if (d.is_relative()) d = fs::path(p).parent_path() / d;
+        out.push_back(d.string());
+      }
+    } else {
+      out.push_back(p);
+    }
+  }
+  return out;
+}
+
+std::string caseName(const std::string& path, const wlb::Deck& c, bool sweep) {
+  std::string n = fs::path(path).stem().string();
+  if (sweep) {
+    // expandSweep appends "/<key-value_...>" to output.dir; reuse that suffix.
+    const auto slash = c.output.dir.find_last_of('/');
+    if (slash != std::string::npos) n += ":" + c.output.dir.substr(slash + 1);
+  }
+  return n;
+}
+
+void writeAtomic(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp-" + std::to_string(::getpid());
+  {
+    std::ofstream o(tmp, std::ios::binary);
+    if (!o) throw wlb::InputError("cannot write '" + tmp.string() + "'");
+    o << text;
+    if (!o.flush()) throw wlb::InputError("cannot write '" + tmp.string() + "'");
+  }
+  fs::rename(tmp, path);
+}
+
+std::string traceName(const std::string& trace, std::size_t idx, std::size_t n) {
+  if (n <= 1) return trace;
+  fs::path p(trace);
+  return (p.parent_path() / (p.stem().string() + "." + std::to_string(idx) + p.extension().string())).string();
+}
+
+int run(const Opts& o) {
+  const int rank = wlb::app::worldRank();
+  std::vector<std::string> paths{o.deck.path};
+  paths.insert(paths.end(), o.more_decks.begin(), o.more_decks.end());
+  paths = expandDeckPaths(paths);
+
+  // Load and expand everything first: bad input fails before any output.
+  struct Case {
+    std::string name;
+    wlb::Deck deck;
+  };
+  std::vector<Case> cases;
+  for (const auto& p : paths) {
+    const wlb::Deck deck = wlb::loadDeck(p, o.deck.overrides);
+    const auto expanded = wlb::expandSweep(deck);
+    for (const auto& c : expanded) cases.push_back({caseName(p, c, !deck.sweep.empty()), c});
+  }
+  if (o.steps == 0 || o.steps < -1) throw wlb::InputError("--steps must be >= 1", true);
+  // Validate every case (profile, schedule, strategies) before any output is written.
+  for (const Case& cs : cases) {
+    wlb::Deck deck = cs.deck;
+    if (!o.strategies.empty()) deck.run.strategies = o.strategies;
+    const wlb::model::CostModel cost = wlb::model::CostModel::fromDeck(deck);
+    const wlb::pp::StepSimulator sim(deck, cost);
+    (void)sim.schedule(static_cast<int>(wlb::data::microBatchesPerReplica(deck)));
+    for (const auto& pr : wlb::resolveStrategies(deck)) {
+      (void)wlb::packing::makePacker(pr.packer, deck, cost);
+      (void)wlb::cp::parseStrategy(pr.sharding);
+    }
+  }
+  if (!o.trace.empty() && rank == 0) {
+    const fs::path parent = fs::path(o.trace).parent_path();
+    if (!parent.empty()) fs::create_directories(parent);
+  }
+
+  std::vector<Row> rows;
+  const auto t_all = std::chrono::steady_clock::now();
+  for (std::size_t ci = 0; ci < cases.size(); ++ci) {
+    const Case& cs = cases[ci];
+    wlb::Deck deck = cs.deck;
+    // Strategy list: --strategies, else the deck's run.strategies, else the default five.
+    std::vector<std::pair<std::string, std::string>> names;
+    if (!o.strategies.empty()) {
+      for (const auto& s : o.strategies) names.push_back({displayName(s), s});
+    } else if (!deck.run.strategies.empty()) {
+      for (const auto& s : deck.run.strategies) names.push_back({displayName(s), s});
+    } else {
+      names = kDefault;
+    }
+    deck.run.strategies.clear();
+    for (const auto& n : names) deck.run.strategies.push_back(n.second);
+    const auto pairs = wlb::resolveStrategies(deck);
+    const std::int64_t steps = o.steps > 0 ? o.steps : deck.run.steps;
+    const std::int64_t warmup = steps > deck.run.warmup ? deck.run.warmup : 0;
+
+    const wlb::model::CostModel cost = wlb::model::CostModel::fromDeck(deck);
+    const wlb::pp::StepSimulator sim(deck, cost);
+    std::unique_ptr<wlb::trace::Recorder> rec;
+    std::unique_ptr<wlb::trace::Writer> writer;
+    if (!o.trace.empty()) {
+      rec = std::make_unique<wlb::trace::Recorder>();
+      wlb::trace::RunMeta meta;
+      meta.source = "simulated";
+      meta.deck_toml = deck.toToml();
+      meta.command = "wlb simulate";
+      meta.tp = static_cast<int>(deck.mesh.tp);
+      meta.cp = static_cast<int>(deck.mesh.cp);
+      meta.pp = static_cast<int>(deck.mesh.pp);
+      meta.dp = static_cast<int>(deck.mesh.dp);
+      meta.warmup = static_cast<int>(warmup);
+      meta.extra.push_back({"hardware_profile", cost.hardware().name});
+      if (rank == 0)
+        writer = std::make_unique<wlb::trace::Writer>(traceName(o.trace, ci, cases.size()), meta);
+    }
+    const std::string mesh = fmt::format("{}x{}x{}x{}", deck.mesh.tp, deck.mesh.cp, deck.mesh.pp, deck.mesh.dp);
+    std::size_t first_row = rows.size();
+    for (std::size_t si = 0; si < pairs.size(); ++si) {
+      const auto& pr = pairs[si];
+      auto src = wlb::data::makeLengthSource(deck);
+      auto packer = wlb::packing::makePacker(pr.packer, deck, cost);
+      if (rec) rec->setStrategy(names[si].first);
+      Row row;
+      row.case_name = cs.name;
+      row.mesh = mesh;
+      row.model = deck.model.name;
+      row.window = deck.data.context_window;
+      row.strategy = names[si].first;
+      row.packer = pr.packer;
+      row.sharding = pr.sharding;
+      row.peak_gb.assign(static_cast<std::size_t>(deck.mesh.pp), 0.0);
+      double t = 0, tokens = 0;
+      for (std::int64_t step = 0; step < steps; ++step) {
+        const auto docs = src->next(step);
+        const wlb::StepPlan plan = packer->pack(step, docs);
+        const auto r = sim.simulatePlan(plan, pr.sharding, deck.cp, rec.get(), static_cast<int>(step), t);
+        if (writer) writer->addPlan(names[si].first, plan);
+        t += r.step_seconds;
+        for (std::size_t s = 0; s < r.peak_bytes.size(); ++s)
+          row.peak_gb[s] = std::max(row.peak_gb[s], r.peak_bytes[s] / 1e9);
+        row.fits = row.fits && r.fits_memory;
+        if (step < warmup) continue;
+        ++row.steps;
+        row.step_s += r.step_seconds;
+        row.bubble += r.bubble_fraction;
+        row.idle += r.idle_fraction;
+        row.grad_s += r.grad_sync_seconds;
+        for (const auto& rep : plan.replicas)
+          for (const auto& mb : rep) tokens += static_cast<double>(mb.tokens());
+      }
+      const double n = static_cast<double>(std::max<std::int64_t>(row.steps, 1));
+      row.tokens_per_s = row.step_s > 0 ? tokens / row.step_s : 0;
+      row.step_s /= n;
+      row.bubble /= n;
+      row.idle /= n;
+      row.grad_s /= n;
+      rows.push_back(row);
+    }
+    // Speedup against plain (or the first strategy listed).
+    double base = rows[first_row].step_s;
+    for (std::size_t i = first_row; i < rows.size(); ++i)
+      if (rows[i].strategy == "plain") base = rows[i].step_s;
+    for (std::size_t i = first_row; i < rows.size(); ++i)
+      rows[i].speedup = rows[i].step_s > 0 ? base / rows[i].step_s : 0;
+    if (writer) writer->commit(*rec);
+  }
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_all).count();
+  if (rank != 0) return 0;
+
+  // Table.
+  std::size_t wc = 4, ws = 8;
+  for (const auto& r : rows) {
+    wc = std::max(wc, r.case_name.size());
+    ws = std::max(ws, r.strategy.size());
+  }
+  std::ostringstream os;
+  os << fmt::format("{:<{}}  {:<11} {:<{}} {:>10} {:>8} {:>7} {:>7} {:>9}  {}\n", "case", wc, "tp.cp.pp.dp",
+                    "strategy", ws, "step_s", "speedup", "bubble", "idle", "grad_s", "peak_GB/stage");
+  for (const auto& r : rows) {
+    std::string mem;
+    for (std::size_t s = 0; s < r.peak_gb.size(); ++s) mem += fmt::format("{}{:.1f}", s ? "/" : "", r.peak_gb[s]);
+    if (!r.fits) mem += " (exceeds memory)";
+    os << fmt::format("{:<{}}  {:<11} {:<{}} {:>10.4f} {:>7.2f}x {:>7.3f} {:>7.3f} {:>9.4f}  {}\n", r.case_name, wc,
+                      r.mesh, r.strategy, ws, r.step_s, r.speedup, r.bubble, r.idle, r.grad_s, mem);
+  }
+  os << fmt::format("# {} case(s); pp-only = wlb packing + per_sequence CP, cp-only = original packing + "
+                    "adaptive CP; step_s = mean predicted step time after warm-up; simulated in {:.2f} s\n",
+                    cases.size(), wall);
+  std::cout << os.str() << std::flush;
+
+  if (!o.out.empty()) {
+    fs::create_directories(o.out);
+    std::ostringstream csv;
+    csv << "case,mesh,model,context_window,strategy,packer,sharding,steps,step_seconds,speedup,"
+           "bubble_fraction,idle_fraction,grad_sync_seconds,tokens_per_second,peak_gb_per_stage,fits_memory\n";
+    nlohmann::json j = nlohmann::json::array();
+    for (const auto& r : rows) {
+      std::string mem;
+      for (std::size_t s = 0; s < r.peak_gb.size(); ++s) mem += fmt::format("{}{:.3f}", s ? ";" : "", r.peak_gb[s]);
+      csv << fmt::format("{},{},{},{},{},{},{},{},{:.6g},{:.4f},{:.4f},{:.4f},{:.6g},{:.6g},{},{}\n", r.case_name,
+                         r.mesh, r.model, r.window, r.strategy, r.packer, r.sharding, r.steps, r.step_s, r.speedup,
+                         r.bubble, r.idle, r.grad_s, r.tokens_per_s, mem, r.fits ? 1 : 0);
+      j.push_back({{"case", r.case_name}, {"mesh", r.mesh}, {"model", r.model}, {"context_window", r.window},
+                   {"strategy", r.strategy}, {"packer", r.packer}, {"sharding", r.sharding}, {"steps", r.steps},
+                   {"step_seconds", r.step_s}, {"speedup", r.speedup}, {"bubble_fraction", r.bubble},
+                   {"idle_fraction", r.idle}, {"grad_sync_seconds", r.grad_s}, {"tokens_per_second", r.tokens_per_s},
+                   {"peak_gb_per_stage", r.peak_gb}, {"fits_memory", r.fits}});
+    }
+    writeAtomic(fs::path(o.out) / "simulate.csv", csv.str());
+    writeAtomic(fs::path(o.out) / "simulate.json", j.dump(2) + "\n");
+  }
+  return 0;
+}
+
+const bool registered = wlb::app::registerCommand(
+    "simulate", "Predict 4D step time, bubbles and memory with the DAG simulator; compare strategies",
+    [](CLI::App& sub) {
+      auto opts = std::make_shared<Opts>();
+      wlb::app::addDeckArgs(sub, opts->deck);
+      sub.add_option("more", opts->more_decks, "More decks (or .list files naming decks) to simulate");
+      sub.add_option("--steps", opts->steps, "Steps per strategy (default: run.steps)");
+      sub.add_option("--out", opts->out, "Write simulate.csv and simulate.json into DIR")->type_name("DIR");
+      sub.add_option("--trace", opts->trace,
+                     "Write predicted events (trace schema, /meta/source = simulated) to FILE "
+                     "(FILE.<i>.h5 per case when there are several)")
+          ->type_name("FILE");
+      sub.add_option("--strategies", opts->strategies,
+                     "Strategies to compare (plain, fixed, wlb, PACKER+SHARDING); default: run.strategies, "
+                     "else plain, fixed, wlb, pp-only, cp-only")
+          ->delimiter(',');
+      return [opts]() -> int { return run(*opts); };
+    });
+
+}  // namespace
