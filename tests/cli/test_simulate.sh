@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# wlb simulate end to end: comparison table, sweep/list expansion, CSV/JSON and trace
+# outputs, exit 2 and no outputs on bad input. Usage: test_simulate.sh WLB_BINARY SOURCE_DIR
+set -u
+WLB="$1"
+SRC="$2"
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+# 1. Default comparison: five strategies, speedup column relative to plain.
+out="$("$WLB" simulate "$SRC/inputs/sim_small.toml" --steps 3 --out "$TMP/o" 2>&1)" || fail "simulate exited $?: $out"
+for s in plain fixed wlb pp-only cp-only; do
+  echo "$out" | grep -Eq "^sim_small +2x2x2x2 +$s " || fail "missing row $s: $out"
+done
+echo "$out" | grep -Eq "^sim_small +2x2x2x2 +plain +[0-9.]+ +1.00x" || fail "plain speedup not 1.00x: $out"
+[ -s "$TMP/o/simulate.csv" ] || fail "no simulate.csv"
+[ "$(wc -l < "$TMP/o/simulate.csv")" -eq 6 ] || fail "simulate.csv should have header + 5 rows"
+grep -q '"strategy": "wlb"' "$TMP/o/simulate.json" || fail "simulate.json lacks wlb"
+ls "$TMP/o" | grep -q tmp && fail "temporary file left behind"
+
+# 2. Schedules and recomputation through --set; trace written with the simulated source.
+for sched in gpipe 1f1b; do
+  "$WLB" simulate "$SRC/inputs/sim_small.toml" --steps 2 --strategies wlb \
+      --set pipeline.schedule=$sched --set pipeline.recompute=full > "$TMP/$sched.txt" 2>&1 \
+    || fail "schedule $sched failed: $(cat "$TMP/$sched.txt")"
+done
+"$WLB" simulate "$SRC/inputs/sim_small.toml" --steps 2 --strategies wlb --set pipeline.schedule=interleaved \
+    --set mesh.virtual_stages=2 --trace "$TMP/tr/sim.h5" > "$TMP/int.txt" 2>&1 || fail "interleaved: $(cat "$TMP/int.txt")"
+[ -s "$TMP/tr/sim.h5" ] || fail "no trace file"
+if command -v h5dump >/dev/null 2>&1; then
+  h5dump -a /meta/source "$TMP/tr/sim.h5" | grep -q simulated || fail "trace /meta/source is not simulated"
+fi
+
+# 3. Sweep expansion and deck lists: one row per case and strategy.
+cat > "$TMP/sweep.toml" <<TOML
+[model]
+hidden = 1024
+heads = 8
+kv_heads = 8
+ffn = 2816
+layers = 4
+[mesh]
+tp = 1
+cp = 2
+pp = 2
+dp = 1
+[data]
+context_window = 16384
+length_scale = 0.125
+[run]
+steps = 2
+warmup = 0
+strategies = ["plain", "wlb"]
+[sweep]
+"mesh.cp" = [1, 2]
+TOML
+printf '# two decks\nsweep.toml\n%s\n' "$SRC/inputs/sim_small.toml" > "$TMP/grid.list"
+out="$("$WLB" simulate "$TMP/grid.list" --steps 2 --strategies plain,wlb 2>&1)" || fail "list failed: $out"
+[ "$(echo "$out" | grep -Ec '^(sweep|sim_small)')" -eq 6 ] || fail "expected 6 rows (3 cases x 2): $out"
+
+# 4. Bad input: exit 2, message naming the key, nothing written.
+"$WLB" simulate "$SRC/inputs/sim_small.toml" --set pipeline.schedule=zigzag --out "$TMP/bad" > "$TMP/bad.txt" 2>&1
+rc=$?
+[ $rc -eq 2 ] || fail "bad schedule: exit $rc, expected 2"
+grep -q "schedule" "$TMP/bad.txt" || fail "error does not name the schedule: $(cat "$TMP/bad.txt")"
+[ -e "$TMP/bad" ] && fail "output written on error"
+"$WLB" simulate "$SRC/inputs/sim_small.toml" --set packing.micro_batches=3 --set pipeline.schedule=interleaved \
+    --set mesh.virtual_stages=2 --trace "$TMP/bad2/t.h5" > "$TMP/bad2.txt" 2>&1
+rc=$?
+[ $rc -eq 2 ] || fail "interleaved with M % pp != 0: exit $rc, expected 2"
+[ -e "$TMP/bad2" ] && fail "trace directory created on error"
+"$WLB" simulate "$TMP/missing.toml" > /dev/null 2>&1
+[ $? -eq 2 ] || fail "missing deck should exit 2"
+echo "PASS"
