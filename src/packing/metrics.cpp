@@ -106,6 +106,9 @@ void RunSummary::add(const StepMetrics& m) {
   documents += m.segments;
   imbalance_mean += m.imbalance;
   imbalance_attn_fwd_mean += m.imbalance_attn_fwd;
+  imbalance_attn_bwd_mean += m.imbalance_attn_bwd;
+  imbalance_total_fwd_mean += m.imbalance_total_fwd;
+  imbalance_total_bwd_mean += m.imbalance_total_bwd;
   imbalance_max = std::max(imbalance_max, m.imbalance);
   delay_token_sum_ += m.delay_mean * static_cast<double>(m.tokens);
   delay_max = std::max(delay_max, m.delay_max);
@@ -121,6 +124,9 @@ void RunSummary::finish() {
   const double n = static_cast<double>(steps);
   imbalance_mean /= n;
   imbalance_attn_fwd_mean /= n;
+  imbalance_attn_bwd_mean /= n;
+  imbalance_total_fwd_mean /= n;
+  imbalance_total_bwd_mean /= n;
   plan_us_mean /= n;
   tokens_max_over_mean /= n;
   delay_mean = tokens > 0 ? delay_token_sum_ / static_cast<double>(tokens) : 0.0;
@@ -129,6 +135,9 @@ void RunSummary::finish() {
 nlohmann::json RunSummary::toJson() const {
   return {{"steps", steps}, {"tokens", tokens}, {"segments", documents},
           {"imbalance_mean", imbalance_mean}, {"imbalance_attn_fwd_mean", imbalance_attn_fwd_mean},
+          {"imbalance_attn_bwd_mean", imbalance_attn_bwd_mean},
+          {"imbalance_total_fwd_mean", imbalance_total_fwd_mean},
+          {"imbalance_total_bwd_mean", imbalance_total_bwd_mean},
           {"imbalance_max", imbalance_max}, {"delay_mean", delay_mean}, {"delay_max", delay_max},
           {"plan_us_mean", plan_us_mean}, {"plan_us_max", plan_us_max},
           {"tokens_max_over_mean", tokens_max_over_mean}, {"max_gap", max_gap}};

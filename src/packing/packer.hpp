@@ -105,7 +105,9 @@ nlohmann::json toJson(const StepMetrics& m);
 /// Aggregate of many steps (means of per-step imbalance, token-weighted delay).
 struct RunSummary {
   std::int64_t steps = 0, tokens = 0, documents = 0;
-  double imbalance_mean = 0, imbalance_attn_fwd_mean = 0, imbalance_max = 0;
+  double imbalance_mean = 0, imbalance_max = 0;
+  double imbalance_attn_fwd_mean = 0, imbalance_attn_bwd_mean = 0;
+  double imbalance_total_fwd_mean = 0, imbalance_total_bwd_mean = 0;
   double delay_mean = 0, delay_max = 0;  ///< per-token over the whole run
   double plan_us_mean = 0, plan_us_max = 0;
   double tokens_max_over_mean = 0;  ///< mean over steps of max/mean tokens per micro-batch

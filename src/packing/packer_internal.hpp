@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/cost_model.hpp"
 #include "packing/packer.hpp"
 
 namespace wlb::packing::detail {
@@ -17,5 +18,25 @@ std::int64_t tokensOf(const std::vector<Segment>& v);
 /// or, when `work` is given, snake-dealt by decreasing work.
 void distribute(StepPlan& plan, std::vector<MicroBatch>& mbs, const PackerOptions& opt,
                 const std::vector<double>* work);
+/// Fast W(d) = cost.segmentWork(d) for d <= max_len: reproduces the cost model's tile-padded
+/// attention count with a prefix table (O(1) per call instead of O(d / tile)). At
+/// construction it compares itself with cost.segmentWork on sample lengths and falls back
+/// to the cost model (memoised) if they differ by more than 1e-9 relative.
+class WorkTable {
+ public:
+  WorkTable(const model::CostModel& cost, std::int64_t max_len);
+  double work(std::int64_t len) const;
+  double attn(std::int64_t len) const;  ///< attention only, fwd + bwd
+  bool exact() const { return fast_; }
+
+ private:
+  double fastAttn(std::int64_t len) const;
+  const model::CostModel* cost_;
+  std::int64_t max_len_;
+  bool fast_ = false;
+  std::vector<double> prefix_;  ///< prefix_[m] = sum_{i=1..m} ceil(i*tq/tk)
+  double flops_per_block_fwd_ = 0;
+};
+
 std::unique_ptr<Packer> makeFixedOptimal(const PackerOptions& opt, const model::CostModel& cost);
 }  // namespace wlb::packing::detail

@@ -117,6 +117,56 @@ void distribute(StepPlan& plan, std::vector<MicroBatch>& mbs, const PackerOption
   }
 }
 
+WorkTable::WorkTable(const model::CostModel& cost, std::int64_t max_len)
+    : cost_(&cost), max_len_(max_len) {
+  const auto& hw = cost.hardware();
+  const std::int64_t tq = hw.tile_q, tk = hw.tile_k;
+  if (tq < 1 || tk < 1) return;
+  const std::int64_t rows = max_len / tq + 2;
+  prefix_.assign(static_cast<std::size_t>(rows + 1), 0.0);
+  for (std::int64_t i = 1; i <= rows; ++i)
+    prefix_[static_cast<std::size_t>(i)] =
+        prefix_[static_cast<std::size_t>(i - 1)] + static_cast<double>((i * tq + tk - 1) / tk);
+  const auto& d = cost.dims();
+  const double heads = static_cast<double>(d.heads) / static_cast<double>(cost.tp());
+  flops_per_block_fwd_ = 4.0 * static_cast<double>(tq * tk) * static_cast<double>(d.head_dim) * heads;
+  fast_ = true;
+  for (std::int64_t len : {1L, 7L, 63L, 64L, 65L, 1000L, 4096L, 12345L, max_len / 3, max_len}) {
+    if (len < 1 || len > max_len) continue;
+    const double ref = cost.attnSeconds(0, len, model::Phase::Fwd) + cost.attnSeconds(0, len, model::Phase::Bwd);
+    if (std::abs(fastAttn(len) - ref) > 1e-9 * std::abs(ref)) {
+      fast_ = false;
+      break;
+    }
+  }
+}
+
+double WorkTable::fastAttn(std::int64_t len) const {
+  using model::Phase;
+  const auto& hw = cost_->hardware();
+  const std::int64_t tq = hw.tile_q, tk = hw.tile_k;
+  const std::int64_t row_tiles = (len + tq - 1) / tq;
+  const double blocks = prefix_[static_cast<std::size_t>(row_tiles - 1)] + static_cast<double>((len + tk - 1) / tk);
+  const double f = blocks * flops_per_block_fwd_;
+  const double q = static_cast<double>(len);
+  return f / (hw.attnGflops(Phase::Fwd, q, q) * 1e9) +
+         model::kAttnBwdFactor * f / (hw.attnGflops(Phase::Bwd, q, q) * 1e9);
+}
+
+double WorkTable::attn(std::int64_t len) const {
+  if (len <= 0) return 0.0;
+  if (fast_ && len <= max_len_) return fastAttn(len);
+  return cost_->attnSeconds(0, len, model::Phase::Fwd) + cost_->attnSeconds(0, len, model::Phase::Bwd);
+}
+
+double WorkTable::work(std::int64_t len) const {
+  if (len <= 0) return 0.0;
+  if (fast_ && len <= max_len_)
+    return fastAttn(len) + cost_->linearSeconds(len, model::Phase::Fwd) +
+           cost_->linearSeconds(len, model::Phase::Bwd);
+  return cost_->segmentWork(len);
+}
+
 }  // namespace detail
 
 using namespace detail;
@@ -210,7 +260,8 @@ class BestFitPacker final : public Packer {
 // ---- fixed_greedy (window of k global batches) -----------------------------------------
 class FixedGreedyPacker final : public Packer {
  public:
-  FixedGreedyPacker(PackerOptions o, const model::CostModel& c) : Packer(std::move(o), c) {}
+  FixedGreedyPacker(PackerOptions o, const model::CostModel& c)
+      : Packer(std::move(o), c), table_(c, opt_.context_window) {}
   std::string name() const override { return "fixed_greedy"; }
 
   StepPlan pack(std::int64_t step, const std::vector<Document>& incoming) override {
@@ -238,8 +289,7 @@ class FixedGreedyPacker final : public Packer {
         }
         bins[best].push_back(s);
         room[best] -= s.length;
-        attn[best] += cost_->attnSeconds(0, s.length, model::Phase::Fwd) +
-                      cost_->attnSeconds(0, s.length, model::Phase::Bwd);
+        attn[best] += table_.attn(s.length);
       }
       // Group bins of similar work into the same step: sort by work, chunks of N.
       std::vector<std::size_t> order(B);
@@ -299,27 +349,21 @@ class FixedGreedyPacker final : public Packer {
   std::vector<Segment> buffer_;
   std::int64_t filled_ = 0;
   std::deque<std::vector<std::vector<Segment>>> ready_;
+  WorkTable table_;
 };
 
 // ---- wlb: variable-length packing + outlier-delay queues (Algorithm 1) -------------------
 class WlbPacker final : public Packer {
  public:
-  WlbPacker(PackerOptions o, const model::CostModel& c) : Packer(std::move(o), c) {
+  WlbPacker(PackerOptions o, const model::CostModel& c)
+      : Packer(std::move(o), c), table_(c, opt_.s_max) {
     queues_.resize(opt_.outlier_thresholds.size());
   }
   std::string name() const override { return "wlb"; }
 
-  double work(std::int64_t len) {
-    if (len < static_cast<std::int64_t>(small_cache_.size())) {
-      double& w = small_cache_[static_cast<std::size_t>(len)];
-      if (w < 0) w = cost_->segmentWork(len);
-      return w;
-    }
-    return cost_->segmentWork(len);
-  }
+  double work(std::int64_t len) const { return table_.work(len); }
 
   StepPlan pack(std::int64_t step, const std::vector<Document>& incoming) override {
-    if (small_cache_.empty()) small_cache_.assign(static_cast<std::size_t>(std::min<std::int64_t>(opt_.s_max + 1, 1 << 20)), -1.0);
     const auto Smax = opt_.s_max;
     const auto N = static_cast<std::size_t>(opt_.N());
     const auto& L = opt_.outlier_thresholds;
@@ -336,15 +380,39 @@ class WlbPacker final : public Packer {
     // Priority: carried-over documents and queue entries released by age go first.
     std::vector<Segment> prio = std::move(carry_);
     carry_.clear();
+    // Release: queues whose oldest entry has waited max_queue_wait steps are flushed (delay
+    // bound). Otherwise at most one full queue pops N documents (one per micro-batch) per
+    // step — the one with the oldest head — and only while the step's tokens stay within
+    // N * s_max; two outlier sets in one step would overflow s_max and spill outliers
+    // into the carry-over, which unbalances the next step (docs/packing.md).
+    std::int64_t planned = tokensOf(prio) + tokensOf(fresh);
     for (auto& q : queues_) {
-      while (q.size() >= N) {
-        fresh.insert(fresh.end(), q.begin(), q.begin() + static_cast<std::ptrdiff_t>(N));
-        q.erase(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(N));
-      }
       if (opt_.max_queue_wait > 0 && !q.empty() && step - q.front().arrival_step >= opt_.max_queue_wait) {
+        planned += tokensOf(q);
         prio.insert(prio.end(), q.begin(), q.end());
         q.clear();
       }
+    }
+    const std::int64_t capacity = static_cast<std::int64_t>(N) * Smax;
+    bool popped = false;
+    for (;;) {
+      std::size_t pick = queues_.size();
+      for (std::size_t i = queues_.size(); i-- > 0;) {
+        const auto& q = queues_[i];
+        if (q.size() < N) continue;
+        if (pick == queues_.size() || q.front().arrival_step < queues_[pick].front().arrival_step) pick = i;
+      }
+      if (pick == queues_.size()) break;
+      auto& q = queues_[pick];
+      std::int64_t t = 0;
+      for (std::size_t k = 0; k < N; ++k) t += q[k].length;
+      if (popped && planned + t > capacity) break;
+      // A queue that keeps >= 2N entries would otherwise grow without bound: pop anyway.
+      if (popped && q.size() < 2 * N) break;
+      planned += t;
+      fresh.insert(fresh.end(), q.begin(), q.begin() + static_cast<std::ptrdiff_t>(N));
+      q.erase(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(N));
+      popped = true;
     }
     std::sort(prio.begin(), prio.end(), longerFirst);
     std::sort(fresh.begin(), fresh.end(), longerFirst);
@@ -400,7 +468,7 @@ class WlbPacker final : public Packer {
  private:
   std::vector<Segment> carry_;
   std::vector<std::vector<Segment>> queues_;
-  std::vector<double> small_cache_;
+  WorkTable table_;
 };
 
 }  // namespace

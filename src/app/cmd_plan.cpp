@@ -1,0 +1,223 @@
+// `wlb plan DECK`: run the length source and one or more packers for --steps steps, write
+// the JSONL plan (docs/plan-format.md), print a comparison table, optionally check
+// conservation and save/restore packer checkpoints. Every MPI rank computes the same
+// plan; only rank 0 prints and writes.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <set>
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include "app/command.hpp"
+#include "core/error.hpp"
+#include "data/length_source.hpp"
+#include "model/cost_model.hpp"
+#include "packing/packer.hpp"
+#include "packing/plan_io.hpp"
+#include "packing/runner.hpp"
+
+namespace {
+
+struct Opts {
+  wlb::app::DeckArgs deck;
+  std::int64_t steps = -1;
+  std::string out;
+  std::vector<std::string> packers;
+  bool check = false;
+  std::string resume, save_state, summary_json;
+};
+
+std::string outPathFor(const std::string& out, const std::string& packer, bool several) {
+  if (!several) return out;
+  const auto slash = out.find_last_of('/');
+  const auto dot = out.find_last_of('.');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash))
+    return out + "." + packer;
+  return out.substr(0, dot) + "." + packer + out.substr(dot);
+}
+
+std::vector<std::string> packersFor(const Opts& o, const wlb::Deck& deck) {
+  std::vector<std::string> names;
+  std::set<std::string> seen;
+  auto add = [&](const std::string& n) {
+    if (seen.insert(n).second) names.push_back(n);
+  };
+  if (!o.packers.empty()) {
+    for (const auto& p : o.packers) {
+      if (p == "all")
+        for (const auto& n : wlb::packing::packerNames()) add(n);
+      else add(p);
+    }
+  } else if (!deck.run.strategies.empty()) {
+    for (const auto& s : wlb::resolveStrategies(deck)) add(s.packer);
+  } else {
+    add(deck.packing.strategy);
+  }
+  return names;
+}
+
+void writeAtomically(const std::string& path, const std::string& text) {
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  {
+    std::ofstream f(tmp);
+    if (!f) throw wlb::InputError(fmt::format("{}: cannot write", path));
+    f << text;
+    if (!f) {
+      std::remove(tmp.c_str());
+      throw wlb::InputError(fmt::format("{}: write failed", path));
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw wlb::InputError(fmt::format("{}: cannot rename temporary file into place", path));
+  }
+}
+
+int runPlan(const Opts& o) {
+  using namespace wlb;
+  const bool root = app::worldRank() == 0;
+  const Deck deck = o.deck.load();
+  const std::int64_t steps = o.steps >= 0 ? o.steps : deck.run.steps;
+  if (steps < 1) throw InputError("--steps: must be >= 1", true);
+  const auto names = packersFor(o, deck);
+  const auto cost = model::CostModel::fromDeck(deck);
+  // Validate everything before writing anything.
+  std::vector<std::unique_ptr<packing::Packer>> packers;
+  for (const auto& n : names) packers.push_back(packing::makePacker(n, deck, cost));
+  nlohmann::json resume;
+  if (!o.resume.empty()) {
+    std::ifstream f(o.resume);
+    if (!f) throw InputError(fmt::format("--resume {}: cannot open", o.resume), true);
+    try {
+      f >> resume;
+    } catch (const nlohmann::json::exception& e) {
+      throw InputError(fmt::format("--resume {}: not valid JSON: {}", o.resume, e.what()), true);
+    }
+    if (!resume.is_object() || resume.value("format", "") != "wlb-plan-state")
+      throw InputError(fmt::format("--resume {}: not a wlb-plan-state file", o.resume), true);
+  }
+  const std::string save = !o.save_state.empty() ? o.save_state : deck.packing.checkpoint;
+  const bool several = packers.size() > 1;
+
+  std::vector<packing::RunResult> results;
+  std::vector<std::string> tmp_files;
+  nlohmann::json state = {{"format", "wlb-plan-state"}, {"version", 1}, {"packers", nlohmann::json::object()}};
+  try {
+    for (auto& packer : packers) {
+      auto src = data::makeLengthSource(deck);
+      if (!resume.is_null()) {
+        if (!resume["packers"].contains(packer->name()))
+          throw InputError(fmt::format("--resume {}: no state for packer '{}'", o.resume, packer->name()), true);
+        packing::loadCheckpoint(resume["packers"][packer->name()], *src, *packer, o.resume);
+      }
+      std::ofstream out;
+      std::string final_path, tmp_path;
+      if (root && !o.out.empty()) {
+        final_path = outPathFor(o.out, packer->name(), several);
+        tmp_path = fmt::format("{}.tmp.{}", final_path, ::getpid());
+        out.open(tmp_path);
+        if (!out) throw InputError(fmt::format("--out {}: cannot write", final_path), true);
+        tmp_files.push_back(tmp_path);
+        packing::PlanHeader h;
+        h.packer = packer->name();
+        h.dp = packer->options().dp;
+        h.micro_batches = packer->options().micro_batches;
+        h.context_window = packer->options().context_window;
+        h.s_max = packer->options().s_max;
+        h.source = src->describe();
+        h.documents_per_epoch = src->documentsPerEpoch();
+        h.seed = deck.data.seed;
+        h.first_step = src->nextStep();
+        out << packing::toJson(h).dump() << '\n';
+      }
+      packing::RunOptions ro;
+      ro.steps = steps;
+      ro.check = o.check;
+      if (out.is_open())
+        ro.on_step = [&](const StepPlan& p, const packing::StepMetrics& m, std::int64_t n) {
+          out << packing::stepToJson(p, m, n).dump() << '\n';
+        };
+      auto res = packing::runPacker(*src, *packer, cost, ro);
+      if (out.is_open()) {
+        out << nlohmann::json{{"type", "summary"}, {"result", res.toJson()}}.dump() << '\n';
+        out.close();
+        if (!out) throw InputError(fmt::format("--out {}: write failed", final_path), true);
+      }
+      state["packers"][packer->name()] = packing::saveCheckpoint(*src, *packer);
+      results.push_back(std::move(res));
+    }
+    if (root) {
+      for (std::size_t i = 0; i < tmp_files.size(); ++i) {
+        const auto final_path = outPathFor(o.out, packers[i]->name(), several);
+        if (std::rename(tmp_files[i].c_str(), final_path.c_str()) != 0)
+          throw InputError(fmt::format("--out {}: cannot rename into place", final_path), true);
+      }
+      tmp_files.clear();
+      if (!save.empty()) writeAtomically(save, state.dump() + "\n");
+      if (!o.summary_json.empty()) {
+        nlohmann::json js = nlohmann::json::array();
+        for (const auto& r : results) js.push_back(r.toJson());
+        writeAtomically(o.summary_json, js.dump(2) + "\n");
+      }
+    }
+  } catch (...) {
+    for (const auto& t : tmp_files) std::remove(t.c_str());
+    throw;
+  }
+
+  if (root) {
+    const auto M = data::microBatchesPerReplica(deck);
+    std::cout << fmt::format("wlb plan: {} steps, dp={} M={} (N={} micro-batches), S={}, s_max={}, source {}\n",
+                             steps, deck.mesh.dp, M, deck.mesh.dp * M, deck.data.context_window,
+                             std::max(data::resolvedSMax(deck), deck.data.context_window),
+                             data::makeLengthSource(deck)->describe());
+    std::cout << fmt::format("{:<14} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>10} {:>10} {:>8}\n",
+                             "packer", "imbalance", "imb.max", "attn.fwd", "total.bwd", "delay", "delay.mx",
+                             "tok.mx/mn", "plan.us", "plan.us.mx", "gap");
+    for (const auto& r : results) {
+      const auto& s = r.summary;
+      std::cout << fmt::format("{:<14} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>8.3f} {:>8.0f} {:>8.3f} {:>10.1f} {:>10.1f} {:>8}\n",
+                               r.packer, s.imbalance_mean, s.imbalance_max, s.imbalance_attn_fwd_mean, s.imbalance_total_bwd_mean,
+                               s.delay_mean, s.delay_max, s.tokens_max_over_mean, s.plan_us_mean,
+                               s.plan_us_max, r.packer == "fixed_optimal" ? fmt::format("{:.3f}", s.max_gap) : "-");
+    }
+    if (o.check) {
+      bool all_ok = true;
+      for (const auto& r : results) {
+        std::cout << fmt::format("check {}: {} — lost {} tokens, duplicated {} — {}\n", r.packer,
+                                 r.check_ok ? "OK" : "FAILED", r.lost_tokens, r.duplicated, r.check_report);
+        all_ok = all_ok && r.check_ok;
+      }
+      if (!all_ok) return 1;
+    }
+  }
+  if (o.check)
+    for (const auto& r : results)
+      if (!r.check_ok) return 1;
+  return 0;
+}
+
+const bool registered = wlb::app::registerCommand(
+    "plan", "Pack documents into micro-batches with one or more packers; write a JSONL plan",
+    [](CLI::App& sub) {
+      auto o = std::make_shared<Opts>();
+      wlb::app::addDeckArgs(sub, o->deck);
+      sub.add_option("--steps", o->steps, "Steps to plan (default: run.steps)");
+      sub.add_option("--out", o->out,
+                     "JSONL plan file (with several packers: NAME.PACKER.EXT per packer)");
+      sub.add_option("--packer", o->packers,
+                     "Packer to run (repeatable; 'all' = every packer; default: run.strategies or "
+                     "packing.strategy)");
+      sub.add_flag("--check", o->check,
+                   "Verify conservation (every token trained exactly once); exit 1 on violation");
+      sub.add_option("--resume", o->resume, "Start from a packer-state file written by --save-state");
+      sub.add_option("--save-state", o->save_state,
+                     "Write the packers' state after the last step (default: packing.checkpoint)");
+      sub.add_option("--summary-json", o->summary_json, "Write the per-packer summaries as JSON");
+      return [o]() { return runPlan(*o); };
+    });
+
+}  // namespace

@@ -1,0 +1,78 @@
+#include "packing/runner.hpp"
+
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+
+namespace wlb::packing {
+
+nlohmann::json RunResult::toJson() const {
+  nlohmann::json j = {{"packer", packer}, {"summary", summary.toJson()}, {"wall_seconds", wall_seconds}};
+  if (checked)
+    j["check"] = {{"ok", check_ok}, {"lost_tokens", lost_tokens}, {"duplicated", duplicated},
+                  {"completed_documents", completed_docs}, {"in_flight_documents", in_flight_docs},
+                  {"report", check_report}};
+  return j;
+}
+
+RunResult runPacker(data::LengthSource& src, Packer& packer, const model::CostModel& cost,
+                    const RunOptions& opt) {
+  using clock = std::chrono::steady_clock;
+  const auto w0 = clock::now();
+  RunResult r;
+  r.packer = packer.name();
+  const auto cap = packer.name() == "wlb" ? packer.options().s_max : packer.options().context_window;
+  ConservationChecker checker(cap);
+  const std::int64_t first = src.nextStep();
+  for (std::int64_t t = first; t < first + opt.steps; ++t) {
+    auto docs = src.next(t);
+    if (opt.check) checker.addIncoming(docs);
+    const auto t0 = clock::now();
+    StepPlan plan = packer.pack(t, docs);
+    const auto t1 = clock::now();
+    if (opt.check) checker.addPlan(plan);
+    StepMetrics m = computeMetrics(plan, cost);
+    m.plan_us = std::chrono::duration<double, std::micro>(t1 - t0).count();
+    m.solver = packer.lastSolverInfo();
+    r.summary.add(m);
+    if (opt.on_step) opt.on_step(plan, m, static_cast<std::int64_t>(docs.size()));
+  }
+  r.summary.finish();
+  if (opt.check) {
+    r.checked = true;
+    const auto pending = packer.pendingTokens();
+    r.check_ok = checker.ok(pending);
+    r.lost_tokens = checker.lostTokens(pending);
+    r.duplicated = checker.duplicated();
+    r.completed_docs = checker.completed();
+    r.in_flight_docs = checker.inFlight();
+    r.check_report = checker.report(pending);
+  }
+  r.wall_seconds = std::chrono::duration<double>(clock::now() - w0).count();
+  return r;
+}
+
+nlohmann::json saveCheckpoint(const data::LengthSource& src, const Packer& packer) {
+  return {{"format", "wlb-packer-state"}, {"version", 1}, {"packer", packer.name()},
+          {"source", src.saveState()}, {"state", packer.saveState()}};
+}
+
+void loadCheckpoint(const nlohmann::json& j, data::LengthSource& src, Packer& packer,
+                    const std::string& what) {
+  try {
+    if (j.at("format").get<std::string>() != "wlb-packer-state" || j.at("version").get<int>() != 1)
+      throw InputError(fmt::format("{}: not a wlb-packer-state version 1 checkpoint", what));
+    const auto name = j.at("packer").get<std::string>();
+    if (name != packer.name())
+      throw InputError(fmt::format("{}: checkpoint is for packer '{}', not '{}'", what, name,
+                                   packer.name()));
+    src.loadState(j.at("source"));
+    packer.loadState(j.at("state"));
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(fmt::format("{}: bad packer checkpoint: {}", what, e.what()));
+  }
+}
+
+}  // namespace wlb::packing
