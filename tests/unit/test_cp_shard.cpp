@@ -118,7 +118,7 @@ TEST(CpShard, TokenCountsEqualWithinOneForPerSequenceAndPerDocument) {
         }
         EXPECT_EQ(sum, mb.tokens());
         EXPECT_LE(mx - mn, 1) << strategyName(s) << " cp=" << cp;
-        if (mb.tokens() % (2 * cp) == 0) EXPECT_EQ(mx, mn) << strategyName(s) << " cp=" << cp;
+        if (mb.tokens() % (2 * cp) == 0) { EXPECT_EQ(mx, mn) << strategyName(s) << " cp=" << cp; }
       }
 }
 
@@ -128,16 +128,16 @@ TEST(CpShard, PerDocumentWorkEqualUpToRemainders) {
     for (const auto& lens : testMixes(cp)) {
       const MicroBatch mb = makeMb(lens);
       const ShardPlan plan = planShards(mb, Strategy::PerDocument, cp, cost, cfgFor());
-      // Query-key pairs of the floor part (positions < 2C*floor(d/2C)) are identical on
-      // every rank; remainder tokens are the segment tails, one per rank in turn.
+      // Query-key pairs of the floor pieces are identical on every rank; the remainder
+      // tokens sit in the middle of each segment, [C*e, C*e+R), one per rank in turn.
       std::vector<double> floor_pairs(cp, 0.0);
       std::vector<std::int64_t> rem(cp, 0);
       for (int r = 0; r < cp; ++r)
         for (const Piece& p : plan.ranks[r].pieces) {
-          const std::int64_t cut = 2 * cp * (p.seg_len / (2 * cp));
+          const std::int64_t e = p.seg_len / (2 * cp), R = p.seg_len - 2 * cp * e;
           for (std::int64_t t = p.q_offset; t < p.q_offset + p.q_len; ++t) {
-            if (t < cut) floor_pairs[r] += static_cast<double>(t + 1);
-            else ++rem[r];
+            if (t >= cp * e && t < cp * e + R) ++rem[r];
+            else floor_pairs[r] += static_cast<double>(t + 1);
           }
         }
       for (int r = 1; r < cp; ++r) EXPECT_DOUBLE_EQ(floor_pairs[r], floor_pairs[0]);
@@ -168,6 +168,21 @@ TEST(CpShard, PerDocumentBalancedOnLargeMix) {
   }
 }
 
+TEST(CpShard, PerDocumentRemainderNeedsNoExtraKeys) {
+  const auto cost = testCost();
+  for (int cp : {2, 3, 4, 8})
+    for (std::int64_t d = 2 * cp; d <= 6 * cp + 5; ++d) {
+      const MicroBatch mb = makeMb({d});
+      const ShardPlan plan = planShards(mb, Strategy::PerDocument, cp, cost, cfgFor());
+      const std::int64_t e = d / (2 * cp), R = d - 2 * cp * e;
+      for (int r = 0; r < cp; ++r) {
+        // Rank r's KV block ends where its last floor piece (2C-1-r) ends.
+        ASSERT_EQ(plan.ranks[r].kv_blocks.size(), 1u);
+        EXPECT_EQ(plan.ranks[r].kv_blocks[0].len, (2 * cp - r) * e + R) << "cp=" << cp << " d=" << d;
+      }
+    }
+}
+
 TEST(CpShard, PerSequenceBalancedForOneDocument) {
   const auto cost = testCost();
   for (int cp : kCps) {
@@ -179,7 +194,7 @@ TEST(CpShard, PerSequenceBalancedForOneDocument) {
     for (int r = 0; r < cp; ++r) {
       ASSERT_EQ(plan.ranks[r].pieces.size(), r == cp - 1 ? 1u : 2u);
       EXPECT_EQ(plan.ranks[r].pieces[0].q_offset, 32 * r);
-      if (r != cp - 1) EXPECT_EQ(plan.ranks[r].pieces[1].q_offset, 32 * (2 * cp - 1 - r));
+      if (r != cp - 1) { EXPECT_EQ(plan.ranks[r].pieces[1].q_offset, 32 * (2 * cp - 1 - r)); }
       EXPECT_EQ(plan.ranks[r].tokens, 64);
     }
   }
@@ -197,7 +212,9 @@ TEST(CpShard, LocalOrderAndInverseMapRoundTrip) {
         for (std::size_t i = 0; i < pos.size(); ++i) {
           EXPECT_EQ(plan.owner[pos[i]], r);
           EXPECT_EQ(plan.local_index[pos[i]], static_cast<std::int64_t>(i));
-          if (i > 0) EXPECT_LT(pos[i - 1], pos[i]);  // local order = packed order
+          if (i > 0) {
+            EXPECT_LT(pos[i - 1], pos[i]);  // local order = packed order
+          }
         }
       }
     }
@@ -306,10 +323,11 @@ TEST(CpShard, ShardingAwareBytesNeverExceedAllGather) {
           EXPECT_LE(sa.ranks[r].bwd_bytes_sent, ag.ranks[r].bwd_bytes_sent);
           // A rank whose pieces are all whole segments receives nothing.
           const auto& ps = plan.ranks[r].pieces;
-          if (std::all_of(ps.begin(), ps.end(), [](const Piece& p) { return p.whole; }))
+          if (std::all_of(ps.begin(), ps.end(), [](const Piece& p) { return p.whole; })) {
             EXPECT_EQ(sa.ranks[r].fwd_bytes_recv, 0.0);
+          }
           for (const Piece& p : ps)
-            if (p.whole) EXPECT_TRUE(p.q_offset == 0 && p.q_len == p.seg_len);
+            if (p.whole) { EXPECT_TRUE(p.q_offset == 0 && p.q_len == p.seg_len); }
         }
         EXPECT_LE(sa.totalBytes(), ag.totalBytes());
         // Conservation: everything sent is received.
