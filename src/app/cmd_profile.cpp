@@ -201,6 +201,8 @@ int run(Opts o) {
           have_diag = true;
         }
         c = diag;
+      } else if (nk == nq && have_diag) {
+        c = diag;
       } else {
         c = measure(o, nq, nk, cfg);
       }

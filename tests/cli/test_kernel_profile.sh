@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# `wlb profile`: writes a profile JSON in the docs/profile-format.md format (tiles = the
+# kernel's tiles, one positive value per grid cell); bad options exit 2 and write nothing.
+#   usage: test_kernel_profile.sh WLB_BINARY SOURCE_DIR
+set -u
+WLB=$1
+SRC=$2
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+fail=0
+
+"$WLB" profile --quick --out "$TMP/p.json" --q-lens 16,100 --k-lens 16,64,300 --reps 1 --min-seconds 0.001 \
+  --head-dim 32 --tile-q 32 --tile-k 16 || { echo "FAIL: profile run"; fail=1; }
+/usr/bin/python3 - "$TMP/p.json" <<'PY' || fail=1
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["format"] == "wlb-hardware-profile" and j["version"] == 1, j
+assert j["tile_q"] == 32 and j["tile_k"] == 16 and j["head_dim"] == 32, j
+for k in ("peak_gflops", "linear_gflops"):
+    assert j[k] > 0, k
+for ph in ("fwd", "bwd"):
+    t = j["attention"][ph]
+    assert t["q_lens"] == [16, 100] and t["k_lens"] == [16, 64, 300], t
+    assert len(t["gflops"]) == 2 and all(len(r) == 3 for r in t["gflops"]), t
+    assert all(x > 0 for r in t["gflops"] for x in r), t
+    # k < q cells carry the value measured at k = q (one measurement, written twice)
+    assert t["gflops"][1][0] == t["gflops"][1][1], t
+print("profile JSON ok")
+PY
+
+# shipped profile parses and matches the kernel's default tiles
+/usr/bin/python3 - "$SRC/inputs/profiles/xeon-avx512-1core.json" <<'PY' || fail=1
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["tile_q"] == 64 and j["tile_k"] == 64, "shipped profile tiles must be the kernel defaults"
+for ph in ("fwd", "bwd"):
+    t = j["attention"][ph]
+    assert len(t["gflops"]) == len(t["q_lens"]) and all(len(r) == len(t["k_lens"]) for r in t["gflops"])
+print("shipped profile ok")
+PY
+
+for args in "--tile-q 24" "--head-dim 0" "--heads 3 --kv-heads 2" "--q-lens 0,16"; do
+  # shellcheck disable=SC2086
+  "$WLB" profile --quick --out "$TMP/bad.json" $args >"$TMP/log" 2>&1
+  rc=$?
+  if [ $rc -ne 2 ]; then echo "FAIL: '$args' exit $rc (want 2)"; cat "$TMP/log"; fail=1; fi
+  if [ -e "$TMP/bad.json" ]; then echo "FAIL: '$args' wrote output"; fail=1; fi
+done
+
+[ $fail -eq 0 ] && echo "PASS"
+exit $fail
