@@ -1,0 +1,140 @@
+#pragma once
+/// \file distributed_attention.hpp
+/// \brief Context-parallel attention over MPI: one micro-batch's attention, sharded by a
+/// ShardPlan over the ranks of a CP communicator, KV moved by the plan's CommPlan
+/// (docs/runtime.md, shard_plan.hpp for the layout contract).
+///
+/// Every CP rank holds the q, k, v of its own tokens in *local order* (the rank's pieces
+/// concatenated in ascending packed order, `RankShard::pieces[i].local_begin`):
+///   q, o, dO, dq : [local tokens][heads][head_dim]
+///   k, v, dk, dv : [local tokens][kv_heads][head_dim]
+///   lse          : [local tokens][heads]
+///
+/// Forward builds the rank's KV buffer (`RankShard::kv_tokens` rows) from the plan:
+///   * AllGather: MPI_Allgatherv of every rank's K and V (counts = gather_counts), then a
+///     local reorder into the KV buffer (gatherKvFromAllGather()).
+///   * ShardingAware: one point-to-point message per CommPlan::Transfer (K and V of the
+///     transfer's runs, packed back to back), own runs copied locally.
+/// then runs `attention::forward` on the rank's pieces (queries local[local_begin,
+/// +q_len), keys kv[kv_begin, +kv_len), causal bottom-right).
+///
+/// Backward runs `attention::backward` into a zeroed KV-buffer gradient and returns the
+/// dK/dV partial sums to their owners:
+///   * AllGather: scatter into an all-gather-shaped buffer, MPI_Reduce_scatter.
+///   * ShardingAware: the reverse messages, added into the owner's dK/dV.
+/// dq, dk, dv are OVERWRITTEN (unlike the single-rank kernel, which accumulates).
+///
+/// The KV buffer built in forward is kept by the object and reused by backward (no second
+/// exchange). Every MPI call is preceded by a fence of the execution space. The plan and
+/// comm plan must be identical on every rank of the communicator and outlive the object.
+
+#include <mpi.h>
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+#include <string>
+
+#include "attention/attention.hpp"
+#include "cp/shard_plan.hpp"
+
+namespace wlb::model {
+class CostModel;
+}
+namespace wlb::trace {
+class Recorder;
+}
+
+namespace wlb::cp {
+
+/// Device views used by the distributed attention (default execution space).
+struct DistViews {
+  using Space = Kokkos::DefaultExecutionSpace;
+  using mem = Space::memory_space;
+  using View3 = Kokkos::View<float***, Kokkos::LayoutRight, mem>;
+  using View2 = Kokkos::View<float**, Kokkos::LayoutRight, mem>;
+  using Const3 = Kokkos::View<const float***, Kokkos::LayoutRight, mem>;
+  using Const2 = Kokkos::View<const float**, Kokkos::LayoutRight, mem>;
+};
+
+struct DistAttentionOptions {
+  attention::KernelConfig kernel{};
+  float softmax_scale = 0.0f;  ///< <= 0 -> 1/sqrt(head_dim)
+  /// FLOPs recorded on `attn` events (CostModel::attnFlops per piece). Null -> the
+  /// kernel's own useful-FLOP count (attention/flops.hpp).
+  const model::CostModel* cost = nullptr;
+  /// Events are recorded here when non-null (labels kv_allgather / kv_exchange, attn;
+  /// phase fwd/bwd; step, micro-batch and layer from the recorder's current context).
+  trace::Recorder* recorder = nullptr;
+  /// Element size of K/V on the wire for recorded bytes (we move FP32: 4).
+  int bytes_per_element = 4;
+};
+
+/// Seconds spent by the last forward()/backward() call of this rank.
+struct DistAttentionTimes {
+  double comm_fwd = 0, attn_fwd = 0;  ///< KV exchange (incl. waiting) / kernel
+  double comm_bwd = 0, attn_bwd = 0;  ///< dKV return (incl. waiting) / kernel
+  double bytes_fwd = 0, bytes_bwd = 0;  ///< bytes this rank sent + received
+};
+
+/// One micro-batch's distributed attention on one CP rank.
+class DistributedAttention {
+ public:
+  using Space = DistViews::Space;
+  using View3 = DistViews::View3;
+  using View2 = DistViews::View2;
+  using Const3 = DistViews::Const3;
+  using Const2 = DistViews::Const2;
+
+  /// `comm` has plan.cp ranks; this rank's index in it selects its shard. Throws
+  /// std::invalid_argument on a size mismatch or bad head counts.
+  DistributedAttention(const ShardPlan& plan, const CommPlan& comm_plan, MPI_Comm comm, int heads,
+                       int kv_heads, int head_dim, DistAttentionOptions opt = {});
+
+  int rank() const { return rank_; }
+  std::int64_t localTokens() const { return local_tokens_; }
+  std::int64_t kvTokens() const { return kv_tokens_; }
+  const attention::VarlenBatch& batch() const { return batch_; }
+
+  /// Exchange KV and run the attention forward. o/lse are overwritten. Collective over
+  /// the CP communicator.
+  void forward(const Space& space, Const3 q, Const3 k, Const3 v, View3 o, View2 lse);
+
+  /// Attention backward and dK/dV return. Needs the preceding forward() of this object
+  /// (its KV buffer); o/lse are that forward's outputs. dq/dk/dv are overwritten.
+  /// Collective over the CP communicator.
+  void backward(const Space& space, Const3 q, Const3 o, Const2 lse, Const3 dO, View3 dq, View3 dk,
+                View3 dv);
+
+  /// Drop the KV buffer kept for backward.
+  void releaseKv();
+
+  const DistAttentionTimes& times() const { return times_; }
+
+  /// FLOPs of this rank's pieces in a phase (cost model if given, else kernel count).
+  double attnFlops(bool backward) const;
+
+ private:
+  void exchangeKvForward(const Space& space, Const3 k, Const3 v);
+  void returnKvGradBackward(const Space& space, View3 dk, View3 dv);
+
+  const ShardPlan* plan_;
+  const CommPlan* comm_plan_;
+  MPI_Comm comm_;
+  int rank_ = 0;
+  int heads_, kv_heads_, head_dim_;
+  DistAttentionOptions opt_;
+  std::int64_t local_tokens_ = 0, kv_tokens_ = 0;
+  attention::VarlenBatch batch_;
+  View3 kv_k_, kv_v_;  ///< KV buffer (kept from forward for backward)
+  bool have_kv_ = false;
+  DistAttentionTimes times_;
+};
+
+/// Gather a rank-local buffer ([local tokens][width] floats, local order) of every CP
+/// rank back into packed (sequence) order on every rank: out[p] = local_{owner[p]}
+/// [local_index[p]]. Collective (MPI_Allgatherv). Used by tests and diagnostics.
+std::vector<float> gatherToPacked(const ShardPlan& plan, const CommPlan& comm_plan, MPI_Comm comm,
+                                  const float* local, std::int64_t width);
+
+}  // namespace wlb::cp
