@@ -205,24 +205,29 @@ std::vector<Raw> rawPerSequence(const SegInfo& si, int cp) {
   return out;
 }
 
-/// Per-document split of one segment of length d into 2C floor pieces of e = d/2C tokens
-/// (rank r: pieces r and 2C-1-r) and R = d - 2C*e remainder tokens. The remainder tokens
-/// sit in the middle of the segment, between pieces C-1 and C (positions [C*e, C*e+R)),
-/// and are dealt one each to ranks counter, counter+1, ... (mod C), the counter carrying
-/// across segments. In the middle they need no key the rank does not already fetch for
-/// its piece 2C-1-r (whose prefix extends past them), and each costs about the mean
-/// token's work, so token counts stay within one and work within one middle token.
+/// Per-document split of one segment of length d: 2C floor pieces of e = d/2C tokens
+/// (rank r: pieces r and 2C-1-r) and R = d - 2C*e < 2C remainder tokens dealt one each
+/// to ranks counter, counter+1, ... (mod C), the counter carrying across segments. A rank
+/// dealt one remainder token gets its first piece (piece r) extended by one token; a
+/// rank dealt two (possible when R > C) also gets piece 2C-1-r extended. Pieces are laid
+/// out in piece order 0..2C-1, so every rank keeps at most two contiguous query pieces
+/// per segment (no single-token pieces that a tiled kernel would pad to a full tile) and
+/// needs no key beyond the end of its own last piece.
 void rawPerDocumentSegment(const SegInfo& si, std::int32_t s, int cp, std::int64_t& counter,
                            std::vector<Raw>& out) {
   const std::int64_t d = si.len[s], chunks = 2 * static_cast<std::int64_t>(cp);
   const std::int64_t e = d / chunks, rem = d - chunks * e;
-  for (std::int64_t j = 0; j < chunks && e > 0; ++j) {
-    const std::int64_t off = j * e + (j >= cp ? rem : 0);
-    out.push_back({static_cast<int>(j < cp ? j : chunks - 1 - j), s, off, e});
-  }
+  std::vector<int> extra(static_cast<std::size_t>(cp), 0);
   for (std::int64_t t = 0; t < rem; ++t) {
-    out.push_back({static_cast<int>(counter % cp), s, cp * e + t, 1});
+    ++extra[static_cast<std::size_t>(counter % cp)];
     ++counter;
+  }
+  std::int64_t off = 0;
+  for (std::int64_t j = 0; j < chunks; ++j) {
+    const int r = static_cast<int>(j < cp ? j : chunks - 1 - j);
+    const std::int64_t len = e + ((j < cp ? extra[r] >= 1 : extra[r] >= 2) ? 1 : 0);
+    if (len > 0) out.push_back({r, s, off, len});
+    off += len;
   }
 }
 

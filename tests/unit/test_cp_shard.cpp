@@ -128,21 +128,37 @@ TEST(CpShard, PerDocumentWorkEqualUpToRemainders) {
     for (const auto& lens : testMixes(cp)) {
       const MicroBatch mb = makeMb(lens);
       const ShardPlan plan = planShards(mb, Strategy::PerDocument, cp, cost, cfgFor());
-      // Query-key pairs of the floor pieces are identical on every rank; the remainder
-      // tokens sit in the middle of each segment, [C*e, C*e+R), one per rank in turn.
-      std::vector<double> floor_pairs(cp, 0.0);
-      std::vector<std::int64_t> rem(cp, 0);
-      for (int r = 0; r < cp; ++r)
-        for (const Piece& p : plan.ranks[r].pieces) {
-          const std::int64_t e = p.seg_len / (2 * cp), R = p.seg_len - 2 * cp * e;
-          for (std::int64_t t = p.q_offset; t < p.q_offset + p.q_len; ++t) {
-            if (t >= cp * e && t < cp * e + R) ++rem[r];
-            else floor_pairs[r] += static_cast<double>(t + 1);
-          }
+      // Per segment: every rank holds 2e floor tokens plus 0..2 remainder tokens; the
+      // query-key pairs agree exactly when the segment has no remainder, and differ by at
+      // most the remainder tokens' keys otherwise.
+      std::vector<std::int64_t> rem_total(cp, 0);
+      for (std::size_t s = 0; s < lens.size(); ++s) {
+        const std::int64_t d = lens[s], e = d / (2 * cp), R = d - 2 * cp * e;
+        std::vector<double> pairs(cp, 0.0);
+        std::vector<std::int64_t> toks(cp, 0);
+        for (int r = 0; r < cp; ++r)
+          for (const Piece& p : plan.ranks[r].pieces)
+            if (p.segment == static_cast<std::int32_t>(s)) {
+              pairs[r] += model::attnPairs(p.q_offset, p.q_len);
+              toks[r] += p.q_len;
+            }
+        std::int64_t rsum = 0;
+        for (int r = 0; r < cp; ++r) {
+          const std::int64_t rem = toks[r] - 2 * e;
+          EXPECT_TRUE(rem >= 0 && rem <= 2) << "d=" << d << " cp=" << cp;
+          rem_total[r] += rem;
+          rsum += rem;
         }
-      for (int r = 1; r < cp; ++r) EXPECT_DOUBLE_EQ(floor_pairs[r], floor_pairs[0]);
-      const auto mm = std::minmax_element(rem.begin(), rem.end());
-      EXPECT_LE(*mm.second - *mm.first, 1);
+        EXPECT_EQ(rsum, R);
+        const auto mm = std::minmax_element(pairs.begin(), pairs.end());
+        if (R == 0) {
+          EXPECT_DOUBLE_EQ(*mm.first, *mm.second) << "d=" << d << " cp=" << cp;
+        } else {
+          EXPECT_LE(*mm.second - *mm.first, 2.0 * static_cast<double>(d) * (1.0 + 2.0 * e) + 1e-9);
+        }
+      }
+      const auto mm = std::minmax_element(rem_total.begin(), rem_total.end());
+      EXPECT_LE(*mm.second - *mm.first, 1);  // one counter across segments
     }
 }
 
@@ -168,17 +184,24 @@ TEST(CpShard, PerDocumentBalancedOnLargeMix) {
   }
 }
 
-TEST(CpShard, PerDocumentRemainderNeedsNoExtraKeys) {
+TEST(CpShard, PerDocumentKeepsTwoContiguousPiecesPerRank) {
   const auto cost = testCost();
   for (int cp : {2, 3, 4, 8})
     for (std::int64_t d = 2 * cp; d <= 6 * cp + 5; ++d) {
-      const MicroBatch mb = makeMb({d});
+      const MicroBatch mb = makeMb({d, d + 1, d + 3});
       const ShardPlan plan = planShards(mb, Strategy::PerDocument, cp, cost, cfgFor());
-      const std::int64_t e = d / (2 * cp), R = d - 2 * cp * e;
       for (int r = 0; r < cp; ++r) {
-        // Rank r's KV block ends where its last floor piece (2C-1-r) ends.
-        ASSERT_EQ(plan.ranks[r].kv_blocks.size(), 1u);
-        EXPECT_EQ(plan.ranks[r].kv_blocks[0].len, (2 * cp - r) * e + R) << "cp=" << cp << " d=" << d;
+        std::map<std::int32_t, int> per_seg;
+        for (const Piece& p : plan.ranks[r].pieces) ++per_seg[p.segment];
+        for (const auto& kv : per_seg) EXPECT_LE(kv.second, 2) << "cp=" << cp << " d=" << d;
+      }
+      // Single document, R < C remainder tokens: rank r's first piece is r*e (+ earlier extras).
+      const ShardPlan one = planShards(makeMb({d}), Strategy::PerDocument, cp, cost, cfgFor());
+      const std::int64_t e = d / (2 * cp), R = d - 2 * cp * e;
+      std::int64_t off = 0;
+      for (int r = 0; r < cp; ++r) {
+        EXPECT_EQ(one.ranks[r].pieces[0].q_offset, off);
+        off += e + (r < R ? 1 : 0);
       }
     }
 }
