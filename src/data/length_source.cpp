@@ -161,7 +161,7 @@ std::vector<Document> LengthSource::next(std::int64_t step) {
       room = need * window_ - d;
     }
     docs.push_back(Document{next_id_++, d, step});
-    if (used >= sequences_ && room == 0) break;
+    if (used > sequences_ || (used == sequences_ && room == 0)) break;
   }
   ++next_step_;
   return docs;
