@@ -333,24 +333,31 @@ void packQueryTile(const Args& a, std::int64_t piece, std::int64_t qt, int h) {
   for (std::int64_t r = 0; r < TQ; ++r) {
     if (r < rows) {
       const std::int64_t t = pr.q_begin + q0 + r;
-      const float* qs = a.q + t * a.q_s0 + static_cast<std::int64_t>(h) * D;
       const float* ds = a.dO + t * a.dO_s0 + static_cast<std::int64_t>(h) * D;
       const float* os = a.o + t * a.o_s0 + static_cast<std::int64_t>(h) * D;
       vf acc{};
       for (int d = 0; d < D; d += 16) acc = fmadd(ld(ds + d), ld(os + d), acc);
-      for (int d = 0; d < D; ++d) {
-        qt_[static_cast<std::int64_t>(d) * TQ + r] = qs[d] * a.scale2;
-        dot[static_cast<std::int64_t>(d) * TQ + r] = ds[d];
-      }
       dlt[r] = hsum(acc);
       lse2[r] = a.lse[t * a.lse_s0 + h] * kLog2e;
     } else {
-      for (int d = 0; d < D; ++d) {
-        qt_[static_cast<std::int64_t>(d) * TQ + r] = 0.0f;
-        dot[static_cast<std::int64_t>(d) * TQ + r] = 0.0f;
-      }
       dlt[r] = 0.0f;
       lse2[r] = 0.0f;
+    }
+  }
+  // transposes: d outer so the stores run along contiguous rows of the blocks
+  const float* qb = a.q + (pr.q_begin + q0) * a.q_s0 + static_cast<std::int64_t>(h) * D;
+  const float* db = a.dO + (pr.q_begin + q0) * a.dO_s0 + static_cast<std::int64_t>(h) * D;
+  const float sc2 = a.scale2;
+  for (int d = 0; d < D; ++d) {
+    float* qrow = qt_ + static_cast<std::int64_t>(d) * TQ;
+    float* drow = dot + static_cast<std::int64_t>(d) * TQ;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      qrow[r] = qb[r * a.q_s0 + d] * sc2;
+      drow[r] = db[r * a.dO_s0 + d];
+    }
+    for (std::int64_t r = rows; r < TQ; ++r) {
+      qrow[r] = 0.0f;
+      drow[r] = 0.0f;
     }
   }
 }
