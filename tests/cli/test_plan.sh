@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# wlb plan / tune / data stats end to end: outputs, --check, checkpoint resume, bad input.
+set -u
+WLB="$1"; SRC="$2"
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+# Compare all packers on the smoke deck with conservation checking.
+"$WLB" plan "$SRC/inputs/plan_smoke.toml" --packer all --steps 30 --check --out "$T/plan.jsonl" > "$T/out.txt" 2>&1 \
+  || { cat "$T/out.txt"; fail "plan --check"; }
+for p in original fixed_greedy fixed_optimal best_fit wlb; do
+  grep -q "^$p " "$T/out.txt" || fail "table lacks $p"
+  [ -s "$T/plan.$p.jsonl" ] || fail "no plan.$p.jsonl"
+  [ "$(wc -l < "$T/plan.$p.jsonl")" -eq 32 ] || fail "plan.$p.jsonl: expected header + 30 steps + summary"
+  grep -q "check $p: OK — lost 0 tokens, duplicated 0" "$T/out.txt" || fail "check line for $p"
+done
+head -1 "$T/plan.wlb.jsonl" | grep -q '"format":"wlb-plan"' || fail "header line"
+ls "$T" | grep -q tmp && fail "temporary files left behind"
+
+# User length file, all packers.
+"$WLB" plan "$SRC/inputs/plan_lengths_file.toml" --packer all --steps 40 --check > "$T/f.txt" 2>&1 \
+  || { cat "$T/f.txt"; fail "plan on length file"; }
+
+# Checkpoint: 10 + 10 steps resumed == 20 steps straight (wlb).
+"$WLB" plan "$SRC/inputs/plan_smoke.toml" --packer wlb --steps 20 --out "$T/full.jsonl" > /dev/null || fail "full run"
+"$WLB" plan "$SRC/inputs/plan_smoke.toml" --packer wlb --steps 10 --save-state "$T/state.json" > /dev/null || fail "first half"
+"$WLB" plan "$SRC/inputs/plan_smoke.toml" --packer wlb --steps 10 --resume "$T/state.json" --out "$T/second.jsonl" > /dev/null || fail "resume"
+strip() { grep '"type":"step"' "$1" | sed 's/"metrics":{[^}]*}//'; }
+diff <(strip "$T/full.jsonl" | tail -10) <(strip "$T/second.jsonl") > /dev/null || fail "resumed stream differs"
+
+# Bad input: exit 2, message names the file/line, no output written.
+printf '100\n200\nxyz\n' > "$T/bad.txt"
+"$WLB" plan "$SRC/inputs/plan_lengths_file.toml" --set "data.path=\"$T/bad.txt\"" --out "$T/never.jsonl" > "$T/e.txt" 2>&1
+rc=$?
+[ $rc -eq 2 ] || fail "bad length file: exit $rc"
+grep -q "bad.txt:3" "$T/e.txt" || { cat "$T/e.txt"; fail "error lacks file:line"; }
+[ ! -e "$T/never.jsonl" ] || fail "output written on error"
+"$WLB" plan "$SRC/inputs/plan_smoke.toml" --packer nope > "$T/e2.txt" 2>&1
+[ $? -eq 2 ] || fail "unknown packer should exit 2"
+
+# tune and data stats.
+"$WLB" tune "$SRC/inputs/plan_smoke.toml" --sample-steps 20 --max-levels 2 > "$T/tune.txt" 2>&1 || { cat "$T/tune.txt"; fail "tune"; }
+grep -q "best under budget" "$T/tune.txt" || fail "tune picked nothing"
+"$WLB" data stats --all-presets --window 8192 --steps 5 > "$T/stats.txt" 2>&1 || fail "data stats"
+for p in long_context_128k pile code wikipedia sft_chat; do grep -q "generator:$p" "$T/stats.txt" || fail "stats lacks $p"; done
+"$WLB" data stats "$SRC/inputs/plan_lengths_file.toml" | grep -q "documents 400" || fail "file stats"
+echo "test_plan: OK"
