@@ -1,0 +1,98 @@
+/// \file gemm.cpp
+/// \brief CBLAS / portable GEMM behind the View interface of gemm.hpp.
+
+#include "runtime/gemm.hpp"
+
+#include <mutex>
+#include <stdexcept>
+#include <type_traits>
+
+#include "core/kokkos_compat.hpp"
+
+#if defined(WLB_HAVE_CBLAS)
+#include <cblas.h>
+#define WLB_GEMM_CBLAS 1
+#else
+// Fortran BLAS (any vendor): column-major sgemm.
+extern "C" void sgemm_(const char* ta, const char* tb, const int* m, const int* n, const int* k,
+                       const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
+                       const float* beta, float* c, const int* ldc);
+#define WLB_GEMM_CBLAS 0
+#endif
+
+namespace wlb::runtime {
+namespace {
+
+constexpr bool kHostMem = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible;
+
+void singleThreadedBlas() {
+#if WLB_GEMM_CBLAS && defined(OPENBLAS_VERSION)
+  // One core per MPI rank: the pthread OpenBLAS would otherwise oversubscribe the node.
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+#endif
+}
+
+template <class V>
+std::int64_t rowsOf(const V& v, Trans t) {
+  return t == Trans::N ? static_cast<std::int64_t>(v.extent(0)) : static_cast<std::int64_t>(v.extent(1));
+}
+template <class V>
+std::int64_t colsOf(const V& v, Trans t) {
+  return t == Trans::N ? static_cast<std::int64_t>(v.extent(1)) : static_cast<std::int64_t>(v.extent(0));
+}
+
+}  // namespace
+
+void gemm(const Space& space, Trans ta, Trans tb, float alpha, CMat a, CMat b, float beta, Mat c) {
+  const std::int64_t m = rowsOf(a, ta), k = colsOf(a, ta), n = colsOf(b, tb);
+  if (rowsOf(b, tb) != k || static_cast<std::int64_t>(c.extent(0)) != m ||
+      static_cast<std::int64_t>(c.extent(1)) != n)
+    throw std::invalid_argument("wlb::runtime::gemm: shape mismatch (" + std::to_string(m) + "x" +
+                                std::to_string(k) + " * " + std::to_string(rowsOf(b, tb)) + "x" +
+                                std::to_string(n) + " -> " + std::to_string(c.extent(0)) + "x" +
+                                std::to_string(c.extent(1)) + ")");
+  if (m == 0 || n == 0) return;
+  if constexpr (kHostMem) {
+    kk::fence(space, "wlb::runtime::gemm");
+    if (k == 0) {
+      // C = beta * C.
+      for (std::int64_t i = 0; i < m * n; ++i) c.data()[i] = beta == 0.0f ? 0.0f : beta * c.data()[i];
+      return;
+    }
+    singleThreadedBlas();
+    const int lda = static_cast<int>(a.extent(1)), ldb = static_cast<int>(b.extent(1)),
+              ldc = static_cast<int>(c.extent(1));
+#if WLB_GEMM_CBLAS
+    cblas_sgemm(CblasRowMajor, ta == Trans::N ? CblasNoTrans : CblasTrans, tb == Trans::N ? CblasNoTrans : CblasTrans,
+                static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a.data(), lda, b.data(), ldb,
+                beta, c.data(), ldc);
+#else
+    // Row-major C = op(A) op(B)  <=>  column-major C^T = op(B)^T op(A)^T.
+    const char tA = ta == Trans::N ? 'N' : 'T', tB = tb == Trans::N ? 'N' : 'T';
+    const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
+    sgemm_(&tB, &tA, &ni, &mi, &ki, &alpha, b.data(), &ldb, a.data(), &lda, &beta, c.data(), &ldc);
+#endif
+  } else {
+    // Portable path: one thread per output element (device backends).
+    const bool at = ta == Trans::T, bt = tb == Trans::T;
+    Kokkos::parallel_for(
+        "wlb::runtime::gemm", Kokkos::MDRangePolicy<Space, Kokkos::Rank<2>>(space, {0, 0}, {m, n}),
+        KOKKOS_LAMBDA(const std::int64_t i, const std::int64_t j) {
+          float s = 0.0f;
+          for (std::int64_t l = 0; l < k; ++l) s += (at ? a(l, i) : a(i, l)) * (bt ? b(j, l) : b(l, j));
+          c(i, j) = alpha * s + (beta == 0.0f ? 0.0f : beta * c(i, j));
+        });
+  }
+}
+
+Mat flat(const Act3& v) {
+  return Mat(v.data(), v.extent(0), v.extent(1) * v.extent(2));
+}
+
+std::string gemmBackend() {
+  if (!kHostMem) return "kokkos";
+  return WLB_GEMM_CBLAS ? "cblas" : "blas";
+}
+
+}  // namespace wlb::runtime

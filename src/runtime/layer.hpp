@@ -1,0 +1,126 @@
+#pragma once
+/// \file layer.hpp
+/// \brief One transformer layer on one rank with real kernels (docs/runtime.md):
+/// QKV projection (GEMMs), context-parallel attention (cp/distributed_attention.hpp),
+/// output projection, residual, SwiGLU MLP (GEMMs), residual; and the backward of all of
+/// it, accumulating weight gradients. Heads, KV heads and the MLP width are split over
+/// TP ranks (Megatron style: column-parallel QKV/W1/W3, row-parallel out-proj/W2, a TP
+/// all-reduce after each row-parallel GEMM in forward and of the input gradient of each
+/// block in backward). Norms are omitted (negligible, elementwise).
+///
+/// Every op is a timed region in the trace Recorder (labels qkv_proj, attn, kv_allgather
+/// / kv_exchange, out_proj, mlp, tp_allreduce) with FLOPs from the cost model.
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "cp/distributed_attention.hpp"
+#include "cp/shard_plan.hpp"
+#include "model/cost_model.hpp"
+#include "runtime/gemm.hpp"
+
+namespace wlb::trace {
+class Recorder;
+}
+
+namespace wlb::runtime {
+
+/// Layer dimensions on one TP rank.
+struct LayerShape {
+  int hidden = 0;    ///< model width (not split)
+  int heads = 0;     ///< query heads on this TP rank
+  int kv_heads = 0;  ///< KV heads on this TP rank
+  int head_dim = 0;
+  int ffn = 0;       ///< MLP width on this TP rank
+  /// From model dims and the TP degree; InputError (naming the key) when heads, kv_heads
+  /// or ffn are not divisible by tp or hidden != heads*head_dim.
+  static LayerShape fromDims(const model::ModelDims& d, int tp);
+  std::int64_t qWidth() const { return static_cast<std::int64_t>(heads) * head_dim; }
+  std::int64_t kvWidth() const { return static_cast<std::int64_t>(kv_heads) * head_dim; }
+  /// Parameters of one layer on this rank.
+  std::int64_t paramCount() const;
+};
+
+/// Linear ops of a layer, for per-op FLOPs.
+enum class LinearOp : int { QkvProj, OutProj, Mlp };
+/// FLOPs of one linear op for `tokens` tokens on one TP rank. The three ops sum to
+/// CostModel::linearFlops (the cost model's QKV + out-proj + SwiGLU terms).
+double linearOpFlops(const model::CostModel& cost, LinearOp op, std::int64_t tokens, model::Phase phase);
+
+/// One layer's weights (or weight gradients): views into a model-wide buffer.
+struct LayerParams {
+  Mat wq, wk, wv;  ///< [hidden][q/kv width]
+  Mat wo;          ///< [q width][hidden]
+  Mat w1, w3;      ///< [hidden][ffn]
+  Mat w2;          ///< [ffn][hidden]
+};
+
+/// All layers' weights and gradients on one rank, each in one contiguous buffer (the
+/// gradient buffer is what the DP/CP all-reduce sums).
+class Model {
+ public:
+  /// Weights uniform in +-1/sqrt(fan_in) from a counter-based hash of (seed, layer,
+  /// tp rank, index): identical on every DP/CP replica, different per TP slice.
+  Model(const LayerShape& shape, int layers, std::uint64_t seed, int tp_rank);
+  const LayerShape& shape() const { return shape_; }
+  int layers() const { return static_cast<int>(weights_.size()); }
+  LayerParams& weights(int l) { return weights_[static_cast<std::size_t>(l)]; }
+  LayerParams& grads(int l) { return grads_[static_cast<std::size_t>(l)]; }
+  Kokkos::View<float*, Mem> gradBuffer() const { return grad_buf_; }
+  Kokkos::View<float*, Mem> weightBuffer() const { return weight_buf_; }
+  void zeroGrads(const Space& space);
+
+ private:
+  LayerShape shape_;
+  Kokkos::View<float*, Mem> weight_buf_, grad_buf_;
+  std::vector<LayerParams> weights_, grads_;
+};
+
+/// Environment of a layer execution on one rank.
+struct LayerEnv {
+  const Space* space = nullptr;
+  MPI_Comm cp_comm = MPI_COMM_NULL;  ///< the micro-batch's CP group
+  MPI_Comm tp_comm = MPI_COMM_NULL;  ///< MPI_COMM_NULL or a 1-rank comm when tp == 1
+  int tp = 1;
+  const model::CostModel* cost = nullptr;  ///< FLOPs of recorded events (required)
+  trace::Recorder* recorder = nullptr;     ///< optional
+  attention::KernelConfig kernel{};
+};
+
+/// Forward/backward of one layer for one micro-batch (local tokens of this CP rank);
+/// keeps the activations of forward for backward.
+class LayerStep {
+ public:
+  LayerStep(const LayerEnv& env, Model& model, int layer, const cp::ShardPlan& plan, const cp::CommPlan& comm);
+  /// y = h + MLP(h), h = x + OutProj(Attn(QKV(x))). x: [local tokens][hidden].
+  Mat forward(const Mat& x);
+  /// Given dL/dy, accumulate weight gradients and return dL/dx. Frees the activations.
+  Mat backward(const Mat& dy);
+  std::int64_t tokens() const { return n_; }
+  /// Attention kernel seconds of the last forward + backward on this rank.
+  double attnSeconds() const { return attn_seconds_; }
+  /// KV communication seconds (incl. waiting for peers) of the last forward + backward.
+  double kvCommSeconds() const { return kv_seconds_; }
+
+ private:
+  void tpAllreduce(const Mat& m, bool backward);
+  LayerEnv env_;
+  Model* model_;
+  int layer_;
+  std::int64_t n_;
+  std::unique_ptr<cp::DistributedAttention> attn_;
+  // Saved activations.
+  Mat x_, h_, a1_, a3_, s_;
+  Act3 q_, k_, v_, o_;
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> lse_;
+  double attn_seconds_ = 0, kv_seconds_ = 0;
+};
+
+/// Fill a matrix with deterministic pseudo-random values in [-scale, scale] from
+/// (seed, stream, index).
+void fillRandom(const Space& space, const Mat& m, std::uint64_t seed, std::uint64_t stream, float scale);
+
+}  // namespace wlb::runtime

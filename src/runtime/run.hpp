@@ -1,0 +1,67 @@
+#pragma once
+/// \file run.hpp
+/// \brief The measured step executor behind `wlb run` (docs/runtime.md): for each strategy
+/// of a deck, the same length stream -> packer -> CP shard planner -> real transformer
+/// layers on every rank of the TP x CP x DP mesh (pp = 1), one DP/CP gradient all-reduce
+/// per step, per-op trace events, and a measured summary (step time, busy time, CP and
+/// micro-batch imbalance).
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "core/deck.hpp"
+
+namespace wlb::runtime {
+
+struct RunOptions {
+  std::int64_t steps = -1;   ///< measured steps; < 0 -> deck run.steps
+  std::int64_t warmup = -1;  ///< warm-up steps before them; < 0 -> deck run.warmup
+  bool progress = true;      ///< rank 0 prints a line per step to `out`
+  bool write_outputs = true; ///< trace file and plan JSONL into deck.output.dir
+  std::string command;       ///< command line stored in the trace metadata
+  std::FILE* out = stdout;
+};
+
+/// Measured numbers of one step (rank 0's view after gathering every rank).
+struct StepRecord {
+  std::int64_t step = 0;
+  bool warmup = false;
+  double seconds = 0;              ///< max over ranks of the step's wall time
+  std::int64_t tokens = 0;         ///< tokens trained in the step (all replicas)
+  double mb_imbalance = 1;         ///< max/mean micro-batch latency over dp*M micro-batches
+  double cp_imbalance = 1;         ///< mean over micro-batches of max/mean attention time over CP ranks
+  double predicted_imbalance = 1;  ///< packing metrics (cost model), W_a + W_l
+  std::vector<double> rank_busy;   ///< per world rank: compute seconds (GEMMs, attention, fills)
+  std::vector<double> rank_comm;   ///< per world rank: KV, TP and gradient communication incl. waits
+  std::vector<double> rank_attn;   ///< per world rank: attention kernel seconds
+};
+
+struct StrategyResult {
+  std::string name, packer, sharding, comm;
+  std::vector<StepRecord> steps;
+  // Over the measured (non-warm-up) steps:
+  double step_mean = 0, step_min = 0, step_median = 0;
+  double tokens_per_step = 0, tokens_per_second = 0;
+  double cp_imbalance = 1, mb_imbalance = 1, predicted_imbalance = 1;
+  std::vector<double> rank_busy, rank_comm, rank_attn;  ///< per world rank, mean per step
+};
+
+struct RunReport {
+  std::string mesh;  ///< MeshShape::describe()
+  std::int64_t steps = 0, warmup = 0, layers = 0;
+  std::vector<StrategyResult> strategies;  ///< complete on rank 0 only
+  std::string trace_path;                  ///< "" when outputs are off
+  std::vector<std::string> plan_paths;
+};
+
+/// Run every strategy of the deck (resolveStrategies). Collective over MPI_COMM_WORLD;
+/// Kokkos must be initialised. InputError (collective) for a mesh that does not match the
+/// world size, pp > 1, or dimensions the layer cannot split.
+RunReport runDeck(const Deck& deck, const RunOptions& opt = {});
+
+/// The final table printed by `wlb run` (rank 0).
+std::string formatReport(const RunReport& report);
+
+}  // namespace wlb::runtime

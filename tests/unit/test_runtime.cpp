@@ -1,0 +1,168 @@
+// wlb-timeout: 120
+// Runtime building blocks: the GEMM wrapper against a naive product, per-op linear FLOPs
+// against the cost model, layer-shape validation, and the transformer layer's backward
+// against finite differences (single rank, cp = 1).
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/types.hpp"
+#include "cp/shard_plan.hpp"
+#include "model/cost_model.hpp"
+#include "runtime/gemm.hpp"
+#include "runtime/layer.hpp"
+
+using namespace wlb;
+using namespace wlb::runtime;
+
+namespace {
+
+model::ModelDims dims(int hidden, int heads, int kv_heads, int ffn) {
+  model::ModelDims d;
+  d.hidden = hidden;
+  d.heads = heads;
+  d.kv_heads = kv_heads;
+  d.head_dim = hidden / heads;
+  d.ffn = ffn;
+  d.layers = 1;
+  d.vocab = 100;
+  d.dtype_bytes = 4;
+  return d;
+}
+
+Mat randomMat(std::int64_t r, std::int64_t c, unsigned seed) {
+  Mat m("m", r, c);
+  std::mt19937 g(seed);
+  std::uniform_real_distribution<float> u(-1, 1);
+  auto h = Kokkos::create_mirror_view(m);
+  for (std::size_t i = 0; i < h.size(); ++i) h.data()[i] = u(g);
+  Kokkos::deep_copy(m, h);
+  return m;
+}
+
+std::vector<float> host(const Mat& m) {
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), m);
+  return std::vector<float>(h.data(), h.data() + h.size());
+}
+
+}  // namespace
+
+TEST(RuntimeGemm, AllTransposeCombinationsMatchNaive) {
+  Space space;
+  const int m = 13, n = 7, k = 21;
+  for (Trans ta : {Trans::N, Trans::T})
+    for (Trans tb : {Trans::N, Trans::T}) {
+      Mat a = ta == Trans::N ? randomMat(m, k, 1) : randomMat(k, m, 1);
+      Mat b = tb == Trans::N ? randomMat(k, n, 2) : randomMat(n, k, 2);
+      Mat c = randomMat(m, n, 3);
+      const auto c0 = host(c), ha = host(a), hb = host(b);
+      gemm(space, ta, tb, 0.5f, a, b, 2.0f, c);
+      const auto hc = host(c);
+      for (int i = 0; i < m; ++i)
+        for (int j = 0; j < n; ++j) {
+          double s = 0;
+          for (int l = 0; l < k; ++l) {
+            const float av = ta == Trans::N ? ha[i * k + l] : ha[l * m + i];
+            const float bv = tb == Trans::N ? hb[l * n + j] : hb[j * k + l];
+            s += static_cast<double>(av) * bv;
+          }
+          EXPECT_NEAR(hc[i * n + j], 0.5 * s + 2.0 * c0[i * n + j], 1e-4);
+        }
+    }
+  Mat bad("bad", 3, 3);
+  EXPECT_THROW(gemm(space, Trans::N, Trans::N, 1, randomMat(2, 4, 1), randomMat(3, 3, 1), 0, bad),
+               std::invalid_argument);
+}
+
+TEST(RuntimeFlops, LinearOpsSumToCostModel) {
+  for (int tp : {1, 2}) {
+    model::CostModel cost(dims(256, 4, 2, 704), model::HardwareProfile::analytic(), tp);
+    for (auto ph : {model::Phase::Fwd, model::Phase::Bwd}) {
+      const double sum = linearOpFlops(cost, LinearOp::QkvProj, 1000, ph) +
+                         linearOpFlops(cost, LinearOp::OutProj, 1000, ph) +
+                         linearOpFlops(cost, LinearOp::Mlp, 1000, ph);
+      EXPECT_NEAR(sum / cost.linearFlops(1000, ph), 1.0, 1e-12);
+    }
+  }
+}
+
+TEST(RuntimeLayerShape, SplitsOverTpAndRejectsIndivisible) {
+  const auto s = LayerShape::fromDims(dims(256, 4, 2, 704), 2);
+  EXPECT_EQ(s.heads, 2);
+  EXPECT_EQ(s.kv_heads, 1);
+  EXPECT_EQ(s.ffn, 352);
+  EXPECT_THROW(LayerShape::fromDims(dims(256, 4, 2, 704), 4), InputError);  // kv_heads 2 % 4
+  EXPECT_THROW(LayerShape::fromDims(dims(256, 4, 2, 702), 4), InputError);
+}
+
+// dL/dx and dL/dWq of L = sum(y * g) against central differences in a random direction.
+TEST(RuntimeLayer, BackwardMatchesFiniteDifferences) {
+  const auto d = dims(32, 2, 1, 48);
+  model::CostModel cost(d, model::HardwareProfile::analytic(), 1);
+  const LayerShape shape = LayerShape::fromDims(d, 1);
+  Model model(shape, 1, 7, 0);
+  MicroBatch mb;
+  mb.segments = {Segment{1, 0, 9, 0}, Segment{2, 0, 14, 0}};
+  CpConfig cfg;
+  const cp::ShardPlan plan = cp::planShards(mb, "per_document", 1, cost, cfg);
+  const cp::CommPlan comm = cp::planComm(plan, cp::CommMode::AllGather, cost);
+  Space space;
+  LayerEnv env;
+  env.space = &space;
+  env.cp_comm = MPI_COMM_SELF;
+  env.cost = &cost;
+  const std::int64_t T = mb.tokens();
+  Mat x = randomMat(T, d.hidden, 11), g = randomMat(T, d.hidden, 12), dir = randomMat(T, d.hidden, 13);
+
+  auto loss = [&](const Mat& xin) {
+    LayerStep st(env, model, 0, plan, comm);
+    const auto y = host(st.forward(xin));
+    const auto hg = host(g);
+    double l = 0;
+    for (std::size_t i = 0; i < y.size(); ++i) l += static_cast<double>(y[i]) * hg[i];
+    return l;
+  };
+  model.zeroGrads(space);
+  LayerStep st(env, model, 0, plan, comm);
+  st.forward(x);
+  const auto dx = host(st.backward(g));
+  const auto hdir = host(dir);
+  double analytic = 0;
+  for (std::size_t i = 0; i < dx.size(); ++i) analytic += static_cast<double>(dx[i]) * hdir[i];
+  const float eps = 1e-2f;
+  auto shifted = [&](float s) {
+    Mat xs("xs", T, d.hidden);
+    auto hx = host(x);
+    auto h = Kokkos::create_mirror_view(xs);
+    for (std::size_t i = 0; i < h.size(); ++i) h.data()[i] = hx[i] + s * hdir[i];
+    Kokkos::deep_copy(xs, h);
+    return xs;
+  };
+  const double numeric = (loss(shifted(eps)) - loss(shifted(-eps))) / (2.0 * eps);
+  EXPECT_NEAR(analytic, numeric, 2e-2 * std::max(1.0, std::abs(numeric)));
+
+  // Weight gradient of wq in a random direction.
+  const auto gq = host(model.grads(0).wq);
+  Mat wq = model.weights(0).wq;
+  const auto wq0 = host(wq);
+  Mat wdir = randomMat(wq.extent(0), wq.extent(1), 14);
+  const auto hw = host(wdir);
+  double an_w = 0;
+  for (std::size_t i = 0; i < gq.size(); ++i) an_w += static_cast<double>(gq[i]) * hw[i];
+  auto setWq = [&](float s) {
+    auto h = Kokkos::create_mirror_view(wq);
+    for (std::size_t i = 0; i < h.size(); ++i) h.data()[i] = wq0[i] + s * hw[i];
+    Kokkos::deep_copy(wq, h);
+  };
+  setWq(eps);
+  const double lp = loss(x);
+  setWq(-eps);
+  const double lm = loss(x);
+  setWq(0);
+  const double num_w = (lp - lm) / (2.0 * eps);
+  EXPECT_NEAR(an_w, num_w, 2e-2 * std::max(1.0, std::abs(num_w)));
+}
