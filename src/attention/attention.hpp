@@ -21,7 +21,9 @@
 ///   backward ACCUMULATES (+=) into dq, dk and dv: zero them before the first call. Keys
 ///            shared by several pieces (or by several calls) receive the sum of all
 ///            contributions. lse and o must be the forward outputs for the same inputs.
-/// Both enqueue work on `space` and fence it before returning (workspaces are freed).
+/// Both enqueue work on `space` and fence it before returning. Host-path workspaces are
+/// cached per calling thread (grow-only, reused across calls); device-path temporaries are
+/// freed on return. Tiles: see KernelConfig (default 64 x 64, as in the shipped profile).
 
 #include <Kokkos_Core.hpp>
 
