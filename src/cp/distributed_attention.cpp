@@ -50,17 +50,22 @@ struct MaybeScope {
 
 }  // namespace
 
-DistributedAttention::DistributedAttention(const ShardPlan& plan, const CommPlan& comm_plan, MPI_Comm comm,
-                                           int heads, int kv_heads, int head_dim, DistAttentionOptions opt)
-    : plan_(&plan), comm_plan_(&comm_plan), comm_(comm), heads_(heads), kv_heads_(kv_heads),
-      head_dim_(head_dim), opt_(opt) {
+DistributedAttention::DistributedAttention(const ShardPlan& plan, const CommPlan& comm_plan, MPI_Comm comm, int heads,
+                                           int kv_heads, int head_dim, DistAttentionOptions opt)
+    : plan_(&plan),
+      comm_plan_(&comm_plan),
+      comm_(comm),
+      heads_(heads),
+      kv_heads_(kv_heads),
+      head_dim_(head_dim),
+      opt_(opt) {
   int size = 0;
   MPI_Comm_size(comm, &size);
   MPI_Comm_rank(comm, &rank_);
   if (size != plan.cp || comm_plan.cp != plan.cp)
     throw std::invalid_argument("wlb::cp::DistributedAttention: communicator has " + std::to_string(size) +
-                                " ranks but the plan has cp=" + std::to_string(plan.cp) + " (comm plan cp=" +
-                                std::to_string(comm_plan.cp) + ")");
+                                " ranks but the plan has cp=" + std::to_string(plan.cp) +
+                                " (comm plan cp=" + std::to_string(comm_plan.cp) + ")");
   if (heads <= 0 || kv_heads <= 0 || head_dim <= 0 || heads % kv_heads != 0)
     throw std::invalid_argument("wlb::cp::DistributedAttention: bad heads/kv_heads/head_dim");
   const RankShard& rs = plan.ranks[rank_];
@@ -99,10 +104,10 @@ void DistributedAttention::exchangeKvForward(const Space& space, Const3 k, Const
   const CommPlan& cpl = *comm_plan_;
   const std::int64_t width = static_cast<std::int64_t>(kv_heads_) * head_dim_;
   const int r = rank_;
-  kv_k_ = View3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::cp::dist_attn::kv_k"), kv_tokens_,
-                kv_heads_, head_dim_);
-  kv_v_ = View3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::cp::dist_attn::kv_v"), kv_tokens_,
-                kv_heads_, head_dim_);
+  kv_k_ = View3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::cp::dist_attn::kv_k"), kv_tokens_, kv_heads_,
+                head_dim_);
+  kv_v_ = View3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::cp::dist_attn::kv_v"), kv_tokens_, kv_heads_,
+                head_dim_);
   // Host staging (no copies on host backends: mirrors alias the device views).
   auto hk = Kokkos::create_mirror_view(k);
   auto hv = Kokkos::create_mirror_view(v);
@@ -278,10 +283,9 @@ void DistributedAttention::returnKvGradBackward(const Space& space, View3 dk, Vi
   times_.bytes_bwd = bytes;
 }
 
-void DistributedAttention::backward(const Space& space, Const3 q, Const3 o, Const2 lse, Const3 dO, View3 dq,
-                                    View3 dk, View3 dv) {
-  if (!have_kv_)
-    throw std::logic_error("wlb::cp::DistributedAttention::backward: no KV buffer (forward() first)");
+void DistributedAttention::backward(const Space& space, Const3 q, Const3 o, Const2 lse, Const3 dO, View3 dq, View3 dk,
+                                    View3 dv) {
+  if (!have_kv_) throw std::logic_error("wlb::cp::DistributedAttention::backward: no KV buffer (forward() first)");
   if (static_cast<std::int64_t>(dq.extent(0)) != local_tokens_ ||
       static_cast<std::int64_t>(dk.extent(0)) != local_tokens_ ||
       static_cast<std::int64_t>(dv.extent(0)) != local_tokens_ ||
@@ -312,8 +316,8 @@ void DistributedAttention::backward(const Space& space, Const3 q, Const3 o, Cons
 
 // ---- diagnostics ---------------------------------------------------------------------
 
-std::vector<float> gatherToPacked(const ShardPlan& plan, const CommPlan& comm_plan, MPI_Comm comm,
-                                  const float* local, std::int64_t width) {
+std::vector<float> gatherToPacked(const ShardPlan& plan, const CommPlan& comm_plan, MPI_Comm comm, const float* local,
+                                  std::int64_t width) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
   const std::int64_t total = plan.total_tokens;

@@ -72,8 +72,8 @@ struct DistAttentionOptions {
 
 /// Seconds spent by the last forward()/backward() call of this rank.
 struct DistAttentionTimes {
-  double comm_fwd = 0, attn_fwd = 0;  ///< KV exchange (incl. waiting) / kernel
-  double comm_bwd = 0, attn_bwd = 0;  ///< dKV return (incl. waiting) / kernel
+  double comm_fwd = 0, attn_fwd = 0;    ///< KV exchange (incl. waiting) / kernel
+  double comm_bwd = 0, attn_bwd = 0;    ///< dKV return (incl. waiting) / kernel
   double bytes_fwd = 0, bytes_bwd = 0;  ///< bytes this rank sent + received
 };
 
@@ -88,8 +88,8 @@ class DistributedAttention {
 
   /// `comm` has plan.cp ranks; this rank's index in it selects its shard. Throws
   /// std::invalid_argument on a size mismatch or bad head counts.
-  DistributedAttention(const ShardPlan& plan, const CommPlan& comm_plan, MPI_Comm comm, int heads,
-                       int kv_heads, int head_dim, DistAttentionOptions opt = {});
+  DistributedAttention(const ShardPlan& plan, const CommPlan& comm_plan, MPI_Comm comm, int heads, int kv_heads,
+                       int head_dim, DistAttentionOptions opt = {});
 
   int rank() const { return rank_; }
   std::int64_t localTokens() const { return local_tokens_; }
@@ -103,8 +103,7 @@ class DistributedAttention {
   /// Attention backward and dK/dV return. Needs the preceding forward() of this object
   /// (its KV buffer); o/lse are that forward's outputs. dq/dk/dv are overwritten.
   /// Collective over the CP communicator.
-  void backward(const Space& space, Const3 q, Const3 o, Const2 lse, Const3 dO, View3 dq, View3 dk,
-                View3 dv);
+  void backward(const Space& space, Const3 q, Const3 o, Const2 lse, Const3 dO, View3 dq, View3 dk, View3 dv);
 
   /// Drop the KV buffer kept for backward.
   void releaseKv();
@@ -134,7 +133,7 @@ class DistributedAttention {
 /// Gather a rank-local buffer ([local tokens][width] floats, local order) of every CP
 /// rank back into packed (sequence) order on every rank: out[p] = local_{owner[p]}
 /// [local_index[p]]. Collective (MPI_Allgatherv). Used by tests and diagnostics.
-std::vector<float> gatherToPacked(const ShardPlan& plan, const CommPlan& comm_plan, MPI_Comm comm,
-                                  const float* local, std::int64_t width);
+std::vector<float> gatherToPacked(const ShardPlan& plan, const CommPlan& comm_plan, MPI_Comm comm, const float* local,
+                                  std::int64_t width);
 
 }  // namespace wlb::cp

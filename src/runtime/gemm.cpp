@@ -14,9 +14,9 @@
 #define WLB_GEMM_CBLAS 1
 #else
 // Fortran BLAS (any vendor): column-major sgemm.
-extern "C" void sgemm_(const char* ta, const char* tb, const int* m, const int* n, const int* k,
-                       const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
-                       const float* beta, float* c, const int* ldc);
+extern "C" void sgemm_(const char* ta, const char* tb, const int* m, const int* n, const int* k, const float* alpha,
+                       const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c,
+                       const int* ldc);
 #define WLB_GEMM_CBLAS 0
 #endif
 
@@ -46,12 +46,10 @@ std::int64_t colsOf(const V& v, Trans t) {
 
 void gemm(const Space& space, Trans ta, Trans tb, float alpha, CMat a, CMat b, float beta, Mat c) {
   const std::int64_t m = rowsOf(a, ta), k = colsOf(a, ta), n = colsOf(b, tb);
-  if (rowsOf(b, tb) != k || static_cast<std::int64_t>(c.extent(0)) != m ||
-      static_cast<std::int64_t>(c.extent(1)) != n)
-    throw std::invalid_argument("wlb::runtime::gemm: shape mismatch (" + std::to_string(m) + "x" +
-                                std::to_string(k) + " * " + std::to_string(rowsOf(b, tb)) + "x" +
-                                std::to_string(n) + " -> " + std::to_string(c.extent(0)) + "x" +
-                                std::to_string(c.extent(1)) + ")");
+  if (rowsOf(b, tb) != k || static_cast<std::int64_t>(c.extent(0)) != m || static_cast<std::int64_t>(c.extent(1)) != n)
+    throw std::invalid_argument("wlb::runtime::gemm: shape mismatch (" + std::to_string(m) + "x" + std::to_string(k) +
+                                " * " + std::to_string(rowsOf(b, tb)) + "x" + std::to_string(n) + " -> " +
+                                std::to_string(c.extent(0)) + "x" + std::to_string(c.extent(1)) + ")");
   if (m == 0 || n == 0) return;
   if constexpr (kHostMem) {
     kk::fence(space, "wlb::runtime::gemm");

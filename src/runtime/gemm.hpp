@@ -31,6 +31,8 @@ Mat flat(const Act3& v);
 std::string gemmBackend();
 
 /// 2*m*n*k.
-inline double gemmFlops(double m, double n, double k) { return 2.0 * m * n * k; }
+inline double gemmFlops(double m, double n, double k) {
+  return 2.0 * m * n * k;
+}
 
 }  // namespace wlb::runtime

@@ -36,7 +36,9 @@ KOKKOS_INLINE_FUNCTION std::uint64_t mix64(std::uint64_t z) {
   return z ^ (z >> 31);
 }
 
-KOKKOS_INLINE_FUNCTION float sigmoid(float x) { return 1.0f / (1.0f + kk::exp(-x)); }
+KOKKOS_INLINE_FUNCTION float sigmoid(float x) {
+  return 1.0f / (1.0f + kk::exp(-x));
+}
 
 Mat newMat(const char* label, std::int64_t r, std::int64_t c) {
   return Mat(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), r, c);
@@ -54,11 +56,11 @@ LayerShape LayerShape::fromDims(const model::ModelDims& d, int tp) {
   if (d.hidden != d.heads * d.head_dim)
     throw InputError("model.hidden (" + std::to_string(d.hidden) + ") must equal model.heads * head_dim");
   if (d.heads % tp != 0 || d.kv_heads % tp != 0)
-    throw InputError("model.heads (" + std::to_string(d.heads) + ") and model.kv_heads (" +
-                     std::to_string(d.kv_heads) + ") must be divisible by mesh.tp (" + std::to_string(tp) + ")");
+    throw InputError("model.heads (" + std::to_string(d.heads) + ") and model.kv_heads (" + std::to_string(d.kv_heads) +
+                     ") must be divisible by mesh.tp (" + std::to_string(tp) + ")");
   if (d.ffn % tp != 0)
-    throw InputError("model.ffn (" + std::to_string(d.ffn) + ") must be divisible by mesh.tp (" +
-                     std::to_string(tp) + ")");
+    throw InputError("model.ffn (" + std::to_string(d.ffn) + ") must be divisible by mesh.tp (" + std::to_string(tp) +
+                     ")");
   LayerShape s;
   s.hidden = static_cast<int>(d.hidden);
   s.heads = static_cast<int>(d.heads / tp);
@@ -79,9 +81,15 @@ double linearOpFlops(const model::CostModel& cost, LinearOp op, std::int64_t tok
                ffn = static_cast<double>(d.ffn), tp = static_cast<double>(cost.tp());
   double per_token = 0;
   switch (op) {
-    case LinearOp::QkvProj: per_token = 2.0 * h * (h + 2.0 * kv); break;
-    case LinearOp::OutProj: per_token = 2.0 * h * h; break;
-    case LinearOp::Mlp: per_token = 2.0 * 3.0 * h * ffn; break;
+    case LinearOp::QkvProj:
+      per_token = 2.0 * h * (h + 2.0 * kv);
+      break;
+    case LinearOp::OutProj:
+      per_token = 2.0 * h * h;
+      break;
+    case LinearOp::Mlp:
+      per_token = 2.0 * 3.0 * h * ffn;
+      break;
   }
   const double f = per_token / tp * static_cast<double>(tokens);
   return phase == model::Phase::Fwd ? f : model::kLinearBwdFactor * f;
@@ -126,8 +134,8 @@ Model::Model(const LayerShape& shape, int layers, std::uint64_t seed, int tp_ran
       (which == 0 ? weights_ : grads_).push_back(lp);
     }
     const LayerParams& w = weights_.back();
-    const std::uint64_t s = seed * 1000003ULL + static_cast<std::uint64_t>(l) * 131ULL +
-                            static_cast<std::uint64_t>(tp_rank) * 7919ULL;
+    const std::uint64_t s =
+        seed * 1000003ULL + static_cast<std::uint64_t>(l) * 131ULL + static_cast<std::uint64_t>(tp_rank) * 7919ULL;
     const float sh = 1.0f / std::sqrt(static_cast<float>(h));
     fillRandom(space, w.wq, s, 1, sh);
     fillRandom(space, w.wk, s, 2, sh);
@@ -140,12 +148,13 @@ Model::Model(const LayerShape& shape, int layers, std::uint64_t seed, int tp_ran
   kk::fence(space, "wlb::runtime::Model::init");
 }
 
-void Model::zeroGrads(const Space& space) { Kokkos::deep_copy(space, grad_buf_, 0.0f); }
+void Model::zeroGrads(const Space& space) {
+  Kokkos::deep_copy(space, grad_buf_, 0.0f);
+}
 
 // ---- layer step ----------------------------------------------------------------------
 
-LayerStep::LayerStep(const LayerEnv& env, Model& model, int layer, const cp::ShardPlan& plan,
-                     const cp::CommPlan& comm)
+LayerStep::LayerStep(const LayerEnv& env, Model& model, int layer, const cp::ShardPlan& plan, const cp::CommPlan& comm)
     : env_(env), model_(&model), layer_(layer) {
   int cp_rank = 0;
   MPI_Comm_rank(env.cp_comm, &cp_rank);
@@ -247,9 +256,9 @@ Mat LayerStep::backward(const Mat& dy) {
   {
     Region r(rec, trace::labels::kMlp, space, P, linearOpFlops(*env_.cost, LinearOp::Mlp, n, B));
     Mat ds = newMat("wlb::runtime::ds", n, s.ffn);
-    gemm(space, Trans::T, Trans::N, 1.0f, s_, dy, 1.0f, g.w2);    // dW2 += s^T dy
-    gemm(space, Trans::N, Trans::T, 1.0f, dy, w.w2, 0.0f, ds);    // ds = dy W2^T
-    Mat a1 = a1_, a3 = a3_, da1 = s_;  // s_ no longer needed: reuse for d(a1)
+    gemm(space, Trans::T, Trans::N, 1.0f, s_, dy, 1.0f, g.w2);  // dW2 += s^T dy
+    gemm(space, Trans::N, Trans::T, 1.0f, dy, w.w2, 0.0f, ds);  // ds = dy W2^T
+    Mat a1 = a1_, a3 = a3_, da1 = s_;                           // s_ no longer needed: reuse for d(a1)
     Kokkos::parallel_for(
         "wlb::runtime::swiglu_bwd", Kokkos::RangePolicy<Space>(space, 0, static_cast<std::int64_t>(ds.size())),
         KOKKOS_LAMBDA(const std::int64_t i) {
@@ -257,10 +266,10 @@ Mat LayerStep::backward(const Mat& dy) {
           da1.data()[i] = d * a3.data()[i] * sg * (1.0f + a * (1.0f - sg));
           ds.data()[i] = d * a * sg;  // d(a3)
         });
-    gemm(space, Trans::T, Trans::N, 1.0f, h_, da1, 1.0f, g.w1);   // dW1 += h^T da1
-    gemm(space, Trans::T, Trans::N, 1.0f, h_, ds, 1.0f, g.w3);    // dW3 += h^T da3
-    gemm(space, Trans::N, Trans::T, 1.0f, da1, w.w1, 0.0f, dh);   // dh = da1 W1^T
-    gemm(space, Trans::N, Trans::T, 1.0f, ds, w.w3, 1.0f, dh);    //    + da3 W3^T
+    gemm(space, Trans::T, Trans::N, 1.0f, h_, da1, 1.0f, g.w1);  // dW1 += h^T da1
+    gemm(space, Trans::T, Trans::N, 1.0f, h_, ds, 1.0f, g.w3);   // dW3 += h^T da3
+    gemm(space, Trans::N, Trans::T, 1.0f, da1, w.w1, 0.0f, dh);  // dh = da1 W1^T
+    gemm(space, Trans::N, Trans::T, 1.0f, ds, w.w3, 1.0f, dh);   //    + da3 W3^T
   }
   a1_ = a3_ = s_ = Mat();
   tpAllreduce(dh, true);
@@ -271,8 +280,8 @@ Mat LayerStep::backward(const Mat& dy) {
   Act3 d_o = newAct3("wlb::runtime::dO", n, s.heads, s.head_dim);
   {
     Region r(rec, trace::labels::kOutProj, space, P, linearOpFlops(*env_.cost, LinearOp::OutProj, n, B));
-    gemm(space, Trans::T, Trans::N, 1.0f, flat(o_), dh, 1.0f, g.wo);  // dWo += o^T dh
-    gemm(space, Trans::N, Trans::T, 1.0f, dh, w.wo, 0.0f, flat(d_o)); // dO = dh Wo^T
+    gemm(space, Trans::T, Trans::N, 1.0f, flat(o_), dh, 1.0f, g.wo);   // dWo += o^T dh
+    gemm(space, Trans::N, Trans::T, 1.0f, dh, w.wo, 0.0f, flat(d_o));  // dO = dh Wo^T
   }
   // Attention backward (dK/dV return inside).
   Act3 dq = newAct3("wlb::runtime::dq", n, s.heads, s.head_dim);

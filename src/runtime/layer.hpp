@@ -34,7 +34,7 @@ struct LayerShape {
   int heads = 0;     ///< query heads on this TP rank
   int kv_heads = 0;  ///< KV heads on this TP rank
   int head_dim = 0;
-  int ffn = 0;       ///< MLP width on this TP rank
+  int ffn = 0;  ///< MLP width on this TP rank
   /// From model dims and the TP degree; InputError (naming the key) when heads, kv_heads
   /// or ffn are not divisible by tp or hidden != heads*head_dim.
   static LayerShape fromDims(const model::ModelDims& d, int tp);

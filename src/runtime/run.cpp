@@ -155,9 +155,11 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
   }
 
   if (opt.progress && world_rank == 0) {
-    std::fprintf(opt.out, "wlb run: mesh %s, %lld micro-batch(es) per replica, %d layer(s), %lld step(s) + %lld warm-up, KV comm %s\n",
-                 shape.describe().c_str(), static_cast<long long>(M), layers, static_cast<long long>(steps),
-                 static_cast<long long>(warmup), deck.cp.comm.c_str());
+    std::fprintf(
+        opt.out,
+        "wlb run: mesh %s, %lld micro-batch(es) per replica, %d layer(s), %lld step(s) + %lld warm-up, KV comm %s\n",
+        shape.describe().c_str(), static_cast<long long>(M), layers, static_cast<long long>(steps),
+        static_cast<long long>(warmup), deck.cp.comm.c_str());
     std::fflush(opt.out);
   }
 
@@ -170,27 +172,35 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
   env.recorder = &rec;
 
   const int nrow = kHead + kPerMb * static_cast<int>(M);
-  for (const StrategyPair& strat : strategies) {
-    rec.setStrategy(strat.name);
-    StrategyResult res;
-    res.name = strat.name;
-    res.packer = strat.packer;
-    res.sharding = strat.sharding;
-    res.comm = deck.cp.comm;
-
-    // Rank 0 owns the length stream and the packer (one plan for everyone, broadcast).
-    std::unique_ptr<data::LengthSource> source;
-    std::unique_ptr<packing::Packer> packer;
+  // Per-strategy state. Strategies are interleaved step by step (step 0 of every
+  // strategy, then step 1, ...), so slow drifts of the machine's load affect them alike.
+  struct StratState {
+    StrategyPair strat;
+    std::unique_ptr<data::LengthSource> source;  // rank 0 only
+    std::unique_ptr<packing::Packer> packer;     // rank 0 only
     std::ofstream plan_out;
+    StrategyResult res;
+  };
+  std::vector<StratState> states(strategies.size());
+  for (std::size_t si = 0; si < strategies.size(); ++si) {
+    StratState& st = states[si];
+    const StrategyPair& strat = strategies[si];
+    st.strat = strat;
+    rec.setStrategy(strat.name);  // register in deck order
+    st.res.name = strat.name;
+    st.res.packer = strat.packer;
+    st.res.sharding = strat.sharding;
+    st.res.comm = deck.cp.comm;
+    // Rank 0 owns the length stream and the packer (one plan for everyone, broadcast).
     err.clear();
     if (world_rank == 0) {
       try {
-        source = data::makeLengthSource(deck);
-        packer = packing::makePacker(strat.packer, deck, *cost);
+        st.source = data::makeLengthSource(deck);
+        st.packer = packing::makePacker(strat.packer, deck, *cost);
         if (opt.write_outputs) {
           const std::string path = planPath(deck, strat.name, strategies.size());
-          plan_out.open(path);
-          if (!plan_out) throw InputError("cannot write the plan file " + path);
+          st.plan_out.open(path);
+          if (!st.plan_out) throw InputError("cannot write the plan file " + path);
           report.plan_paths.push_back(path);
           packing::PlanHeader h;
           h.packer = strat.packer;
@@ -198,21 +208,29 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
           h.micro_batches = M;
           h.context_window = deck.data.context_window;
           h.s_max = data::resolvedSMax(deck);
-          h.source = source->describe();
-          h.documents_per_epoch = source->documentsPerEpoch();
+          h.source = st.source->describe();
+          h.documents_per_epoch = st.source->documentsPerEpoch();
           h.seed = deck.data.seed;
           auto hj = packing::toJson(h);
           hj["strategy"] = strat.name;
           hj["sharding"] = strat.sharding;
-          plan_out << hj.dump() << "\n";
+          st.plan_out << hj.dump() << "\n";
         }
       } catch (const InputError& e) {
         err = e.what();
       }
     }
     parallel::throwIfAnyFailed(mesh.world(), err);
+  }
 
-    for (std::int64_t step = 0; step < warmup + steps; ++step) {
+  for (std::int64_t step = 0; step < warmup + steps; ++step) {
+    for (StratState& st : states) {
+      const StrategyPair& strat = st.strat;
+      auto& source = st.source;
+      auto& packer = st.packer;
+      auto& plan_out = st.plan_out;
+      StrategyResult& res = st.res;
+      rec.setStrategy(strat.name);
       // ---- plan (rank 0) and broadcast -------------------------------------------------
       std::string plan_text;
       double predicted = 1;
@@ -257,7 +275,9 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
                                          ? shards[m]
                                          : cp::planShards(mb, strat.sharding, shape.cp(), *cost, deck.cp);
             const cp::CommPlan cpl = cp::planComm(sp, comm_mode, *cost);
-            sj.push_back({{"dp", d}, {"micro_batch", m}, {"shard", cp::toJson(sp)},
+            sj.push_back({{"dp", d},
+                          {"micro_batch", m},
+                          {"shard", cp::toJson(sp)},
                           {"metrics", cp::toJson(cp::computeMetrics(sp, cpl, *cost))}});
           }
         writer->addPlan(strat.name, plan, plan_text, sj.dump());
@@ -291,8 +311,7 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
         Mat dy = Mat(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::runtime::dy"), n, lshape.hidden);
         {
           trace::Recorder::Scope s(rec, labels::kLoss, space);
-          fillRandom(space, dy, deck.data.seed + 1, static_cast<std::uint64_t>(step * 1000 + m) * 4 + coord.cp,
-                     1e-2f);
+          fillRandom(space, dy, deck.data.seed + 1, static_cast<std::uint64_t>(step * 1000 + m) * 4 + coord.cp, 1e-2f);
         }
         for (int l = layers - 1; l >= 0; --l) {
           rec.context().layer = l;
@@ -365,21 +384,25 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
             if (toks > 0) cp_imb.push_back(maxOverMean(attn_cp));
           }
         sr.mb_imbalance = maxOverMean(latencies);
-        sr.cp_imbalance =
-            cp_imb.empty() ? 1.0 : std::accumulate(cp_imb.begin(), cp_imb.end(), 0.0) / static_cast<double>(cp_imb.size());
+        sr.cp_imbalance = cp_imb.empty()
+                              ? 1.0
+                              : std::accumulate(cp_imb.begin(), cp_imb.end(), 0.0) / static_cast<double>(cp_imb.size());
         if (opt.progress) {
           std::fprintf(opt.out,
                        "[%-5s] step %lld/%lld%s  %.3f s  tokens %lld  mb-imbalance %.2f  cp-imbalance %.2f  "
                        "(predicted %.2f)\n",
                        strat.name.c_str(), static_cast<long long>(step + 1), static_cast<long long>(warmup + steps),
-                       sr.warmup ? " (warm-up)" : "", sr.seconds, static_cast<long long>(sr.tokens),
-                       sr.mb_imbalance, sr.cp_imbalance, sr.predicted_imbalance);
+                       sr.warmup ? " (warm-up)" : "", sr.seconds, static_cast<long long>(sr.tokens), sr.mb_imbalance,
+                       sr.cp_imbalance, sr.predicted_imbalance);
           std::fflush(opt.out);
         }
         res.steps.push_back(std::move(sr));
       }
     }
+  }
 
+  for (StratState& st : states) {
+    StrategyResult& res = st.res;
     if (world_rank == 0) {
       std::vector<double> times;
       double tok = 0, cpi = 0, mbi = 0, pri = 0;
@@ -435,8 +458,8 @@ std::string formatReport(const RunReport& rep) {
   for (const auto& s : rep.strategies) {
     const std::string ps = s.packer + "+" + s.sharding;
     std::snprintf(buf, sizeof buf, "%-8s %-28s %9.3f %9.3f %9.0f %10.2f %8.2f %8.2f %8.2f %7.2fx %7.2fx\n",
-                  s.name.c_str(), ps.c_str(), s.step_mean, s.step_min, s.tokens_per_step,
-                  s.tokens_per_second / 1e3, s.cp_imbalance, s.mb_imbalance, s.predicted_imbalance,
+                  s.name.c_str(), ps.c_str(), s.step_mean, s.step_min, s.tokens_per_step, s.tokens_per_second / 1e3,
+                  s.cp_imbalance, s.mb_imbalance, s.predicted_imbalance,
                   s.step_mean > 0 ? base.step_mean / s.step_mean : 0.0,
                   base.tokens_per_second > 0 ? s.tokens_per_second / base.tokens_per_second : 0.0);
     os << buf;

@@ -16,11 +16,11 @@
 namespace wlb::runtime {
 
 struct RunOptions {
-  std::int64_t steps = -1;   ///< measured steps; < 0 -> deck run.steps
-  std::int64_t warmup = -1;  ///< warm-up steps before them; < 0 -> deck run.warmup
-  bool progress = true;      ///< rank 0 prints a line per step to `out`
-  bool write_outputs = true; ///< trace file and plan JSONL into deck.output.dir
-  std::string command;       ///< command line stored in the trace metadata
+  std::int64_t steps = -1;    ///< measured steps; < 0 -> deck run.steps
+  std::int64_t warmup = -1;   ///< warm-up steps before them; < 0 -> deck run.warmup
+  bool progress = true;       ///< rank 0 prints a line per step to `out`
+  bool write_outputs = true;  ///< trace file and plan JSONL into deck.output.dir
+  std::string command;        ///< command line stored in the trace metadata
   std::FILE* out = stdout;
 };
 

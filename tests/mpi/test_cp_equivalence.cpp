@@ -71,10 +71,10 @@ MicroBatch makeMb(const std::vector<std::int64_t>& lens) {
 // Document mixes; identical on every rank (fixed seeds).
 std::vector<std::vector<std::int64_t>> mixes(int cp) {
   std::vector<std::vector<std::int64_t>> out;
-  out.push_back({1});                       // fewer tokens than ranks
-  out.push_back({3, 1, 2});                 // every document shorter than 2*CP
+  out.push_back({1});        // fewer tokens than ranks
+  out.push_back({3, 1, 2});  // every document shorter than 2*CP
   out.push_back({2 * cp + 1, 1, 4 * cp - 1, 5});
-  out.push_back({257});                     // one long document, odd length
+  out.push_back({257});  // one long document, odd length
   std::mt19937_64 rng(20260 + static_cast<unsigned>(cp));
   for (int k = 0; k < 4; ++k) {
     std::uniform_int_distribution<int> n(2, 9);
@@ -109,8 +109,7 @@ std::vector<float> toVec(const V& v) {
 }
 
 // Rows of `packed` ([T][width]) held by `rank`, in local order.
-std::vector<float> localRows(const ShardPlan& plan, int rank, const std::vector<float>& packed,
-                             std::int64_t width) {
+std::vector<float> localRows(const ShardPlan& plan, int rank, const std::vector<float>& packed, std::int64_t width) {
   std::vector<float> out;
   for (std::int64_t p : packedPositions(plan, rank))
     out.insert(out.end(), packed.begin() + p * width, packed.begin() + (p + 1) * width);
@@ -191,8 +190,8 @@ void checkOne(const MicroBatch& mb, Strategy strategy, CommMode mode, MPI_Comm c
   const auto gdq = gatherToPacked(plan, cpl, comm, toVec(dq).data(), wq);
   const auto gdk = gatherToPacked(plan, cpl, comm, toVec(dk).data(), wk);
   const auto gdv = gatherToPacked(plan, cpl, comm, toVec(dv).data(), wk);
-  std::string what = std::string(strategyName(strategy)) + "/" + commModeName(mode) + " cp=" +
-                     std::to_string(cp) + " applied=" + plan.strategy + " T=" + std::to_string(T) +
+  std::string what = std::string(strategyName(strategy)) + "/" + commModeName(mode) + " cp=" + std::to_string(cp) +
+                     " applied=" + plan.strategy + " T=" + std::to_string(T) +
                      " segments=" + std::to_string(mb.segments.size());
   EXPECT_LE(maxAbsDiff(go, ref.o), 1e-4) << "O " << what;
   EXPECT_LE(maxAbsDiff(gdq, ref.dq), 1e-4) << "dQ " << what;
