@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# `wlb run` end to end on 2 ranks with a tiny deck: progress lines, the final table with
+# every strategy, the trace and plan files; a mesh/world-size mismatch exits 2 with one
+# message; pp > 1 is rejected with a message naming mesh.pp.
+set -u
+WLB=$1
+SRC=$2
+fail() { echo "FAIL: $*"; exit 1; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+small=(--set model.hidden=64 --set model.heads=4 --set model.kv_heads=2 --set model.ffn=96
+       --set data.context_window=1024 --set data.length_scale=0.0078125
+       --set "output.dir=\"$tmp/out\"")
+
+mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --steps 2 --warmup 1 > "$tmp/log" 2> "$tmp/err" \
+  || fail "run_cp2 failed: $(cat "$tmp/err")"
+for s in plain fixed wlb; do
+  grep -q "^\[$s *\] step 3/3" "$tmp/log" || fail "no progress line for $s: $(cat "$tmp/log")"
+  grep -q "^$s " "$tmp/log" || fail "no table row for $s"
+done
+grep -q "speedup" "$tmp/log" || fail "no speedup column"
+grep -q "r1 busy" "$tmp/log" || fail "no per-rank busy time"
+[ -f "$tmp/out/trace.h5" ] || fail "no trace file"
+for s in plain fixed wlb; do [ -s "$tmp/out/plan.$s.jsonl" ] || fail "no plan file for $s"; done
+
+mpiexec -n 2 "$WLB" run "$SRC/inputs/run_dp2.toml" "${small[@]}" --steps 1 --warmup 0 --quiet > "$tmp/log" 2>&1 \
+  || fail "run_dp2 failed: $(cat "$tmp/log")"
+grep -q "tp=1 cp=1 pp=1 dp=2" "$tmp/log" || fail "dp2 table: $(cat "$tmp/log")"
+
+mpiexec -n 3 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" > "$tmp/log" 2> "$tmp/err"; rc=$?
+[ "$rc" = 2 ] || fail "mesh mismatch exit $rc, wanted 2"
+n=$(grep -c "wlb: error" "$tmp/err")
+[ "$n" = 1 ] || fail "mesh mismatch printed $n error lines: $(cat "$tmp/err")"
+
+mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set mesh.cp=1 --set mesh.pp=2 --set model.layers=2 \
+  > "$tmp/log" 2> "$tmp/err"; rc=$?
+[ "$rc" = 2 ] || fail "pp=2 exit $rc, wanted 2"
+grep -q "mesh.pp" "$tmp/err" || fail "pp message: $(cat "$tmp/err")"
+echo "wlb run CLI tests passed"
