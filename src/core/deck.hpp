@@ -46,6 +46,7 @@ struct PackingConfig {
   std::int64_t window = 2;         ///< fixed_greedy: global batches per window
   std::vector<std::int64_t> outlier_thresholds;  ///< L_1 < ... < L_n; empty -> defaults
   double delay_budget = 1.0;       ///< mean per-token delay budget (steps) for tuning
+  std::int64_t max_queue_wait = 0; ///< wlb: longest outlier-queue wait (steps); 0 -> max(2, ceil(4*budget))
   double milp_time_limit = 10.0;   ///< seconds per fixed_optimal solve
   std::string checkpoint;          ///< packer state file ("" -> none)
 };

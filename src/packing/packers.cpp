@@ -27,10 +27,11 @@ PackerOptions PackerOptions::fromDeck(const Deck& deck) {
                              ? defaultThresholds(o.context_window, o.s_max)
                              : deck.packing.outlier_thresholds;
   o.milp_time_limit = deck.packing.milp_time_limit;
-  // Bound the outlier-queue wait by the delay budget: a queued document waits at most
-  // max(2, ceil(4 * budget)) steps (docs/packing.md).
-  o.max_queue_wait = std::max<std::int64_t>(
-      2, static_cast<std::int64_t>(std::ceil(4.0 * deck.packing.delay_budget)));
+  // Bound the outlier-queue wait: [packing] max_queue_wait, or by default derived from the
+  // delay budget as max(2, ceil(4 * budget)) steps (docs/packing.md).
+  o.max_queue_wait = deck.packing.max_queue_wait > 0
+                         ? deck.packing.max_queue_wait
+                         : std::max<std::int64_t>(2, static_cast<std::int64_t>(std::ceil(4.0 * deck.packing.delay_budget)));
   for (std::size_t i = 0; i < o.outlier_thresholds.size(); ++i) {
     const auto L = o.outlier_thresholds[i];
     if (L < 1 || (i > 0 && L <= o.outlier_thresholds[i - 1]))
