@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <set>
 #include <stdexcept>
 #include <string>
 
@@ -205,30 +206,45 @@ std::vector<Raw> rawPerSequence(const SegInfo& si, int cp) {
   return out;
 }
 
-/// Per-document split of one segment of length d: 2C floor pieces of e = d/2C tokens
-/// (rank r: pieces r and 2C-1-r) and R = d - 2C*e < 2C remainder tokens dealt one each
-/// to ranks counter, counter+1, ... (mod C), the counter carrying across segments. A rank
-/// dealt one remainder token gets its first piece (piece r) extended by one token; a
-/// rank dealt two (possible when R > C) also gets piece 2C-1-r extended. Pieces are laid
-/// out in piece order 0..2C-1, so every rank keeps at most two contiguous query pieces
-/// per segment (no single-token pieces that a tiled kernel would pad to a full tile) and
-/// needs no key beyond the end of its own last piece.
-void rawPerDocumentSegment(const SegInfo& si, std::int32_t s, int cp, std::int64_t& counter,
-                           std::vector<Raw>& out) {
-  const std::int64_t d = si.len[s], chunks = 2 * static_cast<std::int64_t>(cp);
+/// Per-document split of one segment of length d over a group of g ranks `members`
+/// (member i plays the role of rank i; the full CP group is members = 0..C-1): 2g floor
+/// pieces of e = d/2g tokens (member i: pieces i and 2g-1-i) and R = d - 2g*e < 2g
+/// remainder tokens dealt one each to members counter, counter+1, ... (mod g), the
+/// counter carrying across segments. A member dealt one remainder token gets its first
+/// piece (piece i) extended by one token; a member dealt two (possible when R > g) also
+/// gets piece 2g-1-i extended. Pieces are laid out in piece order 0..2g-1, so every rank
+/// keeps at most two contiguous query pieces per segment (no single-token pieces that a
+/// tiled kernel would pad to a full tile) and needs no key beyond the end of its own last
+/// piece. Ranks outside the group hold nothing of the segment and need none of its KV.
+void rawGroupSegment(const SegInfo& si, std::int32_t s, const std::vector<int>& members,
+                     std::int64_t& counter, std::vector<Raw>& out) {
+  const int g = static_cast<int>(members.size());
+  const std::int64_t d = si.len[s], chunks = 2 * static_cast<std::int64_t>(g);
   const std::int64_t e = d / chunks, rem = d - chunks * e;
-  std::vector<int> extra(static_cast<std::size_t>(cp), 0);
+  std::vector<int> extra(static_cast<std::size_t>(g), 0);
   for (std::int64_t t = 0; t < rem; ++t) {
-    ++extra[static_cast<std::size_t>(counter % cp)];
+    ++extra[static_cast<std::size_t>(counter % g)];
     ++counter;
   }
   std::int64_t off = 0;
   for (std::int64_t j = 0; j < chunks; ++j) {
-    const int r = static_cast<int>(j < cp ? j : chunks - 1 - j);
-    const std::int64_t len = e + ((j < cp ? extra[r] >= 1 : extra[r] >= 2) ? 1 : 0);
-    if (len > 0) out.push_back({r, s, off, len});
+    const int i = static_cast<int>(j < g ? j : chunks - 1 - j);
+    const std::int64_t len = e + ((j < g ? extra[i] >= 1 : extra[i] >= 2) ? 1 : 0);
+    if (len > 0) out.push_back({members[static_cast<std::size_t>(i)], s, off, len});
     off += len;
   }
+}
+
+std::vector<int> allRanks(int cp) {
+  std::vector<int> m(static_cast<std::size_t>(cp));
+  std::iota(m.begin(), m.end(), 0);
+  return m;
+}
+
+/// Per-document split over the whole CP group (ALGORITHMS.md §2 item 2).
+void rawPerDocumentSegment(const SegInfo& si, std::int32_t s, int cp, std::int64_t& counter,
+                           std::vector<Raw>& out) {
+  rawGroupSegment(si, s, allRanks(cp), counter, out);
 }
 
 std::vector<Raw> rawPerDocument(const SegInfo& si, int cp) {
@@ -318,6 +334,71 @@ std::vector<std::size_t> hybridCandidates(std::size_t n) {
   return ks;
 }
 
+
+/// Among hybrid candidates whose predicted max-rank latency is within this fraction of the
+/// best one, the one moving the fewest KV bytes wins (docs/cp.md). The choice is further
+/// capped so hybrid never predicts worse than whole_document or per_document.
+constexpr double kHybridLatencyTolerance = 0.01;
+
+/// Subgroup-size rules of the hybrid search: a sharded segment with w_s of the micro-batch's
+/// compute work W gets g = ceil(alpha * C * w_s / W) ranks, clamped to [2, C] (alpha = 0:
+/// g = C, the whole CP group).
+constexpr double kHybridAlphas[] = {0.0, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0};
+
+/// The hybrid search refines the group sizes of at most this many (longest) segments.
+constexpr std::size_t kHybridRefine = 16;
+
+struct HybridCandidate {
+  double latency = 0, bytes = 0;
+  std::vector<Raw> raws;
+  int sharded = 0;
+  std::vector<int> groups;  ///< group size of each sharded segment (empty: per_document)
+  bool per_document = false;
+};
+
+/// One hybrid plan before layout: segment order[i] (i < groups.size()) is per-document
+/// sharded over the groups[i] least-loaded ranks at that point (ties: fewer tokens, lower
+/// rank; groups[i] == C is the whole CP group), the remaining segments are assigned whole
+/// (LPT under `cap`, fallback over all ranks). The remainder counter carries across all
+/// sharded segments. `sharded` = sharded segments including fallbacks.
+std::vector<Raw> buildHybrid(const SegInfo& si, const std::vector<std::int32_t>& order,
+                             const std::vector<int>& groups, int cp, std::int64_t cap,
+                             const model::CostModel& cost, int& sharded) {
+  std::vector<Raw> raws;
+  std::vector<double> load(static_cast<std::size_t>(cp), 0.0);
+  std::vector<std::int64_t> tokens(static_cast<std::size_t>(cp), 0);
+  std::int64_t counter = 0;
+  std::vector<int> ranks = allRanks(cp);
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const int g = std::min(cp, std::max(1, groups[i]));
+    std::vector<int> members;
+    if (g == cp) {
+      members = allRanks(cp);
+    } else {
+      std::stable_sort(ranks.begin(), ranks.end(), [&](int a, int b) {
+        if (load[a] != load[b]) return load[a] < load[b];
+        if (tokens[a] != tokens[b]) return tokens[a] < tokens[b];
+        return a < b;
+      });
+      members.assign(ranks.begin(), ranks.begin() + g);
+      std::sort(members.begin(), members.end());
+      std::sort(ranks.begin(), ranks.end());
+    }
+    std::vector<Raw> part;
+    rawGroupSegment(si, order[i], members, counter, part);
+    for (const Raw& r : part) {
+      load[r.rank] += rangeWork(cost, r.q_offset, r.q_len);
+      tokens[r.rank] += r.q_len;
+      raws.push_back(r);
+    }
+  }
+  std::vector<std::int32_t> rest(order.begin() + static_cast<std::ptrdiff_t>(groups.size()),
+                                 order.end());
+  const int fb = assignWhole(si, rest, cp, cap, cost, load, tokens, counter, raws);
+  sharded = static_cast<int>(groups.size()) + fb;
+  return raws;
+}
+
 }  // namespace
 
 // ---- entry points ---------------------------------------------------------------------
@@ -361,37 +442,92 @@ ShardPlan planShards(const MicroBatch& mb, Strategy strategy, int cp,
       // Empty segments carry no work; never count them as sharding candidates.
       std::size_t n = 0;
       while (n < by_len.size() && si.len[by_len[n]] > 0) ++n;
-      double best_cost = std::numeric_limits<double>::infinity();
-      std::vector<Raw> best_raws;
-      int best_k = 0;
-      for (std::size_t k : hybridCandidates(n)) {
-        std::vector<Raw> raws;
-        std::vector<double> load(cp, 0.0);
-        std::vector<std::int64_t> tokens(cp, 0);
-        std::int64_t counter = 0;
-        for (std::size_t i = 0; i < k; ++i) {
-          std::vector<Raw> part;
-          rawPerDocumentSegment(si, by_len[i], cp, counter, part);
-          for (const Raw& r : part) {
-            load[r.rank] += rangeWork(cost, r.q_offset, r.q_len);
-            tokens[r.rank] += r.q_len;
-            raws.push_back(r);
-          }
-        }
-        std::vector<std::int32_t> rest(by_len.begin() + static_cast<std::ptrdiff_t>(k),
-                                       by_len.end());
-        const int fb = assignWhole(si, rest, cp, cap, cost, load, tokens, counter, raws);
-        ShardPlan cand = finalize(mb, si, raws, cp, "hybrid", req, false);
-        const CommPlan comm = planComm(cand, mode, cost);
-        const ShardMetrics m = computeMetrics(cand, comm, cost);
-        if (m.max_latency < best_cost * (1.0 - 1e-12)) {
-          best_cost = m.max_latency;
-          best_raws = std::move(raws);
-          best_k = static_cast<int>(k) + fb;
-        }
+      std::vector<double> work(si.len.size(), 0.0);
+      double total_work = 0;
+      for (std::size_t s = 0; s < si.len.size(); ++s) {
+        work[s] = si.len[s] > 0 ? rangeWork(cost, 0, si.len[s]) : 0.0;
+        total_work += work[s];
       }
-      ShardPlan p = finalize(mb, si, std::move(best_raws), cp, "hybrid", req, true);
-      p.sharded_segments = best_k;
+
+      std::vector<HybridCandidate> pool;
+      std::set<std::vector<int>> tried;  // group-size vectors already evaluated
+      auto evaluate = [&](HybridCandidate c) {
+        const ShardPlan cand = finalize(mb, si, c.raws, cp, "hybrid", req, false);
+        const ShardMetrics m = computeMetrics(cand, planComm(cand, mode, cost), cost);
+        c.latency = m.max_latency;
+        c.bytes = m.kv_bytes_total;
+        pool.push_back(std::move(c));
+        return pool.size() - 1;
+      };
+      auto tryGroups = [&](const std::vector<int>& groups) -> std::ptrdiff_t {
+        if (!tried.insert(groups).second) return -1;
+        HybridCandidate c;
+        c.groups = groups;
+        c.raws = buildHybrid(si, by_len, groups, cp, cap, cost, c.sharded);
+        return static_cast<std::ptrdiff_t>(evaluate(std::move(c)));
+      };
+      auto groupSize = [&](std::int32_t seg, double alpha) {
+        if (alpha <= 0 || total_work <= 0) return cp;
+        const double g = std::ceil(alpha * cp * work[seg] / total_work - 1e-9);
+        return static_cast<int>(std::min<double>(cp, std::max(2.0, g)));
+      };
+      auto better = [&](std::size_t a, std::size_t b) {
+        if (pool[a].latency != pool[b].latency) return pool[a].latency < pool[b].latency;
+        return pool[a].bytes < pool[b].bytes;
+      };
+
+      // (1) per_document itself (so hybrid never predicts worse than it).
+      HybridCandidate pd;
+      pd.raws = rawPerDocument(si, cp);
+      pd.sharded = static_cast<int>(n);
+      pd.per_document = true;
+      const std::size_t pd_index = evaluate(std::move(pd));
+      // (2) for every k and every subgroup-size rule, shard the k longest segments (k = 0
+      // is exactly whole_document; alpha = 0 shards over all C ranks).
+      std::size_t wd_index = pd_index;
+      for (std::size_t k : hybridCandidates(n))
+        for (double alpha : kHybridAlphas) {
+          std::vector<int> groups(k);
+          for (std::size_t i = 0; i < k; ++i) groups[i] = groupSize(by_len[i], alpha);
+          const std::ptrdiff_t idx = tryGroups(groups);
+          if (k == 0 && idx >= 0) wd_index = static_cast<std::size_t>(idx);
+        }
+      // (3) coordinate descent on the group sizes of the best candidate (latency, ties to
+      // fewer bytes): one sharded segment at a time (the first kHybridRefine), every g in
+      // [2, C], until no move improves.
+      std::size_t best = 0;
+      for (std::size_t i = 1; i < pool.size(); ++i)
+        if (better(i, best)) best = i;
+      for (int pass = 0; pass < 2 && !pool[best].per_document; ++pass) {
+        bool improved = false;
+        const std::size_t k = std::min(pool[best].groups.size(), kHybridRefine);
+        for (std::size_t i = 0; i < k; ++i)
+          for (int g = 2; g <= cp; ++g) {
+            std::vector<int> groups = pool[best].groups;
+            if (groups[i] == g) continue;
+            groups[i] = g;
+            const std::ptrdiff_t idx = tryGroups(groups);
+            if (idx >= 0 && better(static_cast<std::size_t>(idx), best)) {
+              best = static_cast<std::size_t>(idx);
+              improved = true;
+            }
+          }
+        if (!improved) break;
+      }
+
+      // Selection: the fewest bytes among candidates within the latency tolerance of the
+      // best, never above whole_document's or per_document's predicted latency.
+      const double limit = std::min({pool[best].latency * (1.0 + kHybridLatencyTolerance),
+                                     pool[wd_index].latency, pool[pd_index].latency});
+      std::size_t pick = best;
+      for (std::size_t i = 0; i < pool.size(); ++i) {
+        if (pool[i].latency > limit) continue;
+        if (pool[i].bytes < pool[pick].bytes ||
+            (pool[i].bytes == pool[pick].bytes && pool[i].latency < pool[pick].latency))
+          pick = i;
+      }
+      ShardPlan p = finalize(mb, si, std::move(pool[pick].raws), cp, "hybrid", req, true);
+      p.sharded_segments = pool[pick].sharded;
       return p;
     }
   }
