@@ -519,11 +519,14 @@ ShardPlan planShards(const MicroBatch& mb, Strategy strategy, int cp,
       // best, never above whole_document's or per_document's predicted latency.
       const double limit = std::min({pool[best].latency * (1.0 + kHybridLatencyTolerance),
                                      pool[wd_index].latency, pool[pd_index].latency});
+      // Byte counts equal up to rounding (allgather: always (C-1)·T) are ties, decided by
+      // latency; the order of `pool` breaks exact ties (earlier = fewer sharded segments).
       std::size_t pick = best;
       for (std::size_t i = 0; i < pool.size(); ++i) {
         if (pool[i].latency > limit) continue;
-        if (pool[i].bytes < pool[pick].bytes ||
-            (pool[i].bytes == pool[pick].bytes && pool[i].latency < pool[pick].latency))
+        const double eps = 1e-9 * std::max(pool[i].bytes, pool[pick].bytes);
+        if (pool[i].bytes < pool[pick].bytes - eps ||
+            (pool[i].bytes <= pool[pick].bytes + eps && pool[i].latency < pool[pick].latency))
           pick = i;
       }
       ShardPlan p = finalize(mb, si, std::move(pool[pick].raws), cp, "hybrid", req, true);
