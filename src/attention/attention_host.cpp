@@ -228,95 +228,126 @@ void packKeyTile(const Args& a, std::int64_t piece, std::int64_t kt, int hk) {
   }
 }
 
-void forwardTile(const Args& a, std::int64_t piece, std::int64_t qt, int h) {
+void forwardTile(const Args& a, std::int64_t piece, std::int64_t qg, int h) {
   const PieceRange& pr = a.pieces[piece];
   const int D = a.head_dim, TQ = a.tile_q, TK = a.tile_k;
   const int hk = h / (a.heads / a.kv_heads);
   const std::int64_t nq = pr.nq(), nk = pr.nk(), off = nk - nq;
-  const std::int64_t q0 = qt * TQ, rows = std::min<std::int64_t>(TQ, nq - q0);
-  const std::int64_t Lmin = off + q0, Lmax = std::min(off + q0 + rows - 1, nk - 1);
+  const std::int64_t nqt = (nq + TQ - 1) / TQ;
+  const std::int64_t G = std::max(1, a.q_group);
+  const std::int64_t t0 = qg * G, ng = std::min<std::int64_t>(G, nqt - t0);
+  if (ng <= 0) return;
 
-  // scratch: Qs[TQ][D] | S[TQ][TK] | O[TQ][D] | m[TQ] | alpha[TQ] | lsum[TQ][16]
-  float* Qs = scratch(round16(TQ * D) * 2 + round16(TQ * TK) + 2 * round16(TQ) + TQ * 16);
-  float* S = Qs + round16(TQ * D);
-  float* O = S + round16(TQ * TK);
-  float* m = O + round16(TQ * D);
-  float* alpha = m + round16(TQ);
-  float* lsum = alpha + round16(TQ);
+  // scratch: S[TQ][TK] | per query tile g: Qs[TQ][D] | O[TQ][D] | m[TQ] | alpha[TQ] | lsum[TQ][16]
+  const std::size_t per = round16(TQ * D) * 2 + 2 * round16(TQ) + TQ * 16;
+  float* S = scratch(round16(TQ * TK) + ng * per);
+  auto Qs_of = [&](std::int64_t g) { return S + round16(TQ * TK) + g * per; };
+  auto O_of = [&](std::int64_t g) { return Qs_of(g) + round16(TQ * D); };
+  auto m_of = [&](std::int64_t g) { return O_of(g) + round16(TQ * D); };
+  auto alpha_of = [&](std::int64_t g) { return m_of(g) + round16(TQ); };
+  auto lsum_of = [&](std::int64_t g) { return alpha_of(g) + round16(TQ); };
 
   const vf sc2 = bc(a.scale2);
-  for (std::int64_t r = 0; r < TQ; ++r) {
-    float* dst = Qs + r * D;
-    if (r < rows) {
-      const float* src = a.q + (pr.q_begin + q0 + r) * a.q_s0 + static_cast<std::int64_t>(h) * D;
-      for (int d = 0; d < D; d += 16) st(dst + d, ld(src + d) * sc2);
-    } else {
-      for (int d = 0; d < D; d += 16) st(dst + d, vf{});
+  for (std::int64_t g = 0; g < ng; ++g) {
+    const std::int64_t q0 = (t0 + g) * TQ, rows = std::min<std::int64_t>(TQ, nq - q0);
+    float* Qs = Qs_of(g);
+    float* O = O_of(g);
+    float* m = m_of(g);
+    float* lsum = lsum_of(g);
+    for (std::int64_t r = 0; r < TQ; ++r) {
+      float* dst = Qs + r * D;
+      if (r < rows) {
+        const float* src = a.q + (pr.q_begin + q0 + r) * a.q_s0 + static_cast<std::int64_t>(h) * D;
+        for (int d = 0; d < D; d += 16) st(dst + d, ld(src + d) * sc2);
+      } else {
+        for (int d = 0; d < D; d += 16) st(dst + d, vf{});
+      }
+      for (int d = 0; d < D; d += 16) st(O + r * D + d, vf{});
+      st(lsum + r * 16, vf{});
+      m[r] = -std::numeric_limits<float>::infinity();
     }
-    for (int d = 0; d < D; d += 16) st(O + r * D + d, vf{});
-    st(lsum + r * 16, vf{});
-    m[r] = -std::numeric_limits<float>::infinity();
   }
 
-  const std::int64_t nkt = Lmax / TK + 1;
   const float* KTh = a.KT + (static_cast<std::int64_t>(hk) * a.nkblk + a.kb_off[piece]) * D * TK;
   const float* Vh = a.v + pr.k_begin * a.v_s0 + static_cast<std::int64_t>(hk) * D;
   const vf ninf = bc(-std::numeric_limits<float>::infinity());
   const int nvk = TK / 16;
-  for (std::int64_t kt = 0; kt < nkt; ++kt) {
+  // the last tile of the group sees the most keys
+  const std::int64_t LmaxLast =
+      std::min(off + (t0 + ng - 1) * TQ + std::min<std::int64_t>(TQ, nq - (t0 + ng - 1) * TQ) - 1, nk - 1);
+  const std::int64_t nktAll = LmaxLast / TK + 1;
+  // key tiles outer, the group's query tiles inner: each packed K^T block and V block is
+  // fetched from memory once per group and reused from cache by the other query tiles
+  for (std::int64_t kt = 0; kt < nktAll; ++kt) {
     const std::int64_t k0 = kt * TK;
-    gemm<false>(TQ, TK, D, Qs, D, KTh + kt * D * TK, TK, S, TK);
-    if (k0 + TK - 1 > Lmin) {  // diagonal tile: mask keys beyond each row's limit
-      for (std::int64_t r = 0; r < TQ; ++r) {
-        const std::int64_t L = r < rows ? std::min(off + q0 + r, nk - 1) : Lmax;
-        const vi lim = bci(static_cast<int>(L - k0));
-        for (int j = 0; j < nvk; ++j) {
-          const vi kidx = iota16() + 16 * j;
-          float* s = S + r * TK + 16 * j;
-          st(s, kidx > lim ? ninf : ld(s));
+    for (std::int64_t g = 0; g < ng; ++g) {
+      const std::int64_t q0 = (t0 + g) * TQ, rows = std::min<std::int64_t>(TQ, nq - q0);
+      const std::int64_t Lmin = off + q0, Lmax = std::min(off + q0 + rows - 1, nk - 1);
+      if (kt > Lmax / TK) continue;  // fully masked for this query tile
+      float* Qs = Qs_of(g);
+      float* O = O_of(g);
+      float* m = m_of(g);
+      float* alpha = alpha_of(g);
+      float* lsum = lsum_of(g);
+      gemm<false>(TQ, TK, D, Qs, D, KTh + kt * D * TK, TK, S, TK);
+      if (k0 + TK - 1 > Lmin) {  // diagonal tile: mask keys beyond each row's limit
+        for (std::int64_t r = 0; r < TQ; ++r) {
+          const std::int64_t L = r < rows ? std::min(off + q0 + r, nk - 1) : Lmax;
+          const vi lim = bci(static_cast<int>(L - k0));
+          for (int j = 0; j < nvk; ++j) {
+            const vi kidx = iota16() + 16 * j;
+            float* s = S + r * TK + 16 * j;
+            st(s, kidx > lim ? ninf : ld(s));
+          }
         }
       }
-    }
-    // online softmax: new running max, rescale factors, probabilities, lane-wise sums
-    for (std::int64_t r = 0; r < TQ; ++r) {
-      const float* s = S + r * TK;
-      vf mx = ld(s);
-      for (int j = 1; j < nvk; ++j) mx = vmax(mx, ld(s + 16 * j));
-      const float mr = hmax(mx), mo = m[r];
-      const float mn = mr > mo ? mr : mo;
-      alpha[r] = mn;  // temporarily the new max
-    }
-    for (std::int64_t r = 0; r < TQ; r += 16) {
-      const vf mo = ld(m + r), mn = ld(alpha + r);
-      st(m + r, mn);
-      st(alpha + r, exp2v(mo - mn));
-    }
-    for (std::int64_t r = 0; r < TQ; ++r) {
-      float* s = S + r * TK;
-      const vf mr = bc(m[r]);
-      vf acc = ld(lsum + r * 16) * bc(alpha[r]);
-      for (int j = 0; j < nvk; ++j) {
-        const vf p = exp2v(ld(s + 16 * j) - mr);
-        st(s + 16 * j, p);
-        acc += p;
+      // online softmax: new running max, rescale factors, probabilities, lane-wise sums
+      for (std::int64_t r = 0; r < TQ; ++r) {
+        const float* s = S + r * TK;
+        vf mx = ld(s);
+        for (int j = 1; j < nvk; ++j) mx = vmax(mx, ld(s + 16 * j));
+        const float mr = hmax(mx), mo = m[r];
+        const float mn = mr > mo ? mr : mo;
+        alpha[r] = mn;  // temporarily the new max
       }
-      st(lsum + r * 16, acc);
-      if (alpha[r] != 1.0f) {
-        const vf al = bc(alpha[r]);
-        float* orow = O + r * D;
-        for (int d = 0; d < D; d += 16) st(orow + d, ld(orow + d) * al);
+      for (std::int64_t r = 0; r < TQ; r += 16) {
+        const vf mo = ld(m + r), mn = ld(alpha + r);
+        st(m + r, mn);
+        st(alpha + r, exp2v(mo - mn));
       }
+      for (std::int64_t r = 0; r < TQ; ++r) {
+        float* s = S + r * TK;
+        const vf mr = bc(m[r]);
+        vf acc = ld(lsum + r * 16) * bc(alpha[r]);
+        for (int j = 0; j < nvk; ++j) {
+          const vf p = exp2v(ld(s + 16 * j) - mr);
+          st(s + 16 * j, p);
+          acc += p;
+        }
+        st(lsum + r * 16, acc);
+        if (alpha[r] != 1.0f) {
+          const vf al = bc(alpha[r]);
+          float* orow = O + r * D;
+          for (int d = 0; d < D; d += 16) st(orow + d, ld(orow + d) * al);
+        }
+      }
+      const std::int64_t cnt = std::min<std::int64_t>(TK, Lmax + 1 - k0);
+      gemm<true>(TQ, D, cnt, S, TK, Vh + k0 * a.v_s0, a.v_s0, O, D);
     }
-    const std::int64_t cnt = std::min<std::int64_t>(TK, Lmax + 1 - k0);
-    gemm<true>(TQ, D, cnt, S, TK, Vh + k0 * a.v_s0, a.v_s0, O, D);
   }
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const float l = hsum(ld(lsum + r * 16));
-    const vf inv = bc(1.0f / l);
-    const std::int64_t t = pr.q_begin + q0 + r;
-    float* dst = a.o_out + t * a.o_s0 + static_cast<std::int64_t>(h) * D;
-    for (int d = 0; d < D; d += 16) st(dst + d, ld(O + r * D + d) * inv);
-    a.lse_out[t * a.lse_s0 + h] = (m[r] + std::log2(l)) * kLn2;
+  for (std::int64_t g = 0; g < ng; ++g) {
+    const std::int64_t q0 = (t0 + g) * TQ, rows = std::min<std::int64_t>(TQ, nq - q0);
+    const float* O = O_of(g);
+    const float* m = m_of(g);
+    const float* lsum = lsum_of(g);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float l = hsum(ld(lsum + r * 16));
+      const vf inv = bc(1.0f / l);
+      const std::int64_t t = pr.q_begin + q0 + r;
+      float* dst = a.o_out + t * a.o_s0 + static_cast<std::int64_t>(h) * D;
+      for (int d = 0; d < D; d += 16) st(dst + d, ld(O + r * D + d) * inv);
+      a.lse_out[t * a.lse_s0 + h] = (m[r] + std::log2(l)) * kLn2;
+    }
   }
 }
 

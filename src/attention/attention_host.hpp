@@ -37,6 +37,9 @@ struct Args {
   std::int64_t q_s0 = 0, k_s0 = 0, v_s0 = 0, o_s0 = 0, lse_s0 = 0, dO_s0 = 0, dq_s0 = 0,
                dk_s0 = 0, dv_s0 = 0;
   int heads = 0, kv_heads = 0, head_dim = 0, tile_q = 64, tile_k = 64;
+  /// forward: query tiles per work item; they walk the key tiles together so each packed
+  /// K^T / V block is read from memory once per group (not part of the cost-model tiles)
+  int q_group = 4;
   float scale = 1.0f;   ///< softmax scale (natural units)
   float scale2 = 1.0f;  ///< scale * log2(e): scores are kept in log2 units
   const PieceRange* pieces = nullptr;
@@ -61,8 +64,9 @@ struct Args {
 float* workspace(int slot, std::size_t floats);
 /// Pack K^T of key tile `kt` of `piece` for kv head `hk` into KT (zero-padded).
 void packKeyTile(const Args& a, std::int64_t piece, std::int64_t kt, int hk);
-/// Forward of one query tile of one piece for head h (writes o_out, lse_out).
-void forwardTile(const Args& a, std::int64_t piece, std::int64_t qt, int h);
+/// Forward of query tiles [qg * q_group, (qg + 1) * q_group) of one piece for head h
+/// (writes o_out, lse_out).
+void forwardTile(const Args& a, std::int64_t piece, std::int64_t qg, int h);
 /// Backward pre-pass for one query tile: QT, dOT, LSE2, DLT.
 void packQueryTile(const Args& a, std::int64_t piece, std::int64_t qt, int h);
 /// Backward of every piece for the heads of kv head hk: accumulates dk, dv and dQT.

@@ -281,6 +281,18 @@ std::vector<std::int64_t> queryItems(const VarlenBatch& b, int TQ) {
   return items;
 }
 
+/// Query tiles per forward work item: 4 (the group shares each K^T / V block read),
+/// reduced while that would leave fewer than 4 work items per thread.
+template <class ExecSpace>
+int hostQueryGroup(const ExecSpace& space, const VarlenBatch& b, int TQ, int heads) {
+  std::int64_t tiles = 0;
+  for (const auto& p : b.pieces) tiles += (p.nq() + TQ - 1) / TQ;
+  const std::int64_t want = 4 * static_cast<std::int64_t>(space.concurrency());
+  int g = 4;
+  while (g > 1 && tiles * heads / g < want) g /= 2;
+  return g;
+}
+
 template <class ExecSpace>
 void forwardHost(const ExecSpace& space, typename Views<ExecSpace>::In3 q,
                  typename Views<ExecSpace>::In3 k, typename Views<ExecSpace>::In3 v,
@@ -316,7 +328,9 @@ void forwardHost(const ExecSpace& space, typename Views<ExecSpace>::In3 q,
   a.nqblk = offs.nqblk;
   a.KT = KT;
   packKeys(space, a, b);
-  const auto items = queryItems<ExecSpace>(b, cfg.tile_q);
+  // work items of q_group query tiles (fewer, shorter groups when a thread would idle)
+  a.q_group = hostQueryGroup<ExecSpace>(space, b, cfg.tile_q, s.heads);
+  const auto items = queryItems<ExecSpace>(b, cfg.tile_q * a.q_group);
   const std::int64_t n = static_cast<std::int64_t>(items.size() / 2);
   const std::int64_t* it = items.data();
   // head-major order: consecutive items share the kv head's packed keys
