@@ -396,15 +396,13 @@ void packQueryTile(const Args& a, std::int64_t piece, std::int64_t qt, int h) {
 void backwardKvHead(const Args& a, int hk) {
   const int D = a.head_dim, TQ = a.tile_q, TK = a.tile_k;
   const int group = a.heads / a.kv_heads;
-  // scratch: Kn[TK][D] | Vn[TK][D] | dK[TK][D] | dV[TK][D] | ST[TK][TQ] | dPT[TK][TQ]
+  const std::int64_t G = std::max(1, a.k_group);
+  // scratch: ST[TK][TQ] | dPT[TK][TQ] | per key tile g of the group: Kn | Vn | dK | dV ([TK][D])
   const std::size_t kd = round16(static_cast<std::size_t>(TK) * D),
                     kq = round16(static_cast<std::size_t>(TK) * TQ);
-  float* Kn = scratch(4 * kd + 2 * kq);
-  float* Vn = Kn + kd;
-  float* dK = Vn + kd;
-  float* dV = dK + kd;
-  float* ST = dV + kd;
+  float* ST = scratch(2 * kq + G * 4 * kd);
   float* dPT = ST + kq;
+  auto Kn_of = [&](std::int64_t g) { return dPT + kq + g * 4 * kd; };
   const int nvq = TQ / 16;
 
   for (std::int64_t p = 0; p < a.num_pieces; ++p) {
@@ -412,35 +410,42 @@ void backwardKvHead(const Args& a, int hk) {
     const std::int64_t nq = pr.nq(), nk = pr.nk(), off = nk - nq;
     if (nq <= 0) continue;
     const std::int64_t nkt = (nk + TK - 1) / TK;
-    for (std::int64_t kt = 0; kt < nkt; ++kt) {
-      const std::int64_t k0 = kt * TK, kcnt = std::min<std::int64_t>(TK, nk - k0);
-      for (std::int64_t r = 0; r < TK; ++r) {
-        float* kr = Kn + r * D;
-        float* vr = Vn + r * D;
-        if (r < kcnt) {
-          const float* ks = a.k + (pr.k_begin + k0 + r) * a.k_s0 + static_cast<std::int64_t>(hk) * D;
-          const float* vs = a.v + (pr.k_begin + k0 + r) * a.v_s0 + static_cast<std::int64_t>(hk) * D;
-          for (int d = 0; d < D; d += 16) {
-            st(kr + d, ld(ks + d));
-            st(vr + d, ld(vs + d));
+    // groups of G key tiles: every query tile block (Q^T, dO^T, dQ^T, Q and dO rows) is
+    // fetched once per group and reused from cache by the group's key tiles
+    for (std::int64_t kg = 0; kg < nkt; kg += G) {
+      const std::int64_t ng = std::min<std::int64_t>(G, nkt - kg);
+      for (std::int64_t g = 0; g < ng; ++g) {
+        const std::int64_t k0 = (kg + g) * TK, kcnt = std::min<std::int64_t>(TK, nk - k0);
+        float* Kn = Kn_of(g);
+        float* Vn = Kn + kd;
+        float* dK = Vn + kd;
+        float* dV = dK + kd;
+        for (std::int64_t r = 0; r < TK; ++r) {
+          float* kr = Kn + r * D;
+          float* vr = Vn + r * D;
+          if (r < kcnt) {
+            const float* ks = a.k + (pr.k_begin + k0 + r) * a.k_s0 + static_cast<std::int64_t>(hk) * D;
+            const float* vs = a.v + (pr.k_begin + k0 + r) * a.v_s0 + static_cast<std::int64_t>(hk) * D;
+            for (int d = 0; d < D; d += 16) {
+              st(kr + d, ld(ks + d));
+              st(vr + d, ld(vs + d));
+            }
+          } else {
+            for (int d = 0; d < D; d += 16) {
+              st(kr + d, vf{});
+              st(vr + d, vf{});
+            }
           }
-        } else {
           for (int d = 0; d < D; d += 16) {
-            st(kr + d, vf{});
-            st(vr + d, vf{});
+            st(dK + r * D + d, vf{});
+            st(dV + r * D + d, vf{});
           }
-        }
-        for (int d = 0; d < D; d += 16) {
-          st(dK + r * D + d, vf{});
-          st(dV + r * D + d, vf{});
         }
       }
-      const float* KTblk =
-          a.KT + ((static_cast<std::int64_t>(hk) * a.nkblk + a.kb_off[p] + kt) * D) * TK;
-      const std::int64_t qfirst = std::max<std::int64_t>(0, k0 - off);
-      const std::int64_t kmax = k0 + kcnt - 1;  // last valid key of the tile
+      // the group's first key tile is seen by the most query tiles
+      const std::int64_t qfirst0 = std::max<std::int64_t>(0, kg * TK - off);
       for (int h = hk * group; h < (hk + 1) * group; ++h) {
-        for (std::int64_t qt = qfirst / TQ; qt * TQ < nq; ++qt) {
+        for (std::int64_t qt = qfirst0 / TQ; qt * TQ < nq; ++qt) {
           const std::int64_t q0 = qt * TQ, qcnt = std::min<std::int64_t>(TQ, nq - q0);
           const std::int64_t blk = static_cast<std::int64_t>(h) * a.nqblk + a.qb_off[p] + qt;
           const float* QTb = a.QT + blk * D * TQ;
@@ -448,40 +453,58 @@ void backwardKvHead(const Args& a, int hk) {
           const float* lse2 = a.LSE2 + blk * TQ;
           const float* dlt = a.DLT + blk * TQ;
           float* dQTb = a.dQT + blk * D * TQ;
-          gemm<false>(TK, TQ, D, Kn, D, QTb, TQ, ST, TQ);
-          gemm<false>(TK, TQ, D, Vn, D, dOTb, TQ, dPT, TQ);
-          const bool masked = (off + q0 < kmax) || qcnt < TQ;
-          for (std::int64_t r = 0; r < TK; ++r) {
-            float* s = ST + r * TQ;
-            float* dp = dPT + r * TQ;
-            // query q (piece-local) sees key k0+r iff off + q >= k0 + r and q < nq
-            const vi qlo = bci(static_cast<int>(k0 + r - off - q0));
-            const vi qhi = bci(static_cast<int>(qcnt));
-            for (int j = 0; j < nvq; ++j) {
-              vf pv = exp2v(ld(s + 16 * j) - ld(lse2 + 16 * j));
-              if (masked) {
-                const vi qi = iota16() + 16 * j;
-                pv = (qi >= qlo) & (qi < qhi) ? pv : vf{};
-              }
-              st(s + 16 * j, pv);
-              st(dp + 16 * j, pv * (ld(dp + 16 * j) - ld(dlt + 16 * j)));
-            }
-          }
-          // ST now holds P^T, dPT holds dS^T
           const float* dOrows = a.dO + (pr.q_begin + q0) * a.dO_s0 + static_cast<std::int64_t>(h) * D;
           const float* Qrows = a.q + (pr.q_begin + q0) * a.q_s0 + static_cast<std::int64_t>(h) * D;
-          gemm<true>(TK, D, qcnt, ST, TQ, dOrows, a.dO_s0, dV, D);
-          gemm<true>(TK, D, qcnt, dPT, TQ, Qrows, a.q_s0, dK, D);
-          gemm<true>(D, TQ, kcnt, KTblk, TK, dPT, TQ, dQTb, TQ);
+          for (std::int64_t g = 0; g < ng; ++g) {
+            const std::int64_t kt = kg + g;
+            const std::int64_t k0 = kt * TK, kcnt = std::min<std::int64_t>(TK, nk - k0);
+            // query tile qt sees key tile kt iff its last row reaches the tile's first key
+            if (off + q0 + qcnt - 1 < k0) break;  // later key tiles of the group: masked too
+            const float* Kn = Kn_of(g);
+            const float* Vn = Kn + kd;
+            float* dK = const_cast<float*>(Vn) + kd;
+            float* dV = dK + kd;
+            const float* KTblk =
+                a.KT + ((static_cast<std::int64_t>(hk) * a.nkblk + a.kb_off[p] + kt) * D) * TK;
+            const std::int64_t kmax = k0 + kcnt - 1;  // last valid key of the tile
+            gemm<false>(TK, TQ, D, Kn, D, QTb, TQ, ST, TQ);
+            gemm<false>(TK, TQ, D, Vn, D, dOTb, TQ, dPT, TQ);
+            const bool masked = (off + q0 < kmax) || qcnt < TQ;
+            for (std::int64_t r = 0; r < TK; ++r) {
+              float* s = ST + r * TQ;
+              float* dp = dPT + r * TQ;
+              // query q (piece-local) sees key k0+r iff off + q >= k0 + r and q < nq
+              const vi qlo = bci(static_cast<int>(k0 + r - off - q0));
+              const vi qhi = bci(static_cast<int>(qcnt));
+              for (int j = 0; j < nvq; ++j) {
+                vf pv = exp2v(ld(s + 16 * j) - ld(lse2 + 16 * j));
+                if (masked) {
+                  const vi qi = iota16() + 16 * j;
+                  pv = (qi >= qlo) & (qi < qhi) ? pv : vf{};
+                }
+                st(s + 16 * j, pv);
+                st(dp + 16 * j, pv * (ld(dp + 16 * j) - ld(dlt + 16 * j)));
+              }
+            }
+            // ST now holds P^T, dPT holds dS^T
+            gemm<true>(TK, D, qcnt, ST, TQ, dOrows, a.dO_s0, dV, D);
+            gemm<true>(TK, D, qcnt, dPT, TQ, Qrows, a.q_s0, dK, D);
+            gemm<true>(D, TQ, kcnt, KTblk, TK, dPT, TQ, dQTb, TQ);
+          }
         }
       }
       const vf sc = bc(a.scale);
-      for (std::int64_t r = 0; r < kcnt; ++r) {
-        float* dkr = a.dk + (pr.k_begin + k0 + r) * a.dk_s0 + static_cast<std::int64_t>(hk) * D;
-        float* dvr = a.dv + (pr.k_begin + k0 + r) * a.dv_s0 + static_cast<std::int64_t>(hk) * D;
-        for (int d = 0; d < D; d += 16) {
-          st(dkr + d, fmadd(ld(dK + r * D + d), sc, ld(dkr + d)));
-          st(dvr + d, ld(dvr + d) + ld(dV + r * D + d));
+      for (std::int64_t g = 0; g < ng; ++g) {
+        const std::int64_t k0 = (kg + g) * TK, kcnt = std::min<std::int64_t>(TK, nk - k0);
+        const float* dK = Kn_of(g) + 2 * kd;
+        const float* dV = dK + kd;
+        for (std::int64_t r = 0; r < kcnt; ++r) {
+          float* dkr = a.dk + (pr.k_begin + k0 + r) * a.dk_s0 + static_cast<std::int64_t>(hk) * D;
+          float* dvr = a.dv + (pr.k_begin + k0 + r) * a.dv_s0 + static_cast<std::int64_t>(hk) * D;
+          for (int d = 0; d < D; d += 16) {
+            st(dkr + d, fmadd(ld(dK + r * D + d), sc, ld(dkr + d)));
+            st(dvr + d, ld(dvr + d) + ld(dV + r * D + d));
+          }
         }
       }
     }

@@ -40,6 +40,8 @@ struct Args {
   /// forward: query tiles per work item; they walk the key tiles together so each packed
   /// K^T / V block is read from memory once per group (not part of the cost-model tiles)
   int q_group = 4;
+  /// backward: key tiles processed together per pass over the query tiles (same purpose)
+  int k_group = 4;
   float scale = 1.0f;   ///< softmax scale (natural units)
   float scale2 = 1.0f;  ///< scale * log2(e): scores are kept in log2 units
   const PieceRange* pieces = nullptr;
