@@ -67,6 +67,16 @@ WLB_AI float hsum(vf a) {
   return s;
 #endif
 }
+/// any lane of a > b
+WLB_AI bool anyGreater(vf a, float b) {
+#if defined(__AVX512F__)
+  return _mm512_cmp_ps_mask(a, _mm512_set1_ps(b), _CMP_GT_OQ) != 0;
+#else
+  for (int i = 0; i < 16; ++i)
+    if (a[i] > b) return true;
+  return false;
+#endif
+}
 WLB_AI vi iota16() { return vi{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}; }
 WLB_AI vi bci(int x) { return vi{} + x; }
 
@@ -201,6 +211,7 @@ std::size_t round16(std::size_t n) { return (n + 15) / 16 * 16; }
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kLazy = 8.0f;  ///< forward: rescale only when the row max grows by > 2^8
 
 }  // namespace
 
@@ -232,14 +243,13 @@ void forwardTile(const Args& a, std::int64_t piece, std::int64_t qg, int h) {
   const std::int64_t t0 = qg * G, ng = std::min<std::int64_t>(G, nqt - t0);
   if (ng <= 0) return;
 
-  // scratch: S[TQ][TK] | per query tile g: Qs[TQ][D] | O[TQ][D] | m[TQ] | alpha[TQ] | lsum[TQ][16]
-  const std::size_t per = round16(TQ * D) * 2 + 2 * round16(TQ) + TQ * 16;
+  // scratch: S[TQ][TK] | per query tile g: Qs[TQ][D] | O[TQ][D] | m[TQ] | lsum[TQ][16]
+  const std::size_t per = round16(TQ * D) * 2 + round16(TQ) + TQ * 16;
   float* S = scratch(round16(TQ * TK) + ng * per);
   auto Qs_of = [&](std::int64_t g) { return S + round16(TQ * TK) + g * per; };
   auto O_of = [&](std::int64_t g) { return Qs_of(g) + round16(TQ * D); };
   auto m_of = [&](std::int64_t g) { return O_of(g) + round16(TQ * D); };
-  auto alpha_of = [&](std::int64_t g) { return m_of(g) + round16(TQ); };
-  auto lsum_of = [&](std::int64_t g) { return alpha_of(g) + round16(TQ); };
+  auto lsum_of = [&](std::int64_t g) { return m_of(g) + round16(TQ); };
 
   const vf sc2 = bc(a.scale2);
   for (std::int64_t g = 0; g < ng; ++g) {
@@ -281,7 +291,6 @@ void forwardTile(const Args& a, std::int64_t piece, std::int64_t qg, int h) {
       float* Qs = Qs_of(g);
       float* O = O_of(g);
       float* m = m_of(g);
-      float* alpha = alpha_of(g);
       float* lsum = lsum_of(g);
       gemm<false>(TQ, TK, D, Qs, D, KTh + kt * D * TK, TK, S, TK);
       if (k0 + TK - 1 > Lmin) {  // diagonal tile: mask keys beyond each row's limit
@@ -295,35 +304,31 @@ void forwardTile(const Args& a, std::int64_t piece, std::int64_t qg, int h) {
           }
         }
       }
-      // online softmax: new running max, rescale factors, probabilities, lane-wise sums
-      for (std::int64_t r = 0; r < TQ; ++r) {
-        const float* s = S + r * TK;
-        vf mx = ld(s);
-        for (int j = 1; j < nvk; ++j) mx = vmax(mx, ld(s + 16 * j));
-        const float mr = hmax(mx), mo = m[r];
-        const float mn = mr > mo ? mr : mo;
-        alpha[r] = mn;  // temporarily the new max
-      }
-      for (std::int64_t r = 0; r < TQ; r += 16) {
-        const vf mo = ld(m + r), mn = ld(alpha + r);
-        st(m + r, mn);
-        st(alpha + r, exp2v(mo - mn));
-      }
+      // online softmax with lazy rescaling (as in FlashAttention-3): the running max m of a
+      // row is raised, and O and the sums rescaled, only when a score exceeds m by more than
+      // kLazy (log2 units); otherwise P = 2^(S - m) <= 2^kLazy, harmless in float. The
+      // check is one vector compare per row, no horizontal max.
       for (std::int64_t r = 0; r < TQ; ++r) {
         float* s = S + r * TK;
+        vf mx = ld(s);
+        for (int j = 1; j < nvk; ++j) mx = vmax(mx, ld(s + 16 * j));
+        const float mo = m[r];
+        vf acc = ld(lsum + r * 16);
+        if (anyGreater(mx, mo + kLazy)) {  // also the first tile (m = -inf)
+          const float mn = hmax(mx);
+          const vf alv = exp2v(bc(mo - mn));  // 0 when mo = -inf; no libm call in the loop
+          m[r] = mn;
+          acc = acc * alv;
+          float* orow = O + r * D;
+          for (int d = 0; d < D; d += 16) st(orow + d, ld(orow + d) * alv);
+        }
         const vf mr = bc(m[r]);
-        vf acc = ld(lsum + r * 16) * bc(alpha[r]);
         for (int j = 0; j < nvk; ++j) {
           const vf p = exp2v(ld(s + 16 * j) - mr);
           st(s + 16 * j, p);
           acc += p;
         }
         st(lsum + r * 16, acc);
-        if (alpha[r] != 1.0f) {
-          const vf al = bc(alpha[r]);
-          float* orow = O + r * D;
-          for (int d = 0; d < D; d += 16) st(orow + d, ld(orow + d) * al);
-        }
       }
       const std::int64_t cnt = std::min<std::int64_t>(TK, Lmax + 1 - k0);
       gemm<true>(TQ, D, cnt, S, TK, Vh + k0 * a.v_s0, a.v_s0, O, D);
