@@ -42,13 +42,16 @@ struct PackerOptions {
   /// holds fewer than N documents (bounds the delay; 0 = never force).
   std::int64_t max_queue_wait = 8;
   double milp_time_limit = 10.0;        ///< fixed_optimal: seconds per solve
+  /// wlb: mean per-token delay budget (steps); while the running mean delay exceeds it,
+  /// the forced-release wait is shortened by one step (0 = no control).
+  double delay_budget = 0;
   std::int64_t N() const { return dp * micro_batches; }
   /// Deck -> options. Empty outlier_thresholds in the deck -> defaultThresholds().
   static PackerOptions fromDeck(const Deck& deck);
 };
 
-/// Default wlb thresholds when the deck gives none (docs/packing.md): two levels,
-/// L_1 = S/4 and L_2 = S/2 (clamped to s_max).
+/// Default wlb thresholds when the deck gives none (docs/packing.md): three levels,
+/// L = 3S/16, 3S/8, 3S/4 (clamped to s_max).
 std::vector<std::int64_t> defaultThresholds(std::int64_t context_window, std::int64_t s_max);
 
 /// Abstract, stateful packer.

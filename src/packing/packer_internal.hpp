@@ -36,6 +36,7 @@ class WorkTable {
   bool fast_ = false;
   std::vector<double> prefix_;  ///< prefix_[m] = sum_{i=1..m} ceil(i*tq/tk)
   double flops_per_block_fwd_ = 0;
+  double lin_per_token_ = 0;   ///< linear (fwd + bwd) seconds per token
 };
 
 std::unique_ptr<Packer> makeFixedOptimal(const PackerOptions& opt, const model::CostModel& cost);

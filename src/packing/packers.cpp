@@ -27,11 +27,13 @@ PackerOptions PackerOptions::fromDeck(const Deck& deck) {
                              ? defaultThresholds(o.context_window, o.s_max)
                              : deck.packing.outlier_thresholds;
   o.milp_time_limit = deck.packing.milp_time_limit;
+  o.delay_budget = deck.packing.delay_budget;
   // Bound the outlier-queue wait: [packing] max_queue_wait, or by default derived from the
-  // delay budget as max(2, ceil(4 * budget)) steps (docs/packing.md).
+  // delay budget as max(2, ceil(5 * budget)) steps; the delay controller keeps the mean
+  // under the budget by releasing one step earlier when needed (docs/packing.md).
   o.max_queue_wait = deck.packing.max_queue_wait > 0
                          ? deck.packing.max_queue_wait
-                         : std::max<std::int64_t>(2, static_cast<std::int64_t>(std::ceil(4.0 * deck.packing.delay_budget)));
+                         : std::max<std::int64_t>(2, static_cast<std::int64_t>(std::ceil(5.0 * deck.packing.delay_budget)));
   for (std::size_t i = 0; i < o.outlier_thresholds.size(); ++i) {
     const auto L = o.outlier_thresholds[i];
     if (L < 1 || (i > 0 && L <= o.outlier_thresholds[i - 1]))
@@ -43,7 +45,7 @@ PackerOptions PackerOptions::fromDeck(const Deck& deck) {
 
 std::vector<std::int64_t> defaultThresholds(std::int64_t S, std::int64_t s_max) {
   std::vector<std::int64_t> t;
-  for (std::int64_t L : {S / 4, S / 2}) {
+  for (std::int64_t L : {3 * S / 16, 3 * S / 8, 3 * S / 4}) {
     L = std::min(L, s_max);
     if (L >= 1 && (t.empty() || L > t.back())) t.push_back(L);
   }
@@ -131,6 +133,9 @@ WorkTable::WorkTable(const model::CostModel& cost, std::int64_t max_len)
   const auto& d = cost.dims();
   const double heads = static_cast<double>(d.heads) / static_cast<double>(cost.tp());
   flops_per_block_fwd_ = 4.0 * static_cast<double>(tq * tk) * static_cast<double>(d.head_dim) * heads;
+  // Linear work is linear in tokens (CostModel::linearFlops).
+  lin_per_token_ = cost.linearSeconds(1 << 20, model::Phase::Fwd) / static_cast<double>(1 << 20) +
+                   cost.linearSeconds(1 << 20, model::Phase::Bwd) / static_cast<double>(1 << 20);
   fast_ = true;
   for (std::int64_t len : {1L, 7L, 63L, 64L, 65L, 1000L, 4096L, 12345L, max_len / 3, max_len}) {
     if (len < 1 || len > max_len) continue;
@@ -162,9 +167,7 @@ double WorkTable::attn(std::int64_t len) const {
 
 double WorkTable::work(std::int64_t len) const {
   if (len <= 0) return 0.0;
-  if (fast_ && len <= max_len_)
-    return fastAttn(len) + cost_->linearSeconds(len, model::Phase::Fwd) +
-           cost_->linearSeconds(len, model::Phase::Bwd);
+  if (fast_ && len <= max_len_) return fastAttn(len) + lin_per_token_ * static_cast<double>(len);
   return cost_->segmentWork(len);
 }
 
@@ -362,6 +365,15 @@ class WlbPacker final : public Packer {
   }
   std::string name() const override { return "wlb"; }
 
+  /// Local-search rounds after the greedy placement (each moves or swaps one segment).
+  static constexpr int kRefineIterations = 32;
+  /// ... each trying the heaviest micro-batch against this many lightest ones ...
+  static constexpr std::size_t kRefineLights = 8;
+  /// ... and stops once max/mean work <= 1 + this.
+  static constexpr double kRefineTolerance = 2e-3;
+  /// The delay controller aims the running mean delay at this fraction of the budget.
+  static constexpr double kDelayTarget = 0.97;
+
   double work(std::int64_t len) const { return table_.work(len); }
 
   StepPlan pack(std::int64_t step, const std::vector<Document>& incoming) override {
@@ -381,14 +393,15 @@ class WlbPacker final : public Packer {
     // Priority: carried-over documents and queue entries released by age go first.
     std::vector<Segment> prio = std::move(carry_);
     carry_.clear();
-    // Release: queues whose oldest entry has waited max_queue_wait steps are flushed (delay
-    // bound). Otherwise at most one full queue pops N documents (one per micro-batch) per
-    // step — the one with the oldest head — and only while the step's tokens stay within
-    // N * s_max; two outlier sets in one step would overflow s_max and spill outliers
-    // into the carry-over, which unbalances the next step (docs/packing.md).
+    const std::size_t n_carried = prio.size();  // prio = [carry-over..., forced...]
     std::int64_t planned = tokensOf(prio) + tokensOf(fresh);
+    // Delay control: while the running mean per-token delay exceeds kDelayTarget x budget,
+    // queues are force-released one step earlier (never later than max_queue_wait).
+    std::int64_t wait = opt_.max_queue_wait;
+    if (opt_.delay_budget > 0 && delay_tokens_ > 0 && delay_sum_ / delay_tokens_ > kDelayTarget * opt_.delay_budget)
+      wait = std::max<std::int64_t>(1, wait - 1);
     for (auto& q : queues_) {
-      if (opt_.max_queue_wait > 0 && !q.empty() && step - q.front().arrival_step >= opt_.max_queue_wait) {
+      if (wait > 0 && !q.empty() && step - q.front().arrival_step >= wait) {
         planned += tokensOf(q);
         prio.insert(prio.end(), q.begin(), q.end());
         q.clear();
@@ -408,18 +421,69 @@ class WlbPacker final : public Packer {
       std::int64_t t = 0;
       for (std::size_t k = 0; k < N; ++k) t += q[k].length;
       if (popped && planned + t > capacity) break;
-      // A queue that keeps >= 2N entries would otherwise grow without bound: pop anyway.
       if (popped && q.size() < 2 * N) break;
       planned += t;
       fresh.insert(fresh.end(), q.begin(), q.begin() + static_cast<std::ptrdiff_t>(N));
       q.erase(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(N));
       popped = true;
     }
+    // Fill-up release ("pull"): the step's target is T = W of its heaviest released item.
+    // Queued outliers with W <= T are pulled, heaviest first, while the step's total work
+    // stays <= N*T and its tokens <= N*s_max, so the micro-batches that got no long
+    // document this step get comparable work from shorter outliers (instead of waiting
+    // for their own queue to fill, which also lowers their delay).
+    {
+      double wmax = 0, wsum = 0;
+      for (const auto* v : {&prio, &fresh})
+        for (const auto& s : *v) {
+          const double ws = work(s.length);
+          wmax = std::max(wmax, ws);
+          wsum += ws;
+        }
+      double budget = static_cast<double>(N) * wmax - wsum;
+      if (budget > 0) {
+        struct Cand {
+          std::size_t q, i;
+          double w;
+        };
+        std::vector<Cand> cands;
+        for (std::size_t qi = 0; qi < queues_.size(); ++qi)
+          for (std::size_t i = 0; i < queues_[qi].size(); ++i) {
+            const double ws = work(queues_[qi][i].length);
+            if (ws <= wmax) cands.push_back({qi, i, ws});
+          }
+        std::stable_sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) { return a.w > b.w; });
+        std::vector<std::vector<char>> take(queues_.size());
+        for (std::size_t qi = 0; qi < queues_.size(); ++qi) take[qi].assign(queues_[qi].size(), 0);
+        bool any = false;
+        for (const auto& c : cands) {
+          const auto len = queues_[c.q][c.i].length;
+          if (c.w > budget || planned + len > capacity) continue;
+          budget -= c.w;
+          planned += len;
+          take[c.q][c.i] = 1;
+          any = true;
+        }
+        if (any)
+          for (std::size_t qi = 0; qi < queues_.size(); ++qi) {
+            std::vector<Segment> keep;
+            for (std::size_t i = 0; i < queues_[qi].size(); ++i)
+              (take[qi][i] ? fresh : keep).push_back(queues_[qi][i]);
+            queues_[qi] = std::move(keep);
+          }
+      }
+    }
+    // Placement order: last step's carry-over first (so it is not carried twice), then
+    // everything else — forced, popped, pulled and new items — in one longest-first (LPT)
+    // order.
+    fresh.insert(fresh.end(), prio.begin() + static_cast<std::ptrdiff_t>(n_carried), prio.end());
+    prio.resize(n_carried);
     std::sort(prio.begin(), prio.end(), longerFirst);
     std::sort(fresh.begin(), fresh.end(), longerFirst);
     std::vector<MicroBatch> mbs(N);
     std::vector<double> w(N, 0.0);
     std::vector<std::int64_t> len(N, 0);
+    std::vector<std::vector<double>> sw(N);
     auto place = [&](const Segment& s) {
       std::size_t bw = 0, bl = 0;
       for (std::size_t j = 1; j < N; ++j) {
@@ -433,12 +497,20 @@ class WlbPacker final : public Packer {
         carry_.push_back(s);
         return;
       }
+      const double ws = work(s.length);
       mbs[t].segments.push_back(s);
+      sw[t].push_back(ws);
       len[t] += s.length;
-      w[t] += work(s.length);
+      w[t] += ws;
     };
     for (const auto& s : prio) place(s);
     for (const auto& s : fresh) place(s);
+    refine(mbs, sw, w, len, kRefineIterations, kRefineLights);
+    for (const auto& mb : mbs)
+      for (const auto& sg : mb.segments) {
+        delay_sum_ += static_cast<double>(step - sg.arrival_step) * static_cast<double>(sg.length);
+        delay_tokens_ += static_cast<double>(sg.length);
+      }
     StepPlan plan;
     plan.step = step;
     distribute(plan, mbs, opt_, &w);
@@ -447,13 +519,80 @@ class WlbPacker final : public Packer {
     fillDelayed(plan, held);
     return plan;
   }
+
+  // Local search after the greedy: move one segment from the heaviest micro-batch to a
+  // lighter one, or swap a pair, whenever that lowers the larger of the two below the
+  // current maximum (s_max respected). `sw[j][i]` = W of segment i of micro-batch j.
+  void refine(std::vector<MicroBatch>& mbs, std::vector<std::vector<double>>& sw, std::vector<double>& w,
+              std::vector<std::int64_t>& len, int iters, std::size_t lights) const {
+    const auto Smax = opt_.s_max;
+    const std::size_t N = mbs.size();
+    std::vector<std::size_t> order(N);
+    double total = 0;
+    for (double x : w) total += x;
+    const double good = (1.0 + kRefineTolerance) * total / static_cast<double>(N);
+    for (int it = 0; it < iters; ++it) {
+      for (std::size_t j = 0; j < N; ++j) order[j] = j;
+      std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return w[a] < w[b] || (w[a] == w[b] && a < b); });
+      const std::size_t h = order[N - 1];
+      if (w[h] <= good) break;  // already balanced to within the tolerance
+      double best = w[h];
+      std::size_t bl = N, bx = 0, by = 0;
+      bool swap = false;
+      auto& H = mbs[h].segments;
+      for (std::size_t k = 0; k < std::min(lights, N - 1); ++k) {
+        const std::size_t l = order[k];
+        const auto& Lb = mbs[l].segments;
+        for (std::size_t x = 0; x < H.size(); ++x) {
+          const double wx = sw[h][x];
+          if (w[l] + wx >= best) continue;
+          if (len[l] + H[x].length <= Smax) {
+            const double m = std::max(w[h] - wx, w[l] + wx);
+            if (m < best - 1e-9 * best) { best = m; bl = l; bx = x; swap = false; }
+          }
+        }
+        for (std::size_t x = 0; x < H.size(); ++x) {
+          const double wx = sw[h][x];
+          for (std::size_t y = 0; y < Lb.size(); ++y) {
+            const double wy = sw[l][y];
+            if (wy >= wx) continue;
+            // Both sides: W need not be monotone in length under a measured profile.
+            if (len[l] + H[x].length - Lb[y].length > Smax || len[h] - H[x].length + Lb[y].length > Smax) continue;
+            const double m = std::max(w[h] - wx + wy, w[l] + wx - wy);
+            if (m < best - 1e-9 * best) { best = m; bl = l; bx = x; by = y; swap = true; }
+          }
+        }
+      }
+      if (bl == N) break;
+      auto& Lb = mbs[bl].segments;
+      const Segment sx = H[bx];
+      const double wx = sw[h][bx];
+      if (swap) {
+        const Segment sy = Lb[by];
+        const double wy = sw[bl][by];
+        H[bx] = sy; sw[h][bx] = wy;
+        Lb[by] = sx; sw[bl][by] = wx;
+        w[h] += wy - wx; w[bl] += wx - wy;
+        len[h] += sy.length - sx.length; len[bl] += sx.length - sy.length;
+      } else {
+        H.erase(H.begin() + static_cast<std::ptrdiff_t>(bx));
+        sw[h].erase(sw[h].begin() + static_cast<std::ptrdiff_t>(bx));
+        Lb.push_back(sx); sw[bl].push_back(wx);
+        w[h] -= wx; w[bl] += wx;
+        len[h] -= sx.length; len[bl] += sx.length;
+      }
+    }
+  }
+
   nlohmann::json saveState() const override {
     nlohmann::json q = nlohmann::json::array();
     for (const auto& v : queues_) q.push_back(segsToJson(v));
-    return {{"carry", segsToJson(carry_)}, {"queues", q}};
+    return {{"carry", segsToJson(carry_)}, {"queues", q}, {"delay_sum", delay_sum_}, {"delay_tokens", delay_tokens_}};
   }
   void loadState(const nlohmann::json& s) override {
     carry_ = segsFromJson(s.at("carry"));
+    delay_sum_ = s.value("delay_sum", 0.0);
+    delay_tokens_ = s.value("delay_tokens", 0.0);
     const auto& q = s.at("queues");
     if (q.size() != queues_.size())
       throw InputError(fmt::format("packer state: {} outlier queues saved, {} configured",
@@ -469,6 +608,7 @@ class WlbPacker final : public Packer {
  private:
   std::vector<Segment> carry_;
   std::vector<std::vector<Segment>> queues_;
+  double delay_sum_ = 0, delay_tokens_ = 0;
   WorkTable table_;
 };
 

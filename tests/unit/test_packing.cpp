@@ -258,3 +258,82 @@ TEST(PackingPlanIo, JsonRoundTripAndFile) {
     EXPECT_NE(std::string(e.what()).find(":7"), std::string::npos) << e.what();
   }
 }
+
+// Fill-up release: when a long outlier is force-released with no partners of its own
+// level, shorter queued outliers (W <= its W) are pulled into the same step ahead of their
+// own release, so the micro-batches without the long document get comparable work.
+TEST(PackingWlb, ForcedReleasePullsShorterQueuedOutliers) {
+  // 64K window, 4 micro-batches, Llama-3-8B-like layer; step 0 = one 64K document + 4K
+  // fillers, step 1 starts with two 24K documents (level 1), then fillers.
+  const std::string path = ::testing::TempDir() + "/pack_pull.txt";
+  {
+    std::ofstream f(path);
+    f << "65536\n";
+    for (int i = 0; i < 51; ++i) f << "4000\n";
+    f << "24000\n24000\n";
+    for (int i = 0; i < 400; ++i) f << "4000\n";
+  }
+  Deck d = smallDeck("pile", 1);
+  d.model.hidden = 4096;
+  d.model.heads = 32;
+  d.model.kv_heads = 8;
+  d.model.ffn = 14336;
+  d.model.layers = 32;
+  d.data.source = "text";
+  d.data.path = path;
+  d.data.context_window = 65536;
+  d.data.s_max = 131072;  // room for the pulled documents next to a full step of fillers
+  d.mesh.dp = 1;
+  d.packing.micro_batches = 4;
+  d.packing.outlier_thresholds = {16384, 49152};
+  d.packing.max_queue_wait = 2;
+  const auto cost = model::CostModel::fromDeck(d);
+  auto src = data::makeLengthSource(d);
+  auto p = packing::makePacker("wlb", d, cost);
+  std::int64_t step_long = -1;
+  std::vector<std::pair<std::int64_t, std::int64_t>> mids;  // (step trained, arrival)
+  packing::RunOptions ro;
+  ro.steps = 8;
+  ro.check = true;
+  ro.on_step = [&](const StepPlan& plan, const packing::StepMetrics&, std::int64_t) {
+    for (const auto& rep : plan.replicas)
+      for (const auto& mb : rep)
+        for (const auto& s : mb.segments) {
+          if (s.length == 65536) step_long = plan.step;
+          if (s.length == 24000) mids.push_back({plan.step, s.arrival_step});
+        }
+  };
+  const auto r = packing::runPacker(*src, *p, cost, ro);
+  EXPECT_TRUE(r.check_ok) << r.check_report;
+  ASSERT_EQ(step_long, 2);  // forced after max_queue_wait steps, alone in its queue
+  ASSERT_EQ(mids.size(), 2u);
+  for (const auto& [t, arrival] : mids) {
+    EXPECT_EQ(t, step_long);                  // pulled into the long document's step ...
+    EXPECT_LT(t - arrival, 2);                // ... before its own queue would release it
+  }
+}
+
+// The target on the long-context preset (128K window, N = 16, Llama-3-8B-like
+// layer, default thresholds and delay budget 1): a regression guard with some margin.
+TEST(PackingQuality, WlbLongContext128kBalancedWithinDelayBudget) {
+  Deck d;
+  d.model.hidden = 4096;
+  d.model.heads = 32;
+  d.model.kv_heads = 8;
+  d.model.ffn = 14336;
+  d.model.layers = 32;
+  d.data.source = "generator";
+  d.data.preset = "long_context_128k";
+  d.data.seed = 1234;
+  d.data.context_window = 131072;
+  d.data.s_max = 163840;
+  d.mesh.dp = 1;
+  d.packing.micro_batches = 16;
+  d.packing.delay_budget = 1.0;
+  const auto w = run(d, "wlb", 300);
+  EXPECT_TRUE(w.check_ok) << w.check_report;
+  EXPECT_LE(w.summary.imbalance_mean, 1.06);
+  EXPECT_LE(w.summary.delay_mean, 1.0);
+  const auto o = run(d, "original", 300);
+  EXPECT_LT(w.summary.imbalance_mean, o.summary.imbalance_mean);
+}
