@@ -527,7 +527,7 @@ class WlbPacker final : public Packer {
               std::vector<std::int64_t>& len, int iters, std::size_t lights) const {
     const auto Smax = opt_.s_max;
     const std::size_t N = mbs.size();
-    std::vector<std::size_t> order(N);
+    std::vector<std::size_t> order(N), byw;
     double total = 0;
     for (double x : w) total += x;
     const double good = (1.0 + kRefineTolerance) * total / static_cast<double>(N);
@@ -551,11 +551,20 @@ class WlbPacker final : public Packer {
             if (m < best - 1e-9 * best) { best = m; bl = l; bx = x; swap = false; }
           }
         }
+        // Swaps: only y with wx - (w[h] - w[l]) < wy < wx can help; scan L's segments in
+        // increasing W from the first such y.
+        byw.resize(Lb.size());
+        for (std::size_t y = 0; y < Lb.size(); ++y) byw[y] = y;
+        std::sort(byw.begin(), byw.end(), [&](std::size_t a, std::size_t b) { return sw[l][a] < sw[l][b]; });
+        const double gap = w[h] - w[l];
         for (std::size_t x = 0; x < H.size(); ++x) {
           const double wx = sw[h][x];
-          for (std::size_t y = 0; y < Lb.size(); ++y) {
+          auto it = std::lower_bound(byw.begin(), byw.end(), wx - gap,
+                                     [&](std::size_t a, double v) { return sw[l][a] <= v; });
+          for (; it != byw.end(); ++it) {
+            const std::size_t y = *it;
             const double wy = sw[l][y];
-            if (wy >= wx) continue;
+            if (wy >= wx) break;
             // Both sides: W need not be monotone in length under a measured profile.
             if (len[l] + H[x].length - Lb[y].length > Smax || len[h] - H[x].length + Lb[y].length > Smax) continue;
             const double m = std::max(w[h] - wx + wy, w[l] + wx - wy);
