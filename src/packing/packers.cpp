@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <functional>
 #include <unordered_set>
 
 #include <fmt/format.h>
@@ -484,15 +485,23 @@ class WlbPacker final : public Packer {
     std::vector<double> w(N, 0.0);
     std::vector<std::int64_t> len(N, 0);
     std::vector<std::vector<double>> sw(N);
+    // Min-heap of (work, index): the least-loaded micro-batch in O(log N) (ties -> lowest
+    // index, as a linear scan would pick).
+    using Key = std::pair<double, std::size_t>;
+    std::vector<Key> heap(N);
+    for (std::size_t j = 0; j < N; ++j) heap[j] = {0.0, j};
+    const auto cmp = std::greater<Key>();
     auto place = [&](const Segment& s) {
-      std::size_t bw = 0, bl = 0;
-      for (std::size_t j = 1; j < N; ++j) {
-        if (w[j] < w[bw]) bw = j;
-        if (len[j] < len[bl]) bl = j;
-      }
+      const std::size_t bw = heap.front().second;
       std::size_t t = N;
-      if (len[bw] + s.length <= Smax) t = bw;
-      else if (len[bl] + s.length <= Smax) t = bl;
+      if (len[bw] + s.length <= Smax) {
+        t = bw;
+      } else {
+        std::size_t bl = 0;
+        for (std::size_t j = 1; j < N; ++j)
+          if (len[j] < len[bl]) bl = j;
+        if (len[bl] + s.length <= Smax) t = bl;
+      }
       if (t == N) {
         carry_.push_back(s);
         return;
@@ -502,6 +511,14 @@ class WlbPacker final : public Packer {
       sw[t].push_back(ws);
       len[t] += s.length;
       w[t] += ws;
+      if (t == bw) {
+        std::pop_heap(heap.begin(), heap.end(), cmp);
+        heap.back() = {w[t], t};
+        std::push_heap(heap.begin(), heap.end(), cmp);
+      } else {
+        for (std::size_t j = 0; j < N; ++j) heap[j] = {w[j], j};
+        std::make_heap(heap.begin(), heap.end(), cmp);
+      }
     };
     for (const auto& s : prio) place(s);
     for (const auto& s : fresh) place(s);
