@@ -33,7 +33,8 @@ namespace fs = std::filesystem;
 struct Opts {
   wlb::app::DeckArgs deck;
   std::vector<std::string> more_decks;
-  std::int64_t steps = -1;
+  std::int64_t steps = -1, warmup = -1;
+  bool as_run = false;
   std::string out, trace;
   std::vector<std::string> strategies;
 };
@@ -129,6 +130,7 @@ int run(const Opts& o) {
     for (const auto& c : expanded) cases.push_back({caseName(p, c, !deck.sweep.empty()), c});
   }
   if (o.steps == 0 || o.steps < -1) throw wlb::InputError("--steps must be >= 1", true);
+  if (o.warmup < -1) throw wlb::InputError("--warmup must be >= 0", true);
   // Validate every case (profile, schedule, strategies) before any output is written.
   for (const Case& cs : cases) {
     wlb::Deck deck = cs.deck;
@@ -163,11 +165,20 @@ int run(const Opts& o) {
     deck.run.strategies.clear();
     for (const auto& n : names) deck.run.strategies.push_back(n.second);
     const auto pairs = wlb::resolveStrategies(deck);
+    // Same step accounting as `wlb run`: `warmup` unmeasured steps, then `steps` measured.
     const std::int64_t steps = o.steps > 0 ? o.steps : deck.run.steps;
-    const std::int64_t warmup = steps > deck.run.warmup ? deck.run.warmup : 0;
+    const std::int64_t warmup = o.warmup >= 0 ? o.warmup : std::max<std::int64_t>(0, deck.run.warmup);
 
     const wlb::model::CostModel cost = wlb::model::CostModel::fromDeck(deck);
-    const wlb::pp::StepSimulator sim(deck, cost);
+    wlb::pp::SimConfig sim_cfg = wlb::pp::SimConfig::fromDeck(deck, cost.hardware());
+    if (o.as_run) {
+      // What `wlb run` executes (docs/runtime.md): transformer layers only (random input,
+      // random loss gradient: no embedding / LM-head compute, gradients or logits), fp32
+      // tensors on the wire. The cost model, packers and shard planners are unchanged.
+      sim_cfg.lm_head = false;
+      sim_cfg.comm_element_bytes = 4;
+    }
+    const wlb::pp::StepSimulator sim(sim_cfg, cost);
     std::unique_ptr<wlb::trace::Recorder> rec;
     std::unique_ptr<wlb::trace::Writer> writer;
     if (!o.trace.empty()) {
@@ -202,7 +213,7 @@ int run(const Opts& o) {
       row.sharding = pr.sharding;
       row.peak_gb.assign(static_cast<std::size_t>(deck.mesh.pp), 0.0);
       double t = 0, tokens = 0;
-      for (std::int64_t step = 0; step < steps; ++step) {
+      for (std::int64_t step = 0; step < warmup + steps; ++step) {
         const auto docs = src->next(step);
         const wlb::StepPlan plan = packer->pack(step, docs);
         const auto r = sim.simulatePlan(plan, pr.sharding, deck.cp, rec.get(), static_cast<int>(step), t);
@@ -290,7 +301,12 @@ const bool registered = wlb::app::registerCommand(
       auto opts = std::make_shared<Opts>();
       wlb::app::addDeckArgs(sub, opts->deck);
       sub.add_option("more", opts->more_decks, "More decks (or .list files naming decks) to simulate");
-      sub.add_option("--steps", opts->steps, "Steps per strategy (default: run.steps)");
+      sub.add_option("--steps", opts->steps, "Measured steps per strategy (default: run.steps)");
+      sub.add_option("--warmup", opts->warmup,
+                     "Unmeasured steps before them (default: run.warmup), as in `wlb run`");
+      sub.add_flag("--as-run", opts->as_run,
+                   "Model what `wlb run` executes: layers only (no embedding/LM head), fp32 "
+                   "KV and gradient communication");
       sub.add_option("--out", opts->out, "Write simulate.csv and simulate.json into DIR")->type_name("DIR");
       sub.add_option("--trace", opts->trace,
                      "Write predicted events (trace schema, /meta/source = simulated) to FILE "

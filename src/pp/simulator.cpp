@@ -191,6 +191,7 @@ double StepSimulator::stageParams(int stage) const {
   int layers = 0;
   for (int c = 0; c < cfg_.chunks; ++c) layers += layersOf(c * cfg_.pp + stage);
   double p = layers * (per_layer / cfg_.tp + 2.0 * h);
+  if (!cfg_.lm_head) return p;
   if (stage == 0) p += vocab * h / cfg_.tp;            // input embedding
   if (stage == cfg_.pp - 1) p += vocab * h / cfg_.tp;  // output head (untied)
   return p;
@@ -227,8 +228,8 @@ StepSimulator::RankLayerCost StepSimulator::layerCost(const MicroBatchWork& w, i
   if (cfg_.cp > 1) {
     const auto ri = static_cast<std::size_t>(r);
     const double lat = w.kv_peers[ri] * net.latency_s;
-    kv_f = w.kv_fwd_bytes[ri] / net.cp_bps + (w.kv_fwd_bytes[ri] > 0 ? lat : 0.0);
-    kv_b = w.kv_bwd_bytes[ri] / net.cp_bps + (w.kv_bwd_bytes[ri] > 0 ? lat : 0.0);
+    kv_f = commScale() * w.kv_fwd_bytes[ri] / net.cp_bps + (w.kv_fwd_bytes[ri] > 0 ? lat : 0.0);
+    kv_b = commScale() * w.kv_bwd_bytes[ri] / net.cp_bps + (w.kv_bwd_bytes[ri] > 0 ? lat : 0.0);
   }
   const auto ri = static_cast<std::size_t>(r);
   c.fwd = w.attn_fwd[ri] + cost_->linearSeconds(tok, Phase::Fwd) + tp_comm + kv_f;
@@ -237,7 +238,13 @@ StepSimulator::RankLayerCost StepSimulator::layerCost(const MicroBatchWork& w, i
   return c;
 }
 
+double StepSimulator::commScale() const {
+  const double b = static_cast<double>(cost_->dims().dtype_bytes);
+  return cfg_.comm_element_bytes > 0 && b > 0 ? cfg_.comm_element_bytes / b : 1.0;
+}
+
 double StepSimulator::headSeconds(std::int64_t tokens, Phase p) const {
+  if (!cfg_.lm_head) return 0.0;
   const auto& d = cost_->dims();
   const double f = 2.0 * static_cast<double>(tokens) * static_cast<double>(d.hidden) *
                    static_cast<double>(d.vocab) / cfg_.tp;
@@ -258,7 +265,7 @@ double StepSimulator::p2pSeconds(const MicroBatchWork& w) const {
 double StepSimulator::gradSyncSeconds(int stage) const {
   const int n = cfg_.dp * cfg_.cp;
   if (n <= 1) return 0.0;
-  const double bytes = stageParams(stage) * static_cast<double>(cost_->dims().dtype_bytes);
+  const double bytes = stageParams(stage) * static_cast<double>(cost_->dims().dtype_bytes) * commScale();
   const double bw = cfg_.dp > 1 ? std::min(cfg_.net.dp_bps, cfg_.net.cp_bps) : cfg_.net.cp_bps;
   return 2.0 * (n - 1.0) / n * bytes / bw + 2.0 * (n - 1) * cfg_.net.latency_s;
 }
@@ -291,7 +298,7 @@ PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mb
       c.fwd[c.at(vs, m)] = f;
       c.bwd[c.at(vs, m)] = b;
       double act = l * act_tok * static_cast<double>(max_tok);
-      if (last)  // fp32 logits of the vocab-parallel loss, held until the backward
+      if (last && cfg_.lm_head)  // fp32 logits of the vocab-parallel loss, held until the backward
         act += static_cast<double>(max_tok) * static_cast<double>(d.vocab) * 4.0 / cfg_.tp;
       c.act_bytes[c.at(vs, m)] = act;
     }
@@ -391,7 +398,8 @@ StepResult StepSimulator::simulate(const std::vector<std::vector<MicroBatchWork>
           double attn = l * (t.phase == Phase::Fwd ? w.attn_fwd[ci] : w.attn_bwd[ci] + (full ? w.attn_fwd[ci] : 0.0));
           double kv = 0;
           if (cfg_.cp > 1) {
-            const double kf = w.kv_fwd_bytes[ci] / cfg_.net.cp_bps, kb = w.kv_bwd_bytes[ci] / cfg_.net.cp_bps;
+            const double kf = commScale() * w.kv_fwd_bytes[ci] / cfg_.net.cp_bps,
+                         kb = commScale() * w.kv_bwd_bytes[ci] / cfg_.net.cp_bps;
             kv = l * (t.phase == Phase::Fwd ? kf : kb + (full ? kf : 0.0));
           }
           double lin = l * (cost_->linearSeconds(tok, Phase::Fwd) * (t.phase == Phase::Fwd || full ? 1.0 : 0.0) +
@@ -423,7 +431,7 @@ StepResult StepSimulator::simulate(const std::vector<std::vector<MicroBatchWork>
             emit(r_attn, attn, 0);
             emit(r_mlp, lin, 0);
             emit(r_tp, tpc, 0);
-            emit(r_kv, kv, l * (t.phase == Phase::Fwd ? w.kv_fwd_bytes[ci] : w.kv_bwd_bytes[ci]));
+            emit(r_kv, kv, commScale() * l * (t.phase == Phase::Fwd ? w.kv_fwd_bytes[ci] : w.kv_bwd_bytes[ci]));
             const bool sends = t.phase == Phase::Fwd ? vs + 1 < V : vs > 0;
             if (sends && cfg_.pp > 1) {
               x = r.finish[v];
@@ -442,7 +450,7 @@ StepResult StepSimulator::simulate(const std::vector<std::vector<MicroBatchWork>
             e.region = r_grad;
             e.start_ns = ns(stage_done[s]);
             e.end_ns = ns(stage_done[s] + grad[s]);
-            e.bytes = stageParams(s) * static_cast<double>(cost_->dims().dtype_bytes);
+            e.bytes = stageParams(s) * static_cast<double>(cost_->dims().dtype_bytes) * commScale();
             rec->record(e);
           }
       }

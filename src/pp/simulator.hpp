@@ -70,6 +70,14 @@ struct SimConfig {
   double memory_bytes = 0;     ///< device memory (0 = unknown)
   double optimizer_bytes_per_param = 12;  ///< fp32 master + Adam m, v (sharded over dp*cp)
   double grad_bytes_per_param = 4;        ///< fp32 main gradients held per rank
+  /// Embedding + LM head: head compute on the last virtual stage, embedding/head weights
+  /// in the gradient reduction and memory, fp32 logits. false = transformer layers only,
+  /// which is what `wlb run` executes (`wlb simulate --as-run`).
+  bool lm_head = true;
+  /// Bytes per element moved by KV exchange and the gradient reduction (0 = the model's
+  /// dtype_bytes). `wlb run` computes in fp32, so `--as-run` sets 4. Only communication
+  /// is scaled; the cost model (and so every planner decision) is unchanged.
+  double comm_element_bytes = 0;
   static SimConfig fromDeck(const Deck& deck, const model::HardwareProfile& hw);
   int ranks() const { return tp * cp * pp * dp; }
 };
@@ -122,6 +130,7 @@ class StepSimulator {
   };
   RankLayerCost layerCost(const MicroBatchWork& w, int r) const;
   double headSeconds(std::int64_t tokens, Phase p) const;
+  double commScale() const;  ///< comm_element_bytes / dtype_bytes (1 when unset)
   double p2pSeconds(const MicroBatchWork& w) const;
   double gradSyncSeconds(int stage) const;
 
