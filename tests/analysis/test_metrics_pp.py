@@ -1,0 +1,355 @@
+"""More analysis tests: a pipeline (PP=2, CP=2) trace with hand-computed step time,
+busy/idle, micro-batch latency summed over stages and CP imbalance; warmup exclusion;
+document lengths and plan workload; --compare / --baseline speedups; more bad inputs; the
+metrics of the simulated trace written by tests/mpi/test_trace_write.cpp."""
+
+import glob
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPORT, cxx_trace_dir
+
+import wlb_metrics
+import wlb_trace
+
+STANDARD_LABELS = ["step", "embed", "norm", "qkv_proj", "attn", "out_proj", "mlp", "loss",
+                   "tp_allreduce", "kv_allgather", "kv_exchange", "pp_send", "pp_recv",
+                   "grad_allreduce", "optimizer", "idle"]
+
+
+def _phase_dtype():
+    import h5py
+
+    return h5py.enum_dtype({"none": 0, "fwd": 1, "bwd": 2}, basetype="i1")
+
+
+def write_trace(path, *, ranks, events, strategies, segments=(), meta=None, complete=True,
+                regions=STANDARD_LABELS):
+    """Write a synthetic trace.
+
+    ranks:  list of (tp, cp, pp, dp), index = rank
+    events: list of dicts with rank, strategy, step, micro_batch, phase ("fwd"/"bwd"/"none"),
+            label, start_ns, end_ns and optional flops, bytes, layer, chunk
+    segments: list of (strategy, step, dp, micro_batch, index, doc, offset, length, arrival)
+    """
+    import h5py
+
+    phase_code = {"none": 0, "fwd": 1, "bwd": 2}
+    events = sorted(events, key=lambda e: e["rank"])
+    ev_dt = np.dtype([("rank", "<i4"), ("strategy", "<i4"), ("step", "<i4"), ("micro_batch", "<i4"),
+                      ("region", "<i4"), ("layer", "<i4"), ("chunk", "<i4"), ("phase", _phase_dtype()),
+                      ("start_ns", "<i8"), ("end_ns", "<i8"), ("flops", "<f8"), ("bytes", "<f8")])
+    ev = np.zeros(len(events), dtype=ev_dt)
+    for i, e in enumerate(events):
+        ev[i] = (e["rank"], e.get("strategy", 0), e.get("step", -1), e.get("micro_batch", -1),
+                 regions.index(e["label"]), e.get("layer", -1), e.get("chunk", 0),
+                 phase_code[e.get("phase", "none")], e["start_ns"], e["end_ns"],
+                 e.get("flops", 0.0), e.get("bytes", 0.0))
+    rk_dt = np.dtype([("rank", "<i4"), ("tp", "<i4"), ("cp", "<i4"), ("pp", "<i4"), ("dp", "<i4"),
+                      ("clock_offset_ns", "<i8"), ("event_offset", "<i8"), ("event_count", "<i8")])
+    rk = np.zeros(len(ranks), dtype=rk_dt)
+    for r, (tp, cp, pp, dp) in enumerate(ranks):
+        idx = [i for i, e in enumerate(events) if e["rank"] == r]
+        rk[r] = (r, tp, cp, pp, dp, 0, idx[0] if idx else 0, len(idx))
+    seg_dt = np.dtype([("strategy", "<i4"), ("dp", "<i4"), ("micro_batch", "<i4"), ("index", "<i4"),
+                       ("step", "<i8"), ("doc", "<i8"), ("offset", "<i8"), ("length", "<i8"),
+                       ("arrival_step", "<i8")])
+    sg = np.zeros(len(segments), dtype=seg_dt)
+    for i, (s, step, dp, mb, ix, doc, off, ln, arr) in enumerate(segments):
+        sg[i] = (s, dp, mb, ix, step, doc, off, ln, arr)
+    steps = sorted({(s[0], s[1]) for s in segments})
+    st = np.array(steps, dtype=[("strategy", "<i4"), ("step", "<i8")]) if steps else \
+        np.zeros(0, dtype=[("strategy", "<i4"), ("step", "<i8")])
+    vstr = h5py.string_dtype("utf-8")
+    mesh = [max(c[i] for c in ranks) + 1 for i in range(4)]
+    m = {"schema_version": 1, "source": "measured", "git_hash": "synthetic", "wlb_version": "0",
+         "kokkos_version": "3.4.1", "kokkos_backend": "Serial", "hdf5_version": "1.10.8",
+         "mpi_size": len(ranks), "world_size": len(ranks), "mesh_tp": mesh[0], "mesh_cp": mesh[1],
+         "mesh_pp": mesh[2], "mesh_dp": mesh[3], "warmup": 0, "start_time": "2025-01-01T00:00:00.000Z",
+         "clock": "synthetic", "strategy": ",".join(strategies), "command": "", "deck": ""}
+    m.update(meta or {})
+    with h5py.File(path, "w") as f:
+        f.create_dataset("events", data=ev)
+        f.create_dataset("ranks", data=rk)
+        f.create_dataset("regions", data=np.array(regions, dtype=object), dtype=vstr)
+        g = f.create_group("meta")
+        for k, v in m.items():
+            g.attrs[k] = v
+        g.create_dataset("strategies", data=np.array(strategies, dtype=object), dtype=vstr)
+        p = f.create_group("plan")
+        p.create_dataset("steps", data=st)
+        p.create_dataset("packing_json", data=np.array(["{}"] * len(steps), dtype=object), dtype=vstr)
+        p.create_dataset("shard_json", data=np.array([""] * len(steps), dtype=object), dtype=vstr)
+        p.create_dataset("segments", data=sg)
+        f.attrs["schema_version"] = 1
+        if complete:
+            f.attrs["complete"] = 1
+    return path
+
+
+# Hand-computed scenario (docs/analysis.md, "Worked example"): tp=1 cp=2 pp=2 dp=1,
+# rank = 2*pp + cp; one strategy; step 0 unbalanced, step 1 balanced.
+HAND_RANKS = [(0, 0, 0, 0), (0, 1, 0, 0), (0, 0, 1, 0), (0, 1, 1, 0)]
+
+
+def hand_events(scale=1.0, strategy=0):
+    def ev(rank, step, mb, label, s, e, phase="fwd"):
+        return {"rank": rank, "strategy": strategy, "step": step, "micro_batch": mb, "phase": phase,
+                "label": label, "start_ns": int(s * scale), "end_ns": int(e * scale)}
+
+    out = [
+        # step 0
+        ev(0, 0, -1, "step", 0, 700, "none"),
+        ev(0, 0, 0, "attn", 0, 100), ev(1, 0, 0, "attn", 0, 300),
+        ev(0, 0, 1, "attn", 300, 400), ev(1, 0, 1, "attn", 300, 400),
+        ev(2, 0, 0, "attn", 300, 500), ev(3, 0, 0, "attn", 300, 400),
+        ev(2, 0, 1, "attn", 500, 600), ev(3, 0, 1, "attn", 500, 600),
+    ]
+    out += [ev(r, 0, -1, "grad_allreduce", 600, 700, "none") for r in range(4)]
+    # step 1: every attention call takes 100 ns
+    out += [
+        ev(0, 1, 0, "attn", 1000, 1100), ev(1, 1, 0, "attn", 1000, 1100),
+        ev(0, 1, 1, "attn", 1300, 1400), ev(1, 1, 1, "attn", 1300, 1400),
+        ev(2, 1, 0, "attn", 1300, 1400), ev(3, 1, 0, "attn", 1300, 1400),
+        ev(2, 1, 1, "attn", 1500, 1600), ev(3, 1, 1, "attn", 1500, 1600),
+    ]
+    out += [ev(r, 1, -1, "grad_allreduce", 1600, 1700, "none") for r in range(4)]
+    return out
+
+
+# Documents 0..3 of lengths 10, 20, 30, 40 (doc 3 cut into 25 + 15).
+HAND_SEGMENTS = [
+    (0, 0, 0, 0, 0, 0, 0, 10, 0), (0, 0, 0, 0, 1, 1, 0, 20, 0),
+    (0, 0, 0, 1, 0, 2, 0, 30, 0), (0, 0, 0, 1, 1, 3, 0, 25, 0),
+    (0, 1, 0, 0, 0, 3, 25, 15, 0),
+]
+
+
+@pytest.fixture
+def hand_trace(tmp_path):
+    return write_trace(str(tmp_path / "hand.h5"), ranks=HAND_RANKS, events=hand_events(),
+                       strategies=["plain"], segments=HAND_SEGMENTS)
+
+
+@pytest.fixture
+def cxx_sim_trace():
+    d = cxx_trace_dir()
+    files = sorted(glob.glob(os.path.join(d, "trace_sim_np*.h5"))) if d else []
+    if not files:
+        pytest.skip("no C++-written simulated trace (run ctest with WLB_TRACE_TEST_DIR set, as ./run/tests does)")
+    return files[0]
+
+
+def cxx_measured_traces():
+    d = cxx_trace_dir()
+    return sorted(glob.glob(os.path.join(d, "trace_np*.h5"))) if d else []
+
+
+def run_report(*args):
+    return subprocess.run([sys.executable, REPORT, *args], capture_output=True, text=True, timeout=300)
+
+
+# ---- metrics on the hand-computed trace ---------------------------------------------------
+
+def test_union_length():
+    assert wlb_metrics.union_length(np.array([0, 50, 200]), np.array([100, 120, 300])) == 220
+    assert wlb_metrics.union_length(np.array([0, 10]), np.array([100, 20])) == 100  # nested
+    assert wlb_metrics.union_length(np.array([]), np.array([])) == 0
+
+
+def test_load_hand_trace(hand_trace):
+    t = wlb_trace.load(hand_trace)
+    assert t.strategies == ["plain"]
+    assert t.mesh == {"tp": 1, "cp": 2, "pp": 2, "dp": 1}
+    assert len(t.events["rank"]) == len(hand_events())
+    assert t.source == "measured"
+
+
+def test_step_metrics_hand_computed(hand_trace):
+    t = wlb_trace.load(hand_trace)
+    steps = wlb_metrics.step_metrics(t, 0)
+    assert [s["step"] for s in steps] == [0, 1]
+    s0, s1 = steps
+    # Step time: rank spans 700, 700, 400, 400 -> 700.
+    assert s0["step_time_ns"] == 700
+    assert s1["step_time_ns"] == 700
+    # Busy = union of work intervals (the "step" container does not count).
+    assert list(s0["busy_ns"]) == [300, 500, 400, 300]
+    assert list(s0["idle_ns"]) == [400, 200, 300, 400]
+    # Micro-batch latency: sum over stages of the max over the stage's CP ranks.
+    assert s0["mb_latency_ns"] == {(0, 0): 500, (0, 1): 200}
+    assert s0["imbalance"] == pytest.approx(500 / 350)
+    assert s0["imbalance_fwd"] == pytest.approx(500 / 350)
+    assert math.isnan(s0["imbalance_bwd"])
+    # CP imbalance: mb0 = max(300/200, 200/150) = 1.5, mb1 = 1.0.
+    assert s0["cp_imbalance_by_mb"] == {(0, 0): pytest.approx(1.5), (0, 1): pytest.approx(1.0)}
+    assert s0["cp_imbalance_mean"] == pytest.approx(1.25)
+    assert s0["cp_imbalance_max"] == pytest.approx(1.5)
+    assert s0["micro_batches"] == 2
+    # Balanced step.
+    assert s1["imbalance"] == pytest.approx(1.0)
+    assert s1["cp_imbalance_mean"] == pytest.approx(1.0)
+    summ = wlb_metrics.summarize(t, 0, steps)
+    assert summ["steps"] == 2
+    assert summ["step_time_ns"] == pytest.approx(700)
+    assert summ["imbalance"] == pytest.approx((500 / 350 + 1.0) / 2)
+
+
+def test_warmup_steps_excluded_from_summary(tmp_path):
+    p = write_trace(str(tmp_path / "w.h5"), ranks=HAND_RANKS, events=hand_events(),
+                    strategies=["plain"], meta={"warmup": 1})
+    t = wlb_trace.load(p)
+    summ = wlb_metrics.summarize(t, 0)
+    assert summ["steps"] == 1
+    assert summ["imbalance"] == pytest.approx(1.0)
+
+
+def test_doc_lengths_and_workload(hand_trace):
+    t = wlb_trace.load(hand_trace)
+    assert list(wlb_metrics.doc_lengths(t)) == [10, 20, 30, 40]
+    wl, unit = wlb_metrics.mb_workload(t, 0)
+    assert unit == "attention pairs (plan)"
+    assert wl[(0, 0, 0)] == pytest.approx(10 * 11 / 2 + 20 * 21 / 2)
+    assert wl[(0, 0, 1)] == pytest.approx(30 * 31 / 2 + 25 * 26 / 2)
+
+
+# ---- the report: text, CSV, plots ---------------------------------------------------------
+
+def test_report_writes_summary_csv_and_plots(hand_trace, tmp_path):
+    out = tmp_path / "rep"
+    r = run_report(hand_trace, "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "strategy plain" in r.stdout
+    assert "imbalance 1.214" in r.stdout  # mean of 1.4286 and 1.0
+    for name in ("latency_scatter.png", "gantt_plain_step0.png", "gantt_plain_step1.png",
+                 "mb_workload_latency.png", "doc_lengths.png", "speedup.png"):
+        p = out / name
+        assert p.exists(), name
+        assert p.stat().st_size > 1000, name
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert str(p) in r.stdout
+    assert (out / "summary.txt").read_text() in r.stdout
+    rows = (out / "steps.csv").read_text().strip().splitlines()
+    header = rows[0].split(",")
+    first = dict(zip(header, rows[1].split(",")))
+    assert first["strategy"] == "plain" and first["step"] == "0"
+    assert float(first["step_time_ms"]) == pytest.approx(700e-6)
+    assert float(first["imbalance"]) == pytest.approx(500 / 350)
+    assert float(first["cp_imbalance_mean"]) == pytest.approx(1.25)
+
+
+def test_compare_speedup(hand_trace, tmp_path):
+    fast = write_trace(str(tmp_path / "fast.h5"), ranks=HAND_RANKS, events=hand_events(scale=0.5),
+                       strategies=["wlb"], segments=HAND_SEGMENTS, meta={"source": "simulated"})
+    out = tmp_path / "cmp"
+    r = run_report(hand_trace, "--compare", fast, "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "[simulated]" in r.stdout
+    assert "2.000x" in r.stdout
+    assert (out / "speedup.png").stat().st_size > 1000
+
+
+def test_baseline_option(tmp_path):
+    ev = hand_events(strategy=0) + hand_events(scale=2.0, strategy=1)
+    p = write_trace(str(tmp_path / "two.h5"), ranks=HAND_RANKS, events=ev, strategies=["wlb", "slow"])
+    r = run_report(p, "--out", str(tmp_path / "o"), "--baseline", "slow")
+    assert r.returncode == 0, r.stderr
+    assert "Speedup vs slow" in r.stdout
+    assert "2.000x" in r.stdout
+    r = run_report(p, "--out", str(tmp_path / "o2"), "--baseline", "nope")
+    assert r.returncode == 2
+    assert "nope" in r.stderr
+
+
+# ---- bad input -> exit 2 with a clear message ----------------------------------------------
+
+def test_missing_file_exit_2(tmp_path):
+    r = run_report(str(tmp_path / "none.h5"), "--out", str(tmp_path / "o"))
+    assert r.returncode == 2
+    assert "none.h5" in r.stderr and "no such file" in r.stderr
+
+
+def test_not_hdf5_exit_2(tmp_path):
+    p = tmp_path / "junk.h5"
+    p.write_bytes(b"this is not hdf5" * 100)
+    r = run_report(str(p), "--out", str(tmp_path / "o"))
+    assert r.returncode == 2
+    assert "junk.h5" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_incomplete_exit_2(tmp_path):
+    p = write_trace(str(tmp_path / "inc.h5"), ranks=HAND_RANKS, events=hand_events(),
+                    strategies=["plain"], complete=False)
+    r = run_report(p, "--out", str(tmp_path / "o"))
+    assert r.returncode == 2
+    assert "inc.h5" in r.stderr and "incomplete" in r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_truncated_exit_2(hand_trace, tmp_path):
+    data = open(hand_trace, "rb").read()
+    p = tmp_path / "trunc.h5"
+    p.write_bytes(data[: len(data) // 2])
+    r = run_report(str(p), "--out", str(tmp_path / "o"))
+    assert r.returncode == 2
+    assert "trunc.h5" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_compare_file_exit_2(hand_trace, tmp_path):
+    r = run_report(hand_trace, "--compare", str(tmp_path / "gone.h5"), "--out", str(tmp_path / "o"))
+    assert r.returncode == 2
+    assert "gone.h5" in r.stderr
+
+
+def test_missing_out_argument_exit_2(hand_trace):
+    r = run_report(hand_trace)
+    assert r.returncode == 2
+
+
+def test_wrong_schema_exit_2(tmp_path):
+    p = write_trace(str(tmp_path / "v9.h5"), ranks=HAND_RANKS, events=hand_events(),
+                    strategies=["plain"], meta={"schema_version": 9})
+    r = run_report(p, "--out", str(tmp_path / "o"))
+    assert r.returncode == 2
+    assert "schema version 9" in r.stderr
+
+
+# ---- traces written by the C++ suite ---------------------------------------------------------
+
+def test_cpp_simulated_trace_metrics(cxx_sim_trace):
+    t = wlb_trace.load(cxx_sim_trace)
+    assert t.source == "simulated"
+    assert t.strategies == ["plain", "wlb"]
+    assert t.mesh == {"tp": 1, "cp": 2, "pp": 2, "dp": 2}
+    plain = wlb_metrics.step_metrics(t, 0)
+    wlb = wlb_metrics.step_metrics(t, 1)
+    assert len(plain) == 3 and len(wlb) == 3
+    for s in plain:
+        # per replica: mb latencies 24000 and 36000 ns -> max/mean = 1.2
+        assert s["imbalance"] == pytest.approx(1.2)
+        # CP: mb0 9000/7500 = 1.2, mb1 15000/13500 -> mean
+        assert s["cp_imbalance_mean"] == pytest.approx((1.2 + 15000 / 13500) / 2)
+    for s in wlb:
+        assert s["imbalance"] == pytest.approx(1.0)
+        assert s["cp_imbalance_mean"] == pytest.approx(1.0)
+    assert len(wlb_metrics.doc_lengths(t)) > 0
+
+
+def test_cpp_traces_overlay_report(cxx_sim_trace, tmp_path):
+    measured = cxx_measured_traces()
+    out = tmp_path / "cpp"
+    r = run_report(cxx_sim_trace, "--compare", *measured, "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "[simulated]" in r.stdout
+    if measured:
+        assert "[measured]" in r.stdout
+    pngs = list(out.glob("*.png"))
+    assert len(pngs) >= 5
+    assert all(p.stat().st_size > 1000 for p in pngs)
