@@ -20,6 +20,7 @@
 
 #include "app/command.hpp"
 #include "attention/attention.hpp"
+#include "attention/attention_host.hpp"
 #include "core/error.hpp"
 #include "core/kokkos_compat.hpp"
 
@@ -122,31 +123,12 @@ double gemmGflops(const Opts& o) {
   return 2.0 * n * static_cast<double>(n) * n / t * 1e-9;
 }
 
-/// Register-only FMA loop (AVX-512): what one core delivers right now.
+/// Register-only FMA loop at the kernels' vector width: what one core delivers right now.
 double fmaPeak() {
-#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__CUDACC__)
-  auto body = [] {
-    long i = 10000000;
-    __asm__ volatile(
-        "vxorps %%zmm0,%%zmm0,%%zmm0\n vxorps %%zmm1,%%zmm1,%%zmm1\n vxorps %%zmm2,%%zmm2,%%zmm2\n"
-        "vxorps %%zmm3,%%zmm3,%%zmm3\n vxorps %%zmm4,%%zmm4,%%zmm4\n vxorps %%zmm5,%%zmm5,%%zmm5\n"
-        "vxorps %%zmm6,%%zmm6,%%zmm6\n vxorps %%zmm7,%%zmm7,%%zmm7\n vxorps %%zmm8,%%zmm8,%%zmm8\n"
-        "vxorps %%zmm9,%%zmm9,%%zmm9\n vxorps %%zmm10,%%zmm10,%%zmm10\n vxorps %%zmm11,%%zmm11,%%zmm11\n"
-        "1:\n"
-        "vfmadd231ps %%zmm30,%%zmm31,%%zmm0\n vfmadd231ps %%zmm30,%%zmm31,%%zmm1\n"
-        "vfmadd231ps %%zmm30,%%zmm31,%%zmm2\n vfmadd231ps %%zmm30,%%zmm31,%%zmm3\n"
-        "vfmadd231ps %%zmm30,%%zmm31,%%zmm4\n vfmadd231ps %%zmm30,%%zmm31,%%zmm5\n"
-        "vfmadd231ps %%zmm30,%%zmm31,%%zmm6\n vfmadd231ps %%zmm30,%%zmm31,%%zmm7\n"
-        "vfmadd231ps %%zmm30,%%zmm31,%%zmm8\n vfmadd231ps %%zmm30,%%zmm31,%%zmm9\n"
-        "vfmadd231ps %%zmm30,%%zmm31,%%zmm10\n vfmadd231ps %%zmm30,%%zmm31,%%zmm11\n"
-        "dec %0\n jnz 1b\n"
-        : "+r"(i)
-        :
-        : "zmm0", "zmm1", "zmm2", "zmm3", "zmm4", "zmm5", "zmm6", "zmm7", "zmm8", "zmm9", "zmm10", "zmm11",
-          "zmm30", "zmm31");
-  };
-  const double t = bestSeconds(body, 5, 0.02);
-  return 10000000.0 * 12 * 32 / t * 1e-9;
+#if WLB_ATTN_HOST_SIMD
+  const long iters = 10000000;
+  const double t = bestSeconds([&] { (void)att::host::fmaLoop(iters); }, 5, 0.02);
+  return static_cast<double>(iters) * 24.0 * att::host::vectorWidth() / t * 1e-9;
 #else
   return 0.0;
 #endif
@@ -224,7 +206,7 @@ int run(Opts o) {
   j["created"] = isoNow();
   j["sources"] = {"measured by `wlb profile` (attention: wlb::attention kernels, best of " + std::to_string(o.reps) +
                       " repetitions; linear: BLAS sgemm " + std::string(o.quick ? "512" : "1024") +
-                      "^3, one thread; peak: register-only AVX-512 FMA loop; timed with " +
+                      "^3, one thread; peak: register-only FMA loop at the kernels' vector width; timed with " +
                       (g_cpu_clock ? "process CPU time" : "wall time") + ")",
                   "heads " + std::to_string(o.heads) + ", kv_heads " + std::to_string(o.kv_heads) + ", Kokkos " +
                       wlb::kk::versionString()};

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <limits>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -19,25 +19,30 @@
 namespace wlb::attention::host {
 namespace {
 
-// ---- 16-float vectors ------------------------------------------------------------------
-typedef float vf __attribute__((vector_size(64)));
-typedef float vfu __attribute__((vector_size(64), aligned(4), may_alias));
-typedef int vi __attribute__((vector_size(64)));
+// ---- W-float vectors -------------------------------------------------------------------
+// One native register: 16 floats (zmm) with AVX-512, 8 (ymm) otherwise. A wider GCC vector
+// than the hardware has is split into pieces by the compiler and the register-blocked
+// micro-kernels then spill, so the width follows the target (-march=native).
+#if defined(__AVX512F__)
+#define WLB_VW 16
+#else
+#define WLB_VW 8
+#endif
+constexpr int W = WLB_VW;
+typedef float vf __attribute__((vector_size(4 * WLB_VW)));
+typedef float vfu __attribute__((vector_size(4 * WLB_VW), aligned(4), may_alias));
+typedef int vi __attribute__((vector_size(4 * WLB_VW)));
 
 #define WLB_AI inline __attribute__((always_inline))
 
 WLB_AI vf ld(const float* p) { return *reinterpret_cast<const vfu*>(p); }
 WLB_AI void st(float* p, vf x) { *reinterpret_cast<vfu*>(p) = x; }
-WLB_AI vf bc(float x) {
-#if defined(__AVX512F__)
-  return _mm512_set1_ps(x);
-#else
-  return vf{} + x;
-#endif
-}
+WLB_AI vf bc(float x) { return vf{} + x; }
 WLB_AI vf fmadd(vf a, vf b, vf c) {
 #if defined(__AVX512F__)
   return _mm512_fmadd_ps(a, b, c);
+#elif defined(__AVX2__) && defined(__FMA__)
+  return _mm256_fmadd_ps(a, b, c);
 #else
   return a * b + c;
 #endif
@@ -45,6 +50,8 @@ WLB_AI vf fmadd(vf a, vf b, vf c) {
 WLB_AI vf vmax(vf a, vf b) {
 #if defined(__AVX512F__)
   return _mm512_max_ps(a, b);
+#elif defined(__AVX2__) && defined(__FMA__)
+  return _mm256_max_ps(a, b);
 #else
   return a > b ? a : b;
 #endif
@@ -54,7 +61,7 @@ WLB_AI float hmax(vf a) {
   return _mm512_reduce_max_ps(a);
 #else
   float m = a[0];
-  for (int i = 1; i < 16; ++i) m = a[i] > m ? a[i] : m;
+  for (int i = 1; i < W; ++i) m = a[i] > m ? a[i] : m;
   return m;
 #endif
 }
@@ -63,7 +70,7 @@ WLB_AI float hsum(vf a) {
   return _mm512_reduce_add_ps(a);
 #else
   float s = 0.0f;
-  for (int i = 0; i < 16; ++i) s += a[i];
+  for (int i = 0; i < W; ++i) s += a[i];
   return s;
 #endif
 }
@@ -71,13 +78,19 @@ WLB_AI float hsum(vf a) {
 WLB_AI bool anyGreater(vf a, float b) {
 #if defined(__AVX512F__)
   return _mm512_cmp_ps_mask(a, _mm512_set1_ps(b), _CMP_GT_OQ) != 0;
+#elif defined(__AVX2__) && defined(__FMA__)
+  return _mm256_movemask_ps(_mm256_cmp_ps(a, _mm256_set1_ps(b), _CMP_GT_OQ)) != 0;
 #else
-  for (int i = 0; i < 16; ++i)
+  for (int i = 0; i < W; ++i)
     if (a[i] > b) return true;
   return false;
 #endif
 }
-WLB_AI vi iota16() { return vi{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}; }
+WLB_AI vi iotaW() {
+  vi r;
+  for (int i = 0; i < W; ++i) r[i] = i;
+  return r;
+}
 WLB_AI vi bci(int x) { return vi{} + x; }
 
 /// 2^x for x <= ~0 (scores minus the running max); 0 for x < -126 and -inf; relative error
@@ -98,8 +111,14 @@ WLB_AI vf exp2v(vf x) {
 #else
   const vi under = x < bc(-126.0f);
   x = under ? bc(-126.0f) : x;
+#if defined(__AVX2__) && defined(__FMA__)
+  const vf n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const vi ni = __builtin_convertvector(n, vi);
+#else
   const vi ni = __builtin_convertvector(x + 128.5f, vi) - 128;  // floor(x + 0.5)
-  const vf f = x - __builtin_convertvector(ni, vf);
+  const vf n = __builtin_convertvector(ni, vf);
+#endif
+  const vf f = x - n;
   vf p = fmadd(bc(c5), f, bc(c4));
   p = fmadd(p, f, bc(c3));
   p = fmadd(p, f, bc(c2));
@@ -115,7 +134,7 @@ WLB_AI vf exp2v(vf x) {
 
 // ---- register-blocked GEMM micro-kernels ----------------------------------------------
 // C[M][N] (= or +=) A[M][K] * B[K][N]; row-major with leading dimensions; M % RB == 0 and
-// N % 16 == 0. RB rows of A are broadcast, NV vectors of a B row are loaded, RB*NV
+// N % W == 0. RB rows of A are broadcast, NV vectors of a B row are loaded, RB*NV
 // accumulators stay in registers over the whole K loop.
 template <int RB, int NV, bool ACC>
 WLB_AI void microKernel(std::int64_t K, const float* __restrict A, std::int64_t lda,
@@ -125,12 +144,12 @@ WLB_AI void microKernel(std::int64_t K, const float* __restrict A, std::int64_t 
 #pragma GCC unroll 16
   for (int r = 0; r < RB; ++r)
 #pragma GCC unroll 8
-    for (int j = 0; j < NV; ++j) c[r][j] = ACC ? ld(C + r * ldc + 16 * j) : vf{};
+    for (int j = 0; j < NV; ++j) c[r][j] = ACC ? ld(C + r * ldc + W * j) : vf{};
   for (std::int64_t kk = 0; kk < K; ++kk) {
     const float* b = B + kk * ldb;
     vf bv[NV];
 #pragma GCC unroll 8
-    for (int j = 0; j < NV; ++j) bv[j] = ld(b + 16 * j);
+    for (int j = 0; j < NV; ++j) bv[j] = ld(b + W * j);
 #pragma GCC unroll 16
     for (int r = 0; r < RB; ++r) {
       const vf av = bc(A[r * lda + kk]);
@@ -141,16 +160,24 @@ WLB_AI void microKernel(std::int64_t K, const float* __restrict A, std::int64_t 
 #pragma GCC unroll 16
   for (int r = 0; r < RB; ++r)
 #pragma GCC unroll 8
-    for (int j = 0; j < NV; ++j) st(C + r * ldc + 16 * j, c[r][j]);
+    for (int j = 0; j < NV; ++j) st(C + r * ldc + W * j, c[r][j]);
 }
+
+// Register block: kRB rows x kNV vectors. AVX-512 (32 zmm): 6 x 4 = 24 accumulators
+// (measured best). AVX2 (16 ymm): 6 x 2 = 12 accumulators + 2 B vectors + 1 broadcast.
+#if WLB_VW == 16
+constexpr int kRB = 6, kNV = 4;
+#else
+constexpr int kRB = 6, kNV = 2;
+#endif
+constexpr int kPanel = kNV * W;  ///< columns per panel
 
 template <int NV, bool ACC>
 WLB_AI void rowPanel(std::int64_t M, std::int64_t K, const float* __restrict A, std::int64_t lda,
                      const float* __restrict B, std::int64_t ldb, float* __restrict C,
                      std::int64_t ldc) {
-  // blocks of 6 rows (24 accumulators for NV = 4; measured best on AVX-512), then the rest
   std::int64_t i = 0;
-  for (; i + 6 <= M; i += 6) microKernel<6, NV, ACC>(K, A + i * lda, lda, B, ldb, C + i * ldc, ldc);
+  for (; i + kRB <= M; i += kRB) microKernel<kRB, NV, ACC>(K, A + i * lda, lda, B, ldb, C + i * ldc, ldc);
   const float* Ai = A + i * lda;
   float* Ci = C + i * ldc;
   switch (M - i) {
@@ -163,8 +190,8 @@ WLB_AI void rowPanel(std::int64_t M, std::int64_t K, const float* __restrict A, 
   }
 }
 
-/// C[M][N] (= or +=) A[M][K] B[K][N]; N % 16 == 0. Column panels of 64 are the outer loop
-/// so a K x 64 panel of B stays in L1 while all row blocks stream past it.
+/// C[M][N] (= or +=) A[M][K] B[K][N]; N % W == 0. Column panels of kPanel are the outer
+/// loop so a K x kPanel panel of B stays in L1 while all row blocks stream past it.
 template <bool ACC>
 void gemm(std::int64_t M, std::int64_t N, std::int64_t K, const float* __restrict A,
           std::int64_t lda, const float* __restrict B, std::int64_t ldb, float* __restrict C,
@@ -175,8 +202,8 @@ void gemm(std::int64_t M, std::int64_t N, std::int64_t K, const float* __restric
     return;
   }
   std::int64_t j = 0;
-  for (; j + 64 <= N; j += 64) rowPanel<4, ACC>(M, K, A, lda, B + j, ldb, C + j, ldc);
-  switch ((N - j) / 16) {
+  for (; j + kPanel <= N; j += kPanel) rowPanel<kNV, ACC>(M, K, A, lda, B + j, ldb, C + j, ldc);
+  switch ((N - j) / W) {
     case 3: rowPanel<3, ACC>(M, K, A, lda, B + j, ldb, C + j, ldc); break;
     case 2: rowPanel<2, ACC>(M, K, A, lda, B + j, ldb, C + j, ldc); break;
     case 1: rowPanel<1, ACC>(M, K, A, lda, B + j, ldb, C + j, ldc); break;
@@ -215,6 +242,26 @@ constexpr float kLazy = 8.0f;  ///< forward: rescale only when the row max grows
 
 }  // namespace
 
+int vectorWidth() { return W; }
+
+double fmaLoop(long iters) {
+  // 12 independent accumulators cover the FMA latency x ports of current x86 cores; the
+  // sum is returned through a volatile so the loop is not removed.
+  vf acc[12];
+  for (auto& x : acc) x = vf{};
+  vf a = bc(1.0f + 1e-7f), b = bc(1e-7f);
+  __asm__ volatile("" : "+x"(a), "+x"(b));
+  for (long i = 0; i < iters; ++i) {
+#pragma GCC unroll 12
+    for (auto& x : acc) x = fmadd(a, b, x);
+  }
+  vf s{};
+  for (const auto& x : acc) s += x;
+  volatile float sink = hsum(s);
+  (void)sink;
+  return static_cast<double>(iters) * 12.0 * 2.0 * W;
+}
+
 float* workspace(int slot, std::size_t floats) {
   static thread_local Workspaces w;
   return w.slot[slot].get(floats == 0 ? 16 : floats);
@@ -243,8 +290,8 @@ void forwardTile(const Args& a, std::int64_t piece, std::int64_t qg, int h) {
   const std::int64_t t0 = qg * G, ng = std::min<std::int64_t>(G, nqt - t0);
   if (ng <= 0) return;
 
-  // scratch: S[TQ][TK] | per query tile g: Qs[TQ][D] | O[TQ][D] | m[TQ] | lsum[TQ][16]
-  const std::size_t per = round16(TQ * D) * 2 + round16(TQ) + TQ * 16;
+  // scratch: S[TQ][TK] | per query tile g: Qs[TQ][D] | O[TQ][D] | m[TQ] | lsum[TQ][W]
+  const std::size_t per = round16(TQ * D) * 2 + round16(TQ) + TQ * W;
   float* S = scratch(round16(TQ * TK) + ng * per);
   auto Qs_of = [&](std::int64_t g) { return S + round16(TQ * TK) + g * per; };
   auto O_of = [&](std::int64_t g) { return Qs_of(g) + round16(TQ * D); };
@@ -262,12 +309,12 @@ void forwardTile(const Args& a, std::int64_t piece, std::int64_t qg, int h) {
       float* dst = Qs + r * D;
       if (r < rows) {
         const float* src = a.q + (pr.q_begin + q0 + r) * a.q_s0 + static_cast<std::int64_t>(h) * D;
-        for (int d = 0; d < D; d += 16) st(dst + d, ld(src + d) * sc2);
+        for (int d = 0; d < D; d += W) st(dst + d, ld(src + d) * sc2);
       } else {
-        for (int d = 0; d < D; d += 16) st(dst + d, vf{});
+        for (int d = 0; d < D; d += W) st(dst + d, vf{});
       }
-      for (int d = 0; d < D; d += 16) st(O + r * D + d, vf{});
-      st(lsum + r * 16, vf{});
+      for (int d = 0; d < D; d += W) st(O + r * D + d, vf{});
+      st(lsum + r * W, vf{});
       m[r] = -std::numeric_limits<float>::infinity();
     }
   }
@@ -275,7 +322,7 @@ void forwardTile(const Args& a, std::int64_t piece, std::int64_t qg, int h) {
   const float* KTh = a.KT + (static_cast<std::int64_t>(hk) * a.nkblk + a.kb_off[piece]) * D * TK;
   const float* Vh = a.v + pr.k_begin * a.v_s0 + static_cast<std::int64_t>(hk) * D;
   const vf ninf = bc(-std::numeric_limits<float>::infinity());
-  const int nvk = TK / 16;
+  const int nvk = TK / W;
   // the last tile of the group sees the most keys
   const std::int64_t LmaxLast =
       std::min(off + (t0 + ng - 1) * TQ + std::min<std::int64_t>(TQ, nq - (t0 + ng - 1) * TQ) - 1, nk - 1);
@@ -298,8 +345,8 @@ void forwardTile(const Args& a, std::int64_t piece, std::int64_t qg, int h) {
           const std::int64_t L = r < rows ? std::min(off + q0 + r, nk - 1) : Lmax;
           const vi lim = bci(static_cast<int>(L - k0));
           for (int j = 0; j < nvk; ++j) {
-            const vi kidx = iota16() + 16 * j;
-            float* s = S + r * TK + 16 * j;
+            const vi kidx = iotaW() + W * j;
+            float* s = S + r * TK + W * j;
             st(s, kidx > lim ? ninf : ld(s));
           }
         }
@@ -311,24 +358,24 @@ void forwardTile(const Args& a, std::int64_t piece, std::int64_t qg, int h) {
       for (std::int64_t r = 0; r < TQ; ++r) {
         float* s = S + r * TK;
         vf mx = ld(s);
-        for (int j = 1; j < nvk; ++j) mx = vmax(mx, ld(s + 16 * j));
+        for (int j = 1; j < nvk; ++j) mx = vmax(mx, ld(s + W * j));
         const float mo = m[r];
-        vf acc = ld(lsum + r * 16);
+        vf acc = ld(lsum + r * W);
         if (anyGreater(mx, mo + kLazy)) {  // also the first tile (m = -inf)
           const float mn = hmax(mx);
           const vf alv = exp2v(bc(mo - mn));  // 0 when mo = -inf; no libm call in the loop
           m[r] = mn;
           acc = acc * alv;
           float* orow = O + r * D;
-          for (int d = 0; d < D; d += 16) st(orow + d, ld(orow + d) * alv);
+          for (int d = 0; d < D; d += W) st(orow + d, ld(orow + d) * alv);
         }
         const vf mr = bc(m[r]);
         for (int j = 0; j < nvk; ++j) {
-          const vf p = exp2v(ld(s + 16 * j) - mr);
-          st(s + 16 * j, p);
+          const vf p = exp2v(ld(s + W * j) - mr);
+          st(s + W * j, p);
           acc += p;
         }
-        st(lsum + r * 16, acc);
+        st(lsum + r * W, acc);
       }
       const std::int64_t cnt = std::min<std::int64_t>(TK, Lmax + 1 - k0);
       gemm<true>(TQ, D, cnt, S, TK, Vh + k0 * a.v_s0, a.v_s0, O, D);
@@ -340,11 +387,11 @@ void forwardTile(const Args& a, std::int64_t piece, std::int64_t qg, int h) {
     const float* m = m_of(g);
     const float* lsum = lsum_of(g);
     for (std::int64_t r = 0; r < rows; ++r) {
-      const float l = hsum(ld(lsum + r * 16));
+      const float l = hsum(ld(lsum + r * W));
       const vf inv = bc(1.0f / l);
       const std::int64_t t = pr.q_begin + q0 + r;
       float* dst = a.o_out + t * a.o_s0 + static_cast<std::int64_t>(h) * D;
-      for (int d = 0; d < D; d += 16) st(dst + d, ld(O + r * D + d) * inv);
+      for (int d = 0; d < D; d += W) st(dst + d, ld(O + r * D + d) * inv);
       a.lse_out[t * a.lse_s0 + h] = (m[r] + std::log2(l)) * kLn2;
     }
   }
@@ -366,7 +413,7 @@ void packQueryTile(const Args& a, std::int64_t piece, std::int64_t qt, int h) {
       const float* ds = a.dO + t * a.dO_s0 + static_cast<std::int64_t>(h) * D;
       const float* os = a.o + t * a.o_s0 + static_cast<std::int64_t>(h) * D;
       vf acc{};
-      for (int d = 0; d < D; d += 16) acc = fmadd(ld(ds + d), ld(os + d), acc);
+      for (int d = 0; d < D; d += W) acc = fmadd(ld(ds + d), ld(os + d), acc);
       dlt[r] = hsum(acc);
       lse2[r] = a.lse[t * a.lse_s0 + h] * kLog2e;
     } else {
@@ -402,7 +449,7 @@ void backwardKvHead(const Args& a, int hk) {
   float* ST = scratch(2 * kq + G * 4 * kd);
   float* dPT = ST + kq;
   auto Kn_of = [&](std::int64_t g) { return dPT + kq + g * 4 * kd; };
-  const int nvq = TQ / 16;
+  const int nvq = TQ / W;
 
   for (std::int64_t p = 0; p < a.num_pieces; ++p) {
     const PieceRange& pr = a.pieces[p];
@@ -425,17 +472,17 @@ void backwardKvHead(const Args& a, int hk) {
           if (r < kcnt) {
             const float* ks = a.k + (pr.k_begin + k0 + r) * a.k_s0 + static_cast<std::int64_t>(hk) * D;
             const float* vs = a.v + (pr.k_begin + k0 + r) * a.v_s0 + static_cast<std::int64_t>(hk) * D;
-            for (int d = 0; d < D; d += 16) {
+            for (int d = 0; d < D; d += W) {
               st(kr + d, ld(ks + d));
               st(vr + d, ld(vs + d));
             }
           } else {
-            for (int d = 0; d < D; d += 16) {
+            for (int d = 0; d < D; d += W) {
               st(kr + d, vf{});
               st(vr + d, vf{});
             }
           }
-          for (int d = 0; d < D; d += 16) {
+          for (int d = 0; d < D; d += W) {
             st(dK + r * D + d, vf{});
             st(dV + r * D + d, vf{});
           }
@@ -476,13 +523,13 @@ void backwardKvHead(const Args& a, int hk) {
               const vi qlo = bci(static_cast<int>(k0 + r - off - q0));
               const vi qhi = bci(static_cast<int>(qcnt));
               for (int j = 0; j < nvq; ++j) {
-                vf pv = exp2v(ld(s + 16 * j) - ld(lse2 + 16 * j));
+                vf pv = exp2v(ld(s + W * j) - ld(lse2 + W * j));
                 if (masked) {
-                  const vi qi = iota16() + 16 * j;
+                  const vi qi = iotaW() + W * j;
                   pv = (qi >= qlo) & (qi < qhi) ? pv : vf{};
                 }
-                st(s + 16 * j, pv);
-                st(dp + 16 * j, pv * (ld(dp + 16 * j) - ld(dlt + 16 * j)));
+                st(s + W * j, pv);
+                st(dp + W * j, pv * (ld(dp + W * j) - ld(dlt + W * j)));
               }
             }
             // ST now holds P^T, dPT holds dS^T
@@ -500,7 +547,7 @@ void backwardKvHead(const Args& a, int hk) {
         for (std::int64_t r = 0; r < kcnt; ++r) {
           float* dkr = a.dk + (pr.k_begin + k0 + r) * a.dk_s0 + static_cast<std::int64_t>(hk) * D;
           float* dvr = a.dv + (pr.k_begin + k0 + r) * a.dv_s0 + static_cast<std::int64_t>(hk) * D;
-          for (int d = 0; d < D; d += 16) {
+          for (int d = 0; d < D; d += W) {
             st(dkr + d, fmadd(ld(dK + r * D + d), sc, ld(dkr + d)));
             st(dvr + d, ld(dvr + d) + ld(dV + r * D + d));
           }

@@ -1,8 +1,8 @@
 #pragma once
 /// \file attention_host.hpp
 /// \brief Internal: host (CPU) SIMD path of the attention kernels — register-blocked
-/// micro-kernels over 16-float vectors (one AVX-512 zmm), a polynomial exp2, and per-work-
-/// item drivers called from Kokkos parallel_for on host execution spaces. Not part of the
+/// micro-kernels over one-register float vectors (16 lanes with AVX-512, 8 with AVX2), a
+/// polynomial exp2, and per-work-item drivers called from Kokkos parallel_for on host execution spaces. Not part of the
 /// public API; compiled only where WLB_ATTN_HOST_SIMD is 1 (GCC/Clang host compilers, not
 /// nvcc/hipcc device compilation). Layout and algorithm: docs/attention.md.
 
@@ -60,6 +60,11 @@ struct Args {
 };
 
 #if WLB_ATTN_HOST_SIMD
+/// Floats per SIMD vector the host kernels were compiled for (16 AVX-512, 8 otherwise).
+int vectorWidth();
+/// Register-only FMA loop at that width: `iters` x 12 independent vector FMAs. Returns
+/// the FLOPs executed; time it to read the core's FMA peak next to the kernel figures.
+double fmaLoop(long iters);
 /// Uninitialised 64-byte-aligned workspace number `slot` (0..7) of the calling thread, at
 /// least `floats` long; cached across calls (grows, never shrinks) so repeated kernel calls
 /// pay no allocation or page faults. Valid until the same thread asks for the slot again.
