@@ -37,7 +37,19 @@ typedef int vi __attribute__((vector_size(4 * WLB_VW)));
 
 WLB_AI vf ld(const float* p) { return *reinterpret_cast<const vfu*>(p); }
 WLB_AI void st(float* p, vf x) { *reinterpret_cast<vfu*>(p) = x; }
-WLB_AI vf bc(float x) { return vf{} + x; }
+WLB_AI vf bc(float x) {
+  // an intrinsic, not vf{} + x: the add of +0.0 cannot be folded (it maps -0 to +0), and
+  // would put an extra add in front of every broadcast of the micro-kernels
+#if defined(__AVX512F__)
+  return _mm512_set1_ps(x);
+#elif defined(__AVX2__) && defined(__FMA__)
+  return _mm256_set1_ps(x);
+#else
+  vf r;
+  for (int i = 0; i < W; ++i) r[i] = x;
+  return r;
+#endif
+}
 WLB_AI vf fmadd(vf a, vf b, vf c) {
 #if defined(__AVX512F__)
   return _mm512_fmadd_ps(a, b, c);
