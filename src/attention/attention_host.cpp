@@ -157,6 +157,7 @@ WLB_AI void microKernel(std::int64_t K, const float* __restrict A, std::int64_t 
   for (int r = 0; r < RB; ++r)
 #pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) c[r][j] = ACC ? ld(C + r * ldc + W * j) : vf{};
+#pragma GCC unroll 4
   for (std::int64_t kk = 0; kk < K; ++kk) {
     const float* b = B + kk * ldb;
     vf bv[NV];
