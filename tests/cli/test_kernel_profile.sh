@@ -28,16 +28,18 @@ for ph in ("fwd", "bwd"):
 print("profile JSON ok")
 PY
 
-# shipped profile parses and matches the kernel's default tiles
-/usr/bin/python3 - "$SRC/inputs/profiles/xeon-avx512-1core.json" <<'PY' || fail=1
+# shipped CPU profiles parse and match the kernel's default tiles
+for prof in xeon-avx512-1core epyc-avx2-1core; do
+/usr/bin/python3 - "$SRC/inputs/profiles/$prof.json" <<'PY' || fail=1
 import json, sys
 j = json.load(open(sys.argv[1]))
 assert j["tile_q"] == 64 and j["tile_k"] == 64, "shipped profile tiles must be the kernel defaults"
 for ph in ("fwd", "bwd"):
     t = j["attention"][ph]
     assert len(t["gflops"]) == len(t["q_lens"]) and all(len(r) == len(t["k_lens"]) for r in t["gflops"])
-print("shipped profile ok")
+print("shipped profile ok:", sys.argv[1].rsplit("/", 1)[-1])
 PY
+done
 
 for args in "--tile-q 24" "--head-dim 0" "--heads 3 --kv-heads 2" "--q-lens 0,16"; do
   # shellcheck disable=SC2086
