@@ -119,6 +119,8 @@ HardwareProfile HardwareProfile::load(const std::string& path) {
   p.name = j.value("name", std::filesystem::path(path).stem().string());
   p.peak_gflops = positive(j, "peak_gflops", p.peak_gflops, path);
   p.linear_gflops = positive(j, "linear_gflops", p.linear_gflops, path);
+  p.attention_efficiency = positive(j, "attention_efficiency", p.attention_efficiency, path);
+  if (p.attention_efficiency > 2.0) bad(path, "attention_efficiency", "must be in (0, 2]");
   p.tile_q = static_cast<std::int64_t>(positive(j, "tile_q", static_cast<double>(p.tile_q), path));
   p.tile_k = static_cast<std::int64_t>(positive(j, "tile_k", static_cast<double>(p.tile_k), path));
   if (j.contains("attention")) {
@@ -168,10 +170,10 @@ HardwareProfile HardwareProfile::fromDeck(const Deck& deck) {
 
 double HardwareProfile::attnGflops(Phase p, double q, double k) const {
   const ThroughputTable& t = p == Phase::Fwd ? fwd : bwd;
-  if (!t.empty()) return t.at(q, k);
+  if (!t.empty()) return attention_efficiency * t.at(q, k);
   // Analytic: short query tiles pay fixed per-row overheads (softmax, rescaling).
   const double eff = 0.7 * q / (q + static_cast<double>(tile_q));
-  return std::max(peak_gflops * eff, 1e-3);
+  return std::max(attention_efficiency * peak_gflops * eff, 1e-3);
 }
 
 CostModel::CostModel(const ModelDims& dims, HardwareProfile hw, std::int64_t tp)

@@ -48,6 +48,10 @@ struct HardwareProfile {
   double peak_gflops = 220.0;             ///< per device FP32/BF16 peak
   double linear_gflops = 150.0;           ///< achieved GEMM throughput
   ThroughputTable fwd, bwd;               ///< attention; empty -> analytic curve
+  /// Factor on the attention throughput for kernels inside a full step (caches cold after
+  /// the layer's GEMMs), where the table was timed on isolated, repeated calls; 1 = as
+  /// measured. Calibrated from run traces like linear_gflops (docs/profile-format.md).
+  double attention_efficiency = 1.0;
   // Links (GB/s, per direction) and latency for collectives and P2P.
   double tp_bandwidth_gbps = 100.0, cp_bandwidth_gbps = 100.0, pp_bandwidth_gbps = 25.0,
          dp_bandwidth_gbps = 25.0, link_latency_us = 5.0;

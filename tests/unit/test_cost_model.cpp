@@ -1,0 +1,65 @@
+// wlb-timeout: 60
+// Hardware profile loading: the attention efficiency factor scales every attention
+// prediction, and bad values are rejected naming the file and key.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "core/error.hpp"
+#include "model/cost_model.hpp"
+
+using namespace wlb;
+
+namespace {
+
+std::string writeProfile(const std::string& name, const std::string& extra) {
+  const std::string path = ::testing::TempDir() + name;
+  std::ofstream(path) << R"({"format": "wlb-hardware-profile", "version": 1, "peak_gflops": 100,
+    "linear_gflops": 50, "tile_q": 64, "tile_k": 64,
+    "attention": {
+      "fwd": {"q_lens": [64, 1024], "k_lens": [64, 1024], "gflops": [[40, 50], [40, 80]]},
+      "bwd": {"q_lens": [64, 1024], "k_lens": [64, 1024], "gflops": [[30, 45], [30, 90]]}}
+    )" << extra << "}";
+  return path;
+}
+
+}  // namespace
+
+TEST(HardwareProfile, AttentionEfficiencyScalesTableAndLatency) {
+  const auto base = model::HardwareProfile::load(writeProfile("p1.json", ""));
+  const auto eff = model::HardwareProfile::load(writeProfile("p2.json", R"(, "attention_efficiency": 0.8)"));
+  EXPECT_DOUBLE_EQ(base.attention_efficiency, 1.0);
+  EXPECT_DOUBLE_EQ(eff.attention_efficiency, 0.8);
+  for (auto p : {model::Phase::Fwd, model::Phase::Bwd})
+    for (double q : {64.0, 300.0, 1024.0})
+      EXPECT_NEAR(eff.attnGflops(p, q, 1024.0), 0.8 * base.attnGflops(p, q, 1024.0), 1e-9);
+  EXPECT_DOUBLE_EQ(base.attnGflops(model::Phase::Fwd, 1024, 1024), 80.0);
+
+  model::ModelDims dims;
+  dims.hidden = 256;
+  dims.heads = 4;
+  dims.kv_heads = 2;
+  dims.head_dim = 64;
+  dims.ffn = 704;
+  const model::CostModel a(dims, base), b(dims, eff);
+  // Attention latency grows by 1/0.8; linear work is untouched.
+  EXPECT_NEAR(b.attnSeconds(0, 1000, model::Phase::Bwd), a.attnSeconds(0, 1000, model::Phase::Bwd) / 0.8,
+              1e-12);
+  EXPECT_DOUBLE_EQ(b.linearSeconds(1000, model::Phase::Fwd), a.linearSeconds(1000, model::Phase::Fwd));
+}
+
+TEST(HardwareProfile, BadAttentionEfficiencyNamesFileAndKey) {
+  for (const char* v : {"0", "-1", "2.5", "\"fast\""}) {
+    const auto path = writeProfile("bad.json", std::string(R"(, "attention_efficiency": )") + v);
+    try {
+      (void)model::HardwareProfile::load(path);
+      FAIL() << "accepted attention_efficiency " << v;
+    } catch (const InputError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("attention_efficiency"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("bad.json"), std::string::npos) << msg;
+    }
+  }
+}
