@@ -15,6 +15,7 @@
 
 // GCC 12 flags _mm512_undefined_ps inside the reduce intrinsics.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 namespace wlb::attention::host {
 namespace {
@@ -262,8 +263,10 @@ double fmaLoop(long iters) {
   // sum is returned through a volatile so the loop is not removed.
   vf acc[12];
   for (auto& x : acc) x = vf{};
-  vf a = bc(1.0f + 1e-7f), b = bc(1e-7f);
-  __asm__ volatile("" : "+x"(a), "+x"(b));
+  // volatile inputs: the compiler cannot fold the loop (an asm register constraint would
+  // not fit every vector width / target)
+  volatile float va = 1.0f + 1e-7f, vb = 1e-7f;
+  const vf a = bc(va), b = bc(vb);
   for (long i = 0; i < iters; ++i) {
 #pragma GCC unroll 12
     for (auto& x : acc) x = fmadd(a, b, x);
