@@ -278,8 +278,10 @@ TEST(TraceWrite, SerialSimulatedTraceForAnalysis) {
       for (int cp = 0; cp < 2; ++cp) coords.push_back({0, cp, pp, dp});
   rec.setVirtualRanks(coords);
   const int attn = rec.region("attn"), lin = rec.region("qkv_proj"), ar = rec.region("grad_allreduce");
-  tr::Writer w(outDir() + "/trace_sim_np" + std::to_string(size) + ".h5",
-               tr::RunMeta{"simulated", "[run]\nsteps = 3\n"});
+  tr::RunMeta meta;
+  meta.source = "simulated";
+  meta.deck_toml = "[run]\nsteps = 3\n";
+  tr::Writer w(outDir() + "/trace_sim_np" + std::to_string(size) + ".h5", meta);
   for (const char* sname : {"plain", "wlb"}) {
     const bool balanced = std::string(sname) == "wlb";
     const int s = rec.setStrategy(sname);
