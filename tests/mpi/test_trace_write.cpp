@@ -131,7 +131,9 @@ TEST(TraceWrite, ParallelRoundTripExact) {
   const auto coord = coordOf(rank, size);
   tr::Recorder rec(MPI_COMM_WORLD, coord);
   EXPECT_EQ(rec.rank(), rank);
-  if (rank == 0) EXPECT_EQ(rec.clockOffsetNs(), 0);
+  if (rank == 0) {
+    EXPECT_EQ(rec.clockOffsetNs(), 0);
+  }
 
   const auto expected = expectedEvents(rank);
   for (const auto& x : expected) {
