@@ -126,9 +126,9 @@ double gemmGflops(const Opts& o) {
 /// Register-only FMA loop at the kernels' vector width: what one core delivers right now.
 double fmaPeak() {
 #if WLB_ATTN_HOST_SIMD
-  const long iters = 10000000;
-  const double t = bestSeconds([&] { (void)att::host::fmaLoop(iters); }, 5, 0.02);
-  return static_cast<double>(iters) * 24.0 * att::host::vectorWidth() / t * 1e-9;
+  double flops = 0.0;
+  const double t = bestSeconds([&] { flops = att::host::fmaLoop(10000000); }, 5, 0.02);
+  return flops / t * 1e-9;
 #else
   return 0.0;
 #endif
