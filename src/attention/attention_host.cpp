@@ -9,11 +9,17 @@
 #include <cstring>
 #include <limits>
 
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+// Vector path, decided once: AVX-512 intrinsics, AVX2+FMA intrinsics, or plain GCC vectors.
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+#define WLB_HOST_AVX2 1
+#else
+#define WLB_HOST_AVX2 0
+#endif
+#if defined(__AVX512F__) || WLB_HOST_AVX2
 #include <immintrin.h>
 #endif
 
-// GCC 12 flags _mm512_undefined_ps inside the reduce intrinsics.
+// GCC 12 flags _mm512_undefined_ps inside the AVX-512 reduce intrinsics.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
@@ -43,7 +49,7 @@ WLB_AI vf bc(float x) {
   // would put an extra add in front of every broadcast of the micro-kernels
 #if defined(__AVX512F__)
   return _mm512_set1_ps(x);
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif WLB_HOST_AVX2
   return _mm256_set1_ps(x);
 #else
   vf r;
@@ -54,7 +60,7 @@ WLB_AI vf bc(float x) {
 WLB_AI vf fmadd(vf a, vf b, vf c) {
 #if defined(__AVX512F__)
   return _mm512_fmadd_ps(a, b, c);
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif WLB_HOST_AVX2
   return _mm256_fmadd_ps(a, b, c);
 #else
   return a * b + c;
@@ -63,7 +69,7 @@ WLB_AI vf fmadd(vf a, vf b, vf c) {
 WLB_AI vf vmax(vf a, vf b) {
 #if defined(__AVX512F__)
   return _mm512_max_ps(a, b);
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif WLB_HOST_AVX2
   return _mm256_max_ps(a, b);
 #else
   return a > b ? a : b;
@@ -91,7 +97,7 @@ WLB_AI float hsum(vf a) {
 WLB_AI bool anyGreater(vf a, float b) {
 #if defined(__AVX512F__)
   return _mm512_cmp_ps_mask(a, _mm512_set1_ps(b), _CMP_GT_OQ) != 0;
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif WLB_HOST_AVX2
   return _mm256_movemask_ps(_mm256_cmp_ps(a, _mm256_set1_ps(b), _CMP_GT_OQ)) != 0;
 #else
   for (int i = 0; i < W; ++i)
@@ -124,7 +130,7 @@ WLB_AI vf exp2v(vf x) {
 #else
   const vi under = x < bc(-126.0f);
   x = under ? bc(-126.0f) : x;
-#if defined(__AVX2__) && defined(__FMA__)
+#if WLB_HOST_AVX2
   const vf n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const vi ni = __builtin_convertvector(n, vi);
 #else

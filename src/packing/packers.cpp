@@ -814,11 +814,7 @@ class WlbPacker final : public Packer {
   /// (doc, offset). That result is used only if no two items are equal in all three
   /// fields: the order is then unique, so it equals std::sort's. Otherwise std::sort.
   void sortLongerFirst(std::vector<Item>& v) {
-    const auto longer = [](const Item& a, const Item& b) {
-      if (a.s.length != b.s.length) return a.s.length > b.s.length;
-      if (a.s.doc != b.s.doc) return a.s.doc < b.s.doc;
-      return a.s.offset < b.s.offset;
-    };
+    const auto longer = [](const Item& a, const Item& b) { return longerFirst(a.s, b.s); };
     const std::size_t n = v.size();
     if (n < kRadixMin || n > std::numeric_limits<std::uint32_t>::max()) {
       std::sort(v.begin(), v.end(), longer);
@@ -853,7 +849,7 @@ class WlbPacker final : public Packer {
           std::sort(v.begin(), v.end(), longer);
           return;
         }
-        if (x.doc != y.doc ? x.doc > y.doc : x.offset > y.offset) break;
+        if (longerFirst(y, x)) break;  // equal length: y before x by (doc, offset)
         keyed_[j] = keyed_[j - 1];
       }
       keyed_[j] = k;
