@@ -88,7 +88,15 @@ double VarlenBatch::paddedPairs(const KernelConfig& cfg) const {
                              Views<ES>::In3, Views<ES>::In2, Views<ES>::In3, const VarlenBatch&,  \
                              Views<ES>::Out3, Views<ES>::Out3, Views<ES>::Out3,                   \
                              const KernelConfig&, float);                                         \
-  template bool usesHostKernels<ES>(int, const KernelConfig&);
+  template bool usesHostKernels<ES>(int, const KernelConfig&);                                   \
+  template void forward<ES>(const ES&, Views<ES>::In3b, Views<ES>::In3b, Views<ES>::In3b,         \
+                            const VarlenBatch&, Views<ES>::Out3b, Views<ES>::Out2,                \
+                            const KernelConfig&, float);                                          \
+  template void backward<ES>(const ES&, Views<ES>::In3b, Views<ES>::In3b, Views<ES>::In3b,        \
+                             Views<ES>::In3b, Views<ES>::In2, Views<ES>::In3b, const VarlenBatch&, \
+                             Views<ES>::Out3, Views<ES>::Out3, Views<ES>::Out3,                   \
+                             const KernelConfig&, float);                                         \
+  template const char* kernelName<ES>(int, const KernelConfig&, bool);
 
 WLB_ATTN_INSTANTIATE(Kokkos::DefaultExecutionSpace)
 

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "attention/bf16.hpp"
 #include "attention/flops.hpp"
 
 namespace wlb::attention {
@@ -73,6 +74,8 @@ struct Views {
   using Out3 = Kokkos::View<float***, Kokkos::LayoutRight, mem>;
   using In2 = Kokkos::View<const float**, Kokkos::LayoutRight, mem>;
   using Out2 = Kokkos::View<float**, Kokkos::LayoutRight, mem>;
+  using In3b = Kokkos::View<const bf16***, Kokkos::LayoutRight, mem>;  ///< BF16 storage
+  using Out3b = Kokkos::View<bf16***, Kokkos::LayoutRight, mem>;
 };
 
 /// Forward: o = softmax(scale * q k^T + mask) v, lse = log sum exp(scale * q k^T + mask).
@@ -93,6 +96,30 @@ void backward(const ExecSpace& space, typename Views<ExecSpace>::In3 q,
               typename Views<ExecSpace>::Out3 dq, typename Views<ExecSpace>::Out3 dk,
               typename Views<ExecSpace>::Out3 dv, const KernelConfig& cfg = {},
               float softmax_scale = 0.0f);
+
+/// BF16 storage (what GPU training uses): q, k, v, o and dO in BF16, lse and the
+/// gradients dq, dk, dv in FP32 (they accumulate). Same contracts as above; on a CUDA
+/// device the BF16 tensor-core kernels run whatever `cfg.precision` says.
+template <class ExecSpace>
+void forward(const ExecSpace& space, typename Views<ExecSpace>::In3b q,
+             typename Views<ExecSpace>::In3b k, typename Views<ExecSpace>::In3b v,
+             const VarlenBatch& batch, typename Views<ExecSpace>::Out3b o,
+             typename Views<ExecSpace>::Out2 lse, const KernelConfig& cfg = {},
+             float softmax_scale = 0.0f);
+template <class ExecSpace>
+void backward(const ExecSpace& space, typename Views<ExecSpace>::In3b q,
+              typename Views<ExecSpace>::In3b k, typename Views<ExecSpace>::In3b v,
+              typename Views<ExecSpace>::In3b o, typename Views<ExecSpace>::In2 lse,
+              typename Views<ExecSpace>::In3b dO, const VarlenBatch& batch,
+              typename Views<ExecSpace>::Out3 dq, typename Views<ExecSpace>::Out3 dk,
+              typename Views<ExecSpace>::Out3 dv, const KernelConfig& cfg = {},
+              float softmax_scale = 0.0f);
+
+/// Name of the kernel family `forward` runs for these arguments: "host-simd",
+/// "portable", "cuda-simt-fp32", "cuda-mma-tf32" or "cuda-mma-bf16" (for benchmarks
+/// and `wlb kernel`).
+template <class ExecSpace>
+const char* kernelName(int head_dim, const KernelConfig& cfg, bool bf16_storage = false);
 
 /// True when `forward`/`backward` on this space with this head_dim and config run the host
 /// SIMD micro-kernels (else the portable team path).
@@ -117,5 +144,18 @@ extern template void backward<Kokkos::DefaultExecutionSpace>(
     Views<Kokkos::DefaultExecutionSpace>::Out3, Views<Kokkos::DefaultExecutionSpace>::Out3,
     Views<Kokkos::DefaultExecutionSpace>::Out3, const KernelConfig&, float);
 extern template bool usesHostKernels<Kokkos::DefaultExecutionSpace>(int, const KernelConfig&);
+extern template void forward<Kokkos::DefaultExecutionSpace>(
+    const Kokkos::DefaultExecutionSpace&, Views<Kokkos::DefaultExecutionSpace>::In3b,
+    Views<Kokkos::DefaultExecutionSpace>::In3b, Views<Kokkos::DefaultExecutionSpace>::In3b,
+    const VarlenBatch&, Views<Kokkos::DefaultExecutionSpace>::Out3b,
+    Views<Kokkos::DefaultExecutionSpace>::Out2, const KernelConfig&, float);
+extern template void backward<Kokkos::DefaultExecutionSpace>(
+    const Kokkos::DefaultExecutionSpace&, Views<Kokkos::DefaultExecutionSpace>::In3b,
+    Views<Kokkos::DefaultExecutionSpace>::In3b, Views<Kokkos::DefaultExecutionSpace>::In3b,
+    Views<Kokkos::DefaultExecutionSpace>::In3b, Views<Kokkos::DefaultExecutionSpace>::In2,
+    Views<Kokkos::DefaultExecutionSpace>::In3b, const VarlenBatch&,
+    Views<Kokkos::DefaultExecutionSpace>::Out3, Views<Kokkos::DefaultExecutionSpace>::Out3,
+    Views<Kokkos::DefaultExecutionSpace>::Out3, const KernelConfig&, float);
+extern template const char* kernelName<Kokkos::DefaultExecutionSpace>(int, const KernelConfig&, bool);
 
 }  // namespace wlb::attention

@@ -14,6 +14,11 @@
 #include "attention/attention_host.hpp"
 #include "core/kokkos_compat.hpp"
 
+#if defined(KOKKOS_ENABLE_CUDA)
+#include "attention/cuda_mma.hpp"
+#include "attention/cuda_simt.hpp"
+#endif
+
 namespace wlb::attention {
 namespace detail {
 
@@ -94,11 +99,19 @@ Kokkos::View<std::int64_t* [2], Kokkos::LayoutRight, typename ExecSpace::memory_
 
 // ---------------- portable (team) path: what device backends run ----------------------
 
-template <class ExecSpace>
-void forwardPortable(const ExecSpace& space, typename Views<ExecSpace>::In3 q,
-                     typename Views<ExecSpace>::In3 k, typename Views<ExecSpace>::In3 v,
-                     const VarlenBatch& b, typename Views<ExecSpace>::Out3 o,
+template <class T>
+KOKKOS_INLINE_FUNCTION T fromFloat(float x) {
+  if constexpr (std::is_same<T, bf16>::value)
+    return toBf16(x);
+  else
+    return x;
+}
+
+/// QV/OV: float or bf16 views ([tokens][heads][D]); accumulation in FP32.
+template <class ExecSpace, class QV, class OV>
+void forwardPortable(const ExecSpace& space, QV q, QV k, QV v, const VarlenBatch& b, OV o,
                      typename Views<ExecSpace>::Out2 lse, const KernelConfig& cfg, Shape s) {
+  using TO = typename OV::non_const_value_type;
   const auto ranges = deviceRanges<ExecSpace>(b);
   const auto tiles = tileList<ExecSpace>(b, cfg.tile_q, false);
   const int H = s.heads, D = s.head_dim, group = s.heads / s.kv_heads, TQ = cfg.tile_q;
@@ -120,30 +133,29 @@ void forwardPortable(const ExecSpace& space, typename Views<ExecSpace>::In3 q,
           float m = -3.0e38f;
           for (std::int64_t j = 0; j <= L; ++j) {
             float sdot = 0.0f;
-            for (int d = 0; d < D; ++d) sdot += q(t, h, d) * k(kb + j, hk, d);
+            for (int d = 0; d < D; ++d) sdot += toFloat(q(t, h, d)) * toFloat(k(kb + j, hk, d));
             m = wlb::kk::max(m, sdot * scale);
           }
           float l = 0.0f;
-          for (int d = 0; d < D; ++d) o(t, h, d) = 0.0f;
+          float acc[256];
+          for (int d = 0; d < D; ++d) acc[d] = 0.0f;
           for (std::int64_t j = 0; j <= L; ++j) {
             float sdot = 0.0f;
-            for (int d = 0; d < D; ++d) sdot += q(t, h, d) * k(kb + j, hk, d);
+            for (int d = 0; d < D; ++d) sdot += toFloat(q(t, h, d)) * toFloat(k(kb + j, hk, d));
             const float pj = wlb::kk::exp(sdot * scale - m);
             l += pj;
-            for (int d = 0; d < D; ++d) o(t, h, d) += pj * v(kb + j, hk, d);
+            for (int d = 0; d < D; ++d) acc[d] += pj * toFloat(v(kb + j, hk, d));
           }
           const float inv = 1.0f / l;
-          for (int d = 0; d < D; ++d) o(t, h, d) *= inv;
+          for (int d = 0; d < D; ++d) o(t, h, d) = fromFloat<TO>(acc[d] * inv);
           lse(t, h) = m + wlb::kk::log(l);
         });
       });
 }
 
-template <class ExecSpace>
-void backwardPortable(const ExecSpace& space, typename Views<ExecSpace>::In3 q,
-                      typename Views<ExecSpace>::In3 k, typename Views<ExecSpace>::In3 v,
-                      typename Views<ExecSpace>::In3 o, typename Views<ExecSpace>::In2 lse,
-                      typename Views<ExecSpace>::In3 dO, const VarlenBatch& b,
+template <class ExecSpace, class QV>
+void backwardPortable(const ExecSpace& space, QV q, QV k, QV v, QV o, typename Views<ExecSpace>::In2 lse,
+                      QV dO, const VarlenBatch& b,
                       typename Views<ExecSpace>::Out3 dq, typename Views<ExecSpace>::Out3 dk,
                       typename Views<ExecSpace>::Out3 dv, const KernelConfig& cfg, Shape s) {
   const auto ranges = deviceRanges<ExecSpace>(b);
@@ -171,17 +183,17 @@ void backwardPortable(const ExecSpace& space, typename Views<ExecSpace>::In3 q,
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, static_cast<int>(rows)), [&](const int r) {
           const std::int64_t t = qb + q0 + r, L = off + q0 + r;
           float dl = 0.0f;
-          for (int d = 0; d < D; ++d) dl += dO(t, h, d) * o(t, h, d);
+          for (int d = 0; d < D; ++d) dl += toFloat(dO(t, h, d)) * toFloat(o(t, h, d));
           delta(t, h) = dl;
           const float ls = lse(t, h);
           for (std::int64_t j = 0; j <= L; ++j) {
             float sdot = 0.0f, dp = 0.0f;
             for (int d = 0; d < D; ++d) {
-              sdot += q(t, h, d) * k(kb + j, hk, d);
-              dp += dO(t, h, d) * v(kb + j, hk, d);
+              sdot += toFloat(q(t, h, d)) * toFloat(k(kb + j, hk, d));
+              dp += toFloat(dO(t, h, d)) * toFloat(v(kb + j, hk, d));
             }
             const float ds = wlb::kk::exp(sdot * scale - ls) * (dp - dl) * scale;
-            for (int d = 0; d < D; ++d) dq(t, h, d) += ds * k(kb + j, hk, d);
+            for (int d = 0; d < D; ++d) dq(t, h, d) += ds * toFloat(k(kb + j, hk, d));
           }
         });
       });
@@ -205,14 +217,14 @@ void backwardPortable(const ExecSpace& space, typename Views<ExecSpace>::In3 q,
               const std::int64_t t = qb + i;
               float sdot = 0.0f, dp = 0.0f;
               for (int d = 0; d < D; ++d) {
-                sdot += q(t, h, d) * k(kb + j, hk, d);
-                dp += dO(t, h, d) * v(kb + j, hk, d);
+                sdot += toFloat(q(t, h, d)) * toFloat(k(kb + j, hk, d));
+                dp += toFloat(dO(t, h, d)) * toFloat(v(kb + j, hk, d));
               }
               const float pj = wlb::kk::exp(sdot * scale - lse(t, h));
               const float ds = pj * (dp - delta(t, h)) * scale;
               for (int d = 0; d < D; ++d) {
-                adv[d] += pj * dO(t, h, d);
-                adk[d] += ds * q(t, h, d);
+                adv[d] += pj * toFloat(dO(t, h, d));
+                adk[d] += ds * toFloat(q(t, h, d));
               }
             }
           }
@@ -422,6 +434,174 @@ void backwardHost(const ExecSpace& space, typename Views<ExecSpace>::In3 q,
 }
 #endif  // WLB_ATTN_HOST_SIMD
 
+
+// ---------------- CUDA paths (tensor-core and FP32 SIMT kernels) ----------------------
+#if defined(KOKKOS_ENABLE_CUDA)
+/// Rows [heads][D] contiguous, 16-byte aligned: what the cp.async staging needs.
+template <class V>
+bool cudaRowsOk(const V& x, int D) {
+  using T = typename V::non_const_value_type;
+  return innerContiguous(x, D) && reinterpret_cast<std::uintptr_t>(x.data()) % 16 == 0 &&
+         (static_cast<std::size_t>(x.stride(0)) * sizeof(T)) % 16 == 0;
+}
+
+inline bool cudaFastPath(const KernelConfig& cfg, int D, bool bf16_storage) {
+  if (cfg.path == KernelConfig::Path::Portable) return false;
+  if (bf16_storage || cfg.precision != KernelConfig::Precision::Fp32) return cuda::mmaSupports(D);
+  return cuda::simtSupports(D);
+}
+
+inline const char* cudaKernelName(int D, const KernelConfig& cfg, bool bf16_storage) {
+  if (!cudaFastPath(cfg, D, bf16_storage)) return "portable";
+  if (bf16_storage || cfg.precision == KernelConfig::Precision::Bf16) return "cuda-mma-bf16";
+  if (cfg.precision == KernelConfig::Precision::Tf32) return "cuda-mma-tf32";
+  return "cuda-simt-fp32";
+}
+
+using CudaBf16View = Kokkos::View<bf16***, Kokkos::LayoutRight, Kokkos::CudaSpace>;
+
+/// FP32 -> BF16 copy (for Precision::Bf16 on FP32 storage).
+template <class V>
+CudaBf16View toBf16View(const Kokkos::Cuda& space, const V& x, const char* label) {
+  CudaBf16View y(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), x.extent(0), x.extent(1),
+                 x.extent(2));
+  const std::int64_t n1 = x.extent(1), n2 = x.extent(2);
+  Kokkos::parallel_for(
+      "wlb::attention::cuda::to_bf16",
+      Kokkos::RangePolicy<Kokkos::Cuda, Kokkos::IndexType<std::int64_t>>(space, 0, static_cast<std::int64_t>(y.size())),
+      KOKKOS_LAMBDA(const std::int64_t i) {
+        const std::int64_t t = i / (n1 * n2), r = i % (n1 * n2);
+        y(t, r / n2, r % n2) = toBf16(x(t, r / n2, r % n2));
+      });
+  return y;
+}
+
+template <class QV, class OV>
+cuda::Args cudaArgs(const QV& q, const QV& k, const QV& v, const OV& o, Shape s) {
+  cuda::Args a;
+  a.q = q.data();
+  a.k = k.data();
+  a.v = v.data();
+  a.q_s0 = q.stride(0);
+  a.k_s0 = k.stride(0);
+  a.v_s0 = v.stride(0);
+  a.o_s0 = o.stride(0);
+  a.heads = s.heads;
+  a.kv_heads = s.kv_heads;
+  a.head_dim = s.head_dim;
+  a.scale = s.scale;
+  a.scale_log2 = s.scale * 1.4426950408889634f;
+  return a;
+}
+
+/// Runs the CUDA kernels; false when they do not apply (the caller runs the portable path).
+template <class QV, class OV, class LV>
+bool forwardCuda(const Kokkos::Cuda& space, QV q, QV k, QV v, const VarlenBatch& b, OV o, LV lse,
+                 const KernelConfig& cfg, Shape s) {
+  using T = typename QV::non_const_value_type;
+  constexpr bool bfs = std::is_same<T, bf16>::value;
+  const int D = s.head_dim;
+  if (!cudaFastPath(cfg, D, bfs) || !cudaRowsOk(q, D) || !cudaRowsOk(k, D) || !cudaRowsOk(v, D) ||
+      !cudaRowsOk(o, D) || lse.stride(1) != 1)
+    return false;
+  const auto rng = cuda::ranges(b);
+  cuda::Args a = cudaArgs(q, k, v, o, s);
+  a.ranges = rng.data();
+  a.o_out = o.data();
+  a.lse_out = lse.data();
+  a.lse_s0 = lse.stride(0);
+  if constexpr (bfs) {
+    return cuda::mmaForward<bf16>(space, a, b);
+  } else {
+    if (cfg.precision == KernelConfig::Precision::Tf32) return cuda::mmaForward<float>(space, a, b);
+    if (cfg.precision == KernelConfig::Precision::Fp32) return cuda::simtForward(space, a, b);
+    // BF16 arithmetic on FP32 storage: round the inputs once, run the BF16 kernels
+    const auto qb = toBf16View(space, q, "wlb::attention::q_bf16");
+    const auto kb = toBf16View(space, k, "wlb::attention::k_bf16");
+    const auto vb = toBf16View(space, v, "wlb::attention::v_bf16");
+    CudaBf16View ob(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("wlb::attention::o_bf16")),
+                    o.extent(0), o.extent(1), o.extent(2));
+    cuda::Args ab = cudaArgs(qb, kb, vb, ob, s);
+    ab.ranges = rng.data();
+    ab.o_out = ob.data();
+    ab.lse_out = lse.data();
+    ab.lse_s0 = lse.stride(0);
+    cuda::mmaForward<bf16>(space, ab, b);
+    // copy back only the rows the pieces own (forward overwrites those rows alone)
+    const std::int64_t per = static_cast<std::int64_t>(o.extent(1) * o.extent(2));
+    const std::int64_t n2 = o.extent(2);
+    Kokkos::parallel_for(
+        "wlb::attention::cuda::o_from_bf16",
+        Kokkos::TeamPolicy<Kokkos::Cuda>(space, static_cast<int>(rng.extent(0)), Kokkos::AUTO),
+        KOKKOS_LAMBDA(const Kokkos::TeamPolicy<Kokkos::Cuda>::member_type& team) {
+          const int p = team.league_rank();
+          const std::int64_t q0 = rng(p, 0), q1 = rng(p, 1);
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, (q1 - q0) * per), [&](const std::int64_t i) {
+            const std::int64_t t = q0 + i / per, r = i % per;
+            o(t, r / n2, r % n2) = toFloat(ob(t, r / n2, r % n2));
+          });
+        });
+    wlb::kk::fence(space, "wlb::attention::cuda::o_from_bf16");
+    return true;
+  }
+}
+
+template <class QV, class LV, class GV>
+bool backwardCuda(const Kokkos::Cuda& space, QV q, QV k, QV v, QV o, LV lse, QV dO, const VarlenBatch& b,
+                  GV dq, GV dk, GV dv, const KernelConfig& cfg, Shape s) {
+  using T = typename QV::non_const_value_type;
+  constexpr bool bfs = std::is_same<T, bf16>::value;
+  const int D = s.head_dim;
+  if (!cudaFastPath(cfg, D, bfs) || !cudaRowsOk(q, D) || !cudaRowsOk(k, D) || !cudaRowsOk(v, D) ||
+      !cudaRowsOk(o, D) || !cudaRowsOk(dO, D) || !innerContiguous(dq, D) || !innerContiguous(dk, D) ||
+      !innerContiguous(dv, D) || lse.stride(1) != 1)
+    return false;
+  const auto rng = cuda::ranges(b);
+  cuda::Args a = cudaArgs(q, k, v, o, s);
+  a.ranges = rng.data();
+  a.o = o.data();
+  a.dO = dO.data();
+  a.dO_s0 = dO.stride(0);
+  a.lse = lse.data();
+  a.lse_s0 = lse.stride(0);
+  a.dq = dq.data();
+  a.dk = dk.data();
+  a.dv = dv.data();
+  a.dq_s0 = dq.stride(0);
+  a.dk_s0 = dk.stride(0);
+  a.dv_s0 = dv.stride(0);
+  Kokkos::View<float*, Kokkos::CudaSpace> delta(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("wlb::attention::cuda::delta")),
+      static_cast<std::size_t>(b.q_tokens) * s.heads);
+  cuda::computeDelta<T>(space, a, b.q_tokens, delta.data());
+  a.delta = delta.data();
+  bool ok = false;
+  if constexpr (bfs) {
+    ok = cuda::mmaBackward(space, a, b);
+  } else {
+    if (cfg.precision != KernelConfig::Precision::Bf16) {
+      ok = cuda::simtBackward(space, a, b);
+    } else {
+      const auto qb = toBf16View(space, q, "wlb::attention::q_bf16");
+      const auto kb = toBf16View(space, k, "wlb::attention::k_bf16");
+      const auto vb = toBf16View(space, v, "wlb::attention::v_bf16");
+      const auto dOb = toBf16View(space, dO, "wlb::attention::dO_bf16");
+      cuda::Args ab = a;
+      ab.q = qb.data();
+      ab.k = kb.data();
+      ab.v = vb.data();
+      ab.dO = dOb.data();
+      ab.q_s0 = qb.stride(0);
+      ab.k_s0 = kb.stride(0);
+      ab.v_s0 = vb.stride(0);
+      ab.dO_s0 = dOb.stride(0);
+      ok = cuda::mmaBackward(space, ab, b);
+    }
+  }
+  wlb::kk::fence(space, "wlb::attention::cuda::bwd");  // delta dies with this scope
+  return ok;
+}
+#endif  // KOKKOS_ENABLE_CUDA
 }  // namespace detail
 
 template <class ExecSpace>
@@ -454,7 +634,12 @@ void forward(const ExecSpace& space, typename Views<ExecSpace>::In3 q,
     }
   }
 #endif
-  detail::forwardPortable(space, q, k, v, batch, o, lse, cfg, s);
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+    if (detail::forwardCuda(space, q, k, v, batch, o, lse, cfg, s)) return;
+  }
+#endif
+  detail::forwardPortable<ExecSpace>(space, q, k, v, batch, o, lse, cfg, s);
   wlb::kk::fence(space, "wlb::attention::fwd");
 }
 
@@ -486,8 +671,64 @@ void backward(const ExecSpace& space, typename Views<ExecSpace>::In3 q,
     }
   }
 #endif
-  detail::backwardPortable(space, q, k, v, o, lse, dO, batch, dq, dk, dv, cfg, s);
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+    if (detail::backwardCuda(space, q, k, v, o, lse, dO, batch, dq, dk, dv, cfg, s)) return;
+  }
+#endif
+  detail::backwardPortable<ExecSpace>(space, q, k, v, o, lse, dO, batch, dq, dk, dv, cfg, s);
   wlb::kk::fence(space, "wlb::attention::bwd");
+}
+
+template <class ExecSpace>
+void forward(const ExecSpace& space, typename Views<ExecSpace>::In3b q,
+             typename Views<ExecSpace>::In3b k, typename Views<ExecSpace>::In3b v,
+             const VarlenBatch& batch, typename Views<ExecSpace>::Out3b o,
+             typename Views<ExecSpace>::Out2 lse, const KernelConfig& cfg, float softmax_scale) {
+  const detail::Shape s = detail::checkCommon(q, k, v, batch, cfg, softmax_scale);
+  detail::requireShape(o, batch.q_tokens, s.heads, s.head_dim, "o");
+  detail::requireShape(lse, batch.q_tokens, s.heads, 1, "lse");
+  if (batch.pieces.empty()) return;
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+    if (detail::forwardCuda(space, q, k, v, batch, o, lse, cfg, s)) return;
+  }
+#endif
+  detail::forwardPortable<ExecSpace>(space, q, k, v, batch, o, lse, cfg, s);
+  wlb::kk::fence(space, "wlb::attention::fwd");
+}
+
+template <class ExecSpace>
+void backward(const ExecSpace& space, typename Views<ExecSpace>::In3b q,
+              typename Views<ExecSpace>::In3b k, typename Views<ExecSpace>::In3b v,
+              typename Views<ExecSpace>::In3b o, typename Views<ExecSpace>::In2 lse,
+              typename Views<ExecSpace>::In3b dO, const VarlenBatch& batch,
+              typename Views<ExecSpace>::Out3 dq, typename Views<ExecSpace>::Out3 dk,
+              typename Views<ExecSpace>::Out3 dv, const KernelConfig& cfg, float softmax_scale) {
+  const detail::Shape s = detail::checkCommon(q, k, v, batch, cfg, softmax_scale);
+  detail::requireShape(o, batch.q_tokens, s.heads, s.head_dim, "o");
+  detail::requireShape(dO, batch.q_tokens, s.heads, s.head_dim, "dO");
+  detail::requireShape(dq, batch.q_tokens, s.heads, s.head_dim, "dq");
+  detail::requireShape(dk, batch.k_tokens, s.kv_heads, s.head_dim, "dk");
+  detail::requireShape(dv, batch.k_tokens, s.kv_heads, s.head_dim, "dv");
+  detail::requireShape(lse, batch.q_tokens, s.heads, 1, "lse");
+  if (batch.pieces.empty()) return;
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+    if (detail::backwardCuda(space, q, k, v, o, lse, dO, batch, dq, dk, dv, cfg, s)) return;
+  }
+#endif
+  detail::backwardPortable<ExecSpace>(space, q, k, v, o, lse, dO, batch, dq, dk, dv, cfg, s);
+  wlb::kk::fence(space, "wlb::attention::bwd");
+}
+
+template <class ExecSpace>
+const char* kernelName(int head_dim, const KernelConfig& cfg, bool bf16_storage) {
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) return detail::cudaKernelName(head_dim, cfg, bf16_storage);
+#endif
+  if (!bf16_storage && usesHostKernels<ExecSpace>(head_dim, cfg)) return "host-simd";
+  return "portable";
 }
 
 }  // namespace wlb::attention

@@ -19,6 +19,12 @@ struct KernelConfig {
   /// spaces when head_dim % 16 == 0). Portable: the plain Kokkos team path (what device
   /// backends run); used by tests to cross-check both.
   enum class Path : int { Auto = 0, Portable = 1 } path = Path::Auto;
+  /// Arithmetic of the matrix products on a CUDA device. Fp32: exact FP32 on the CUDA
+  /// cores. Tf32: FP32 storage, forward products on TF32 tensor cores (backward in exact
+  /// FP32). Bf16: BF16 tensor cores with FP32 accumulation (FP32 storage is rounded to
+  /// BF16 on the way in; BF16 storage always takes these kernels). Host and portable paths
+  /// compute every mode in FP32, which is at least as accurate.
+  enum class Precision : int { Fp32 = 0, Tf32 = 1, Bf16 = 2 } precision = Precision::Fp32;
 };
 
 /// Unmasked query-key pairs of a piece: nq*(nk-nq) + nq*(nq+1)/2.
