@@ -23,8 +23,30 @@ if(TARGET Kokkos::kokkos AND Kokkos_INCLUDE_DIRS)
   endif()
 endif()
 
-# KokkosKernels: Debian has no version file and no Kokkos::kokkoskernels target.
-find_package(KokkosKernels QUIET)
+# KokkosKernels: Debian has no version file and no Kokkos::kokkoskernels target. It must
+# come from the same installation as Kokkos: one built for another Kokkos (e.g. Debian's
+# Trilinos copy next to a CUDA Kokkos_ROOT) puts that Kokkos' headers on the include path
+# and the kernels are instantiated for the wrong execution space. Without an explicit
+# KokkosKernels_ROOT/_DIR, look only beside Kokkos; with one, insist on the same prefix.
+get_filename_component(_wlb_kk_cmake_dir "${Kokkos_DIR}/.." ABSOLUTE)  # <prefix>/lib*/cmake
+if(KokkosKernels_ROOT OR DEFINED ENV{KokkosKernels_ROOT} OR KokkosKernels_DIR)
+  find_package(KokkosKernels QUIET)
+else()
+  find_package(KokkosKernels QUIET PATHS "${_wlb_kk_cmake_dir}" NO_DEFAULT_PATH)
+endif()
+if(KokkosKernels_FOUND OR KokkosKernels_DIR)
+  get_filename_component(_wlb_kkk_cmake_dir "${KokkosKernels_DIR}/.." ABSOLUTE)
+  if(KokkosKernels_DIR AND NOT _wlb_kkk_cmake_dir STREQUAL _wlb_kk_cmake_dir)
+    message(FATAL_ERROR "KokkosKernels (${KokkosKernels_DIR}) is not from the Kokkos installation in use "
+      "(${Kokkos_DIR}): its headers would mix two Kokkos versions. Point KokkosKernels_ROOT at the "
+      "prefix of Kokkos_ROOT, or unset KokkosKernels_ROOT/KokkosKernels_DIR to build without it.")
+  endif()
+endif()
+if(KokkosKernels_FOUND)
+  message(STATUS "KokkosKernels: ${KokkosKernels_DIR} (same installation as Kokkos)")
+else()
+  message(STATUS "KokkosKernels: none beside ${_wlb_kk_cmake_dir}; GEMMs use the BLAS fallback")
+endif()
 add_library(wlb_kokkoskernels INTERFACE)
 if(TARGET Kokkos::kokkoskernels)
   target_link_libraries(wlb_kokkoskernels INTERFACE Kokkos::kokkoskernels)

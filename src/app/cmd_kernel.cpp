@@ -28,11 +28,13 @@ namespace att = wlb::attention;
 using ES = Kokkos::DefaultExecutionSpace;
 using V3 = Kokkos::View<float***, Kokkos::LayoutRight, ES::memory_space>;
 using V2 = Kokkos::View<float**, Kokkos::LayoutRight, ES::memory_space>;
+using V3b = Kokkos::View<att::bf16***, Kokkos::LayoutRight, ES::memory_space>;
 
 struct Opts {
   std::string in, out;
   int tile_q = 64, tile_k = 64;
   bool reference = false, portable = false;
+  std::string precision = "fp32";
 };
 
 struct Case {
@@ -56,7 +58,8 @@ Case readCase(const std::string& path) {
   };
   if (c.qd[1] == 0 || c.qd[2] == 0) bad("q", "heads and head_dim must be positive");
   if (c.kd[1] == 0) bad("k", "kv_heads must be positive");
-  if (c.kd[2] != c.qd[2]) bad("k", "head_dim " + std::to_string(c.kd[2]) + " differs from q's " + std::to_string(c.qd[2]));
+  if (c.kd[2] != c.qd[2])
+    bad("k", "head_dim " + std::to_string(c.kd[2]) + " differs from q's " + std::to_string(c.qd[2]));
   if (c.qd[1] % c.kd[1] != 0)
     bad("k", "kv_heads " + std::to_string(c.kd[1]) + " does not divide q's heads " + std::to_string(c.qd[1]));
   if (c.qd[2] > 256) bad("q", "head_dim > 256 is not supported");
@@ -105,7 +108,17 @@ V3 toView(const std::vector<float>& x, const std::vector<hsize_t>& d, const char
 template <class V>
 std::vector<float> toVec(const V& v) {
   auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
-  return std::vector<float>(h.data(), h.data() + h.size());
+  std::vector<float> out(h.size());
+  for (std::size_t i = 0; i < h.size(); ++i) out[i] = att::toFloat(h.data()[i]);
+  return out;
+}
+V3b toBf16(const V3& x, const char* name) {
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
+  V3b y(std::string("wlb::kernel::") + name + "_bf16", x.extent(0), x.extent(1), x.extent(2));
+  auto hy = Kokkos::create_mirror_view(y);
+  for (std::size_t i = 0; i < h.size(); ++i) hy.data()[i] = att::toBf16(h.data()[i]);
+  Kokkos::deep_copy(y, hy);
+  return y;
 }
 
 int run(const Opts& o) {
@@ -114,6 +127,14 @@ int run(const Opts& o) {
   cfg.tile_q = o.tile_q;
   cfg.tile_k = o.tile_k;
   if (o.portable) cfg.path = att::KernelConfig::Path::Portable;
+  // fp32 / tf32: float storage; bf16: bf16 storage (inputs rounded once, O back to float)
+  const bool bf16 = o.precision == "bf16";
+  if (o.precision == "tf32")
+    cfg.precision = att::KernelConfig::Precision::Tf32;
+  else if (bf16)
+    cfg.precision = att::KernelConfig::Precision::Bf16;
+  else if (o.precision != "fp32")
+    throw wlb::InputError("wlb kernel: --precision: '" + o.precision + "' is not one of fp32, tf32, bf16");
   try {
     att::validateConfig(cfg);
   } catch (const std::invalid_argument& e) {
@@ -137,14 +158,28 @@ int run(const Opts& o) {
     V3 q = toView(c.q, c.qd, "q"), k = toView(c.k, c.kd, "k"), v = toView(c.v, c.kd, "v");
     V3 ov("wlb::kernel::o", c.qd[0], c.qd[1], c.qd[2]);
     V2 lse("wlb::kernel::lse", c.qd[0], c.qd[1]);
-    att::forward(space, q, k, v, batch, ov, lse, cfg, c.scale);
-    out_o = toVec(ov);
+    V3 dqv, dkv, dvv;
+    if (c.has_dO) {
+      dqv = V3("wlb::kernel::dq", c.qd[0], c.qd[1], c.qd[2]);
+      dkv = V3("wlb::kernel::dk", c.kd[0], c.kd[1], c.kd[2]);
+      dvv = V3("wlb::kernel::dv", c.kd[0], c.kd[1], c.kd[2]);
+    }
+    if (bf16) {
+      const auto qb = toBf16(q, "q"), kb = toBf16(k, "k"), vb = toBf16(v, "v");
+      V3b ob("wlb::kernel::o_bf16", c.qd[0], c.qd[1], c.qd[2]);
+      att::forward(space, qb, kb, vb, batch, ob, lse, cfg, c.scale);
+      out_o = toVec(ob);
+      if (c.has_dO)
+        att::backward(space, qb, kb, vb, ob, lse, toBf16(toView(c.dO, c.qd, "dO"), "dO"), batch, dqv, dkv, dvv, cfg,
+                      c.scale);
+    } else {
+      att::forward(space, q, k, v, batch, ov, lse, cfg, c.scale);
+      out_o = toVec(ov);
+      if (c.has_dO)
+        att::backward(space, q, k, v, ov, lse, toView(c.dO, c.qd, "dO"), batch, dqv, dkv, dvv, cfg, c.scale);
+    }
     out_lse = toVec(lse);
     if (c.has_dO) {
-      V3 dO = toView(c.dO, c.qd, "dO");
-      V3 dqv("wlb::kernel::dq", c.qd[0], c.qd[1], c.qd[2]), dkv("wlb::kernel::dk", c.kd[0], c.kd[1], c.kd[2]),
-          dvv("wlb::kernel::dv", c.kd[0], c.kd[1], c.kd[2]);
-      att::backward(space, q, k, v, ov, lse, dO, batch, dqv, dkv, dvv, cfg, c.scale);
       dq = toVec(dqv);
       dk = toVec(dkv);
       dv = toVec(dvv);
@@ -161,7 +196,8 @@ int run(const Opts& o) {
       f.writeDataset<float>("dk", dk.data(), c.kd);
       f.writeDataset<float>("dv", dv.data(), c.kd);
     }
-    f.setAttribute("implementation", std::string(o.reference ? "reference" : (att::usesHostKernels<ES>(D, cfg) ? "host-simd" : "portable")));
+    f.setAttribute("implementation", std::string(o.reference ? "reference" : att::kernelName<ES>(D, cfg, bf16)));
+    f.setAttribute("precision", o.reference ? std::string("fp64") : o.precision);
     f.setAttribute("backend", wlb::kk::backendName());
     f.setAttribute("tile_q", cfg.tile_q);
     f.setAttribute("tile_k", cfg.tile_k);
@@ -183,8 +219,7 @@ int run(const Opts& o) {
 }
 
 const bool registered = wlb::app::registerCommand(
-    "kernel", "Run the attention kernels on a golden case (HDF5 in -> O, LSE[, dQ, dK, dV] out)",
-    [](CLI::App& sub) {
+    "kernel", "Run the attention kernels on a golden case (HDF5 in -> O, LSE[, dQ, dK, dV] out)", [](CLI::App& sub) {
       auto o = std::make_shared<Opts>();
       sub.add_option("--in", o->in, "Input HDF5: q, k, v, cu_seqlens_q, cu_seqlens_k[, dO]")->required();
       sub.add_option("--out", o->out, "Output HDF5: o, lse[, dq, dk, dv]")->required();
@@ -192,6 +227,8 @@ const bool registered = wlb::app::registerCommand(
       sub.add_option("--tile-k", o->tile_k, "Key tile (multiple of 16, 16..256)");
       sub.add_flag("--reference", o->reference, "Use the double-precision reference instead of the kernels");
       sub.add_flag("--portable", o->portable, "Force the portable (device) kernel path");
+      sub.add_option("--precision", o->precision,
+                     "fp32 (default), tf32 (TF32 tensor cores on CUDA) or bf16 (BF16 storage and tensor cores)");
       return [o]() -> int { return run(*o); };
     });
 

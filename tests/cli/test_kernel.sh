@@ -27,6 +27,23 @@ for D in 64 128; do
   done
 done
 
+# precision modes: tf32 runs FP32 arithmetic off CUDA (same bounds); bf16 rounds the
+# inputs to bf16 and stores O in bf16, so it is checked against the float reference with
+# bf16-sized bounds; the attribute names the mode
+for prec in tf32 bf16; do
+  rm -f "$TMP/out.h5"
+  check "$WLB" kernel --in "$TMP/case64.h5" --out "$TMP/out.h5" --precision $prec
+  if [ $prec = bf16 ]; then tol="--tol-o 2e-2 --tol-grad 3e-2"; else tol=""; fi
+  # shellcheck disable=SC2086
+  check $PY "$GOLD" check "$TMP/case64.h5" "$TMP/out.h5" $tol
+  check $PY -c "import h5py,sys; f=h5py.File('$TMP/out.h5'); sys.exit(0 if f.attrs['precision'] in ('$prec', b'$prec') else 1)"
+done
+"$WLB" kernel --in "$TMP/case64.h5" --out "$TMP/bad_prec.h5" --precision fp16 >"$TMP/bad_prec.log" 2>&1
+rc=$?
+if [ $rc -ne 2 ] || ! grep -q -- "--precision" "$TMP/bad_prec.log" || [ -e "$TMP/bad_prec.h5" ]; then
+  echo "FAIL: --precision fp16 (exit $rc)"; cat "$TMP/bad_prec.log"; fail=1
+fi
+
 # forward only (no dO): only o and lse are written
 $PY "$GOLD" make "$TMP/fwd.h5" --no-grad || exit 1
 check "$WLB" kernel --in "$TMP/fwd.h5" --out "$TMP/fwd_out.h5"
