@@ -32,7 +32,7 @@ attention (fields attention.fwd / attention.bwd)
     (--kernel sdpa-cudnn / sdpa-flash start the chain at that SDPA kernel instead; on
     square cells the SDPA kernels use is_causal=True.) The JSON records which kernel
     measured every cell: attention.fwd.kernels / attention.bwd.kernels (same shape as
-    gflops; extra keys the wlb reader ignores) and measured.cells.
+    gflops; extra keys the wlb reader ignores) and measured.attention.cells.
 
     Throughput convention (identical to `wlb profile` and the cost model):
         padded pairs(q, k) = paddedPairs from src/attention/flops.hpp with the profile's
@@ -47,8 +47,10 @@ attention (fields attention.fwd / attention.bwd)
     independent pieces (B sequences of one varlen call, or batch B for SDPA), with
     B = ceil(--tokens / q) (default 16384 query tokens per call, i.e. at least
     tokens/tile_q x heads query-tile blocks), capped by a memory budget (--max-mem-gb) for
-    long key prefixes; per-piece time = call time / B. `wlb profile` does the same on the
-    CPU with B = 4e6 / padded pairs. B of every cell is in measured.cells.
+    long key prefixes; per-piece time = call time / B. A call whose GPU time is not well
+    above the host time to issue it (launch-bound: Python/autograd overhead, not the
+    kernel) is re-measured with 2B, 4B, up to 8B pieces. `wlb profile` does the same on
+    the CPU with B = 4e6 / padded pairs. B of every cell is in measured.attention.cells.
 
 linear_gflops
     BF16 torch.matmul of the layer's TP-sharded GEMMs for --gemm-tokens tokens (default
@@ -84,7 +86,8 @@ Default q_lens 16, 64, 256, 1024, 4096, 16384, 65536 and k_lens 16, 64, 256, 102
 by the same x4 steps to the 64K/128K windows of the paper decks (the cost model clamps
 outside the grid). --quick uses `wlb profile --quick`'s grid (q 16, 128, 1024; k 16, 128,
 1024, 4096) with fewer repeats (a smoke run, not a profile to use). --q-lens / --k-lens
-override. About 1-2 minutes on an H100 for the default grid.
+override. Estimated 1-2 minutes on an H100 for the default grid and a paper deck (35
+measured cells, the largest q=65536 k=131072 about 2 s; GEMMs a few seconds).
 
 Usage
 -----
@@ -132,6 +135,8 @@ QUICK_K_LENS = [16, 128, 1024, 4096]
 ATTN_BWD_FACTOR = 2.5      # model::kAttnBwdFactor
 MASK_LIMIT = 1 << 30       # largest explicit q x k bool mask an SDPA fallback may build
 PROBE_TOL = 5e-2           # relative Frobenius error against float64 (bf16 gives ~3e-3)
+LAUNCH_BOUND = 0.7         # host issue time / GPU time above which a call is launch-bound
+MAX_GROWTH = 8             # launch-bound cells may use up to 8x the pieces --tokens gives
 
 # `[model]` / `[mesh]` defaults of wlb decks (src/core/deck.hpp).
 DECK_DEFAULTS = {"name": "small", "hidden": 512, "heads": 8, "kv_heads": 8, "ffn": 1408, "tp": 1}
@@ -322,7 +327,10 @@ class Settings:
 
 
 def time_calls(torch, fn, s):
-    """Median per-call milliseconds of fn() (CUDA events around loops of calls)."""
+    """Median per-call milliseconds of fn() (CUDA events around loops of calls), the samples,
+    calls per repeat, and host/GPU: host time to issue a call over its GPU time, on a short
+    loop that cannot fill the launch queue (near 1 = the call is launch-bound, the GPU
+    waits for Python)."""
     fn()
     torch.cuda.synchronize()
     est, n, t_begin = float("inf"), 0, time.perf_counter()
@@ -333,6 +341,17 @@ def time_calls(torch, fn, s):
         est = min(est, (time.perf_counter() - t0) * 1e3)
         n += 1
     iters = max(1, min(s.max_iters, math.ceil(s.target_ms / max(est, 1e-3))))
+    n_probe = max(1, min(16, iters))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    t0 = time.perf_counter()
+    for _ in range(n_probe):
+        fn()
+    host_ms = (time.perf_counter() - t0) * 1e3
+    end.record()
+    end.synchronize()
+    host_over_gpu = host_ms / max(start.elapsed_time(end), 1e-6)
     samples = []
     for _ in range(s.repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -342,7 +361,7 @@ def time_calls(torch, fn, s):
         end.record()
         end.synchronize()
         samples.append(start.elapsed_time(end) / iters)
-    return statistics.median(samples), samples, iters
+    return statistics.median(samples), samples, iters, host_over_gpu
 
 
 def time_backward_fresh(torch, forward, leaves, grad, s):
@@ -363,7 +382,7 @@ def time_backward_fresh(torch, forward, leaves, grad, s):
     est = min(sample(1) for _ in range(s.min_warmup + 1))
     iters = max(1, min(100, math.ceil(s.target_ms / max(est, 1e-3))))
     samples = [sample(iters) for _ in range(s.repeats)]
-    return statistics.median(samples), samples, iters
+    return statistics.median(samples), samples, iters, None
 
 
 def spread_pct(samples):
@@ -645,12 +664,12 @@ def measure_piece(torch, kernel, nq, nk, rect, expand, B, s, seed, tiles):
     gen = torch.Generator(device="cuda")
     gen.manual_seed(seed)
     leaves, forward, _ = kernel.make(B, nq, nk, rect, expand, gen)
-    fwd_ms, fwd_samples, fwd_iters = time_calls(torch, forward, s)
+    fwd_ms, fwd_samples, fwd_iters, fwd_host = time_calls(torch, forward, s)
     out = forward()
     grad = torch.randn(out.shape, device="cuda", dtype=out.dtype, generator=gen)
     mode = "retained graph, autograd.grad(retain_graph=True) per call"
     try:
-        bwd_ms, bwd_samples, bwd_iters = time_calls(
+        bwd_ms, bwd_samples, bwd_iters, bwd_host = time_calls(
             torch, lambda: torch.autograd.grad(out, leaves, grad, retain_graph=True), s)
     except Exception as exc:
         if is_oom(torch, exc):
@@ -658,7 +677,7 @@ def measure_piece(torch, kernel, nq, nk, rect, expand, B, s, seed, tiles):
         out = None
         release(torch)
         mode = f"untimed forward per call, events around the backward ({reason(exc)})"
-        bwd_ms, bwd_samples, bwd_iters = time_backward_fresh(torch, forward, leaves, grad, s)
+        bwd_ms, bwd_samples, bwd_iters, bwd_host = time_backward_fresh(torch, forward, leaves, grad, s)
     pairs = padded_pairs(nq, nk, *tiles)
     flops = forward_flops(pairs, kernel.H, kernel.D)  # per piece
     return {
@@ -670,6 +689,8 @@ def measure_piece(torch, kernel, nq, nk, rect, expand, B, s, seed, tiles):
         "bwd_gflops": ATTN_BWD_FACTOR * flops * B / (bwd_ms * 1e-3) / 1e9,
         "fwd_spread_pct": spread_pct(fwd_samples), "bwd_spread_pct": spread_pct(bwd_samples),
         "iters_per_repeat": [fwd_iters, bwd_iters], "bwd_mode": mode,
+        "host_over_gpu": [fwd_host, bwd_host],
+        "launch_bound": any(h is not None and h > LAUNCH_BOUND for h in (fwd_host, bwd_host)),
     }
 
 
@@ -682,11 +703,20 @@ def measure_cell(torch, kernels, nq, nk, args, s, budget_bytes, tiles, seed):
             continue
         expand = kernel.checked[rect]
         per = bytes_per_piece(nq, nk, kernel.H, kernel.kv_heads(expand), kernel.D)
-        B = max(1, min(math.ceil(args.tokens / nq), int(budget_bytes // per)))
+        B0 = math.ceil(args.tokens / nq)
+        B = max(1, min(B0, int(budget_bytes // per)))
         while True:
             try:
                 cell = measure_piece(torch, kernel, nq, nk, rect, expand, B, s, seed, tiles)
-                cell["copies_wanted"] = math.ceil(args.tokens / nq)
+                if cell["launch_bound"] and B < MAX_GROWTH * B0 and 2 * B * per <= budget_bytes:
+                    # The GPU waited for Python: more pieces per call, so that the time is
+                    # the kernels' (per-piece throughput is what the table holds).
+                    B *= 2
+                    log(f"    q={nq} k={nk}: launch-bound (host/GPU {max(h for h in cell['host_over_gpu'] if h is not None):.2f}), "
+                        f"retrying with {B} pieces per call")
+                    release(torch)
+                    continue
+                cell["copies_from_tokens"] = B0
                 if failures:
                     cell["fallback_from"] = failures
                 return cell
@@ -806,7 +836,7 @@ def measure_gemms(torch, shapes, T, s, seed):
         for phase, fn in (("fwd", lambda: torch.matmul(x, w.t())),
                           ("dgrad", lambda: torch.matmul(dy, w)),
                           ("wgrad", lambda: torch.matmul(dy.t(), x))):
-            ms, samples, _ = time_calls(torch, fn, s)
+            ms, samples, _, _ = time_calls(torch, fn, s)
             entry[f"{phase}_ms"] = ms
             entry[f"{phase}_gflops"] = flop / (ms * 1e-3) / 1e9
             entry[f"{phase}_spread_pct"] = spread_pct(samples)
@@ -829,7 +859,7 @@ def measure_matmul_peak(torch, n, s, seed):
     gen.manual_seed(seed)
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=gen)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=gen)
-    ms, _, _ = time_calls(torch, lambda: torch.matmul(a, b), s)
+    ms, _, _, _ = time_calls(torch, lambda: torch.matmul(a, b), s)
     del a, b
     release(torch)
     return 2.0 * n ** 3 / (ms * 1e-3) / 1e9
@@ -926,21 +956,23 @@ def build_profile(args, shapes, base, base_path, tiles, fwd, bwd, kernels_matrix
     return j
 
 
-def summary_table(q_lens, k_lens, fwd, bwd, kern, primary):
+def summary_table(q_lens, k_lens, fwd, bwd, kern, primary, launch_bound=()):
     lines = ["attention TFLOP/s on padded FLOPs, fwd/bwd (rows q, columns k; "
              + (f"* = not measured by {primary}, " if primary else "")
-             + "= = value at k=q, ! = not measured):"]
+             + "= = value at k=q, ~ = launch-bound, ! = not measured):"]
     corner = "q \\ k"
     lines.append(f"{corner:>7s} " + " ".join(f"{k:>12d}" for k in k_lens))
     for i, q in enumerate(q_lens):
         cells = []
-        for j, _ in enumerate(k_lens):
+        for j, k in enumerate(k_lens):
             mark = ""
             name = kern[i][j] or ""
             if name.startswith("NOT MEASURED"):
                 mark = "!"
             elif "(value at k=q)" in name:
                 mark = "="
+            elif (q, k) in launch_bound:
+                mark = "~"
             elif primary and not name.startswith(primary):
                 mark = "*"
             cells.append(f"{fwd[i][j] / 1e3:.0f}/{bwd[i][j] / 1e3:.0f}{mark}".rjust(12))
@@ -1169,6 +1201,10 @@ def main(argv=None):
                          "64K queries / 128K keys (clamped beyond)")
         if shapes.gemm_notes:
             notes += shapes.gemm_notes
+        still_bound = [f"q={c['q']} k={c['k']}" for c in att_info["cells"] if c.get("launch_bound")]
+        if still_bound:
+            notes.append("launch-bound even with 8x the pieces per call (throughput a lower bound): "
+                         + ", ".join(still_bound))
         if att_info["not_measured"]:
             notes.append("WARNING: attention cells no kernel could measure, copied from the nearest "
                          "measured cell: " + "; ".join(att_info["not_measured"]))
@@ -1180,7 +1216,9 @@ def main(argv=None):
 
     elapsed = time.perf_counter() - t_start
     print(f"\n{name}: {shapes.describe()}")
-    print(summary_table(args.q_lens, args.k_lens, fwd, bwd, kern, primary))
+    bound = set() if args.dry_run else {(c["q"], c["k"]) for c in measured["attention"]["cells"]
+                                        if c.get("launch_bound")}
+    print(summary_table(args.q_lens, args.k_lens, fwd, bwd, kern, primary, bound))
     print(f"linear_gflops {linear / 1e3:.1f} TFLOP/s ({args.linear_from}); peak_gflops "
           f"{peak / 1e3:.1f} TFLOP/s ({'base' if peak_from_base else 'measured' if not args.dry_run else 'dry run'}); "
           f"tiles {tiles[0]}x{tiles[1]}; memory_gb {memory_gb:.1f}")
