@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -18,6 +19,7 @@
 #include "app/command.hpp"
 #include "attention/attention.hpp"
 #include "attention/reference.hpp"
+#include "core/deck.hpp"
 #include "core/error.hpp"
 #include "core/h5.hpp"
 #include "core/kokkos_compat.hpp"
@@ -50,6 +52,19 @@ Case readCase(const std::string& path) {
   const std::string where = path + ":/";
   Case c;
   std::vector<hsize_t> vd, dd;
+  // an unknown name is a misspelt dataset (e.g. "do" for "dO"): refuse it rather than
+  // silently skip what the user asked for
+  {
+    const std::vector<std::string> known{"q", "k", "v", "dO", "cu_seqlens_q", "cu_seqlens_k"};
+    for (const auto& name : f.children())
+      if (std::find(known.begin(), known.end(), name) == known.end()) {
+        std::string best = known.front();
+        for (const auto& k : known)
+          if (wlb::editDistance(name, k) < wlb::editDistance(name, best)) best = k;
+        throw wlb::InputError("wlb kernel: " + where + name + ": unknown dataset (did you mean '" + best +
+                              "'? expected q, k, v, cu_seqlens_q, cu_seqlens_k and optionally dO)");
+      }
+  }
   c.q = f.readDataset<float>("q", &c.qd, 3);
   c.k = f.readDataset<float>("k", &c.kd, 3);
   c.v = f.readDataset<float>("v", &vd, 3);

@@ -34,8 +34,7 @@ std::string outPathFor(const std::string& out, const std::string& packer, bool s
   if (!several) return out;
   const auto slash = out.find_last_of('/');
   const auto dot = out.find_last_of('.');
-  if (dot == std::string::npos || (slash != std::string::npos && dot < slash))
-    return out + "." + packer;
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return out + "." + packer;
   return out.substr(0, dot) + "." + packer + out.substr(dot);
 }
 
@@ -49,7 +48,8 @@ std::vector<std::string> packersFor(const Opts& o, const wlb::Deck& deck) {
     for (const auto& p : o.packers) {
       if (p == "all")
         for (const auto& n : wlb::packing::packerNames()) add(n);
-      else add(p);
+      else
+        add(p);
     }
   } else if (!deck.run.strategies.empty()) {
     for (const auto& s : wlb::resolveStrategies(deck)) add(s.packer);
@@ -170,19 +170,20 @@ int runPlan(const Opts& o) {
 
   if (root) {
     const auto M = data::microBatchesPerReplica(deck);
-    std::cout << fmt::format("wlb plan: {} steps, dp={} M={} (N={} micro-batches), S={}, s_max={}, source {}\n",
-                             steps, deck.mesh.dp, M, deck.mesh.dp * M, deck.data.context_window,
+    std::cout << fmt::format("wlb plan: {} steps, dp={} M={} (N={} micro-batches), S={}, s_max={}, source {}\n", steps,
+                             deck.mesh.dp, M, deck.mesh.dp * M, deck.data.context_window,
                              std::max(data::resolvedSMax(deck), deck.data.context_window),
                              data::makeLengthSource(deck)->describe());
-    std::cout << fmt::format("{:<14} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>10} {:>10} {:>8}\n",
-                             "packer", "imbalance", "imb.max", "attn.fwd", "total.bwd", "delay", "delay.mx",
-                             "tok.mx/mn", "plan.us", "plan.us.mx", "gap");
+    std::cout << fmt::format("{:<14} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>10} {:>10} {:>8}\n", "packer",
+                             "imbalance", "imb.max", "attn.fwd", "total.bwd", "delay", "delay.mx", "tok.mx/mn",
+                             "plan.us", "plan.us.mx", "gap");
     for (const auto& r : results) {
       const auto& s = r.summary;
-      std::cout << fmt::format("{:<14} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>8.3f} {:>8.0f} {:>8.3f} {:>10.1f} {:>10.1f} {:>8}\n",
-                               r.packer, s.imbalance_mean, s.imbalance_max, s.imbalance_attn_fwd_mean, s.imbalance_total_bwd_mean,
-                               s.delay_mean, s.delay_max, s.tokens_max_over_mean, s.plan_us_mean,
-                               s.plan_us_max, r.packer == "fixed_optimal" ? fmt::format("{:.3f}", s.max_gap) : "-");
+      std::cout << fmt::format(
+          "{:<14} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>8.3f} {:>8.0f} {:>8.3f} {:>10.1f} {:>10.1f} {:>8}\n", r.packer,
+          s.imbalance_mean, s.imbalance_max, s.imbalance_attn_fwd_mean, s.imbalance_total_bwd_mean, s.delay_mean,
+          s.delay_max, s.tokens_max_over_mean, s.plan_us_mean, s.plan_us_max,
+          r.packer == "fixed_optimal" ? fmt::format("{:.3f}", s.max_gap) : "-");
     }
     if (o.check) {
       bool all_ok = true;
@@ -201,18 +202,15 @@ int runPlan(const Opts& o) {
 }
 
 const bool registered = wlb::app::registerCommand(
-    "plan", "Pack documents into micro-batches with one or more packers; write a JSONL plan",
-    [](CLI::App& sub) {
+    "plan", "Pack documents into micro-batches with one or more packers; write a JSONL plan", [](CLI::App& sub) {
       auto o = std::make_shared<Opts>();
       wlb::app::addDeckArgs(sub, o->deck);
-      sub.add_option("--steps", o->steps, "Steps to plan (default: run.steps)");
-      sub.add_option("--out", o->out,
-                     "JSONL plan file (with several packers: NAME.PACKER.EXT per packer)");
+      sub.add_option("--steps", o->steps, "Steps to plan (default: run.steps)")->check(wlb::app::intAtLeast(1));
+      sub.add_option("--out", o->out, "JSONL plan file (with several packers: NAME.PACKER.EXT per packer)");
       sub.add_option("--packer", o->packers,
                      "Packer to run (repeatable; 'all' = every packer; default: run.strategies or "
                      "packing.strategy)");
-      sub.add_flag("--check", o->check,
-                   "Verify conservation (every token trained exactly once); exit 1 on violation");
+      sub.add_flag("--check", o->check, "Verify conservation (every token trained exactly once); exit 1 on violation");
       sub.add_option("--resume", o->resume, "Start from a packer-state file written by --save-state");
       sub.add_option("--save-state", o->save_state,
                      "Write the packers' state after the last step (default: packing.checkpoint)");

@@ -24,9 +24,9 @@ const bool registered = wlb::app::registerCommand(
       auto o = std::make_shared<Opts>();
       wlb::app::addDeckArgs(sub, o->deck);
       sub.add_option("--steps", o->steps, "Measured steps per strategy (default: run.steps)")
-          ->check(CLI::PositiveNumber);
+          ->check(wlb::app::intAtLeast(1));
       sub.add_option("--warmup", o->warmup, "Warm-up steps before them, not measured (default: run.warmup)")
-          ->check(CLI::NonNegativeNumber);
+          ->check(wlb::app::intAtLeast(0));
       sub.add_flag("--quiet", o->quiet, "No per-step progress lines");
       sub.add_flag("--no-output", o->no_output, "Do not write the trace and plan files");
       return [o]() -> int {

@@ -42,7 +42,7 @@ struct Row {
   std::int64_t n = 0;
   double imb_attn_sum = 0, imb_attn_max = 0, imb_lat_sum = 0;
   double bytes = 0, bytes_max_rank = 0;
-  double latency = 0, attn_seconds = 0;  ///< sums over micro-batches of the max-rank value
+  double latency = 0, attn_seconds = 0;         ///< sums over micro-batches of the max-rank value
   std::map<std::string, std::int64_t> applied;  ///< adaptive: which sharding it picked
   void add(const wlb::cp::ShardMetrics& m) {
     ++n;
@@ -57,11 +57,17 @@ struct Row {
   }
   nlohmann::json toJson() const {
     const double d = n > 0 ? static_cast<double>(n) : 1.0;
-    return {{"strategy", strategy}, {"comm", comm}, {"micro_batches", n},
-            {"imbalance_attn_mean", imb_attn_sum / d}, {"imbalance_attn_max", imb_attn_max},
-            {"imbalance_latency_mean", imb_lat_sum / d}, {"kv_bytes_total", bytes},
-            {"kv_bytes_max_rank", bytes_max_rank}, {"max_latency_sum", latency},
-            {"max_attn_seconds_sum", attn_seconds}, {"applied", applied}};
+    return {{"strategy", strategy},
+            {"comm", comm},
+            {"micro_batches", n},
+            {"imbalance_attn_mean", imb_attn_sum / d},
+            {"imbalance_attn_max", imb_attn_max},
+            {"imbalance_latency_mean", imb_lat_sum / d},
+            {"kv_bytes_total", bytes},
+            {"kv_bytes_max_rank", bytes_max_rank},
+            {"max_latency_sum", latency},
+            {"max_attn_seconds_sum", attn_seconds},
+            {"applied", applied}};
   }
 };
 
@@ -114,13 +120,19 @@ int runShard(const Opts& o) {
       nlohmann::json names = nlohmann::json::array(), cnames = nlohmann::json::array();
       for (auto s : strategies) names.push_back(cp::strategyName(s));
       for (auto c : comms) cnames.push_back(cp::commModeName(c));
-      out << nlohmann::json{{"type", "header"}, {"format", "wlb-shard"}, {"version", 1},
-                            {"packer", packer->name()}, {"cp", cp}, {"tp", deck.mesh.tp},
+      out << nlohmann::json{{"type", "header"},
+                            {"format", "wlb-shard"},
+                            {"version", 1},
+                            {"packer", packer->name()},
+                            {"cp", cp},
+                            {"tp", deck.mesh.tp},
                             {"strategy", cp::strategyName(chosen)},
                             {"comm", cp::commModeName(chosen_comm)},
                             {"capacity_factor", deck.cp.capacity_factor},
-                            {"compare_strategies", names}, {"compare_comms", cnames},
-                            {"source", src->describe()}, {"steps", steps}}
+                            {"compare_strategies", names},
+                            {"compare_comms", cnames},
+                            {"source", src->describe()},
+                            {"steps", steps}}
                  .dump()
           << '\n';
     }
@@ -143,13 +155,13 @@ int runShard(const Opts& o) {
             CpConfig cfg = deck.cp;
             for (auto c : comms) {
               cfg.comm = cp::commModeName(c);
-              const cp::ShardPlan p = (s == chosen && c == chosen_comm)
-                                          ? sp
-                                          : cp::planShards(mb, s, cp, cost, cfg);
+              const cp::ShardPlan p = (s == chosen && c == chosen_comm) ? sp : cp::planShards(mb, s, cp, cost, cfg);
               const cp::ShardMetrics mt = cp::computeMetrics(p, cp::planComm(p, c, cost), cost);
               rows[row++].add(mt);
-              compare.push_back({{"strategy", mt.requested}, {"applied", mt.strategy},
-                                 {"comm", mt.comm}, {"imbalance_attn", mt.imbalance_attn},
+              compare.push_back({{"strategy", mt.requested},
+                                 {"applied", mt.strategy},
+                                 {"comm", mt.comm},
+                                 {"imbalance_attn", mt.imbalance_attn},
                                  {"imbalance_latency", mt.imbalance_latency},
                                  {"kv_bytes_total", mt.kv_bytes_total},
                                  {"kv_bytes_max", mt.kv_bytes_max},
@@ -159,12 +171,17 @@ int runShard(const Opts& o) {
             }
           }
           if (out.is_open()) {
-            nlohmann::json j = {{"type", "micro_batch"}, {"step", plan.step},
-                                {"replica", d}, {"index", m}, {"tokens", mb.tokens()},
+            nlohmann::json j = {{"type", "micro_batch"},
+                                {"step", plan.step},
+                                {"replica", d},
+                                {"index", m},
+                                {"tokens", mb.tokens()},
                                 {"segments", mb.segments.size()},
-                                {"strategy", sp.strategy}, {"requested", sp.requested},
+                                {"strategy", sp.strategy},
+                                {"requested", sp.requested},
                                 {"comm", cp::commModeName(chosen_comm)},
-                                {"metrics", cp::toJson(cm)}, {"compare", compare}};
+                                {"metrics", cp::toJson(cm)},
+                                {"compare", compare}};
             if (!o.metrics_only) j["plan"] = cp::toJson(sp);
             if (o.comm_plans) j["comm_plan"] = cp::toJson(cplan);
             out << j.dump() << '\n';
@@ -174,8 +191,10 @@ int runShard(const Opts& o) {
     if (out.is_open()) {
       nlohmann::json js = nlohmann::json::array();
       for (const auto& r : rows) js.push_back(r.toJson());
-      out << nlohmann::json{{"type", "summary"}, {"micro_batches", micro_batches},
-                            {"tokens", tokens}, {"chosen", chosen_row.toJson()},
+      out << nlohmann::json{{"type", "summary"},
+                            {"micro_batches", micro_batches},
+                            {"tokens", tokens},
+                            {"chosen", chosen_row.toJson()},
                             {"compare", js}}
                  .dump()
           << '\n';
@@ -192,9 +211,8 @@ int runShard(const Opts& o) {
 
   if (root) {
     std::cout << fmt::format(
-        "wlb shard: packer {}, {} steps, {} micro-batches, {} tokens, cp={} tp={}; chosen {} + {}\n",
-        packer->name(), steps, micro_batches, tokens, cp, deck.mesh.tp,
-        cp::strategyName(chosen), cp::commModeName(chosen_comm));
+        "wlb shard: packer {}, {} steps, {} micro-batches, {} tokens, cp={} tp={}; chosen {} + {}\n", packer->name(),
+        steps, micro_batches, tokens, cp, deck.mesh.tp, cp::strategyName(chosen), cp::commModeName(chosen_comm));
     std::cout << "KV bytes: K+V forward and dK+dV backward received, one layer, one TP rank; "
                  "latency: sum over micro-batches of the slowest CP rank (attn+linear+comm)\n";
     // Baseline for relative columns: per_document + allgather when present (Llama-3 CP).
@@ -204,17 +222,14 @@ int runShard(const Opts& o) {
         base_bytes = r.bytes;
         base_lat = r.latency;
       }
-    std::cout << fmt::format("{:<15} {:<15} {:>9} {:>9} {:>9} {:>12} {:>9} {:>12} {:>9} {:>9}\n",
-                             "strategy", "comm", "imb.attn", "imb.max", "imb.lat", "KV GB",
-                             "KV/base", "latency s", "lat/base", "attn s");
+    std::cout << fmt::format("{:<15} {:<15} {:>9} {:>9} {:>9} {:>12} {:>9} {:>12} {:>9} {:>9}\n", "strategy", "comm",
+                             "imb.attn", "imb.max", "imb.lat", "KV GB", "KV/base", "latency s", "lat/base", "attn s");
     auto print = [&](const Row& r, const std::string& tag) {
       const double n = r.n > 0 ? static_cast<double>(r.n) : 1.0;
-      std::cout << fmt::format(
-          "{:<15} {:<15} {:>9.4f} {:>9.4f} {:>9.4f} {:>12.4f} {:>9} {:>12.4f} {:>9} {:>9.4f}{}\n",
-          r.strategy, r.comm, r.imb_attn_sum / n, r.imb_attn_max, r.imb_lat_sum / n,
-          r.bytes / 1e9, base_bytes > 0 ? fmt::format("{:.3f}", r.bytes / base_bytes) : "-",
-          r.latency, base_lat > 0 ? fmt::format("{:.4f}", r.latency / base_lat) : "-",
-          r.attn_seconds, tag);
+      std::cout << fmt::format("{:<15} {:<15} {:>9.4f} {:>9.4f} {:>9.4f} {:>12.4f} {:>9} {:>12.4f} {:>9} {:>9.4f}{}\n",
+                               r.strategy, r.comm, r.imb_attn_sum / n, r.imb_attn_max, r.imb_lat_sum / n, r.bytes / 1e9,
+                               base_bytes > 0 ? fmt::format("{:.3f}", r.bytes / base_bytes) : "-", r.latency,
+                               base_lat > 0 ? fmt::format("{:.4f}", r.latency / base_lat) : "-", r.attn_seconds, tag);
     };
     for (const auto& r : rows) print(r, "");
     bool listed = false;
@@ -233,18 +248,17 @@ int runShard(const Opts& o) {
 }
 
 const bool registered = wlb::app::registerCommand(
-    "shard", "CP-shard packed micro-batches; compare sharding strategies and KV comm plans",
-    [](CLI::App& sub) {
+    "shard", "CP-shard packed micro-batches; compare sharding strategies and KV comm plans", [](CLI::App& sub) {
       auto o = std::make_shared<Opts>();
       wlb::app::addDeckArgs(sub, o->deck);
-      sub.add_option("--steps", o->steps, "Steps to pack and shard (default: run.steps)");
+      sub.add_option("--steps", o->steps, "Steps to pack and shard (default: run.steps)")
+          ->check(wlb::app::intAtLeast(1));
       sub.add_option("--out", o->out, "JSONL output (docs/cp.md)");
       sub.add_option("--packer", o->packer, "Packer (default: packing.strategy)");
       sub.add_option("--strategy", o->strategies,
                      "Sharding strategy to compare (repeatable; 'all' = every strategy; "
                      "default all)");
-      sub.add_option("--comm", o->comms,
-                     "Comm mode to compare (repeatable: allgather, sharding_aware; default both)");
+      sub.add_option("--comm", o->comms, "Comm mode to compare (repeatable: allgather, sharding_aware; default both)");
       sub.add_flag("--metrics-only", o->metrics_only,
                    "Omit the chosen shard plan's pieces/KV layout from the JSONL lines");
       sub.add_flag("--comm-plans", o->comm_plans,

@@ -13,8 +13,8 @@
 #include <sstream>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include "app/command.hpp"
 #include "core/error.hpp"
@@ -44,7 +44,7 @@ const std::vector<std::pair<std::string, std::string>> kDefault = {
     {"plain", "plain"},
     {"fixed", "fixed"},
     {"wlb", "wlb"},
-    {"pp-only", "wlb+per_sequence"},     // WLB packing, baseline CP sharding
+    {"pp-only", "wlb+per_sequence"},    // WLB packing, baseline CP sharding
     {"cp-only", "original+adaptive"}};  // baseline packing, WLB CP sharding
 
 std::string displayName(const std::string& s) {
@@ -193,8 +193,7 @@ int run(const Opts& o) {
       meta.dp = static_cast<int>(deck.mesh.dp);
       meta.warmup = static_cast<int>(warmup);
       meta.extra.push_back({"hardware_profile", cost.hardware().name});
-      if (rank == 0)
-        writer = std::make_unique<wlb::trace::Writer>(traceName(o.trace, ci, cases.size()), meta);
+      if (rank == 0) writer = std::make_unique<wlb::trace::Writer>(traceName(o.trace, ci, cases.size()), meta);
     }
     const std::string mesh = fmt::format("{}x{}x{}x{}", deck.mesh.tp, deck.mesh.cp, deck.mesh.pp, deck.mesh.dp);
     std::size_t first_row = rows.size();
@@ -257,8 +256,8 @@ int run(const Opts& o) {
     ws = std::max(ws, r.strategy.size());
   }
   std::ostringstream os;
-  os << fmt::format("{:<{}}  {:<11} {:<{}} {:>10} {:>8} {:>7} {:>7} {:>9}  {}\n", "case", wc, "tp.cp.pp.dp",
-                    "strategy", ws, "step_s", "speedup", "bubble", "idle", "grad_s", "peak_GB/stage");
+  os << fmt::format("{:<{}}  {:<11} {:<{}} {:>10} {:>8} {:>7} {:>7} {:>9}  {}\n", "case", wc, "tp.cp.pp.dp", "strategy",
+                    ws, "step_s", "speedup", "bubble", "idle", "grad_s", "peak_GB/stage");
   for (const auto& r : rows) {
     std::string mem;
     for (std::size_t s = 0; s < r.peak_gb.size(); ++s) mem += fmt::format("{}{:.1f}", s ? "/" : "", r.peak_gb[s]);
@@ -266,9 +265,10 @@ int run(const Opts& o) {
     os << fmt::format("{:<{}}  {:<11} {:<{}} {:>10.4f} {:>7.2f}x {:>7.3f} {:>7.3f} {:>9.4f}  {}\n", r.case_name, wc,
                       r.mesh, r.strategy, ws, r.step_s, r.speedup, r.bubble, r.idle, r.grad_s, mem);
   }
-  os << fmt::format("# {} case(s); pp-only = wlb packing + per_sequence CP, cp-only = original packing + "
-                    "adaptive CP; step_s = mean predicted step time after warm-up; simulated in {:.2f} s\n",
-                    cases.size(), wall);
+  os << fmt::format(
+      "# {} case(s); pp-only = wlb packing + per_sequence CP, cp-only = original packing + "
+      "adaptive CP; step_s = mean predicted step time after warm-up; simulated in {:.2f} s\n",
+      cases.size(), wall);
   std::cout << os.str() << std::flush;
 
   if (!o.out.empty()) {
@@ -283,11 +283,22 @@ int run(const Opts& o) {
       csv << fmt::format("{},{},{},{},{},{},{},{},{:.6g},{:.4f},{:.4f},{:.4f},{:.6g},{:.6g},{},{}\n", r.case_name,
                          r.mesh, r.model, r.window, r.strategy, r.packer, r.sharding, r.steps, r.step_s, r.speedup,
                          r.bubble, r.idle, r.grad_s, r.tokens_per_s, mem, r.fits ? 1 : 0);
-      j.push_back({{"case", r.case_name}, {"mesh", r.mesh}, {"model", r.model}, {"context_window", r.window},
-                   {"strategy", r.strategy}, {"packer", r.packer}, {"sharding", r.sharding}, {"steps", r.steps},
-                   {"step_seconds", r.step_s}, {"speedup", r.speedup}, {"bubble_fraction", r.bubble},
-                   {"idle_fraction", r.idle}, {"grad_sync_seconds", r.grad_s}, {"tokens_per_second", r.tokens_per_s},
-                   {"peak_gb_per_stage", r.peak_gb}, {"fits_memory", r.fits}});
+      j.push_back({{"case", r.case_name},
+                   {"mesh", r.mesh},
+                   {"model", r.model},
+                   {"context_window", r.window},
+                   {"strategy", r.strategy},
+                   {"packer", r.packer},
+                   {"sharding", r.sharding},
+                   {"steps", r.steps},
+                   {"step_seconds", r.step_s},
+                   {"speedup", r.speedup},
+                   {"bubble_fraction", r.bubble},
+                   {"idle_fraction", r.idle},
+                   {"grad_sync_seconds", r.grad_s},
+                   {"tokens_per_second", r.tokens_per_s},
+                   {"peak_gb_per_stage", r.peak_gb},
+                   {"fits_memory", r.fits}});
     }
     writeAtomic(fs::path(o.out) / "simulate.csv", csv.str());
     writeAtomic(fs::path(o.out) / "simulate.json", j.dump(2) + "\n");
@@ -301,9 +312,9 @@ const bool registered = wlb::app::registerCommand(
       auto opts = std::make_shared<Opts>();
       wlb::app::addDeckArgs(sub, opts->deck);
       sub.add_option("more", opts->more_decks, "More decks (or .list files naming decks) to simulate");
-      sub.add_option("--steps", opts->steps, "Measured steps per strategy (default: run.steps)");
-      sub.add_option("--warmup", opts->warmup,
-                     "Unmeasured steps before them (default: run.warmup), as in `wlb run`");
+      sub.add_option("--steps", opts->steps, "Measured steps per strategy (default: run.steps)")
+          ->check(wlb::app::intAtLeast(1));
+      sub.add_option("--warmup", opts->warmup, "Unmeasured steps before them (default: run.warmup), as in `wlb run`");
       sub.add_flag("--as-run", opts->as_run,
                    "Model what `wlb run` executes: layers only (no embedding/LM head), fp32 "
                    "KV and gradient communication");

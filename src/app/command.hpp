@@ -41,6 +41,25 @@ struct DeckArgs {
 /// Add positional DECK (required unless `optional`) and repeatable --set.
 void addDeckArgs(CLI::App& sub, DeckArgs& args, bool optional = false);
 
+/// Integer option validator: at least `min`, with a message that names the bound (CLI11's
+/// PositiveNumber prints the largest double as its upper bound).
+inline CLI::Validator intAtLeast(long long min) {
+  return CLI::Validator(
+      [min](std::string& s) -> std::string {
+        std::size_t pos = 0;
+        long long v = 0;
+        try {
+          v = std::stoll(s, &pos);
+        } catch (...) {
+          pos = 0;
+        }
+        if (pos == 0 || pos != s.size()) return "'" + s + "' is not an integer";
+        if (v < min) return "must be at least " + std::to_string(min) + " (got " + s + ")";
+        return {};
+      },
+      "INT>=" + std::to_string(min));
+}
+
 /// MPI rank and size of MPI_COMM_WORLD (MPI is initialised by main for every command).
 int worldRank();
 int worldSize();

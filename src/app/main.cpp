@@ -30,13 +30,14 @@ bool registerCommand(const std::string& name, const std::string& description, Se
   return true;
 }
 
-Deck DeckArgs::load() const { return loadDeck(path, overrides); }
+Deck DeckArgs::load() const {
+  return loadDeck(path, overrides);
+}
 
 void addDeckArgs(CLI::App& sub, DeckArgs& args, bool optional) {
   auto* opt = sub.add_option("deck", args.path, "TOML input deck");
   if (!optional) opt->required();
-  sub.add_option("--set", args.overrides,
-                 "Override a deck key: table.key=value (TOML value; repeatable)")
+  sub.add_option("--set", args.overrides, "Override a deck key: table.key=value (TOML value; repeatable)")
       ->allow_extra_args(false)
       ->type_name("TABLE.KEY=VALUE");
 }
@@ -68,6 +69,7 @@ int main(int argc, char** argv) {
 
     CLI::App app{"wlb — workload-balanced 4D-parallel LLM training: plan, run, simulate, analyse"};
     app.require_subcommand(0, 1);
+    app.option_defaults()->always_capture_default();  // --help shows every option's default
     bool show_version = false;
     app.add_flag("--version", show_version, "Print version, git hash, Kokkos, MPI and HDF5");
 
@@ -78,6 +80,21 @@ int main(int argc, char** argv) {
     }
 
     try {
+      // the first word must be a subcommand (the driver has no positional arguments)
+      if (cli_argv.size() > 1 && cli_argv[1][0] != '-' && !subs.count(cli_argv[1])) {
+        const std::string word = cli_argv[1];
+        std::string best, names;
+        std::size_t best_d = word.size();
+        for (const auto& [name, entry] : subs) {
+          names += (names.empty() ? "" : ", ") + name;
+          const std::size_t d = wlb::editDistance(word, name);
+          if (d < best_d) best_d = d, best = name;
+        }
+        throw wlb::InputError("unknown subcommand '" + word + "'" +
+                                  (best_d <= 2 ? " (did you mean '" + best + "'?)" : std::string()) +
+                                  "; subcommands: " + names,
+                              true);
+      }
       app.parse(static_cast<int>(cli_argv.size()), cli_argv.data());
       if (show_version) {
         if (rank == 0) std::cout << wlb::versionReport();
@@ -89,13 +106,17 @@ int main(int argc, char** argv) {
       }
     } catch (const CLI::ParseError& e) {
       // --help and friends are "errors" with exit code 0.
-      if (rank == 0) rc = app.exit(e);
-      else rc = e.get_exit_code();
+      if (rank == 0)
+        rc = app.exit(e);
+      else
+        rc = e.get_exit_code();
       if (rc != 0) rc = wlb::kExitBadInput;
     } catch (const wlb::InputError& e) {
       if (!e.collective() || rank == 0) {
-        if (e.collective() || wlb::app::worldSize() == 1) std::fprintf(stderr, "wlb: error: %s\n", e.what());
-        else std::fprintf(stderr, "wlb: error (rank %d): %s\n", rank, e.what());
+        if (e.collective() || wlb::app::worldSize() == 1)
+          std::fprintf(stderr, "wlb: error: %s\n", e.what());
+        else
+          std::fprintf(stderr, "wlb: error (rank %d): %s\n", rank, e.what());
       }
       rc = wlb::kExitBadInput;
     } catch (const std::exception& e) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -12,8 +13,8 @@
 #include <sstream>
 #include <toml.hpp>
 
-#include "core/error.hpp"
 #include "core/deck_schema.hpp"
+#include "core/error.hpp"
 
 namespace wlb {
 namespace {
@@ -24,11 +25,20 @@ std::string quote(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default: out += c;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        out += c;
     }
   }
   return out + "\"";
@@ -43,6 +53,8 @@ std::string formatDouble(double v) {
   return s;
 }
 
+}  // namespace
+
 std::size_t editDistance(const std::string& a, const std::string& b) {
   std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
   for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
@@ -54,6 +66,8 @@ std::size_t editDistance(const std::string& a, const std::string& b) {
   }
   return prev[b.size()];
 }
+
+namespace {
 
 std::string nearest(const std::string& word, const std::vector<std::string>& candidates) {
   std::string best;
@@ -78,26 +92,39 @@ struct Origin {
   }
 };
 
-[[noreturn]] void fail(const Origin& o, const std::string& msg) { throw InputError(o.where + ": " + msg); }
+[[noreturn]] void fail(const Origin& o, const std::string& msg) {
+  throw InputError(o.where + ": " + msg);
+}
 
 std::string typeName(const TomlValue& v) {
   switch (v.type()) {
-    case toml::value_t::boolean: return "boolean";
-    case toml::value_t::integer: return "integer";
-    case toml::value_t::floating: return "float";
-    case toml::value_t::string: return "string";
-    case toml::value_t::array: return "array";
-    case toml::value_t::table: return "table";
-    default: return "date/time";
+    case toml::value_t::boolean:
+      return "boolean";
+    case toml::value_t::integer:
+      return "integer";
+    case toml::value_t::floating:
+      return "float";
+    case toml::value_t::string:
+      return "string";
+    case toml::value_t::array:
+      return "array";
+    case toml::value_t::table:
+      return "table";
+    default:
+      return "date/time";
   }
 }
 
 std::string literalOf(const TomlValue& v) {
   switch (v.type()) {
-    case toml::value_t::boolean: return v.as_boolean() ? "true" : "false";
-    case toml::value_t::integer: return std::to_string(v.as_integer());
-    case toml::value_t::floating: return formatDouble(v.as_floating());
-    case toml::value_t::string: return quote(v.as_string().str);
+    case toml::value_t::boolean:
+      return v.as_boolean() ? "true" : "false";
+    case toml::value_t::integer:
+      return std::to_string(v.as_integer());
+    case toml::value_t::floating:
+      return formatDouble(v.as_floating());
+    case toml::value_t::string:
+      return quote(v.as_string().str);
     case toml::value_t::array: {
       std::string s = "[";
       bool first = true;
@@ -108,13 +135,13 @@ std::string literalOf(const TomlValue& v) {
       }
       return s + "]";
     }
-    default: return toml::format(v);
+    default:
+      return toml::format(v);
   }
 }
 
 std::int64_t checkInt(const KeySpec& k, const TomlValue& v, const Origin& o) {
-  if (!v.is_integer())
-    fail(o, "key '" + k.name() + "' must be an integer, got " + typeName(v) + " " + literalOf(v));
+  if (!v.is_integer()) fail(o, "key '" + k.name() + "' must be an integer, got " + typeName(v) + " " + literalOf(v));
   const std::int64_t x = v.as_integer();
   if (static_cast<double>(x) < k.lo || static_cast<double>(x) > k.hi)
     fail(o, "key '" + k.name() + "' = " + std::to_string(x) + " is out of range; allowed " + k.rangeText());
@@ -123,9 +150,12 @@ std::int64_t checkInt(const KeySpec& k, const TomlValue& v, const Origin& o) {
 
 double checkFloat(const KeySpec& k, const TomlValue& v, const Origin& o) {
   double x = 0;
-  if (v.is_floating()) x = v.as_floating();
-  else if (v.is_integer()) x = static_cast<double>(v.as_integer());
-  else fail(o, "key '" + k.name() + "' must be a number, got " + typeName(v) + " " + literalOf(v));
+  if (v.is_floating())
+    x = v.as_floating();
+  else if (v.is_integer())
+    x = static_cast<double>(v.as_integer());
+  else
+    fail(o, "key '" + k.name() + "' must be a number, got " + typeName(v) + " " + literalOf(v));
   if (!std::isfinite(x) || x < k.lo || x > k.hi)
     fail(o, "key '" + k.name() + "' = " + literalOf(v) + " is out of range; allowed " + k.rangeText());
   return x;
@@ -146,10 +176,18 @@ std::string checkString(const KeySpec& k, const TomlValue& v, const Origin& o) {
 void applyValue(Deck& d, const KeySpec& k, const TomlValue& v, const Origin& o) {
   void* p = k.ptr(d);
   switch (k.kind) {
-    case Kind::Int: *static_cast<std::int64_t*>(p) = checkInt(k, v, o); break;
-    case Kind::UInt: *static_cast<std::uint64_t*>(p) = static_cast<std::uint64_t>(checkInt(k, v, o)); break;
-    case Kind::Float: *static_cast<double*>(p) = checkFloat(k, v, o); break;
-    case Kind::String: *static_cast<std::string*>(p) = checkString(k, v, o); break;
+    case Kind::Int:
+      *static_cast<std::int64_t*>(p) = checkInt(k, v, o);
+      break;
+    case Kind::UInt:
+      *static_cast<std::uint64_t*>(p) = static_cast<std::uint64_t>(checkInt(k, v, o));
+      break;
+    case Kind::Float:
+      *static_cast<double*>(p) = checkFloat(k, v, o);
+      break;
+    case Kind::String:
+      *static_cast<std::string*>(p) = checkString(k, v, o);
+      break;
     case Kind::IntList: {
       if (!v.is_array()) fail(o, "key '" + k.name() + "' must be an array of integers, got " + typeName(v));
       std::vector<std::int64_t> out;
@@ -229,7 +267,8 @@ void resolveAndValidate(Deck& d, const std::string& name) {
   if (m.hidden % m.heads != 0)
     err("model.heads", "heads = " + std::to_string(m.heads) + " must divide hidden = " + std::to_string(m.hidden));
   if (m.heads % m.kv_heads != 0)
-    err("model.kv_heads", "kv_heads = " + std::to_string(m.kv_heads) + " must divide heads = " + std::to_string(m.heads));
+    err("model.kv_heads",
+        "kv_heads = " + std::to_string(m.kv_heads) + " must divide heads = " + std::to_string(m.heads));
   m.head_dim = m.hidden / m.heads;
   const auto& mesh = d.mesh;
   if (m.heads % mesh.tp != 0)
@@ -241,8 +280,8 @@ void resolveAndValidate(Deck& d, const std::string& name) {
     err("mesh.virtual_stages", "virtual_stages > 1 needs [pipeline] schedule = \"interleaved\"");
   if (d.data.s_max == 0) d.data.s_max = d.data.context_window;
   if (d.data.s_max < d.data.context_window)
-    err("data.s_max", "s_max = " + std::to_string(d.data.s_max) + " must be >= context_window = " +
-                          std::to_string(d.data.context_window));
+    err("data.s_max", "s_max = " + std::to_string(d.data.s_max) +
+                          " must be >= context_window = " + std::to_string(d.data.context_window));
   if (d.data.source != "generator" && d.data.path.empty())
     err("data.path", "source = \"" + d.data.source + "\" needs a path to the length file");
   if (d.packing.micro_batches == 0) d.packing.micro_batches = mesh.pp;
@@ -252,7 +291,8 @@ void resolveAndValidate(Deck& d, const std::string& name) {
   const auto& th = d.packing.outlier_thresholds;
   for (std::size_t i = 0; i < th.size(); ++i) {
     if (i > 0 && th[i] <= th[i - 1]) err("packing.outlier_thresholds", "thresholds must be strictly increasing");
-    if (th[i] > d.data.s_max) err("packing.outlier_thresholds", "threshold " + std::to_string(th[i]) + " exceeds s_max");
+    if (th[i] > d.data.s_max)
+      err("packing.outlier_thresholds", "threshold " + std::to_string(th[i]) + " exceeds s_max");
   }
   try {
     (void)resolveStrategies(d);
@@ -276,10 +316,18 @@ std::string Deck::toToml() const {
     const void* p = k.ptr(self);
     os << k.key << " = ";
     switch (k.kind) {
-      case Kind::Int: os << *static_cast<const std::int64_t*>(p); break;
-      case Kind::UInt: os << *static_cast<const std::uint64_t*>(p); break;
-      case Kind::Float: os << formatDouble(*static_cast<const double*>(p)); break;
-      case Kind::String: os << quote(*static_cast<const std::string*>(p)); break;
+      case Kind::Int:
+        os << *static_cast<const std::int64_t*>(p);
+        break;
+      case Kind::UInt:
+        os << *static_cast<const std::uint64_t*>(p);
+        break;
+      case Kind::Float:
+        os << formatDouble(*static_cast<const double*>(p));
+        break;
+      case Kind::String:
+        os << quote(*static_cast<const std::string*>(p));
+        break;
       case Kind::IntList: {
         os << "[";
         const auto& v = *static_cast<const std::vector<std::int64_t>*>(p);
@@ -343,7 +391,8 @@ Deck parseDeck(const std::string& text, const std::string& name, const std::vect
       for (const auto& [k1, v1] : tval.as_table()) {
         if (v1.is_table())
           for (const auto& [k2, v2] : v1.as_table()) sweep_items.emplace_back(k1 + "." + k2, &v2);
-        else sweep_items.emplace_back(k1, &v1);
+        else
+          sweep_items.emplace_back(k1, &v1);
       }
       continue;
     }
@@ -379,6 +428,9 @@ Deck parseDeck(const std::string& text, const std::string& name, const std::vect
 }
 
 Deck loadDeck(const std::string& path, const std::vector<std::string>& overrides) {
+  // a directory opens as an empty stream on Linux and would parse as the defaults
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw InputError("deck '" + path + "' is a directory, not a TOML file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError("cannot open deck '" + path + "'");
   std::ostringstream ss;
@@ -429,9 +481,12 @@ std::vector<StrategyPair> resolveStrategies(const Deck& deck) {
   std::set<std::string> seen;
   for (const auto& s : deck.run.strategies) {
     if (!seen.insert(s).second) throw InputError("key 'run.strategies': \"" + s + "\" is listed twice");
-    if (s == "plain") out.push_back({s, "original", "per_sequence"});
-    else if (s == "fixed") out.push_back({s, "fixed_greedy", "per_document"});
-    else if (s == "wlb") out.push_back({s, "wlb", "adaptive"});
+    if (s == "plain")
+      out.push_back({s, "original", "per_sequence"});
+    else if (s == "fixed")
+      out.push_back({s, "fixed_greedy", "per_document"});
+    else if (s == "wlb")
+      out.push_back({s, "wlb", "adaptive"});
     else {
       const auto plus = s.find('+');
       if (plus == std::string::npos)

@@ -125,4 +125,7 @@ struct StrategyPair {
 };
 std::vector<StrategyPair> resolveStrategies(const Deck& deck);
 
+/// Levenshtein distance (typo suggestions: deck keys, subcommands).
+std::size_t editDistance(const std::string& a, const std::string& b);
+
 }  // namespace wlb

@@ -88,7 +88,7 @@ const std::vector<KeySpec>& deckSchema() {
                 WLB_F(packing.outlier_thresholds)},
         F("packing", "delay_budget", 0, 1e6, WLB_F(packing.delay_budget), "Mean per-token delay budget in steps (wlb tune)."),
         I("packing", "max_queue_wait", 0, 1 << 20, WLB_F(packing.max_queue_wait),
-          "wlb: longest wait of an outlier in its queue (steps) before a forced release; 0 = max(2, ceil(4*delay_budget))."),
+          "wlb: longest wait of an outlier in its queue (steps) before a forced release; 0 = max(2, ceil(5*delay_budget))."),
         F("packing", "milp_time_limit", 0.01, 1e6, WLB_F(packing.milp_time_limit), "fixed_optimal: CBC time limit per solve (s)."),
         S("packing", "checkpoint", {}, WLB_F(packing.checkpoint), "Packer state file to restore from / save to (\"\" = none)."),
 

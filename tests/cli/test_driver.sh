@@ -29,6 +29,31 @@ grep -q "mesh.cp" "$tmp/err" || fail "--set message lacks key"
 "$WLB" validate "$tmp/missing.toml" 2> "$tmp/err"; rc=$?
 [ "$rc" = 2 ] || fail "missing deck exit $rc"
 
+# a directory as the deck: exit 2 naming it (it used to run on the built-in defaults)
+for sub in validate plan shard simulate; do
+  "$WLB" $sub "$tmp" > "$tmp/out" 2> "$tmp/err"; rc=$?
+  [ "$rc" = 2 ] || fail "$sub DIR exit $rc, wanted 2"
+  grep -q "is a directory" "$tmp/err" || fail "$sub DIR message: $(cat "$tmp/err")"
+done
+
+# negative or zero --steps: exit 2 with the bound (not silently run.steps, not a 300-digit bound)
+for sub in plan shard simulate run; do
+  "$WLB" $sub "$SRC/inputs/quickstart.toml" --steps -5 > "$tmp/out" 2> "$tmp/err"; rc=$?
+  [ "$rc" = 2 ] || fail "$sub --steps -5 exit $rc, wanted 2"
+  grep -q "at least 1" "$tmp/err" || fail "$sub --steps -5 message: $(cat "$tmp/err")"
+  [ "$(wc -c < "$tmp/err")" -lt 300 ] || fail "$sub --steps -5 message too long: $(cat "$tmp/err")"
+done
+"$WLB" run "$SRC/inputs/quickstart.toml" --warmup -1 > "$tmp/out" 2> "$tmp/err"; rc=$?
+[ "$rc" = 2 ] && grep -q "at least 0" "$tmp/err" || fail "run --warmup -1: exit $rc $(cat "$tmp/err")"
+
+# unknown subcommand: exit 2 with a suggestion
+"$WLB" plann "$SRC/inputs/quickstart.toml" > "$tmp/out" 2> "$tmp/err"; rc=$?
+[ "$rc" = 2 ] || fail "plann exit $rc, wanted 2"
+grep -q "unknown subcommand 'plann' (did you mean 'plan'?)" "$tmp/err" || fail "plann message: $(cat "$tmp/err")"
+
+# --help shows defaults
+"$WLB" profile --help | grep -q -- "--tile-q INT=64" || fail "profile --help shows no defaults"
+
 # Mesh needs 2 ranks; launch 3: exit 2, exactly one error line.
 mpiexec -n 3 "$WLB" mesh "$SRC/inputs/quickstart.toml" > "$tmp/out" 2> "$tmp/err"; rc=$?
 [ "$rc" = 2 ] || fail "mesh mismatch exit $rc, wanted 2"

@@ -69,6 +69,7 @@ bad cu_len "c=f['cu_seqlens_k'][:-1]; del f['cu_seqlens_k']; f['cu_seqlens_k']=c
 bad gqa "d=np.zeros((f['k'].shape[0],3,64),np.float32); del f['k']; f['k']=d; del f['v']; f['v']=d" "k"
 bad dO_shape "d=f['dO'][:, :2]; del f['dO']; f['dO']=d" "dO"
 bad missing_q "del f['q']" "q"
+bad do_typo "f['do']=f['dO'][:]; del f['dO']" "did you mean 'dO'"
 bad q_rank "d=f['q'][:, 0]; del f['q']; f['q']=d" "q"
 
 [ $fail -eq 0 ] && echo "PASS"
