@@ -1,8 +1,12 @@
-// `wlb validate DECK`: full validation; prints the resolved deck; writes nothing.
+// `wlb validate DECK`: full validation — the deck, and every file it names (length file or
+// dataset index, hardware profile) opened and read — so that a batch submission fails
+// before it is queued; prints the resolved deck; writes nothing.
 #include <iostream>
 
 #include "app/command.hpp"
 #include "core/deck_schema.hpp"
+#include "data/length_source.hpp"
+#include "model/cost_model.hpp"
 
 namespace {
 struct Opts {
@@ -18,8 +22,16 @@ const bool registered = wlb::app::registerCommand(
       sub.add_flag("--reference", o->reference, "Print the reference of every deck key (Markdown) and exit");
       sub.add_flag("--cases", o->cases, "Also print every case of the deck's [sweep]");
       return [o]() -> int {
+        // the files the deck names, read as the commands read them (InputError naming the
+        // file and line / byte offset / key)
+        auto checkFiles = [](const wlb::Deck& d) {
+          for (const auto& c : wlb::expandSweep(d)) {
+            (void)wlb::data::makeLengthSource(c);
+            (void)wlb::model::HardwareProfile::fromDeck(c);
+          }
+        };
         if (wlb::app::worldRank() != 0) {
-          if (!o->reference) (void)o->deck.load();  // same validation (and exit code) everywhere
+          if (!o->reference) checkFiles(o->deck.load());  // same validation (and exit code) everywhere
           return 0;
         }
         if (o->reference) {
@@ -28,6 +40,7 @@ const bool registered = wlb::app::registerCommand(
         }
         if (o->deck.path.empty()) throw wlb::InputError("validate: a DECK argument is required");
         const wlb::Deck deck = o->deck.load();
+        checkFiles(deck);
         std::cout << "# " << deck.source_path << ": valid\n" << deck.toToml();
         if (o->cases) {
           const auto cases = wlb::expandSweep(deck);

@@ -316,6 +316,9 @@ std::vector<std::int64_t> readTextLengths(const std::string& path) {
     if (!ok || pos != t.size() || v <= 0)
       throw InputError(fmt::format("{}:{}: expected a positive integer document length, got '{}'",
                                    path, lineno, t), true);
+    if (v > kMaxDocTokens)
+      throw InputError(fmt::format("{}:{}: document length {} exceeds the limit of {} tokens", path,
+                                   lineno, v, kMaxDocTokens), true);
     out.push_back(v);
   }
   if (out.empty()) throw InputError(fmt::format("{}: no document lengths found", path), true);
@@ -342,6 +345,9 @@ std::vector<std::int64_t> readJsonlLengths(const std::string& path, const std::s
     if (!v.is_number_integer() || v.get<std::int64_t>() <= 0)
       throw InputError(fmt::format("{}:{}: field '{}' must be a positive integer, got {}", path,
                                    lineno, field, v.dump()), true);
+    if (v.get<std::int64_t>() > kMaxDocTokens)
+      throw InputError(fmt::format("{}:{}: field '{}' = {} exceeds the limit of {} tokens", path,
+                                   lineno, field, v.dump(), kMaxDocTokens), true);
     out.push_back(v.get<std::int64_t>());
   }
   if (out.empty()) throw InputError(fmt::format("{}: no document lengths found", path), true);
@@ -365,10 +371,14 @@ struct ByteReader {
     pos += sizeof(T);
     return v;
   }
-  void need(std::uint64_t bytes, const char* what) {
-    if (bytes > buf.size() || pos + bytes > buf.size())
-      throw InputError(fmt::format("{}: truncated Megatron index at byte offset {} ({} needs {} "
-                                   "bytes, file has {})", path, pos, what, bytes, buf.size()), true);
+  /// `count` elements of `size` bytes must follow; checked by division so that a huge
+  /// count (e.g. 2^62) cannot overflow the byte count into a small one.
+  void need(std::uint64_t count, std::uint64_t size, const char* what) {
+    const std::uint64_t left = pos <= buf.size() ? buf.size() - pos : 0;
+    if (count > left / size)
+      throw InputError(fmt::format("{}: truncated Megatron index at byte offset {} ({}: {} entries of "
+                                   "{} bytes, {} bytes left in a file of {})", path, pos, what, count,
+                                   size, left, buf.size()), true);
   }
 };
 }  // namespace
@@ -377,7 +387,7 @@ std::vector<std::int64_t> readMegatronIdx(const std::string& path) {
   auto f = openOrThrow(path, std::ios::binary);
   std::vector<char> buf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   ByteReader r{path, buf};
-  r.need(9, "magic");
+  r.need(9, 1, "magic");
   if (std::memcmp(buf.data(), kIdxMagic, 9) != 0)
     throw InputError(fmt::format("{}: byte offset 0: not a Megatron MMIDIDX index (bad magic)",
                                  path), true);
@@ -393,14 +403,14 @@ std::vector<std::int64_t> readMegatronIdx(const std::string& path) {
   const auto nseq = r.read<std::uint64_t>("sequence count");
   const auto ndoc = r.read<std::uint64_t>("document count");
   const std::size_t sizes_at = r.pos;
-  r.need(nseq * 4, "sizes[]");
+  r.need(nseq, 4, "sizes[]");
   std::vector<std::int32_t> sizes(nseq);
   if (nseq) std::memcpy(sizes.data(), buf.data() + r.pos, nseq * 4);
   r.pos += nseq * 4;
-  r.need(nseq * 8, "pointers[]");
+  r.need(nseq, 8, "pointers[]");
   r.pos += nseq * 8;
   const std::size_t doc_at = r.pos;
-  r.need(ndoc * 8, "doc_idx[]");
+  r.need(ndoc, 8, "doc_idx[]");
   std::vector<std::int64_t> doc_idx(ndoc);
   if (ndoc) std::memcpy(doc_idx.data(), buf.data() + r.pos, ndoc * 8);
   for (std::uint64_t i = 0; i < nseq; ++i)
@@ -419,6 +429,9 @@ std::vector<std::int64_t> readMegatronIdx(const std::string& path) {
     if (i == 0) continue;
     std::int64_t len = 0;
     for (auto s = doc_idx[i - 1]; s < b; ++s) len += sizes[static_cast<std::size_t>(s)];
+    if (len > kMaxDocTokens)
+      throw InputError(fmt::format("{}: byte offset {}: document {} has {} tokens, over the limit of {}",
+                                   path, doc_at + 8 * i, i - 1, len, kMaxDocTokens), true);
     if (len > 0) out.push_back(len);  // empty documents are skipped (docs/data.md)
   }
   if (out.empty()) throw InputError(fmt::format("{}: index holds no non-empty documents", path), true);

@@ -121,6 +121,10 @@ std::int64_t resolvedSMax(const Deck& deck);
 
 // ---- Readers (each returns the document lengths of the file, in file order) ----------
 
+/// Longest document a length file may hold (tokens): the kernels index tokens with 32-bit
+/// offsets, and a longer document would only be split into millions of window chunks.
+constexpr std::int64_t kMaxDocTokens = (std::int64_t{1} << 31) - 1;
+
 /// Plain text: one positive integer per line; blank lines and `#` comments ignored.
 std::vector<std::int64_t> readTextLengths(const std::string& path);
 /// JSONL: one JSON object per line with an integer field `field` (> 0).

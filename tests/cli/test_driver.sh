@@ -46,6 +46,20 @@ done
 "$WLB" run "$SRC/inputs/quickstart.toml" --warmup -1 > "$tmp/out" 2> "$tmp/err"; rc=$?
 [ "$rc" = 2 ] && grep -q "at least 0" "$tmp/err" || fail "run --warmup -1: exit $rc $(cat "$tmp/err")"
 
+# validate reads every file the deck names (a batch job must not fail after queueing)
+vbad() {  # name, deck text, expected words
+  printf "$2" > "$tmp/$1.toml"
+  "$WLB" validate "$tmp/$1.toml" > "$tmp/out" 2> "$tmp/err"; rc=$?
+  [ "$rc" = 2 ] || fail "validate $1 exit $rc, wanted 2"
+  grep -q "$3" "$tmp/err" || fail "validate $1 message: $(cat "$tmp/err")"
+}
+vbad nolen '[data]\nsource = "text"\npath = "missing-lengths.txt"\n' "cannot open length file"
+vbad noprof '[hardware]\nprofile = "missing-profile.json"\n' "missing-profile.json"
+echo 1000000000000 > "$tmp/huge.txt"   # a huge length is refused before any allocation
+vbad huge "[data]\nsource = \"text\"\npath = \"$tmp/huge.txt\"\n" "exceeds the limit of 2147483647 tokens"
+/usr/bin/python3 -c "import struct,sys; open(sys.argv[1],'wb').write(b'MMIDIDX\0\0'+struct.pack('<QBQQ',1,4,2**62,1)+bytes(64))" "$tmp/huge.idx"
+vbad idx "[data]\nsource = \"megatron\"\npath = \"$tmp/huge.idx\"\n" "sizes\[\]: 4611686018427387904 entries"
+
 # unknown subcommand: exit 2 with a suggestion
 "$WLB" plann "$SRC/inputs/quickstart.toml" > "$tmp/out" 2> "$tmp/err"; rc=$?
 [ "$rc" = 2 ] || fail "plann exit $rc, wanted 2"
