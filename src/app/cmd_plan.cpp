@@ -3,6 +3,7 @@
 // conservation and save/restore packer checkpoints. Every MPI rank computes the same
 // plan; only rank 0 prints and writes.
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -85,6 +86,18 @@ int runPlan(const Opts& o) {
   const auto names = packersFor(o, deck);
   const auto cost = model::CostModel::fromDeck(deck);
   // Validate everything before writing anything.
+  if (!o.out.empty()) {
+    // --out names a file (several packers write NAME.PACKER.EXT beside it): a directory
+    // would silently become "DIR.PACKER" files next to it
+    std::error_code ec;
+    if (std::filesystem::is_directory(o.out, ec))
+      throw InputError(fmt::format("--out {}: is a directory; give a file name such as {}/plan.jsonl", o.out,
+                                   o.out.size() > 1 && o.out.back() == '/' ? o.out.substr(0, o.out.size() - 1) : o.out),
+                       true);
+    const auto parent = std::filesystem::path(o.out).parent_path();
+    if (!parent.empty() && !std::filesystem::is_directory(parent, ec))
+      throw InputError(fmt::format("--out {}: directory {} does not exist", o.out, parent.string()), true);
+  }
   std::vector<std::unique_ptr<packing::Packer>> packers;
   for (const auto& n : names) packers.push_back(packing::makePacker(n, deck, cost));
   nlohmann::json resume;

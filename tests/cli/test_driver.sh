@@ -60,6 +60,13 @@ vbad huge "[data]\nsource = \"text\"\npath = \"$tmp/huge.txt\"\n" "exceeds the l
 /usr/bin/python3 -c "import struct,sys; open(sys.argv[1],'wb').write(b'MMIDIDX\0\0'+struct.pack('<QBQQ',1,4,2**62,1)+bytes(64))" "$tmp/huge.idx"
 vbad idx "[data]\nsource = \"megatron\"\npath = \"$tmp/huge.idx\"\n" "sizes\[\]: 4611686018427387904 entries"
 
+# plan --out must be a file name: a directory (or a missing parent) exits 2, writes nothing
+"$WLB" plan "$SRC/inputs/quickstart.toml" --steps 1 --packer original --packer wlb --out "$tmp" > "$tmp/out" 2> "$tmp/err"; rc=$?
+[ "$rc" = 2 ] && grep -q "is a directory" "$tmp/err" || fail "plan --out DIR: exit $rc $(cat "$tmp/err")"
+ls "$tmp".* > /dev/null 2>&1 && fail "plan --out DIR wrote files beside it"
+"$WLB" plan "$SRC/inputs/quickstart.toml" --steps 1 --out "$tmp/no/such/p.jsonl" > "$tmp/out" 2> "$tmp/err"; rc=$?
+[ "$rc" = 2 ] && grep -q "does not exist" "$tmp/err" || fail "plan --out missing dir: exit $rc $(cat "$tmp/err")"
+
 # unknown subcommand: exit 2 with a suggestion
 "$WLB" plann "$SRC/inputs/quickstart.toml" > "$tmp/out" 2> "$tmp/err"; rc=$?
 [ "$rc" = 2 ] || fail "plann exit $rc, wanted 2"
