@@ -22,7 +22,9 @@ std::uint64_t splitmix64(std::uint64_t& x) {
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   return z ^ (z >> 31);
 }
-inline std::uint64_t rotl(std::uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+inline std::uint64_t rotl(std::uint64_t x, int k) {
+  return (x << k) | (x >> (64 - k));
+}
 }  // namespace
 
 Rng::Rng(std::uint64_t seed, std::uint64_t stream) {
@@ -42,7 +44,9 @@ std::uint64_t Rng::nextU64() {
   return result;
 }
 
-double Rng::uniform() { return static_cast<double>(nextU64() >> 11) * 0x1.0p-53; }
+double Rng::uniform() {
+  return static_cast<double>(nextU64() >> 11) * 0x1.0p-53;
+}
 
 double Rng::normal() {
   double u1 = uniform();
@@ -100,8 +104,7 @@ const PresetSpec& presetByName(const std::string& name) {
     if (p.name == name) return p;
   std::string valid;
   for (const auto& n : presetNames()) valid += (valid.empty() ? "" : ", ") + n;
-  throw InputError(fmt::format("data.preset: unknown preset '{}' (valid: {})", name, valid),
-                   true);
+  throw InputError(fmt::format("data.preset: unknown preset '{}' (valid: {})", name, valid), true);
 }
 
 std::int64_t sampleLength(const PresetSpec& p, Rng& rng, double scale, std::int64_t cap) {
@@ -135,14 +138,12 @@ LengthSource::~LengthSource() = default;
 
 LengthSource::LengthSource(std::int64_t sequences_per_step, std::int64_t context_window)
     : sequences_(sequences_per_step), window_(context_window) {
-  if (sequences_ < 1 || window_ < 1)
-    throw InputError("length source: need dp*M >= 1 and context_window >= 1", true);
+  if (sequences_ < 1 || window_ < 1) throw InputError("length source: need dp*M >= 1 and context_window >= 1", true);
 }
 
 std::vector<Document> LengthSource::next(std::int64_t step) {
   if (step != next_step_)
-    throw InputError(fmt::format("length source: asked for step {} but the next step is {}",
-                                 step, next_step_));
+    throw InputError(fmt::format("length source: asked for step {} but the next step is {}", step, next_step_));
   beginStep(step);
   std::vector<Document> docs;
   std::int64_t used = 0, room = 0;
@@ -168,11 +169,34 @@ std::vector<Document> LengthSource::next(std::int64_t step) {
 }
 
 nlohmann::json LengthSource::saveState() const {
-  return {{"next_step", next_step_}, {"next_id", next_id_}, {"held", held_},
-          {"extra", saveExtra()}};
+  // "stream" identifies what the cursor points into: a resume on another stream (seed,
+  // preset, file, window, batch shape) would silently mix two streams
+  return {{"next_step", next_step_},
+          {"next_id", next_id_},
+          {"held", held_},
+          {"extra", saveExtra()},
+          {"stream", {{"source", describe()}, {"window", window_}, {"sequences", sequences_}}}};
 }
 
 void LengthSource::loadState(const nlohmann::json& s) {
+  if (s.is_object() && s.contains("stream")) {  // checkpoints before this key carry no identity
+    const auto& st = s.at("stream");
+    std::string diff;
+    auto cmp = [&](const char* what, const std::string& was, const std::string& now) {
+      if (was != now)
+        diff += fmt::format("{}{} {} (checkpoint) vs {} (deck)", diff.empty() ? "" : "; ", what, was, now);
+    };
+    try {
+      cmp("source", st.at("source").get<std::string>(), describe());
+      cmp("window", std::to_string(st.at("window").get<std::int64_t>()), std::to_string(window_));
+      cmp("sequences per step", std::to_string(st.at("sequences").get<std::int64_t>()), std::to_string(sequences_));
+    } catch (const nlohmann::json::exception& e) {
+      throw InputError(fmt::format("length source state: {}", e.what()));
+    }
+    if (!diff.empty())
+      throw InputError("the checkpoint was taken on another document stream: " + diff +
+                       "; resume with the deck that wrote it");
+  }
   try {
     next_step_ = s.at("next_step").get<std::int64_t>();
     next_id_ = s.at("next_id").get<std::int64_t>();
@@ -188,17 +212,14 @@ namespace {
 
 class GeneratorSource final : public LengthSource {
  public:
-  GeneratorSource(const PresetSpec& p, std::uint64_t seed, double scale, std::int64_t seqs,
-                  std::int64_t window)
+  GeneratorSource(const PresetSpec& p, std::uint64_t seed, double scale, std::int64_t seqs, std::int64_t window)
       : LengthSource(seqs, window), preset_(p), seed_(seed), scale_(scale), rng_(seed) {}
   std::string describe() const override {
     return fmt::format("generator:{} (seed {}, length_scale {})", preset_.name, seed_, scale_);
   }
 
  protected:
-  void beginStep(std::int64_t step) override {
-    rng_ = Rng(seed_, static_cast<std::uint64_t>(step) + 1);
-  }
+  void beginStep(std::int64_t step) override { rng_ = Rng(seed_, static_cast<std::uint64_t>(step) + 1); }
   std::int64_t draw() override { return sampleLength(preset_, rng_, scale_, contextWindow()); }
 
  private:
@@ -210,13 +231,10 @@ class GeneratorSource final : public LengthSource {
 
 class FileSource final : public LengthSource {
  public:
-  FileSource(std::vector<std::int64_t> lengths, std::string desc, std::int64_t seqs,
-             std::int64_t window)
+  FileSource(std::vector<std::int64_t> lengths, std::string desc, std::int64_t seqs, std::int64_t window)
       : LengthSource(seqs, window), lengths_(std::move(lengths)), desc_(std::move(desc)) {}
   std::string describe() const override { return desc_; }
-  std::int64_t documentsPerEpoch() const override {
-    return static_cast<std::int64_t>(lengths_.size());
-  }
+  std::int64_t documentsPerEpoch() const override { return static_cast<std::int64_t>(lengths_.size()); }
 
  protected:
   void beginStep(std::int64_t) override {}
@@ -236,8 +254,7 @@ class FileSource final : public LengthSource {
 }  // namespace
 
 std::int64_t microBatchesPerReplica(const Deck& deck) {
-  return deck.packing.micro_batches > 0 ? deck.packing.micro_batches
-                                        : std::max<std::int64_t>(1, deck.mesh.pp);
+  return deck.packing.micro_batches > 0 ? deck.packing.micro_batches : std::max<std::int64_t>(1, deck.mesh.pp);
 }
 
 std::int64_t resolvedSMax(const Deck& deck) {
@@ -261,21 +278,24 @@ std::unique_ptr<LengthSource> makeLengthSource(const Deck& deck) {
   const std::int64_t S = deck.data.context_window;
   const auto& src = deck.data.source;
   if (src == "generator") {
-    if (!(deck.data.length_scale > 0))
-      throw InputError("data.length_scale: must be > 0", true);
-    return std::make_unique<GeneratorSource>(presetByName(deck.data.preset), deck.data.seed,
-                                             deck.data.length_scale, seqs, S);
+    if (!(deck.data.length_scale > 0)) throw InputError("data.length_scale: must be > 0", true);
+    return std::make_unique<GeneratorSource>(presetByName(deck.data.preset), deck.data.seed, deck.data.length_scale,
+                                             seqs, S);
   }
-  if (deck.data.path.empty())
-    throw InputError(fmt::format("data.path: required when data.source = '{}'", src), true);
+  if (deck.data.path.empty()) throw InputError(fmt::format("data.path: required when data.source = '{}'", src), true);
   const std::string path = resolvePath(deck, deck.data.path);
   std::vector<std::int64_t> lengths;
-  if (src == "text") lengths = readTextLengths(path);
-  else if (src == "jsonl") lengths = readJsonlLengths(path, deck.data.jsonl_field);
-  else if (src == "megatron") lengths = readMegatronIdx(path);
+  if (src == "text")
+    lengths = readTextLengths(path);
+  else if (src == "jsonl")
+    lengths = readJsonlLengths(path, deck.data.jsonl_field);
+  else if (src == "megatron")
+    lengths = readMegatronIdx(path);
   else
     throw InputError(fmt::format("data.source: unknown source '{}' (valid: generator, text, "
-                                 "jsonl, megatron)", src), true);
+                                 "jsonl, megatron)",
+                                 src),
+                     true);
   return std::make_unique<FileSource>(std::move(lengths), src + ":" + deck.data.path, seqs, S);
 }
 
@@ -314,11 +334,12 @@ std::vector<std::int64_t> readTextLengths(const std::string& path) {
       ok = false;
     }
     if (!ok || pos != t.size() || v <= 0)
-      throw InputError(fmt::format("{}:{}: expected a positive integer document length, got '{}'",
-                                   path, lineno, t), true);
+      throw InputError(fmt::format("{}:{}: expected a positive integer document length, got '{}'", path, lineno, t),
+                       true);
     if (v > kMaxDocTokens)
-      throw InputError(fmt::format("{}:{}: document length {} exceeds the limit of {} tokens", path,
-                                   lineno, v, kMaxDocTokens), true);
+      throw InputError(
+          fmt::format("{}:{}: document length {} exceeds the limit of {} tokens", path, lineno, v, kMaxDocTokens),
+          true);
     out.push_back(v);
   }
   if (out.empty()) throw InputError(fmt::format("{}: no document lengths found", path), true);
@@ -343,11 +364,12 @@ std::vector<std::int64_t> readJsonlLengths(const std::string& path, const std::s
       throw InputError(fmt::format("{}:{}: missing field '{}'", path, lineno, field), true);
     const auto& v = j[field];
     if (!v.is_number_integer() || v.get<std::int64_t>() <= 0)
-      throw InputError(fmt::format("{}:{}: field '{}' must be a positive integer, got {}", path,
-                                   lineno, field, v.dump()), true);
+      throw InputError(
+          fmt::format("{}:{}: field '{}' must be a positive integer, got {}", path, lineno, field, v.dump()), true);
     if (v.get<std::int64_t>() > kMaxDocTokens)
-      throw InputError(fmt::format("{}:{}: field '{}' = {} exceeds the limit of {} tokens", path,
-                                   lineno, field, v.dump(), kMaxDocTokens), true);
+      throw InputError(fmt::format("{}:{}: field '{}' = {} exceeds the limit of {} tokens", path, lineno, field,
+                                   v.dump(), kMaxDocTokens),
+                       true);
     out.push_back(v.get<std::int64_t>());
   }
   if (out.empty()) throw InputError(fmt::format("{}: no document lengths found", path), true);
@@ -365,7 +387,9 @@ struct ByteReader {
   T read(const char* what) {
     if (pos + sizeof(T) > buf.size())
       throw InputError(fmt::format("{}: truncated Megatron index at byte offset {} (reading {}, "
-                                   "file has {} bytes)", path, pos, what, buf.size()), true);
+                                   "file has {} bytes)",
+                                   path, pos, what, buf.size()),
+                       true);
     T v;
     std::memcpy(&v, buf.data() + pos, sizeof(T));
     pos += sizeof(T);
@@ -377,8 +401,9 @@ struct ByteReader {
     const std::uint64_t left = pos <= buf.size() ? buf.size() - pos : 0;
     if (count > left / size)
       throw InputError(fmt::format("{}: truncated Megatron index at byte offset {} ({}: {} entries of "
-                                   "{} bytes, {} bytes left in a file of {})", path, pos, what, count,
-                                   size, left, buf.size()), true);
+                                   "{} bytes, {} bytes left in a file of {})",
+                                   path, pos, what, count, size, left, buf.size()),
+                       true);
   }
 };
 }  // namespace
@@ -389,17 +414,14 @@ std::vector<std::int64_t> readMegatronIdx(const std::string& path) {
   ByteReader r{path, buf};
   r.need(9, 1, "magic");
   if (std::memcmp(buf.data(), kIdxMagic, 9) != 0)
-    throw InputError(fmt::format("{}: byte offset 0: not a Megatron MMIDIDX index (bad magic)",
-                                 path), true);
+    throw InputError(fmt::format("{}: byte offset 0: not a Megatron MMIDIDX index (bad magic)", path), true);
   r.pos = 9;
   const auto version = r.read<std::uint64_t>("version");
   if (version != 1)
-    throw InputError(fmt::format("{}: byte offset 9: unsupported index version {} (expected 1)",
-                                 path, version), true);
+    throw InputError(fmt::format("{}: byte offset 9: unsupported index version {} (expected 1)", path, version), true);
   const auto dtype = r.read<std::uint8_t>("dtype code");
   if (dtype < 1 || dtype > 8)
-    throw InputError(fmt::format("{}: byte offset 17: invalid dtype code {} (expected 1..8)",
-                                 path, int(dtype)), true);
+    throw InputError(fmt::format("{}: byte offset 17: invalid dtype code {} (expected 1..8)", path, int(dtype)), true);
   const auto nseq = r.read<std::uint64_t>("sequence count");
   const auto ndoc = r.read<std::uint64_t>("document count");
   const std::size_t sizes_at = r.pos;
@@ -415,23 +437,25 @@ std::vector<std::int64_t> readMegatronIdx(const std::string& path) {
   if (ndoc) std::memcpy(doc_idx.data(), buf.data() + r.pos, ndoc * 8);
   for (std::uint64_t i = 0; i < nseq; ++i)
     if (sizes[i] < 0)
-      throw InputError(fmt::format("{}: byte offset {}: negative sequence size {}", path,
-                                   sizes_at + 4 * i, sizes[i]), true);
+      throw InputError(fmt::format("{}: byte offset {}: negative sequence size {}", path, sizes_at + 4 * i, sizes[i]),
+                       true);
   std::vector<std::int64_t> out;
   for (std::uint64_t i = 0; i < ndoc; ++i) {
     const auto b = doc_idx[i];
-    const bool bad = b < 0 || static_cast<std::uint64_t>(b) > nseq || (i == 0 && b != 0) ||
-                     (i > 0 && b < doc_idx[i - 1]);
+    const bool bad =
+        b < 0 || static_cast<std::uint64_t>(b) > nseq || (i == 0 && b != 0) || (i > 0 && b < doc_idx[i - 1]);
     if (bad)
       throw InputError(fmt::format("{}: byte offset {}: invalid doc_idx[{}] = {} (must start at "
                                    "0, be non-decreasing and <= sequence count {})",
-                                   path, doc_at + 8 * i, i, b, nseq), true);
+                                   path, doc_at + 8 * i, i, b, nseq),
+                       true);
     if (i == 0) continue;
     std::int64_t len = 0;
     for (auto s = doc_idx[i - 1]; s < b; ++s) len += sizes[static_cast<std::size_t>(s)];
     if (len > kMaxDocTokens)
-      throw InputError(fmt::format("{}: byte offset {}: document {} has {} tokens, over the limit of {}",
-                                   path, doc_at + 8 * i, i - 1, len, kMaxDocTokens), true);
+      throw InputError(fmt::format("{}: byte offset {}: document {} has {} tokens, over the limit of {}", path,
+                                   doc_at + 8 * i, i - 1, len, kMaxDocTokens),
+                       true);
     if (len > 0) out.push_back(len);  // empty documents are skipped (docs/data.md)
   }
   if (out.empty()) throw InputError(fmt::format("{}: index holds no non-empty documents", path), true);
@@ -477,8 +501,8 @@ LengthStats computeLengthStats(std::vector<std::int64_t> v, std::int64_t window)
   s.max = v.back();
   s.mean = static_cast<double>(s.total_tokens) / static_cast<double>(s.count);
   for (double p : {10.0, 25.0, 50.0, 75.0, 90.0, 99.0, 99.9}) {
-    const auto idx = static_cast<std::size_t>(
-        std::min<double>(static_cast<double>(v.size() - 1), std::floor(p / 100.0 * v.size())));
+    const auto idx =
+        static_cast<std::size_t>(std::min<double>(static_cast<double>(v.size() - 1), std::floor(p / 100.0 * v.size())));
     s.percentiles.push_back({p, v[idx]});
   }
   // Buckets: [1, S/128), [S/128, S/64), ..., [S/2, S], (S, inf).
@@ -487,8 +511,7 @@ LengthStats computeLengthStats(std::vector<std::int64_t> v, std::int64_t window)
     if ((window >> k) > edges.back()) edges.push_back(window >> k);
   edges.push_back(window + 1);
   edges.push_back(std::numeric_limits<std::int64_t>::max());
-  for (std::size_t i = 0; i + 1 < edges.size(); ++i)
-    s.buckets.push_back({edges[i], edges[i + 1], 0, 0});
+  for (std::size_t i = 0; i + 1 < edges.size(); ++i) s.buckets.push_back({edges[i], edges[i + 1], 0, 0});
   for (auto x : v) {
     for (auto& b : s.buckets)
       if (x >= b.lo && x < b.hi) {

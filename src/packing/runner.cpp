@@ -11,14 +11,16 @@ namespace wlb::packing {
 nlohmann::json RunResult::toJson() const {
   nlohmann::json j = {{"packer", packer}, {"summary", summary.toJson()}, {"wall_seconds", wall_seconds}};
   if (checked)
-    j["check"] = {{"ok", check_ok}, {"lost_tokens", lost_tokens}, {"duplicated", duplicated},
-                  {"completed_documents", completed_docs}, {"in_flight_documents", in_flight_docs},
+    j["check"] = {{"ok", check_ok},
+                  {"lost_tokens", lost_tokens},
+                  {"duplicated", duplicated},
+                  {"completed_documents", completed_docs},
+                  {"in_flight_documents", in_flight_docs},
                   {"report", check_report}};
   return j;
 }
 
-RunResult runPacker(data::LengthSource& src, Packer& packer, const model::CostModel& cost,
-                    const RunOptions& opt) {
+RunResult runPacker(data::LengthSource& src, Packer& packer, const model::CostModel& cost, const RunOptions& opt) {
   using clock = std::chrono::steady_clock;
   const auto w0 = clock::now();
   RunResult r;
@@ -55,23 +57,29 @@ RunResult runPacker(data::LengthSource& src, Packer& packer, const model::CostMo
 }
 
 nlohmann::json saveCheckpoint(const data::LengthSource& src, const Packer& packer) {
-  return {{"format", "wlb-packer-state"}, {"version", 1}, {"packer", packer.name()},
-          {"source", src.saveState()}, {"state", packer.saveState()}};
+  return {{"format", "wlb-packer-state"},
+          {"version", 1},
+          {"packer", packer.name()},
+          {"source", src.saveState()},
+          {"state", packer.saveState()}};
 }
 
-void loadCheckpoint(const nlohmann::json& j, data::LengthSource& src, Packer& packer,
-                    const std::string& what) {
+void loadCheckpoint(const nlohmann::json& j, data::LengthSource& src, Packer& packer, const std::string& what) {
   try {
     if (j.at("format").get<std::string>() != "wlb-packer-state" || j.at("version").get<int>() != 1)
       throw InputError(fmt::format("{}: not a wlb-packer-state version 1 checkpoint", what));
     const auto name = j.at("packer").get<std::string>();
     if (name != packer.name())
-      throw InputError(fmt::format("{}: checkpoint is for packer '{}', not '{}'", what, name,
-                                   packer.name()));
+      throw InputError(fmt::format("{}: checkpoint is for packer '{}', not '{}'", what, name, packer.name()));
     src.loadState(j.at("source"));
     packer.loadState(j.at("state"));
   } catch (const nlohmann::json::exception& e) {
     throw InputError(fmt::format("{}: bad packer checkpoint: {}", what, e.what()));
+  } catch (const InputError& e) {
+    // name the file: the source/packer messages do not know it
+    const std::string msg = e.what();
+    if (msg.rfind(what, 0) == 0) throw;
+    throw InputError(fmt::format("{}: {}", what, msg), e.collective());
   }
 }
 

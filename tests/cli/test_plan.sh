@@ -27,6 +27,17 @@ ls "$T" | grep -q tmp && fail "temporary files left behind"
 "$WLB" plan "$SRC/inputs/plan_smoke.toml" --packer wlb --steps 10 --resume "$T/state.json" --out "$T/second.jsonl" > /dev/null || fail "resume"
 strip() { grep '"type":"step"' "$1" | sed 's/"metrics":{[^}]*}//'; }
 diff <(strip "$T/full.jsonl" | tail -10) <(strip "$T/second.jsonl") > /dev/null || fail "resumed stream differs"
+# A resume on another stream (seed, window, source) is refused, naming the state file and
+# what differs; nothing is written.
+for change in "data.seed=12345" "data.context_window=4096" "data.source=\"text\"" ; do
+  "$WLB" plan "$SRC/inputs/plan_smoke.toml" --packer wlb --steps 5 --resume "$T/state.json" --set "$change" \
+    --set "data.path=\"$SRC/inputs/lengths/example_lengths.txt\"" --out "$T/mixed.jsonl" > "$T/e.txt" 2>&1
+  rc=$?
+  [ $rc -eq 2 ] || { cat "$T/e.txt"; fail "resume with $change: exit $rc"; }
+  grep -q "state.json" "$T/e.txt" && grep -q "another document stream" "$T/e.txt" \
+    || { cat "$T/e.txt"; fail "resume with $change: message"; }
+  [ ! -e "$T/mixed.jsonl" ] || fail "resume with $change wrote output"
+done
 
 # Bad input: exit 2, message names the file/line, no output written.
 printf '100\n200\nxyz\n' > "$T/bad.txt"
