@@ -4,6 +4,7 @@
 
 #include <Kokkos_Core.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <string>
@@ -118,6 +119,14 @@ int main(int argc, char** argv) {
         else
           std::fprintf(stderr, "wlb: error (rank %d): %s\n", rank, e.what());
       }
+      rc = wlb::kExitBadInput;
+    } catch (const std::filesystem::filesystem_error& e) {
+      // a path the user gave (an output under a file, an unwritable directory): bad input,
+      // not an internal error; other ranks may be waiting in a collective, so abort them
+      // with the same exit code
+      std::fprintf(stderr, "wlb: error (rank %d): %s\n", rank, e.what());
+      std::fflush(stderr);
+      if (wlb::app::worldSize() > 1) MPI_Abort(MPI_COMM_WORLD, wlb::kExitBadInput);
       rc = wlb::kExitBadInput;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "wlb: internal error (rank %d): %s\n", rank, e.what());

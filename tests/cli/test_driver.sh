@@ -67,6 +67,12 @@ ls "$tmp".* > /dev/null 2>&1 && fail "plan --out DIR wrote files beside it"
 "$WLB" plan "$SRC/inputs/quickstart.toml" --steps 1 --out "$tmp/no/such/p.jsonl" > "$tmp/out" 2> "$tmp/err"; rc=$?
 [ "$rc" = 2 ] && grep -q "does not exist" "$tmp/err" || fail "plan --out missing dir: exit $rc $(cat "$tmp/err")"
 
+# an output path under a file: exit 2 naming the path, not an internal error
+touch "$tmp/afile"
+"$WLB" simulate "$SRC/inputs/sim_small.toml" --steps 1 --out "$tmp/afile/sub" > "$tmp/out" 2> "$tmp/err"; rc=$?
+[ "$rc" = 2 ] && grep -q "afile/sub" "$tmp/err" && ! grep -q "internal error" "$tmp/err" \
+  || fail "simulate --out under a file: exit $rc $(cat "$tmp/err")"
+
 # unknown subcommand: exit 2 with a suggestion
 "$WLB" plann "$SRC/inputs/quickstart.toml" > "$tmp/out" 2> "$tmp/err"; rc=$?
 [ "$rc" = 2 ] || fail "plann exit $rc, wanted 2"
