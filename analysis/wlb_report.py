@@ -196,6 +196,10 @@ def main(argv=None):
     except TraceError as e:
         sys.stderr.write(f"wlb_report: error: {e}\n")
         return EXIT_BAD_INPUT
+    except OSError as e:  # --out under a file, unwritable, disk full: the user's paths
+        where = f" '{e.filename}'" if getattr(e, "filename", None) else ""
+        sys.stderr.write(f"wlb_report: error: cannot write{where}: {e.strerror or e}\n")
+        return EXIT_BAD_INPUT
     return 0
 
 

@@ -82,6 +82,15 @@ def test_bad_files_exit_2_with_message(tmp_path, kind):
         load(str(p))
 
 
+def test_unwritable_out_exits_2_naming_it(synthetic_trace, tmp_path):
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    r = run_report(synthetic_trace, "--out", str(blocker / "report"), "--quiet")
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    assert "afile" in r.stderr
+
+
 CXX_DIR = cxx_trace_dir()
 
 
