@@ -179,6 +179,7 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
     std::unique_ptr<data::LengthSource> source;  // rank 0 only
     std::unique_ptr<packing::Packer> packer;     // rank 0 only
     std::ofstream plan_out;
+    std::string plan_path;  ///< final name; plan_out writes plan_path + ".partial" until commit
     StrategyResult res;
   };
   std::vector<StratState> states(strategies.size());
@@ -198,9 +199,13 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
         st.source = data::makeLengthSource(deck);
         st.packer = packing::makePacker(strat.packer, deck, *cost);
         if (opt.write_outputs) {
+          // streamed under a temporary name (a killed run leaves no partial plan under the
+          // final one; the next run's open truncates the same temporary) and renamed once the
+          // trace is committed
           const std::string path = planPath(deck, strat.name, strategies.size());
-          st.plan_out.open(path);
-          if (!st.plan_out) throw InputError("cannot write the plan file " + path);
+          st.plan_path = path;
+          st.plan_out.open(path + ".partial");
+          if (!st.plan_out) throw InputError("cannot write the plan file " + path + ".partial");
           report.plan_paths.push_back(path);
           packing::PlanHeader h;
           h.packer = strat.packer;
@@ -438,6 +443,13 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
   }
 
   if (writer) writer->commit(rec);
+  // the plans become final with the trace they belong to
+  for (auto& st : states) {
+    if (st.plan_path.empty()) continue;
+    st.plan_out.close();
+    if (!st.plan_out || std::rename((st.plan_path + ".partial").c_str(), st.plan_path.c_str()) != 0)
+      throw InputError("cannot finish the plan file " + st.plan_path + " (write or rename failed)");
+  }
   return report;
 }
 

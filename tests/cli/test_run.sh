@@ -22,6 +22,17 @@ grep -q "speedup" "$tmp/log" || fail "no speedup column"
 grep -q "r1 busy" "$tmp/log" || fail "no per-rank busy time"
 [ -f "$tmp/out/trace.h5" ] || fail "no trace file"
 for s in plain fixed wlb; do [ -s "$tmp/out/plan.$s.jsonl" ] || fail "no plan file for $s"; done
+ls "$tmp/out"/*.partial > /dev/null 2>&1 && fail "temporary plan files left after a complete run"
+
+# a run killed part-way leaves no plan under its final name (only *.partial temporaries,
+# which the next run overwrites)
+mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set "output.dir=\"$tmp/killed\"" \
+  --steps 200 --warmup 0 --quiet > "$tmp/klog" 2>&1 &
+kpid=$!
+for _ in $(seq 1 100); do ls "$tmp/killed"/*.partial > /dev/null 2>&1 && break; sleep 0.1; done
+sleep 1
+kill -TERM $kpid 2> /dev/null; wait $kpid 2> /dev/null
+ls "$tmp/killed"/plan.*.jsonl > /dev/null 2>&1 && fail "killed run left plans under final names: $(ls "$tmp/killed")"
 
 mpiexec -n 2 "$WLB" run "$SRC/inputs/run_dp2.toml" "${small[@]}" --steps 1 --warmup 0 --quiet > "$tmp/log" 2>&1 \
   || fail "run_dp2 failed: $(cat "$tmp/log")"
