@@ -4,6 +4,9 @@
 // fixed_optimal == brute force on small instances; wlb <= original imbalance.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+#include <cstdio>
+
 #include <fstream>
 #include <random>
 
@@ -112,8 +115,7 @@ TEST(PackingDelay, QueueWaitBoundRespected) {
       const auto opt = packing::PackerOptions::fromDeck(d);
       const auto r = run(d, "wlb", 400);
       EXPECT_TRUE(r.check_ok);
-      EXPECT_LE(r.summary.delay_max, static_cast<double>(opt.max_queue_wait + 1))
-          << preset << " budget " << budget;
+      EXPECT_LE(r.summary.delay_max, static_cast<double>(opt.max_queue_wait + 1)) << preset << " budget " << budget;
     }
   }
 }
@@ -223,8 +225,10 @@ TEST(PackingPlanIo, JsonRoundTripAndFile) {
   const auto cost = model::CostModel::fromDeck(d);
   auto src = data::makeLengthSource(d);
   auto p = packing::makePacker("wlb", d, cost);
-  const std::string path = ::testing::TempDir() + "/pack_plan.jsonl";
+  // per-process name: a shared /tmp may hold another user's file of the same name
+  const std::string path = ::testing::TempDir() + "/pack_plan." + std::to_string(::getpid()) + ".jsonl";
   std::ofstream f(path);
+  ASSERT_TRUE(f.good()) << path;
   packing::PlanHeader h;
   h.packer = "wlb";
   h.dp = 2;
@@ -257,6 +261,7 @@ TEST(PackingPlanIo, JsonRoundTripAndFile) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find(":7"), std::string::npos) << e.what();
   }
+  std::remove(path.c_str());
 }
 
 // Fill-up release: when a long outlier is force-released with no partners of its own
@@ -308,8 +313,8 @@ TEST(PackingWlb, ForcedReleasePullsShorterQueuedOutliers) {
   ASSERT_EQ(step_long, 2);  // forced after max_queue_wait steps, alone in its queue
   ASSERT_EQ(mids.size(), 2u);
   for (const auto& [t, arrival] : mids) {
-    EXPECT_EQ(t, step_long);                  // pulled into the long document's step ...
-    EXPECT_LT(t - arrival, 2);                // ... before its own queue would release it
+    EXPECT_EQ(t, step_long);    // pulled into the long document's step ...
+    EXPECT_LT(t - arrival, 2);  // ... before its own queue would release it
   }
 }
 
