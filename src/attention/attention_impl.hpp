@@ -23,8 +23,7 @@ namespace wlb::attention {
 namespace detail {
 
 template <class View>
-void requireShape(const View& v, std::int64_t rows, std::int64_t d1, std::int64_t d2,
-                  const char* name) {
+void requireShape(const View& v, std::int64_t rows, std::int64_t d1, std::int64_t d2, const char* name) {
   if (static_cast<std::int64_t>(v.extent(0)) < rows || static_cast<std::int64_t>(v.extent(1)) != d1 ||
       (View::rank == 3 && static_cast<std::int64_t>(v.extent(2)) != d2))
     throw std::invalid_argument(std::string("wlb::attention: view '") + v.label() + "' (" + name +
@@ -37,8 +36,8 @@ struct Shape {
 };
 
 template <class In3>
-Shape checkCommon(const In3& q, const In3& k, const In3& v, const VarlenBatch& b,
-                  const KernelConfig& cfg, float softmax_scale) {
+Shape checkCommon(const In3& q, const In3& k, const In3& v, const VarlenBatch& b, const KernelConfig& cfg,
+                  float softmax_scale) {
   validateConfig(cfg);
   Shape s;
   s.heads = static_cast<int>(q.extent(1));
@@ -61,8 +60,8 @@ using RangeI64 = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>
 template <class ExecSpace>
 Kokkos::View<std::int64_t* [4], Kokkos::LayoutRight, typename ExecSpace::memory_space> deviceRanges(
     const VarlenBatch& b) {
-  Kokkos::View<std::int64_t* [4], Kokkos::LayoutRight, typename ExecSpace::memory_space> r(
-      "wlb::attention::ranges", b.pieces.size());
+  Kokkos::View<std::int64_t* [4], Kokkos::LayoutRight, typename ExecSpace::memory_space> r("wlb::attention::ranges",
+                                                                                           b.pieces.size());
   auto h = Kokkos::create_mirror_view(r);
   for (std::size_t i = 0; i < b.pieces.size(); ++i) {
     h(i, 0) = b.pieces[i].q_begin;
@@ -76,8 +75,8 @@ Kokkos::View<std::int64_t* [4], Kokkos::LayoutRight, typename ExecSpace::memory_
 
 /// (piece, tile) work list in the execution space's memory.
 template <class ExecSpace>
-Kokkos::View<std::int64_t* [2], Kokkos::LayoutRight, typename ExecSpace::memory_space> tileList(
-    const VarlenBatch& b, int tile, bool keys) {
+Kokkos::View<std::int64_t* [2], Kokkos::LayoutRight, typename ExecSpace::memory_space> tileList(const VarlenBatch& b,
+                                                                                                int tile, bool keys) {
   std::vector<std::int64_t> flat;
   for (std::size_t p = 0; p < b.pieces.size(); ++p) {
     const std::int64_t n = keys ? (b.pieces[p].nq() > 0 ? b.pieces[p].nk() : 0) : b.pieces[p].nq();
@@ -86,8 +85,8 @@ Kokkos::View<std::int64_t* [2], Kokkos::LayoutRight, typename ExecSpace::memory_
       flat.push_back(t);
     }
   }
-  Kokkos::View<std::int64_t* [2], Kokkos::LayoutRight, typename ExecSpace::memory_space> l(
-      "wlb::attention::tiles", flat.size() / 2);
+  Kokkos::View<std::int64_t* [2], Kokkos::LayoutRight, typename ExecSpace::memory_space> l("wlb::attention::tiles",
+                                                                                           flat.size() / 2);
   auto h = Kokkos::create_mirror_view(l);
   for (std::size_t i = 0; i < flat.size() / 2; ++i) {
     h(i, 0) = flat[2 * i];
@@ -125,8 +124,8 @@ void forwardPortable(const ExecSpace& space, QV q, QV k, QV v, const VarlenBatch
         const std::int64_t item = team.league_rank() / H;
         const int h = team.league_rank() % H, hk = h / group;
         const std::int64_t p = tiles(item, 0), q0 = tiles(item, 1) * TQ;
-        const std::int64_t qb = ranges(p, 0), nq = ranges(p, 1) - qb, kb = ranges(p, 2),
-                           nk = ranges(p, 3) - kb, off = nk - nq;
+        const std::int64_t qb = ranges(p, 0), nq = ranges(p, 1) - qb, kb = ranges(p, 2), nk = ranges(p, 3) - kb,
+                           off = nk - nq;
         const std::int64_t rows = wlb::kk::min<std::int64_t>(TQ, nq - q0);
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, static_cast<int>(rows)), [&](const int r) {
           const std::int64_t t = qb + q0 + r, L = off + q0 + r;
@@ -154,15 +153,14 @@ void forwardPortable(const ExecSpace& space, QV q, QV k, QV v, const VarlenBatch
 }
 
 template <class ExecSpace, class QV>
-void backwardPortable(const ExecSpace& space, QV q, QV k, QV v, QV o, typename Views<ExecSpace>::In2 lse,
-                      QV dO, const VarlenBatch& b,
-                      typename Views<ExecSpace>::Out3 dq, typename Views<ExecSpace>::Out3 dk,
+void backwardPortable(const ExecSpace& space, QV q, QV k, QV v, QV o, typename Views<ExecSpace>::In2 lse, QV dO,
+                      const VarlenBatch& b, typename Views<ExecSpace>::Out3 dq, typename Views<ExecSpace>::Out3 dk,
                       typename Views<ExecSpace>::Out3 dv, const KernelConfig& cfg, Shape s) {
   const auto ranges = deviceRanges<ExecSpace>(b);
   const auto qtiles = tileList<ExecSpace>(b, cfg.tile_q, false);
   const auto ktiles = tileList<ExecSpace>(b, cfg.tile_k, true);
-  const int H = s.heads, Hkv = s.kv_heads, D = s.head_dim, group = s.heads / s.kv_heads,
-            TQ = cfg.tile_q, TK = cfg.tile_k;
+  const int H = s.heads, Hkv = s.kv_heads, D = s.head_dim, group = s.heads / s.kv_heads, TQ = cfg.tile_q,
+            TK = cfg.tile_k;
   const float scale = s.scale;
   using mem = typename ExecSpace::memory_space;
   Kokkos::View<float**, Kokkos::LayoutRight, mem> delta("wlb::attention::bwd::delta", q.extent(0), H);
@@ -171,14 +169,13 @@ void backwardPortable(const ExecSpace& space, QV q, QV k, QV v, QV o, typename V
 
   // dq (and delta): one thread per query row, no races (query ranges are disjoint).
   Kokkos::parallel_for(
-      "wlb::attention::bwd::dq::portable",
-      Policy(space, static_cast<int>(qtiles.extent(0) * H), Kokkos::AUTO),
+      "wlb::attention::bwd::dq::portable", Policy(space, static_cast<int>(qtiles.extent(0) * H), Kokkos::AUTO),
       KOKKOS_LAMBDA(const Member& team) {
         const std::int64_t item = team.league_rank() / H;
         const int h = team.league_rank() % H, hk = h / group;
         const std::int64_t p = qtiles(item, 0), q0 = qtiles(item, 1) * TQ;
-        const std::int64_t qb = ranges(p, 0), nq = ranges(p, 1) - qb, kb = ranges(p, 2),
-                           nk = ranges(p, 3) - kb, off = nk - nq;
+        const std::int64_t qb = ranges(p, 0), nq = ranges(p, 1) - qb, kb = ranges(p, 2), nk = ranges(p, 3) - kb,
+                           off = nk - nq;
         const std::int64_t rows = wlb::kk::min<std::int64_t>(TQ, nq - q0);
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, static_cast<int>(rows)), [&](const int r) {
           const std::int64_t t = qb + q0 + r, L = off + q0 + r;
@@ -199,14 +196,13 @@ void backwardPortable(const ExecSpace& space, QV q, QV k, QV v, QV o, typename V
       });
   // dk, dv: one thread per key row; atomics because pieces may share keys.
   Kokkos::parallel_for(
-      "wlb::attention::bwd::dkdv::portable",
-      Policy(space, static_cast<int>(ktiles.extent(0) * Hkv), Kokkos::AUTO),
+      "wlb::attention::bwd::dkdv::portable", Policy(space, static_cast<int>(ktiles.extent(0) * Hkv), Kokkos::AUTO),
       KOKKOS_LAMBDA(const Member& team) {
         const std::int64_t item = team.league_rank() / Hkv;
         const int hk = team.league_rank() % Hkv;
         const std::int64_t p = ktiles(item, 0), k0 = ktiles(item, 1) * TK;
-        const std::int64_t qb = ranges(p, 0), nq = ranges(p, 1) - qb, kb = ranges(p, 2),
-                           nk = ranges(p, 3) - kb, off = nk - nq;
+        const std::int64_t qb = ranges(p, 0), nq = ranges(p, 1) - qb, kb = ranges(p, 2), nk = ranges(p, 3) - kb,
+                           off = nk - nq;
         const std::int64_t rows = wlb::kk::min<std::int64_t>(TK, nk - k0);
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, static_cast<int>(rows)), [&](const int r) {
           const std::int64_t j = k0 + r;
@@ -274,11 +270,10 @@ void packKeys(const ExecSpace& space, const host::Args& a, const VarlenBatch& b)
   const std::int64_t n = static_cast<std::int64_t>(items.size() / 2);
   const int Hkv = a.kv_heads;
   const std::int64_t* it = items.data();
-  Kokkos::parallel_for("wlb::attention::pack_k", RangeI64<ExecSpace>(space, 0, n * Hkv),
-                       [=](const std::int64_t i) {
-                         const std::int64_t j = i / Hkv;
-                         host::packKeyTile(a, it[2 * j], it[2 * j + 1], static_cast<int>(i % Hkv));
-                       });
+  Kokkos::parallel_for("wlb::attention::pack_k", RangeI64<ExecSpace>(space, 0, n * Hkv), [=](const std::int64_t i) {
+    const std::int64_t j = i / Hkv;
+    host::packKeyTile(a, it[2 * j], it[2 * j + 1], static_cast<int>(i % Hkv));
+  });
   space.fence();
 }
 
@@ -306,9 +301,8 @@ int hostQueryGroup(const ExecSpace& space, const VarlenBatch& b, int TQ, int hea
 }
 
 template <class ExecSpace>
-void forwardHost(const ExecSpace& space, typename Views<ExecSpace>::In3 q,
-                 typename Views<ExecSpace>::In3 k, typename Views<ExecSpace>::In3 v,
-                 const VarlenBatch& b, typename Views<ExecSpace>::Out3 o,
+void forwardHost(const ExecSpace& space, typename Views<ExecSpace>::In3 q, typename Views<ExecSpace>::In3 k,
+                 typename Views<ExecSpace>::In3 v, const VarlenBatch& b, typename Views<ExecSpace>::Out3 o,
                  typename Views<ExecSpace>::Out2 lse, const KernelConfig& cfg, Shape s) {
   const HostOffsets offs(b, cfg);
   // host workspaces: cached per calling thread, uninitialised (the packers write every
@@ -346,19 +340,17 @@ void forwardHost(const ExecSpace& space, typename Views<ExecSpace>::In3 q,
   const std::int64_t n = static_cast<std::int64_t>(items.size() / 2);
   const std::int64_t* it = items.data();
   // head-major order: consecutive items share the kv head's packed keys
-  Kokkos::parallel_for("wlb::attention::fwd", RangeI64<ExecSpace>(space, 0, n * s.heads),
-                       [=](const std::int64_t i) {
-                         const std::int64_t j = i % n;
-                         host::forwardTile(a, it[2 * j], it[2 * j + 1], static_cast<int>(i / n));
-                       });
+  Kokkos::parallel_for("wlb::attention::fwd", RangeI64<ExecSpace>(space, 0, n * s.heads), [=](const std::int64_t i) {
+    const std::int64_t j = i % n;
+    host::forwardTile(a, it[2 * j], it[2 * j + 1], static_cast<int>(i / n));
+  });
   wlb::kk::fence(space, "wlb::attention::fwd");
 }
 
 template <class ExecSpace>
-void backwardHost(const ExecSpace& space, typename Views<ExecSpace>::In3 q,
-                  typename Views<ExecSpace>::In3 k, typename Views<ExecSpace>::In3 v,
-                  typename Views<ExecSpace>::In3 o, typename Views<ExecSpace>::In2 lse,
-                  typename Views<ExecSpace>::In3 dO, const VarlenBatch& b,
+void backwardHost(const ExecSpace& space, typename Views<ExecSpace>::In3 q, typename Views<ExecSpace>::In3 k,
+                  typename Views<ExecSpace>::In3 v, typename Views<ExecSpace>::In3 o,
+                  typename Views<ExecSpace>::In2 lse, typename Views<ExecSpace>::In3 dO, const VarlenBatch& b,
                   typename Views<ExecSpace>::Out3 dq, typename Views<ExecSpace>::Out3 dk,
                   typename Views<ExecSpace>::Out3 dv, const KernelConfig& cfg, Shape s) {
   const HostOffsets offs(b, cfg);
@@ -415,11 +407,10 @@ void backwardHost(const ExecSpace& space, typename Views<ExecSpace>::In3 q,
   const std::int64_t n = static_cast<std::int64_t>(items.size() / 2);
   const std::int64_t* it = items.data();
   const int H = s.heads;
-  Kokkos::parallel_for("wlb::attention::bwd::pack_q", RangeI64<ExecSpace>(space, 0, n * H),
-                       [=](const std::int64_t i) {
-                         const std::int64_t j = i % n;
-                         host::packQueryTile(a, it[2 * j], it[2 * j + 1], static_cast<int>(i / n));
-                       });
+  Kokkos::parallel_for("wlb::attention::bwd::pack_q", RangeI64<ExecSpace>(space, 0, n * H), [=](const std::int64_t i) {
+    const std::int64_t j = i % n;
+    host::packQueryTile(a, it[2 * j], it[2 * j + 1], static_cast<int>(i / n));
+  });
   space.fence();
   // one work item per kv head: pieces run in order, so shared keys accumulate race-free
   Kokkos::parallel_for("wlb::attention::bwd", RangeI64<ExecSpace>(space, 0, s.kv_heads),
@@ -433,7 +424,6 @@ void backwardHost(const ExecSpace& space, typename Views<ExecSpace>::In3 q,
   wlb::kk::fence(space, "wlb::attention::bwd");
 }
 #endif  // WLB_ATTN_HOST_SIMD
-
 
 // ---------------- CUDA paths (tensor-core and FP32 SIMT kernels) ----------------------
 #if defined(KOKKOS_ENABLE_CUDA)
@@ -501,8 +491,8 @@ bool forwardCuda(const Kokkos::Cuda& space, QV q, QV k, QV v, const VarlenBatch&
   using T = typename QV::non_const_value_type;
   constexpr bool bfs = std::is_same<T, bf16>::value;
   const int D = s.head_dim;
-  if (!cudaFastPath(cfg, D, bfs) || !cudaRowsOk(q, D) || !cudaRowsOk(k, D) || !cudaRowsOk(v, D) ||
-      !cudaRowsOk(o, D) || lse.stride(1) != 1)
+  if (!cudaFastPath(cfg, D, bfs) || !cudaRowsOk(q, D) || !cudaRowsOk(k, D) || !cudaRowsOk(v, D) || !cudaRowsOk(o, D) ||
+      lse.stride(1) != 1)
     return false;
   const auto rng = cuda::ranges(b);
   cuda::Args a = cudaArgs(q, k, v, o, s);
@@ -519,8 +509,8 @@ bool forwardCuda(const Kokkos::Cuda& space, QV q, QV k, QV v, const VarlenBatch&
     const auto qb = toBf16View(space, q, "wlb::attention::q_bf16");
     const auto kb = toBf16View(space, k, "wlb::attention::k_bf16");
     const auto vb = toBf16View(space, v, "wlb::attention::v_bf16");
-    CudaBf16View ob(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("wlb::attention::o_bf16")),
-                    o.extent(0), o.extent(1), o.extent(2));
+    CudaBf16View ob(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("wlb::attention::o_bf16")), o.extent(0),
+                    o.extent(1), o.extent(2));
     cuda::Args ab = cudaArgs(qb, kb, vb, ob, s);
     ab.ranges = rng.data();
     ab.o_out = ob.data();
@@ -547,14 +537,14 @@ bool forwardCuda(const Kokkos::Cuda& space, QV q, QV k, QV v, const VarlenBatch&
 }
 
 template <class QV, class LV, class GV>
-bool backwardCuda(const Kokkos::Cuda& space, QV q, QV k, QV v, QV o, LV lse, QV dO, const VarlenBatch& b,
-                  GV dq, GV dk, GV dv, const KernelConfig& cfg, Shape s) {
+bool backwardCuda(const Kokkos::Cuda& space, QV q, QV k, QV v, QV o, LV lse, QV dO, const VarlenBatch& b, GV dq, GV dk,
+                  GV dv, const KernelConfig& cfg, Shape s) {
   using T = typename QV::non_const_value_type;
   constexpr bool bfs = std::is_same<T, bf16>::value;
   const int D = s.head_dim;
-  if (!cudaFastPath(cfg, D, bfs) || !cudaRowsOk(q, D) || !cudaRowsOk(k, D) || !cudaRowsOk(v, D) ||
-      !cudaRowsOk(o, D) || !cudaRowsOk(dO, D) || !innerContiguous(dq, D) || !innerContiguous(dk, D) ||
-      !innerContiguous(dv, D) || lse.stride(1) != 1)
+  if (!cudaFastPath(cfg, D, bfs) || !cudaRowsOk(q, D) || !cudaRowsOk(k, D) || !cudaRowsOk(v, D) || !cudaRowsOk(o, D) ||
+      !cudaRowsOk(dO, D) || !innerContiguous(dq, D) || !innerContiguous(dk, D) || !innerContiguous(dv, D) ||
+      lse.stride(1) != 1)
     return false;
   const auto rng = cuda::ranges(b);
   cuda::Args a = cudaArgs(q, k, v, o, s);
@@ -607,125 +597,117 @@ bool backwardCuda(const Kokkos::Cuda& space, QV q, QV k, QV v, QV o, LV lse, QV 
 template <class ExecSpace>
 bool usesHostKernels(int head_dim, const KernelConfig& cfg) {
 #if WLB_ATTN_HOST_SIMD
-  if constexpr (detail::hostAccessible<ExecSpace>())
-    return cfg.path == KernelConfig::Path::Auto && head_dim % 16 == 0;
+  if constexpr (detail::hostAccessible<ExecSpace>()) return cfg.path == KernelConfig::Path::Auto && head_dim % 16 == 0;
 #endif
   (void)head_dim;
   (void)cfg;
   return false;
 }
 
-template <class ExecSpace>
-void forward(const ExecSpace& space, typename Views<ExecSpace>::In3 q,
-             typename Views<ExecSpace>::In3 k, typename Views<ExecSpace>::In3 v,
-             const VarlenBatch& batch, typename Views<ExecSpace>::Out3 o,
-             typename Views<ExecSpace>::Out2 lse, const KernelConfig& cfg, float softmax_scale) {
-  const detail::Shape s = detail::checkCommon(q, k, v, batch, cfg, softmax_scale);
-  detail::requireShape(o, batch.q_tokens, s.heads, s.head_dim, "o");
-  detail::requireShape(lse, batch.q_tokens, s.heads, 1, "lse");
+namespace detail {
+/// forward/backward for either storage type (QV: float or bf16 views): shape checks, then
+/// the fastest path that applies (host SIMD for float on host spaces, CUDA kernels on a
+/// Cuda instance), else the portable path.
+template <class ExecSpace, class QV, class OV>
+void forwardAny(const ExecSpace& space, QV q, QV k, QV v, const VarlenBatch& batch, OV o,
+                typename Views<ExecSpace>::Out2 lse, const KernelConfig& cfg, float softmax_scale) {
+  const Shape s = checkCommon(q, k, v, batch, cfg, softmax_scale);
+  requireShape(o, batch.q_tokens, s.heads, s.head_dim, "o");
+  requireShape(lse, batch.q_tokens, s.heads, 1, "lse");
   if (batch.pieces.empty()) return;
+  constexpr bool fp32 = std::is_same<typename QV::non_const_value_type, float>::value;
 #if WLB_ATTN_HOST_SIMD
-  if constexpr (detail::hostAccessible<ExecSpace>()) {
-    if (usesHostKernels<ExecSpace>(s.head_dim, cfg) && detail::innerContiguous(q, s.head_dim) &&
-        detail::innerContiguous(k, s.head_dim) && detail::innerContiguous(v, s.head_dim) &&
-        detail::innerContiguous(o, s.head_dim) && detail::innerContiguous(lse, s.head_dim)) {
-      detail::forwardHost(space, q, k, v, batch, o, lse, cfg, s);
+  if constexpr (fp32 && hostAccessible<ExecSpace>()) {
+    if (usesHostKernels<ExecSpace>(s.head_dim, cfg) && innerContiguous(q, s.head_dim) &&
+        innerContiguous(k, s.head_dim) && innerContiguous(v, s.head_dim) && innerContiguous(o, s.head_dim) &&
+        innerContiguous(lse, s.head_dim)) {
+      forwardHost(space, q, k, v, batch, o, lse, cfg, s);
       return;
     }
   }
 #endif
 #if defined(KOKKOS_ENABLE_CUDA)
   if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
-    if (detail::forwardCuda(space, q, k, v, batch, o, lse, cfg, s)) return;
+    if (forwardCuda(space, q, k, v, batch, o, lse, cfg, s)) return;
   }
 #endif
-  detail::forwardPortable<ExecSpace>(space, q, k, v, batch, o, lse, cfg, s);
+  (void)fp32;
+  forwardPortable<ExecSpace>(space, q, k, v, batch, o, lse, cfg, s);
   wlb::kk::fence(space, "wlb::attention::fwd");
 }
 
-template <class ExecSpace>
-void backward(const ExecSpace& space, typename Views<ExecSpace>::In3 q,
-              typename Views<ExecSpace>::In3 k, typename Views<ExecSpace>::In3 v,
-              typename Views<ExecSpace>::In3 o, typename Views<ExecSpace>::In2 lse,
-              typename Views<ExecSpace>::In3 dO, const VarlenBatch& batch,
-              typename Views<ExecSpace>::Out3 dq, typename Views<ExecSpace>::Out3 dk,
-              typename Views<ExecSpace>::Out3 dv, const KernelConfig& cfg, float softmax_scale) {
-  const detail::Shape s = detail::checkCommon(q, k, v, batch, cfg, softmax_scale);
-  detail::requireShape(o, batch.q_tokens, s.heads, s.head_dim, "o");
-  detail::requireShape(dO, batch.q_tokens, s.heads, s.head_dim, "dO");
-  detail::requireShape(dq, batch.q_tokens, s.heads, s.head_dim, "dq");
-  detail::requireShape(dk, batch.k_tokens, s.kv_heads, s.head_dim, "dk");
-  detail::requireShape(dv, batch.k_tokens, s.kv_heads, s.head_dim, "dv");
-  detail::requireShape(lse, batch.q_tokens, s.heads, 1, "lse");
+template <class ExecSpace, class QV>
+void backwardAny(const ExecSpace& space, QV q, QV k, QV v, QV o, typename Views<ExecSpace>::In2 lse, QV dO,
+                 const VarlenBatch& batch, typename Views<ExecSpace>::Out3 dq, typename Views<ExecSpace>::Out3 dk,
+                 typename Views<ExecSpace>::Out3 dv, const KernelConfig& cfg, float softmax_scale) {
+  const Shape s = checkCommon(q, k, v, batch, cfg, softmax_scale);
+  requireShape(o, batch.q_tokens, s.heads, s.head_dim, "o");
+  requireShape(dO, batch.q_tokens, s.heads, s.head_dim, "dO");
+  requireShape(dq, batch.q_tokens, s.heads, s.head_dim, "dq");
+  requireShape(dk, batch.k_tokens, s.kv_heads, s.head_dim, "dk");
+  requireShape(dv, batch.k_tokens, s.kv_heads, s.head_dim, "dv");
+  requireShape(lse, batch.q_tokens, s.heads, 1, "lse");
   if (batch.pieces.empty()) return;
+  constexpr bool fp32 = std::is_same<typename QV::non_const_value_type, float>::value;
 #if WLB_ATTN_HOST_SIMD
-  if constexpr (detail::hostAccessible<ExecSpace>()) {
+  if constexpr (fp32 && hostAccessible<ExecSpace>()) {
     const int D = s.head_dim;
-    if (usesHostKernels<ExecSpace>(D, cfg) && detail::innerContiguous(q, D) &&
-        detail::innerContiguous(k, D) && detail::innerContiguous(v, D) &&
-        detail::innerContiguous(o, D) && detail::innerContiguous(dO, D) &&
-        detail::innerContiguous(dq, D) && detail::innerContiguous(dk, D) &&
-        detail::innerContiguous(dv, D) && detail::innerContiguous(lse, D)) {
-      detail::backwardHost(space, q, k, v, o, lse, dO, batch, dq, dk, dv, cfg, s);
+    if (usesHostKernels<ExecSpace>(D, cfg) && innerContiguous(q, D) && innerContiguous(k, D) && innerContiguous(v, D) &&
+        innerContiguous(o, D) && innerContiguous(dO, D) && innerContiguous(dq, D) && innerContiguous(dk, D) &&
+        innerContiguous(dv, D) && innerContiguous(lse, D)) {
+      backwardHost(space, q, k, v, o, lse, dO, batch, dq, dk, dv, cfg, s);
       return;
     }
   }
 #endif
 #if defined(KOKKOS_ENABLE_CUDA)
   if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
-    if (detail::backwardCuda(space, q, k, v, o, lse, dO, batch, dq, dk, dv, cfg, s)) return;
+    if (backwardCuda(space, q, k, v, o, lse, dO, batch, dq, dk, dv, cfg, s)) return;
   }
 #endif
-  detail::backwardPortable<ExecSpace>(space, q, k, v, o, lse, dO, batch, dq, dk, dv, cfg, s);
+  (void)fp32;
+  backwardPortable<ExecSpace>(space, q, k, v, o, lse, dO, batch, dq, dk, dv, cfg, s);
   wlb::kk::fence(space, "wlb::attention::bwd");
 }
+}  // namespace detail
 
 template <class ExecSpace>
-void forward(const ExecSpace& space, typename Views<ExecSpace>::In3b q,
-             typename Views<ExecSpace>::In3b k, typename Views<ExecSpace>::In3b v,
-             const VarlenBatch& batch, typename Views<ExecSpace>::Out3b o,
+void forward(const ExecSpace& space, typename Views<ExecSpace>::In3 q, typename Views<ExecSpace>::In3 k,
+             typename Views<ExecSpace>::In3 v, const VarlenBatch& batch, typename Views<ExecSpace>::Out3 o,
              typename Views<ExecSpace>::Out2 lse, const KernelConfig& cfg, float softmax_scale) {
-  const detail::Shape s = detail::checkCommon(q, k, v, batch, cfg, softmax_scale);
-  detail::requireShape(o, batch.q_tokens, s.heads, s.head_dim, "o");
-  detail::requireShape(lse, batch.q_tokens, s.heads, 1, "lse");
-  if (batch.pieces.empty()) return;
-#if defined(KOKKOS_ENABLE_CUDA)
-  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
-    if (detail::forwardCuda(space, q, k, v, batch, o, lse, cfg, s)) return;
-  }
-#endif
-  detail::forwardPortable<ExecSpace>(space, q, k, v, batch, o, lse, cfg, s);
-  wlb::kk::fence(space, "wlb::attention::fwd");
+  detail::forwardAny<ExecSpace>(space, q, k, v, batch, o, lse, cfg, softmax_scale);
 }
 
 template <class ExecSpace>
-void backward(const ExecSpace& space, typename Views<ExecSpace>::In3b q,
-              typename Views<ExecSpace>::In3b k, typename Views<ExecSpace>::In3b v,
-              typename Views<ExecSpace>::In3b o, typename Views<ExecSpace>::In2 lse,
-              typename Views<ExecSpace>::In3b dO, const VarlenBatch& batch,
-              typename Views<ExecSpace>::Out3 dq, typename Views<ExecSpace>::Out3 dk,
-              typename Views<ExecSpace>::Out3 dv, const KernelConfig& cfg, float softmax_scale) {
-  const detail::Shape s = detail::checkCommon(q, k, v, batch, cfg, softmax_scale);
-  detail::requireShape(o, batch.q_tokens, s.heads, s.head_dim, "o");
-  detail::requireShape(dO, batch.q_tokens, s.heads, s.head_dim, "dO");
-  detail::requireShape(dq, batch.q_tokens, s.heads, s.head_dim, "dq");
-  detail::requireShape(dk, batch.k_tokens, s.kv_heads, s.head_dim, "dk");
-  detail::requireShape(dv, batch.k_tokens, s.kv_heads, s.head_dim, "dv");
-  detail::requireShape(lse, batch.q_tokens, s.heads, 1, "lse");
-  if (batch.pieces.empty()) return;
-#if defined(KOKKOS_ENABLE_CUDA)
-  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
-    if (detail::backwardCuda(space, q, k, v, o, lse, dO, batch, dq, dk, dv, cfg, s)) return;
-  }
-#endif
-  detail::backwardPortable<ExecSpace>(space, q, k, v, o, lse, dO, batch, dq, dk, dv, cfg, s);
-  wlb::kk::fence(space, "wlb::attention::bwd");
+void backward(const ExecSpace& space, typename Views<ExecSpace>::In3 q, typename Views<ExecSpace>::In3 k,
+              typename Views<ExecSpace>::In3 v, typename Views<ExecSpace>::In3 o, typename Views<ExecSpace>::In2 lse,
+              typename Views<ExecSpace>::In3 dO, const VarlenBatch& batch, typename Views<ExecSpace>::Out3 dq,
+              typename Views<ExecSpace>::Out3 dk, typename Views<ExecSpace>::Out3 dv, const KernelConfig& cfg,
+              float softmax_scale) {
+  detail::backwardAny<ExecSpace>(space, q, k, v, o, lse, dO, batch, dq, dk, dv, cfg, softmax_scale);
+}
+
+template <class ExecSpace>
+void forward(const ExecSpace& space, typename Views<ExecSpace>::In3b q, typename Views<ExecSpace>::In3b k,
+             typename Views<ExecSpace>::In3b v, const VarlenBatch& batch, typename Views<ExecSpace>::Out3b o,
+             typename Views<ExecSpace>::Out2 lse, const KernelConfig& cfg, float softmax_scale) {
+  detail::forwardAny<ExecSpace>(space, q, k, v, batch, o, lse, cfg, softmax_scale);
+}
+
+template <class ExecSpace>
+void backward(const ExecSpace& space, typename Views<ExecSpace>::In3b q, typename Views<ExecSpace>::In3b k,
+              typename Views<ExecSpace>::In3b v, typename Views<ExecSpace>::In3b o, typename Views<ExecSpace>::In2 lse,
+              typename Views<ExecSpace>::In3b dO, const VarlenBatch& batch, typename Views<ExecSpace>::Out3 dq,
+              typename Views<ExecSpace>::Out3 dk, typename Views<ExecSpace>::Out3 dv, const KernelConfig& cfg,
+              float softmax_scale) {
+  detail::backwardAny<ExecSpace>(space, q, k, v, o, lse, dO, batch, dq, dk, dv, cfg, softmax_scale);
 }
 
 template <class ExecSpace>
 const char* kernelName(int head_dim, const KernelConfig& cfg, bool bf16_storage) {
 #if defined(KOKKOS_ENABLE_CUDA)
-  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) return detail::cudaKernelName(head_dim, cfg, bf16_storage);
+  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value)
+    return detail::cudaKernelName(head_dim, cfg, bf16_storage);
 #endif
   if (!bf16_storage && usesHostKernels<ExecSpace>(head_dim, cfg)) return "host-simd";
   return "portable";

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "attention/attention.hpp"
@@ -67,23 +68,16 @@ inline RangeView ranges(const VarlenBatch& b) {
   return r;
 }
 
-/// Query tiles of `bq` rows; cost = key tiles of `bk` the tile visits. Longest first, so the
-/// long diagonal tiles start early and the short ones fill the tail (no idle SMs at the end).
-inline WorkView queryWork(const VarlenBatch& b, int bq, int bk) {
-  struct Item {
-    int p, t;
-    std::int64_t cost;
-  };
-  std::vector<Item> items;
-  for (std::size_t p = 0; p < b.pieces.size(); ++p) {
-    const std::int64_t nq = b.pieces[p].nq(), nk = b.pieces[p].nk(), off = nk - nq;
-    for (std::int64_t t = 0; t * bq < nq; ++t) {
-      const std::int64_t lim = std::min(nk, off + (t + 1) * bq);
-      items.push_back({static_cast<int>(p), static_cast<int>(t), (lim + bk - 1) / bk});
-    }
-  }
-  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& c) { return a.cost > c.cost; });
-  WorkView w("wlb::attention::cuda::qwork", items.size());
+namespace detail {
+struct WorkItem {
+  int p, t;
+  std::int64_t cost;
+};
+/// Longest first (stable: equal costs keep piece order, so heads of one piece stay close),
+/// then to the device.
+inline WorkView uploadWork(std::vector<WorkItem> items, const char* label) {
+  std::stable_sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& c) { return a.cost > c.cost; });
+  WorkView w(std::string(label), items.size());
   auto h = Kokkos::create_mirror_view(w);
   for (std::size_t i = 0; i < items.size(); ++i) {
     h(i, 0) = items[i].p;
@@ -92,14 +86,25 @@ inline WorkView queryWork(const VarlenBatch& b, int bq, int bk) {
   Kokkos::deep_copy(w, h);
   return w;
 }
+}  // namespace detail
+
+/// Query tiles of `bq` rows; cost = key tiles of `bk` the tile visits. Longest first, so the
+/// long diagonal tiles start early and the short ones fill the tail (no idle SMs at the end).
+inline WorkView queryWork(const VarlenBatch& b, int bq, int bk) {
+  std::vector<detail::WorkItem> items;
+  for (std::size_t p = 0; p < b.pieces.size(); ++p) {
+    const std::int64_t nq = b.pieces[p].nq(), nk = b.pieces[p].nk(), off = nk - nq;
+    for (std::int64_t t = 0; t * bq < nq; ++t) {
+      const std::int64_t lim = std::min(nk, off + (t + 1) * bq);
+      items.push_back({static_cast<int>(p), static_cast<int>(t), (lim + bk - 1) / bk});
+    }
+  }
+  return detail::uploadWork(std::move(items), "wlb::attention::cuda::qwork");
+}
 
 /// Key tiles of `bk` keys (pieces with queries only); cost = query rows that see the tile.
 inline WorkView keyWork(const VarlenBatch& b, int bk) {
-  struct Item {
-    int p, t;
-    std::int64_t cost;
-  };
-  std::vector<Item> items;
+  std::vector<detail::WorkItem> items;
   for (std::size_t p = 0; p < b.pieces.size(); ++p) {
     const std::int64_t nq = b.pieces[p].nq(), nk = b.pieces[p].nk(), off = nk - nq;
     if (nq == 0) continue;
@@ -108,15 +113,7 @@ inline WorkView keyWork(const VarlenBatch& b, int bk) {
       items.push_back({static_cast<int>(p), static_cast<int>(t), nq - first});
     }
   }
-  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& c) { return a.cost > c.cost; });
-  WorkView w("wlb::attention::cuda::kwork", items.size());
-  auto h = Kokkos::create_mirror_view(w);
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    h(i, 0) = items[i].p;
-    h(i, 1) = items[i].t;
-  }
-  Kokkos::deep_copy(w, h);
-  return w;
+  return detail::uploadWork(std::move(items), "wlb::attention::cuda::kwork");
 }
 
 KOKKOS_INLINE_FUNCTION float loadF(const float* p) {
