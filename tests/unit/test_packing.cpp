@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <unistd.h>
+#include <algorithm>
 #include <cstdio>
 
 #include <fstream>
@@ -74,6 +75,35 @@ TEST(PackingConservation, TenThousandStepsWlbAndOriginal) {
     EXPECT_TRUE(r.check_ok) << name << ": " << r.check_report;
     EXPECT_EQ(r.summary.steps, 10000);
   }
+}
+
+// docs/data.md: `original` carries nothing over, except the part of a document longer than
+// the step's N x S capacity, which trains over the following steps.
+TEST(PackingOriginal, CarriesOnlyBeyondStepCapacity) {
+  const std::string path = ::testing::TempDir() + "/pack_original_carry.txt";
+  {
+    std::ofstream f(path);
+    f << "500\n60000\n3000\n200000\n100\n7000\n";  // N x S = 8 x 8192 = 65536
+  }
+  Deck d = smallDeck("pile", 1);
+  d.data.source = "text";
+  d.data.path = path;
+  const auto cost = model::CostModel::fromDeck(d);
+  auto src = data::makeLengthSource(d);
+  auto p = packing::makePacker("original", d, cost);
+  const std::int64_t cap = 8 * 8192;
+  std::vector<std::int64_t> pending;
+  for (std::int64_t t = 0; t < 8; ++t) {
+    const auto docs = src->next(t);
+    const bool huge = std::any_of(docs.begin(), docs.end(), [&](const Document& x) { return x.length > cap; });
+    (void)p->pack(t, docs);
+    pending.push_back(p->pendingTokens());
+    if (!huge && (t == 0 || pending[static_cast<std::size_t>(t) - 1] == 0)) {
+      EXPECT_EQ(pending.back(), 0) << "step " << t;
+    }
+  }
+  // the 200000-token document (the file repeats): at most 65536 of it train per step
+  EXPECT_NE(std::find(pending.begin(), pending.end(), 200000 - cap), pending.end());
 }
 
 TEST(PackingConservation, DocumentsLongerThanCapacityAreSplitNotDropped) {
