@@ -2,7 +2,9 @@
 // the JSONL plan (docs/plan-format.md), print a comparison table, optionally check
 // conservation and save/restore packer checkpoints. Every MPI rank computes the same
 // plan; only rank 0 prints and writes.
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -149,10 +151,27 @@ int runPlan(const Opts& o) {
       packing::RunOptions ro;
       ro.steps = steps;
       ro.check = o.check;
-      if (out.is_open())
-        ro.on_step = [&](const StepPlan& p, const packing::StepMetrics& m, std::int64_t n) {
-          out << packing::stepToJson(p, m, n).dump() << '\n';
-        };
+      // progress on stderr (rank 0) for long runs: at most one line every 5 s (env
+      // WLB_PROGRESS_SECONDS), none for runs that finish sooner
+      const char* pe = std::getenv("WLB_PROGRESS_SECONDS");
+      const auto every = std::chrono::duration<double>(pe ? std::atof(pe) : 5.0);
+      const auto t_start = std::chrono::steady_clock::now();
+      auto t_last = t_start;
+      std::int64_t done = 0;
+      const std::string pname = packer->name();
+      ro.on_step = [&](const StepPlan& p, const packing::StepMetrics& m, std::int64_t n) {
+        if (out.is_open()) out << packing::stepToJson(p, m, n).dump() << '\n';
+        ++done;
+        const auto now = std::chrono::steady_clock::now();
+        if (root && now - t_last >= every) {
+          t_last = now;
+          const double el = std::chrono::duration<double>(now - t_start).count();
+          const double rate = static_cast<double>(done) / el;
+          std::fprintf(stderr, "wlb plan: %s step %lld/%lld, %.0f steps/s, ETA %.0f s\n", pname.c_str(),
+                       static_cast<long long>(done), static_cast<long long>(steps), rate,
+                       static_cast<double>(steps - done) / rate);
+        }
+      };
       auto res = packing::runPacker(*src, *packer, cost, ro);
       if (out.is_open()) {
         out << nlohmann::json{{"type", "summary"}, {"result", res.toJson()}}.dump() << '\n';

@@ -39,6 +39,12 @@ for change in "data.seed=12345" "data.context_window=4096" "data.source=\"text\"
   [ ! -e "$T/mixed.jsonl" ] || fail "resume with $change wrote output"
 done
 
+# Progress lines on stderr (every 5 s by default; every step here), stdout unchanged.
+WLB_PROGRESS_SECONDS=0 "$WLB" plan "$SRC/inputs/plan_smoke.toml" --packer wlb --steps 3 > "$T/p.out" 2> "$T/p.err" \
+  || fail "progress run"
+grep -q "wlb plan: wlb step 3/3, .* steps/s, ETA" "$T/p.err" || { cat "$T/p.err"; fail "no progress line"; }
+grep -q "steps/s" "$T/p.out" && fail "progress on stdout"
+
 # Bad input: exit 2, message names the file/line, no output written.
 printf '100\n200\nxyz\n' > "$T/bad.txt"
 "$WLB" plan "$SRC/inputs/plan_lengths_file.toml" --set "data.path=\"$T/bad.txt\"" --out "$T/never.jsonl" > "$T/e.txt" 2>&1
