@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "app/cleanup.hpp"
 #include "app/command.hpp"
 #include "attention/attention.hpp"
 #include "attention/reference.hpp"
@@ -202,6 +203,11 @@ int run(const Opts& o) {
   }
   // write to a temporary name, rename when complete
   const std::string tmp = o.out + ".tmp." + std::to_string(::getpid());
+  wlb::app::registerTemporary(tmp);  // removed if interrupted
+  struct Forget {
+    std::string p;
+    ~Forget() { wlb::app::forgetTemporary(p); }
+  } forget{tmp};
   try {
     auto f = wlb::h5::File::create(tmp);
     f.writeDataset<float>("o", out_o.data(), c.qd);

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include "app/cleanup.hpp"
 #include "app/command.hpp"
 #include "core/error.hpp"
 #include "data/length_source.hpp"
@@ -64,6 +65,11 @@ std::vector<std::string> packersFor(const Opts& o, const wlb::Deck& deck) {
 
 void writeAtomically(const std::string& path, const std::string& text) {
   const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  wlb::app::registerTemporary(tmp);
+  struct Forget {
+    std::string p;
+    ~Forget() { wlb::app::forgetTemporary(p); }
+  } forget{tmp};
   {
     std::ofstream f(tmp);
     if (!f) throw wlb::InputError(fmt::format("{}: cannot write", path));
@@ -136,6 +142,7 @@ int runPlan(const Opts& o) {
         out.open(tmp_path);
         if (!out) throw InputError(fmt::format("--out {}: cannot write", final_path), true);
         tmp_files.push_back(tmp_path);
+        wlb::app::registerTemporary(tmp_path);  // removed if interrupted
         packing::PlanHeader h;
         h.packer = packer->name();
         h.dp = packer->options().dp;
@@ -184,6 +191,7 @@ int runPlan(const Opts& o) {
     if (root) {
       for (std::size_t i = 0; i < tmp_files.size(); ++i) {
         const auto final_path = outPathFor(o.out, packers[i]->name(), several);
+        wlb::app::forgetTemporary(tmp_files[i]);
         if (std::rename(tmp_files[i].c_str(), final_path.c_str()) != 0)
           throw InputError(fmt::format("--out {}: cannot rename into place", final_path), true);
       }
@@ -196,7 +204,10 @@ int runPlan(const Opts& o) {
       }
     }
   } catch (...) {
-    for (const auto& t : tmp_files) std::remove(t.c_str());
+    for (const auto& t : tmp_files) {
+      wlb::app::forgetTemporary(t);
+      std::remove(t.c_str());
+    }
     throw;
   }
 

@@ -45,6 +45,16 @@ WLB_PROGRESS_SECONDS=0 "$WLB" plan "$SRC/inputs/plan_smoke.toml" --packer wlb --
 grep -q "wlb plan: wlb step 3/3, .* steps/s, ETA" "$T/p.err" || { cat "$T/p.err"; fail "no progress line"; }
 grep -q "steps/s" "$T/p.out" && fail "progress on stdout"
 
+# Interrupted (SIGINT) while streaming a plan: neither the plan nor its temporary remains.
+mkdir "$T/intr"
+"$WLB" plan "$SRC/inputs/plan_long_context.toml" --packer wlb --steps 10000000 --out "$T/intr/p.jsonl" > /dev/null 2>&1 &
+ipid=$!
+for _ in $(seq 1 100); do ls "$T/intr"/p.jsonl.tmp.* > /dev/null 2>&1 && break; sleep 0.1; done
+sleep 0.5
+kill -INT $ipid; wait $ipid; rc=$?
+[ $rc -ne 0 ] || fail "interrupted plan exited 0"
+[ -z "$(ls -A "$T/intr")" ] || fail "interrupted plan left files: $(ls "$T/intr")"
+
 # Bad input: exit 2, message names the file/line, no output written.
 printf '100\n200\nxyz\n' > "$T/bad.txt"
 "$WLB" plan "$SRC/inputs/plan_lengths_file.toml" --set "data.path=\"$T/bad.txt\"" --out "$T/never.jsonl" > "$T/e.txt" 2>&1

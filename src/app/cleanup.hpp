@@ -1,0 +1,18 @@
+#pragma once
+/// \file cleanup.hpp
+/// \brief Temporaries removed on SIGINT/SIGTERM: a command that streams output under a
+/// temporary name registers it, so an interrupted run leaves neither a partial file under
+/// the final name (writes go to the temporary) nor the temporary itself. The handler uses
+/// only async-signal-safe calls (unlink, signal, raise) on a fixed table.
+
+#include <string>
+
+namespace wlb::app {
+
+/// Remove `path` if the process is interrupted (until `forgetTemporary`). At most 64 at once;
+/// beyond that the extra ones are simply not protected.
+void registerTemporary(const std::string& path);
+/// The file was renamed or removed by the command itself.
+void forgetTemporary(const std::string& path);
+
+}  // namespace wlb::app
