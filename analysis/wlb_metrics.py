@@ -1,4 +1,4 @@
-"""Imbalance metrics of a wlb trace (definitions: docs/analysis.md, ALGORITHMS.md §0).
+"""Imbalance metrics of a wlb trace (definitions: docs/analysis.md).
 
 All times are nanoseconds. Events are grouped by (strategy, step). Labels in
 CONTAINER_LABELS (e.g. "step") and IDLE_LABELS ("idle") only count for the step span.

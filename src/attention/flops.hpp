@@ -50,7 +50,7 @@ inline double paddedPairs(std::int64_t nq, std::int64_t nk, const KernelConfig& 
 inline double forwardFlops(double pairs, std::int64_t heads, std::int64_t head_dim) {
   return 4.0 * pairs * static_cast<double>(heads) * static_cast<double>(head_dim);
 }
-/// Backward FLOPs, counted as 2.5x forward (ALGORITHMS.md §0).
+/// Backward FLOPs, counted as 2.5x forward (docs/attention.md).
 inline double backwardFlops(double pairs, std::int64_t heads, std::int64_t head_dim) {
   return 2.5 * forwardFlops(pairs, heads, head_dim);
 }

@@ -80,7 +80,7 @@ const std::vector<KeySpec>& deckSchema() {
         I("data", "s_max", 0, 1 << 28, WLB_F(data.s_max), "Variable-length micro-batch limit S_max; 0 = context_window."),
         F("data", "length_scale", 1e-6, 1e6, WLB_F(data.length_scale), "Multiply generated lengths (scaled-down runs keep the skew)."),
 
-        S("packing", "strategy", packerNames(), WLB_F(packing.strategy), "Packer (ALGORITHMS.md §1)."),
+        S("packing", "strategy", packerNames(), WLB_F(packing.strategy), "Packer (docs/packing.md)."),
         I("packing", "micro_batches", 0, 1 << 20, WLB_F(packing.micro_batches), "Micro-batches per DP replica M; 0 = pp."),
         I("packing", "window", 1, 1024, WLB_F(packing.window), "fixed_greedy: global batches per packing window k."),
         KeySpec{"packing", "outlier_thresholds", Kind::IntList, 1, big, {},
@@ -92,7 +92,7 @@ const std::vector<KeySpec>& deckSchema() {
         F("packing", "milp_time_limit", 0.01, 1e6, WLB_F(packing.milp_time_limit), "fixed_optimal: CBC time limit per solve (s)."),
         S("packing", "checkpoint", {}, WLB_F(packing.checkpoint), "Packer state file to restore from / save to (\"\" = none)."),
 
-        S("cp", "strategy", shardingNames(), WLB_F(cp.strategy), "CP sharding (ALGORITHMS.md §2)."),
+        S("cp", "strategy", shardingNames(), WLB_F(cp.strategy), "CP sharding (docs/cp.md)."),
         S("cp", "comm", {"allgather", "sharding_aware"}, WLB_F(cp.comm), "KV communication mode."),
         F("cp", "capacity_factor", 1.0, 100.0, WLB_F(cp.capacity_factor), "whole_document: per-rank token cap as a multiple of tokens/cp."),
 

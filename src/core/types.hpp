@@ -1,6 +1,6 @@
 #pragma once
 /// \file types.hpp
-/// \brief The vocabulary of ALGORITHMS.md §0: documents, segments, micro-batches and the
+/// \brief The vocabulary of the planners (docs/architecture.md): documents, segments, micro-batches and the
 /// per-step packing plan shared by packers, shard planners, executor, simulator and trace.
 
 #include <cstdint>

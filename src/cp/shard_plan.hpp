@@ -1,6 +1,6 @@
 #pragma once
 /// \file shard_plan.hpp
-/// \brief Context-parallel (CP) shard plans and KV communication plans (ALGORITHMS.md §2,
+/// \brief Context-parallel (CP) shard plans and KV communication plans (docs/cp.md,
 /// docs/cp.md). One plan type for every strategy, consumed unchanged by the distributed
 /// CP executor, the DAG simulator and the trace writer. Pure C++ (no MPI).
 ///
@@ -67,7 +67,7 @@ class CostModel;
 
 namespace wlb::cp {
 
-/// Sharding strategies of ALGORITHMS.md §2.
+/// Sharding strategies of docs/cp.md.
 enum class Strategy : int { PerSequence, PerDocument, Adaptive, WholeDocument, Hybrid };
 /// "per_sequence" | "per_document" | "adaptive" | "whole_document" | "hybrid".
 const char* strategyName(Strategy s);

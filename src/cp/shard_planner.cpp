@@ -1,5 +1,5 @@
 /// \file shard_planner.cpp
-/// \brief CP shard planners (ALGORITHMS.md §2; choices in docs/cp.md) and the layout
+/// \brief CP shard planners (docs/cp.md) and the layout
 /// finalisation shared by every strategy.
 
 #include <algorithm>
@@ -241,7 +241,7 @@ std::vector<int> allRanks(int cp) {
   return m;
 }
 
-/// Per-document split over the whole CP group (ALGORITHMS.md §2 item 2).
+/// Per-document split over the whole CP group (docs/cp.md, per_document).
 void rawPerDocumentSegment(const SegInfo& si, std::int32_t s, int cp, std::int64_t& counter,
                            std::vector<Raw>& out) {
   rawGroupSegment(si, s, allRanks(cp), counter, out);

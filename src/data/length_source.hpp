@@ -1,11 +1,11 @@
 #pragma once
 /// \file length_source.hpp
-/// \brief Document-length sources (ALGORITHMS.md §0): named generator presets and readers
+/// \brief Document-length sources (docs/data.md): named generator presets and readers
 /// for plain-text, JSONL and Megatron-LM `.idx` length files. See docs/data.md.
 ///
 /// A source plays the role of the *original* dataloader: step `t` receives exactly the
 /// documents that fill `dp * M` sequences of `S = context_window` tokens under the
-/// `original` sequential packing (ALGORITHMS.md §1, baseline 1): documents are taken in
+/// `original` sequential packing (docs/data.md): documents are taken in
 /// stream order; a document that does not fit in the current sequence's remaining space
 /// starts the next sequence; a document longer than S occupies ceil(d/S) fresh sequences
 /// (its last piece leaves room for more documents). The first document that would need

@@ -1,6 +1,6 @@
 #pragma once
 /// \file cost_model.hpp
-/// \brief The one workload cost model (ALGORITHMS.md §0) used by packers, shard planners
+/// \brief The one workload cost model (docs/architecture.md, "One cost model") used by packers, shard planners
 /// and the simulator: attention and linear FLOPs per phase, and predicted seconds from a
 /// kernel/hardware profile (docs/profile-format.md).
 

@@ -1,6 +1,6 @@
 #pragma once
 /// \file milp.hpp
-/// \brief The fixed-length optimal packing ILP of ALGORITHMS.md §1.3, solved with CBC:
+/// \brief The fixed-length optimal packing ILP of docs/packing.md (fixed_optimal), solved with CBC:
 ///   minimise z  s.t.  sum_j x_ij = 1 (each item in one bin),
 ///                     sum_i d_i x_ij <= capacity (every bin),
 ///                     sum_i (d_i/capacity)^2 x_ij <= z (every bin),  x_ij binary.

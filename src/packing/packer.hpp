@@ -1,6 +1,6 @@
 #pragma once
 /// \file packer.hpp
-/// \brief PP/DP-level packers (ALGORITHMS.md §1, WLB-LLM): `original`, `fixed_greedy`,
+/// \brief PP/DP-level packers (docs/packing.md, WLB-LLM): `original`, `fixed_greedy`,
 /// `fixed_optimal` (CBC MILP), `best_fit`, `wlb` (variable-length packing + outlier-delay
 /// queues), their metrics, and a conservation checker. Semantics: docs/packing.md.
 ///
@@ -86,7 +86,7 @@ std::unique_ptr<Packer> makePacker(const std::string& name, const Deck& deck,
 std::unique_ptr<Packer> makePacker(const std::string& name, const PackerOptions& opt,
                                    const model::CostModel& cost);
 
-/// Per-step metrics (ALGORITHMS.md §0). Imbalance degree = max_j W(mb_j) / mean_j W(mb_j)
+/// Per-step metrics (docs/packing.md). Imbalance degree = max_j W(mb_j) / mean_j W(mb_j)
 /// over all dp*M micro-batches of the step (empty ones count as 0 work; 1.0 when the step
 /// has no work). Segments are independent causal attention spans (types.hpp), so
 /// W_a(segment) = attnSeconds(0, length). Delays are token-weighted over trained tokens.

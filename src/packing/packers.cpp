@@ -1,4 +1,4 @@
-// Heuristic packers: original, fixed_greedy, best_fit, wlb (ALGORITHMS.md §1). The MILP
+// Heuristic packers: original, fixed_greedy, best_fit, wlb (docs/packing.md). The MILP
 // packer fixed_optimal lives in fixed_optimal.cpp. Semantics: docs/packing.md.
 #include <algorithm>
 #include <cmath>

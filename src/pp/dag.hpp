@@ -1,6 +1,6 @@
 #pragma once
 /// \file dag.hpp
-/// \brief DAG simulator of one pipeline (ALGORITHMS.md §4). Vertices are the tasks of a
+/// \brief DAG simulator of one pipeline (docs/simulator.md). Vertices are the tasks of a
 /// Schedule, (stage, phase, micro-batch, chunk); a micro-batch index may stand for a
 /// MicroPack or one slice of a sample. Edges:
 ///   - schedule order: consecutive tasks of one stage (no delay);

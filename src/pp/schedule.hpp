@@ -1,6 +1,6 @@
 #pragma once
 /// \file schedule.hpp
-/// \brief Pipeline schedules as data (ALGORITHMS.md §4): for every pipeline stage an
+/// \brief Pipeline schedules as data (docs/simulator.md): for every pipeline stage an
 /// ordered list of tasks (phase, micro-batch, virtual model chunk). The DAG simulator
 /// (pp/dag.hpp) and the pipeline executor both consume a Schedule; neither re-derives
 /// the order.

@@ -1,6 +1,6 @@
 #pragma once
 /// \file simulator.hpp
-/// \brief 4D step simulator (ALGORITHMS.md §4, docs/simulator.md): predicts the time,
+/// \brief 4D step simulator (docs/simulator.md): predicts the time,
 /// bubbles, per-rank busy/idle and per-stage peak memory of one training step from a
 /// StepPlan, the CP shard/comm plans of its micro-batches and the cost model.
 ///
