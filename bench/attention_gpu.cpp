@@ -102,12 +102,7 @@ template <class View, class T>
 View upload(const std::vector<float>& x, std::int64_t t, int h, int d, const char* name) {
   View v(std::string(name), static_cast<std::size_t>(t), static_cast<std::size_t>(h), static_cast<std::size_t>(d));
   auto hv = Kokkos::create_mirror_view(v);
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    if constexpr (std::is_same<T, att::bf16>::value)
-      hv.data()[i] = att::toBf16(x[i]);
-    else
-      hv.data()[i] = x[i];
-  }
+  for (std::size_t i = 0; i < x.size(); ++i) hv.data()[i] = att::fromFloat<T>(x[i]);
   Kokkos::deep_copy(v, hv);
   return v;
 }
@@ -140,19 +135,13 @@ struct Buffers {
     dv = V3("dv", tk, p.kv_heads, p.D);
   }
   void poison() {
-    Kokkos::deep_copy(o, fromFloatT(std::numeric_limits<float>::quiet_NaN()));
+    Kokkos::deep_copy(o, att::fromFloat<T>(std::numeric_limits<float>::quiet_NaN()));
     Kokkos::deep_copy(lse, std::numeric_limits<float>::quiet_NaN());
   }
   void zeroGrads() {
     Kokkos::deep_copy(dq, 0.0f);
     Kokkos::deep_copy(dk, 0.0f);
     Kokkos::deep_copy(dv, 0.0f);
-  }
-  static T fromFloatT(float x) {
-    if constexpr (std::is_same<T, att::bf16>::value)
-      return att::toBf16(x);
-    else
-      return x;
   }
   void forward(const ES& space, const att::VarlenBatch& b, const att::KernelConfig& cfg) {
     att::forward(space, q, k, v, b, o, lse, cfg);
@@ -306,7 +295,7 @@ bool checkOne(const Problem& p, const Ref& ref, Prec mode, const std::string& wh
   {
     auto ho = Kokkos::create_mirror_view(b.o);
     auto hl = Kokkos::create_mirror_view(b.lse);
-    for (std::size_t i = 0; i < ho.size(); ++i) ho.data()[i] = Buffers<T>::fromFloatT(static_cast<float>(ref.o[i]));
+    for (std::size_t i = 0; i < ho.size(); ++i) ho.data()[i] = att::fromFloat<T>(static_cast<float>(ref.o[i]));
     for (std::size_t i = 0; i < hl.size(); ++i) hl.data()[i] = static_cast<float>(ref.lse[i]);
     Kokkos::deep_copy(b.o, ho);
     Kokkos::deep_copy(b.lse, hl);

@@ -6,6 +6,7 @@
 /// only async-signal-safe calls (unlink, signal, raise) on a fixed table.
 
 #include <string>
+#include <utility>
 
 namespace wlb::app {
 
@@ -14,5 +15,17 @@ namespace wlb::app {
 void registerTemporary(const std::string& path);
 /// The file was renamed or removed by the command itself.
 void forgetTemporary(const std::string& path);
+
+/// Registers `path` for its lifetime (forgotten on scope exit, renamed or not).
+class TemporaryGuard {
+ public:
+  explicit TemporaryGuard(std::string path) : path_(std::move(path)) { registerTemporary(path_); }
+  ~TemporaryGuard() { forgetTemporary(path_); }
+  TemporaryGuard(const TemporaryGuard&) = delete;
+  TemporaryGuard& operator=(const TemporaryGuard&) = delete;
+
+ private:
+  std::string path_;
+};
 
 }  // namespace wlb::app

@@ -59,10 +59,8 @@ Case readCase(const std::string& path) {
     const std::vector<std::string> known{"q", "k", "v", "dO", "cu_seqlens_q", "cu_seqlens_k"};
     for (const auto& name : f.children())
       if (std::find(known.begin(), known.end(), name) == known.end()) {
-        std::string best = known.front();
-        for (const auto& k : known)
-          if (wlb::editDistance(name, k) < wlb::editDistance(name, best)) best = k;
-        throw wlb::InputError("wlb kernel: " + where + name + ": unknown dataset (did you mean '" + best +
+        throw wlb::InputError("wlb kernel: " + where + name + ": unknown dataset (did you mean '" +
+                              wlb::nearest(name, known) +
                               "'? expected q, k, v, cu_seqlens_q, cu_seqlens_k and optionally dO)");
       }
   }
@@ -203,11 +201,7 @@ int run(const Opts& o) {
   }
   // write to a temporary name, rename when complete
   const std::string tmp = o.out + ".tmp." + std::to_string(::getpid());
-  wlb::app::registerTemporary(tmp);  // removed if interrupted
-  struct Forget {
-    std::string p;
-    ~Forget() { wlb::app::forgetTemporary(p); }
-  } forget{tmp};
+  const wlb::app::TemporaryGuard guard(tmp);  // removed if interrupted
   try {
     auto f = wlb::h5::File::create(tmp);
     f.writeDataset<float>("o", out_o.data(), c.qd);

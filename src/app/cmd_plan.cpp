@@ -65,11 +65,7 @@ std::vector<std::string> packersFor(const Opts& o, const wlb::Deck& deck) {
 
 void writeAtomically(const std::string& path, const std::string& text) {
   const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  wlb::app::registerTemporary(tmp);
-  struct Forget {
-    std::string p;
-    ~Forget() { wlb::app::forgetTemporary(p); }
-  } forget{tmp};
+  const wlb::app::TemporaryGuard guard(tmp);
   {
     std::ofstream f(tmp);
     if (!f) throw wlb::InputError(fmt::format("{}: cannot write", path));

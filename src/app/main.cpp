@@ -84,17 +84,16 @@ int main(int argc, char** argv) {
       // the first word must be a subcommand (the driver has no positional arguments)
       if (cli_argv.size() > 1 && cli_argv[1][0] != '-' && !subs.count(cli_argv[1])) {
         const std::string word = cli_argv[1];
-        std::string best, names;
-        std::size_t best_d = word.size();
-        for (const auto& [name, entry] : subs) {
-          names += (names.empty() ? "" : ", ") + name;
-          const std::size_t d = wlb::editDistance(word, name);
-          if (d < best_d) best_d = d, best = name;
-        }
-        throw wlb::InputError("unknown subcommand '" + word + "'" +
-                                  (best_d <= 2 ? " (did you mean '" + best + "'?)" : std::string()) +
-                                  "; subcommands: " + names,
-                              true);
+        std::vector<std::string> names;
+        for (const auto& entry : subs) names.push_back(entry.first);
+        const std::string best = wlb::nearest(word, names);
+        std::string list;
+        for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+        throw wlb::InputError(
+            "unknown subcommand '" + word + "'" +
+                (wlb::editDistance(word, best) <= 2 ? " (did you mean '" + best + "'?)" : std::string()) +
+                "; subcommands: " + list,
+            true);
       }
       app.parse(static_cast<int>(cli_argv.size()), cli_argv.data());
       if (show_version) {

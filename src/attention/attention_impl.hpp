@@ -98,14 +98,6 @@ Kokkos::View<std::int64_t* [2], Kokkos::LayoutRight, typename ExecSpace::memory_
 
 // ---------------- portable (team) path: what device backends run ----------------------
 
-template <class T>
-KOKKOS_INLINE_FUNCTION T fromFloat(float x) {
-  if constexpr (std::is_same<T, bf16>::value)
-    return toBf16(x);
-  else
-    return x;
-}
-
 /// QV/OV: float or bf16 views ([tokens][heads][D]); accumulation in FP32.
 template <class ExecSpace, class QV, class OV>
 void forwardPortable(const ExecSpace& space, QV q, QV k, QV v, const VarlenBatch& b, OV o,

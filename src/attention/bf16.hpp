@@ -7,6 +7,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace wlb::attention {
 
@@ -40,6 +41,15 @@ KOKKOS_INLINE_FUNCTION bf16 toBf16(float f) {
   const std::uint32_t round = 0x7fffu + ((c.u >> 16) & 1u);
   r.bits = static_cast<std::uint16_t>((c.u + round) >> 16);
   return r;
+}
+
+/// A float as the storage type T (float or bf16).
+template <class T>
+KOKKOS_INLINE_FUNCTION T fromFloat(float x) {
+  if constexpr (std::is_same<T, bf16>::value)
+    return toBf16(x);
+  else
+    return x;
 }
 
 /// The value a float takes once stored as bf16.

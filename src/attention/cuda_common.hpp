@@ -116,13 +116,6 @@ inline WorkView keyWork(const VarlenBatch& b, int bk) {
   return detail::uploadWork(std::move(items), "wlb::attention::cuda::kwork");
 }
 
-KOKKOS_INLINE_FUNCTION float loadF(const float* p) {
-  return *p;
-}
-KOKKOS_INLINE_FUNCTION float loadF(const bf16* p) {
-  return toFloat(*p);
-}
-
 /// delta[t][h] = sum_d dO(t,h,d) * O(t,h,d) for every query row of every piece: one warp
 /// per (row, head) would waste lanes at D = 64, so 8 lanes per row.
 template <class T>
@@ -143,7 +136,7 @@ void computeDelta(const Kokkos::Cuda& space, const Args& a, std::int64_t q_token
         float s = 0.0f;
         Kokkos::parallel_reduce(
             Kokkos::ThreadVectorRange(team, D),
-            [&](const int d, float& acc) { acc += loadF(dO + t * ds0 + h * D + d) * loadF(O + t * os0 + h * D + d); },
+            [&](const int d, float& acc) { acc += toFloat(dO[t * ds0 + h * D + d]) * toFloat(O[t * os0 + h * D + d]); },
             s);
         Kokkos::single(Kokkos::PerThread(team), [&]() { delta[row] = s; });
       });

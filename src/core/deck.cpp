@@ -67,8 +67,6 @@ std::size_t editDistance(const std::string& a, const std::string& b) {
   return prev[b.size()];
 }
 
-namespace {
-
 std::string nearest(const std::string& word, const std::vector<std::string>& candidates) {
   std::string best;
   std::size_t best_d = std::numeric_limits<std::size_t>::max();
@@ -81,6 +79,8 @@ std::string nearest(const std::string& word, const std::vector<std::string>& can
   }
   return best;
 }
+
+namespace {
 
 // Where a value came from, for messages: "deck.toml:12" or "--set model.hidden=...".
 struct Origin {

@@ -32,7 +32,7 @@ struct MeshConfig {
 struct DataConfig {
   std::string source = "generator";  ///< generator | text | jsonl | megatron
   std::string preset = "long_context_128k";
-  std::string path;                  ///< length file for text/jsonl/megatron (.idx)
+  std::string path;  ///< length file for text/jsonl/megatron (.idx)
   std::string jsonl_field = "length";
   std::uint64_t seed = 1234;
   std::int64_t context_window = 131072;  ///< S
@@ -41,14 +41,14 @@ struct DataConfig {
 };
 
 struct PackingConfig {
-  std::string strategy = "wlb";  ///< original | fixed_greedy | fixed_optimal | best_fit | wlb
-  std::int64_t micro_batches = 0;  ///< M per DP replica; 0 -> resolved to pp
-  std::int64_t window = 2;         ///< fixed_greedy: global batches per window
+  std::string strategy = "wlb";                  ///< original | fixed_greedy | fixed_optimal | best_fit | wlb
+  std::int64_t micro_batches = 0;                ///< M per DP replica; 0 -> resolved to pp
+  std::int64_t window = 2;                       ///< fixed_greedy: global batches per window
   std::vector<std::int64_t> outlier_thresholds;  ///< L_1 < ... < L_n; empty -> defaults
-  double delay_budget = 1.0;       ///< mean per-token delay budget (steps) for tuning
-  std::int64_t max_queue_wait = 0; ///< wlb: longest outlier-queue wait (steps); 0 -> max(2, ceil(4*budget))
-  double milp_time_limit = 10.0;   ///< seconds per fixed_optimal solve
-  std::string checkpoint;          ///< packer state file ("" -> none)
+  double delay_budget = 1.0;                     ///< mean per-token delay budget (steps) for tuning
+  std::int64_t max_queue_wait = 0;  ///< wlb: longest outlier-queue wait (steps); 0 -> max(2, ceil(4*budget))
+  double milp_time_limit = 10.0;    ///< seconds per fixed_optimal solve
+  std::string checkpoint;           ///< packer state file ("" -> none)
 };
 
 struct CpConfig {
@@ -58,8 +58,8 @@ struct CpConfig {
 };
 
 struct PipelineConfig {
-  std::string schedule = "1f1b";  ///< gpipe | 1f1b | interleaved
-  std::string recompute = "none"; ///< none | selective | full
+  std::string schedule = "1f1b";   ///< gpipe | 1f1b | interleaved
+  std::string recompute = "none";  ///< none | selective | full
 };
 
 struct HardwareConfig {
@@ -111,8 +111,7 @@ struct Deck {
 Deck loadDeck(const std::string& path, const std::vector<std::string>& overrides = {});
 
 /// Same, from TOML text (`name` is used in error messages).
-Deck parseDeck(const std::string& text, const std::string& name,
-               const std::vector<std::string>& overrides = {});
+Deck parseDeck(const std::string& text, const std::string& name, const std::vector<std::string>& overrides = {});
 
 /// Expand [sweep] lists into the cartesian product of decks (one deck if no sweep).
 /// Each case's `output.dir` gets a suffix naming its values.
@@ -125,7 +124,9 @@ struct StrategyPair {
 };
 std::vector<StrategyPair> resolveStrategies(const Deck& deck);
 
-/// Levenshtein distance (typo suggestions: deck keys, subcommands).
+/// Levenshtein distance (typo suggestions: deck keys, subcommands, datasets).
 std::size_t editDistance(const std::string& a, const std::string& b);
+/// The candidate closest to `word` by editDistance (first of equals; "" if none).
+std::string nearest(const std::string& word, const std::vector<std::string>& candidates);
 
 }  // namespace wlb
