@@ -20,8 +20,8 @@
 
 namespace wlb::packing {
 
-double minMaxObjective(const std::vector<std::int64_t>& lengths, const std::vector<int>& bin_of,
-                       int bins, std::int64_t capacity) {
+double minMaxObjective(const std::vector<std::int64_t>& lengths, const std::vector<int>& bin_of, int bins,
+                       std::int64_t capacity) {
   std::vector<double> w(static_cast<std::size_t>(bins), 0.0);
   std::vector<std::int64_t> t(static_cast<std::size_t>(bins), 0);
   for (std::size_t i = 0; i < lengths.size(); ++i) {
@@ -48,8 +48,7 @@ double trivialBound(const std::vector<std::int64_t>& lengths, int bins) {
 }
 }  // namespace
 
-MinMaxResult bruteForceMinMaxSquares(const std::vector<std::int64_t>& lengths, int bins,
-                                     std::int64_t capacity) {
+MinMaxResult bruteForceMinMaxSquares(const std::vector<std::int64_t>& lengths, int bins, std::int64_t capacity) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::size_t n = lengths.size();
   std::vector<std::size_t> order(n);
@@ -94,9 +93,8 @@ MinMaxResult bruteForceMinMaxSquares(const std::vector<std::int64_t>& lengths, i
   return r;
 }
 
-MinMaxResult solveMinMaxSquares(const std::vector<std::int64_t>& lengths, int bins,
-                                std::int64_t capacity, double time_limit,
-                                const std::vector<int>* warm) {
+MinMaxResult solveMinMaxSquares(const std::vector<std::int64_t>& lengths, int bins, std::int64_t capacity,
+                                double time_limit, const std::vector<int>* warm) {
   const auto t0 = std::chrono::steady_clock::now();
   MinMaxResult r;
   const std::size_t n = lengths.size();
@@ -122,8 +120,7 @@ MinMaxResult solveMinMaxSquares(const std::vector<std::int64_t>& lengths, int bi
   const double cap = static_cast<double>(capacity);
   // Columns: x_{k,j} for sorted item k and bin j <= min(k, bins-1); then z.
   std::vector<int> first_col(n + 1, 0);
-  for (std::size_t k = 0; k < n; ++k)
-    first_col[k + 1] = first_col[k] + std::min<int>(static_cast<int>(k) + 1, bins);
+  for (std::size_t k = 0; k < n; ++k) first_col[k + 1] = first_col[k] + std::min<int>(static_cast<int>(k) + 1, bins);
   const int nx = first_col[n];
   const int ncols = nx + 1, zcol = nx;
   std::vector<double> collb(ncols, 0.0), colub(ncols, 1.0), obj(ncols, 0.0);
@@ -233,8 +230,7 @@ class FixedOptimalPacker final : public Packer {
     // Feasible start 1: greedy decreasing into the least-squared-work bin with room.
     std::vector<std::size_t> order(items.size());
     std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(),
-              [&](auto a, auto b) { return longerFirst(items[a], items[b]); });
+    std::sort(order.begin(), order.end(), [&](auto a, auto b) { return longerFirst(items[a], items[b]); });
     std::vector<int> greedy(items.size(), -1);
     {
       std::vector<std::int64_t> room(static_cast<std::size_t>(N), S);
@@ -266,9 +262,12 @@ class FixedOptimalPacker final : public Packer {
     }
     auto unplaced = [](const std::vector<int>& a) { return std::count(a.begin(), a.end(), -1); };
     std::vector<int> start;
-    if (unplaced(greedy) == 0) start = greedy;
-    else if (unplaced(seq) == 0) start = seq;
-    else start = unplaced(greedy) <= unplaced(seq) ? greedy : seq;
+    if (unplaced(greedy) == 0)
+      start = greedy;
+    else if (unplaced(seq) == 0)
+      start = seq;
+    else
+      start = unplaced(greedy) <= unplaced(seq) ? greedy : seq;
     std::vector<Segment> placed;
     std::vector<int> warm;
     std::vector<std::int64_t> lens;
@@ -286,9 +285,13 @@ class FixedOptimalPacker final : public Packer {
     std::vector<MicroBatch> mbs(static_cast<std::size_t>(N));
     for (std::size_t i = 0; i < placed.size(); ++i)
       mbs[static_cast<std::size_t>(assign[i])].segments.push_back(placed[i]);
-    info_ = {{"status", res.status}, {"objective", res.objective / double(S) / double(S)},
-             {"bound", res.bound / double(S) / double(S)}, {"gap", res.gap},
-             {"seconds", res.seconds}, {"nodes", res.nodes}, {"items", placed.size()}};
+    info_ = {{"status", res.status},
+             {"objective", res.objective / double(S) / double(S)},
+             {"bound", res.bound / double(S) / double(S)},
+             {"gap", res.gap},
+             {"seconds", res.seconds},
+             {"nodes", res.nodes},
+             {"items", placed.size()}};
     StepPlan plan;
     plan.step = step;
     distribute(plan, mbs, opt_, nullptr);
@@ -297,7 +300,7 @@ class FixedOptimalPacker final : public Packer {
   }
   nlohmann::json saveState() const override { return {{"carry", segsToJson(carry_)}}; }
   void loadState(const nlohmann::json& s) override { carry_ = segsFromJson(s.at("carry")); }
-  std::int64_t pendingTokens() const override { return tokensOf(carry_); }
+  std::vector<Segment> heldSegments() const override { return carry_; }
   nlohmann::json lastSolverInfo() const override { return info_; }
 
  private:

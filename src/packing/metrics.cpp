@@ -115,8 +115,7 @@ void RunSummary::add(const StepMetrics& m) {
   plan_us_mean += m.plan_us;
   plan_us_max = std::max(plan_us_max, m.plan_us);
   tokens_max_over_mean += m.tokens_mean > 0 ? m.tokens_max / m.tokens_mean : 1.0;
-  if (m.solver.is_object() && m.solver.contains("gap"))
-    max_gap = std::max(max_gap, m.solver["gap"].get<double>());
+  if (m.solver.is_object() && m.solver.contains("gap")) max_gap = std::max(max_gap, m.solver["gap"].get<double>());
 }
 
 void RunSummary::finish() {
@@ -133,14 +132,21 @@ void RunSummary::finish() {
 }
 
 nlohmann::json RunSummary::toJson() const {
-  return {{"steps", steps}, {"tokens", tokens}, {"segments", documents},
-          {"imbalance_mean", imbalance_mean}, {"imbalance_attn_fwd_mean", imbalance_attn_fwd_mean},
+  return {{"steps", steps},
+          {"tokens", tokens},
+          {"segments", documents},
+          {"imbalance_mean", imbalance_mean},
+          {"imbalance_attn_fwd_mean", imbalance_attn_fwd_mean},
           {"imbalance_attn_bwd_mean", imbalance_attn_bwd_mean},
           {"imbalance_total_fwd_mean", imbalance_total_fwd_mean},
           {"imbalance_total_bwd_mean", imbalance_total_bwd_mean},
-          {"imbalance_max", imbalance_max}, {"delay_mean", delay_mean}, {"delay_max", delay_max},
-          {"plan_us_mean", plan_us_mean}, {"plan_us_max", plan_us_max},
-          {"tokens_max_over_mean", tokens_max_over_mean}, {"max_gap", max_gap}};
+          {"imbalance_max", imbalance_max},
+          {"delay_mean", delay_mean},
+          {"delay_max", delay_max},
+          {"plan_us_mean", plan_us_mean},
+          {"plan_us_max", plan_us_max},
+          {"tokens_max_over_mean", tokens_max_over_mean},
+          {"max_gap", max_gap}};
 }
 
 // ---- ConservationChecker ----------------------------------------------------------------
@@ -155,6 +161,26 @@ void ConservationChecker::addIncoming(const std::vector<Document>& docs) {
   }
 }
 
+void ConservationChecker::addHeld(const std::vector<Segment>& held) {
+  // A held piece's document is open from its arrival; everything before its first held
+  // offset was trained before the checkpoint, and its held pieces run to its end
+  // (packers hold the remaining consecutive pieces of a split document).
+  for (const auto& s : held) {
+    if (s.length <= 0 || s.offset < 0) {
+      ++unknown_;
+      continue;
+    }
+    auto [it, fresh] = open_.try_emplace(s.doc, Open{0, s.offset, s.arrival_step, {}});
+    Open& o = it->second;
+    if (!fresh && o.arrival != s.arrival_step) ++early_;
+    o.covered = std::min(o.covered, s.offset);
+    o.length = std::max(o.length, s.offset + s.length);
+    max_seen_ = std::max(max_seen_, s.doc);
+  }
+  for (auto& [id, o] : open_)
+    if (o.covered > 0 && o.ranges.empty()) o.ranges.push_back({0, o.covered});
+}
+
 void ConservationChecker::addPlan(const StepPlan& plan) {
   for (const auto& rep : plan.replicas) {
     for (const auto& mb : rep) {
@@ -162,8 +188,10 @@ void ConservationChecker::addPlan(const StepPlan& plan) {
       for (const auto& s : mb.segments) {
         auto it = open_.find(s.doc);
         if (it == open_.end()) {
-          if (s.doc <= max_seen_ && s.doc >= 0) ++duplicated_;
-          else ++unknown_;
+          if (s.doc <= max_seen_ && s.doc >= 0)
+            ++duplicated_;
+          else
+            ++unknown_;
           continue;
         }
         Open& o = it->second;
@@ -206,8 +234,8 @@ std::int64_t ConservationChecker::lostTokens(std::int64_t pending) const {
 }
 
 bool ConservationChecker::ok(std::int64_t pending) const {
-  return duplicated_ == 0 && unknown_ == 0 && over_capacity_ == 0 && early_ == 0 &&
-         unreported_ == 0 && inFlightTokens() == pending;
+  return duplicated_ == 0 && unknown_ == 0 && over_capacity_ == 0 && early_ == 0 && unreported_ == 0 &&
+         inFlightTokens() == pending;
 }
 
 std::string ConservationChecker::report(std::int64_t pending) const {
@@ -215,8 +243,8 @@ std::string ConservationChecker::report(std::int64_t pending) const {
       "documents completed {}, in flight {} ({} tokens, packer holds {}), lost tokens {}, "
       "duplicated segments {}, unknown segments {}, over-capacity micro-batches {}, "
       "trained-before-arrival {}, unreported in-flight {}",
-      completed_, inFlight(), inFlightTokens(), pending, lostTokens(pending), duplicated_,
-      unknown_, over_capacity_, early_, unreported_);
+      completed_, inFlight(), inFlightTokens(), pending, lostTokens(pending), duplicated_, unknown_, over_capacity_,
+      early_, unreported_);
 }
 
 }  // namespace wlb::packing

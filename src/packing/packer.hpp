@@ -33,15 +33,15 @@ namespace wlb::packing {
 /// Packer parameters resolved from a deck.
 struct PackerOptions {
   std::int64_t dp = 1;
-  std::int64_t micro_batches = 1;       ///< M per replica
-  std::int64_t context_window = 4096;   ///< S
-  std::int64_t s_max = 4096;            ///< variable-length limit (>= S)
-  std::int64_t window = 2;              ///< fixed_greedy: global batches per window
+  std::int64_t micro_batches = 1;                ///< M per replica
+  std::int64_t context_window = 4096;            ///< S
+  std::int64_t s_max = 4096;                     ///< variable-length limit (>= S)
+  std::int64_t window = 2;                       ///< fixed_greedy: global batches per window
   std::vector<std::int64_t> outlier_thresholds;  ///< wlb: L_1 < ... < L_n (empty = none)
   /// wlb: a queued outlier that has waited this many steps is released even if its queue
   /// holds fewer than N documents (bounds the delay; 0 = never force).
   std::int64_t max_queue_wait = 8;
-  double milp_time_limit = 10.0;        ///< fixed_optimal: seconds per solve
+  double milp_time_limit = 10.0;  ///< fixed_optimal: seconds per solve
   /// wlb: mean per-token delay budget (steps); while the running mean delay exceeds it,
   /// the forced-release wait is shortened by one step (0 = no control).
   double delay_budget = 0;
@@ -64,8 +64,11 @@ class Packer {
   /// Everything held across steps (queues, carry-over, window buffer) as JSON.
   virtual nlohmann::json saveState() const = 0;
   virtual void loadState(const nlohmann::json& state) = 0;
+  /// Segments currently held back (carry-over, window buffer, outlier queues): what a
+  /// checkpoint saves, and what a conservation check of a resumed stream starts from.
+  virtual std::vector<Segment> heldSegments() const = 0;
   /// Tokens currently held back.
-  virtual std::int64_t pendingTokens() const = 0;
+  std::int64_t pendingTokens() const;
   /// Per-step solver report: fixed_optimal fills it ({"status","objective","bound","gap",
   /// "seconds"}); other packers return null.
   virtual nlohmann::json lastSolverInfo() const { return nullptr; }
@@ -81,10 +84,8 @@ class Packer {
 std::vector<std::string> packerNames();
 /// Create a packer. `cost` must outlive it. InputError naming `packing.strategy` (and the
 /// valid names) for an unknown name.
-std::unique_ptr<Packer> makePacker(const std::string& name, const Deck& deck,
-                                   const model::CostModel& cost);
-std::unique_ptr<Packer> makePacker(const std::string& name, const PackerOptions& opt,
-                                   const model::CostModel& cost);
+std::unique_ptr<Packer> makePacker(const std::string& name, const Deck& deck, const model::CostModel& cost);
+std::unique_ptr<Packer> makePacker(const std::string& name, const PackerOptions& opt, const model::CostModel& cost);
 
 /// Per-step metrics (docs/packing.md). Imbalance degree = max_j W(mb_j) / mean_j W(mb_j)
 /// over all dp*M micro-batches of the step (empty ones count as 0 work; 1.0 when the step
@@ -95,12 +96,12 @@ struct StepMetrics {
   std::int64_t micro_batches = 0, segments = 0, tokens = 0, delayed_docs = 0;
   double imbalance_attn_fwd = 1, imbalance_attn_bwd = 1;    ///< attention only
   double imbalance_total_fwd = 1, imbalance_total_bwd = 1;  ///< W_a + W_l
-  double imbalance = 1;            ///< total, fwd+bwd: the headline number
-  double delay_mean = 0, delay_p99 = 0, delay_max = 0;  ///< steps, per token
+  double imbalance = 1;                                     ///< total, fwd+bwd: the headline number
+  double delay_mean = 0, delay_p99 = 0, delay_max = 0;      ///< steps, per token
   double tokens_max = 0, tokens_mean = 0;
-  double max_work_seconds = 0;     ///< max_j W(mb_j), fwd+bwd, one layer
-  double plan_us = 0;              ///< wall time of pack() (filled by the caller)
-  nlohmann::json solver;           ///< Packer::lastSolverInfo() (null if none)
+  double max_work_seconds = 0;  ///< max_j W(mb_j), fwd+bwd, one layer
+  double plan_us = 0;           ///< wall time of pack() (filled by the caller)
+  nlohmann::json solver;        ///< Packer::lastSolverInfo() (null if none)
 };
 StepMetrics computeMetrics(const StepPlan& plan, const model::CostModel& cost);
 nlohmann::json toJson(const StepMetrics& m);
@@ -130,6 +131,10 @@ class ConservationChecker {
  public:
   explicit ConservationChecker(std::int64_t capacity) : capacity_(capacity) {}
   void addIncoming(const std::vector<Document>& docs);
+  /// A resumed stream: the restored packer's held segments are documents that arrived
+  /// before the checkpoint; the part of each before its first held offset was trained
+  /// then. Call once, before the first addIncoming.
+  void addHeld(const std::vector<Segment>& held);
   void addPlan(const StepPlan& plan);
   /// Documents fully trained / still in flight / errors so far.
   std::int64_t completed() const { return completed_; }
@@ -137,7 +142,7 @@ class ConservationChecker {
   std::int64_t duplicated() const { return duplicated_; }  ///< segments repeating tokens
   std::int64_t unknown() const { return unknown_; }        ///< segments of never-seen docs
   std::int64_t overCapacity() const { return over_capacity_; }
-  std::int64_t early() const { return early_; }            ///< trained before arrival
+  std::int64_t early() const { return early_; }  ///< trained before arrival
   /// Step-document pairs where an arrived, unfinished document was missing from
   /// StepPlan::delayed (the packer "forgot" it).
   std::int64_t unreported() const { return unreported_; }
@@ -156,8 +161,7 @@ class ConservationChecker {
   std::unordered_map<DocId, Open> open_;
   DocId max_seen_ = -1;
   std::int64_t capacity_;
-  std::int64_t completed_ = 0, duplicated_ = 0, unknown_ = 0, over_capacity_ = 0, early_ = 0,
-               unreported_ = 0;
+  std::int64_t completed_ = 0, duplicated_ = 0, unknown_ = 0, over_capacity_ = 0, early_ = 0, unreported_ = 0;
 };
 
 /// Split documents into capacity-sized segments (the shared rule for documents longer

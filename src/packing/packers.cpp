@@ -17,6 +17,9 @@
 namespace wlb::packing {
 
 Packer::~Packer() = default;
+std::int64_t Packer::pendingTokens() const {
+  return detail::tokensOf(heldSegments());
+}
 
 PackerOptions PackerOptions::fromDeck(const Deck& deck) {
   PackerOptions o;
@@ -25,22 +28,24 @@ PackerOptions PackerOptions::fromDeck(const Deck& deck) {
   o.context_window = deck.data.context_window;
   o.s_max = std::max(data::resolvedSMax(deck), o.context_window);
   o.window = std::max<std::int64_t>(1, deck.packing.window);
-  o.outlier_thresholds = deck.packing.outlier_thresholds.empty()
-                             ? defaultThresholds(o.context_window, o.s_max)
-                             : deck.packing.outlier_thresholds;
+  o.outlier_thresholds = deck.packing.outlier_thresholds.empty() ? defaultThresholds(o.context_window, o.s_max)
+                                                                 : deck.packing.outlier_thresholds;
   o.milp_time_limit = deck.packing.milp_time_limit;
   o.delay_budget = deck.packing.delay_budget;
   // Bound the outlier-queue wait: [packing] max_queue_wait, or by default derived from the
   // delay budget as max(2, ceil(5 * budget)) steps; the delay controller keeps the mean
   // under the budget by releasing one step earlier when needed (docs/packing.md).
-  o.max_queue_wait = deck.packing.max_queue_wait > 0
-                         ? deck.packing.max_queue_wait
-                         : std::max<std::int64_t>(2, static_cast<std::int64_t>(std::ceil(5.0 * deck.packing.delay_budget)));
+  o.max_queue_wait =
+      deck.packing.max_queue_wait > 0
+          ? deck.packing.max_queue_wait
+          : std::max<std::int64_t>(2, static_cast<std::int64_t>(std::ceil(5.0 * deck.packing.delay_budget)));
   for (std::size_t i = 0; i < o.outlier_thresholds.size(); ++i) {
     const auto L = o.outlier_thresholds[i];
     if (L < 1 || (i > 0 && L <= o.outlier_thresholds[i - 1]))
       throw InputError(fmt::format("packing.outlier_thresholds: must be positive and strictly "
-                                   "increasing (entry {} = {})", i, L), true);
+                                   "increasing (entry {} = {})",
+                                   i, L),
+                       true);
   }
   return o;
 }
@@ -75,8 +80,8 @@ nlohmann::json segsToJson(const std::vector<Segment>& v) {
 std::vector<Segment> segsFromJson(const nlohmann::json& a) {
   std::vector<Segment> v;
   for (const auto& e : a)
-    v.push_back(Segment{e.at(0).get<DocId>(), e.at(1).get<std::int64_t>(),
-                        e.at(2).get<std::int64_t>(), e.at(3).get<std::int64_t>()});
+    v.push_back(Segment{e.at(0).get<DocId>(), e.at(1).get<std::int64_t>(), e.at(2).get<std::int64_t>(),
+                        e.at(3).get<std::int64_t>()});
   return v;
 }
 
@@ -109,8 +114,7 @@ void distribute(StepPlan& plan, std::vector<MicroBatch>& mbs, const PackerOption
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   if (work) {
     // Snake-deal micro-batches by decreasing work so DP replicas get equal totals.
-    std::stable_sort(order.begin(), order.end(),
-                     [&](std::size_t a, std::size_t b) { return (*work)[a] > (*work)[b]; });
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return (*work)[a] > (*work)[b]; });
     for (std::size_t i = 0; i < order.size(); ++i) {
       const auto round = static_cast<std::int64_t>(i) / dp, pos = static_cast<std::int64_t>(i) % dp;
       const auto r = (round % 2 == 0) ? pos : dp - 1 - pos;
@@ -122,8 +126,7 @@ void distribute(StepPlan& plan, std::vector<MicroBatch>& mbs, const PackerOption
   }
 }
 
-WorkTable::WorkTable(const model::CostModel& cost, std::int64_t max_len)
-    : cost_(&cost), max_len_(max_len) {
+WorkTable::WorkTable(const model::CostModel& cost, std::int64_t max_len) : cost_(&cost), max_len_(max_len) {
   const auto& hw = cost.hardware();
   const std::int64_t tq = hw.tile_q, tk = hw.tile_k;
   if (tq < 1 || tk < 1) return;
@@ -216,7 +219,7 @@ class OriginalPacker final : public Packer {
   }
   nlohmann::json saveState() const override { return {{"carry", segsToJson(carry_)}}; }
   void loadState(const nlohmann::json& s) override { carry_ = segsFromJson(s.at("carry")); }
-  std::int64_t pendingTokens() const override { return tokensOf(carry_); }
+  std::vector<Segment> heldSegments() const override { return carry_; }
 
  private:
   std::vector<Segment> carry_;
@@ -257,7 +260,7 @@ class BestFitPacker final : public Packer {
   }
   nlohmann::json saveState() const override { return {{"carry", segsToJson(carry_)}}; }
   void loadState(const nlohmann::json& s) override { carry_ = segsFromJson(s.at("carry")); }
-  std::int64_t pendingTokens() const override { return tokensOf(carry_); }
+  std::vector<Segment> heldSegments() const override { return carry_; }
 
  private:
   std::vector<Segment> carry_;
@@ -344,11 +347,11 @@ class FixedGreedyPacker final : public Packer {
       ready_.push_back(std::move(g));
     }
   }
-  std::int64_t pendingTokens() const override {
-    std::int64_t t = tokensOf(buffer_);
+  std::vector<Segment> heldSegments() const override {
+    std::vector<Segment> v = buffer_;
     for (const auto& g : ready_)
-      for (const auto& b : g) t += tokensOf(b);
-    return t;
+      for (const auto& b : g) v.insert(v.end(), b.begin(), b.end());
+    return v;
   }
 
  private:
@@ -410,8 +413,7 @@ class MinTree {
 // ---- wlb: variable-length packing + outlier-delay queues (Algorithm 1) -------------------
 class WlbPacker final : public Packer {
  public:
-  WlbPacker(PackerOptions o, const model::CostModel& c)
-      : Packer(std::move(o), c), table_(c, opt_.s_max) {
+  WlbPacker(PackerOptions o, const model::CostModel& c) : Packer(std::move(o), c), table_(c, opt_.s_max) {
     queues_.resize(opt_.outlier_thresholds.size());
     w_memo_.assign(static_cast<std::size_t>(std::min(kMemoLengths, opt_.s_max + 1)),
                    std::numeric_limits<double>::quiet_NaN());
@@ -451,8 +453,10 @@ class WlbPacker final : public Packer {
         const Segment s{d.id, off, std::min(Smax, d.length - off), d.arrival_step};
         const Item it{s, memoWork(s.length)};
         const auto lvl = static_cast<std::size_t>(std::upper_bound(L.begin(), L.end(), s.length) - L.begin());
-        if (lvl == 0) fresh.push_back(it);
-        else queues_[lvl - 1].push_back(it);
+        if (lvl == 0)
+          fresh.push_back(it);
+        else
+          queues_[lvl - 1].push_back(it);
       }
     }
     // Priority: carried-over documents and queue entries released by age go first.
@@ -538,8 +542,10 @@ class WlbPacker final : public Packer {
           for (auto& q : queues_) {
             std::size_t keep = 0;
             for (std::size_t i = 0; i < q.size(); ++i) {
-              if (take_[off + i]) fresh.push_back(q[i]);
-              else q[keep++] = q[i];
+              if (take_[off + i])
+                fresh.push_back(q[i]);
+              else
+                q[keep++] = q[i];
             }
             off += q.size();
             q.resize(keep);
@@ -656,7 +662,12 @@ class WlbPacker final : public Packer {
           if (w[l] + wx >= best) continue;
           if (len[l] + H[x].s.length <= Smax) {
             const double m = std::max(w[h] - wx, w[l] + wx);
-            if (m < best - 1e-9 * best) { best = m; bl = l; bx = x; swap = false; }
+            if (m < best - 1e-9 * best) {
+              best = m;
+              bl = l;
+              bx = x;
+              swap = false;
+            }
           }
         }
         // Swaps: only y with wx - (w[h] - w[l]) < wy < wx can help; scan L's segments in
@@ -695,7 +706,13 @@ class WlbPacker final : public Packer {
             if (wy >= wx - (w[h] - best)) break;
             if (sb.len[k] < ly_lo || sb.len[k] > ly_hi) continue;
             const double m = std::max(w[h] - wx + wy, w[l] + wx - wy);
-            if (m < best - 1e-9 * best) { best = m; bl = l; bx = x; by = sb.idx[k]; swap = true; }
+            if (m < best - 1e-9 * best) {
+              best = m;
+              bl = l;
+              bx = x;
+              by = sb.idx[k];
+              swap = true;
+            }
           }
         }
       }
@@ -707,13 +724,17 @@ class WlbPacker final : public Packer {
         const Item iy = Lb[by];
         H[bx] = iy;
         Lb[by] = ix;
-        w[h] += iy.w - ix.w; w[bl] += ix.w - iy.w;
-        len[h] += iy.s.length - ix.s.length; len[bl] += ix.s.length - iy.s.length;
+        w[h] += iy.w - ix.w;
+        w[bl] += ix.w - iy.w;
+        len[h] += iy.s.length - ix.s.length;
+        len[bl] += ix.s.length - iy.s.length;
       } else {
         H.erase(H.begin() + static_cast<std::ptrdiff_t>(bx));
         Lb.push_back(ix);
-        w[h] -= ix.w; w[bl] += ix.w;
-        len[h] -= ix.s.length; len[bl] += ix.s.length;
+        w[h] -= ix.w;
+        w[bl] += ix.w;
+        len[h] -= ix.s.length;
+        len[bl] += ix.s.length;
       }
     }
   }
@@ -721,7 +742,9 @@ class WlbPacker final : public Packer {
   nlohmann::json saveState() const override {
     nlohmann::json q = nlohmann::json::array();
     for (const auto& v : queues_) q.push_back(segsToJson(segmentsOf(v)));
-    return {{"carry", segsToJson(segmentsOf(carry_))}, {"queues", q}, {"delay_sum", delay_sum_},
+    return {{"carry", segsToJson(segmentsOf(carry_))},
+            {"queues", q},
+            {"delay_sum", delay_sum_},
             {"delay_tokens", delay_tokens_}};
   }
   void loadState(const nlohmann::json& s) override {
@@ -730,14 +753,16 @@ class WlbPacker final : public Packer {
     delay_tokens_ = s.value("delay_tokens", 0.0);
     const auto& q = s.at("queues");
     if (q.size() != queues_.size())
-      throw InputError(fmt::format("packer state: {} outlier queues saved, {} configured",
-                                   q.size(), queues_.size()));
+      throw InputError(fmt::format("packer state: {} outlier queues saved, {} configured", q.size(), queues_.size()));
     for (std::size_t i = 0; i < queues_.size(); ++i) queues_[i] = itemsOf(segsFromJson(q[i]));
   }
-  std::int64_t pendingTokens() const override {
-    std::int64_t t = tokensOf(carry_);
-    for (const auto& q : queues_) t += tokensOf(q);
-    return t;
+  std::vector<Segment> heldSegments() const override {
+    std::vector<Segment> v = segmentsOf(carry_);
+    for (const auto& q : queues_) {
+      const auto qs = segmentsOf(q);
+      v.insert(v.end(), qs.begin(), qs.end());
+    }
+    return v;
   }
 
  private:
@@ -805,8 +830,7 @@ class WlbPacker final : public Packer {
     for (std::size_t i = 0; i < n; ++i)
       keyed_[i] = {static_cast<std::uint64_t>(v[i]) - static_cast<std::uint64_t>(base), 0};
     radixSortKeyed(span);
-    for (std::size_t i = 0; i < n; ++i)
-      v[i] = static_cast<DocId>(static_cast<std::uint64_t>(base) + keyed_[i].key);
+    for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<DocId>(static_cast<std::uint64_t>(base) + keyed_[i].key);
   }
 
   /// Sorts v longest first, then by doc and offset (as longerFirst). For larger inputs:
@@ -915,12 +939,12 @@ std::vector<std::string> packerNames() {
   return {"original", "fixed_greedy", "fixed_optimal", "best_fit", "wlb"};
 }
 
-std::unique_ptr<Packer> makePacker(const std::string& name, const PackerOptions& opt,
-                                   const model::CostModel& cost) {
+std::unique_ptr<Packer> makePacker(const std::string& name, const PackerOptions& opt, const model::CostModel& cost) {
   if (opt.dp < 1 || opt.micro_batches < 1 || opt.context_window < 1 || opt.s_max < opt.context_window)
     throw InputError(fmt::format("packer: need dp >= 1, micro_batches >= 1 and s_max >= "
                                  "context_window (got dp={}, M={}, S={}, s_max={})",
-                                 opt.dp, opt.micro_batches, opt.context_window, opt.s_max), true);
+                                 opt.dp, opt.micro_batches, opt.context_window, opt.s_max),
+                     true);
   if (name == "original") return std::make_unique<OriginalPacker>(opt, cost);
   if (name == "best_fit") return std::make_unique<BestFitPacker>(opt, cost);
   if (name == "fixed_greedy") return std::make_unique<FixedGreedyPacker>(opt, cost);
@@ -931,8 +955,7 @@ std::unique_ptr<Packer> makePacker(const std::string& name, const PackerOptions&
   throw InputError(fmt::format("packing.strategy: unknown packer '{}' (valid: {})", name, valid), true);
 }
 
-std::unique_ptr<Packer> makePacker(const std::string& name, const Deck& deck,
-                                   const model::CostModel& cost) {
+std::unique_ptr<Packer> makePacker(const std::string& name, const Deck& deck, const model::CostModel& cost) {
   return makePacker(name, PackerOptions::fromDeck(deck), cost);
 }
 

@@ -27,6 +27,7 @@ RunResult runPacker(data::LengthSource& src, Packer& packer, const model::CostMo
   r.packer = packer.name();
   const auto cap = packer.name() == "wlb" ? packer.options().s_max : packer.options().context_window;
   ConservationChecker checker(cap);
+  if (opt.check) checker.addHeld(packer.heldSegments());  // non-empty only on a resumed stream
   const std::int64_t first = src.nextStep();
   for (std::int64_t t = first; t < first + opt.steps; ++t) {
     auto docs = src.next(t);

@@ -27,6 +27,13 @@ ls "$T" | grep -q tmp && fail "temporary files left behind"
 "$WLB" plan "$SRC/inputs/plan_smoke.toml" --packer wlb --steps 10 --resume "$T/state.json" --out "$T/second.jsonl" > /dev/null || fail "resume"
 strip() { grep '"type":"step"' "$1" | sed 's/"metrics":{[^}]*}//'; }
 diff <(strip "$T/full.jsonl" | tail -10) <(strip "$T/second.jsonl") > /dev/null || fail "resumed stream differs"
+# --check on a resumed stream checks conservation across the checkpoint: no false
+# "duplicated" for the documents the restored packers still held.
+"$WLB" plan "$SRC/inputs/plan_lengths_file.toml" --packer all --steps 13 --save-state "$T/all.json" > /dev/null \
+  || fail "save all"
+"$WLB" plan "$SRC/inputs/plan_lengths_file.toml" --packer all --steps 17 --resume "$T/all.json" --check > "$T/rc.txt" 2>&1 \
+  || { cat "$T/rc.txt"; fail "--check --resume reported a violation"; }
+[ "$(grep -c ': OK — lost 0 tokens, duplicated 0' "$T/rc.txt")" -eq 5 ] || { cat "$T/rc.txt"; fail "--check --resume lines"; }
 # A resume on another stream (seed, window, source) is refused, naming the state file and
 # what differs; nothing is written.
 for change in "data.seed=12345" "data.context_window=4096" "data.source=\"text\"" ; do
