@@ -14,6 +14,8 @@
 #include <coin/CoinPackedVector.hpp>
 #include <coin/OsiClpSolverInterface.hpp>
 
+#include <fmt/format.h>
+
 #include "packing/milp.hpp"
 #include "packing/packer.hpp"
 #include "packing/packer_internal.hpp"
@@ -95,7 +97,9 @@ MinMaxResult bruteForceMinMaxSquares(const std::vector<std::int64_t>& lengths, i
 
 MinMaxResult solveMinMaxSquares(const std::vector<std::int64_t>& lengths, int bins, std::int64_t capacity,
                                 double time_limit, const std::vector<int>* warm) {
-  const auto t0 = std::chrono::steady_clock::now();
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  const auto elapsed = [&] { return std::chrono::duration<double>(clock::now() - t0).count(); };
   MinMaxResult r;
   const std::size_t n = lengths.size();
   if (n == 0) {
@@ -109,19 +113,37 @@ MinMaxResult solveMinMaxSquares(const std::vector<std::int64_t>& lengths, int bi
   std::stable_sort(order.begin(), order.end(), [&](auto a, auto b) { return lengths[a] > lengths[b]; });
   double warm_obj = std::numeric_limits<double>::infinity();
   if (warm && warm->size() == n) warm_obj = minMaxObjective(lengths, *warm, bins, capacity);
-  if (std::isfinite(warm_obj) && warm_obj <= lb0 * (1.0 + 1e-12)) {
+  const bool have_warm = std::isfinite(warm_obj);
+  if (have_warm && warm_obj <= lb0 * (1.0 + 1e-12)) {
     r.bin_of = *warm;
     r.objective = warm_obj;
     r.bound = lb0;
     r.status = "optimal";
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.seconds = elapsed();
     return r;
   }
+  // Model size: CBC's root LP and cut rounds are not interruptible, so a model of every
+  // item x bin (250,000 binaries for 8,000 documents on 32 sequences) overruns any time
+  // limit. Beyond kMaxBinaries the longest items stay free — they carry the squared work
+  // — and the rest keep their warm-start sequence, entering as fixed load per bin.
+  const std::size_t max_free = std::max<std::size_t>(static_cast<std::size_t>(bins), kMaxBinaries / bins);
+  const bool reduced = have_warm && n > max_free && static_cast<std::size_t>(bins) * n > kMaxBinaries;
+  const std::size_t nf = reduced ? max_free : n;  // free items: order[0..nf)
   const double cap = static_cast<double>(capacity);
-  // Columns: x_{k,j} for sorted item k and bin j <= min(k, bins-1); then z.
-  std::vector<int> first_col(n + 1, 0);
-  for (std::size_t k = 0; k < n; ++k) first_col[k + 1] = first_col[k] + std::min<int>(static_cast<int>(k) + 1, bins);
-  const int nx = first_col[n];
+  const double scale = cap * cap;
+  std::vector<double> fixed_tok(static_cast<std::size_t>(bins), 0.0), fixed_w(static_cast<std::size_t>(bins), 0.0);
+  for (std::size_t k = nf; k < n; ++k) {
+    const auto j = static_cast<std::size_t>((*warm)[order[k]]);
+    const double d = static_cast<double>(lengths[order[k]]) / cap;
+    fixed_tok[j] += d;
+    fixed_w[j] += d * d;
+  }
+  // Columns: x_{k,j} for free item k; full model: bin j <= min(k, bins-1) (symmetry
+  // breaking: identical bins); reduced model: every bin (bins differ by their fixed load).
+  std::vector<int> first_col(nf + 1, 0);
+  for (std::size_t k = 0; k < nf; ++k)
+    first_col[k + 1] = first_col[k] + (reduced ? bins : std::min<int>(static_cast<int>(k) + 1, bins));
+  const int nx = first_col[nf];
   const int ncols = nx + 1, zcol = nx;
   std::vector<double> collb(ncols, 0.0), colub(ncols, 1.0), obj(ncols, 0.0);
   colub[zcol] = COIN_DBL_MAX;
@@ -129,7 +151,7 @@ MinMaxResult solveMinMaxSquares(const std::vector<std::int64_t>& lengths, int bi
   CoinPackedMatrix m(false, 0, 0);
   m.setDimensions(0, ncols);
   std::vector<double> rowlb, rowub;
-  for (std::size_t k = 0; k < n; ++k) {  // assignment
+  for (std::size_t k = 0; k < nf; ++k) {  // assignment
     CoinPackedVector row;
     for (int c = first_col[k]; c < first_col[k + 1]; ++c) row.insert(c, 1.0);
     m.appendRow(row);
@@ -137,21 +159,53 @@ MinMaxResult solveMinMaxSquares(const std::vector<std::int64_t>& lengths, int bi
     rowub.push_back(1.0);
   }
   for (int j = 0; j < bins; ++j) {  // capacity and work
+    const auto js = static_cast<std::size_t>(j);
     CoinPackedVector cap_row, work_row;
-    for (std::size_t k = static_cast<std::size_t>(j); k < n; ++k) {
+    for (std::size_t k = reduced ? 0 : js; k < nf; ++k) {
       const double d = static_cast<double>(lengths[order[k]]) / cap;
       cap_row.insert(first_col[k] + j, d);
       work_row.insert(first_col[k] + j, d * d);
     }
-    if (cap_row.getNumElements() == 0) continue;
+    if (cap_row.getNumElements() == 0 && fixed_w[js] == 0) continue;
     work_row.insert(zcol, -1.0);
     m.appendRow(cap_row);
     rowlb.push_back(-COIN_DBL_MAX);
-    rowub.push_back(1.0);
+    rowub.push_back(1.0 - fixed_tok[js]);
     m.appendRow(work_row);
     rowlb.push_back(-COIN_DBL_MAX);
-    rowub.push_back(0.0);
+    rowub.push_back(-fixed_w[js]);
   }
+  std::vector<double> sol;
+  if (have_warm) {
+    sol.assign(static_cast<std::size_t>(ncols), 0.0);
+    if (reduced) {
+      for (std::size_t k = 0; k < nf; ++k) sol[static_cast<std::size_t>(first_col[k] + (*warm)[order[k]])] = 1.0;
+    } else {
+      // Relabel bins by first use in sorted order so the warm start obeys symmetry breaking.
+      std::vector<int> relabel(static_cast<std::size_t>(bins), -1);
+      int next = 0;
+      for (std::size_t k = 0; k < n; ++k) {
+        int& b = relabel[static_cast<std::size_t>((*warm)[order[k]])];
+        if (b < 0) b = next++;
+        sol[static_cast<std::size_t>(first_col[k] + b)] = 1.0;
+      }
+    }
+    sol[static_cast<std::size_t>(zcol)] = warm_obj / scale;
+  }
+  // The limit covers building the model too: what is left goes to CBC.
+  const double left = time_limit - elapsed();
+  const auto finish_with_warm = [&](const std::string& note) {
+    r.bin_of = *warm;
+    r.objective = warm_obj;
+    r.bound = lb0;
+    r.gap = r.objective > 0 ? std::max(0.0, (r.objective - r.bound) / r.objective) : 0.0;
+    r.status = "heuristic";
+    r.note = note;
+    r.seconds = elapsed();
+    return r;
+  };
+  if (have_warm && left < 0.005)
+    return finish_with_warm("time limit reached while building the model: greedy start kept");
   OsiClpSolverInterface solver;
   solver.messageHandler()->setLogLevel(0);
   solver.loadProblem(m, collb.data(), colub.data(), obj.data(), rowlb.data(), rowub.data());
@@ -159,7 +213,7 @@ MinMaxResult solveMinMaxSquares(const std::vector<std::int64_t>& lengths, int bi
   CbcModel model(solver);
   model.setLogLevel(0);
   model.messageHandler()->setLogLevel(0);
-  model.setMaximumSeconds(std::max(0.01, time_limit));
+  model.setMaximumSeconds(std::max(0.005, left));
   CglProbing probing;
   probing.setUsingObjective(true);
   CglGomory gomory;
@@ -167,48 +221,41 @@ MinMaxResult solveMinMaxSquares(const std::vector<std::int64_t>& lengths, int bi
   model.addCutGenerator(&probing, -1, "Probing");
   model.addCutGenerator(&gomory, -1, "Gomory");
   model.addCutGenerator(&knapsack, -1, "KnapsackCover");
-  const double scale = cap * cap;
-  if (std::isfinite(warm_obj)) {
-    // Relabel bins by first use in sorted order so the warm start obeys symmetry breaking.
-    std::vector<int> relabel(static_cast<std::size_t>(bins), -1);
-    int next = 0;
-    std::vector<double> sol(static_cast<std::size_t>(ncols), 0.0);
-    for (std::size_t k = 0; k < n; ++k) {
-      int& b = relabel[static_cast<std::size_t>((*warm)[order[k]])];
-      if (b < 0) b = next++;
-      sol[static_cast<std::size_t>(first_col[k] + b)] = 1.0;
-    }
-    sol[static_cast<std::size_t>(zcol)] = warm_obj / scale;
-    model.setBestSolution(sol.data(), ncols, warm_obj / scale, true);
-  }
+  if (have_warm) model.setBestSolution(sol.data(), ncols, warm_obj / scale, true);
   model.branchAndBound();
   r.nodes = model.getNodeCount();
   const double* best = model.bestSolution();
   if (best) {
     r.bin_of.assign(n, -1);
-    for (std::size_t k = 0; k < n; ++k)
+    for (std::size_t k = 0; k < nf; ++k)
       for (int c = first_col[k]; c < first_col[k + 1]; ++c)
         if (best[c] > 0.5) r.bin_of[order[k]] = c - first_col[k];
+    for (std::size_t k = nf; k < n; ++k) r.bin_of[order[k]] = (*warm)[order[k]];
     r.objective = minMaxObjective(lengths, r.bin_of, bins, capacity);
   }
-  if (!best || !std::isfinite(r.objective) || (std::isfinite(warm_obj) && warm_obj < r.objective)) {
-    if (std::isfinite(warm_obj)) {
+  if (!best || !std::isfinite(r.objective) || (have_warm && warm_obj < r.objective)) {
+    if (have_warm) {
       r.bin_of = *warm;
       r.objective = warm_obj;
     } else if (!best) {
       r.bin_of.clear();
       r.status = model.isProvenInfeasible() ? "infeasible" : "time_limit";
-      r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      r.seconds = elapsed();
       return r;
     }
   }
-  const bool proven = model.isProvenOptimal();
-  r.bound = std::max(lb0, std::min(r.objective, model.getBestPossibleObjValue() * scale));
+  // A reduced model's bound holds only for its fixed part: the full problem's proven
+  // bound is the trivial one.
+  const bool proven = !reduced && model.isProvenOptimal();
+  r.bound = reduced ? lb0 : std::max(lb0, std::min(r.objective, model.getBestPossibleObjValue() * scale));
   if (proven) r.bound = r.objective;
   r.gap = r.objective > 0 ? std::max(0.0, (r.objective - r.bound) / r.objective) : 0.0;
   if (r.gap < 1e-9) r.gap = 0.0;
-  r.status = (proven || r.gap == 0.0) ? "optimal" : "time_limit";
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.status = (proven || r.gap == 0.0) ? "optimal" : reduced ? "heuristic" : "time_limit";
+  if (reduced)
+    r.note = fmt::format("model reduced to the {} longest of {} items ({} binaries); the rest keep the greedy start",
+                         nf, n, nx);
+  r.seconds = elapsed();
   return r;
 }
 
@@ -292,6 +339,7 @@ class FixedOptimalPacker final : public Packer {
              {"seconds", res.seconds},
              {"nodes", res.nodes},
              {"items", placed.size()}};
+    if (!res.note.empty()) info_["note"] = res.note;
     StepPlan plan;
     plan.step = step;
     distribute(plan, mbs, opt_, nullptr);

@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include <fstream>
+#include <numeric>
 #include <random>
 
 #include "core/error.hpp"
@@ -255,6 +256,42 @@ TEST(PackingOptimal, MatchesBruteForceOnSmallInstances) {
     ++compared;
   }
   EXPECT_GT(compared, 20);
+}
+
+// Past kMaxBinaries the model keeps only the longest items free (the rest keep the warm
+// start): the solve stays small whatever the step size, is never worse than the warm
+// start, says so in its note, and claims only the trivial bound.
+TEST(PackingOptimal, LargeStepsSolveAReducedModel) {
+  std::mt19937 rng(7);
+  const int bins = 32;
+  const std::int64_t cap = 200000;
+  std::vector<std::int64_t> lens;
+  std::vector<int> warm;
+  for (int i = 0; i < 64; ++i) {  // long items, two per bin in the first 32 bins' half: a bad start
+    lens.push_back(5000 + static_cast<std::int64_t>(rng() % 1000));
+    warm.push_back(i % 16);
+  }
+  for (int i = 0; i < 6000; ++i) {
+    lens.push_back(50 + static_cast<std::int64_t>(rng() % 500));
+    warm.push_back(i % bins);
+  }
+  ASSERT_GT(lens.size() * bins, packing::kMaxBinaries);
+  const double warm_obj = packing::minMaxObjective(lens, warm, bins, cap);
+  const auto r = packing::solveMinMaxSquares(lens, bins, cap, 1.0, &warm);
+  ASSERT_EQ(r.bin_of.size(), lens.size());
+  EXPECT_NE(r.note.find("model reduced to the"), std::string::npos) << r.note;
+  EXPECT_TRUE(r.status == "heuristic" || r.status == "optimal") << r.status;
+  const double obj = packing::minMaxObjective(lens, r.bin_of, bins, cap);
+  EXPECT_DOUBLE_EQ(obj, r.objective);
+  EXPECT_LT(obj, warm_obj);  // the free long items were moved apart
+  EXPECT_LE(r.bound, obj);
+  EXPECT_NEAR(r.gap, (obj - r.bound) / obj, 1e-9);
+  // the items kept fixed are where the warm start put them
+  std::vector<std::size_t> idx(lens.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(), [&](auto a, auto b) { return lens[a] > lens[b]; });
+  const std::size_t free_items = packing::kMaxBinaries / bins;
+  for (std::size_t k = free_items; k < idx.size(); ++k) ASSERT_EQ(r.bin_of[idx[k]], warm[idx[k]]);
 }
 
 TEST(PackingQuality, WlbNotWorseThanOriginalOnEveryPreset) {
