@@ -17,6 +17,7 @@
 #include "app/cleanup.hpp"
 #include "app/command.hpp"
 #include "core/error.hpp"
+#include "core/progress.hpp"
 #include "data/length_source.hpp"
 #include "model/cost_model.hpp"
 #include "packing/packer.hpp"
@@ -154,26 +155,13 @@ int runPlan(const Opts& o) {
       packing::RunOptions ro;
       ro.steps = steps;
       ro.check = o.check;
-      // progress on stderr (rank 0) for long runs: at most one line every 5 s (env
-      // WLB_PROGRESS_SECONDS), none for runs that finish sooner
-      const char* pe = std::getenv("WLB_PROGRESS_SECONDS");
-      const auto every = std::chrono::duration<double>(pe ? std::atof(pe) : 5.0);
-      const auto t_start = std::chrono::steady_clock::now();
-      auto t_last = t_start;
+      // progress on stderr (rank 0) for long runs: core/progress.hpp
+      Progress progress("wlb plan", steps, "steps", root);
       std::int64_t done = 0;
       const std::string pname = packer->name();
       ro.on_step = [&](const StepPlan& p, const packing::StepMetrics& m, std::int64_t n) {
         if (out.is_open()) out << packing::stepToJson(p, m, n).dump() << '\n';
-        ++done;
-        const auto now = std::chrono::steady_clock::now();
-        if (root && now - t_last >= every) {
-          t_last = now;
-          const double el = std::chrono::duration<double>(now - t_start).count();
-          const double rate = static_cast<double>(done) / el;
-          std::fprintf(stderr, "wlb plan: %s step %lld/%lld, %.0f steps/s, ETA %.0f s\n", pname.c_str(),
-                       static_cast<long long>(done), static_cast<long long>(steps), rate,
-                       static_cast<double>(steps - done) / rate);
-        }
+        progress.update(++done, pname);
       };
       auto res = packing::runPacker(*src, *packer, cost, ro);
       if (out.is_open()) {

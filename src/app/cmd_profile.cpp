@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 #include <time.h>
 
+#include <unistd.h>
 #include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <chrono>
@@ -15,7 +16,6 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "app/command.hpp"
@@ -107,8 +107,8 @@ Cell measure(const Opts& o, std::int64_t nq, std::int64_t nk, const att::KernelC
   const double flops = att::forwardFlops(batch.paddedPairs(cfg), o.heads, o.head_dim);
   Cell c;
   const double tf = bestSeconds([&] { att::forward(space, q, k, v, batch, out, lse, cfg); }, o.reps, o.min_seconds);
-  const double tb = bestSeconds([&] { att::backward(space, q, k, v, out, lse, dO, batch, dq, dk, dv, cfg); }, o.reps,
-                                o.min_seconds);
+  const double tb =
+      bestSeconds([&] { att::backward(space, q, k, v, out, lse, dO, batch, dq, dk, dv, cfg); }, o.reps, o.min_seconds);
   c.fwd = flops / tf * 1e-9;
   c.bwd = 2.5 * flops / tb * 1e-9;
   return c;
@@ -118,8 +118,9 @@ double gemmGflops(const Opts& o) {
   const int n = o.quick ? 512 : 1024;
   std::vector<float> a(static_cast<std::size_t>(n) * n, 0.5f), b(a), c(a.size());
   const float one = 1.0f, zero = 0.0f;
-  const double t = bestSeconds([&] { sgemm_("N", "N", &n, &n, &n, &one, a.data(), &n, b.data(), &n, &zero, c.data(), &n); },
-                               o.reps, o.min_seconds);
+  const double t =
+      bestSeconds([&] { sgemm_("N", "N", &n, &n, &n, &one, a.data(), &n, b.data(), &n, &zero, c.data(), &n); }, o.reps,
+                  o.min_seconds);
   return 2.0 * n * static_cast<double>(n) * n / t * 1e-9;
 }
 
@@ -171,6 +172,9 @@ int run(Opts o) {
     o.min_seconds = std::min(o.min_seconds, 0.01);
   }
   nlohmann::json fwd = nlohmann::json::array(), bwd = nlohmann::json::array();
+  const auto t_cells = std::chrono::steady_clock::now();
+  const auto cells = static_cast<long long>(o.q_lens.size() * o.k_lens.size());
+  long long done = 0;
   for (auto nq : o.q_lens) {
     nlohmann::json rf = nlohmann::json::array(), rb = nlohmann::json::array();
     Cell diag;
@@ -188,8 +192,13 @@ int run(Opts o) {
       } else {
         c = measure(o, nq, nk, cfg);
       }
-      std::fprintf(stderr, "wlb profile: q=%-6lld k=%-6lld fwd %7.1f  bwd %7.1f GFLOP/s (padded)\n",
-                   static_cast<long long>(nq), static_cast<long long>(nk), c.fwd, c.bwd);
+      // cells cost ~ q*k and come small first: the mean-so-far ETA runs low early
+      const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_cells).count();
+      ++done;
+      std::fprintf(stderr,
+                   "wlb profile: q=%-6lld k=%-6lld fwd %7.1f  bwd %7.1f GFLOP/s (padded)  [%lld/%lld, ETA %.0f s]\n",
+                   static_cast<long long>(nq), static_cast<long long>(nk), c.fwd, c.bwd, done, cells,
+                   el / static_cast<double>(done) * static_cast<double>(cells - done));
       rf.push_back(std::round(c.fwd * 100.0) / 100.0);
       rb.push_back(std::round(c.bwd * 100.0) / 100.0);
     }
@@ -218,8 +227,7 @@ int run(Opts o) {
   j["attention"] = {{"fwd", {{"q_lens", o.q_lens}, {"k_lens", o.k_lens}, {"gflops", fwd}}},
                     {"bwd", {{"q_lens", o.q_lens}, {"k_lens", o.k_lens}, {"gflops", bwd}}}};
   const long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGE_SIZE);
-  if (pages > 0 && psize > 0)
-    j["memory_gb"] = std::round(static_cast<double>(pages) * psize / 1e9 * 10.0) / 10.0;
+  if (pages > 0 && psize > 0) j["memory_gb"] = std::round(static_cast<double>(pages) * psize / 1e9 * 10.0) / 10.0;
   const std::string tmp = o.out + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream f(tmp);

@@ -17,6 +17,7 @@
 
 #include "app/command.hpp"
 #include "core/error.hpp"
+#include "core/progress.hpp"
 #include "cp/shard_plan.hpp"
 #include "data/length_source.hpp"
 #include "model/cost_model.hpp"
@@ -136,7 +137,9 @@ int runShard(const Opts& o) {
                  .dump()
           << '\n';
     }
+    Progress progress("wlb shard", steps, "steps", root);
     for (std::int64_t i = 0; i < steps; ++i) {
+      progress.update(i);
       const std::int64_t step = src->nextStep();
       const StepPlan plan = packer->pack(step, src->next(step));
       for (std::size_t d = 0; d < plan.replicas.size(); ++d)

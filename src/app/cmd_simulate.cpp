@@ -18,6 +18,7 @@
 
 #include "app/command.hpp"
 #include "core/error.hpp"
+#include "core/progress.hpp"
 #include "cp/shard_plan.hpp"
 #include "data/length_source.hpp"
 #include "model/cost_model.hpp"
@@ -148,12 +149,8 @@ int run(const Opts& o) {
     if (!parent.empty()) fs::create_directories(parent);
   }
 
-  std::vector<Row> rows;
-  const auto t_all = std::chrono::steady_clock::now();
-  for (std::size_t ci = 0; ci < cases.size(); ++ci) {
-    const Case& cs = cases[ci];
-    wlb::Deck deck = cs.deck;
-    // Strategy list: --strategies, else the deck's run.strategies, else the default five.
+  // Strategy list: --strategies, else the deck's run.strategies, else the default five.
+  const auto strategyNames = [&](const wlb::Deck& deck) {
     std::vector<std::pair<std::string, std::string>> names;
     if (!o.strategies.empty()) {
       for (const auto& s : o.strategies) names.push_back({displayName(s), s});
@@ -162,12 +159,30 @@ int run(const Opts& o) {
     } else {
       names = kDefault;
     }
+    return names;
+  };
+  // Same step accounting as `wlb run`: `warmup` unmeasured steps, then `steps` measured.
+  const auto stepCounts = [&](const wlb::Deck& deck) {
+    return std::pair<std::int64_t, std::int64_t>{o.steps > 0 ? o.steps : deck.run.steps,
+                                                 o.warmup >= 0 ? o.warmup : std::max<std::int64_t>(0, deck.run.warmup)};
+  };
+  std::int64_t total_steps = 0, done_steps = 0;
+  for (const Case& cs : cases) {
+    const auto [steps, warmup] = stepCounts(cs.deck);
+    total_steps += static_cast<std::int64_t>(strategyNames(cs.deck).size()) * (steps + warmup);
+  }
+  wlb::Progress progress("wlb simulate", total_steps, "steps", rank == 0);
+
+  std::vector<Row> rows;
+  const auto t_all = std::chrono::steady_clock::now();
+  for (std::size_t ci = 0; ci < cases.size(); ++ci) {
+    const Case& cs = cases[ci];
+    wlb::Deck deck = cs.deck;
+    const auto names = strategyNames(deck);
     deck.run.strategies.clear();
     for (const auto& n : names) deck.run.strategies.push_back(n.second);
     const auto pairs = wlb::resolveStrategies(deck);
-    // Same step accounting as `wlb run`: `warmup` unmeasured steps, then `steps` measured.
-    const std::int64_t steps = o.steps > 0 ? o.steps : deck.run.steps;
-    const std::int64_t warmup = o.warmup >= 0 ? o.warmup : std::max<std::int64_t>(0, deck.run.warmup);
+    const auto [steps, warmup] = stepCounts(deck);
 
     const wlb::model::CostModel cost = wlb::model::CostModel::fromDeck(deck);
     wlb::pp::SimConfig sim_cfg = wlb::pp::SimConfig::fromDeck(deck, cost.hardware());
@@ -221,6 +236,7 @@ int run(const Opts& o) {
         for (std::size_t s = 0; s < r.peak_bytes.size(); ++s)
           row.peak_gb[s] = std::max(row.peak_gb[s], r.peak_bytes[s] / 1e9);
         row.fits = row.fits && r.fits_memory;
+        progress.update(++done_steps, cs.name + " " + names[si].first);
         if (step < warmup) continue;
         ++row.steps;
         row.step_s += r.step_seconds;

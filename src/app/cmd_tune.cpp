@@ -9,6 +9,7 @@
 
 #include "app/command.hpp"
 #include "core/error.hpp"
+#include "core/progress.hpp"
 #include "data/length_source.hpp"
 #include "model/cost_model.hpp"
 #include "packing/packer.hpp"
@@ -56,7 +57,9 @@ int runTune(const Opts& o) {
     packing::RunSummary s;
   };
   std::vector<Row> rows;
+  Progress progress("wlb tune", static_cast<std::int64_t>(cands.size()), "candidates", root);
   for (const auto& th : cands) {
+    progress.update(static_cast<std::int64_t>(rows.size()), fmtList(th));
     auto opt = base;
     opt.outlier_thresholds = th;
     auto src = data::makeLengthSource(deck);
@@ -77,16 +80,15 @@ int runTune(const Opts& o) {
   if (root) {
     std::cout << fmt::format("wlb tune: {} candidates x {} sample steps, S={}, s_max={}, N={}, delay budget {} steps\n",
                              rows.size(), o.sample_steps, S, base.s_max, base.N(), budget);
-    std::cout << fmt::format("{:<40} {:>10} {:>10} {:>11} {:>10}  {}\n", "thresholds", "imbalance",
-                             "imb.max", "delay.mean", "delay.max", "");
+    std::cout << fmt::format("{:<40} {:>10} {:>10} {:>11} {:>10}  {}\n", "thresholds", "imbalance", "imb.max",
+                             "delay.mean", "delay.max", "");
     const std::size_t show = std::min<std::size_t>(rows.size(), 25);
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const auto& r = rows[i];
       if (i >= show && &r != best) continue;
       std::cout << fmt::format("{:<40} {:>10.4f} {:>10.4f} {:>11.3f} {:>10.0f}  {}\n", fmtList(r.th),
                                r.s.imbalance_mean, r.s.imbalance_max, r.s.delay_mean, r.s.delay_max,
-                               &r == best ? "<- best under budget"
-                                          : (r.s.delay_mean > budget ? "over budget" : ""));
+                               &r == best ? "<- best under budget" : (r.s.delay_mean > budget ? "over budget" : ""));
     }
     if (rows.size() > show) std::cout << fmt::format("... {} more candidates (see --json)\n", rows.size() - show);
     if (best)

@@ -4,6 +4,7 @@
 #include "runtime/run.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -228,6 +229,9 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
     parallel::throwIfAnyFailed(mesh.world(), err);
   }
 
+  const auto t_steps = std::chrono::steady_clock::now();
+  const std::int64_t total_steps = (warmup + steps) * static_cast<std::int64_t>(states.size());
+  std::int64_t done_steps = 0;
   for (std::int64_t step = 0; step < warmup + steps; ++step) {
     for (StratState& st : states) {
       const StrategyPair& strat = st.strat;
@@ -392,13 +396,17 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
         sr.cp_imbalance = cp_imb.empty()
                               ? 1.0
                               : std::accumulate(cp_imb.begin(), cp_imb.end(), 0.0) / static_cast<double>(cp_imb.size());
+        ++done_steps;
         if (opt.progress) {
+          // ETA over every strategy's remaining steps (they are interleaved)
+          const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_steps).count();
+          const double eta = el / static_cast<double>(done_steps) * static_cast<double>(total_steps - done_steps);
           std::fprintf(opt.out,
                        "[%-5s] step %lld/%lld%s  %.3f s  tokens %lld  mb-imbalance %.2f  cp-imbalance %.2f  "
-                       "(predicted %.2f)\n",
+                       "(predicted %.2f)  ETA %.0f s\n",
                        strat.name.c_str(), static_cast<long long>(step + 1), static_cast<long long>(warmup + steps),
                        sr.warmup ? " (warm-up)" : "", sr.seconds, static_cast<long long>(sr.tokens), sr.mb_imbalance,
-                       sr.cp_imbalance, sr.predicted_imbalance);
+                       sr.cp_imbalance, sr.predicted_imbalance, eta);
           std::fflush(opt.out);
         }
         res.steps.push_back(std::move(sr));

@@ -57,8 +57,16 @@ grep -q '"status":"heuristic"' "$T/big.fixed_optimal.jsonl" || fail "reduced mod
 # Progress lines on stderr (every 5 s by default; every step here), stdout unchanged.
 WLB_PROGRESS_SECONDS=0 "$WLB" plan "$SRC/inputs/plan_smoke.toml" --packer wlb --steps 3 > "$T/p.out" 2> "$T/p.err" \
   || fail "progress run"
-grep -q "wlb plan: wlb step 3/3, .* steps/s, ETA" "$T/p.err" || { cat "$T/p.err"; fail "no progress line"; }
+grep -q "wlb plan: 3/3 steps (wlb), .* steps/s, ETA" "$T/p.err" || { cat "$T/p.err"; fail "no progress line"; }
 grep -q "steps/s" "$T/p.out" && fail "progress on stdout"
+# ... and on the other long-running commands (rate and ETA), never on stdout.
+WLB_PROGRESS_SECONDS=0 "$WLB" simulate "$SRC/inputs/sim_small.toml" --steps 2 > "$T/s.out" 2> "$T/s.err" || fail "simulate"
+grep -q "wlb simulate: [0-9]*/[0-9]* steps (.*), .* steps/s, ETA [0-9]* s" "$T/s.err" || { cat "$T/s.err"; fail "simulate progress"; }
+WLB_PROGRESS_SECONDS=0 "$WLB" tune "$SRC/inputs/plan_smoke.toml" --sample-steps 2 --max-levels 1 > "$T/t.out" 2> "$T/t.err" || fail "tune"
+grep -q "wlb tune: 7/8 candidates (.*), .* candidates/s, ETA" "$T/t.err" || { cat "$T/t.err"; fail "tune progress"; }
+WLB_PROGRESS_SECONDS=0 "$WLB" shard "$SRC/inputs/shard_long_context.toml" --steps 2 > "$T/h.out" 2> "$T/h.err" || fail "shard"
+grep -q "wlb shard: 1/2 steps, .* steps/s, ETA" "$T/h.err" || { cat "$T/h.err"; fail "shard progress"; }
+cat "$T/s.out" "$T/t.out" "$T/h.out" | grep -q "ETA" && fail "progress on stdout"
 
 # Interrupted (SIGINT) while streaming a plan: neither the plan nor its temporary remains.
 mkdir "$T/intr"

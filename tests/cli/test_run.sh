@@ -15,7 +15,7 @@ small=(--set model.hidden=64 --set model.heads=4 --set model.kv_heads=2 --set mo
 mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --steps 2 --warmup 1 > "$tmp/log" 2> "$tmp/err" \
   || fail "run_cp2 failed: $(cat "$tmp/err")"
 for s in plain fixed wlb; do
-  grep -q "^\[$s *\] step 3/3" "$tmp/log" || fail "no progress line for $s: $(cat "$tmp/log")"
+  grep -q "^\[$s *\] step 3/3 .* ETA [0-9]* s$" "$tmp/log" || fail "no progress line for $s: $(cat "$tmp/log")"
   grep -q "^$s " "$tmp/log" || fail "no table row for $s"
 done
 grep -q "speedup" "$tmp/log" || fail "no speedup column"
