@@ -19,6 +19,44 @@
 namespace wlb {
 namespace {
 
+// TOML text must be UTF-8; toml11 3.7 reads past the end of its buffer on some invalid
+// sequences inside strings (found by fuzz_deck), so invalid text never reaches it.
+void requireUtf8(const std::string& text, const std::string& name) {
+  std::size_t line = 1, i = 0;
+  const auto bad = [&](std::size_t at) {
+    throw InputError(name + ":" + std::to_string(line) + ": not valid UTF-8 (byte offset " + std::to_string(at) + ")");
+  };
+  while (i < text.size()) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    std::size_t n = 0;
+    std::uint32_t cp = 0;
+    if (c < 0x80) {
+      if (c == '\n') ++line;
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      n = 1, cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      n = 2, cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      n = 3, cp = c & 0x07;
+    } else {
+      bad(i);
+    }
+    if (i + n >= text.size()) bad(i);  // truncated sequence
+    for (std::size_t k = 1; k <= n; ++k) {
+      const auto cc = static_cast<unsigned char>(text[i + k]);
+      if ((cc & 0xC0) != 0x80) bad(i);
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    // overlong forms, surrogates and code points past U+10FFFF are not UTF-8
+    if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) || cp > 0x10FFFF ||
+        (cp >= 0xD800 && cp <= 0xDFFF))
+      bad(i);
+    i += n + 1;
+  }
+}
+
 using TomlValue = toml::value;
 
 std::string quote(const std::string& s) {
@@ -228,6 +266,7 @@ std::vector<std::string> keysOf(const std::string& table) {
 
 // Parse "table.key=value": the value is TOML; bare words are taken as strings.
 void applyOverride(Deck& d, const std::string& text, const std::string& origin_prefix) {
+  requireUtf8(text, origin_prefix);
   const Origin o{origin_prefix + " '" + text + "'"};
   const auto eq = text.find('=');
   if (eq == std::string::npos) fail(o, "expected table.key=value");
@@ -358,6 +397,7 @@ std::string Deck::toToml() const {
 }
 
 Deck parseDeck(const std::string& text, const std::string& name, const std::vector<std::string>& overrides) {
+  requireUtf8(text, name);
   TomlValue root;
   try {
     std::istringstream in(text);

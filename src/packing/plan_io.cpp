@@ -2,6 +2,8 @@
 #include "packing/plan_io.hpp"
 
 #include <fstream>
+#include <limits>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -10,32 +12,76 @@
 namespace wlb::packing {
 
 nlohmann::json toJson(const PlanHeader& h) {
-  return {{"type", "header"},          {"format", h.format},
-          {"version", h.version},      {"packer", h.packer},
-          {"dp", h.dp},                {"micro_batches", h.micro_batches},
-          {"context_window", h.context_window}, {"s_max", h.s_max},
-          {"source", h.source},        {"documents_per_epoch", h.documents_per_epoch},
-          {"seed", h.seed},            {"first_step", h.first_step}};
+  return {{"type", "header"},
+          {"format", h.format},
+          {"version", h.version},
+          {"packer", h.packer},
+          {"dp", h.dp},
+          {"micro_batches", h.micro_batches},
+          {"context_window", h.context_window},
+          {"s_max", h.s_max},
+          {"source", h.source},
+          {"documents_per_epoch", h.documents_per_epoch},
+          {"seed", h.seed},
+          {"first_step", h.first_step}};
 }
+
+namespace {
+// Integers are read only from JSON integers in the target's range: nlohmann's get<> on a
+// float such as 1e23 is undefined behaviour (found by fuzz_plan), and a silent wrap would
+// turn a corrupt plan into a plausible one.
+template <class T>
+T integer(const nlohmann::json& v, const char* what) {
+  static_assert(std::is_integral_v<T>);
+  if (v.is_number_unsigned()) {
+    const auto u = v.get<std::uint64_t>();
+    if (u <= static_cast<std::uint64_t>(std::numeric_limits<T>::max())) return static_cast<T>(u);
+  } else if (v.is_number_integer()) {
+    const auto i = v.get<std::int64_t>();
+    if constexpr (std::is_signed_v<T>) {
+      if (i >= std::numeric_limits<T>::min() && i <= std::numeric_limits<T>::max()) return static_cast<T>(i);
+    } else if (i >= 0) {
+      return static_cast<T>(i);
+    }
+  }
+  std::string shown = v.dump();
+  if (shown.size() > 40) shown = shown.substr(0, 40) + "...";
+  throw InputError(fmt::format("'{}' must be an integer in [{}, {}], got {}", what, std::numeric_limits<T>::min(),
+                               std::numeric_limits<T>::max(), shown));
+}
+template <class T>
+T integerAt(const nlohmann::json& j, const char* key) {
+  return integer<T>(j.at(key), key);
+}
+template <class T>
+T integerOr(const nlohmann::json& j, const char* key, T fallback) {
+  const auto it = j.find(key);
+  return it == j.end() ? fallback : integer<T>(*it, key);
+}
+}  // namespace
 
 PlanHeader headerFromJson(const nlohmann::json& j) {
   PlanHeader h;
   h.format = j.at("format").get<std::string>();
-  h.version = j.at("version").get<int>();
+  h.version = integerAt<int>(j, "version");
   h.packer = j.at("packer").get<std::string>();
-  h.dp = j.at("dp").get<std::int64_t>();
-  h.micro_batches = j.at("micro_batches").get<std::int64_t>();
-  h.context_window = j.at("context_window").get<std::int64_t>();
-  h.s_max = j.at("s_max").get<std::int64_t>();
+  h.dp = integerAt<std::int64_t>(j, "dp");
+  h.micro_batches = integerAt<std::int64_t>(j, "micro_batches");
+  h.context_window = integerAt<std::int64_t>(j, "context_window");
+  h.s_max = integerAt<std::int64_t>(j, "s_max");
   h.source = j.value("source", std::string());
-  h.documents_per_epoch = j.value("documents_per_epoch", std::int64_t{0});
-  h.seed = j.value("seed", std::uint64_t{0});
-  h.first_step = j.value("first_step", std::int64_t{0});
+  h.documents_per_epoch = integerOr<std::int64_t>(j, "documents_per_epoch", 0);
+  h.seed = integerOr<std::uint64_t>(j, "seed", 0);
+  h.first_step = integerOr<std::int64_t>(j, "first_step", 0);
+  if (h.dp < 1 || h.micro_batches < 1 || h.context_window < 1 || h.s_max < h.context_window)
+    throw InputError(
+        fmt::format("header: need dp >= 1, micro_batches >= 1, 1 <= context_window <= s_max (got {}, {}, "
+                    "{}, {})",
+                    h.dp, h.micro_batches, h.context_window, h.s_max));
   return h;
 }
 
-nlohmann::json stepToJson(const StepPlan& plan, const StepMetrics& metrics,
-                          std::int64_t incoming_docs) {
+nlohmann::json stepToJson(const StepPlan& plan, const StepMetrics& metrics, std::int64_t incoming_docs) {
   nlohmann::json reps = nlohmann::json::array();
   for (const auto& rep : plan.replicas) {
     nlohmann::json mbs = nlohmann::json::array();
@@ -47,28 +93,33 @@ nlohmann::json stepToJson(const StepPlan& plan, const StepMetrics& metrics,
     }
     reps.push_back(std::move(mbs));
   }
-  return {{"type", "step"},       {"step", plan.step},         {"replicas", std::move(reps)},
+  return {{"type", "step"},          {"step", plan.step},         {"replicas", std::move(reps)},
           {"delayed", plan.delayed}, {"incoming", incoming_docs}, {"metrics", toJson(metrics)}};
 }
 
 StepPlan stepFromJson(const nlohmann::json& j) {
   StepPlan p;
-  p.step = j.at("step").get<std::int64_t>();
+  p.step = integerAt<std::int64_t>(j, "step");
   for (const auto& rep : j.at("replicas")) {
     std::vector<MicroBatch> mbs;
     for (const auto& mb : rep) {
       MicroBatch m;
       for (const auto& s : mb) {
-        if (!s.is_array() || s.size() != 4)
-          throw InputError("segment must be [doc, offset, length, arrival_step]");
-        m.segments.push_back(Segment{s[0].get<DocId>(), s[1].get<std::int64_t>(),
-                                     s[2].get<std::int64_t>(), s[3].get<std::int64_t>()});
+        if (!s.is_array() || s.size() != 4) throw InputError("segment must be [doc, offset, length, arrival_step]");
+        Segment seg{integer<DocId>(s[0], "doc"), integer<std::int64_t>(s[1], "offset"),
+                    integer<std::int64_t>(s[2], "length"), integer<std::int64_t>(s[3], "arrival_step")};
+        if (seg.doc < 0 || seg.offset < 0 || seg.length < 1 || seg.arrival_step < 0)
+          throw InputError(
+              fmt::format("segment [{}, {}, {}, {}]: need doc >= 0, offset >= 0, length >= 1, "
+                          "arrival_step >= 0",
+                          seg.doc, seg.offset, seg.length, seg.arrival_step));
+        m.segments.push_back(seg);
       }
       mbs.push_back(std::move(m));
     }
     p.replicas.push_back(std::move(mbs));
   }
-  p.delayed = j.at("delayed").get<std::vector<DocId>>();
+  for (const auto& d : j.at("delayed")) p.delayed.push_back(integer<DocId>(d, "delayed"));
   return p;
 }
 
@@ -94,6 +145,12 @@ PlanFile readPlanFile(const std::string& path) {
       } else if (type == "step") {
         if (!have_header) throw InputError(fmt::format("{}:{}: step before header", path, lineno));
         pf.steps.push_back(stepFromJson(j));
+        const auto& reps = pf.steps.back().replicas;
+        bool shape = static_cast<std::int64_t>(reps.size()) == pf.header.dp;
+        for (const auto& r : reps) shape = shape && static_cast<std::int64_t>(r.size()) == pf.header.micro_batches;
+        if (!shape)
+          throw InputError(fmt::format("{}:{}: step's replicas are not dp x micro_batches = {} x {} (header)", path,
+                                       lineno, pf.header.dp, pf.header.micro_batches));
       } else if (type != "summary") {
         throw InputError(fmt::format("{}:{}: unknown line type '{}'", path, lineno, type));
       }

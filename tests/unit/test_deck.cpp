@@ -126,7 +126,8 @@ TEST_P(BadDecks, RejectedNamingTheKey) {
   const auto& p = GetParam();
   const std::string msg = errorOf(p.text, p.overrides);
   ASSERT_FALSE(msg.empty()) << p.what << ": deck was accepted";
-  for (const auto& e : p.expect) EXPECT_NE(msg.find(e), std::string::npos) << p.what << ": '" << msg << "' lacks '" << e << "'";
+  for (const auto& e : p.expect)
+    EXPECT_NE(msg.find(e), std::string::npos) << p.what << ": '" << msg << "' lacks '" << e << "'";
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -145,10 +146,17 @@ INSTANTIATE_TEST_SUITE_P(
         BadDeck{"kv_heads do not divide heads", "[model]\nheads = 8\nkv_heads = 3\n", {}, {"model.kv_heads"}},
         BadDeck{"s_max below window", "[data]\ncontext_window = 4096\ns_max = 2048\n", {}, {"data.s_max", "2048"}},
         BadDeck{"file source without path", "[data]\nsource = \"text\"\n", {}, {"data.path"}},
-        BadDeck{"thresholds not increasing", "[packing]\noutlier_thresholds = [8000, 4000]\n", {}, {"packing.outlier_thresholds", "increasing"}},
-        BadDeck{"unknown strategy pair", "[run]\nstrategies = [\"wlb+per_token\"]\n", {}, {"run.strategies", "per_token"}},
+        BadDeck{"thresholds not increasing",
+                "[packing]\noutlier_thresholds = [8000, 4000]\n",
+                {},
+                {"packing.outlier_thresholds", "increasing"}},
+        BadDeck{
+            "unknown strategy pair", "[run]\nstrategies = [\"wlb+per_token\"]\n", {}, {"run.strategies", "per_token"}},
         BadDeck{"duplicate strategy", "[run]\nstrategies = [\"wlb\", \"wlb\"]\n", {}, {"run.strategies", "twice"}},
-        BadDeck{"virtual stages without interleaving", "[mesh]\npp = 2\nvirtual_stages = 2\n[model]\nlayers = 4\n", {}, {"mesh.virtual_stages", "interleaved"}},
+        BadDeck{"virtual stages without interleaving",
+                "[mesh]\npp = 2\nvirtual_stages = 2\n[model]\nlayers = 4\n",
+                {},
+                {"mesh.virtual_stages", "interleaved"}},
         BadDeck{"layers not divisible by pp", "[mesh]\npp = 3\n[model]\nlayers = 4\n", {}, {"mesh.pp", "model.layers"}},
         BadDeck{"TOML syntax", "[model\nhidden = 1\n", {}, {"test.toml", "syntax"}},
         BadDeck{"derived key set", "[model]\nhead_dim = 64\n", {}, {"model.head_dim", "derived"}},
@@ -156,14 +164,29 @@ INSTANTIATE_TEST_SUITE_P(
         BadDeck{"override out of range", "", {"mesh.dp=0"}, {"--set", "mesh.dp", "out of range"}},
         BadDeck{"override without table", "", {"cp=2"}, {"--set", "table.key=value"}},
         BadDeck{"sweep not a list", "[sweep]\n\"mesh.cp\" = 2\n", {}, {"[sweep]", "mesh.cp", "array"}},
-        BadDeck{"sweep bad value", "[sweep]\n\"cp.strategy\" = [\"per_sequence\", \"nope\"]\n", {}, {"cp.strategy", "nope"}},
-        BadDeck{"tp does not divide heads", "[model]\nheads = 8\nhidden = 512\n[mesh]\ntp = 3\n", {}, {"mesh.tp", "heads"}}),
+        BadDeck{"sweep bad value",
+                "[sweep]\n\"cp.strategy\" = [\"per_sequence\", \"nope\"]\n",
+                {},
+                {"cp.strategy", "nope"}},
+        BadDeck{
+            "tp does not divide heads", "[model]\nheads = 8\nhidden = 512\n[mesh]\ntp = 3\n", {}, {"mesh.tp", "heads"}},
+        // fuzz_deck: toml11 overran its buffer on this (invalid UTF-8 in a literal string)
+        BadDeck{"invalid UTF-8 in a string", "[run]\n'\x81'", {}, {"test.toml:2", "not valid UTF-8", "byte offset 7"}},
+        BadDeck{"truncated UTF-8", "# caf\xc3", {}, {"test.toml:1", "not valid UTF-8"}},
+        BadDeck{"overlong UTF-8", "# \xc0\xaf\n", {}, {"not valid UTF-8"}},
+        BadDeck{"invalid UTF-8 in an override", "", {"output.dir=\"\xff\""}, {"--set", "not valid UTF-8"}}),
     [](const ::testing::TestParamInfo<BadDeck>& i) {
       std::string n = i.param.what;
       for (auto& c : n)
         if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
       return n;
     });
+
+TEST(Deck, Utf8TextIsAccepted) {
+  const auto d =
+      wlb::parseDeck("# caf\xc3\xa9 \xe2\x80\x94 \xf0\x9f\x9a\x80\n[output]\ndir = \"r\xc3\xa9sultats\"\n", "u.toml");
+  EXPECT_EQ(d.output.dir, "r\xc3\xa9sultats");
+}
 
 TEST(Deck, ReferenceCoversEveryKey) {
   const std::string md = wlb::deckReferenceMarkdown();

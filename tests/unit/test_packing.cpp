@@ -360,6 +360,29 @@ TEST(PackingPlanIo, JsonRoundTripAndFile) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find(":7"), std::string::npos) << e.what();
   }
+  // Bad numbers and shapes name the line and what is wrong; fuzz_plan found the float
+  // (converting 1e23 to an integer was undefined behaviour).
+  const std::string head = "{\"type\":\"header\",\"format\":\"wlb-plan\",\"version\":1,\"packer\":\"wlb\",\"dp\":1,"
+                           "\"micro_batches\":1,\"context_window\":8192,\"s_max\":8192}\n";
+  const std::vector<std::pair<std::string, std::string>> bad_lines = {
+      {"{\"type\":\"step\",\"step\":1.1e23,\"replicas\":[[[]]],\"delayed\":[]}", "'step' must be an integer"},
+      {"{\"type\":\"step\",\"step\":0,\"replicas\":[[[[1,0,1e30,0]]]],\"delayed\":[]}", "'length' must be an integer"},
+      {"{\"type\":\"step\",\"step\":0,\"replicas\":[[[[1,0,-4,0]]]],\"delayed\":[]}", "length >= 1"},
+      {"{\"type\":\"step\",\"step\":0,\"replicas\":[[[[1,0,4,0]]]],\"delayed\":[2.5]}", "'delayed' must be an integer"},
+      {"{\"type\":\"step\",\"step\":0,\"replicas\":[[[],[]]],\"delayed\":[]}", "dp x micro_batches = 1 x 1"},
+  };
+  for (const auto& [line, expect] : bad_lines) {
+    std::ofstream g(path);
+    g << head << line << "\n";
+    g.close();
+    try {
+      packing::readPlanFile(path);
+      ADD_FAILURE() << line << " accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(":2: "), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
+    }
+  }
   std::remove(path.c_str());
 }
 
