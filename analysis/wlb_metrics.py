@@ -202,6 +202,9 @@ def summarize(trace: Trace, strategy: int, steps=None):
     """Means over the steps after warmup (all steps if there are no others)."""
     steps = steps if steps is not None else step_metrics(trace, strategy)
     use = [s for s in steps if s["step"] >= trace.warmup] or steps
+    measured = trace.meta.get("measured_steps")
+    if measured is not None:  # step-time means leave out the drain steps that follow
+        use = [s for s in use if s["step"] < trace.warmup + int(measured)] or use
     if not use:
         return {"steps": 0, "step_time_ns": float("nan"), "imbalance": float("nan"),
                 "cp_imbalance": float("nan"), "busy_frac": float("nan")}
@@ -223,3 +226,52 @@ def summarize(trace: Trace, strategy: int, steps=None):
         "cp_imbalance": nanmean("cp_imbalance_mean"),
         "busy_frac": float(np.mean(busy_frac)) if busy_frac else float("nan"),
     }
+
+
+def step_work(trace: Trace, strategy: int, steps=None):
+    """[(step, step time ns, trained tokens)] after warm-up, drain steps included.
+
+    Tokens come from /plan/segments (the plan the step ran); a trace without segments
+    gives tokens = nan, so the throughput speedup is unavailable."""
+    steps = steps if steps is not None else step_metrics(trace, strategy)
+    seg = trace.segments
+    tokens = defaultdict(int)
+    have = seg is not None and len(seg.get("step", [])) > 0
+    if have:
+        sel = seg["strategy"] == strategy
+        for st, ln in zip(seg["step"][sel], seg["length"][sel]):
+            tokens[int(st)] += int(ln)
+    use = [s for s in steps if s["step"] >= trace.warmup] or steps
+    return [(s["step"], float(s["step_time_ns"]), float(tokens[s["step"]]) if have else float("nan")) for s in use]
+
+
+def fold_to(work, n):
+    """The first n step records, the rest (drain steps) folded into the last: strategies
+    that drained for different numbers of steps pair step by step (docs/analysis.md)."""
+    if len(work) <= n or n < 1:
+        return list(work)
+    head = [list(w) for w in work[:n]]
+    for _s, t, k in work[n:]:
+        head[-1][1] += t
+        head[-1][2] += k
+    return [tuple(w) for w in head]
+
+
+def throughput_speedup(base, other, resamples=2000, seed=12345):
+    """(ratio, lo, hi): tokens/s of `other` over `base` (paired step records of equal
+    length), 95% interval of a paired bootstrap over steps — as wlb run and wlb simulate
+    compute it (src/model/throughput.hpp)."""
+    b = np.array([[w[1], w[2]] for w in base], dtype=np.float64)
+    o = np.array([[w[1], w[2]] for w in other], dtype=np.float64)
+
+    def ratio(bs, os_):
+        tb, to = bs[:, 1].sum() / bs[:, 0].sum(), os_[:, 1].sum() / os_[:, 0].sum()
+        return to / tb if tb > 0 else float("nan")
+
+    r = ratio(b, o)
+    if len(b) < 2:
+        return r, r, r
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(b), size=(resamples, len(b)))
+    vals = np.sort([ratio(b[i], o[i]) for i in idx])
+    return r, float(np.quantile(vals, 0.025)), float(np.quantile(vals, 0.975))

@@ -149,18 +149,22 @@ def doc_length_cdf(trace: Trace, out_dir: str) -> str | None:
 
 
 def speedup_bars(rows, out_dir: str) -> str | None:
-    """rows: list of (label, mean step time ns, speedup)."""
+    """rows: list of (label, mean step time ns, speedup, lo, hi); error bars = the 95% interval."""
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(rows) + 2), 4.2))
     labels = [r[0] for r in rows]
-    sp = [r[2] for r in rows]
-    bars = ax.bar(range(len(rows)), sp, color=plt.get_cmap("tab10")(np.arange(len(rows)) % 10))
-    for b, v in zip(bars, sp):
-        ax.text(b.get_x() + b.get_width() / 2, b.get_height(), f"{v:.2f}x", ha="center", va="bottom", fontsize=8)
+    sp = np.array([r[2] for r in rows], dtype=np.float64)
+    lo = np.array([r[3] for r in rows], dtype=np.float64)
+    hi = np.array([r[4] for r in rows], dtype=np.float64)
+    yerr = np.vstack([np.clip(sp - lo, 0, None), np.clip(hi - sp, 0, None)])
+    bars = ax.bar(range(len(rows)), sp, color=plt.get_cmap("tab10")(np.arange(len(rows)) % 10),
+                  yerr=yerr, capsize=4, ecolor="black")
+    for b, v, h in zip(bars, sp, hi):
+        ax.text(b.get_x() + b.get_width() / 2, max(h, v), f"{v:.2f}x", ha="center", va="bottom", fontsize=8)
     ax.axhline(1.0, color="gray", lw=0.8, ls="--")
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel("speedup vs baseline (mean step time)")
+    ax.set_ylabel("throughput speedup (tokens/s)\nerror bars: 95% bootstrap over steps")
     ax.set_title(f"Strategy speedup (baseline: {rows[0][0]})" if rows else "Strategy speedup")
     return _save(fig, os.path.join(out_dir, "speedup.png"))

@@ -22,6 +22,7 @@
 #include "cp/shard_plan.hpp"
 #include "data/length_source.hpp"
 #include "model/cost_model.hpp"
+#include "model/throughput.hpp"
 #include "packing/packer.hpp"
 #include "pp/simulator.hpp"
 #include "trace/recorder.hpp"
@@ -54,10 +55,27 @@ std::string displayName(const std::string& s) {
   return s;
 }
 
+/// Drain steps after which a packer still holding documents is a bug, not a slow drain.
+constexpr std::int64_t kMaxDrainSteps = 10000;
+
+/// A label of the default set (pp-only, cp-only, ...) names its strategy spec.
+std::string specOf(const std::string& s) {
+  for (const auto& [label, spec] : kDefault)
+    if (label == s) return spec;
+  return s;
+}
+
 struct Row {
   std::string case_name, mesh, model, strategy, packer, sharding;
   std::int64_t window = 0, steps = 0;
-  double step_s = 0, speedup = 1, bubble = 0, idle = 0, grad_s = 0, tokens_per_s = 0;
+  double step_s = 0, bubble = 0, idle = 0, grad_s = 0;
+  // throughput over the measured steps plus the drain (model/throughput.hpp)
+  double tokens = 0, tokens_per_s = 0, flops_per_s = 0;
+  double speedup = 1, speedup_lo = 1, speedup_hi = 1;  ///< tokens/s vs the baseline, 95% interval
+  double step_ratio = 1;                               ///< baseline step_s / step_s (secondary)
+  std::int64_t drain_steps = 0;
+  std::string baseline;
+  std::vector<wlb::model::StepWork> work;  ///< per measured step, drain folded into the last
   std::vector<double> peak_gb;
   bool fits = true;
 };
@@ -135,7 +153,10 @@ int run(const Opts& o) {
   // Validate every case (profile, schedule, strategies) before any output is written.
   for (const Case& cs : cases) {
     wlb::Deck deck = cs.deck;
-    if (!o.strategies.empty()) deck.run.strategies = o.strategies;
+    if (!o.strategies.empty()) {
+      deck.run.strategies.clear();
+      for (const auto& st : o.strategies) deck.run.strategies.push_back(specOf(st));
+    }
     const wlb::model::CostModel cost = wlb::model::CostModel::fromDeck(deck);
     const wlb::pp::StepSimulator sim(deck, cost);
     (void)sim.schedule(static_cast<int>(wlb::data::microBatchesPerReplica(deck)));
@@ -153,7 +174,7 @@ int run(const Opts& o) {
   const auto strategyNames = [&](const wlb::Deck& deck) {
     std::vector<std::pair<std::string, std::string>> names;
     if (!o.strategies.empty()) {
-      for (const auto& s : o.strategies) names.push_back({displayName(s), s});
+      for (const auto& s : o.strategies) names.push_back({displayName(specOf(s)), specOf(s)});
     } else if (!deck.run.strategies.empty()) {
       for (const auto& s : deck.run.strategies) names.push_back({displayName(s), s});
     } else {
@@ -208,6 +229,7 @@ int run(const Opts& o) {
       meta.dp = static_cast<int>(deck.mesh.dp);
       meta.warmup = static_cast<int>(warmup);
       meta.extra.push_back({"hardware_profile", cost.hardware().name});
+      meta.extra.push_back({"measured_steps", std::to_string(steps)});  // drain steps follow them
       if (rank == 0) writer = std::make_unique<wlb::trace::Writer>(traceName(o.trace, ci, cases.size()), meta);
     }
     const std::string mesh = fmt::format("{}x{}x{}x{}", deck.mesh.tp, deck.mesh.cp, deck.mesh.pp, deck.mesh.dp);
@@ -226,9 +248,17 @@ int run(const Opts& o) {
       row.packer = pr.packer;
       row.sharding = pr.sharding;
       row.peak_gb.assign(static_cast<std::size_t>(deck.mesh.pp), 0.0);
-      double t = 0, tokens = 0;
-      for (std::int64_t step = 0; step < warmup + steps; ++step) {
-        const auto docs = src->next(step);
+      double t = 0;
+      std::vector<wlb::model::StepWork> work;  // measured steps, then drain steps
+      // Measured steps, then drain steps (no new documents) until the packer holds
+      // nothing: every strategy trains the whole stream of the window (throughput.hpp).
+      for (std::int64_t step = 0;; ++step) {
+        const bool drain = step >= warmup + steps;
+        if (drain && packer->pendingTokens() == 0) break;
+        if (drain && step - warmup - steps >= kMaxDrainSteps)
+          throw std::logic_error(fmt::format("wlb simulate: {} still holds {} tokens after {} drain steps", pr.packer,
+                                             packer->pendingTokens(), kMaxDrainSteps));
+        const auto docs = drain ? std::vector<wlb::Document>{} : src->next(step);
         const wlb::StepPlan plan = packer->pack(step, docs);
         const auto r = sim.simulatePlan(plan, pr.sharding, deck.cp, rec.get(), static_cast<int>(step), t);
         if (writer) writer->addPlan(names[si].first, plan);
@@ -236,30 +266,47 @@ int run(const Opts& o) {
         for (std::size_t s = 0; s < r.peak_bytes.size(); ++s)
           row.peak_gb[s] = std::max(row.peak_gb[s], r.peak_bytes[s] / 1e9);
         row.fits = row.fits && r.fits_memory;
-        progress.update(++done_steps, cs.name + " " + names[si].first);
+        if (!drain) progress.update(++done_steps, cs.name + " " + names[si].first);
         if (step < warmup) continue;
+        double tokens = 0;
+        for (const auto& rep : plan.replicas)
+          for (const auto& mb : rep) tokens += static_cast<double>(mb.tokens());
+        work.push_back({r.step_seconds, tokens, wlb::model::usefulFlops(plan, cost, deck.model.layers)});
+        if (drain) {
+          ++row.drain_steps;
+          continue;
+        }
         ++row.steps;
         row.step_s += r.step_seconds;
         row.bubble += r.bubble_fraction;
         row.idle += r.idle_fraction;
         row.grad_s += r.grad_sync_seconds;
-        for (const auto& rep : plan.replicas)
-          for (const auto& mb : rep) tokens += static_cast<double>(mb.tokens());
       }
       const double n = static_cast<double>(std::max<std::int64_t>(row.steps, 1));
-      row.tokens_per_s = row.step_s > 0 ? tokens / row.step_s : 0;
+      row.work = wlb::model::foldDrain(std::move(work), static_cast<std::size_t>(row.drain_steps));
+      const auto tot = wlb::model::total(row.work);
+      row.tokens = tot.tokens;
+      row.tokens_per_s = tot.tokensPerSecond();
+      row.flops_per_s = tot.flopsPerSecond();
       row.step_s /= n;
       row.bubble /= n;
       row.idle /= n;
       row.grad_s /= n;
       rows.push_back(row);
     }
-    // Speedup against plain (or the first strategy listed).
-    double base = rows[first_row].step_s;
+    // Throughput speedup against plain (or the first strategy listed), with its 95%
+    // bootstrap interval over steps; the step-time ratio is kept as a secondary column.
+    std::size_t bi = first_row;
     for (std::size_t i = first_row; i < rows.size(); ++i)
-      if (rows[i].strategy == "plain") base = rows[i].step_s;
-    for (std::size_t i = first_row; i < rows.size(); ++i)
-      rows[i].speedup = rows[i].step_s > 0 ? base / rows[i].step_s : 0;
+      if (rows[i].strategy == "plain") bi = i;
+    for (std::size_t i = first_row; i < rows.size(); ++i) {
+      const auto sp = wlb::model::throughputSpeedup(rows[bi].work, rows[i].work);
+      rows[i].speedup = sp.value;
+      rows[i].speedup_lo = sp.lo;
+      rows[i].speedup_hi = sp.hi;
+      rows[i].step_ratio = rows[i].step_s > 0 ? rows[bi].step_s / rows[i].step_s : 0;
+      rows[i].baseline = rows[bi].strategy;
+    }
     if (writer) writer->commit(*rec);
   }
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_all).count();
@@ -272,33 +319,45 @@ int run(const Opts& o) {
     ws = std::max(ws, r.strategy.size());
   }
   std::ostringstream os;
-  os << fmt::format("{:<{}}  {:<11} {:<{}} {:>10} {:>8} {:>7} {:>7} {:>9}  {}\n", "case", wc, "tp.cp.pp.dp", "strategy",
-                    ws, "step_s", "speedup", "bubble", "idle", "grad_s", "peak_GB/stage");
+  os << fmt::format("{:<{}}  {:<11} {:<{}} {:>9} {:>8} {:>8} {:>13} {:>9} {:>7} {:>6} {:>6} {:>8} {:>5}  {}\n", "case",
+                    wc, "tp.cp.pp.dp", "strategy", ws, "Mtok/s", "PFLOP/s", "speedup", "[95% interval]", "step_s",
+                    "step-x", "bubble", "idle", "grad_s", "drain", "peak_GB/stage");
   for (const auto& r : rows) {
     std::string mem;
     for (std::size_t s = 0; s < r.peak_gb.size(); ++s) mem += fmt::format("{}{:.1f}", s ? "/" : "", r.peak_gb[s]);
     if (!r.fits) mem += " (exceeds memory)";
-    os << fmt::format("{:<{}}  {:<11} {:<{}} {:>10.4f} {:>7.2f}x {:>7.3f} {:>7.3f} {:>9.4f}  {}\n", r.case_name, wc,
-                      r.mesh, r.strategy, ws, r.step_s, r.speedup, r.bubble, r.idle, r.grad_s, mem);
+    os << fmt::format(
+        "{:<{}}  {:<11} {:<{}} {:>9.4f} {:>8.3f} {:>7.3f}x {:>13} {:>9.4f} {:>6.2f}x {:>6.3f} {:>6.3f} {:>8.4f} "
+        "{:>5}  {}\n",
+        r.case_name, wc, r.mesh, r.strategy, ws, r.tokens_per_s / 1e6, r.flops_per_s / 1e15, r.speedup,
+        fmt::format("[{:.3f}-{:.3f}]", r.speedup_lo, r.speedup_hi), r.step_s, r.step_ratio, r.bubble, r.idle, r.grad_s,
+        r.drain_steps, mem);
   }
   os << fmt::format(
-      "# {} case(s); pp-only = wlb packing + per_sequence CP, cp-only = original packing + "
-      "adaptive CP; step_s = mean predicted step time after warm-up; simulated in {:.2f} s\n",
-      cases.size(), wall);
+      "# {} case(s); speedup = throughput (trained tokens/s) over {} of the same case, 95% paired bootstrap interval "
+      "over steps; each strategy runs drain steps (no new documents) after its measured steps until nothing is held, "
+      "and their time and tokens count; PFLOP/s = useful model FLOPs (causal attention + linear, fwd+bwd); step-x = "
+      "step-time ratio (flatters deferral); pp-only = wlb packing + per_sequence CP, cp-only = original packing + "
+      "adaptive CP; simulated in {:.2f} s\n",
+      cases.size(), rows.empty() ? std::string("plain") : rows.front().baseline, wall);
   std::cout << os.str() << std::flush;
 
   if (!o.out.empty()) {
     fs::create_directories(o.out);
     std::ostringstream csv;
-    csv << "case,mesh,model,context_window,strategy,packer,sharding,steps,step_seconds,speedup,"
-           "bubble_fraction,idle_fraction,grad_sync_seconds,tokens_per_second,peak_gb_per_stage,fits_memory\n";
+    csv << "case,mesh,model,context_window,strategy,packer,sharding,steps,drain_steps,tokens,tokens_per_second,"
+           "useful_flops_per_second,baseline,speedup,speedup_lo,speedup_hi,step_seconds,step_time_ratio,"
+           "bubble_fraction,idle_fraction,grad_sync_seconds,peak_gb_per_stage,fits_memory\n";
     nlohmann::json j = nlohmann::json::array();
     for (const auto& r : rows) {
       std::string mem;
       for (std::size_t s = 0; s < r.peak_gb.size(); ++s) mem += fmt::format("{}{:.3f}", s ? ";" : "", r.peak_gb[s]);
-      csv << fmt::format("{},{},{},{},{},{},{},{},{:.6g},{:.4f},{:.4f},{:.4f},{:.6g},{:.6g},{},{}\n", r.case_name,
-                         r.mesh, r.model, r.window, r.strategy, r.packer, r.sharding, r.steps, r.step_s, r.speedup,
-                         r.bubble, r.idle, r.grad_s, r.tokens_per_s, mem, r.fits ? 1 : 0);
+      csv << fmt::format(
+          "{},{},{},{},{},{},{},{},{},{:.0f},{:.6g},{:.6g},{},{:.4f},{:.4f},{:.4f},{:.6g},{:.4f},{:.4f},"
+          "{:.4f},{:.6g},{},{}\n",
+          r.case_name, r.mesh, r.model, r.window, r.strategy, r.packer, r.sharding, r.steps, r.drain_steps, r.tokens,
+          r.tokens_per_s, r.flops_per_s, r.baseline, r.speedup, r.speedup_lo, r.speedup_hi, r.step_s, r.step_ratio,
+          r.bubble, r.idle, r.grad_s, mem, r.fits ? 1 : 0);
       j.push_back({{"case", r.case_name},
                    {"mesh", r.mesh},
                    {"model", r.model},
@@ -307,12 +366,18 @@ int run(const Opts& o) {
                    {"packer", r.packer},
                    {"sharding", r.sharding},
                    {"steps", r.steps},
-                   {"step_seconds", r.step_s},
+                   {"drain_steps", r.drain_steps},
+                   {"tokens", r.tokens},
+                   {"tokens_per_second", r.tokens_per_s},
+                   {"useful_flops_per_second", r.flops_per_s},
+                   {"baseline", r.baseline},
                    {"speedup", r.speedup},
+                   {"speedup_interval", {r.speedup_lo, r.speedup_hi}},
+                   {"step_seconds", r.step_s},
+                   {"step_time_ratio", r.step_ratio},
                    {"bubble_fraction", r.bubble},
                    {"idle_fraction", r.idle},
                    {"grad_sync_seconds", r.grad_s},
-                   {"tokens_per_second", r.tokens_per_s},
                    {"peak_gb_per_stage", r.peak_gb},
                    {"fits_memory", r.fits}});
     }
@@ -340,8 +405,8 @@ const bool registered = wlb::app::registerCommand(
                      "(FILE.<i>.h5 per case when there are several)")
           ->type_name("FILE");
       sub.add_option("--strategies", opts->strategies,
-                     "Strategies to compare (plain, fixed, wlb, PACKER+SHARDING); default: run.strategies, "
-                     "else plain, fixed, wlb, pp-only, cp-only")
+                     "Strategies to compare (plain, fixed, wlb, pp-only, cp-only, PACKER+SHARDING); default: "
+                     "run.strategies, else plain, fixed, wlb, pp-only, cp-only")
           ->delimiter(',');
       return [opts]() -> int { return run(*opts); };
     });

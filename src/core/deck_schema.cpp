@@ -82,7 +82,7 @@ const std::vector<KeySpec>& deckSchema() {
 
         S("packing", "strategy", packerNames(), WLB_F(packing.strategy), "Packer (docs/packing.md)."),
         I("packing", "micro_batches", 0, 1 << 20, WLB_F(packing.micro_batches), "Micro-batches per DP replica M; 0 = pp."),
-        I("packing", "window", 1, 1024, WLB_F(packing.window), "fixed_greedy: global batches per packing window k."),
+        I("packing", "window", 1, 1024, WLB_F(packing.window), "fixed_greedy: global batches per packing window k (1 = repack within one global batch, the paper's Fixed-4D, preserving data order; larger k trades order for balance)."),
         KeySpec{"packing", "outlier_thresholds", Kind::IntList, 1, big, {},
                 "wlb: outlier queue thresholds L_1 < ... < L_n (tokens); empty = defaults (docs/packing.md).",
                 WLB_F(packing.outlier_thresholds)},

@@ -36,7 +36,7 @@ struct PackerOptions {
   std::int64_t micro_batches = 1;                ///< M per replica
   std::int64_t context_window = 4096;            ///< S
   std::int64_t s_max = 4096;                     ///< variable-length limit (>= S)
-  std::int64_t window = 2;                       ///< fixed_greedy: global batches per window
+  std::int64_t window = 1;                       ///< fixed_greedy: global batches per window (1 = the paper's Fixed-4D)
   std::vector<std::int64_t> outlier_thresholds;  ///< wlb: L_1 < ... < L_n (empty = none)
   /// wlb: a queued outlier that has waited this many steps is released even if its queue
   /// holds fewer than N documents (bounds the delay; 0 = never force).

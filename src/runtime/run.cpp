@@ -21,6 +21,7 @@
 #include "cp/shard_plan.hpp"
 #include "data/length_source.hpp"
 #include "model/cost_model.hpp"
+#include "model/throughput.hpp"
 #include "packing/packer.hpp"
 #include "packing/plan_io.hpp"
 #include "parallel/comm.hpp"
@@ -35,6 +36,8 @@ namespace {
 namespace labels = trace::labels;
 
 constexpr double kNs = 1e-9;
+/// Drain steps after which a packer still holding documents is a bug, not a slow drain.
+constexpr std::int64_t kMaxDrainSteps = 10000;
 
 // Labels counted as compute (busy) and as communication (incl. waiting for peers).
 bool isCompute(const std::string& l) {
@@ -149,6 +152,7 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
     meta.pp = shape.pp();
     meta.dp = shape.dp();
     meta.warmup = static_cast<int>(warmup);
+    meta.extra.emplace_back("measured_steps", std::to_string(steps));  // drain steps follow them
     meta.extra.emplace_back("executor", "wlb::runtime::runDeck");
     meta.extra.emplace_back("gemm", gemmBackend());
     report.trace_path = (std::filesystem::path(deck.output.dir) / deck.output.trace).string();
@@ -232,8 +236,10 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
   const auto t_steps = std::chrono::steady_clock::now();
   const std::int64_t total_steps = (warmup + steps) * static_cast<std::int64_t>(states.size());
   std::int64_t done_steps = 0;
-  for (std::int64_t step = 0; step < warmup + steps; ++step) {
-    for (StratState& st : states) {
+  // One step of one strategy on every rank; `drain` steps get no new documents (only what
+  // the packer still holds), so every strategy ends having trained its whole stream.
+  const auto runStep = [&](StratState& st, std::int64_t step, bool drain) {
+    {
       const StrategyPair& strat = st.strat;
       auto& source = st.source;
       auto& packer = st.packer;
@@ -246,7 +252,7 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
       err.clear();
       if (world_rank == 0) {
         try {
-          const auto docs = source->next(step);
+          const auto docs = drain ? std::vector<Document>{} : source->next(step);
           const StepPlan plan = packer->pack(step, docs);
           const auto metrics = packing::computeMetrics(plan, *cost);
           predicted = metrics.imbalance;
@@ -364,7 +370,9 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
         StepRecord sr;
         sr.step = step;
         sr.warmup = step < warmup;
+        sr.drain = drain;
         sr.tokens = step_tokens;
+        sr.flops = model::usefulFlops(plan, *cost, layers);
         sr.predicted_imbalance = predicted;
         auto at = [&](int r, int k) { return all[static_cast<std::size_t>(r) * nrow + k]; };
         for (int r = 0; r < world_size; ++r) {
@@ -396,7 +404,7 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
         sr.cp_imbalance = cp_imb.empty()
                               ? 1.0
                               : std::accumulate(cp_imb.begin(), cp_imb.end(), 0.0) / static_cast<double>(cp_imb.size());
-        ++done_steps;
+        if (!drain) ++done_steps;
         if (opt.progress) {
           // ETA over every strategy's remaining steps (they are interleaved)
           const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_steps).count();
@@ -405,13 +413,32 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
                        "[%-5s] step %lld/%lld%s  %.3f s  tokens %lld  mb-imbalance %.2f  cp-imbalance %.2f  "
                        "(predicted %.2f)  ETA %.0f s\n",
                        strat.name.c_str(), static_cast<long long>(step + 1), static_cast<long long>(warmup + steps),
-                       sr.warmup ? " (warm-up)" : "", sr.seconds, static_cast<long long>(sr.tokens), sr.mb_imbalance,
-                       sr.cp_imbalance, sr.predicted_imbalance, eta);
+                       sr.warmup ? " (warm-up)"
+                       : drain   ? " (drain)"
+                                 : "",
+                       sr.seconds, static_cast<long long>(sr.tokens), sr.mb_imbalance, sr.cp_imbalance,
+                       sr.predicted_imbalance, eta);
           std::fflush(opt.out);
         }
         res.steps.push_back(std::move(sr));
       }
     }
+  };
+  for (std::int64_t step = 0; step < warmup + steps; ++step)
+    for (StratState& st : states) runStep(st, step, false);
+  // Drain: rank 0 owns the packers and tells everyone which strategies still hold documents.
+  std::int64_t drained = 0;
+  for (std::int64_t step = warmup + steps;; ++step) {
+    std::vector<int> hold(states.size(), 0);
+    if (world_rank == 0)
+      for (std::size_t i = 0; i < states.size(); ++i) hold[i] = states[i].packer->pendingTokens() > 0 ? 1 : 0;
+    MPI_Bcast(hold.data(), static_cast<int>(hold.size()), MPI_INT, 0, mesh.world());
+    if (std::none_of(hold.begin(), hold.end(), [](int h) { return h != 0; })) break;
+    if (++drained > kMaxDrainSteps)
+      throw std::logic_error("wlb run: a packer still holds documents after " + std::to_string(kMaxDrainSteps) +
+                             " drain steps");
+    for (std::size_t i = 0; i < states.size(); ++i)
+      if (hold[i]) runStep(states[i], step, true);
   }
 
   for (StratState& st : states) {
@@ -421,8 +448,14 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
       double tok = 0, cpi = 0, mbi = 0, pri = 0;
       res.rank_busy.assign(static_cast<std::size_t>(world_size), 0.0);
       res.rank_comm = res.rank_attn = res.rank_busy;
+      std::vector<model::StepWork> work;
       for (const auto& s : res.steps) {
         if (s.warmup) continue;
+        work.push_back({s.seconds, static_cast<double>(s.tokens), s.flops});
+        if (s.drain) {
+          ++res.drain_steps;
+          continue;
+        }
         times.push_back(s.seconds);
         tok += static_cast<double>(s.tokens);
         cpi += s.cp_imbalance;
@@ -440,13 +473,30 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
       res.step_min = *std::min_element(times.begin(), times.end());
       res.step_median = median(times);
       res.tokens_per_step = tok / n;
-      res.tokens_per_second = total > 0 ? tok / total : 0;
+      // throughput over the measured steps and the drain (model/throughput.hpp)
+      res.work = model::foldDrain(std::move(work), static_cast<std::size_t>(res.drain_steps));
+      const auto tw = model::total(res.work);
+      res.tokens = tw.tokens;
+      res.tokens_per_second = tw.tokensPerSecond();
+      res.flops_per_second = tw.flopsPerSecond();
       res.cp_imbalance = cpi / n;
       res.mb_imbalance = mbi / n;
       res.predicted_imbalance = pri / n;
       for (auto* v : {&res.rank_busy, &res.rank_comm, &res.rank_attn})
         for (auto& x : *v) x /= n;
       report.strategies.push_back(std::move(res));
+    }
+  }
+
+  // Throughput speedup against the first strategy, with its bootstrap interval over steps.
+  if (world_rank == 0 && !report.strategies.empty()) {
+    const auto& base = report.strategies.front();
+    for (auto& r : report.strategies) {
+      const auto sp = model::throughputSpeedup(base.work, r.work);
+      r.speedup = sp.value;
+      r.speedup_lo = sp.lo;
+      r.speedup_hi = sp.hi;
+      r.step_ratio = r.step_mean > 0 ? base.step_mean / r.step_mean : 0;
     }
   }
 
@@ -471,19 +521,25 @@ std::string formatReport(const RunReport& rep) {
                 static_cast<long long>(rep.steps), static_cast<long long>(rep.warmup), rep.mesh.c_str(),
                 static_cast<long long>(rep.layers));
   os << buf;
-  std::snprintf(buf, sizeof buf, "%-8s %-28s %9s %9s %9s %10s %8s %8s %8s %8s %8s\n", "strategy", "packer+sharding",
-                "step[s]", "min[s]", "tok/step", "ktok/s", "cp-imb", "mb-imb", "pred-imb", "speedup", "tok/s-x");
+  std::snprintf(buf, sizeof buf, "%-8s %-28s %9s %9s %8s %15s %9s %9s %7s %7s %7s %8s %5s\n", "strategy",
+                "packer+sharding", "ktok/s", "GFLOP/s", "speedup", "[95% interval]", "step[s]", "min[s]", "step-x",
+                "cp-imb", "mb-imb", "pred-imb", "drain");
   os << buf;
-  const auto& base = rep.strategies.front();
   for (const auto& s : rep.strategies) {
     const std::string ps = s.packer + "+" + s.sharding;
-    std::snprintf(buf, sizeof buf, "%-8s %-28s %9.3f %9.3f %9.0f %10.2f %8.2f %8.2f %8.2f %7.2fx %7.2fx\n",
-                  s.name.c_str(), ps.c_str(), s.step_mean, s.step_min, s.tokens_per_step, s.tokens_per_second / 1e3,
-                  s.cp_imbalance, s.mb_imbalance, s.predicted_imbalance,
-                  s.step_mean > 0 ? base.step_mean / s.step_mean : 0.0,
-                  base.tokens_per_second > 0 ? s.tokens_per_second / base.tokens_per_second : 0.0);
+    char iv[64];
+    std::snprintf(iv, sizeof iv, "[%.3f-%.3f]", s.speedup_lo, s.speedup_hi);
+    std::snprintf(buf, sizeof buf, "%-8s %-28s %9.2f %9.2f %7.3fx %15s %9.3f %9.3f %6.2fx %7.2f %7.2f %8.2f %5lld\n",
+                  s.name.c_str(), ps.c_str(), s.tokens_per_second / 1e3, s.flops_per_second / 1e9, s.speedup, iv,
+                  s.step_mean, s.step_min, s.step_ratio, s.cp_imbalance, s.mb_imbalance, s.predicted_imbalance,
+                  static_cast<long long>(s.drain_steps));
     os << buf;
   }
+  os << "speedup = throughput (trained tokens/s) over " << rep.strategies.front().name
+     << ", 95% paired bootstrap interval over steps; drain = steps run after the measured ones, with no new documents, "
+        "until nothing is held (their time and tokens count), so every strategy trains its whole stream; GFLOP/s = "
+        "useful FLOPs of the layers run (causal attention + linear, fwd+bwd); step-x = step-time ratio (flatters "
+        "deferral)\n";
   os << "\nPer-rank time per step [s]: busy = compute (GEMMs, attention), comm = KV/TP/gradient "
         "communication incl. waiting for peers\n";
   for (const auto& s : rep.strategies) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/deck.hpp"
+#include "model/throughput.hpp"
 
 namespace wlb::runtime {
 
@@ -28,8 +29,10 @@ struct RunOptions {
 struct StepRecord {
   std::int64_t step = 0;
   bool warmup = false;
+  bool drain = false;              ///< after the measured steps: no new documents (throughput.hpp)
   double seconds = 0;              ///< max over ranks of the step's wall time
   std::int64_t tokens = 0;         ///< tokens trained in the step (all replicas)
+  double flops = 0;                ///< useful FLOPs of the layers run (model::usefulFlops)
   double mb_imbalance = 1;         ///< max/mean micro-batch latency over dp*M micro-batches
   double cp_imbalance = 1;         ///< mean over micro-batches of max/mean attention time over CP ranks
   double predicted_imbalance = 1;  ///< packing metrics (cost model), W_a + W_l
@@ -41,9 +44,15 @@ struct StepRecord {
 struct StrategyResult {
   std::string name, packer, sharding, comm;
   std::vector<StepRecord> steps;
-  // Over the measured (non-warm-up) steps:
+  // Over the measured (non-warm-up, non-drain) steps:
   double step_mean = 0, step_min = 0, step_median = 0;
-  double tokens_per_step = 0, tokens_per_second = 0;
+  double tokens_per_step = 0;
+  // Over the measured steps and the drain: the comparison metric (model/throughput.hpp).
+  std::int64_t drain_steps = 0;
+  double tokens = 0, tokens_per_second = 0, flops_per_second = 0;
+  double speedup = 1, speedup_lo = 1, speedup_hi = 1;  ///< tokens/s vs the first strategy, 95% interval
+  double step_ratio = 1;                               ///< first strategy's step_mean / step_mean
+  std::vector<model::StepWork> work;                   ///< per measured step, drain folded into the last
   double cp_imbalance = 1, mb_imbalance = 1, predicted_imbalance = 1;
   std::vector<double> rank_busy, rank_comm, rank_attn;  ///< per world rank, mean per step
 };

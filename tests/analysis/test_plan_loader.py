@@ -46,7 +46,9 @@ class Store:
 def test_loader_handles_empty_micro_batches(tmp_path):
     plan = tmp_path / "plan.jsonl"
     deck = os.path.join(ROOT, "inputs", "plan_lengths_file.toml")
-    subprocess.run([wlb_binary(), "plan", deck, "--packer", "fixed_greedy", "--steps", "12", "--out", str(plan)],
+    # a two-batch window leaves micro-batches empty while it buffers
+    subprocess.run([wlb_binary(), "plan", deck, "--packer", "fixed_greedy", "--steps", "12", "--set", "packing.window=2",
+                    "--out", str(plan)],
                    check=True, capture_output=True, cwd=ROOT)
     lines = [json.loads(x) for x in plan.read_text().splitlines()]
     header, steps = lines[0], [x for x in lines if x["type"] == "step"]

@@ -13,7 +13,26 @@ out="$("$WLB" simulate "$SRC/inputs/sim_small.toml" --steps 3 --out "$TMP/o" 2>&
 for s in plain fixed wlb pp-only cp-only; do
   echo "$out" | grep -Eq "^sim_small +2x2x2x2 +$s " || fail "missing row $s: $out"
 done
-echo "$out" | grep -Eq "^sim_small +2x2x2x2 +plain +[0-9.]+ +1.00x" || fail "plain speedup not 1.00x: $out"
+echo "$out" | grep -Eq "^sim_small +2x2x2x2 +plain +[0-9.]+ +[0-9.]+ +1.000x \[1.000-1.000\]" || fail "plain speedup not 1.00x: $out"
+# the speedup is a throughput ratio with its interval; every strategy drains what it holds
+echo "$out" | grep -q "speedup = throughput (trained tokens/s) over plain" || fail "speedup not explained: $out"
+# (without warm-up every strategy starts empty and drains: exactly the same documents)
+"$WLB" simulate "$SRC/inputs/sim_small.toml" --warmup 0 --out "$TMP/w0" > /dev/null 2>&1 || fail "simulate --warmup 0"
+/usr/bin/python3 - "$TMP/o/simulate.json" "$TMP/w0/simulate.json" <<'PY' || fail "simulate.json throughput fields"
+import json, sys
+rows = json.load(open(sys.argv[1]))
+toks = {r["strategy"]: r["tokens"] for r in json.load(open(sys.argv[2]))}
+assert len(set(toks.values())) == 1, f"strategies trained different token totals: {toks}"
+for r in rows:
+    lo, hi = r["speedup_interval"]
+    assert lo <= r["speedup"] <= hi, r
+    assert r["tokens_per_second"] > 0 and r["useful_flops_per_second"] > 0, r
+    assert r["baseline"] == "plain"
+PY
+# pp-only / cp-only, as --help lists them, are accepted
+"$WLB" simulate "$SRC/inputs/sim_small.toml" --steps 2 --strategies plain,pp-only,cp-only > "$TMP/pc.txt" 2>&1 \
+  || { cat "$TMP/pc.txt"; fail "--strategies pp-only,cp-only refused"; }
+grep -Eq "^sim_small +2x2x2x2 +cp-only " "$TMP/pc.txt" || fail "no cp-only row"
 [ -s "$TMP/o/simulate.csv" ] || fail "no simulate.csv"
 [ "$(wc -l < "$TMP/o/simulate.csv")" -eq 6 ] || fail "simulate.csv should have header + 5 rows"
 grep -q '"strategy": "wlb"' "$TMP/o/simulate.json" || fail "simulate.json lacks wlb"

@@ -186,8 +186,15 @@ TEST(RunDeck, EveryStrategyRunsOnCpAndDpMeshes) {
     if (worldRank() != 0) continue;
     ASSERT_EQ(rep.strategies.size(), 3u) << axis;
     for (const auto& s : rep.strategies) {
-      EXPECT_EQ(s.steps.size(), 3u);
+      // warm-up + measured steps, then the drain steps that trained what the packer held
+      EXPECT_EQ(s.steps.size(), 3u + static_cast<std::size_t>(s.drain_steps));
       EXPECT_TRUE(s.steps.front().warmup);
+      for (std::size_t i = 3; i < s.steps.size(); ++i) EXPECT_TRUE(s.steps[i].drain);
+      EXPECT_GT(s.tokens_per_second, 0.0);
+      EXPECT_GT(s.flops_per_second, 0.0);
+      EXPECT_LE(s.speedup_lo, s.speedup);
+      EXPECT_GE(s.speedup_hi, s.speedup);
+      EXPECT_EQ(s.work.size(), 2u);  // the measured steps, drain folded into the last
       EXPECT_GT(s.step_mean, 0.0);
       EXPECT_GT(s.tokens_per_step, 0.0);
       EXPECT_GE(s.mb_imbalance, 1.0);

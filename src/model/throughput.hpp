@@ -1,0 +1,54 @@
+#pragma once
+/// \file throughput.hpp
+/// \brief The one comparison metric of `wlb run`, `wlb simulate` and the report
+/// (docs/algorithms.md § Comparing strategies): throughput — trained tokens and useful model
+/// FLOPs per second — over a window that ends with every deferred document trained, and
+/// the throughput speedup with a 95% paired bootstrap interval over steps.
+///
+/// Why not step time: a packer that defers documents trains fewer tokens per step while it
+/// defers, so a step-time ratio flatters it. Here each strategy's window is followed by
+/// drain steps (no new documents, only what its packer still holds) whose work and time
+/// count, so no strategy ends the comparison owing work.
+
+#include <cstdint>
+#include <vector>
+
+#include "core/types.hpp"
+#include "model/cost_model.hpp"
+
+namespace wlb::model {
+
+/// One measured (or simulated) step: wall seconds, trained tokens, useful FLOPs.
+struct StepWork {
+  double seconds = 0, tokens = 0, flops = 0;
+};
+
+/// Useful FLOPs of a step plan over `layers` transformer layers, forward + backward:
+/// attention over each segment's causal pairs (no tile padding, whole TP group) plus the
+/// linear ops of its tokens. Identical for every strategy that trains the same tokens
+/// in the same segments, so FLOP/s compares work, not tokens.
+double usefulFlops(const StepPlan& plan, const CostModel& cost, std::int64_t layers);
+
+/// Totals over a window of steps.
+struct Throughput {
+  double seconds = 0, tokens = 0, flops = 0;
+  double tokensPerSecond() const { return seconds > 0 ? tokens / seconds : 0; }
+  double flopsPerSecond() const { return seconds > 0 ? flops / seconds : 0; }
+};
+Throughput total(const std::vector<StepWork>& steps);
+
+/// Steps appended after the measured window to drain deferred documents are folded into
+/// the last measured step, so strategies that drained for different numbers of steps still
+/// pair step by step. `drain` is the tail of `steps` to fold (0 = none).
+std::vector<StepWork> foldDrain(std::vector<StepWork> steps, std::size_t drain);
+
+/// Throughput ratio `other` / `base` (tokens per second) with a 95% interval from a paired
+/// bootstrap over step indices (both vectors the same length; deterministic for a seed).
+/// With one step the interval is the point.
+struct Ratio {
+  double value = 0, lo = 0, hi = 0;
+};
+Ratio throughputSpeedup(const std::vector<StepWork>& base, const std::vector<StepWork>& other, int resamples = 2000,
+                        std::uint64_t seed = 12345);
+
+}  // namespace wlb::model
