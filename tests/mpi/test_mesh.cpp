@@ -52,12 +52,18 @@ TEST(MeshMpi, GroupsMatchIndexMathAndCollectivesWork) {
       EXPECT_EQ(sum, g.comm->size());
     }
     // Pipeline neighbours: a ring-free chain along pp.
-    if (mesh.coord().pp == 0) EXPECT_EQ(mesh.ppPrev(), MPI_PROC_NULL);
-    if (mesh.coord().pp == shape.pp() - 1) EXPECT_EQ(mesh.ppNext(), MPI_PROC_NULL);
+    if (mesh.coord().pp == 0) {
+      EXPECT_EQ(mesh.ppPrev(), MPI_PROC_NULL);
+    }
+    if (mesh.coord().pp == shape.pp() - 1) {
+      EXPECT_EQ(mesh.ppNext(), MPI_PROC_NULL);
+    }
     int token = r, got = -1;
     MPI_Sendrecv(&token, 1, MPI_INT, mesh.ppNext(), 7, &got, 1, MPI_INT, mesh.ppPrev(), 7, MPI_COMM_WORLD,
                  MPI_STATUS_IGNORE);
-    if (mesh.ppPrev() != MPI_PROC_NULL) EXPECT_EQ(got, mesh.ppPrev());
+    if (mesh.ppPrev() != MPI_PROC_NULL) {
+      EXPECT_EQ(got, mesh.ppPrev());
+    }
   }
 }
 
