@@ -508,7 +508,48 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
     if (!st.plan_out || std::rename((st.plan_path + ".partial").c_str(), st.plan_path.c_str()) != 0)
       throw InputError("cannot finish the plan file " + st.plan_path + " (write or rename failed)");
   }
+  // The comparison, machine-readable, next to the trace (sweeps collect these).
+  if (world_rank == 0 && opt.write_outputs) {
+    report.summary_path = (std::filesystem::path(deck.output.dir) / "summary.json").string();
+    const std::string tmp = report.summary_path + ".partial";
+    std::ofstream f(tmp);
+    f << toJson(report).dump(2) << "\n";
+    f.close();
+    if (!f || std::rename(tmp.c_str(), report.summary_path.c_str()) != 0)
+      throw InputError("cannot write " + report.summary_path + " (write or rename failed)");
+  }
   return report;
+}
+
+nlohmann::json toJson(const RunReport& rep) {
+  nlohmann::json st = nlohmann::json::array();
+  for (const auto& s : rep.strategies)
+    st.push_back({{"strategy", s.name},
+                  {"packer", s.packer},
+                  {"sharding", s.sharding},
+                  {"comm", s.comm},
+                  {"drain_steps", s.drain_steps},
+                  {"tokens", s.tokens},
+                  {"tokens_per_second", s.tokens_per_second},
+                  {"useful_flops_per_second", s.flops_per_second},
+                  {"speedup", s.speedup},
+                  {"speedup_interval", {s.speedup_lo, s.speedup_hi}},
+                  {"step_seconds_mean", s.step_mean},
+                  {"step_seconds_min", s.step_min},
+                  {"step_seconds_median", s.step_median},
+                  {"step_time_ratio", s.step_ratio},
+                  {"cp_imbalance", s.cp_imbalance},
+                  {"mb_imbalance", s.mb_imbalance},
+                  {"predicted_imbalance", s.predicted_imbalance}});
+  return {{"format", "wlb-run-summary"},
+          {"version", 1},
+          {"mesh", rep.mesh},
+          {"steps", rep.steps},
+          {"warmup", rep.warmup},
+          {"layers", rep.layers},
+          {"baseline", rep.strategies.empty() ? "" : rep.strategies.front().name},
+          {"trace", rep.trace_path},
+          {"strategies", st}};
 }
 
 std::string formatReport(const RunReport& rep) {
@@ -553,6 +594,7 @@ std::string formatReport(const RunReport& rep) {
   }
   if (!rep.trace_path.empty()) os << "\ntrace: " << rep.trace_path << "\n";
   for (const auto& p : rep.plan_paths) os << "plan:  " << p << "\n";
+  if (!rep.summary_path.empty()) os << "summary: " << rep.summary_path << "\n";
   return os.str();
 }
 

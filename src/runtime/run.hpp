@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/deck.hpp"
 #include "model/throughput.hpp"
 
@@ -63,12 +65,18 @@ struct RunReport {
   std::vector<StrategyResult> strategies;  ///< complete on rank 0 only
   std::string trace_path;                  ///< "" when outputs are off
   std::vector<std::string> plan_paths;
+  std::string summary_path;  ///< output.dir/summary.json (toJson), "" when outputs are off
 };
 
 /// Run every strategy of the deck (resolveStrategies). Collective over MPI_COMM_WORLD;
 /// Kokkos must be initialised. InputError (collective) for a mesh that does not match the
 /// world size, pp > 1, or dimensions the layer cannot split.
 RunReport runDeck(const Deck& deck, const RunOptions& opt = {});
+
+/// The comparison as JSON (`wlb-run-summary` version 1, docs/runtime.md): per strategy the
+/// throughput, speedup with its interval, step times and imbalances. `wlb run` writes it to
+/// output.dir/summary.json after the trace.
+nlohmann::json toJson(const RunReport& report);
 
 /// The final table printed by `wlb run` (rank 0).
 std::string formatReport(const RunReport& report);

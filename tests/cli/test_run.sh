@@ -23,6 +23,19 @@ grep -q "r1 busy" "$tmp/log" || fail "no per-rank busy time"
 [ -f "$tmp/out/trace.h5" ] || fail "no trace file"
 for s in plain fixed wlb; do [ -s "$tmp/out/plan.$s.jsonl" ] || fail "no plan file for $s"; done
 ls "$tmp/out"/*.partial > /dev/null 2>&1 && fail "temporary plan files left after a complete run"
+# the comparison, machine-readable: throughput, speedup inside its interval, plain = 1
+/usr/bin/python3 - "$tmp/out/summary.json" <<'PY' || fail "summary.json"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["format"] == "wlb-run-summary" and j["version"] == 1 and j["baseline"] == "plain", j
+rows = {r["strategy"]: r for r in j["strategies"]}
+assert set(rows) == {"plain", "fixed", "wlb"}, rows
+assert rows["plain"]["speedup"] == 1.0
+for r in rows.values():
+    lo, hi = r["speedup_interval"]
+    assert lo <= r["speedup"] <= hi and r["tokens_per_second"] > 0 and r["tokens"] > 0, r
+PY
+grep -q "^summary: $tmp/out/summary.json" "$tmp/log" || fail "summary path not printed"
 
 # a run killed part-way leaves no plan under its final name (only *.partial temporaries,
 # which the next run overwrites)
