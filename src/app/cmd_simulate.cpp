@@ -55,9 +55,6 @@ std::string displayName(const std::string& s) {
   return s;
 }
 
-/// Drain steps after which a packer still holding documents is a bug, not a slow drain.
-constexpr std::int64_t kMaxDrainSteps = 10000;
-
 /// A label of the default set (pp-only, cp-only, ...) names its strategy spec.
 std::string specOf(const std::string& s) {
   for (const auto& [label, spec] : kDefault)
@@ -255,9 +252,9 @@ int run(const Opts& o) {
       for (std::int64_t step = 0;; ++step) {
         const bool drain = step >= warmup + steps;
         if (drain && packer->pendingTokens() == 0) break;
-        if (drain && step - warmup - steps >= kMaxDrainSteps)
+        if (drain && step - warmup - steps >= wlb::model::kMaxDrainSteps)
           throw std::logic_error(fmt::format("wlb simulate: {} still holds {} tokens after {} drain steps", pr.packer,
-                                             packer->pendingTokens(), kMaxDrainSteps));
+                                             packer->pendingTokens(), wlb::model::kMaxDrainSteps));
         const auto docs = drain ? std::vector<wlb::Document>{} : src->next(step);
         const wlb::StepPlan plan = packer->pack(step, docs);
         const auto r = sim.simulatePlan(plan, pr.sharding, deck.cp, rec.get(), static_cast<int>(step), t);

@@ -18,6 +18,10 @@
 
 namespace wlb::model {
 
+/// Drain steps after which a packer still holding documents is a bug, not a slow drain
+/// (`wlb run` and `wlb simulate` both stop there).
+inline constexpr std::int64_t kMaxDrainSteps = 10000;
+
 /// One measured (or simulated) step: wall seconds, trained tokens, useful FLOPs.
 struct StepWork {
   double seconds = 0, tokens = 0, flops = 0;

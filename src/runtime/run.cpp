@@ -36,9 +36,6 @@ namespace {
 namespace labels = trace::labels;
 
 constexpr double kNs = 1e-9;
-/// Drain steps after which a packer still holding documents is a bug, not a slow drain.
-constexpr std::int64_t kMaxDrainSteps = 10000;
-
 // Labels counted as compute (busy) and as communication (incl. waiting for peers).
 bool isCompute(const std::string& l) {
   return l == labels::kEmbed || l == labels::kQkvProj || l == labels::kAttn || l == labels::kOutProj ||
@@ -434,8 +431,8 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
       for (std::size_t i = 0; i < states.size(); ++i) hold[i] = states[i].packer->pendingTokens() > 0 ? 1 : 0;
     MPI_Bcast(hold.data(), static_cast<int>(hold.size()), MPI_INT, 0, mesh.world());
     if (std::none_of(hold.begin(), hold.end(), [](int h) { return h != 0; })) break;
-    if (++drained > kMaxDrainSteps)
-      throw std::logic_error("wlb run: a packer still holds documents after " + std::to_string(kMaxDrainSteps) +
+    if (++drained > model::kMaxDrainSteps)
+      throw std::logic_error("wlb run: a packer still holds documents after " + std::to_string(model::kMaxDrainSteps) +
                              " drain steps");
     for (std::size_t i = 0; i < states.size(); ++i)
       if (hold[i]) runStep(states[i], step, true);

@@ -39,6 +39,16 @@ Deck smallDeck(const std::string& preset, std::uint64_t seed) {
   return d;
 }
 
+// smallDeck reading its lengths from a text file `name` (under the test temp dir) holding `lengths`.
+Deck lengthFileDeck(const std::string& name, const std::string& lengths) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream(path) << lengths;
+  Deck d = smallDeck("pile", 1);
+  d.data.source = "text";
+  d.data.path = path;
+  return d;
+}
+
 packing::RunResult run(const Deck& d, const std::string& packer, std::int64_t steps,
                        std::int64_t* max_delay = nullptr) {
   const auto cost = model::CostModel::fromDeck(d);
@@ -81,14 +91,8 @@ TEST(PackingConservation, TenThousandStepsWlbAndOriginal) {
 // docs/data.md: `original` carries nothing over, except the part of a document longer than
 // the step's N x S capacity, which trains over the following steps.
 TEST(PackingOriginal, CarriesOnlyBeyondStepCapacity) {
-  const std::string path = ::testing::TempDir() + "/pack_original_carry.txt";
-  {
-    std::ofstream f(path);
-    f << "500\n60000\n3000\n200000\n100\n7000\n";  // N x S = 8 x 8192 = 65536
-  }
-  Deck d = smallDeck("pile", 1);
-  d.data.source = "text";
-  d.data.path = path;
+  Deck d =
+      lengthFileDeck("pack_original_carry.txt", "500\n60000\n3000\n200000\n100\n7000\n");  // N x S = 8 x 8192 = 65536
   const auto cost = model::CostModel::fromDeck(d);
   auto src = data::makeLengthSource(d);
   auto p = packing::makePacker("original", d, cost);
@@ -108,14 +112,7 @@ TEST(PackingOriginal, CarriesOnlyBeyondStepCapacity) {
 }
 
 TEST(PackingConservation, DocumentsLongerThanCapacityAreSplitNotDropped) {
-  const std::string path = ::testing::TempDir() + "/pack_long.txt";
-  {
-    std::ofstream f(path);
-    f << "30000\n100\n9000\n8192\n10240\n10241\n500\n20000\n1\n";
-  }
-  Deck d = smallDeck("pile", 1);
-  d.data.source = "text";
-  d.data.path = path;
+  Deck d = lengthFileDeck("pack_long.txt", "30000\n100\n9000\n8192\n10240\n10241\n500\n20000\n1\n");
   for (const auto& name : packing::packerNames()) {
     const auto cost = model::CostModel::fromDeck(d);
     auto src = data::makeLengthSource(d);
@@ -140,14 +137,7 @@ TEST(PackingConservation, DocumentsLongerThanCapacityAreSplitNotDropped) {
 // --check on a resumed stream: the restored packer's held pieces (including the rest of a
 // document split before the checkpoint) are neither "duplicated" nor "unknown".
 TEST(PackingConservation, CheckAcrossCheckpointHasNoFalseReport) {
-  const std::string path = ::testing::TempDir() + "/pack_resume.txt";
-  {
-    std::ofstream f(path);
-    f << "30000\n100\n9000\n8192\n10240\n10241\n500\n20000\n1\n70000\n3000\n";
-  }
-  Deck d = smallDeck("pile", 1);
-  d.data.source = "text";
-  d.data.path = path;
+  Deck d = lengthFileDeck("pack_resume.txt", "30000\n100\n9000\n8192\n10240\n10241\n500\n20000\n1\n70000\n3000\n");
   const auto cost = model::CostModel::fromDeck(d);
   for (const auto& name : packing::packerNames()) {
     for (const std::int64_t cut : {1, 3, 7}) {
