@@ -7,7 +7,11 @@
 # run/slurm/local-cluster (state in a temp dir), then
 #   1. sbatch --wait run/slurm/wlb.sbatch inputs/quickstart.toml mesh  -> 2-rank mesh printed
 #   2. run/slurm/sweep inputs/slurm_sweep.toml --subcommand mesh --wait -> both cases COMPLETED
-#   3. input errors of the launchers (exit 2, no job submitted)
+#   3. the same deck's 2 cases under `wlb run` (plain and wlb, small window) with --wait ->
+#      sweep.csv has a row per case x strategy with the swept value and numeric metrics,
+#      sweep.png is written, `run/slurm/sweep collect` afterwards gives the same table, a case
+#      without results is listed (exit 1), bad collect input exits 2
+#   4. input errors of the launchers (exit 2, no job submitted)
 # and stops the cluster on every exit path. Every Slurm call is under a timeout.
 # WLB_TEST_KEEP=1 keeps the temp dir (cluster logs, job outputs) for debugging.
 set -euo pipefail
@@ -108,7 +112,98 @@ else
   ((failures == 0)) && pass "sweep: each case ran its own mesh with its own rank count"
 fi
 
-# --- 3. input errors: exit 2 before anything is submitted ---------------------------------
+# --- 3. a 2-case `wlb run` sweep, collected into one table --------------------------------
+# Same deck (cases mesh.cp = 1, 2), two strategies, a 2K window: each case runs in ~5 s.
+rs=$work/runsweep
+rc=0
+timeout 150 run/slurm/sweep inputs/slurm_sweep.toml --subcommand run --wait --timeout 130 \
+  --set "output.dir=\"$rs\"" --set data.context_window=2048 --set 'run.strategies=["plain","wlb"]' \
+  --sbatch-arg=--time=00:05:00 >"$work/runsweep.txt" 2>&1 || rc=$?
+cat "$work/runsweep.txt"
+if ((rc != 0)); then
+  fail "run/slurm/sweep --subcommand run --wait exited $rc"
+  tail -n 20 "$rs"/slurm-*.out >&2 2>/dev/null || true
+elif [[ ! -f $rs/sweep.csv ]]; then
+  fail "sweep --wait wrote no $rs/sweep.csv"
+else
+  # Every row: case 0/1 with mesh.cp 1/2, COMPLETED, result ok, strategy plain|wlb, and numeric
+  # throughput, speedup and its interval (lo <= hi; the baseline plain = 1), step time.
+  check=$(/usr/bin/python3 - "$rs/sweep.csv" <<'PY'
+import csv, math, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+errs = []
+need = ["case", "mesh.cp", "state", "result", "strategy", "tokens_per_second", "useful_flops_per_second",
+        "speedup", "speedup_lo", "speedup_hi", "step_seconds_mean", "mb_imbalance"]
+missing = [c for c in need if rows and c not in rows[0]]
+if missing:
+    errs.append(f"columns missing: {missing}")
+got = sorted((r.get("case"), r.get("mesh.cp"), r.get("strategy")) for r in rows)
+want = sorted((str(c), str(c + 1), s) for c in (0, 1) for s in ("plain", "wlb"))
+if got != want:
+    errs.append(f"rows (case, mesh.cp, strategy) = {got}, want {want}")
+for r in rows if not missing else []:
+    tag = f"case {r['case']} {r['strategy']}"
+    if r["state"] != "COMPLETED" or r["result"] != "ok":
+        errs.append(f"{tag}: state {r['state']} result {r['result']}")
+    try:
+        v = {c: float(r[c]) for c in need[5:]}
+    except ValueError:
+        errs.append(f"{tag}: non-numeric metric in {[r[c] for c in need[5:]]}")
+        continue
+    if not all(math.isfinite(x) and x > 0 for x in v.values()):
+        errs.append(f"{tag}: metrics not finite and positive: {v}")
+    if v["speedup_lo"] > v["speedup_hi"]:
+        errs.append(f"{tag}: interval [{v['speedup_lo']}, {v['speedup_hi']}] is empty")
+    if r["strategy"] == "plain" and abs(v["speedup"] - 1) > 1e-9:
+        errs.append(f"{tag}: the baseline's speedup is {v['speedup']}, not 1")
+print("\n".join(errs) if errs else "ok")
+PY
+  ) || check="checker failed: $check"
+  if [[ $check != ok ]]; then
+    fail "collected table $rs/sweep.csv:"$'\n'"$check"
+    cat "$rs/sweep.csv" >&2
+  else
+    pass "sweep --wait (wlb run): sweep.csv has 2 cases x 2 strategies with mesh.cp and numeric metrics"
+  fi
+  if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
+    if [[ $(head -c 8 "$rs/sweep.png" 2>/dev/null | od -An -tx1 | tr -d ' \n') == 89504e470d0a1a0a ]]; then
+      pass "sweep --wait (wlb run): sweep.png written"
+    else
+      fail "no PNG at $rs/sweep.png"
+    fi
+  fi
+  # After the fact: the same table again.
+  cp "$rs/sweep.csv" "$work/sweep-wait.csv"
+  rc=0
+  timeout 60 run/slurm/sweep collect "$rs" >"$work/collect.txt" 2>&1 || rc=$?
+  if ((rc != 0)); then
+    fail "sweep collect exited $rc:"$'\n'"$(cat "$work/collect.txt")"
+  elif ! cmp -s "$work/sweep-wait.csv" "$rs/sweep.csv"; then
+    fail "sweep collect gives a different table:"$'\n'"$(diff "$work/sweep-wait.csv" "$rs/sweep.csv")"
+  else
+    pass "sweep collect DIR afterwards: the same table"
+  fi
+  # A case without results (copy of the sweep, one summary removed): listed, empty metrics, exit 1.
+  cp -r "$rs" "$work/broken"
+  rm -f "$work/broken/mesh.cp-2/summary.json"
+  rc=0
+  timeout 60 run/slurm/sweep collect "$work/broken" >"$work/collect2.txt" 2>&1 || rc=$?
+  row=$(grep '^1,2,' "$work/broken/sweep.csv" || true)
+  if ((rc != 1)) || ! grep -q 'no results: case 1 (mesh.cp=2)' "$work/collect2.txt" ||
+    [[ $(wc -l <<<"$row") != 1 || $row != *",missing,,,"* ]]; then
+    fail "collect with a missing case: exit $rc (want 1), row '$row':"$'\n'"$(cat "$work/collect2.txt")"
+  else
+    pass "sweep collect: a case without results -> its row with empty metrics, named, exit 1"
+  fi
+fi
+rc=0
+timeout 30 run/slurm/sweep collect "$work/no_such_dir" >/dev/null 2>&1 || rc=$?
+((rc == 2)) && pass "sweep collect: no such directory -> exit 2" || fail "sweep collect: no such dir exited $rc, not 2"
+rc=0
+timeout 30 run/slurm/sweep collect "$one" >/dev/null 2>&1 || rc=$?
+((rc == 2)) && pass "sweep collect: not a sweep directory -> exit 2" || fail "sweep collect: not a sweep dir exited $rc, not 2"
+
+# --- 4. input errors: exit 2 before anything is submitted ---------------------------------
 rc=0
 timeout 30 run/slurm/sweep inputs/slurm_sweep.toml --subcommand no_such_cmd --dry-run >/dev/null 2>&1 || rc=$?
 ((rc == 2)) && pass "sweep: unknown subcommand -> exit 2" || fail "sweep: unknown subcommand exited $rc, not 2"
