@@ -440,10 +440,11 @@ def print_table(sub: str, keys: list[str], table: list[dict]) -> None:
         head = f"{'imbalance':>9} {'imb.max':>8} {'delay':>7}"
     else:
         head = f"{'tok/s':>10} {'speedup':>8} {'[95% interval]':>15} {'step[s]':>8}"
-    print("  " + " ".join(f"{k:<{w}}" for k, w in zip(keys, kw)) + f" {'state':<10} {'strategy':<{sw}} {head}")
+    stw = max([10] + [len(str(r.get("state") or "")) for r in table])
+    print("  " + "".join(f"{k:<{w}} " for k, w in zip(keys, kw)) + f"{'state':<{stw}} {'strategy':<{sw}} {head}")
     for r in table:
-        vals = " ".join(f"{fmt_value(r.get(k)):<{w}}" for k, w in zip(keys, kw))
-        line = f"  {vals} {r['state']:<10} {str(r.get('strategy') or '-'):<{sw}} "
+        vals = "".join(f"{fmt_value(r.get(k)):<{w}} " for k, w in zip(keys, kw))
+        line = f"  {vals}{r['state']:<{stw}} {str(r.get('strategy') or '-'):<{sw}} "
         if r.get("result") != "ok":
             line += f"(no results: {r.get('result')})"
         elif sub == "plan":
@@ -532,14 +533,14 @@ def plot_sweep(path: Path, man: dict, sub: str, keys: list[str], cases: list, ta
                                 ha="center", va="bottom", fontsize=8)
 
     deck = Path(man.get("deck", "deck")).name
-    swept = ", ".join(keys) if keys else "no swept keys"
+    what = f"sweep over {', '.join(keys)}" if keys else "(one case: no [sweep])"
     if sub != "plan":
         base = next((r.get("baseline") for r in ok_rows if r.get("baseline")), "the first strategy")
         ax = axes[0]
         bars(ax, "speedup", err=lambda r: (r.get("speedup_lo"), r.get("speedup_hi")), fmt="{:.2f}x")
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_ylabel(f"speedup vs {base}\n(tokens/s ratio)")
-        ax.set_title(f"{deck}: wlb {sub} sweep over {swept}\n"
+        ax.set_title(f"{deck}: wlb {sub} {what}\n"
                      f"speedup = throughput over {base} of the same case; error bars: 95% interval",
                      fontsize=10, wrap=True)
         ax = axes[1]
@@ -554,7 +555,7 @@ def plot_sweep(path: Path, man: dict, sub: str, keys: list[str], cases: list, ta
         lo = min([r.get("imbalance_mean") or 1.0 for r in ok_rows] + [1.0])
         ax.set_ylim(bottom=max(0.0, 1.0 - (1.0 - lo) - 0.05) if lo >= 1.0 else 0.0)
         ax.set_ylabel("imbalance degree\n(max/mean micro-batch workload)")
-        ax.set_title(f"{deck}: wlb plan sweep over {swept}\n"
+        ax.set_title(f"{deck}: wlb plan {what}\n"
                      "bars: mean over steps; whisker: worst step; 1.0 = perfectly balanced", fontsize=10,
                      wrap=True)
     for ax in axes:
@@ -576,7 +577,7 @@ def plot_sweep(path: Path, man: dict, sub: str, keys: list[str], cases: list, ta
     for ci, c in enumerate(cases):
         if c["case"] in failed:
             axes[-1].get_xticklabels()[ci].set_color("#990000")
-    axes[-1].set_xlabel(keys[0] if len(keys) == 1 else "case (swept values)")
+    axes[-1].set_xlabel(keys[0] if len(keys) == 1 else "case (swept values)" if keys else "case")
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
