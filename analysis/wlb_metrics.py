@@ -11,6 +11,10 @@ CONTAINER_LABELS (e.g. "step") and IDLE_LABELS ("idle") only count for the step 
   imbalance degree = max / mean of mb latency over the step's micro-batches (also per phase)
   CP imbalance(mb) = max over (pp, tp) groups of [max / mean over the group's CP ranks of
                      the summed duration of `attn` events of the micro-batch]
+
+Steps keep the trace's 0-based index (/events.step). The first /meta.warmup steps are
+warm-up and skipped everywhere (counted_steps); the /meta.measured_steps after them are
+"measured", any later ones "drain" (no new documents, until the packer holds nothing).
 """
 
 from __future__ import annotations
@@ -24,6 +28,31 @@ from wlb_trace import PHASE_BWD, PHASE_FWD, Trace
 CONTAINER_LABELS = ("step",)
 IDLE_LABELS = ("idle",)
 ATTN_LABEL = "attn"
+
+# Op kinds of the Gantt charts (docs/trace-schema.md, "Op labels"). Labels not listed are
+# classified by name: *attn* -> attention, collectives and P2P -> comm, the rest compute.
+OP_KINDS = ("attention", "gemm", "comm", "idle")
+OP_KIND_NAMES = {"attention": "attention", "gemm": "GEMM / other compute",
+                 "comm": "communication (incl. waiting)", "idle": "idle"}
+GEMM_LABELS = ("qkv_proj", "out_proj", "mlp", "embed", "loss", "norm", "optimizer")
+COMM_LABELS = ("tp_allreduce", "kv_allgather", "kv_exchange", "pp_send", "pp_recv", "grad_allreduce")
+_COMM_WORDS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "exchange", "send", "recv",
+               "broadcast", "comm")
+
+
+def op_kind(label: str) -> str:
+    """'container', 'idle', 'attention', 'gemm' or 'comm' for an op label."""
+    if label in CONTAINER_LABELS:
+        return "container"
+    if label in IDLE_LABELS:
+        return "idle"
+    if label in GEMM_LABELS:
+        return "gemm"
+    if label in COMM_LABELS or any(w in label for w in _COMM_WORDS):
+        return "comm"
+    if "attn" in label or "attention" in label:
+        return "attention"
+    return "gemm"
 
 
 def union_length(starts, ends) -> int:
@@ -125,21 +154,22 @@ def step_metrics(trace: Trace, strategy: int):
 
         # CP imbalance from attention time per CP rank.
         cp_ratios = {}
+        cp_attn = {}  # (dp, mb) -> attn ns per CP rank of the worst (pp, tp) group
         if attn_id >= 0:
             am = (e["region"] == attn_id) & (e["micro_batch"] >= 0)
             attn = defaultdict(float)  # (dp, mb, pp, tp, cp) -> summed attn duration
             for r, mb, s0, s1 in zip(rank[am], e["micro_batch"][am], e["start_ns"][am], e["end_ns"][am]):
                 c = (int(coords["dp"][r]), int(mb), int(coords["pp"][r]), int(coords["tp"][r]), int(coords["cp"][r]))
                 attn[c] += float(s1 - s0)
-            groups = defaultdict(list)
-            for (dp, mb, pp, tp, _cp), t in attn.items():
-                groups[(dp, mb, pp, tp)].append(t)
             ncp = max(trace.mesh.get("cp", 1), 1)
-            for (dp, mb, pp, tp), ts in groups.items():
-                ts = ts + [0.0] * (ncp - len(ts))  # CP ranks without attention work
+            groups = defaultdict(lambda: np.zeros(ncp))  # CP ranks without attention work: 0
+            for (dp, mb, pp, tp, cp), t in attn.items():
+                groups[(dp, mb, pp, tp)][cp] = t
+            for (dp, mb, pp, tp), ts in sorted(groups.items()):
                 r_ = _ratio(ts)
-                if not np.isnan(r_):
-                    cp_ratios[(dp, mb)] = max(cp_ratios.get((dp, mb), 0.0), r_)
+                if not np.isnan(r_) and r_ > cp_ratios.get((dp, mb), 0.0):
+                    cp_ratios[(dp, mb)] = r_
+                    cp_attn[(dp, mb)] = ts  # the group that sets the micro-batch's ratio
         cpv = list(cp_ratios.values())
         results.append({
             "step": step,
@@ -157,6 +187,7 @@ def step_metrics(trace: Trace, strategy: int):
             "mb_latency_fwd_ns": lat["fwd"],
             "mb_latency_bwd_ns": lat["bwd"],
             "cp_imbalance_by_mb": cp_ratios,
+            "cp_attn_by_mb": cp_attn,
         })
     return results
 
@@ -198,13 +229,30 @@ def doc_lengths(trace: Trace, strategy: int | None = None):
     return np.array(sorted(totals.values()), dtype=np.int64)
 
 
-def summarize(trace: Trace, strategy: int, steps=None):
-    """Means over the steps after warmup (all steps if there are no others)."""
-    steps = steps if steps is not None else step_metrics(trace, strategy)
-    use = [s for s in steps if s["step"] >= trace.warmup] or steps
+def step_kind(trace: Trace, step: int) -> str:
+    """'warmup', 'measured' or 'drain' for a trace step index (0-based)."""
+    if step < trace.warmup:
+        return "warmup"
     measured = trace.meta.get("measured_steps")
-    if measured is not None:  # step-time means leave out the drain steps that follow
-        use = [s for s in use if s["step"] < trace.warmup + int(measured)] or use
+    if measured is not None and step >= trace.warmup + int(measured):
+        return "drain"
+    return "measured"
+
+
+def counted_steps(trace: Trace, steps, drain=True):
+    """The step records after the warm-up (all of them if there are no others); without
+    the drain steps when drain=False (step-time and imbalance means)."""
+    use = [s for s in steps if step_kind(trace, s["step"]) != "warmup"] or list(steps)
+    if not drain:
+        use = [s for s in use if step_kind(trace, s["step"]) != "drain"] or use
+    return use
+
+
+def summarize(trace: Trace, strategy: int, steps=None):
+    """Means over the measured steps (after warm-up, before drain; all steps if there are
+    no others)."""
+    steps = steps if steps is not None else step_metrics(trace, strategy)
+    use = counted_steps(trace, steps, drain=False)
     if not use:
         return {"steps": 0, "step_time_ns": float("nan"), "imbalance": float("nan"),
                 "cp_imbalance": float("nan"), "busy_frac": float("nan")}
@@ -241,7 +289,7 @@ def step_work(trace: Trace, strategy: int, steps=None):
         sel = seg["strategy"] == strategy
         for st, ln in zip(seg["step"][sel], seg["length"][sel]):
             tokens[int(st)] += int(ln)
-    use = [s for s in steps if s["step"] >= trace.warmup] or steps
+    use = counted_steps(trace, steps)
     return [(s["step"], float(s["step_time_ns"]), float(tokens[s["step"]]) if have else float("nan")) for s in use]
 
 
@@ -275,3 +323,102 @@ def throughput_speedup(base, other, resamples=2000, seed=12345):
     idx = rng.integers(0, len(b), size=(resamples, len(b)))
     vals = np.sort([ratio(b[i], o[i]) for i in idx])
     return r, float(np.quantile(vals, 0.025)), float(np.quantile(vals, 0.975))
+
+
+def normalised_latencies(trace: Trace, steps):
+    """WLB-LLM Fig. 4 data of one strategy over its measured steps (counted_steps without
+    drain, as the summary's means).
+
+    Returns {"mb": ..., "cp": ...}, each with
+      slots:  x positions' labels ((dp, mb) pairs, or CP ranks)
+      points: [(slot index, step, latency / mean)] — micro-batch latency over the step's
+              mean; attention time of a CP rank over the mean of its CP group (the group
+              that sets the micro-batch's CP imbalance)
+      degree: mean over steps of the step's max/mean (= summary imbalance / CP imbalance)
+      worst:  max over steps (micro-batches) of max/mean
+    A dimension with one slot (one micro-batch per step; cp = 1) has points = []."""
+    use = counted_steps(trace, steps, drain=False)
+    slots = sorted({k for s in use for k in s["mb_latency_ns"]})
+    slot_ix = {k: i for i, k in enumerate(slots)}
+    mb_pts, mb_deg = [], []
+    for s in use:
+        lat = s["mb_latency_ns"]
+        mean = np.mean(list(lat.values())) if lat else 0.0
+        if len(lat) < 2 or mean <= 0:
+            continue
+        for k, v in lat.items():
+            mb_pts.append((slot_ix[k], s["step"], v / mean))
+        mb_deg.append(max(lat.values()) / mean)
+    ncp = max(int(trace.mesh.get("cp", 1)), 1)
+    cp_pts, cp_step, cp_all = [], [], []
+    for s in use:
+        per_mb = []
+        for k, ts in s.get("cp_attn_by_mb", {}).items():
+            mean = float(np.mean(ts))
+            if ncp < 2 or mean <= 0:
+                continue
+            for c, t in enumerate(ts):
+                cp_pts.append((c, s["step"], t / mean))
+            per_mb.append(float(np.max(ts)) / mean)
+        if per_mb:
+            cp_step.append(float(np.mean(per_mb)))
+            cp_all.extend(per_mb)
+    nan = float("nan")
+    return {
+        "mb": {"slots": slots, "points": mb_pts if len(slots) > 1 else [],
+               "degree": float(np.mean(mb_deg)) if mb_deg else nan,
+               "worst": float(np.max(mb_deg)) if mb_deg else nan},
+        "cp": {"slots": list(range(ncp)), "points": cp_pts,
+               "degree": float(np.mean(cp_step)) if cp_step else nan,
+               "worst": float(np.max(cp_all)) if cp_all else nan},
+    }
+
+
+def rank_timeline(trace: Trace, strategy: int, step: int, rank: int):
+    """One rank's step as Gantt bars: [(start_ns, end_ns, kind, label, micro_batch, phase)]
+    sorted by start. kind is an op_kind(); idle covers explicit `idle` events and the gaps
+    between work events inside the rank's step span (its `step` event, else its first
+    start to its last end)."""
+    ev = trace.events
+    m = (ev["strategy"] == strategy) & (ev["step"] == step) & (ev["rank"] == rank)
+    if not m.any():
+        return []
+    starts, ends = ev["start_ns"][m], ev["end_ns"][m]
+    kinds = [op_kind(trace.regions[r]) for r in ev["region"][m]]
+    span_s, span_e = int(starts.min()), int(ends.max())
+    bars = []
+    for s0, s1, k, r, mb, ph in zip(starts, ends, kinds, ev["region"][m], ev["micro_batch"][m], ev["phase"][m]):
+        if k != "container":
+            bars.append((int(s0), int(s1), k, trace.regions[r], int(mb), int(ph)))
+    # Gaps: the span minus the union of every non-container interval (explicit idle included,
+    # so it is not drawn twice).
+    covered = sorted((b[0], b[1]) for b in bars)
+    cur = span_s
+    for s0, s1 in covered:
+        if s0 > cur:
+            bars.append((cur, s0, "idle", "(gap)", -1, 0))
+        cur = max(cur, s1)
+    if cur < span_e:
+        bars.append((cur, span_e, "idle", "(gap)", -1, 0))
+    return sorted(bars, key=lambda b: (b[0], b[1]))
+
+
+def micro_batch_runs(bars):
+    """Consecutive bars of one rank belonging to the same (micro-batch, phase) merged into
+    [(start_ns, end_ns, micro_batch, phase)], for the Gantt's micro-batch outlines/labels.
+    Idle bars inside a run do not end it (waiting is part of the micro-batch's latency);
+    a bar of another micro-batch, phase or a step-level bar (micro_batch < 0) does."""
+    runs = []
+    open_ = False
+    for s0, s1, kind, _label, mb, ph in bars:
+        if kind == "idle":
+            continue
+        if mb < 0:
+            open_ = False
+            continue
+        if open_ and runs[-1][2] == mb and runs[-1][3] == ph:
+            runs[-1][1] = max(runs[-1][1], s1)
+        else:
+            runs.append([s0, s1, mb, ph])
+            open_ = True
+    return [tuple(r) for r in runs]

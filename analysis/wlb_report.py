@@ -50,29 +50,88 @@ def analyse(trace):
     return {s: step_metrics(trace, i) for i, s in enumerate(trace.strategies)}
 
 
-def report(paths, out_dir, baseline=None, gantt_steps=2, quiet=False):
+def resolve_baseline(trace, baseline):
+    """The strategy of this run its speedups are over: --baseline, else plain, else the first."""
+    if baseline is not None:
+        if baseline not in trace.strategies:
+            raise TraceError(f"--baseline {baseline}: no such strategy in {trace.path} "
+                             f"(have: {', '.join(trace.strategies)})")
+        return baseline
+    return "plain" if "plain" in trace.strategies else (trace.strategies[0] if trace.strategies else None)
+
+
+def run_speedups(trace, metrics, baseline):
+    """Speedups of every strategy of one run over its own baseline strategy.
+
+    Returns (metric name, [dict strategy, speedup, lo, hi, tok_s, step_x, step_time_ns]).
+    Throughput over the same documents: trained tokens / time after warm-up, drain steps
+    included (each strategy ends having trained what it deferred); records beyond the
+    shortest strategy's are folded into its last, so steps pair. A trace without
+    /plan/segments falls back to the mean step-time ratio."""
     from wlb_metrics import fold_to, step_work, summarize, throughput_speedup
+
+    work = {s: step_work(trace, trace.strategy_id(s), steps) for s, steps in metrics.items() if steps}
+    summ = {s: summarize(trace, trace.strategy_id(s), steps) for s, steps in metrics.items() if steps}
+    if baseline not in work or not work:
+        return None, []
+    base_t = summ[baseline]["step_time_ns"]
+    have_tokens = all(not math.isnan(w[2]) for ws in work.values() for w in ws)
+    n = min(len(ws) for ws in work.values())
+    out = []
+    for s in [baseline] + [x for x in work if x != baseline]:
+        t = summ[s]["step_time_ns"]
+        step_x = base_t / t if t and not math.isnan(t) else float("nan")
+        row = {"strategy": s, "step_x": step_x, "step_time_ns": t, "tok_s": float("nan")}
+        if have_tokens:
+            row["speedup"], row["lo"], row["hi"] = throughput_speedup(fold_to(work[baseline], n), fold_to(work[s], n))
+            tot_t = sum(w[1] for w in work[s]) / 1e9
+            row["tok_s"] = sum(w[2] for w in work[s]) / tot_t if tot_t > 0 else float("nan")
+        else:
+            row["speedup"] = row["lo"] = row["hi"] = step_x
+        out.append(row)
+    return ("throughput" if have_tokens else "step-time"), out
+
+
+def run_label(ti, traces):
+    """'run1: dp2/trace.h5 (dp=2)': the parent folder where file names repeat, and the mesh."""
+    tr = traces[ti]
+    name = tr.name
+    if sum(t.name == name for t in traces) > 1:
+        name = os.path.join(os.path.basename(os.path.dirname(os.path.abspath(tr.path))), name)
+    dims = " ".join(f"{k}={v}" for k, v in tr.mesh.items() if v > 1)
+    return f"run{ti}: {name}" + (f" ({dims})" if dims else "")
+
+
+def report(paths, out_dir, baseline=None, gantt_steps=2, quiet=False):
+    from wlb_metrics import counted_steps, step_kind, summarize
     import wlb_plots
 
     traces = [load(p) for p in paths]  # TraceError before any output is written
+    baselines = [resolve_baseline(tr, baseline) for tr in traces]
     os.makedirs(out_dir, exist_ok=True)
+    multi = len(traces) > 1
     lines = []
-    csv = ["file,source,strategy,step,step_time_ms,imbalance,imbalance_fwd,imbalance_bwd,"
+    csv = ["run,file,source,strategy,step,kind,step_time_ms,imbalance,imbalance_fwd,imbalance_bwd,"
            "cp_imbalance_mean,cp_imbalance_max,busy_mean_ms,idle_max_ms,micro_batches"]
-    speed_rows = []  # (label, mean step time, None)
-    all_metrics = []
+    all_metrics, speed = [], []  # speed: (run index, metric, rows)
+    colours = wlb_plots.strategy_colours(s for tr in traces for s in tr.strategies)
     for ti, tr in enumerate(traces):
         metrics = analyse(tr)
         all_metrics.append(metrics)
         mesh = tr.mesh
         lines.append("=" * 78)
-        lines.append(f"{tr.path}  [{tr.source}]")
+        lines.append(f"run {ti}: {tr.path}  [{tr.source}]")
         lines.append(f"  mesh tp={mesh['tp']} cp={mesh['cp']} pp={mesh['pp']} dp={mesh['dp']}"
                      f"  ranks={len(tr.ranks['rank'])}  mpi_size={tr.meta.get('mpi_size', '?')}"
                      f"  events={len(tr.events['rank'])}")
         lines.append(f"  git {tr.meta.get('git_hash', '?')}  kokkos {tr.meta.get('kokkos_version', '?')}"
-                     f" ({tr.meta.get('kokkos_backend', '?')})  started {tr.meta.get('start_time', '?')}"
-                     f"  warmup steps={tr.warmup}")
+                     f" ({tr.meta.get('kokkos_backend', '?')})  started {tr.meta.get('start_time', '?')}")
+        ms = tr.meta.get("measured_steps")
+        lines.append(f"  steps: the trace's 0-based index; warm-up steps 0-{tr.warmup - 1} skipped"
+                     if tr.warmup > 0 else "  steps: the trace's 0-based index; no warm-up")
+        if ms is not None:
+            lines.append(f"  measured: steps {tr.warmup}-{tr.warmup + int(ms) - 1}; later steps are drain "
+                         "(no new documents; counted in throughput, not in the means)")
         for sname, steps in metrics.items():
             lines.append("")
             lines.append(f"  strategy {sname}")
@@ -80,31 +139,32 @@ def report(paths, out_dir, baseline=None, gantt_steps=2, quiet=False):
                 lines.append("    (no events with step >= 0)")
                 continue
             rows = []
-            for s in steps:
+            for s in counted_steps(tr, steps):
                 pres = s["present"]
                 busy = s["busy_ns"][pres]
                 idle = s["idle_ns"][pres]
                 busy_mean = float(busy.mean()) if busy.size else float("nan")
                 idle_max = float(idle.max()) if idle.size else float("nan")
                 busy_pct = 100.0 * busy_mean / s["step_time_ns"] if s["step_time_ns"] > 0 else float("nan")
-                rows.append([s["step"] if s["step"] >= tr.warmup else f"{s['step']}w",
+                kind = step_kind(tr, s["step"])
+                rows.append([s["step"], kind,
                              _fmt_ms(s["step_time_ns"]), _fmt_x(s["imbalance"]), _fmt_x(s["imbalance_fwd"]),
                              _fmt_x(s["imbalance_bwd"]), _fmt_x(s["cp_imbalance_mean"]),
                              _fmt_x(s["cp_imbalance_max"]), f"{busy_pct:.1f}", _fmt_ms(idle_max),
                              s["micro_batches"]])
                 csv.append(",".join(str(x) for x in [
-                    os.path.basename(tr.path), tr.source, sname, s["step"], s["step_time_ns"] / 1e6,
+                    ti, os.path.basename(tr.path), tr.source, sname, s["step"], kind, s["step_time_ns"] / 1e6,
                     s["imbalance"], s["imbalance_fwd"], s["imbalance_bwd"], s["cp_imbalance_mean"],
                     s["cp_imbalance_max"], busy_mean / 1e6, idle_max / 1e6, s["micro_batches"]]))
-            table = _table(["step", "time_ms", "imb", "imb_fwd", "imb_bwd", "cp_imb", "cp_max",
+            table = _table(["step", "kind", "time_ms", "imb", "imb_fwd", "imb_bwd", "cp_imb", "cp_max",
                             "busy%", "idle_max_ms", "mbs"], rows)
             lines.extend("    " + l for l in table.splitlines())
             summ = summarize(tr, tr.strategy_id(sname), steps)
-            lines.append(f"    mean over {summ['steps']} step(s): time {_fmt_ms(summ['step_time_ns'])} ms, "
+            lines.append(f"    mean over {summ['steps']} measured step(s): time {_fmt_ms(summ['step_time_ns'])} ms, "
                          f"imbalance {_fmt_x(summ['imbalance'])}, CP imbalance {_fmt_x(summ['cp_imbalance'])}, "
                          f"busy {100 * summ['busy_frac']:.1f}%")
-            # Per-rank busy/idle over the counted steps.
-            use = [s for s in steps if s["step"] >= tr.warmup] or steps
+            # Per-rank busy/idle over the measured steps.
+            use = counted_steps(tr, steps, drain=False)
             coords = tr.coords()
             rank_rows = []
             for r in range(len(coords["dp"])):
@@ -114,69 +174,71 @@ def report(paths, out_dir, baseline=None, gantt_steps=2, quiet=False):
                     rank_rows.append([r, f"tp{coords['tp'][r]} cp{coords['cp'][r]} pp{coords['pp'][r]} dp{coords['dp'][r]}",
                                       _fmt_ms(sum(b) / len(b)), _fmt_ms(sum(i_) / len(i_))])
             if rank_rows and len(rank_rows) <= 16:
-                lines.append("    per rank (mean over counted steps):")
+                lines.append("    per rank (mean over measured steps):")
                 lines.extend("      " + l for l in _table(["rank", "coords", "busy_ms", "idle_ms"], rank_rows).splitlines())
             elif rank_rows:
                 lines.append(f"    per rank: {len(rank_rows)} ranks (see steps.csv for step totals)")
-            label = f"{sname}" if len(traces) == 1 else f"{sname} [{tr.source}:{os.path.basename(tr.path)}]"
-            speed_rows.append((label, summ["step_time_ns"], sname, ti, step_work(tr, tr.strategy_id(sname), steps)))
 
-    # Speedup relative to the baseline: --baseline, else "plain", else the first strategy.
-    base = None
-    for row in speed_rows:
-        if baseline is not None and row[2] == baseline and row[3] == 0:
-            base = row
-            break
-    if base is None and baseline is not None:
-        raise TraceError(f"--baseline {baseline}: no such strategy in {traces[0].path} "
-                         f"(have: {', '.join(traces[0].strategies)})")
-    if base is None:
-        base = next((r for r in speed_rows if r[2] == "plain" and r[3] == 0), speed_rows[0] if speed_rows else None)
-    bars = []
-    lines.append("")
-    lines.append("=" * 78)
-    if base is not None and base[1] and not math.isnan(base[1]):
-        # Throughput over the same documents: trained tokens / time after warm-up, drain
-        # steps included (each strategy ends having trained what it deferred); records
-        # beyond the shortest strategy's are folded into its last, so steps pair.
-        n = min(len(r[4]) for r in speed_rows)
-        have_tokens = all(not math.isnan(w[2]) for r in speed_rows for w in r[4])
-        if have_tokens:
-            lines.append(f"Speedup vs {base[0]}: throughput (trained tokens/s after warm-up, drain steps included), "
-                         "95% paired bootstrap interval over steps; step-x = mean step-time ratio (flatters deferral):")
+        # Speedups within this run, over its own baseline.
+        metric, rows = run_speedups(tr, metrics, baselines[ti])
+        speed.append((ti, metric, rows))
+        lines.append("")
+        if not rows:
+            lines.append("  speedup: no step times")
+            continue
+        if metric == "throughput":
+            lines.append(f"  Speedup vs {baselines[ti]} of this run: throughput (trained tokens/s after warm-up, "
+                         "drain steps included), 95% paired bootstrap interval over steps; "
+                         "step-x = mean step-time ratio (flatters deferral):")
         else:
-            lines.append(f"Speedup vs {base[0]} (mean step time after warm-up; the trace has no /plan/segments, "
-                         "so no token throughput):")
-        ordered = [base] + [r for r in speed_rows if r is not base]
-        for label, t, _s, _ti, work in ordered:
-            step_x = base[1] / t if t and not math.isnan(t) else float("nan")
-            if have_tokens:
-                sp, lo, hi = throughput_speedup(fold_to(base[4], n), fold_to(work, n))
-                tot_t = sum(w[1] for w in work) / 1e9
-                tok_s = sum(w[2] for w in work) / tot_t if tot_t > 0 else float("nan")
-                bars.append((label, t, sp, lo, hi))
-                lines.append(f"  {label:<40s} {tok_s / 1e3:10.2f} ktok/s   {sp:6.3f}x [{lo:.3f}-{hi:.3f}]   "
-                             f"step-x {step_x:5.2f}x   {_fmt_ms(t):>10s} ms/step")
+            lines.append(f"  Speedup vs {baselines[ti]} of this run (mean step time after warm-up; the trace has "
+                         "no /plan/segments, so no token throughput):")
+        for r in rows:
+            if metric == "throughput":
+                lines.append(f"    {r['strategy']:<16s} {r['tok_s'] / 1e3:10.2f} ktok/s   {r['speedup']:6.3f}x "
+                             f"[{r['lo']:.3f}-{r['hi']:.3f}]   step-x {r['step_x']:5.2f}x   "
+                             f"{_fmt_ms(r['step_time_ns']):>10s} ms/step")
             else:
-                bars.append((label, t, step_x, step_x, step_x))
-                lines.append(f"  {label:<40s} {_fmt_ms(t):>12s} ms   {step_x:6.3f}x")
+                lines.append(f"    {r['strategy']:<16s} {_fmt_ms(r['step_time_ns']):>12s} ms   {r['speedup']:6.3f}x")
+
+    # Measured next to simulated: each speedup stays within its own run; no cross-run ratio.
+    sources = {tr.source for tr in traces}
+    if multi and len(sources) > 1:
+        lines.append("")
+        lines.append("=" * 78)
+        lines.append("Speedups side by side (each over its own run's baseline; runs are never divided by each other):")
+        strats = list(dict.fromkeys(r["strategy"] for _ti, _m, rows in speed for r in rows))
+        hdr = ["strategy"] + [f"run{ti} {traces[ti].source}" for ti, _m, _r in speed]
+        trows = []
+        for st in strats:
+            cells = [st]
+            for _ti, _m, rows in speed:
+                r = next((x for x in rows if x["strategy"] == st), None)
+                cells.append(f"{r['speedup']:.3f}x [{r['lo']:.2f}-{r['hi']:.2f}]" if r else "-")
+            trows.append(cells)
+        lines.extend("  " + l for l in _table(hdr, trows).splitlines())
 
     pngs = []
     notes = []
-    main, mmetrics = traces[0], all_metrics[0]
-    p = wlb_plots.latency_scatter(main, mmetrics, out_dir)
-    pngs.append(p) if p else notes.append("latency scatter: no per-rank work events")
-    for sname, steps in mmetrics.items():
-        counted = [s["step"] for s in steps if s["step"] >= main.warmup] or [s["step"] for s in steps]
-        for st in counted[:gantt_steps]:
-            p = wlb_plots.gantt(main, main.strategy_id(sname), st, out_dir)
-            if p:
-                pngs.append(p)
-    p = wlb_plots.workload_vs_latency(main, mmetrics, out_dir)
-    pngs.append(p) if p else notes.append("workload vs latency: no micro-batch events")
-    p = wlb_plots.doc_length_cdf(main, out_dir)
+    for ti, (tr, metrics) in enumerate(zip(traces, all_metrics)):
+        prefix = f"run{ti}_{tr.source}_" if multi else ""
+        who = f"run {ti} ({tr.source}): " if multi else ""
+        p, why = wlb_plots.imbalance_plot(tr, metrics, out_dir, prefix, colours)
+        pngs.append(p) if p else None
+        notes.extend(f"{who}imbalance: {w}" for w in why)
+        for sname, steps in metrics.items():
+            for s in counted_steps(tr, steps)[:gantt_steps]:
+                p = wlb_plots.gantt(tr, tr.strategy_id(sname), s["step"], out_dir, prefix)
+                if p:
+                    pngs.append(p)
+        p = wlb_plots.workload_vs_latency(tr, metrics, out_dir, prefix, colours)
+        pngs.append(p) if p else notes.append(f"{who}workload vs latency: no micro-batch events")
+    p = wlb_plots.doc_length_cdf(traces[0], out_dir)
     pngs.append(p) if p else notes.append("document lengths: the trace has no /plan/segments")
-    p = wlb_plots.speedup_bars(bars, out_dir)
+    bars = [{"run": run_label(ti, traces), "source": traces[ti].source, "baseline": baselines[ti],
+             "metric": m, **{k: r[k] for k in ("strategy", "speedup", "lo", "hi")}}
+            for ti, m, rows in speed for r in rows]
+    p = wlb_plots.speedup_bars(bars, out_dir, colours)
     pngs.append(p) if p else notes.append("speedup: no step times")
 
     lines.append("")

@@ -226,7 +226,7 @@ def test_report_writes_summary_csv_and_plots(hand_trace, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "strategy plain" in r.stdout
     assert "imbalance 1.214" in r.stdout  # mean of 1.4286 and 1.0
-    for name in ("latency_scatter.png", "gantt_plain_step0.png", "gantt_plain_step1.png",
+    for name in ("imbalance.png", "gantt_plain_step0.png", "gantt_plain_step1.png",
                  "mb_workload_latency.png", "doc_lengths.png", "speedup.png"):
         p = out / name
         assert p.exists(), name
@@ -244,13 +244,22 @@ def test_report_writes_summary_csv_and_plots(hand_trace, tmp_path):
 
 
 def test_compare_speedup(hand_trace, tmp_path):
-    fast = write_trace(str(tmp_path / "fast.h5"), ranks=HAND_RANKS, events=hand_events(scale=0.5),
-                       strategies=["wlb"], segments=HAND_SEGMENTS, meta={"source": "simulated"})
+    """Each run's speedups are over its own baseline: a simulated run ten times faster than
+    the measured one still shows plain = 1.000x, and no number divides one run by another."""
+    segs = HAND_SEGMENTS + [(1,) + s[1:] for s in HAND_SEGMENTS]
+    measured = write_trace(str(tmp_path / "meas.h5"), ranks=HAND_RANKS, strategies=["plain", "wlb"],
+                           events=hand_events(1.0, 0) + hand_events(0.5, 1), segments=segs)
+    simulated = write_trace(str(tmp_path / "sim.h5"), ranks=HAND_RANKS, strategies=["plain", "wlb"],
+                            events=hand_events(0.1, 0) + hand_events(0.08, 1), segments=segs,
+                            meta={"source": "simulated"})
     out = tmp_path / "cmp"
-    r = run_report(hand_trace, "--compare", fast, "--out", str(out))
+    r = run_report(measured, "--compare", simulated, "--out", str(out))
     assert r.returncode == 0, r.stderr
-    assert "[simulated]" in r.stdout
-    assert "2.000x" in r.stdout
+    assert "[measured]" in r.stdout and "[simulated]" in r.stdout
+    assert "2.000x" in r.stdout      # measured wlb over measured plain
+    assert "1.250x" in r.stdout      # simulated wlb over simulated plain
+    for cross in ("10.000x", "0.100x", "20.000x", "12.500x", "0.050x"):
+        assert cross not in r.stdout, cross
     assert (out / "speedup.png").stat().st_size > 1000
 
 
