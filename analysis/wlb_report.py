@@ -5,8 +5,10 @@ Usage:
   /usr/bin/python3 analysis/wlb_report.py RUN.h5 [--compare RUN2.h5 ...] --out DIR
         [--baseline STRATEGY] [--gantt-steps N] [--quiet]
 
-Writes DIR/summary.txt, DIR/steps.csv and PNGs (latency_scatter.png, gantt_*_step*.png,
-mb_workload_latency.png, doc_lengths.png, speedup.png) and prints the summary.
+Writes DIR/summary.txt, DIR/steps.csv and PNGs (imbalance.png, gantt_*_step*.png,
+mb_workload_latency.png, doc_lengths.png, speedup.png; with --compare the per-run plots
+are prefixed run<i>_<source>_) and prints the summary. Steps are the trace's 0-based
+indices; warm-up steps are skipped everywhere. Speedups are within each run.
 Exit codes: 0 ok, 2 bad input (missing/incomplete/damaged trace, bad arguments).
 Definitions of every number: docs/analysis.md.
 """
@@ -263,9 +265,10 @@ def main(argv=None):
     ap.add_argument("--compare", nargs="+", default=[], metavar="RUN2.h5",
                     help="more trace files (other runs, or simulated vs measured)")
     ap.add_argument("--out", required=True, help="output directory for PNGs, summary.txt, steps.csv")
-    ap.add_argument("--baseline", default=None, help="strategy of RUN.h5 used as speedup baseline "
-                    "(default: 'plain' if present, else the first)")
-    ap.add_argument("--gantt-steps", type=int, default=2, help="timelines per strategy (default 2)")
+    ap.add_argument("--baseline", default=None, help="strategy each run's speedups are over; every run "
+                    "must have it (default: 'plain' if the run has it, else its first)")
+    ap.add_argument("--gantt-steps", type=int, default=2,
+                    help="timelines per strategy and run: the first N steps after the warm-up (default 2)")
     ap.add_argument("--quiet", action="store_true", help="do not print the summary")
     try:
         args = ap.parse_args(argv)
