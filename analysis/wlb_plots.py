@@ -307,7 +307,7 @@ def speedup_bars(rows, out_dir: str, colours: dict | None = None) -> str | None:
         metric = sub[0]["metric"]
         ax.set_ylabel(f"{metric} speedup over {base} of the same run\n(error bars: 95% bootstrap interval)",
                       fontsize=9)
-        ax.set_title(f"{src}: {runs[0]}" if len(runs) == 1 else f"{src} runs", fontsize=10)
+        ax.set_title(f"{src} run: {runs[0]}" if len(runs) == 1 else f"{src} runs", fontsize=10)
         if len(runs) > 1:  # below the axis: never over a bar
             ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=min(len(runs), 2),
                       frameon=False)

@@ -101,7 +101,7 @@ def run_label(ti, traces):
     if sum(t.name == name for t in traces) > 1:
         name = os.path.join(os.path.basename(os.path.dirname(os.path.abspath(tr.path))), name)
     dims = " ".join(f"{k}={v}" for k, v in tr.mesh.items() if v > 1)
-    return f"run{ti}: {name}" + (f" ({dims})" if dims else "")
+    return (f"run{ti}: " if len(traces) > 1 else "") + name + (f" ({dims})" if dims else "")
 
 
 def report(paths, out_dir, baseline=None, gantt_steps=2, quiet=False):
