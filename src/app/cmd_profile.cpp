@@ -2,7 +2,16 @@
 // (GFLOP/s on tile-padded FLOPs) over a grid of query x key lengths, forward and backward,
 // plus GEMM and FMA peak throughput, and write the hardware profile JSON read by the cost
 // model (docs/profile-format.md). Single process; run it on an otherwise idle core.
+//
+// `wlb profile --deck DECK... --out profile.json` measures what the decks run instead of
+// generic sizes (profile version 2): it plans every strategy's steps (packers + CP shard
+// planners, as `wlb run` does), times the layer's ops (`runtime::LayerStep`: the GEMMs,
+// SwiGLU and residual work, input/gradient fills) at the per-rank token counts the plans
+// produce, times the attention table over the range of the plans' piece shapes at the
+// deck's heads and head_dim, and fits the attention factors from whole per-rank batches of
+// those plans.
 #include <dlfcn.h>
+#include <fmt/format.h>
 #include <time.h>
 
 #include <unistd.h>
@@ -11,18 +20,31 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "app/cleanup.hpp"
 #include "app/command.hpp"
 #include "attention/attention.hpp"
 #include "attention/attention_host.hpp"
 #include "core/error.hpp"
 #include "core/kokkos_compat.hpp"
+#include "core/types.hpp"
+#include "cp/shard_plan.hpp"
+#include "data/length_source.hpp"
+#include "model/cost_model.hpp"
+#include "model/throughput.hpp"
+#include "packing/packer.hpp"
+#include "runtime/layer.hpp"
+#include "trace/recorder.hpp"
 
 extern "C" void sgemm_(const char* ta, const char* tb, const int* m, const int* n, const int* k, const float* alpha,
                        const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c,
@@ -41,6 +63,8 @@ struct Opts {
   double min_seconds = 0.05, peak = 0.0;
   bool quick = false, wall_clock = false;
   std::vector<std::int64_t> q_lens, k_lens;
+  std::vector<std::string> decks, overrides;  ///< --deck (deck-shaped profile), --set
+  bool head_opts_given = false;               ///< --head-dim/--heads/--kv-heads on the command line
 };
 
 // On a single-threaded backend (Serial) time with process CPU time: the build machines are
@@ -84,13 +108,8 @@ struct Cell {
   double fwd = 0.0, bwd = 0.0;
 };
 
-/// Throughput of a batch of `copies` identical pieces (nq queries, nk keys each).
-Cell measure(const Opts& o, std::int64_t nq, std::int64_t nk, const att::KernelConfig& cfg) {
-  const double padded1 = att::paddedPairs(nq, nk, cfg);
-  const std::int64_t copies = std::max<std::int64_t>(1, static_cast<std::int64_t>(4.0e6 / padded1));
-  std::vector<att::PieceRange> pieces;
-  for (std::int64_t i = 0; i < copies; ++i) pieces.push_back({i * nq, (i + 1) * nq, i * nk, (i + 1) * nk});
-  const auto batch = att::VarlenBatch::fromRanges(pieces);
+/// Best-of-reps seconds of one forward and one backward call on `batch` (random inputs).
+Cell timeBatch(const Opts& o, const att::VarlenBatch& batch, const att::KernelConfig& cfg) {
   const std::size_t Tq = batch.q_tokens, Tk = batch.k_tokens, H = o.heads, Hk = o.kv_heads, D = o.head_dim;
   V3 q("wlb::profile::q", Tq, H, D), k("wlb::profile::k", Tk, Hk, D), v("wlb::profile::v", Tk, Hk, D),
       out("wlb::profile::o", Tq, H, D), dO("wlb::profile::dO", Tq, H, D), dq("wlb::profile::dq", Tq, H, D),
@@ -104,13 +123,25 @@ Cell measure(const Opts& o, std::int64_t nq, std::int64_t nk, const att::KernelC
     Kokkos::deep_copy(*x, h);
   }
   ES space;
-  const double flops = att::forwardFlops(batch.paddedPairs(cfg), o.heads, o.head_dim);
   Cell c;
-  const double tf = bestSeconds([&] { att::forward(space, q, k, v, batch, out, lse, cfg); }, o.reps, o.min_seconds);
-  const double tb =
+  c.fwd = bestSeconds([&] { att::forward(space, q, k, v, batch, out, lse, cfg); }, o.reps, o.min_seconds);
+  c.bwd =
       bestSeconds([&] { att::backward(space, q, k, v, out, lse, dO, batch, dq, dk, dv, cfg); }, o.reps, o.min_seconds);
-  c.fwd = flops / tf * 1e-9;
-  c.bwd = 2.5 * flops / tb * 1e-9;
+  return c;
+}
+
+/// Throughput of a batch of `copies` identical pieces (nq queries, nk keys each).
+Cell measure(const Opts& o, std::int64_t nq, std::int64_t nk, const att::KernelConfig& cfg) {
+  const double padded1 = att::paddedPairs(nq, nk, cfg);
+  const std::int64_t copies = std::max<std::int64_t>(1, static_cast<std::int64_t>(4.0e6 / padded1));
+  std::vector<att::PieceRange> pieces;
+  for (std::int64_t i = 0; i < copies; ++i) pieces.push_back({i * nq, (i + 1) * nq, i * nk, (i + 1) * nk});
+  const auto batch = att::VarlenBatch::fromRanges(pieces);
+  const double flops = att::forwardFlops(batch.paddedPairs(cfg), o.heads, o.head_dim);
+  const Cell t = timeBatch(o, batch, cfg);
+  Cell c;
+  c.fwd = flops / t.fwd * 1e-9;
+  c.bwd = 2.5 * flops / t.bwd * 1e-9;
   return c;
 }
 
@@ -142,6 +173,358 @@ std::string isoNow() {
   return buf;
 }
 
+// ---- deck-shaped profile (--deck) -------------------------------------------------------
+
+/// One CP rank's share of one planned micro-batch: tokens and attention pieces.
+struct RankBatch {
+  std::int64_t tokens = 0;
+  struct Piece {
+    std::int64_t segment = 0, q0 = 0, q = 0;  ///< queries [q0, q0+q) of the segment; keys from its start
+  };
+  std::vector<Piece> pieces;
+};
+
+struct DeckPlans {
+  wlb::model::ModelDims dims;
+  std::int64_t tp = 1;
+  std::vector<std::string> decks, strategies;
+  std::vector<std::int64_t> ref_tokens;  ///< per deck: context_window / cp (CostModel::linearReferenceTokens)
+  std::vector<RankBatch> batches;        ///< every (strategy, step, replica, micro-batch, CP rank) with tokens
+  std::int64_t steps = 0;
+  std::size_t pieces = 0;
+};
+
+/// Plan every strategy of every deck as `wlb run` does (warm-up + steps + drain; the deck's
+/// own profile for the packers and shard planners) and keep what each rank computes.
+DeckPlans planDecks(const Opts& o) {
+  DeckPlans out;
+  for (std::size_t di = 0; di < o.decks.size(); ++di) {
+    const std::string& path = o.decks[di];
+    const wlb::Deck deck = wlb::loadDeck(path, o.overrides);
+    if (!deck.sweep.empty())
+      throw wlb::InputError(path + ": [sweep]: wlb profile --deck profiles one case; pick it with --set");
+    const auto dims = wlb::model::ModelDims::fromDeck(deck.model);
+    (void)wlb::runtime::LayerShape::fromDims(dims, static_cast<int>(deck.mesh.tp));  // divisibility, names the key
+    if (di == 0) {
+      out.dims = dims;
+      out.tp = deck.mesh.tp;
+    } else {
+      const auto& d0 = out.dims;
+      const std::pair<const char*, std::pair<std::int64_t, std::int64_t>> keys[] = {
+          {"model.hidden", {d0.hidden, dims.hidden}},
+          {"model.heads", {d0.heads, dims.heads}},
+          {"model.kv_heads", {d0.kv_heads, dims.kv_heads}},
+          {"model.ffn", {d0.ffn, dims.ffn}},
+          {"mesh.tp", {out.tp, deck.mesh.tp}}};
+      for (const auto& [key, v] : keys)
+        if (v.first != v.second)
+          throw wlb::InputError(path + ": " + key + " = " + std::to_string(v.second) + " differs from " +
+                                o.decks.front() + "'s " + std::to_string(v.first) +
+                                "; a profile holds one layer shape (profile each shape separately)");
+    }
+    out.decks.push_back(std::filesystem::path(path).filename().string());
+    out.ref_tokens.push_back(
+        std::max<std::int64_t>(1, deck.data.context_window / std::max<std::int64_t>(1, deck.mesh.cp)));
+    const auto cost = wlb::model::CostModel::fromDeck(deck);
+    const std::int64_t total = std::max<std::int64_t>(0, deck.run.warmup) + deck.run.steps;
+    for (const auto& pr : wlb::resolveStrategies(deck)) {
+      if (std::find(out.strategies.begin(), out.strategies.end(), pr.name) == out.strategies.end())
+        out.strategies.push_back(pr.name);
+      auto src = wlb::data::makeLengthSource(deck);
+      auto packer = wlb::packing::makePacker(pr.packer, deck, cost);
+      for (std::int64_t step = 0;; ++step) {
+        const bool drain = step >= total;
+        if (drain && packer->pendingTokens() == 0) break;
+        if (drain && step - total >= wlb::model::kMaxDrainSteps)
+          throw std::logic_error("wlb profile: " + pr.packer + " still holds documents after the drain limit");
+        const auto docs = drain ? std::vector<wlb::Document>{} : src->next(step);
+        const wlb::StepPlan plan = packer->pack(step, docs);
+        ++out.steps;
+        for (const auto& rep : plan.replicas)
+          for (const auto& mb : rep) {
+            if (mb.tokens() == 0) continue;
+            const auto sp = wlb::cp::planShards(mb, pr.sharding, static_cast<int>(deck.mesh.cp), cost, deck.cp);
+            for (const auto& r : sp.ranks) {
+              if (r.tokens == 0) continue;
+              RankBatch b;
+              b.tokens = r.tokens;
+              for (const auto& p : r.pieces) b.pieces.push_back({p.segment, p.q_offset, p.q_len});
+              out.pieces += b.pieces.size();
+              out.batches.push_back(std::move(b));
+            }
+          }
+      }
+    }
+  }
+  if (out.batches.empty()) throw wlb::InputError("wlb profile: the decks' plans hold no tokens");
+  return out;
+}
+
+/// `points` values from lo to hi, evenly spaced in log, rounded, distinct.
+std::vector<std::int64_t> geomGrid(std::int64_t lo, std::int64_t hi, int points) {
+  lo = std::max<std::int64_t>(1, lo);
+  if (hi <= lo || points < 2) return {lo};
+  std::vector<std::int64_t> v;
+  for (int i = 0; i < points; ++i)
+    v.push_back(std::llround(static_cast<double>(lo) *
+                             std::pow(static_cast<double>(hi) / static_cast<double>(lo), i / (points - 1.0))));
+  v.front() = lo;
+  v.back() = hi;
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  return v;
+}
+
+/// Seconds of one layer's work for `n` tokens on one rank, as `wlb run` executes it.
+struct LinearCell {
+  double op[wlb::model::kLinearOpCount][2];  ///< qkv_proj, out_proj, mlp events [phase]
+  double elementwise[2];                     ///< construct + forward / backward + teardown minus op events
+  double fill[2];                            ///< random input (fwd), loss gradient (bwd)
+};
+
+/// Run a real `runtime::LayerStep` (one CP rank: MPI_COMM_SELF, cp = 1) on a micro-batch of
+/// `n` tokens in short documents (attention negligible, and timed separately anyway), with
+/// a serial trace recorder giving the ops' times; each quantity is the best over repetitions.
+LinearCell measureLinear(const Opts& o, const wlb::model::ModelDims& dims, std::int64_t tp, std::int64_t n,
+                         const att::KernelConfig& kcfg) {
+  namespace rt = wlb::runtime;
+  const rt::LayerShape shape = rt::LayerShape::fromDims(dims, static_cast<int>(tp));
+  rt::Model model(shape, 1, 1234, 0);
+  wlb::MicroBatch mb;
+  for (std::int64_t t = 0, d = 0; t < n; t += 64, ++d)
+    mb.segments.push_back({d, 0, std::min<std::int64_t>(64, n - t), 0});
+  const wlb::model::CostModel cost(dims, wlb::model::HardwareProfile::analytic(), tp);
+  wlb::CpConfig cpc;
+  cpc.comm = "sharding_aware";
+  const auto sp = wlb::cp::planShards(mb, "per_sequence", 1, cost, cpc);
+  const auto cpl = wlb::cp::planComm(sp, wlb::cp::CommMode::ShardingAware, cost);
+  wlb::trace::Recorder rec;
+  rec.reserve(64);
+  rt::Space space;
+  rt::LayerEnv env;
+  env.space = &space;
+  env.cp_comm = MPI_COMM_SELF;
+  env.tp_comm = MPI_COMM_NULL;
+  env.tp = 1;
+  env.cost = &cost;
+  env.recorder = &rec;
+  env.kernel = kcfg;
+  LinearCell best;
+  for (auto& op : best.op) op[0] = op[1] = 1e300;
+  best.elementwise[0] = best.elementwise[1] = best.fill[0] = best.fill[1] = 1e300;
+  const auto t_start = std::chrono::steady_clock::now();
+  for (int it = 0; it < 50; ++it) {
+    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    if (it >= o.reps && el >= o.min_seconds * o.reps) break;
+    model.zeroGrads(space);
+    rec.clear();
+    const std::int64_t t0 = rec.now();
+    rt::Mat x(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::profile::x"), n, shape.hidden);
+    rt::fillRandom(space, x, 1, static_cast<std::uint64_t>(it), 1.0f);
+    wlb::kk::fence(space, "wlb::profile::fill");
+    const std::int64_t t1 = rec.now();
+    rec.setContext({0, 0, wlb::trace::Phase::Fwd, 0});
+    auto ls = std::make_unique<rt::LayerStep>(env, model, 0, sp, cpl);
+    rt::Mat y = ls->forward(x);
+    wlb::kk::fence(space, "wlb::profile::fwd");
+    const std::int64_t t2 = rec.now();
+    rt::Mat dy(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::profile::dy"), n, shape.hidden);
+    rt::fillRandom(space, dy, 2, static_cast<std::uint64_t>(it), 1e-2f);
+    wlb::kk::fence(space, "wlb::profile::fill");
+    const std::int64_t t3 = rec.now();
+    rec.setContext({0, 0, wlb::trace::Phase::Bwd, 0});
+    rt::Mat dx = ls->backward(dy);
+    ls.reset();
+    wlb::kk::fence(space, "wlb::profile::bwd");
+    const std::int64_t t4 = rec.now();
+    double op[wlb::model::kLinearOpCount][2] = {}, inside[2] = {};
+    for (const auto& e : rec.events()) {
+      const std::string& l = rec.regions()[static_cast<std::size_t>(e.region)];
+      const double d = static_cast<double>(e.end_ns - e.start_ns) * 1e-9;
+      const int ph = e.phase == wlb::trace::Phase::Bwd ? 1 : 0;
+      bool counted = l == wlb::trace::labels::kAttn;
+      for (int k = 0; k < wlb::model::kLinearOpCount; ++k)
+        if (l == wlb::model::linearOpName(static_cast<wlb::model::LinearOp>(k))) {
+          op[k][ph] += d;
+          counted = true;
+        }
+      // KV events that move bytes are communication; a rank's own-run copies (0 bytes) are
+      // elementwise work, as `wlb calibrate` counts them
+      if ((l == wlb::trace::labels::kKvExchange || l == wlb::trace::labels::kKvAllgather) && e.bytes > 0)
+        counted = true;
+      if (counted) inside[ph] += d;
+    }
+    for (int k = 0; k < wlb::model::kLinearOpCount; ++k)
+      for (int ph = 0; ph < 2; ++ph) best.op[k][ph] = std::min(best.op[k][ph], op[k][ph]);
+    best.elementwise[0] = std::min(best.elementwise[0], std::max(0.0, static_cast<double>(t2 - t1) * 1e-9 - inside[0]));
+    best.elementwise[1] = std::min(best.elementwise[1], std::max(0.0, static_cast<double>(t4 - t3) * 1e-9 - inside[1]));
+    best.fill[0] = std::min(best.fill[0], static_cast<double>(t1 - t0) * 1e-9);
+    best.fill[1] = std::min(best.fill[1], static_cast<double>(t3 - t2) * 1e-9);
+  }
+  return best;
+}
+
+/// A rank's batch as the executor lays it out: queries back to back, one KV block per
+/// segment (its longest prefix) shared by the segment's pieces.
+att::VarlenBatch layoutBatch(const RankBatch& b) {
+  std::map<std::int64_t, std::int64_t> block_len, block_begin;
+  for (const auto& p : b.pieces) block_len[p.segment] = std::max(block_len[p.segment], p.q0 + p.q);
+  std::int64_t kv = 0;
+  for (const auto& [seg, len] : block_len) {
+    block_begin[seg] = kv;
+    kv += len;
+  }
+  std::vector<att::PieceRange> ranges;
+  std::int64_t q = 0;
+  for (const auto& p : b.pieces) {
+    const std::int64_t k0 = block_begin[p.segment];
+    ranges.push_back({q, q + p.q, k0, k0 + p.q0 + p.q});
+    q += p.q;
+  }
+  return att::VarlenBatch::fromRanges(ranges);
+}
+
+double round4(double x) {
+  return std::round(x * 1e4) / 1e4;
+}
+
+/// The version-2 parts of a deck-shaped profile: `linear_ops` measured at the plans' token
+/// counts, `factors` attn.* from whole rank batches of the plans against the table in `j`.
+void addDeckShaped(const Opts& o, const DeckPlans& plans, const att::KernelConfig& cfg, nlohmann::json& j) {
+  namespace m = wlb::model;
+  std::int64_t lo = std::numeric_limits<std::int64_t>::max(), hi = 0;
+  for (const auto& b : plans.batches) {
+    lo = std::min(lo, b.tokens);
+    hi = std::max(hi, b.tokens);
+  }
+  // the cost model reads the table at each deck's context_window / cp: measure there exactly
+  auto grid = geomGrid(lo, hi, o.quick ? 2 : 4);
+  grid.insert(grid.end(), plans.ref_tokens.begin(), plans.ref_tokens.end());
+  std::sort(grid.begin(), grid.end());
+  grid.erase(std::unique(grid.begin(), grid.end()), grid.end());
+  const m::CostModel flops_model(plans.dims, m::HardwareProfile::analytic(), plans.tp);
+  nlohmann::json gf = nlohmann::json::object(),
+                 el = {{"fwd", nlohmann::json::array()}, {"bwd", nlohmann::json::array()}}, fill = el;
+  for (int k = 0; k < m::kLinearOpCount; ++k)
+    gf[m::linearOpName(static_cast<m::LinearOp>(k))] = {{"fwd", nlohmann::json::array()},
+                                                        {"bwd", nlohmann::json::array()}};
+  double total_flops = 0, total_s = 0;
+  for (std::size_t i = 0; i < grid.size(); ++i) {
+    const std::int64_t n = grid[i];
+    const LinearCell c = measureLinear(o, plans.dims, plans.tp, n, cfg);
+    std::string line;
+    for (int k = 0; k < m::kLinearOpCount; ++k) {
+      const auto op = static_cast<m::LinearOp>(k);
+      for (int ph = 0; ph < 2; ++ph) {
+        const double f = flops_model.linearOpFlops(op, n, ph == 0 ? m::Phase::Fwd : m::Phase::Bwd);
+        const double g = f / std::max(c.op[k][ph], 1e-12) * 1e-9;
+        total_flops += f;
+        total_s += c.op[k][ph];
+        gf[m::linearOpName(op)][ph == 0 ? "fwd" : "bwd"].push_back(std::round(g * 100.0) / 100.0);
+        line += fmt::format(" {} {:.1f}", ph == 0 ? m::linearOpName(op) : "/", g);
+      }
+    }
+    for (int ph = 0; ph < 2; ++ph) {
+      const char* p = ph == 0 ? "fwd" : "bwd";
+      el[p].push_back(std::round(c.elementwise[ph] / static_cast<double>(n) * 1e9 * 100.0) / 100.0);
+      fill[p].push_back(std::round(c.fill[ph] / static_cast<double>(n) * 1e9 * 100.0) / 100.0);
+    }
+    std::fprintf(stderr,
+                 "wlb profile: layer ops at %lld tokens:%s GFLOP/s (fwd / bwd); elementwise %.1f / %.1f ns/token, "
+                 "fills %.1f / %.1f ns/token  [%zu/%zu]\n",
+                 static_cast<long long>(n), line.c_str(), c.elementwise[0] / static_cast<double>(n) * 1e9,
+                 c.elementwise[1] / static_cast<double>(n) * 1e9, c.fill[0] / static_cast<double>(n) * 1e9,
+                 c.fill[1] / static_cast<double>(n) * 1e9, i + 1, grid.size());
+  }
+  j["version"] = 2;
+  j["linear_ops"] = {{"shape",
+                      {{"hidden", plans.dims.hidden},
+                       {"heads", plans.dims.heads},
+                       {"kv_heads", plans.dims.kv_heads},
+                       {"head_dim", plans.dims.head_dim},
+                       {"ffn", plans.dims.ffn},
+                       {"tp", plans.tp}}},
+                     {"tokens", grid},
+                     {"gflops", gf},
+                     {"elementwise_ns_per_token", el},
+                     {"fill_ns_per_token", fill},
+                     {"note", "one rank of the layer as `wlb run` executes it (runtime::LayerStep), best of " +
+                                  std::to_string(o.reps) + "; wall time"}};
+
+  // Attention factors: whole rank batches of the plans against the table just measured.
+  m::HardwareProfile table = m::HardwareProfile::analytic();
+  table.tile_q = cfg.tile_q;
+  table.tile_k = cfg.tile_k;
+  for (int ph = 0; ph < 2; ++ph) {
+    const auto& t = j["attention"][ph == 0 ? "fwd" : "bwd"];
+    m::ThroughputTable& tt = ph == 0 ? table.fwd : table.bwd;
+    tt.q_lens = t["q_lens"].get<std::vector<double>>();
+    tt.k_lens = t["k_lens"].get<std::vector<double>>();
+    tt.gflops = t["gflops"].get<std::vector<std::vector<double>>>();
+  }
+  const m::CostModel tcost(plans.dims, table, plans.tp);
+  std::vector<std::pair<double, std::size_t>> order;
+  for (std::size_t i = 0; i < plans.batches.size(); ++i) {
+    double p = 0;
+    for (const auto& pc : plans.batches[i].pieces) p += tcost.attnSeconds(pc.q0, pc.q, m::Phase::Fwd);
+    order.push_back({p, i});
+  }
+  std::sort(order.begin(), order.end());
+  const std::size_t nb = std::min<std::size_t>(order.size(), o.quick ? 2 : 6);
+  std::vector<std::size_t> pick;
+  for (std::size_t i = 0; i < nb; ++i) {
+    const std::size_t at = static_cast<std::size_t>(
+        std::llround(static_cast<double>(i + 1) / static_cast<double>(nb) * static_cast<double>(order.size() - 1)));
+    if (std::find(pick.begin(), pick.end(), order[at].second) == pick.end()) pick.push_back(order[at].second);
+  }
+  double pred[2] = {0, 0}, meas[2] = {0, 0};
+  nlohmann::json bj = nlohmann::json::array();
+  for (std::size_t i = 0; i < pick.size(); ++i) {
+    const RankBatch& b = plans.batches[pick[i]];
+    const Cell t = timeBatch(o, layoutBatch(b), cfg);
+    double p[2] = {0, 0};
+    for (const auto& pc : b.pieces) {
+      p[0] += tcost.attnSeconds(pc.q0, pc.q, m::Phase::Fwd);
+      p[1] += tcost.attnSeconds(pc.q0, pc.q, m::Phase::Bwd);
+    }
+    pred[0] += p[0];
+    pred[1] += p[1];
+    meas[0] += t.fwd;
+    meas[1] += t.bwd;
+    bj.push_back({{"tokens", b.tokens},
+                  {"pieces", b.pieces.size()},
+                  {"fwd_s", {{"table", p[0]}, {"measured", t.fwd}}},
+                  {"bwd_s", {{"table", p[1]}, {"measured", t.bwd}}}});
+    std::fprintf(stderr,
+                 "wlb profile: rank batch of %lld tokens, %zu pieces: fwd %.4f s (table %.4f), bwd %.4f s (table "
+                 "%.4f)  [%zu/%zu]\n",
+                 static_cast<long long>(b.tokens), b.pieces.size(), t.fwd, p[0], t.bwd, p[1], i + 1, pick.size());
+  }
+  nlohmann::json factors = nlohmann::json::object();
+  for (const auto& key : m::Factors::keys()) factors[key] = 1.0;
+  for (int ph = 0; ph < 2; ++ph)
+    if (meas[ph] > 0 && pred[ph] > 0)
+      factors[ph == 0 ? "attn.fwd" : "attn.bwd"] = round4(std::clamp(pred[ph] / meas[ph], 0.05, 10.0));
+  j["factors"] = factors;
+  j["deck_profile"] = {
+      {"decks", plans.decks},
+      {"strategies", plans.strategies},
+      {"planned_steps", plans.steps},
+      {"rank_batches", plans.batches.size()},
+      {"pieces", plans.pieces},
+      {"tokens_per_rank", {lo, hi}},
+      {"piece_q", {j["attention"]["fwd"]["q_lens"].front(), j["attention"]["fwd"]["q_lens"].back()}},
+      {"piece_k", {j["attention"]["fwd"]["k_lens"].front(), j["attention"]["fwd"]["k_lens"].back()}},
+      {"timed_batches", bj},
+      {"linear_gflops_deck", total_s > 0 ? std::round(total_flops / total_s * 1e-9 * 10.0) / 10.0 : 0.0}};
+  std::string decks;
+  for (const auto& d : plans.decks) decks += (decks.empty() ? "" : ", ") + d;
+  j["sources"].push_back("deck-shaped (`wlb profile --deck`: " + decks +
+                         "): attention grid over the plans' piece shapes, linear_ops = the layer's ops at the plans' "
+                         "per-rank token counts, factors attn.* = table / measured time of " +
+                         std::to_string(pick.size()) + " whole rank batches of the plans");
+}
+
 int run(Opts o) {
   if (wlb::app::worldRank() != 0) return 0;
   g_cpu_clock = ES().concurrency() == 1 && !o.wall_clock;
@@ -153,6 +536,41 @@ int run(Opts o) {
     att::validateConfig(cfg);
   } catch (const std::invalid_argument& e) {
     throw wlb::InputError(std::string("wlb profile: --tile-q/--tile-k: ") + e.what());
+  }
+  if (o.reps < 1) throw wlb::InputError("wlb profile: --reps must be >= 1");
+  const bool deck_mode = !o.decks.empty();
+  DeckPlans plans;
+  std::int64_t piece_q[2] = {0, 0}, piece_k[2] = {0, 0}, rank_tok[2] = {0, 0};
+  if (deck_mode) {
+    if (o.head_opts_given)
+      throw wlb::InputError(
+          "wlb profile: --head-dim/--heads/--kv-heads come from the deck with --deck (model.*, "
+          "mesh.tp); change them with --set");
+    plans = planDecks(o);
+    o.heads = static_cast<int>(plans.dims.heads / plans.tp);
+    o.kv_heads = static_cast<int>(plans.dims.kv_heads / plans.tp);
+    o.head_dim = static_cast<int>(plans.dims.head_dim);
+    piece_q[0] = piece_k[0] = rank_tok[0] = std::numeric_limits<std::int64_t>::max();
+    for (const auto& b : plans.batches) {
+      rank_tok[0] = std::min(rank_tok[0], b.tokens);
+      rank_tok[1] = std::max(rank_tok[1], b.tokens);
+      for (const auto& p : b.pieces) {
+        piece_q[0] = std::min(piece_q[0], p.q);
+        piece_q[1] = std::max(piece_q[1], p.q);
+        piece_k[0] = std::min(piece_k[0], p.q0 + p.q);
+        piece_k[1] = std::max(piece_k[1], p.q0 + p.q);
+      }
+    }
+    if (o.q_lens.empty()) o.q_lens = geomGrid(piece_q[0], piece_q[1], o.quick ? 3 : 5);
+    if (o.k_lens.empty()) o.k_lens = geomGrid(piece_k[0], piece_k[1], o.quick ? 3 : 6);
+    std::fprintf(
+        stderr,
+        "wlb profile: planned %lld step(s) of %zu strateg%s over %zu deck(s): %zu rank batches, %zu pieces "
+        "(q %lld..%lld, k %lld..%lld), %lld..%lld tokens per rank; heads %d, kv_heads %d, head_dim %d\n",
+        static_cast<long long>(plans.steps), plans.strategies.size(), plans.strategies.size() == 1 ? "y" : "ies",
+        plans.decks.size(), plans.batches.size(), plans.pieces, static_cast<long long>(piece_q[0]),
+        static_cast<long long>(piece_q[1]), static_cast<long long>(piece_k[0]), static_cast<long long>(piece_k[1]),
+        static_cast<long long>(rank_tok[0]), static_cast<long long>(rank_tok[1]), o.heads, o.kv_heads, o.head_dim);
   }
   if (o.head_dim <= 0 || o.head_dim > 256) throw wlb::InputError("wlb profile: --head-dim must be in 1..256");
   if (o.heads <= 0 || o.kv_heads <= 0 || o.heads % o.kv_heads != 0)
@@ -228,7 +646,9 @@ int run(Opts o) {
                     {"bwd", {{"q_lens", o.q_lens}, {"k_lens", o.k_lens}, {"gflops", bwd}}}};
   const long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGE_SIZE);
   if (pages > 0 && psize > 0) j["memory_gb"] = std::round(static_cast<double>(pages) * psize / 1e9 * 10.0) / 10.0;
+  if (deck_mode) addDeckShaped(o, plans, cfg, j);
   const std::string tmp = o.out + ".tmp." + std::to_string(::getpid());
+  wlb::app::TemporaryGuard guard(tmp);
   {
     std::ofstream f(tmp);
     if (!f) throw wlb::InputError("wlb profile: cannot write --out " + o.out);
@@ -253,9 +673,16 @@ const bool registered = wlb::app::registerCommand(
       auto o = std::make_shared<Opts>();
       sub.add_option("--out", o->out, "Output profile JSON")->required();
       sub.add_option("--name", o->name, "Profile name");
-      sub.add_option("--head-dim", o->head_dim, "Head dimension to profile");
-      sub.add_option("--heads", o->heads, "Query heads");
-      sub.add_option("--kv-heads", o->kv_heads, "KV heads");
+      auto* hd = sub.add_option("--head-dim", o->head_dim, "Head dimension to profile");
+      auto* hs = sub.add_option("--heads", o->heads, "Query heads");
+      auto* kh = sub.add_option("--kv-heads", o->kv_heads, "KV heads");
+      sub.add_option("--deck", o->decks,
+                     "Profile what this deck runs (repeatable; one layer shape): plans its strategies, times the "
+                     "layer's ops at the plans' token counts and attention over the plans' piece shapes "
+                     "(profile version 2)")
+          ->type_name("DECK");
+      sub.add_option("--set", o->overrides, "Override a key of every --deck: table.key=value (repeatable)")
+          ->type_name("TABLE.KEY=VALUE");
       sub.add_option("--tile-q", o->tile_q, "Query tile of the kernel");
       sub.add_option("--tile-k", o->tile_k, "Key tile of the kernel");
       sub.add_option("--q-lens", o->q_lens, "Query lengths of the grid")->delimiter(',');
@@ -265,7 +692,10 @@ const bool registered = wlb::app::registerCommand(
       sub.add_option("--peak-gflops", o->peak, "FP32 peak to record (default: measured FMA loop)");
       sub.add_flag("--quick", o->quick, "Small grid, short timings (tests)");
       sub.add_flag("--wall-clock", o->wall_clock, "Time with wall clock even on a single-threaded backend");
-      return [o]() -> int { return run(*o); };
+      return [o, hd, hs, kh]() -> int {
+        o->head_opts_given = hd->count() + hs->count() + kh->count() > 0;
+        return run(*o);
+      };
     });
 
 }  // namespace

@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <utility>
 
 #include "core/error.hpp"
 
@@ -58,8 +60,7 @@ ThroughputTable readTable(const nlohmann::json& j, const std::string& file, cons
         bad(file, key + "." + name, "must be a non-empty array of positive numbers");
       v.push_back(x.get<double>());
     }
-    if (!std::is_sorted(v.begin(), v.end()) ||
-        std::adjacent_find(v.begin(), v.end()) != v.end())
+    if (!std::is_sorted(v.begin(), v.end()) || std::adjacent_find(v.begin(), v.end()) != v.end())
       bad(file, key + "." + name, "must be strictly ascending");
     return v;
   };
@@ -87,7 +88,177 @@ double positive(const nlohmann::json& j, const char* name, double fallback, cons
   return j[name].get<double>();
 }
 
+// Linear interpolation of log(value) over log(x) (clamped at the ends); values must be > 0.
+double logLogAt(const std::vector<double>& xs, const std::vector<double>& ys, double x) {
+  std::size_t i = 0;
+  double t = 0;
+  bracket(xs, std::max(x, 1e-300), i, t);
+  const std::size_t i1 = std::min(i + 1, xs.size() - 1);
+  return std::exp((1 - t) * std::log(ys[i]) + t * std::log(ys[i1]));
+}
+
+// Linear interpolation of the value over log(x) (clamped): for quantities that may be 0.
+double linLogAt(const std::vector<double>& xs, const std::vector<double>& ys, double x) {
+  std::size_t i = 0;
+  double t = 0;
+  bracket(xs, std::max(x, 1e-300), i, t);
+  const std::size_t i1 = std::min(i + 1, xs.size() - 1);
+  return (1 - t) * ys[i] + t * ys[i1];
+}
+
+std::vector<double> numberArray(const nlohmann::json& j, const std::string& file, const std::string& key, std::size_t n,
+                                bool allow_zero) {
+  const char* why = allow_zero ? "must be an array of one non-negative number per linear_ops.tokens entry"
+                               : "must be an array of one positive number per linear_ops.tokens entry";
+  if (!j.is_array() || j.size() != n) bad(file, key, why);
+  std::vector<double> v;
+  for (const auto& x : j) {
+    if (!x.is_number() || x.get<double>() < 0 || (!allow_zero && x.get<double>() == 0)) bad(file, key, why);
+    v.push_back(x.get<double>());
+  }
+  return v;
+}
+
+LinearOpsTable readLinearOps(const nlohmann::json& j, const std::string& file) {
+  const std::string k = "linear_ops";
+  if (!j.is_object()) bad(file, k, "must be an object (docs/profile-format.md)");
+  LinearOpsTable t;
+  if (!j.contains("shape") || !j["shape"].is_object()) bad(file, k + ".shape", "must be an object");
+  const auto& sh = j["shape"];
+  auto dim = [&](const char* name, std::int64_t& out) {
+    if (!sh.contains(name) || !sh[name].is_number_integer() || sh[name].get<std::int64_t>() <= 0)
+      bad(file, k + ".shape." + name, "must be a positive integer");
+    out = sh[name].get<std::int64_t>();
+  };
+  dim("hidden", t.hidden);
+  dim("heads", t.heads);
+  dim("kv_heads", t.kv_heads);
+  dim("head_dim", t.head_dim);
+  dim("ffn", t.ffn);
+  dim("tp", t.tp);
+  if (!j.contains("tokens") || !j["tokens"].is_array() || j["tokens"].empty())
+    bad(file, k + ".tokens", "must be a non-empty array of positive numbers");
+  for (const auto& x : j["tokens"]) {
+    if (!x.is_number() || x.get<double>() <= 0)
+      bad(file, k + ".tokens", "must be a non-empty array of positive numbers");
+    t.tokens.push_back(x.get<double>());
+  }
+  if (!std::is_sorted(t.tokens.begin(), t.tokens.end()) ||
+      std::adjacent_find(t.tokens.begin(), t.tokens.end()) != t.tokens.end())
+    bad(file, k + ".tokens", "must be strictly ascending");
+  const std::size_t n = t.tokens.size();
+  auto phases = [&](const nlohmann::json& parent, const std::string& key, std::array<std::vector<double>, 2>& out,
+                    bool allow_zero) {
+    if (!parent.is_object()) bad(file, key, "must be an object with fwd and bwd arrays");
+    for (int p = 0; p < 2; ++p) {
+      const char* ph = p == 0 ? "fwd" : "bwd";
+      if (!parent.contains(ph)) bad(file, key + "." + ph, "is missing");
+      out[static_cast<std::size_t>(p)] = numberArray(parent[ph], file, key + "." + ph, n, allow_zero);
+    }
+  };
+  if (!j.contains("gflops") || !j["gflops"].is_object()) bad(file, k + ".gflops", "must be an object");
+  for (int op = 0; op < kLinearOpCount; ++op) {
+    const char* name = linearOpName(static_cast<LinearOp>(op));
+    if (!j["gflops"].contains(name)) bad(file, k + ".gflops." + name, "is missing");
+    phases(j["gflops"][name], k + ".gflops." + name, t.gflops[static_cast<std::size_t>(op)], false);
+  }
+  for (const auto& [key, out] :
+       {std::pair<const char*, std::array<std::vector<double>, 2>*>{"elementwise_ns_per_token", &t.elementwise_ns},
+        {"fill_ns_per_token", &t.fill_ns}}) {
+    if (j.contains(key)) {
+      phases(j[key], k + "." + key, *out, true);
+    } else {
+      (*out)[0].assign(n, 0.0);
+      (*out)[1].assign(n, 0.0);
+    }
+  }
+  for (const auto& [key, v] : j.items())
+    if (key != "shape" && key != "tokens" && key != "gflops" && key != "elementwise_ns_per_token" &&
+        key != "fill_ns_per_token" && key != "note")
+      bad(file, k + "." + key,
+          "unknown key (shape, tokens, gflops, elementwise_ns_per_token, fill_ns_per_token, note)");
+  return t;
+}
+
+Factors readFactors(const nlohmann::json& j, const std::string& file) {
+  if (!j.is_object()) bad(file, "factors", "must be an object of factor name -> number");
+  Factors f;
+  for (const auto& [key, v] : j.items()) {
+    const auto& keys = Factors::keys();
+    if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
+      std::string list;
+      for (const auto& x : keys) list += (list.empty() ? "" : ", ") + x;
+      bad(file, "factors." + key, "unknown factor (known: " + list + ")");
+    }
+    if (!v.is_number() || v.get<double>() <= 0 || v.get<double>() > 10)
+      bad(file, "factors." + key, "must be a number in (0, 10]");
+    f.at(key) = v.get<double>();
+  }
+  return f;
+}
+
 }  // namespace
+
+const char* linearOpName(LinearOp op) {
+  switch (op) {
+    case LinearOp::QkvProj:
+      return "qkv_proj";
+    case LinearOp::OutProj:
+      return "out_proj";
+    case LinearOp::Mlp:
+      return "mlp";
+  }
+  return "?";
+}
+
+bool LinearOpsTable::matches(const ModelDims& d, std::int64_t tp_) const {
+  return !empty() && hidden == d.hidden && heads == d.heads && kv_heads == d.kv_heads && head_dim == d.head_dim &&
+         ffn == d.ffn && tp == std::max<std::int64_t>(tp_, 1);
+}
+
+double LinearOpsTable::gflopsAt(LinearOp op, Phase p, double n) const {
+  return logLogAt(tokens, gflops[static_cast<std::size_t>(op)][static_cast<std::size_t>(p)], n);
+}
+
+double LinearOpsTable::elementwiseNsAt(Phase p, double n) const {
+  return linLogAt(tokens, elementwise_ns[static_cast<std::size_t>(p)], n);
+}
+
+double LinearOpsTable::fillNsAt(Phase p, double n) const {
+  return linLogAt(tokens, fill_ns[static_cast<std::size_t>(p)], n);
+}
+
+const std::vector<std::string>& Factors::keys() {
+  static const std::vector<std::string> k = {"attn.fwd",     "attn.bwd", "qkv_proj.fwd", "qkv_proj.bwd", "out_proj.fwd",
+                                             "out_proj.bwd", "mlp.fwd",  "mlp.bwd",      "elementwise"};
+  return k;
+}
+
+double& Factors::at(const std::string& key) {
+  if (key == "elementwise") return elementwise;
+  const auto dot = key.find('.');
+  if (dot != std::string::npos) {
+    const std::string op = key.substr(0, dot), ph = key.substr(dot + 1);
+    if (ph == "fwd" || ph == "bwd") {
+      const std::size_t p = ph == "fwd" ? 0 : 1;
+      if (op == "attn") return attn[p];
+      for (int i = 0; i < kLinearOpCount; ++i)
+        if (op == linearOpName(static_cast<LinearOp>(i))) return linear[static_cast<std::size_t>(i)][p];
+    }
+  }
+  throw std::out_of_range("unknown factor '" + key + "'");
+}
+
+double Factors::at(const std::string& key) const {
+  return const_cast<Factors*>(this)->at(key);
+}
+
+bool Factors::linearIsUnit() const {
+  for (const auto& op : linear)
+    for (double f : op)
+      if (f != 1.0) return false;
+  return elementwise == 1.0;
+}
 
 double ThroughputTable::at(double q, double k) const {
   std::size_t i = 0, j = 0;
@@ -101,7 +272,9 @@ double ThroughputTable::at(double q, double k) const {
   return std::exp(v);
 }
 
-HardwareProfile HardwareProfile::analytic() { return HardwareProfile{}; }
+HardwareProfile HardwareProfile::analytic() {
+  return HardwareProfile{};
+}
 
 HardwareProfile HardwareProfile::load(const std::string& path) {
   std::ifstream in(path);
@@ -114,8 +287,11 @@ HardwareProfile HardwareProfile::load(const std::string& path) {
   }
   if (!j.is_object() || j.value("format", std::string()) != "wlb-hardware-profile")
     bad(path, "format", "must be \"wlb-hardware-profile\"");
-  if (j.value("version", 0) != 1) bad(path, "version", "must be 1");
+  if (!j.contains("version") || !j["version"].is_number_integer() || j["version"].get<int>() < 1 ||
+      j["version"].get<int>() > 2)
+    bad(path, "version", "must be 1 or 2");
   HardwareProfile p;
+  p.version = j["version"].get<int>();
   p.name = j.value("name", std::filesystem::path(path).stem().string());
   p.peak_gflops = positive(j, "peak_gflops", p.peak_gflops, path);
   p.linear_gflops = positive(j, "linear_gflops", p.linear_gflops, path);
@@ -138,6 +314,8 @@ HardwareProfile HardwareProfile::load(const std::string& path) {
     p.link_latency_us = positive(l, "latency_us", p.link_latency_us, path, "links.");
   }
   p.memory_gb = positive(j, "memory_gb", p.memory_gb, path);
+  if (j.contains("linear_ops")) p.linear_ops = readLinearOps(j["linear_ops"], path);
+  if (j.contains("factors")) p.factors = readFactors(j["factors"], path);
   return p;
 }
 
@@ -155,8 +333,7 @@ HardwareProfile HardwareProfile::fromDeck(const Deck& deck) {
       auto src = std::filesystem::path(WLB_SOURCE_DIR) / h.profile;
       if (std::filesystem::exists(src)) path = src;
     }
-    if (!std::filesystem::exists(path))
-      throw InputError("[hardware] profile: file '" + h.profile + "' not found");
+    if (!std::filesystem::exists(path)) throw InputError("[hardware] profile: file '" + h.profile + "' not found");
     p = load(path.string());
   }
   if (h.tp_bandwidth_gbps > 0) p.tp_bandwidth_gbps = h.tp_bandwidth_gbps;
@@ -170,17 +347,32 @@ HardwareProfile HardwareProfile::fromDeck(const Deck& deck) {
 
 double HardwareProfile::attnGflops(Phase p, double q, double k) const {
   const ThroughputTable& t = p == Phase::Fwd ? fwd : bwd;
-  if (!t.empty()) return attention_efficiency * t.at(q, k);
+  const double f = factors.attn[static_cast<std::size_t>(p)];
+  if (!t.empty()) return attention_efficiency * t.at(q, k) * f;
   // Analytic: short query tiles pay fixed per-row overheads (softmax, rescaling).
   const double eff = 0.7 * q / (q + static_cast<double>(tile_q));
-  return std::max(attention_efficiency * peak_gflops * eff, 1e-3);
+  return std::max(attention_efficiency * peak_gflops * eff * f, 1e-3);
 }
 
 CostModel::CostModel(const ModelDims& dims, HardwareProfile hw, std::int64_t tp)
-    : dims_(dims), hw_(std::move(hw)), tp_(tp < 1 ? 1 : tp) {}
+    : dims_(dims), hw_(std::move(hw)), tp_(tp < 1 ? 1 : tp) {
+  linear_table_ = hw_.linear_ops.matches(dims_, tp_);
+  if (linear_table_) {
+    const auto& t = hw_.linear_ops.tokens;
+    linear_ref_tokens_ = std::sqrt(t.front() * t.back());
+  }
+}
+
+void CostModel::setLinearReferenceTokens(double tokens) {
+  if (tokens > 0) linear_ref_tokens_ = tokens;
+}
 
 CostModel CostModel::fromDeck(const Deck& deck) {
-  return CostModel(ModelDims::fromDeck(deck.model), HardwareProfile::fromDeck(deck), deck.mesh.tp);
+  CostModel c(ModelDims::fromDeck(deck.model), HardwareProfile::fromDeck(deck), deck.mesh.tp);
+  // a rank's share of a full micro-batch: the size the deck's linear ops run at
+  c.setLinearReferenceTokens(static_cast<double>(deck.data.context_window) /
+                             static_cast<double>(std::max<std::int64_t>(deck.mesh.cp, 1)));
+  return c;
 }
 
 double CostModel::attnFlops(std::int64_t q0, std::int64_t q, Phase p) const {
@@ -198,7 +390,7 @@ double CostModel::attnPaddedFlops(std::int64_t q0, std::int64_t q, Phase p) cons
   double blocks = 0.0;
   for (std::int64_t r0 = 0; r0 < q; r0 += tq) {
     const std::int64_t last_row = std::min(r0 + tq, q) - 1;  // within the piece
-    const std::int64_t keys = q0 + last_row + 1;              // keys seen by that row
+    const std::int64_t keys = q0 + last_row + 1;             // keys seen by that row
     blocks += static_cast<double>((keys + tk - 1) / tk);
   }
   const double heads = static_cast<double>(dims_.heads) / static_cast<double>(tp_);
@@ -223,7 +415,47 @@ double CostModel::linearFlops(std::int64_t tokens, Phase p) const {
 }
 
 double CostModel::linearSeconds(std::int64_t tokens, Phase p) const {
-  return linearFlops(tokens, p) / (hw_.linear_gflops * 1e9);
+  // A version-1 profile (or a table for another shape) with unit factors: one throughput.
+  if (!linear_table_ && hw_.factors.linearIsUnit()) return linearFlops(tokens, p) / (hw_.linear_gflops * 1e9);
+  if (tokens <= 0) return 0.0;
+  double s = elementwiseSeconds(tokens, p);
+  for (int op = 0; op < kLinearOpCount; ++op) s += linearOpSeconds(static_cast<LinearOp>(op), tokens, p);
+  return s;
+}
+
+double CostModel::linearOpFlops(LinearOp op, std::int64_t tokens, Phase p) const {
+  const double h = static_cast<double>(dims_.hidden);
+  const double kv = static_cast<double>(dims_.kv_heads * dims_.head_dim);
+  const double ffn = static_cast<double>(dims_.ffn);
+  double per_token = 0;
+  switch (op) {
+    case LinearOp::QkvProj:
+      per_token = 2.0 * h * (h + 2.0 * kv);
+      break;
+    case LinearOp::OutProj:
+      per_token = 2.0 * h * h;
+      break;
+    case LinearOp::Mlp:
+      per_token = 2.0 * 3.0 * h * ffn;
+      break;
+  }
+  const double f = per_token / static_cast<double>(tp_) * static_cast<double>(tokens);
+  return p == Phase::Fwd ? f : kLinearBwdFactor * f;
+}
+
+double CostModel::linearOpSeconds(LinearOp op, std::int64_t tokens, Phase p) const {
+  if (tokens <= 0) return 0.0;
+  const double gf = linear_table_ ? hw_.linear_ops.gflopsAt(op, p, linear_ref_tokens_) : hw_.linear_gflops;
+  const double f = hw_.factors.linear[static_cast<std::size_t>(op)][static_cast<std::size_t>(p)];
+  return linearOpFlops(op, tokens, p) / (gf * f * 1e9);
+}
+
+double CostModel::elementwiseSeconds(std::int64_t tokens, Phase p) const {
+  if (!linear_table_ || tokens <= 0) return 0.0;
+  const double n = linear_ref_tokens_;
+  const double layers = static_cast<double>(std::max<std::int64_t>(dims_.layers, 1));
+  const double ns = hw_.linear_ops.elementwiseNsAt(p, n) + hw_.linear_ops.fillNsAt(p, n) / layers;
+  return ns * static_cast<double>(tokens) * 1e-9 / hw_.factors.elementwise;
 }
 
 double CostModel::kvBytes(std::int64_t tokens) const {

@@ -4,6 +4,7 @@
 /// and the simulator: attention and linear FLOPs per phase, and predicted seconds from a
 /// kernel/hardware profile (docs/profile-format.md).
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -13,7 +14,9 @@
 namespace wlb::model {
 
 enum class Phase : int { Fwd = 0, Bwd = 1 };
-inline const char* phaseName(Phase p) { return p == Phase::Fwd ? "fwd" : "bwd"; }
+inline const char* phaseName(Phase p) {
+  return p == Phase::Fwd ? "fwd" : "bwd";
+}
 
 /// Query-key pairs of the query range [q0, q0+q) of a document attending causally to its
 /// keys from the document start: q*q0 + q*(q+1)/2.
@@ -27,18 +30,63 @@ inline constexpr double kAttnBwdFactor = 2.5;
 inline constexpr double kLinearBwdFactor = 2.0;
 
 struct ModelDims {
-  std::int64_t hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn = 0, layers = 1,
-               vocab = 0, dtype_bytes = 2;
+  std::int64_t hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn = 0, layers = 1, vocab = 0, dtype_bytes = 2;
   static ModelDims fromDeck(const ModelConfig& m);
 };
 
 /// A 2D table of achieved throughput (GFLOP/s on tile-padded FLOPs) over query length x
 /// key length, interpolated bilinearly in log-log space and clamped at the edges.
 struct ThroughputTable {
-  std::vector<double> q_lens, k_lens;     ///< ascending
-  std::vector<std::vector<double>> gflops; ///< [q][k]
+  std::vector<double> q_lens, k_lens;       ///< ascending
+  std::vector<std::vector<double>> gflops;  ///< [q][k]
   double at(double q, double k) const;
   bool empty() const { return q_lens.empty(); }
+};
+
+/// The linear ops of one layer, named like the executor's trace labels.
+enum class LinearOp : int { QkvProj = 0, OutProj = 1, Mlp = 2 };
+inline constexpr int kLinearOpCount = 3;
+/// "qkv_proj" | "out_proj" | "mlp".
+const char* linearOpName(LinearOp op);
+
+/// Deck-shaped linear-op profile (`wlb profile --deck`, profile version 2, key `linear_ops`;
+/// docs/profile-format.md): the layer's ops timed as `wlb run` executes them, on one rank,
+/// at the per-rank token counts of the deck's micro-batches, for one layer shape. Values
+/// are interpolated linearly in (log tokens, log value) and clamped outside the grid; the
+/// cost model reads them at one reference token count (CostModel::linearReferenceTokens).
+struct LinearOpsTable {
+  std::int64_t hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn = 0, tp = 1;  ///< shape measured
+  std::vector<double> tokens;                                                       ///< ascending per-rank token counts
+  /// [op][phase][i]: GFLOP/s of the op (its CostModel::linearOpFlops over its time).
+  std::array<std::array<std::vector<double>, 2>, kLinearOpCount> gflops;
+  /// [phase][i]: ns per token per layer of the layer's work outside the three ops
+  /// (residual adds, allocations), the executor's unlabelled time.
+  std::array<std::vector<double>, 2> elementwise_ns;
+  /// [phase][i]: ns per token per micro-batch of the input (fwd) / loss-gradient (bwd) fills
+  /// (`embed` / `loss` events); the cost model charges 1/layers of it to each layer.
+  std::array<std::vector<double>, 2> fill_ns;
+  bool empty() const { return tokens.empty(); }
+  /// True when the table was measured at these model dims and TP degree.
+  bool matches(const ModelDims& d, std::int64_t tp) const;
+  double gflopsAt(LinearOp op, Phase p, double tokens) const;
+  double elementwiseNsAt(Phase p, double tokens) const;
+  double fillNsAt(Phase p, double tokens) const;
+};
+
+/// Multipliers on the profiled throughputs (time = profiled time / factor), key
+/// `factors` of a version-2 profile. `wlb profile --deck` sets attn.* from whole per-rank
+/// batches of the deck's plans; `wlb calibrate` refits every factor from measured traces.
+/// All 1 = as profiled (a version-1 profile).
+struct Factors {
+  std::array<double, 2> attn{1.0, 1.0};                                                            ///< [phase]
+  std::array<std::array<double, 2>, kLinearOpCount> linear{{{1.0, 1.0}, {1.0, 1.0}, {1.0, 1.0}}};  ///< [op][phase]
+  double elementwise = 1.0;  ///< elementwise_ns and fill_ns
+  /// Keys in file order: attn.fwd, attn.bwd, qkv_proj.fwd, ..., mlp.bwd, elementwise.
+  static const std::vector<std::string>& keys();
+  /// The factor of a key; std::out_of_range for an unknown key.
+  double& at(const std::string& key);
+  double at(const std::string& key) const;
+  bool linearIsUnit() const;
 };
 
 /// Kernel and hardware profile: measured (`wlb profile`) or a GPU description.
@@ -53,9 +101,15 @@ struct HardwareProfile {
   /// measured. Calibrated from run traces like linear_gflops (docs/profile-format.md).
   double attention_efficiency = 1.0;
   // Links (GB/s, per direction) and latency for collectives and P2P.
-  double tp_bandwidth_gbps = 100.0, cp_bandwidth_gbps = 100.0, pp_bandwidth_gbps = 25.0,
-         dp_bandwidth_gbps = 25.0, link_latency_us = 5.0;
+  double tp_bandwidth_gbps = 100.0, cp_bandwidth_gbps = 100.0, pp_bandwidth_gbps = 25.0, dp_bandwidth_gbps = 25.0,
+         link_latency_us = 5.0;
   double memory_gb = 80.0;
+  /// Format version read (1, or 2 with `linear_ops` / `factors`); both load.
+  int version = 1;
+  /// Deck-shaped linear ops (version 2); empty -> linear_gflops for every op.
+  LinearOpsTable linear_ops;
+  /// Calibration multipliers (version 2); all 1 by default.
+  Factors factors;
 
   /// Analytic default: efficiency rises with the query length towards peak*0.7.
   static HardwareProfile analytic();
@@ -88,7 +142,28 @@ class CostModel {
 
   /// Linear-op FLOPs of one layer for `tokens` tokens (QKV, out-proj, SwiGLU MLP).
   double linearFlops(std::int64_t tokens, Phase p) const;
+  /// Seconds of one layer's linear work for `tokens` tokens on one rank: the three ops
+  /// (linearOpSeconds) plus elementwiseSeconds. Without a matching deck-shaped table and
+  /// with unit factors this is linearFlops / linear_gflops, as in a version-1 profile.
   double linearSeconds(std::int64_t tokens, Phase p) const;
+  /// FLOPs of one linear op (QKV 2h(h+2kv), out-proj 2h^2, MLP 6h*ffn per token, / tp;
+  /// backward 2x); the three sum to linearFlops.
+  double linearOpFlops(LinearOp op, std::int64_t tokens, Phase p) const;
+  /// Seconds of one op: its FLOPs over the deck-shaped table's GFLOP/s at
+  /// linearReferenceTokens() (or linear_gflops without a matching table), / its factor.
+  double linearOpSeconds(LinearOp op, std::int64_t tokens, Phase p) const;
+  /// Seconds of one layer's elementwise work outside the ops (plus 1/layers of the
+  /// micro-batch's input/gradient fill) from the deck-shaped table at
+  /// linearReferenceTokens() per token; 0 without a table.
+  double elementwiseSeconds(std::int64_t tokens, Phase p) const;
+  /// Whether linear work is timed from a deck-shaped table (its shape matches dims and tp).
+  bool linearTableUsed() const { return linear_table_; }
+  /// Per-rank micro-batch tokens at which the table's per-token costs are read. Linear work
+  /// stays linear in tokens (a packer's per-document W_l sums to its micro-batch's), at the
+  /// rate of the micro-batch size the deck runs: fromDeck sets data.context_window / mesh.cp;
+  /// otherwise the geometric middle of the table's token range.
+  double linearReferenceTokens() const { return linear_ref_tokens_; }
+  void setLinearReferenceTokens(double tokens);
 
   /// Whole-document (segment) workload of one layer, seconds: W_a + W_l.
   double segmentSeconds(std::int64_t length, Phase p) const {
@@ -106,6 +181,8 @@ class CostModel {
   ModelDims dims_;
   HardwareProfile hw_;
   std::int64_t tp_;
+  bool linear_table_ = false;  ///< hw_.linear_ops matches dims_ and tp_
+  double linear_ref_tokens_ = 0;
 };
 
 }  // namespace wlb::model

@@ -1,0 +1,534 @@
+// `wlb validate-sim DECK...`: the simulator's validation loop on the machine at hand
+// (docs/simulator.md § Validating on this machine): deck-shaped profile -> measured
+// calibration runs -> `wlb calibrate` -> measured validation runs on other documents (data.seed
+// + offset) -> `wlb simulate --as-run` of the same decks and documents -> per strategy
+// measured vs predicted throughput, error and ordering. Every stage is a `wlb` command (run
+// through `mpirun` where it needs the deck's ranks), printed before it runs, logged under
+// OUT/logs; exit 3 when an error exceeds the tolerance or an ordering differs.
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "app/cleanup.hpp"
+#include "app/command.hpp"
+#include "core/error.hpp"
+#include "trace/reader.hpp"
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+/// Exit code when the comparison misses the tolerance or the ordering (2 stays bad input).
+constexpr int kExitMissed = 3;
+
+struct Opts {
+  std::vector<std::string> decks, overrides, calibrate_on;
+  std::string out = "wlb-out/validate-sim", profile, mpirun = "mpirun";
+  double tolerance = 5.0;
+  std::int64_t steps = -1, warmup = -1, seed_offset = 1;
+  bool quick = false, no_calibrate = false;
+};
+
+struct DeckCase {
+  std::string path, name;  ///< file, unique short name (stem)
+  wlb::Deck deck;
+  int ranks = 1;
+  bool calibrates = true;
+};
+
+/// Stage failed: the child's exit code (2 = bad input) after its log tail was printed.
+struct StageFailed {
+  int rc;
+};
+
+std::string quote(const std::string& a) {
+  if (!a.empty() && a.find_first_of(" \t\"'\\$`;&|<>()*?[]{}~!#") == std::string::npos) return a;
+  std::string q = "'";
+  for (char c : a) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::string joinArgs(const std::vector<std::string>& args) {
+  std::string s;
+  for (const auto& a : args) s += (s.empty() ? "" : " ") + quote(a);
+  return s;
+}
+
+std::string selfExe() {
+  std::error_code ec;
+  const auto p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("wlb") : p.string();
+}
+
+/// Environment for the children without the variables this process's own MPI start put there
+/// (a singleton's or mpirun's job ids): a nested `mpirun` or `wlb` must start a job of its own.
+std::vector<std::string> childEnv() {
+  static const char* drop[] = {"OMPI_COMM_WORLD_",
+                               "OMPI_MCA_orte_",
+                               "OMPI_MCA_ess",
+                               "ORTE_",
+                               "OMPI_MCA_pmix",
+                               "PMIX_",
+                               "OMPI_UNIVERSE_SIZE",
+                               "OMPI_FIRST_RANKS",
+                               "OMPI_APP_CTX_",
+                               "OMPI_NUM_APP_CTX",
+                               "OMPI_FILE_LOCATION",
+                               "OMPI_MCA_initial_wdir",
+                               "OMPI_MCA_mpi_yield_when_idle",
+                               "OMPI_MCA_shmem_RUNTIME_QUERY_hint",
+                               "OMPI_ARGV",
+                               "OMPI_COMMAND",
+                               "OMPI_MCA_ompi_",
+                               "OMPI_MCA_orte_precondition_transports",
+                               "OMPI_MCA_state_",
+                               "PRTE_",
+                               "PMI_",
+                               "HYDRA_",
+                               "MPI_LOCALRANKID",
+                               "MPI_LOCALNRANKS"};
+  std::vector<std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string v(*e);
+    bool keep = true;
+    for (const char* d : drop)
+      if (v.rfind(d, 0) == 0) keep = false;
+    if (keep) env.push_back(v);
+  }
+  env.push_back("OPENBLAS_NUM_THREADS=1");
+  return env;
+}
+
+std::string tail(const fs::path& log, std::size_t lines) {
+  std::ifstream in(log);
+  std::deque<std::string> last;
+  std::string l;
+  while (std::getline(in, l)) {
+    last.push_back(l);
+    if (last.size() > lines) last.pop_front();
+  }
+  std::string s;
+  for (const auto& x : last) s += "    " + x + "\n";
+  return s;
+}
+
+double loadAvg() {
+  std::ifstream in("/proc/loadavg");
+  double l = -1;
+  in >> l;
+  return l;
+}
+
+std::string cpuModel() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string l;
+  while (std::getline(in, l))
+    if (l.rfind("model name", 0) == 0) {
+      const auto c = l.find(':');
+      if (c != std::string::npos) return l.substr(l.find_first_not_of(" \t", c + 1));
+    }
+  return "unknown CPU";
+}
+
+/// Run `args` with stdout+stderr into `log`; returns the exit code (StageFailed on failure).
+int runStage(const std::string& title, const std::vector<std::string>& args, const fs::path& log,
+             std::vector<nlohmann::json>& record, bool echo_output = false) {
+  std::printf("\n== %s\n   $ %s\n", title.c_str(), joinArgs(args).c_str());
+  std::fflush(stdout);
+  const double load0 = loadAvg();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::string> env = childEnv();
+  std::vector<char*> argv, envp;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("wlb validate-sim: fork failed: " + std::string(std::strerror(errno)));
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::close(fd);
+    }
+    const int devnull = ::open("/dev/null", O_RDONLY);
+    if (devnull >= 0) ::dup2(devnull, 0);
+    ::execvpe(argv[0], argv.data(), envp.data());
+    std::fprintf(stderr, "cannot run %s: %s\n", argv[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double load1 = loadAvg();
+  record.push_back({{"stage", title},
+                    {"command", joinArgs(args)},
+                    {"exit", rc},
+                    {"seconds", secs},
+                    {"load_before", load0},
+                    {"load_after", load1}});
+  if (rc != 0) {
+    std::printf("   FAILED (exit %d) after %.1f s; last lines of %s:\n%s", rc, secs, log.string().c_str(),
+                tail(log, 25).c_str());
+    if (rc == 127 || (args.front().find("mpirun") != std::string::npos && rc != 2))
+      std::printf("   (is mpirun on PATH? as root: `source run/mpienv` first; --mpirun CMD names another launcher)\n");
+    std::fflush(stdout);
+    throw StageFailed{rc == 2 ? 2 : 1};
+  }
+  if (echo_output) {
+    std::ifstream in(log);
+    std::string l;
+    while (std::getline(in, l))
+      if (l.rfind("wlb profile:", 0) != 0 || l.rfind("wlb profile: wrote", 0) == 0) std::printf("   %s\n", l.c_str());
+  }
+  std::printf("   done in %.1f s (load average %.2f -> %.2f); log %s\n", secs, load0, load1, log.string().c_str());
+  std::fflush(stdout);
+  return rc;
+}
+
+nlohmann::json readJson(const fs::path& p) {
+  std::ifstream in(p);
+  if (!in) throw std::runtime_error("wlb validate-sim: stage output " + p.string() + " is missing");
+  return nlohmann::json::parse(in);
+}
+
+/// Segments of every planned step in a trace: (strategy, step, dp, mb, index) -> (doc, offset, length).
+std::map<std::tuple<std::string, std::int64_t, int, int, int>, std::tuple<std::int64_t, std::int64_t, std::int64_t>>
+planSegments(const std::string& path) {
+  const auto tr = wlb::trace::readTrace(path);
+  std::map<std::tuple<std::string, std::int64_t, int, int, int>, std::tuple<std::int64_t, std::int64_t, std::int64_t>>
+      m;
+  for (const auto& s : tr.segments)
+    m[{tr.strategies.at(static_cast<std::size_t>(s.strategy)), s.step, s.dp, s.micro_batch, s.index}] = {
+        s.doc, s.offset, s.length};
+  return m;
+}
+
+struct Row {
+  std::string deck, strategy;
+  double measured = 0, predicted = 0, error = 0;  ///< tokens/s, % (predicted / measured - 1)
+  double speedup_measured = 1, speedup_predicted = 1;
+  std::int64_t drain_measured = 0, drain_predicted = 0;
+};
+
+std::string ordering(std::vector<std::pair<std::string, double>> v) {
+  std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : " > ") + x.first;
+  return s;
+}
+
+void writeAtomic(const fs::path& path, const std::string& text) {
+  const std::string tmp = path.string() + ".tmp." + std::to_string(::getpid());
+  wlb::app::TemporaryGuard guard(tmp);
+  {
+    std::ofstream f(tmp);
+    f << text;
+    f.close();
+    if (!f) {
+      std::remove(tmp.c_str());
+      throw wlb::InputError("cannot write '" + tmp + "'");
+    }
+  }
+  fs::rename(tmp, path);
+}
+
+int run(const Opts& o) {
+  if (wlb::app::worldSize() > 1)
+    throw wlb::InputError("wlb validate-sim runs as one process (it starts `mpirun` for the measured runs itself)",
+                          true);
+  if (o.tolerance <= 0) throw wlb::InputError("--tolerance must be > 0 (percent)");
+  if (o.seed_offset < 0) throw wlb::InputError("--seed-offset must be >= 0");
+  if (o.steps == 0 || o.steps < -1) throw wlb::InputError("--steps must be >= 1");
+  if (o.warmup < -1) throw wlb::InputError("--warmup must be >= 0");
+  if (!o.profile.empty() && !fs::exists(o.profile)) throw wlb::InputError("--profile: '" + o.profile + "' not found");
+
+  // Every deck is validated before anything runs.
+  std::vector<DeckCase> cases;
+  std::set<std::string> names;
+  for (const auto& p : o.decks) {
+    DeckCase c;
+    c.path = p;
+    c.deck = wlb::loadDeck(p, o.overrides);
+    if (!c.deck.sweep.empty()) throw wlb::InputError(p + ": [sweep]: validate one case at a time (pick it with --set)");
+    if (c.deck.mesh.pp != 1)
+      throw wlb::InputError(p + ": mesh.pp = " + std::to_string(c.deck.mesh.pp) +
+                            ": the measured executor runs pp = 1 only (docs/runtime.md)");
+    if (c.deck.run.strategies.size() < 2)
+      throw wlb::InputError(p + ": run.strategies lists fewer than two strategies: nothing to order");
+    c.ranks = static_cast<int>(c.deck.mesh.size());
+    c.name = fs::path(p).stem().string();
+    for (int i = 2; names.count(c.name); ++i) c.name = fs::path(p).stem().string() + "-" + std::to_string(i);
+    names.insert(c.name);
+    cases.push_back(std::move(c));
+  }
+  if (!o.calibrate_on.empty()) {
+    for (auto& c : cases) c.calibrates = false;
+    for (const auto& want : o.calibrate_on) {
+      bool found = false;
+      for (auto& c : cases)
+        if (c.name == want || c.path == want || fs::path(c.path).filename() == want) c.calibrates = found = true;
+      if (!found) throw wlb::InputError("--calibrate-on: '" + want + "' is none of the decks given");
+    }
+  }
+
+  const fs::path out = fs::absolute(o.out);
+  for (const char* sub : {"logs", "calibration", "validation", "simulation"}) fs::create_directories(out / sub);
+  const fs::path logs = out / "logs";
+  const std::string wlb = selfExe();
+  std::vector<std::string> mpirun;
+  {
+    std::istringstream is(o.mpirun);
+    std::string w;
+    while (is >> w) mpirun.push_back(w);
+    if (mpirun.empty()) throw wlb::InputError("--mpirun is empty");
+  }
+  const auto steps_args = [&](std::vector<std::string>& a) {
+    if (o.steps > 0) a.insert(a.end(), {"--steps", std::to_string(o.steps)});
+    if (o.warmup >= 0) a.insert(a.end(), {"--warmup", std::to_string(o.warmup)});
+  };
+  const auto set_args = [&](std::vector<std::string>& a) {
+    for (const auto& s : o.overrides) a.insert(a.end(), {"--set", s});
+  };
+  std::vector<nlohmann::json> stages;
+  const auto t_all = std::chrono::steady_clock::now();
+  const std::string cpu = cpuModel();
+  const unsigned cores = std::thread::hardware_concurrency();
+
+  std::printf(
+      "wlb validate-sim: %zu deck(s) on %s (%u cores); tolerance %.1f%% on throughput per strategy and the "
+      "same ordering; output %s\n",
+      cases.size(), cpu.c_str(), cores, o.tolerance, out.string().c_str());
+  std::printf(
+      "  calibrated on: %s, documents of data.seed; validated on every deck with data.seed + %lld "
+      "(other documents than the calibration saw)%s\n",
+      [&] {
+        std::string s;
+        for (const auto& c : cases)
+          if (c.calibrates) s += (s.empty() ? "" : ", ") + c.name;
+        return s;
+      }()
+          .c_str(),
+      static_cast<long long>(o.seed_offset), o.no_calibrate ? " [--no-calibrate: calibration skipped]" : "");
+
+  try {
+    // 1. Profile (the decks' shapes, planned as they run) unless one is given.
+    fs::path profile = o.profile.empty() ? out / "profile.json" : fs::absolute(o.profile);
+    if (o.profile.empty()) {
+      std::vector<std::string> a{wlb, "profile", "--out", profile.string(), "--name", "validate-sim"};
+      for (const auto& c : cases) a.insert(a.end(), {"--deck", c.path});
+      set_args(a);
+      if (o.quick) a.push_back("--quick");
+      runStage("profile: plan the decks, time their layer ops and attention pieces", a, logs / "profile.log", stages,
+               true);
+    }
+    // 2-3. Calibration runs and the fit.
+    fs::path calibrated = profile;
+    if (!o.no_calibrate) {
+      std::vector<std::string> traces;
+      for (const auto& c : cases) {
+        if (!c.calibrates) continue;
+        const fs::path dir = out / "calibration" / c.name;
+        std::vector<std::string> a = mpirun;
+        a.insert(a.end(), {"-n", std::to_string(c.ranks), wlb, "run", c.path});
+        set_args(a);
+        a.insert(a.end(), {"--set", "hardware.profile=\"" + profile.string() + "\"", "--set",
+                           "output.dir=\"" + dir.string() + "\"", "--set", "output.trace=\"trace.h5\""});
+        steps_args(a);
+        runStage("measured calibration run: " + c.name + " (" + std::to_string(c.ranks) + " ranks)", a,
+                 logs / ("calibration-" + c.name + ".log"), stages);
+        traces.push_back((dir / "trace.h5").string());
+      }
+      calibrated = out / "profile.calibrated.json";
+      std::vector<std::string> a{wlb, "calibrate"};
+      a.insert(a.end(), traces.begin(), traces.end());
+      a.insert(a.end(), {"--profile", profile.string(), "--out", calibrated.string()});
+      runStage("calibrate: fit the profile's factors to the calibration traces", a, logs / "calibrate.log", stages,
+               true);
+    }
+    // 4-5. Validation runs on other documents and the simulation of the same steps.
+    std::vector<Row> rows;
+    nlohmann::json deck_json = nlohmann::json::array();
+    bool all_ok = true;
+    double worst = 0;
+    for (const auto& c : cases) {
+      const std::string seed = std::to_string(c.deck.data.seed + static_cast<std::uint64_t>(o.seed_offset));
+      const fs::path vdir = out / "validation" / c.name, sdir = out / "simulation" / c.name;
+      std::vector<std::string> a = mpirun;
+      a.insert(a.end(), {"-n", std::to_string(c.ranks), wlb, "run", c.path});
+      set_args(a);
+      a.insert(a.end(), {"--set", "hardware.profile=\"" + calibrated.string() + "\"", "--set", "data.seed=" + seed,
+                         "--set", "output.dir=\"" + vdir.string() + "\"", "--set", "output.trace=\"trace.h5\""});
+      steps_args(a);
+      runStage("measured validation run: " + c.name + " (data.seed = " + seed + ")", a,
+               logs / ("validation-" + c.name + ".log"), stages);
+      std::vector<std::string> s{wlb, "simulate", c.path, "--as-run"};
+      set_args(s);
+      s.insert(s.end(), {"--set", "hardware.profile=\"" + calibrated.string() + "\"", "--set", "data.seed=" + seed,
+                         "--out", sdir.string(), "--trace", (sdir / "trace.h5").string()});
+      steps_args(s);
+      runStage("simulate --as-run: " + c.name + " (same deck, profile and documents)", s,
+               logs / ("simulate-" + c.name + ".log"), stages);
+
+      // 6. Compare.
+      const auto summary = readJson(vdir / "summary.json");
+      const auto sim = readJson(sdir / "simulate.json");
+      std::vector<std::pair<std::string, double>> meas_order, pred_order;
+      nlohmann::json jrows = nlohmann::json::array();
+      for (const auto& m : summary.at("strategies")) {
+        Row r;
+        r.deck = c.name;
+        r.strategy = m.at("strategy").get<std::string>();
+        r.measured = m.at("tokens_per_second").get<double>();
+        r.speedup_measured = m.at("speedup").get<double>();
+        r.drain_measured = m.at("drain_steps").get<std::int64_t>();
+        bool found = false;
+        for (const auto& p : sim)
+          if (p.at("strategy").get<std::string>() == r.strategy) {
+            r.predicted = p.at("tokens_per_second").get<double>();
+            r.speedup_predicted = p.at("speedup").get<double>();
+            r.drain_predicted = p.at("drain_steps").get<std::int64_t>();
+            found = true;
+          }
+        if (!found) throw std::runtime_error("wlb validate-sim: simulate.json has no row for " + r.strategy);
+        r.error = r.measured > 0 ? (r.predicted / r.measured - 1.0) * 100.0 : 0.0;
+        worst = std::max(worst, std::abs(r.error));
+        if (std::abs(r.error) > o.tolerance) all_ok = false;
+        meas_order.push_back({r.strategy, r.measured});
+        pred_order.push_back({r.strategy, r.predicted});
+        jrows.push_back({{"strategy", r.strategy},
+                         {"measured_tokens_per_second", r.measured},
+                         {"predicted_tokens_per_second", r.predicted},
+                         {"error_percent", r.error},
+                         {"measured_speedup", r.speedup_measured},
+                         {"predicted_speedup", r.speedup_predicted},
+                         {"measured_drain_steps", r.drain_measured},
+                         {"predicted_drain_steps", r.drain_predicted}});
+        rows.push_back(r);
+      }
+      const std::string mo = ordering(meas_order), po = ordering(pred_order);
+      if (mo != po) all_ok = false;
+      // the simulation must have predicted the plans that ran
+      const auto ms = planSegments((vdir / "trace.h5").string()), ps = planSegments((sdir / "trace.h5").string());
+      std::size_t differ = 0;
+      for (const auto& [k, v] : ms) {
+        const auto it = ps.find(k);
+        if (it == ps.end() || it->second != v) ++differ;
+      }
+      differ += ps.size() > ms.size() ? ps.size() - ms.size() : 0;
+      deck_json.push_back({{"deck", c.name},
+                           {"file", fs::path(c.path).filename().string()},
+                           {"ranks", c.ranks},
+                           {"data_seed", std::stoull(seed)},
+                           {"calibrated_on", c.calibrates && !o.no_calibrate},
+                           {"measured_order", mo},
+                           {"predicted_order", po},
+                           {"same_order", mo == po},
+                           {"plan_segments", ms.size()},
+                           {"plan_segments_differing", differ},
+                           {"strategies", jrows}});
+    }
+
+    // Table.
+    std::ostringstream os;
+    os << "\nwlb validate-sim: measured (wlb run) vs predicted (wlb simulate --as-run) throughput on " << cpu << "\n";
+    os << fmt::format("{:<16} {:<10} {:>13} {:>13} {:>8} {:>11} {:>11} {:>7}\n", "deck", "strategy", "measured",
+                      "predicted", "error", "speedup", "speedup", "drain");
+    os << fmt::format("{:<16} {:<10} {:>13} {:>13} {:>8} {:>11} {:>11} {:>7}\n", "", "", "ktok/s", "ktok/s", "",
+                      "measured", "predicted", "m/p");
+    for (const auto& r : rows)
+      os << fmt::format("{:<16} {:<10} {:>13.3f} {:>13.3f} {:>+7.1f}% {:>10.3f}x {:>10.3f}x {:>3}/{:<3}{}\n", r.deck,
+                        r.strategy, r.measured / 1e3, r.predicted / 1e3, r.error, r.speedup_measured,
+                        r.speedup_predicted, r.drain_measured, r.drain_predicted,
+                        std::abs(r.error) > o.tolerance ? "  over tolerance" : "");
+    for (const auto& d : deck_json) {
+      os << fmt::format("{:<16} ordering by throughput: measured {}; predicted {}: {}\n", d["deck"].get<std::string>(),
+                        d["measured_order"].get<std::string>(), d["predicted_order"].get<std::string>(),
+                        d["same_order"].get<bool>() ? "same" : "DIFFERENT");
+      if (d["plan_segments_differing"].get<std::size_t>() > 0)
+        os << fmt::format("{:<16} note: {} of {} planned segments differ between the measured and the simulated run\n",
+                          "", d["plan_segments_differing"].get<std::size_t>(), d["plan_segments"].get<std::size_t>());
+    }
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_all).count();
+    os << fmt::format(
+        "error = predicted / measured - 1 (tokens/s over measured + drain steps); max |error| {:.1f}% "
+        "vs tolerance {:.1f}%: {}; {:.0f} s in all\n",
+        worst, o.tolerance, all_ok ? "PASS" : "FAIL", secs);
+    std::fputs(os.str().c_str(), stdout);
+    std::fflush(stdout);
+
+    nlohmann::json j = {{"format", "wlb-validate-sim"},
+                        {"version", 1},
+                        {"cpu", cpu},
+                        {"cores", cores},
+                        {"tolerance_percent", o.tolerance},
+                        {"seed_offset", o.seed_offset},
+                        {"calibrated", !o.no_calibrate},
+                        {"profile", profile.filename().string()},
+                        {"calibrated_profile", calibrated.filename().string()},
+                        {"max_abs_error_percent", worst},
+                        {"pass", all_ok},
+                        {"seconds", secs},
+                        {"decks", deck_json},
+                        {"stages", stages}};
+    writeAtomic(out / "validation.json", j.dump(2) + "\n");
+    return all_ok ? 0 : kExitMissed;
+  } catch (const StageFailed& f) {
+    std::fprintf(stderr, "wlb validate-sim: a stage failed (see above); outputs so far are in %s\n",
+                 out.string().c_str());
+    return f.rc;
+  }
+}
+
+const bool registered = wlb::app::registerCommand(
+    "validate-sim",
+    "Validate the simulator on this machine: profile -> measured runs -> calibrate -> simulate -> error per strategy",
+    [](CLI::App& sub) {
+      auto o = std::make_shared<Opts>();
+      sub.add_option("decks", o->decks, "Decks to run and simulate (each needs mpirun -n tp*cp*dp, pp = 1)")
+          ->required();
+      sub.add_option("--set", o->overrides, "Override a key of every deck: table.key=value (repeatable)")
+          ->type_name("TABLE.KEY=VALUE");
+      sub.add_option("--out", o->out, "Directory for the profiles, traces, logs and validation.json")->type_name("DIR");
+      sub.add_option("--tolerance", o->tolerance, "Largest |error| on throughput per strategy, percent");
+      sub.add_option("--steps", o->steps, "Measured steps per run and simulation (default: run.steps)");
+      sub.add_option("--warmup", o->warmup, "Warm-up steps (default: run.warmup)");
+      sub.add_option("--profile", o->profile, "Start from this profile instead of measuring one (`wlb profile --deck`)")
+          ->type_name("FILE");
+      sub.add_flag("--quick", o->quick, "Quick profile (small grids, few repetitions: tests)");
+      sub.add_option("--calibrate-on", o->calibrate_on,
+                     "Calibrate on these decks only (name or file; repeatable); default: every deck")
+          ->type_name("DECK");
+      sub.add_flag("--no-calibrate", o->no_calibrate, "Skip the calibration runs: validate the profile as measured");
+      sub.add_option("--seed-offset", o->seed_offset,
+                     "Validation runs use data.seed + this (0 = the calibration's own documents: circular)");
+      sub.add_option("--mpirun", o->mpirun, "Launcher for the measured runs (words split on spaces)");
+      return [o]() -> int { return run(*o); };
+    });
+
+}  // namespace

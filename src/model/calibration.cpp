@@ -1,0 +1,263 @@
+/// \file calibration.cpp
+/// \brief Fitting a hardware profile to measured runs (see calibration.hpp).
+
+#include "model/calibration.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <stdexcept>
+
+#include "core/error.hpp"
+
+namespace wlb::model {
+namespace {
+
+struct Acc {
+  double measured = 0, predicted = 0;
+  std::size_t n = 0;
+  void add(double m, double p) {
+    measured += m;
+    predicted += p;
+    ++n;
+  }
+};
+
+int linearOpOf(const std::string& op) {
+  for (int i = 0; i < kLinearOpCount; ++i)
+    if (op == linearOpName(static_cast<LinearOp>(i))) return i;
+  return -1;
+}
+
+bool isKv(const std::string& op) {
+  return op == "kv_exchange" || op == "kv_allgather";
+}
+
+double round4(double x) {
+  return std::round(x * 1e4) / 1e4;
+}
+
+}  // namespace
+
+HardwareProfile CalibrationFit::apply(const HardwareProfile& profile) const {
+  HardwareProfile p = profile;
+  for (const auto& f : factors)
+    if (f.fitted) p.factors.at(f.key) = f.after;
+  for (const auto& l : links) {
+    if (!l.fitted) continue;
+    if (l.key == "links.cp_gbps") p.cp_bandwidth_gbps = l.after;
+    if (l.key == "links.dp_gbps") p.dp_bandwidth_gbps = l.after;
+  }
+  if (p.version < 2) p.version = 2;
+  return p;
+}
+
+CalibrationFit fitProfile(const std::vector<MeasuredRun>& runs, const HardwareProfile& profile) {
+  if (runs.empty()) throw std::invalid_argument("fitProfile: no runs");
+  CalibrationFit fit;
+  std::map<std::string, Acc> acc;
+  std::map<std::pair<std::string, std::string>, Acc> per_strategy;
+  std::map<std::string, Acc> links;  // measured = seconds, predicted = bytes
+  bool any_table = false;
+
+  for (std::size_t ri = 0; ri < runs.size(); ++ri) {
+    const MeasuredRun& run = runs[ri];
+    CostModel cost(run.dims, profile, run.tp);
+    cost.setLinearReferenceTokens(run.linear_ref_tokens);
+    any_table = any_table || cost.linearTableUsed();
+    const auto coord = [&](int rank) -> const MeasuredRun::Coord& {
+      if (rank < 0 || static_cast<std::size_t>(rank) >= run.ranks.size())
+        throw InputError(run.name + ": event of rank " + std::to_string(rank) + " outside the rank table");
+      return run.ranks[static_cast<std::size_t>(rank)];
+    };
+    const auto strategyName = [&](int s) {
+      return s >= 0 && static_cast<std::size_t>(s) < run.strategies.size() ? run.strategies[static_cast<std::size_t>(s)]
+                                                                           : std::to_string(s);
+    };
+    const auto share = [&](int strategy, std::int64_t step, int dp, int mb, int cp) -> const RankShare* {
+      const auto it = run.shares.find({strategy, step, dp, mb});
+      if (it == run.shares.end() || static_cast<std::size_t>(cp) >= it->second.size()) return nullptr;
+      return &it->second[static_cast<std::size_t>(cp)];
+    };
+    const auto add = [&](const std::string& key, int strategy, double m, double p) {
+      acc[key].add(m, p);
+      per_strategy[{strategyName(strategy), key}].add(m, p);
+    };
+
+    // Per (rank, strategy, step): the step's span and the time inside op events.
+    struct StepAcc {
+      double step = -1, inside = 0, fills = 0;
+    };
+    std::map<std::tuple<int, int, std::int64_t>, StepAcc> steps;
+    // Collectives: the fastest member's duration per instance.
+    std::map<std::tuple<int, std::int64_t, int, int, int, int, int>, std::pair<double, double>> kv;  // -> (s, bytes)
+    std::map<std::tuple<int, std::int64_t, int>, std::pair<double, double>> grad;
+    std::size_t compute_events = 0;
+
+    for (const MeasuredEvent& e : run.events) {
+      if (e.seconds < 0) throw InputError(run.name + ": event with negative duration");
+      const auto& c = coord(e.rank);
+      auto& st = steps[{e.rank, e.strategy, e.step}];
+      if (e.op == "step") {
+        st.step = e.seconds;
+        continue;
+      }
+      if (e.op == "idle") continue;
+      st.inside += e.seconds;
+      if (e.op == "embed" || e.op == "loss") {
+        st.fills += e.seconds;
+        ++compute_events;
+        continue;
+      }
+      const Phase ph = e.phase == 2 ? Phase::Bwd : Phase::Fwd;
+      const char* phn = phaseName(ph);
+      if (e.op == "attn") {
+        ++compute_events;
+        const RankShare* sh = share(e.strategy, e.step, c.dp, e.micro_batch, c.cp);
+        if (!sh || e.phase == 0) {
+          ++fit.unmatched_events;
+          continue;
+        }
+        double pred = 0;
+        for (const auto& p : sh->pieces) pred += cost.attnSeconds(p.q0, p.q, ph);
+        add(std::string("attn.") + phn, e.strategy, e.seconds, pred);
+        continue;
+      }
+      if (const int op = linearOpOf(e.op); op >= 0) {
+        ++compute_events;
+        const double per_token = cost.linearOpFlops(static_cast<LinearOp>(op), 1, ph);
+        if (e.flops <= 0 || per_token <= 0 || e.phase == 0) {
+          ++fit.unmatched_events;
+          continue;
+        }
+        const auto tokens = static_cast<std::int64_t>(std::llround(e.flops / per_token));
+        add(std::string(e.op) + "." + phn, e.strategy, e.seconds,
+            cost.linearOpSeconds(static_cast<LinearOp>(op), tokens, ph));
+        continue;
+      }
+      if (isKv(e.op)) {
+        auto& x = kv[{e.strategy, e.step, c.dp, c.tp, e.micro_batch, e.layer, e.phase}];
+        if (x.second == 0 || (e.seconds < x.first && e.bytes > 0)) x = {e.seconds, e.bytes};
+        continue;
+      }
+      if (e.op == "grad_allreduce") {
+        auto& x = grad[{e.strategy, e.step, c.tp}];
+        if (x.second == 0 || e.seconds < x.first) x = {e.seconds, std::max(x.second, e.bytes)};
+        continue;
+      }
+    }
+    if (compute_events == 0)
+      throw InputError(run.name + ": no compute events (attn, qkv_proj, out_proj, mlp, embed, loss) to fit");
+
+    // Elementwise: fills + the step's time outside every op event, per rank and step.
+    for (const auto& [k, st] : steps) {
+      if (st.step < 0) continue;
+      const auto [rank, strategy, step] = k;
+      const auto& c = coord(rank);
+      double pred = 0;
+      for (auto it = run.shares.lower_bound({strategy, step, c.dp, std::numeric_limits<int>::min()});
+           it != run.shares.end() && std::get<0>(it->first) == strategy && std::get<1>(it->first) == step &&
+           std::get<2>(it->first) == c.dp;
+           ++it) {
+        if (static_cast<std::size_t>(c.cp) >= it->second.size()) continue;
+        const std::int64_t n = it->second[static_cast<std::size_t>(c.cp)].tokens;
+        pred += static_cast<double>(run.dims.layers) *
+                (cost.elementwiseSeconds(n, Phase::Fwd) + cost.elementwiseSeconds(n, Phase::Bwd));
+      }
+      add("elementwise", strategy, st.fills + std::max(0.0, st.step - st.inside), pred);
+    }
+    for (const auto& [k, v] : kv)
+      if (v.second > 0 && v.first > 0) links["links.cp_gbps"].add(v.first, v.second);
+    const double n = static_cast<double>(run.dp * run.cp);
+    for (const auto& [k, v] : grad)
+      if (v.second > 0 && v.first > 0 && n > 1)
+        links[run.dp > 1 ? "links.dp_gbps" : "links.cp_gbps"].add(v.first, 2.0 * (n - 1.0) / n * v.second);
+  }
+
+  for (const auto& key : Factors::keys()) {
+    FactorFit f;
+    f.key = key;
+    f.before = f.after = profile.factors.at(key);
+    const auto it = acc.find(key);
+    if (it != acc.end()) {
+      f.measured_s = it->second.measured;
+      f.predicted_s = it->second.predicted;
+      f.events = it->second.n;
+    }
+    if (f.events == 0) {
+      f.note = "no events";
+    } else if (f.measured_s <= 0) {
+      f.note = "no measured time";
+    } else if (f.predicted_s <= 0) {
+      f.note = key == "elementwise" && !any_table
+                   ? "not modelled: the profile has no linear_ops table for this model shape (wlb profile --deck)"
+                   : "the profile predicts no time";
+    } else {
+      f.after = f.before * f.predicted_s / f.measured_s;
+      f.fitted = true;
+    }
+    fit.factors.push_back(f);
+  }
+  for (const char* key : {"links.cp_gbps", "links.dp_gbps"}) {
+    LinkFit l;
+    l.key = key;
+    l.before = l.after = std::string(key) == "links.cp_gbps" ? profile.cp_bandwidth_gbps : profile.dp_bandwidth_gbps;
+    const auto it = links.find(key);
+    if (it == links.end() || it->second.measured <= 0) {
+      l.note = "no collective of this axis in the traces";
+    } else {
+      l.seconds = it->second.measured;
+      l.bytes = it->second.predicted;
+      l.instances = it->second.n;
+      l.after = l.bytes / l.seconds / 1e9;
+      l.fitted = true;
+    }
+    fit.links.push_back(l);
+  }
+  // Residuals per strategy with the fitted factors (prediction scales as before / after).
+  for (const auto& [k, a] : per_strategy) {
+    const auto f =
+        std::find_if(fit.factors.begin(), fit.factors.end(), [&](const FactorFit& x) { return x.key == k.second; });
+    const double scale = f != fit.factors.end() && f->fitted ? f->before / f->after : 1.0;
+    fit.residuals.push_back({k.first, k.second, a.measured, a.predicted * scale});
+  }
+  return fit;
+}
+
+nlohmann::json applyToJson(const nlohmann::json& profile_json, const CalibrationFit& fit,
+                           const std::vector<std::string>& trace_names, const std::string& created) {
+  nlohmann::json j = profile_json;
+  j["version"] = 2;
+  nlohmann::json factors = nlohmann::json::object(), hist_f = nlohmann::json::object();
+  for (const auto& f : fit.factors) {
+    factors[f.key] = round4(f.after);
+    hist_f[f.key] = {{"before", round4(f.before)},
+                     {"after", round4(f.after)},
+                     {"measured_s", f.measured_s},
+                     {"predicted_before_s", f.predicted_s},
+                     {"events", f.events}};
+    if (!f.fitted) hist_f[f.key]["note"] = f.note;
+  }
+  j["factors"] = factors;
+  nlohmann::json hist_l = nlohmann::json::object();
+  for (const auto& l : fit.links) {
+    if (!l.fitted) continue;
+    const std::string k = l.key.substr(std::string("links.").size());
+    if (!j.contains("links") || !j["links"].is_object()) j["links"] = nlohmann::json::object();
+    j["links"][k] = std::round(l.after * 1e3) / 1e3;
+    hist_l[l.key] = {{"before", l.before}, {"after", std::round(l.after * 1e3) / 1e3}, {"instances", l.instances}};
+  }
+  if (!j.contains("calibration") || !j["calibration"].is_array()) j["calibration"] = nlohmann::json::array();
+  j["calibration"].push_back({{"created", created}, {"traces", trace_names}, {"factors", hist_f}, {"links", hist_l}});
+  std::string names;
+  for (const auto& t : trace_names) names += (names.empty() ? "" : ", ") + t;
+  if (!j.contains("sources") || !j["sources"].is_array()) j["sources"] = nlohmann::json::array();
+  j["sources"].push_back("calibrated by `wlb calibrate` at " + created + " from " + names +
+                         ": factors = profiled throughput x predicted / measured op time per op kind; links from the "
+                         "fastest member of each collective (see `calibration`)");
+  return j;
+}
+
+}  // namespace wlb::model
