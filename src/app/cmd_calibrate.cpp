@@ -69,6 +69,7 @@ wlb::model::MeasuredRun toRun(const wlb::trace::Trace& tr, wlb::Deck& deck_out) 
   run.tp = tr.tp;
   run.cp = tr.cp;
   run.dp = tr.dp;
+  run.pp = tr.pp;
   run.linear_ref_tokens = static_cast<double>(deck.data.context_window) / static_cast<double>(std::max(tr.cp, 1));
   run.strategies = tr.strategies;
   for (const auto& r : tr.ranks) {
@@ -205,6 +206,14 @@ int run(const Opts& o) {
     else
       os << fmt::format("{:<14} {:>8.3f} {:>8} {:>8}  ({})\n", l.key, l.before, "-", "-", l.note);
   }
+  std::string jumps;
+  for (const auto& f : fit.factors)
+    if (f.fitted && (f.after > 2.0 * f.before || f.after < 0.5 * f.before))
+      jumps += (jumps.empty() ? "" : ", ") + f.key;
+  if (!jumps.empty())
+    os << "note: " << jumps
+       << " moved by more than 2x; a run on a busy machine (other jobs on its cores) fits the load, not the "
+          "kernels\n";
   if (fit.unmatched_events > 0)
     os << fmt::format("note: {} attention/linear event(s) had no shard plan or FLOPs and were not fitted\n",
                       fit.unmatched_events);

@@ -504,7 +504,7 @@ void addDeckShaped(const Opts& o, const DeckPlans& plans, const att::KernelConfi
   for (const auto& key : m::Factors::keys()) factors[key] = 1.0;
   for (int ph = 0; ph < 2; ++ph)
     if (meas[ph] > 0 && pred[ph] > 0)
-      factors[ph == 0 ? "attn.fwd" : "attn.bwd"] = round4(std::clamp(pred[ph] / meas[ph], 0.05, 10.0));
+      factors[ph == 0 ? "attn.fwd" : "attn.bwd"] = round4(std::clamp(pred[ph] / meas[ph], 1e-3, 1e3));
   j["factors"] = factors;
   j["deck_profile"] = {
       {"decks", plans.decks},

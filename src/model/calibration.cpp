@@ -35,8 +35,11 @@ bool isKv(const std::string& op) {
   return op == "kv_exchange" || op == "kv_allgather";
 }
 
+// Five significant digits (a factor never rounds to 0).
 double round4(double x) {
-  return std::round(x * 1e4) / 1e4;
+  if (x <= 0) return x;
+  const double scale = std::pow(10.0, 4 - std::floor(std::log10(x)));
+  return std::round(x * scale) / scale;
 }
 
 }  // namespace
@@ -151,9 +154,10 @@ CalibrationFit fitProfile(const std::vector<MeasuredRun>& runs, const HardwarePr
     if (compute_events == 0)
       throw InputError(run.name + ": no compute events (attn, qkv_proj, out_proj, mlp, embed, loss) to fit");
 
-    // Elementwise: fills + the step's time outside every op event, per rank and step.
+    // Elementwise: fills + the step's time outside every op event, per rank and step (pp = 1:
+    // every rank runs every layer of its micro-batches).
     for (const auto& [k, st] : steps) {
-      if (st.step < 0) continue;
+      if (st.step < 0 || run.pp > 1) continue;
       const auto [rank, strategy, step] = k;
       const auto& c = coord(rank);
       double pred = 0;

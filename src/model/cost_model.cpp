@@ -190,8 +190,8 @@ Factors readFactors(const nlohmann::json& j, const std::string& file) {
       for (const auto& x : keys) list += (list.empty() ? "" : ", ") + x;
       bad(file, "factors." + key, "unknown factor (known: " + list + ")");
     }
-    if (!v.is_number() || v.get<double>() <= 0 || v.get<double>() > 10)
-      bad(file, "factors." + key, "must be a number in (0, 10]");
+    if (!v.is_number() || v.get<double>() <= 0 || v.get<double>() > 1000)
+      bad(file, "factors." + key, "must be a number in (0, 1000]");
     f.at(key) = v.get<double>();
   }
   return f;

@@ -1,0 +1,378 @@
+// wlb-timeout: 60
+// Profile version 2 (deck-shaped linear ops, factors) and the calibration fit
+// (model/calibration.hpp): v1 profiles predict exactly as before, the table and factors enter
+// linear and attention time as documented, bad content names the key, and the fit recovers
+// known factors and link bandwidths from a synthetic measured run.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/error.hpp"
+#include "model/calibration.hpp"
+#include "model/cost_model.hpp"
+
+using namespace wlb;
+using model::Phase;
+
+namespace {
+
+const char* kV1 = R"({"format": "wlb-hardware-profile", "version": 1, "peak_gflops": 100,
+    "linear_gflops": 50, "tile_q": 64, "tile_k": 64,
+    "links": {"cp_gbps": 2.0, "dp_gbps": 3.0, "tp_gbps": 4.0, "pp_gbps": 1.0, "latency_us": 5.0},
+    "attention": {
+      "fwd": {"q_lens": [64, 1024], "k_lens": [64, 1024], "gflops": [[40, 50], [40, 80]]},
+      "bwd": {"q_lens": [64, 1024], "k_lens": [64, 1024], "gflops": [[30, 45], [30, 90]]}}})";
+
+model::ModelDims dims() {
+  model::ModelDims d;
+  d.hidden = 256;
+  d.heads = 4;
+  d.kv_heads = 2;
+  d.head_dim = 64;
+  d.ffn = 704;
+  d.layers = 1;
+  return d;
+}
+
+nlohmann::json linearOps() {
+  return nlohmann::json::parse(R"({
+    "shape": {"hidden": 256, "heads": 4, "kv_heads": 2, "head_dim": 64, "ffn": 704, "tp": 1},
+    "tokens": [1000, 4000],
+    "gflops": {"qkv_proj": {"fwd": [100, 80], "bwd": [90, 70]},
+               "out_proj": {"fwd": [110, 60], "bwd": [95, 75]},
+               "mlp":      {"fwd": [70, 50],  "bwd": [85, 65]}},
+    "elementwise_ns_per_token": {"fwd": [100, 200], "bwd": [150, 300]},
+    "fill_ns_per_token": {"fwd": [400, 400], "bwd": [500, 500]}})");
+}
+
+std::string write(const std::string& name, const nlohmann::json& j) {
+  const std::string path = ::testing::TempDir() + name;
+  std::ofstream(path) << j.dump(2);
+  return path;
+}
+
+nlohmann::json v2(const nlohmann::json& factors = nlohmann::json::object()) {
+  auto j = nlohmann::json::parse(kV1);
+  j["version"] = 2;
+  j["linear_ops"] = linearOps();
+  if (!factors.empty()) j["factors"] = factors;
+  return j;
+}
+
+void expectInputError(const nlohmann::json& j, const std::string& key) {
+  try {
+    (void)model::HardwareProfile::load(write("bad.json", j));
+    FAIL() << "accepted a profile with a bad " << key;
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+
+TEST(ProfileV2, VersionOneLoadsAndPredictsAsBefore) {
+  const auto p = model::HardwareProfile::load(write("v1.json", nlohmann::json::parse(kV1)));
+  EXPECT_EQ(p.version, 1);
+  EXPECT_TRUE(p.linear_ops.empty());
+  const model::CostModel c(dims(), p);
+  EXPECT_FALSE(c.linearTableUsed());
+  for (std::int64_t n : {1, 100, 4096})
+    for (auto ph : {Phase::Fwd, Phase::Bwd})
+      EXPECT_EQ(c.linearSeconds(n, ph), c.linearFlops(n, ph) / (50.0 * 1e9));  // bit for bit
+  // the per-op split sums to the whole
+  double f = 0;
+  for (int op = 0; op < model::kLinearOpCount; ++op)
+    f += c.linearOpFlops(static_cast<model::LinearOp>(op), 777, Phase::Bwd);
+  EXPECT_NEAR(f, c.linearFlops(777, Phase::Bwd), 1e-6 * f);
+}
+
+TEST(ProfileV2, LinearTableAtTheReferenceTokensLinearInTokens) {
+  const auto p = model::HardwareProfile::load(write("v2.json", v2()));
+  EXPECT_EQ(p.version, 2);
+  model::CostModel c(dims(), p);
+  ASSERT_TRUE(c.linearTableUsed());
+  EXPECT_NEAR(c.linearReferenceTokens(), 2000.0, 1e-9);  // geometric middle of 1000..4000
+  c.setLinearReferenceTokens(4000);
+  // at the table's second point: ops at their GFLOP/s, elementwise + fill/layers per token
+  const double n = 3000;
+  double expect = 0;
+  const double gf[3] = {80, 60, 50};
+  for (int op = 0; op < 3; ++op)
+    expect += c.linearOpFlops(static_cast<model::LinearOp>(op), 3000, Phase::Fwd) / (gf[op] * 1e9);
+  expect += (200 + 400) * n * 1e-9;
+  EXPECT_NEAR(c.linearSeconds(3000, Phase::Fwd), expect, 1e-12);
+  // linear in tokens: a packer's per-document sums equal the micro-batch's
+  EXPECT_NEAR(c.linearSeconds(1000, Phase::Bwd) + c.linearSeconds(2000, Phase::Bwd), c.linearSeconds(3000, Phase::Bwd),
+              1e-12);
+  // clamped outside the grid, interpolated in log-log inside
+  c.setLinearReferenceTokens(1e6);
+  const double at_max = c.linearOpSeconds(model::LinearOp::Mlp, 100, Phase::Fwd);
+  c.setLinearReferenceTokens(4000);
+  EXPECT_DOUBLE_EQ(at_max, c.linearOpSeconds(model::LinearOp::Mlp, 100, Phase::Fwd));
+  c.setLinearReferenceTokens(2000);
+  const double mid = c.linearOpFlops(model::LinearOp::Mlp, 100, Phase::Fwd) /
+                     c.linearOpSeconds(model::LinearOp::Mlp, 100, Phase::Fwd) * 1e-9;
+  EXPECT_NEAR(mid, std::sqrt(70.0 * 50.0), 1e-9);
+
+  // another shape (or tp) falls back to linear_gflops and no elementwise term
+  auto d = dims();
+  d.ffn = 512;
+  const model::CostModel other(d, p);
+  EXPECT_FALSE(other.linearTableUsed());
+  EXPECT_EQ(other.linearSeconds(100, Phase::Fwd), other.linearFlops(100, Phase::Fwd) / (50.0 * 1e9));
+  EXPECT_FALSE(model::CostModel(dims(), p, 2).linearTableUsed());
+}
+
+TEST(ProfileV2, FactorsDivideTime) {
+  const auto base = model::HardwareProfile::load(write("f1.json", v2()));
+  const auto fac = model::HardwareProfile::load(
+      write("f2.json", v2({{"attn.fwd", 0.5}, {"attn.bwd", 0.8}, {"mlp.bwd", 0.25}, {"elementwise", 2.0}})));
+  const model::CostModel a(dims(), base), b(dims(), fac);
+  EXPECT_NEAR(b.attnSeconds(100, 500, Phase::Fwd), a.attnSeconds(100, 500, Phase::Fwd) / 0.5, 1e-15);
+  EXPECT_NEAR(b.attnSeconds(100, 500, Phase::Bwd), a.attnSeconds(100, 500, Phase::Bwd) / 0.8, 1e-15);
+  EXPECT_NEAR(b.linearOpSeconds(model::LinearOp::Mlp, 900, Phase::Bwd),
+              4.0 * a.linearOpSeconds(model::LinearOp::Mlp, 900, Phase::Bwd), 1e-15);
+  EXPECT_EQ(b.linearOpSeconds(model::LinearOp::Mlp, 900, Phase::Fwd),
+            a.linearOpSeconds(model::LinearOp::Mlp, 900, Phase::Fwd));
+  EXPECT_NEAR(b.elementwiseSeconds(900, Phase::Fwd), a.elementwiseSeconds(900, Phase::Fwd) / 2.0, 1e-15);
+  // factors also apply to a profile without a linear table (every op at linear_gflops)
+  auto j = nlohmann::json::parse(kV1);
+  j["version"] = 2;
+  j["factors"] = {{"qkv_proj.fwd", 0.5}};
+  const model::CostModel v1f(dims(), model::HardwareProfile::load(write("f3.json", j)));
+  EXPECT_NEAR(v1f.linearOpSeconds(model::LinearOp::QkvProj, 10, Phase::Fwd),
+              v1f.linearOpFlops(model::LinearOp::QkvProj, 10, Phase::Fwd) / (25.0 * 1e9), 1e-18);
+  EXPECT_EQ(v1f.elementwiseSeconds(10, Phase::Fwd), 0.0);
+}
+
+TEST(ProfileV2, BadContentNamesTheKey) {
+  auto j = v2();
+  j["version"] = 3;
+  expectInputError(j, "version");
+  expectInputError(v2({{"attn.sideways", 1.0}}), "factors.attn.sideways");
+  expectInputError(v2({{"mlp.fwd", 0}}), "factors.mlp.fwd");
+  expectInputError(v2({{"mlp.fwd", "fast"}}), "factors.mlp.fwd");
+  j = v2();
+  j["linear_ops"]["gflops"]["mlp"]["fwd"] = {1.0};
+  expectInputError(j, "linear_ops.gflops.mlp.fwd");
+  j = v2();
+  j["linear_ops"]["gflops"].erase("out_proj");
+  expectInputError(j, "linear_ops.gflops.out_proj");
+  j = v2();
+  j["linear_ops"]["tokens"] = {4000, 1000};
+  expectInputError(j, "linear_ops.tokens");
+  j = v2();
+  j["linear_ops"]["shape"]["ffn"] = -1;
+  expectInputError(j, "linear_ops.shape.ffn");
+  j = v2();
+  j["linear_ops"]["elementwise_ns_per_token"]["bwd"] = {1.0, -2.0};
+  expectInputError(j, "linear_ops.elementwise_ns_per_token.bwd");
+  j = v2();
+  j["linear_ops"]["speed"] = 1;
+  expectInputError(j, "linear_ops.speed");
+}
+
+namespace {
+
+/// A measured run whose every op took exactly what `truth` predicts (attention per piece,
+/// linear ops at the tokens their FLOPs stand for, elementwise work partly in embed/loss
+/// events and the rest outside every event), with a CP pair whose slower member waits for its
+/// partner in the KV exchange and the gradient all-reduce.
+model::MeasuredRun syntheticRun(const model::HardwareProfile& truth, double cp_gbps) {
+  model::MeasuredRun run;
+  run.name = "synthetic.h5";
+  run.dims = dims();
+  run.dims.layers = 2;
+  run.tp = 1;
+  run.cp = 2;
+  run.dp = 1;
+  run.linear_ref_tokens = 3000;
+  run.strategies = {"plain", "wlb"};
+  run.ranks = {{0, 0, 0}, {0, 1, 0}};
+  model::CostModel cost(run.dims, truth, 1);
+  cost.setLinearReferenceTokens(run.linear_ref_tokens);
+  for (int s = 0; s < 2; ++s)
+    for (std::int64_t step = 1; step <= 3; ++step) {
+      for (int mb = 0; mb < 2; ++mb) {
+        std::vector<model::RankShare> shares(2);
+        for (int r = 0; r < 2; ++r) {
+          auto& sh = shares[static_cast<std::size_t>(r)];
+          const std::int64_t a = 200 + 300 * r + 97 * s + 31 * step + 50 * mb, b = 700 + 113 * step - 40 * r;
+          sh.pieces = {{0, a}, {a, b}, {0, 64 + 5 * step}};
+          sh.tokens = a + b + 64 + 5 * step;
+        }
+        run.shares[{s, step, 0, mb}] = shares;
+      }
+      for (int r = 0; r < 2; ++r) {
+        double inside = 0;  // op events other than the fills
+        const auto ev = [&](const std::string& op, int phase, int mb, int layer, double sec, double flops = 0,
+                            double bytes = 0) {
+          run.events.push_back({op, phase, r, s, step, mb, layer, sec, flops, bytes});
+        };
+        double elementwise = 0;
+        for (int mb = 0; mb < 2; ++mb) {
+          const auto& sh = run.shares[{s, step, 0, mb}][static_cast<std::size_t>(r)];
+          const double e =
+              2.0 * (cost.elementwiseSeconds(sh.tokens, Phase::Fwd) + cost.elementwiseSeconds(sh.tokens, Phase::Bwd));
+          elementwise += e;
+          ev("embed", 1, mb, -1, 0.1 * e);  // a quarter of it in the fill events
+          ev("loss", 2, mb, -1, 0.15 * e);
+          for (int layer = 0; layer < 2; ++layer)
+            for (auto ph : {Phase::Fwd, Phase::Bwd}) {
+              const int tph = ph == Phase::Fwd ? 1 : 2;
+              double attn = 0;
+              for (const auto& p : sh.pieces) attn += cost.attnSeconds(p.q0, p.q, ph);
+              ev("attn", tph, mb, layer, attn, 123.0);
+              inside += attn;
+              for (int op = 0; op < model::kLinearOpCount; ++op) {
+                const auto o = static_cast<model::LinearOp>(op);
+                const double t = cost.linearOpSeconds(o, sh.tokens, ph);
+                ev(model::linearOpName(o), tph, mb, layer, t, cost.linearOpFlops(o, sh.tokens, ph));
+                inside += t;
+              }
+              // the fastest member's time is the transfer; the other waited 50% longer
+              const double bytes = 1e5 * (1 + mb + layer), t = bytes / (cp_gbps * 1e9) * (r == 0 ? 1.0 : 1.5);
+              ev("kv_exchange", tph, mb, layer, t, 0, bytes);
+              inside += t;
+            }
+        }
+        const double grad_bytes = 4e6, tg = grad_bytes / (cp_gbps * 1e9) * (r == 1 ? 1.0 : 3.0);
+        ev("grad_allreduce", 2, -1, -1, tg, 0, grad_bytes);
+        inside += tg;
+        ev("step", 0, -1, -1, inside + elementwise);  // the rest of the elementwise time is outside events
+      }
+    }
+  return run;
+}
+
+}  // namespace
+
+TEST(Calibration, FitRecoversKnownFactorsAndLinks) {
+  // truth: the profile with these factors; the fit starts from the unit-factor profile and
+  // from one with other factors, and must land on the truth either way.
+  const nlohmann::json true_factors = {{"attn.fwd", 0.7},     {"attn.bwd", 0.9},     {"qkv_proj.fwd", 0.8},
+                                       {"qkv_proj.bwd", 1.3}, {"out_proj.fwd", 0.6}, {"out_proj.bwd", 1.1},
+                                       {"mlp.fwd", 0.5},      {"mlp.bwd", 0.75},     {"elementwise", 1.6}};
+  const auto truth = model::HardwareProfile::load(write("truth.json", v2(true_factors)));
+  const auto run = syntheticRun(truth, 0.8);
+  for (const auto& start : {v2(), v2({{"attn.fwd", 2.0}, {"mlp.bwd", 0.1}, {"elementwise", 3.0}})}) {
+    const auto p0 = model::HardwareProfile::load(write("start.json", start));
+    const auto fit = model::fitProfile({run}, p0);
+    ASSERT_EQ(fit.factors.size(), model::Factors::keys().size());
+    for (const auto& f : fit.factors) {
+      ASSERT_TRUE(f.fitted) << f.key << ": " << f.note;
+      EXPECT_NEAR(f.after, true_factors.at(f.key).get<double>(), 1e-9) << f.key;
+      EXPECT_NEAR(f.before, p0.factors.at(f.key), 0) << f.key;
+    }
+    EXPECT_EQ(fit.unmatched_events, 0u);
+    // links: bytes over the fastest member's time (the ring's 2(n-1)/n = 1 for 2 ranks)
+    ASSERT_EQ(fit.links.size(), 2u);
+    EXPECT_TRUE(fit.links[0].fitted);
+    EXPECT_EQ(fit.links[0].key, "links.cp_gbps");
+    EXPECT_NEAR(fit.links[0].after, 0.8, 1e-9);
+    EXPECT_FALSE(fit.links[1].fitted);  // dp = 1: no dp collective
+    // residual: every strategy predicted exactly after the fit
+    for (const auto& r : fit.residuals)
+      EXPECT_NEAR(r.measured_s / r.predicted_s, 1.0, 1e-9) << r.strategy << " " << r.key;
+    // the fitted profile predicts each op kind's measured total
+    const auto fitted = fit.apply(p0);
+    model::CostModel c(run.dims, fitted, 1);
+    c.setLinearReferenceTokens(run.linear_ref_tokens);
+    double meas = 0, pred = 0;
+    for (const auto& e : run.events)
+      if (e.op == "mlp" && e.phase == 2) {
+        meas += e.seconds;
+        pred +=
+            c.linearOpSeconds(model::LinearOp::Mlp,
+                              std::llround(e.flops / c.linearOpFlops(model::LinearOp::Mlp, 1, Phase::Bwd)), Phase::Bwd);
+      }
+    EXPECT_NEAR(pred / meas, 1.0, 1e-9);
+    EXPECT_NEAR(fitted.cp_bandwidth_gbps, 0.8, 1e-9);
+  }
+}
+
+TEST(Calibration, ElementwiseFactorFromTheTimeOutsideOps) {
+  // A run whose layers spend exactly what a profile with elementwise = 0.5 predicts.
+  const auto truth = model::HardwareProfile::load(write("te.json", v2({{"elementwise", 0.5}})));
+  model::MeasuredRun run;
+  run.name = "e.h5";
+  run.dims = dims();
+  run.linear_ref_tokens = 2000;
+  run.strategies = {"plain"};
+  run.ranks = {{0, 0, 0}};
+  model::CostModel cost(run.dims, truth, 1);
+  cost.setLinearReferenceTokens(2000);
+  for (std::int64_t step = 0; step < 4; ++step) {
+    const std::int64_t n = 1500 + 200 * step;
+    run.shares[{0, step, 0, 0}] = {model::RankShare{n, {{0, n}}}};
+    const double q = cost.linearOpSeconds(model::LinearOp::QkvProj, n, Phase::Fwd);
+    const double el = cost.elementwiseSeconds(n, Phase::Fwd) + cost.elementwiseSeconds(n, Phase::Bwd);
+    run.events.push_back(
+        {"qkv_proj", 1, 0, 0, step, 0, 0, q, cost.linearOpFlops(model::LinearOp::QkvProj, n, Phase::Fwd)});
+    run.events.push_back({"embed", 1, 0, 0, step, 0, -1, 0.25 * el, 0});
+    run.events.push_back({"step", 0, 0, 0, step, -1, -1, q + el, 0});
+  }
+  const auto fit = model::fitProfile({run}, model::HardwareProfile::load(write("e0.json", v2())));
+  for (const auto& f : fit.factors)
+    if (f.key == "elementwise") {
+      ASSERT_TRUE(f.fitted);
+      EXPECT_NEAR(f.after, 0.5, 1e-9);
+    } else if (f.key == "qkv_proj.fwd") {
+      EXPECT_NEAR(f.after, 1.0, 1e-9);
+    } else {
+      EXPECT_FALSE(f.fitted) << f.key;  // no events of that kind
+    }
+}
+
+TEST(Calibration, WithoutATableElementwiseIsNotModelled) {
+  auto run = syntheticRun(model::HardwareProfile::load(write("t1.json", v2())), 1.0);
+  const auto fit = model::fitProfile({run}, model::HardwareProfile::load(write("t2.json", nlohmann::json::parse(kV1))));
+  for (const auto& f : fit.factors)
+    if (f.key == "elementwise") {
+      EXPECT_FALSE(f.fitted);
+      EXPECT_NE(f.note.find("linear_ops"), std::string::npos) << f.note;
+    } else {
+      EXPECT_TRUE(f.fitted) << f.key;
+    }
+}
+
+TEST(Calibration, RunWithoutComputeEventsIsBadInput) {
+  model::MeasuredRun run;
+  run.name = "empty.h5";
+  run.dims = dims();
+  run.ranks = {{0, 0, 0}};
+  run.strategies = {"plain"};
+  run.events.push_back({"step", 0, 0, 0, 1, -1, -1, 1.0, 0, 0});
+  const auto p = model::HardwareProfile::load(write("p.json", v2()));
+  try {
+    (void)model::fitProfile({run}, p);
+    FAIL() << "fitted a run without compute events";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("empty.h5"), std::string::npos) << e.what();
+  }
+  run.events.push_back({"attn", 1, 5, 0, 1, 0, 0, 1.0, 0, 0});  // rank outside the table
+  EXPECT_THROW((void)model::fitProfile({run}, p), InputError);
+}
+
+TEST(Calibration, AppliedJsonIsVersionTwoWithHistoryAndLoads) {
+  const auto truth = model::HardwareProfile::load(write("h1.json", v2({{"mlp.fwd", 0.5}})));
+  const auto run = syntheticRun(truth, 1.5);
+  const auto j0 = nlohmann::json::parse(kV1);  // a version-1 file gains factors
+  const auto fit = model::fitProfile({run}, model::HardwareProfile::load(write("h0.json", j0)));
+  const auto j = model::applyToJson(j0, fit, {"run_cp2/trace.h5"}, "2026-01-01T00:00:00Z");
+  EXPECT_EQ(j["version"], 2);
+  EXPECT_EQ(j["factors"].size(), model::Factors::keys().size());
+  EXPECT_EQ(j["calibration"].size(), 1u);
+  EXPECT_EQ(j["calibration"][0]["traces"][0], "run_cp2/trace.h5");
+  EXPECT_NEAR(j["links"]["cp_gbps"].get<double>(), 1.5, 1e-3);
+  EXPECT_EQ(j["links"]["dp_gbps"].get<double>(), 3.0);  // not fitted: unchanged
+  const auto back = model::HardwareProfile::load(write("h2.json", j));
+  EXPECT_EQ(back.version, 2);
+  EXPECT_NEAR(back.factors.at("mlp.fwd"), fit.factors[6].after, 1e-4);
+  // calibrating again appends to the history
+  const auto j2 = model::applyToJson(j, fit, {"b.h5"}, "2026-01-02T00:00:00Z");
+  EXPECT_EQ(j2["calibration"].size(), 2u);
+}
