@@ -1,9 +1,11 @@
-// `wlb run DECK`: execute the deck's strategies for real on the MPI job (TP x CP x DP,
-// pp = 1) with Kokkos kernels and report measured step time and imbalance
-// (docs/runtime.md). The world size must equal tp*cp*pp*dp.
+// `wlb run DECK`: execute the deck's strategies for real on the MPI job (TP x CP x PP x
+// DP, pipeline stages walking the deck's schedule) with Kokkos kernels and report
+// measured throughput, step time, bubbles and imbalance (docs/runtime.md). The world size
+// must equal tp*cp*pp*dp.
 #include <mpi.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -46,6 +48,13 @@ const bool registered = wlb::app::registerCommand(
         for (const auto& s : o->deck.overrides) ro.command += " --set " + s;
         if (o->steps >= 0) ro.command += " --steps " + std::to_string(o->steps);
         if (o->warmup >= 0) ro.command += " --warmup " + std::to_string(o->warmup);
+        // Failure-handling tests: WLB_INJECT_FAILURE=RANK:STEP makes that rank throw mid-step.
+        if (const char* f = std::getenv("WLB_INJECT_FAILURE")) {
+          long long step = -1;
+          if (std::sscanf(f, "%d:%lld", &ro.fail_rank, &step) != 2)
+            throw wlb::InputError("WLB_INJECT_FAILURE must be RANK:STEP, got '" + std::string(f) + "'", true);
+          ro.fail_step = step;
+        }
         const auto report = wlb::runtime::runDeck(deck, ro);
         if (wlb::app::worldRank() == 0) {
           std::fputs(wlb::runtime::formatReport(report).c_str(), stdout);

@@ -57,7 +57,10 @@ int worldSize() {
 }  // namespace wlb::app
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  // THREAD_MULTIPLE where the library has it: the pipeline executor drives transfers from a
+  // progress thread (runtime/pipeline.cpp); with less it polls between layers instead.
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int rc = 0;
   // Kokkos sees only --kokkos-* arguments (so `wlb --help` is ours), CLI11 the rest.
   std::vector<char*> kokkos_argv{argv[0]}, cli_argv{argv[0]};

@@ -312,9 +312,10 @@ void resolveAndValidate(Deck& d, const std::string& name) {
   const auto& mesh = d.mesh;
   if (m.heads % mesh.tp != 0)
     err("mesh.tp", "tp = " + std::to_string(mesh.tp) + " must divide model.heads = " + std::to_string(m.heads));
-  if (m.layers % (mesh.pp * mesh.virtual_stages) != 0)
-    err("mesh.pp", "pp * virtual_stages = " + std::to_string(mesh.pp * mesh.virtual_stages) +
-                       " must divide model.layers = " + std::to_string(m.layers));
+  // An uneven split is allowed (pp::layerBlock: the first stages hold one layer more).
+  if (m.layers < mesh.pp * mesh.virtual_stages)
+    err("model.layers", "model.layers = " + std::to_string(m.layers) + " is fewer than pp * virtual_stages = " +
+                            std::to_string(mesh.pp * mesh.virtual_stages) + ": every pipeline stage needs a layer");
   if (mesh.virtual_stages > 1 && d.pipeline.schedule != "interleaved")
     err("mesh.virtual_stages", "virtual_stages > 1 needs [pipeline] schedule = \"interleaved\"");
   if (d.data.s_max == 0) d.data.s_max = d.data.context_window;

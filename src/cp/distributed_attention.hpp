@@ -107,6 +107,8 @@ class DistributedAttention {
 
   /// Drop the KV buffer kept for backward.
   void releaseKv();
+  /// Elements of the KV buffer (K and V) kept from forward for backward; 0 once released.
+  std::int64_t heldKvElements() const { return have_kv_ ? static_cast<std::int64_t>(kv_k_.span() + kv_v_.span()) : 0; }
 
   const DistAttentionTimes& times() const { return times_; }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <sstream>
 #include <stdexcept>
+#include <string>
 
 #include "core/error.hpp"
 
@@ -12,16 +13,17 @@ ScheduleKind parseScheduleKind(const std::string& name) {
   if (name == "gpipe") return ScheduleKind::GPipe;
   if (name == "1f1b") return ScheduleKind::OneFOneB;
   if (name == "interleaved") return ScheduleKind::Interleaved;
-  throw InputError("pipeline.schedule: unknown schedule '" + name +
-                       "' (allowed: gpipe, 1f1b, interleaved)",
-                   true);
+  throw InputError("pipeline.schedule: unknown schedule '" + name + "' (allowed: gpipe, 1f1b, interleaved)", true);
 }
 
 const char* scheduleKindName(ScheduleKind k) {
   switch (k) {
-    case ScheduleKind::GPipe: return "gpipe";
-    case ScheduleKind::OneFOneB: return "1f1b";
-    case ScheduleKind::Interleaved: return "interleaved";
+    case ScheduleKind::GPipe:
+      return "gpipe";
+    case ScheduleKind::OneFOneB:
+      return "1f1b";
+    case ScheduleKind::Interleaved:
+      return "interleaved";
   }
   return "?";
 }
@@ -29,8 +31,7 @@ const char* scheduleKindName(ScheduleKind k) {
 namespace {
 void checkShape(int stages, int micro_batches, int chunks) {
   if (stages < 1) throw InputError("mesh.pp: pipeline stages must be >= 1", true);
-  if (micro_batches < 1)
-    throw InputError("packing.micro_batches: need at least one micro-batch", true);
+  if (micro_batches < 1) throw InputError("packing.micro_batches: need at least one micro-batch", true);
   if (chunks < 1) throw InputError("mesh.virtual_stages: must be >= 1", true);
 }
 Schedule blank(ScheduleKind kind, int stages, int micro_batches, int chunks) {
@@ -44,6 +45,33 @@ Schedule blank(ScheduleKind kind, int stages, int micro_batches, int chunks) {
   return s;
 }
 }  // namespace
+
+PipelineLayout pipelineLayout(const Deck& deck) {
+  PipelineLayout p;
+  p.kind = parseScheduleKind(deck.pipeline.schedule);
+  p.stages = static_cast<int>(deck.mesh.pp);
+  p.chunks =
+      p.kind == ScheduleKind::Interleaved ? static_cast<int>(std::max<std::int64_t>(1, deck.mesh.virtual_stages)) : 1;
+  return p;
+}
+
+Schedule PipelineLayout::schedule(int micro_batches) const {
+  return makeSchedule(kind, stages, micro_batches, chunks);
+}
+
+LayerBlock layerBlock(int layers, int vstages, int vstage) {
+  if (vstages < 1 || vstage < 0 || vstage >= vstages)
+    throw std::logic_error("layerBlock: virtual stage " + std::to_string(vstage) + " of " + std::to_string(vstages));
+  if (layers < vstages)
+    throw InputError("model.layers = " + std::to_string(layers) + " is fewer than the " + std::to_string(vstages) +
+                         " pipeline (virtual) stages: every stage needs at least one layer",
+                     true);
+  const int base = layers / vstages, extra = layers % vstages;
+  LayerBlock b;
+  b.count = base + (vstage < extra ? 1 : 0);
+  b.first = vstage * base + std::min(vstage, extra);
+  return b;
+}
 
 Schedule makeGPipe(int stages, int micro_batches) {
   checkShape(stages, micro_batches, 1);
@@ -81,9 +109,8 @@ Schedule makeInterleaved(int stages, int micro_batches, int chunks) {
     return s;
   }
   if (micro_batches % stages != 0)
-    throw InputError("pipeline.schedule = interleaved needs packing.micro_batches (" +
-                         std::to_string(micro_batches) + ") divisible by mesh.pp (" +
-                         std::to_string(stages) + "), as Megatron does",
+    throw InputError("pipeline.schedule = interleaved needs packing.micro_batches (" + std::to_string(micro_batches) +
+                         ") divisible by mesh.pp (" + std::to_string(stages) + "), as Megatron does",
                      true);
   Schedule s = blank(ScheduleKind::Interleaved, stages, micro_batches, chunks);
   const int p = stages, v = chunks, total = micro_batches * chunks;
@@ -110,37 +137,37 @@ Schedule makeInterleaved(int stages, int micro_batches, int chunks) {
 
 Schedule makeSchedule(ScheduleKind kind, int stages, int micro_batches, int chunks) {
   switch (kind) {
-    case ScheduleKind::GPipe: return makeGPipe(stages, micro_batches);
-    case ScheduleKind::OneFOneB: return makeOneFOneB(stages, micro_batches);
-    case ScheduleKind::Interleaved: return makeInterleaved(stages, micro_batches, chunks);
+    case ScheduleKind::GPipe:
+      return makeGPipe(stages, micro_batches);
+    case ScheduleKind::OneFOneB:
+      return makeOneFOneB(stages, micro_batches);
+    case ScheduleKind::Interleaved:
+      return makeInterleaved(stages, micro_batches, chunks);
   }
   throw std::logic_error("makeSchedule: bad kind");
 }
 
 void validateSchedule(const Schedule& s) {
   if (static_cast<int>(s.order.size()) != s.stages)
-    throw std::logic_error("schedule: order has " + std::to_string(s.order.size()) +
-                           " stages, expected " + std::to_string(s.stages));
+    throw std::logic_error("schedule: order has " + std::to_string(s.order.size()) + " stages, expected " +
+                           std::to_string(s.stages));
   const std::size_t per = static_cast<std::size_t>(s.micro_batches * s.chunks);
   for (int st = 0; st < s.stages; ++st) {
     const auto& o = s.order[static_cast<std::size_t>(st)];
     if (o.size() != 2 * per)
-      throw std::logic_error("schedule: stage " + std::to_string(st) + " has " +
-                             std::to_string(o.size()) + " tasks, expected " +
-                             std::to_string(2 * per));
+      throw std::logic_error("schedule: stage " + std::to_string(st) + " has " + std::to_string(o.size()) +
+                             " tasks, expected " + std::to_string(2 * per));
     std::vector<int> seen(2 * per, 0);
     for (const Task& t : o) {
       if (t.mb < 0 || t.mb >= s.micro_batches || t.chunk < 0 || t.chunk >= s.chunks)
-        throw std::logic_error("schedule: stage " + std::to_string(st) +
-                               " has an out-of-range task");
+        throw std::logic_error("schedule: stage " + std::to_string(st) + " has an out-of-range task");
       const std::size_t key = static_cast<std::size_t>(t.mb * s.chunks + t.chunk);
       if (t.phase == Phase::Fwd) {
         if (seen[key]++) throw std::logic_error("schedule: duplicate forward task");
       } else {
         if (!seen[key])
-          throw std::logic_error("schedule: stage " + std::to_string(st) + " runs B" +
-                                 std::to_string(t.mb) + "." + std::to_string(t.chunk) +
-                                 " before its forward");
+          throw std::logic_error("schedule: stage " + std::to_string(st) + " runs B" + std::to_string(t.mb) + "." +
+                                 std::to_string(t.chunk) + " before its forward");
         if (seen[per + key]++) throw std::logic_error("schedule: duplicate backward task");
       }
     }

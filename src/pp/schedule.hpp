@@ -32,17 +32,15 @@ struct Task {
   Phase phase = Phase::Fwd;
   std::int32_t mb = 0;
   std::int32_t chunk = 0;
-  bool operator==(const Task& o) const {
-    return phase == o.phase && mb == o.mb && chunk == o.chunk;
-  }
+  bool operator==(const Task& o) const { return phase == o.phase && mb == o.mb && chunk == o.chunk; }
 };
 
 /// A pipeline schedule: `order[stage]` is the sequence of tasks that stage executes.
 struct Schedule {
   ScheduleKind kind = ScheduleKind::OneFOneB;
-  int stages = 1;        ///< p
-  int micro_batches = 1; ///< M
-  int chunks = 1;        ///< v (virtual stages per stage; 1 unless interleaved)
+  int stages = 1;         ///< p
+  int micro_batches = 1;  ///< M
+  int chunks = 1;         ///< v (virtual stages per stage; 1 unless interleaved)
   std::vector<std::vector<Task>> order;
 
   int virtualStages() const { return stages * chunks; }
@@ -56,6 +54,28 @@ struct Schedule {
     return n;
   }
 };
+
+/// The pipeline a deck asks for: schedule kind, stages (mesh.pp) and model chunks per
+/// stage (mesh.virtual_stages, used only by the interleaved schedule). The simulator and
+/// the executor both take their schedule from this.
+struct PipelineLayout {
+  ScheduleKind kind = ScheduleKind::OneFOneB;
+  int stages = 1;
+  int chunks = 1;
+  Schedule schedule(int micro_batches) const;
+};
+/// InputError naming `pipeline.schedule` for an unknown kind.
+PipelineLayout pipelineLayout(const Deck& deck);
+
+/// Layers [first, first + count) of one virtual stage. `layers` transformer layers are
+/// split over `vstages` virtual stages in order; when they do not divide evenly the first
+/// `layers % vstages` virtual stages hold one layer more (the extra layers go early: the
+/// last stage also computes the loss).
+struct LayerBlock {
+  int first = 0, count = 0;
+};
+/// Throws InputError naming `model.layers` when a virtual stage would get no layer.
+LayerBlock layerBlock(int layers, int vstages, int vstage);
 
 /// GPipe: every stage runs all M forwards, then all M backwards (in reverse order, the
 /// order activations are freed most recently first — GPipe's usual flush order; backward

@@ -145,9 +145,9 @@ SimConfig SimConfig::fromDeck(const Deck& deck, const model::HardwareProfile& hw
   c.cp = static_cast<int>(deck.mesh.cp);
   c.pp = static_cast<int>(deck.mesh.pp);
   c.dp = static_cast<int>(deck.mesh.dp);
-  c.chunks = static_cast<int>(std::max<std::int64_t>(1, deck.mesh.virtual_stages));
-  c.schedule = parseScheduleKind(deck.pipeline.schedule);
-  if (c.schedule != ScheduleKind::Interleaved) c.chunks = 1;
+  const PipelineLayout layout = pipelineLayout(deck);
+  c.chunks = layout.chunks;
+  c.schedule = layout.kind;
   c.recompute = parseRecompute(deck.pipeline.recompute);
   c.net = Network::resolve(deck, hw);
   c.memory_bytes = hw.memory_gb * 1e9;
@@ -178,9 +178,7 @@ const Schedule& StepSimulator::schedule(int micro_batches) const {
 }
 
 int StepSimulator::layersOf(int vstage) const {
-  const int V = cfg_.pp * cfg_.chunks;
-  const int L = static_cast<int>(cost_->dims().layers);
-  return L / V + (vstage < L % V ? 1 : 0);
+  return layerBlock(static_cast<int>(cost_->dims().layers), cfg_.pp * cfg_.chunks, vstage).count;
 }
 
 double StepSimulator::stageParams(int stage) const {

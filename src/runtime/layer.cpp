@@ -4,6 +4,7 @@
 
 #include "runtime/layer.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <optional>
@@ -109,15 +110,63 @@ void fillRandom(const Space& space, const Mat& m, std::uint64_t seed, std::uint6
       });
 }
 
-Model::Model(const LayerShape& shape, int layers, std::uint64_t seed, int tp_rank) : shape_(shape) {
+namespace {
+std::vector<int> allLayers(int layers) {
+  std::vector<int> ids(static_cast<std::size_t>(std::max(layers, 0)));
+  for (int l = 0; l < layers; ++l) ids[static_cast<std::size_t>(l)] = l;
+  return ids;
+}
+}  // namespace
+
+void fillRandomRows(const Space& space, const Mat& m, std::uint64_t seed, std::uint64_t stream, float scale,
+                    const std::vector<std::int64_t>& rows) {
+  if (rows.size() != m.extent(0))
+    throw std::logic_error("fillRandomRows: " + std::to_string(rows.size()) + " row ids for " +
+                           std::to_string(m.extent(0)) + " rows");
+  Kokkos::View<std::int64_t*, Mem> ids(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::runtime::rows"),
+                                       rows.size());
+  Kokkos::deep_copy(space, ids, Kokkos::View<const std::int64_t*, Kokkos::HostSpace>(rows.data(), rows.size()));
+  const std::int64_t cols = static_cast<std::int64_t>(m.extent(1));
+  const std::uint64_t base = mix64(seed ^ mix64(stream));
+  Kokkos::parallel_for(
+      "wlb::runtime::fillRandomRows", Kokkos::RangePolicy<Space>(space, 0, static_cast<std::int64_t>(m.size())),
+      KOKKOS_LAMBDA(const std::int64_t i) {
+        const std::int64_t r = i / cols, c = i % cols;
+        const std::uint64_t h = mix64(base + static_cast<std::uint64_t>(ids(r) * cols + c));
+        const float u = static_cast<float>(h >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+        m(r, c) = scale * (2.0f * u - 1.0f);
+      });
+  kk::fence(space, "wlb::runtime::fillRandomRows");  // `rows` may go out of scope
+}
+
+Model::Model(const LayerShape& shape, int layers, std::uint64_t seed, int tp_rank)
+    : Model(shape, allLayers(layers), seed, tp_rank) {}
+
+std::size_t Model::slot(int l) const {
+  const auto it = std::lower_bound(ids_.begin(), ids_.end(), l);
+  if (it == ids_.end() || *it != l)
+    throw std::logic_error("runtime::Model: layer " + std::to_string(l) + " is not held by this rank");
+  return static_cast<std::size_t>(it - ids_.begin());
+}
+
+Kokkos::View<float*, Mem> Model::layerGrads(int l) const {
+  const std::int64_t per = shape_.paramCount(), i = static_cast<std::int64_t>(slot(l));
+  return Kokkos::subview(grad_buf_, std::make_pair(per * i, per * (i + 1)));
+}
+
+Model::Model(const LayerShape& shape, std::vector<int> layer_ids, std::uint64_t seed, int tp_rank)
+    : shape_(shape), ids_(std::move(layer_ids)) {
+  if (!std::is_sorted(ids_.begin(), ids_.end())) throw std::logic_error("runtime::Model: layer ids must be ascending");
   const std::int64_t per = shape.paramCount();
+  const std::int64_t layers = static_cast<std::int64_t>(ids_.size());
   weight_buf_ = Kokkos::View<float*, Mem>("wlb::runtime::weights", per * layers);
   grad_buf_ = Kokkos::View<float*, Mem>("wlb::runtime::grads", per * layers);
   const std::int64_t h = shape.hidden, qw = shape.qWidth(), kw = shape.kvWidth(), f = shape.ffn;
   Space space;
-  for (int l = 0; l < layers; ++l) {
+  for (std::int64_t i = 0; i < layers; ++i) {
+    const int l = ids_[static_cast<std::size_t>(i)];
     for (int which = 0; which < 2; ++which) {
-      float* p = (which == 0 ? weight_buf_ : grad_buf_).data() + per * l;
+      float* p = (which == 0 ? weight_buf_ : grad_buf_).data() + per * i;
       auto take = [&p](std::int64_t r, std::int64_t c) {
         Mat m(p, r, c);
         p += r * c;
@@ -146,6 +195,21 @@ Model::Model(const LayerShape& shape, int layers, std::uint64_t seed, int tp_ran
     fillRandom(space, w.w2, s, 7, 1.0f / std::sqrt(static_cast<float>(f)));
   }
   kk::fence(space, "wlb::runtime::Model::init");
+}
+
+std::int64_t savedActivationBytes(const LayerShape& s, std::int64_t tokens, std::int64_t kv_tokens) {
+  // x, h [hidden]; q, o [heads*d]; k, v [kv*d]; lse [heads]; a1, a3, s [ffn]; KV buffer K+V
+  const std::int64_t per_token = 2 * s.hidden + 2 * s.qWidth() + 2 * s.kvWidth() + s.heads + 3 * s.ffn;
+  return 4 * (tokens * per_token + kv_tokens * 2 * s.kvWidth());
+}
+
+std::int64_t LayerStep::savedBytes() const {
+  std::int64_t b = 0;
+  for (const Mat* m : {&x_, &h_, &a1_, &a3_, &s_}) b += static_cast<std::int64_t>(m->span());
+  for (const Act3* a : {&q_, &k_, &v_, &o_}) b += static_cast<std::int64_t>(a->span());
+  b += static_cast<std::int64_t>(lse_.span());
+  b += attn_ ? attn_->heldKvElements() : 0;
+  return 4 * b;
 }
 
 void Model::zeroGrads(const Space& space) {

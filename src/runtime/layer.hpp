@@ -63,18 +63,29 @@ struct LayerParams {
 class Model {
  public:
   /// Weights uniform in +-1/sqrt(fan_in) from a counter-based hash of (seed, layer,
-  /// tp rank, index): identical on every DP/CP replica, different per TP slice.
+  /// tp rank, index): identical on every DP/CP replica, different per TP slice, and the
+  /// same for a layer whichever pipeline stage holds it.
+  /// `layer_ids`: the global layer indices this rank holds (a pipeline stage's blocks),
+  /// ascending; the buffers hold them in that order.
+  Model(const LayerShape& shape, std::vector<int> layer_ids, std::uint64_t seed, int tp_rank);
+  /// All `layers` layers (pp = 1).
   Model(const LayerShape& shape, int layers, std::uint64_t seed, int tp_rank);
   const LayerShape& shape() const { return shape_; }
   int layers() const { return static_cast<int>(weights_.size()); }
-  LayerParams& weights(int l) { return weights_[static_cast<std::size_t>(l)]; }
-  LayerParams& grads(int l) { return grads_[static_cast<std::size_t>(l)]; }
+  const std::vector<int>& layerIds() const { return ids_; }
+  /// Weights / gradients of global layer `l` (which this rank must hold).
+  LayerParams& weights(int l) { return weights_[slot(l)]; }
+  LayerParams& grads(int l) { return grads_[slot(l)]; }
+  /// Gradient buffer slice of global layer `l` (paramCount() floats).
+  Kokkos::View<float*, Mem> layerGrads(int l) const;
   Kokkos::View<float*, Mem> gradBuffer() const { return grad_buf_; }
   Kokkos::View<float*, Mem> weightBuffer() const { return weight_buf_; }
   void zeroGrads(const Space& space);
 
  private:
+  std::size_t slot(int l) const;
   LayerShape shape_;
+  std::vector<int> ids_;
   Kokkos::View<float*, Mem> weight_buf_, grad_buf_;
   std::vector<LayerParams> weights_, grads_;
 };
@@ -104,6 +115,10 @@ class LayerStep {
   double attnSeconds() const { return attn_seconds_; }
   /// KV communication seconds (incl. waiting for peers) of the last forward + backward.
   double kvCommSeconds() const { return kv_seconds_; }
+  /// Bytes of the activations this layer keeps from forward to backward on this rank
+  /// (inputs, projections, attention output and LSE, MLP activations, the KV buffer);
+  /// 0 after backward. Predicted by runtime::savedActivationBytes.
+  std::int64_t savedBytes() const;
 
  private:
   void tpAllreduce(const Mat& m, bool backward);
@@ -119,8 +134,18 @@ class LayerStep {
   double attn_seconds_ = 0, kv_seconds_ = 0;
 };
 
+/// Bytes LayerStep keeps from forward to backward for one layer on one rank holding
+/// `tokens` query tokens and a KV buffer of `kv_tokens` tokens (fp32) — the executor's
+/// activation memory model, shared with `wlb simulate --as-run`.
+std::int64_t savedActivationBytes(const LayerShape& s, std::int64_t tokens, std::int64_t kv_tokens);
+
 /// Fill a matrix with deterministic pseudo-random values in [-scale, scale] from
 /// (seed, stream, index).
 void fillRandom(const Space& space, const Mat& m, std::uint64_t seed, std::uint64_t stream, float scale);
+/// Row i of `m` gets the values fillRandom gives row `rows[i]` of a full matrix: a CP
+/// rank filling its shard (rows = its packed positions) sees the same values as one rank
+/// filling the whole micro-batch.
+void fillRandomRows(const Space& space, const Mat& m, std::uint64_t seed, std::uint64_t stream, float scale,
+                    const std::vector<std::int64_t>& rows);
 
 }  // namespace wlb::runtime

@@ -11,6 +11,7 @@
 #include <memory>
 #include <numeric>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -26,7 +27,9 @@
 #include "packing/plan_io.hpp"
 #include "parallel/comm.hpp"
 #include "parallel/mesh.hpp"
+#include "pp/schedule.hpp"
 #include "runtime/layer.hpp"
+#include "runtime/pipeline.hpp"
 #include "trace/recorder.hpp"
 #include "trace/writer.hpp"
 
@@ -76,9 +79,305 @@ std::string planPath(const Deck& deck, const std::string& strategy, std::size_t 
   return p.string();
 }
 
-// Per-rank, per-step measurements shipped to rank 0: [step s, busy s, comm s, attn s,
-// then per micro-batch m: attention s, latency s, local tokens].
-constexpr int kHead = 4, kPerMb = 3;
+// Per-rank, per-step measurements shipped to rank 0 (gatherStep): a head, then per
+// micro-batch m: attention s, task s, local tokens.
+enum Head : int { kStepS, kBusyS, kCommS, kAttnS, kTaskS, kPipeS, kLoss, kPeakBytes, kHead };
+constexpr int kPerMb = 3;
+
+// Everything about the run that is fixed on this rank.
+struct RunContext {
+  const Deck& deck;
+  const RunOptions& opt;
+  parallel::MeshShape shape;
+  parallel::Mesh& mesh;
+  const model::CostModel& cost;
+  cp::CommMode comm_mode;
+  std::int64_t M = 0;
+  int layers = 0;
+  pp::Schedule schedule;
+  int nrow() const { return kHead + kPerMb * static_cast<int>(M); }
+};
+
+// Per-strategy state. Strategies are interleaved step by step (step 0 of every strategy,
+// then step 1, ...), so slow drifts of the machine's load affect them alike.
+struct StratState {
+  StrategyPair strat;
+  std::unique_ptr<data::LengthSource> source;  // rank 0 only
+  std::unique_ptr<packing::Packer> packer;     // rank 0 only
+  std::ofstream plan_out;
+  std::string plan_path;  ///< final name; plan_out writes plan_path + ".partial" until commit
+  StrategyResult res;
+};
+
+// ---- 1. plan (rank 0) and broadcast -------------------------------------------------------
+struct PlannedStep {
+  StepPlan plan;
+  std::string text;  ///< the plan JSONL line
+  double predicted = 1;
+  std::int64_t tokens = 0;
+};
+
+PlannedStep planStep(const RunContext& rc, StratState& st, std::int64_t step, bool drain) {
+  PlannedStep ps;
+  std::string err;
+  if (rc.mesh.rank() == 0) {
+    try {
+      const auto docs = drain ? std::vector<Document>{} : st.source->next(step);
+      const StepPlan plan = st.packer->pack(step, docs);
+      const auto metrics = packing::computeMetrics(plan, rc.cost);
+      ps.predicted = metrics.imbalance;
+      ps.text = packing::stepToJson(plan, metrics, static_cast<std::int64_t>(docs.size())).dump();
+    } catch (const std::exception& e) {
+      err = std::string("planning step ") + std::to_string(step) + " (" + st.strat.name + "): " + e.what();
+    }
+  }
+  parallel::throwIfAnyFailed(rc.mesh.world(), err);
+  bcastString(ps.text, rc.mesh.world());
+  ps.plan = packing::stepFromJson(nlohmann::json::parse(ps.text));
+  if (static_cast<int>(ps.plan.replicas.size()) != rc.shape.dp())
+    throw std::logic_error("wlb run: packer returned " + std::to_string(ps.plan.replicas.size()) +
+                           " replicas for dp=" + std::to_string(rc.shape.dp()));
+  for (const auto& rep : ps.plan.replicas)
+    for (const auto& mb : rep) ps.tokens += mb.tokens();
+  return ps;
+}
+
+// ---- 2. shard: the CP plans of one replica (deterministic on every rank) ------------------
+StageStepInput shardReplica(const RunContext& rc, const std::vector<MicroBatch>& replica, const std::string& sharding,
+                            std::int64_t step) {
+  StageStepInput in;
+  in.step = step;
+  in.seed = rc.deck.data.seed;
+  const std::size_t M = static_cast<std::size_t>(rc.M);
+  if (replica.size() > M)
+    throw std::logic_error("wlb run: a replica has " + std::to_string(replica.size()) + " micro-batches, expected " +
+                           std::to_string(M));
+  in.mb_tokens.assign(M, 0);
+  in.shards.resize(M);
+  in.comms.resize(M);
+  for (std::size_t m = 0; m < replica.size(); ++m) {
+    in.mb_tokens[m] = replica[m].tokens();
+    if (in.mb_tokens[m] == 0) continue;
+    in.shards[m] = cp::planShards(replica[m], sharding, rc.shape.cp(), rc.cost, rc.deck.cp);
+    in.comms[m] = cp::planComm(in.shards[m], rc.comm_mode, rc.cost);
+  }
+  return in;
+}
+
+// The shard plans of every replica as the trace's /plan/shard_json.
+std::string shardJson(const RunContext& rc, const StepPlan& plan, const std::string& sharding) {
+  nlohmann::json sj = nlohmann::json::array();
+  for (std::size_t d = 0; d < plan.replicas.size(); ++d) {
+    const StageStepInput in = shardReplica(rc, plan.replicas[d], sharding, 0);
+    for (std::size_t m = 0; m < plan.replicas[d].size(); ++m) {
+      if (in.mb_tokens[m] == 0) continue;
+      sj.push_back({{"dp", d},
+                    {"micro_batch", m},
+                    {"shard", cp::toJson(in.shards[m])},
+                    {"metrics", cp::toJson(cp::computeMetrics(in.shards[m], in.comms[m], rc.cost))}});
+    }
+  }
+  return sj.dump();
+}
+
+// ---- 3. execute: the schedule walk, the gradient reduction, the step's measurements -------
+std::vector<double> executeStep(const RunContext& rc, PipelineStage& stage, Model& model, const parallel::Comm& dpcp,
+                                trace::Recorder& rec, const StageStepInput& in) {
+  const Space space;
+  std::vector<double> row(static_cast<std::size_t>(rc.nrow()), 0.0);
+  const std::size_t first_event = rec.events().size();
+  rc.mesh.world().barrier();
+  const std::int64_t t0 = rec.now();
+  model.zeroGrads(space);
+  if (rc.mesh.rank() == rc.opt.fail_rank && in.step == rc.opt.fail_step)
+    throw std::runtime_error("injected failure on rank " + std::to_string(rc.mesh.rank()) + " at step " +
+                             std::to_string(in.step) + " (RunOptions::fail_rank)");
+  const StageStepResult sr = stage.run(in, t0);
+  // DP x CP gradient all-reduce of this stage (one buffer: the stage's weight gradients).
+  rec.setContext({static_cast<int>(in.step), -1, trace::Phase::Bwd, -1});
+  if (dpcp.size() > 1) {
+    auto g = model.gradBuffer();
+    trace::Recorder::Scope s(rec, labels::kGradAllreduce, space, 0, 4.0 * static_cast<double>(g.size()));
+    auto h = Kokkos::create_mirror_view(g);
+    Kokkos::deep_copy(h, g);
+    kk::fence(space, "wlb::runtime::grad_allreduce");
+    MPI_Allreduce(MPI_IN_PLACE, h.data(), static_cast<int>(h.size()), MPI_FLOAT, MPI_SUM, dpcp);
+    Kokkos::deep_copy(g, h);
+  }
+  kk::fence(space, "wlb::runtime::step");
+  const std::int64_t t1 = rec.now();
+  rec.setContext({static_cast<int>(in.step), -1, trace::Phase::None, -1});
+  rec.record(rec.region(labels::kStep), t0, t1);
+
+  row[kStepS] = static_cast<double>(t1 - t0) * kNs;
+  const auto& evs = rec.events();
+  for (std::size_t i = first_event; i < evs.size(); ++i) {
+    const std::string& l = rec.regions()[static_cast<std::size_t>(evs[i].region)];
+    const double d = static_cast<double>(evs[i].end_ns - evs[i].start_ns) * kNs;
+    if (isCompute(l)) row[kBusyS] += d;
+    if (isComm(l)) row[kCommS] += d;
+    if (l == labels::kAttn) row[kAttnS] += d;
+  }
+  row[kTaskS] = sr.task_seconds;
+  row[kPipeS] = sr.pipeline_seconds;
+  row[kLoss] = sr.loss;
+  row[kPeakBytes] = static_cast<double>(sr.peak_activation_bytes);
+  for (std::size_t m = 0; m < static_cast<std::size_t>(rc.M); ++m) {
+    row[kHead + kPerMb * m] = sr.mb_attn[m];
+    row[kHead + kPerMb * m + 1] = sr.mb_seconds[m];
+    row[kHead + kPerMb * m + 2] = sr.mb_tokens[m];
+  }
+  return row;
+}
+
+// ---- 4. gather: every rank's row -> the step's record (rank 0) ----------------------------
+StepRecord gatherStep(const RunContext& rc, const std::vector<double>& row, const PlannedStep& ps, std::int64_t step,
+                      bool drain) {
+  const int nrow = rc.nrow(), W = rc.shape.size();
+  std::vector<double> all(rc.mesh.rank() == 0 ? static_cast<std::size_t>(nrow) * W : 0);
+  MPI_Gather(row.data(), nrow, MPI_DOUBLE, all.data(), nrow, MPI_DOUBLE, 0, rc.mesh.world());
+  StepRecord sr;
+  if (rc.mesh.rank() != 0) return sr;
+  sr.step = step;
+  sr.warmup = step < rc.deck.run.warmup;
+  sr.drain = drain;
+  sr.tokens = ps.tokens;
+  sr.flops = model::usefulFlops(ps.plan, rc.cost, rc.layers);
+  sr.predicted_imbalance = ps.predicted;
+  const auto& shape = rc.shape;
+  auto at = [&](int r, int k) { return all[static_cast<std::size_t>(r) * nrow + k]; };
+  sr.stage_peak_bytes.assign(static_cast<std::size_t>(shape.pp()), 0.0);
+  for (int r = 0; r < W; ++r) {
+    sr.seconds = std::max(sr.seconds, at(r, kStepS));
+    sr.rank_busy.push_back(at(r, kBusyS));
+    sr.rank_comm.push_back(at(r, kCommS));
+    sr.rank_attn.push_back(at(r, kAttnS));
+    sr.loss += at(r, kLoss);
+    auto& peak = sr.stage_peak_bytes[static_cast<std::size_t>(shape.coordOf(r).pp)];
+    peak = std::max(peak, at(r, kPeakBytes));
+  }
+  // Micro-batch latency: over stages, the slowest (cp, tp) rank's task time.
+  std::vector<double> latencies, cp_imb;
+  for (int d = 0; d < shape.dp(); ++d)
+    for (int m = 0; m < static_cast<int>(rc.M); ++m) {
+      double lat = 0, toks = 0;
+      for (int p = 0; p < shape.pp(); ++p) {
+        double stage_lat = 0;
+        std::vector<double> attn_cp;
+        for (int c = 0; c < shape.cp(); ++c)
+          for (int t = 0; t < shape.tp(); ++t) {
+            const int r = shape.rankOf({t, c, p, d});
+            stage_lat = std::max(stage_lat, at(r, kHead + kPerMb * m + 1));
+            if (t == 0) {
+              attn_cp.push_back(at(r, kHead + kPerMb * m));
+              toks += at(r, kHead + kPerMb * m + 2);
+            }
+          }
+        lat += stage_lat;
+        if (p == 0 && toks > 0) cp_imb.push_back(maxOverMean(attn_cp));
+      }
+      latencies.push_back(lat);
+    }
+  sr.mb_imbalance = maxOverMean(latencies);
+  sr.cp_imbalance =
+      cp_imb.empty() ? 1.0 : std::accumulate(cp_imb.begin(), cp_imb.end(), 0.0) / static_cast<double>(cp_imb.size());
+  // Bubble: per replica, 1 - (task time of its ranks) / (ranks x pipeline span).
+  for (int d = 0; d < shape.dp(); ++d) {
+    double span = 0, busy = 0;
+    int n = 0;
+    for (int r = 0; r < W; ++r)
+      if (shape.coordOf(r).dp == d) {
+        span = std::max(span, at(r, kPipeS));
+        busy += at(r, kTaskS);
+        ++n;
+      }
+    if (span > 0) sr.bubble += (1.0 - busy / (n * span)) / shape.dp();
+  }
+  return sr;
+}
+
+// Tests: every layer's gradients on rank 0, [layer][tp slice] (ranks cp = dp = 0 hold the
+// reduced ones).
+std::vector<float> gatherGradients(const RunContext& rc, Model& model) {
+  const auto& shape = rc.shape;
+  const int chunks = rc.schedule.chunks;
+  std::vector<float> out;
+  const int me = rc.mesh.rank();
+  constexpr int kTag = 7301;
+  for (int l = 0; l < rc.layers; ++l) {
+    int owner_stage = 0;
+    for (int s = 0; s < shape.pp(); ++s) {
+      const auto ids = PipelineStage::stageLayers(rc.layers, shape.pp(), chunks, s);
+      if (std::find(ids.begin(), ids.end(), l) != ids.end()) owner_stage = s;
+    }
+    for (int t = 0; t < shape.tp(); ++t) {
+      const int src = shape.rankOf({t, 0, owner_stage, 0});
+      if (me == src) {
+        auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.layerGrads(l));
+        if (me == 0) {
+          out.insert(out.end(), h.data(), h.data() + h.size());
+        } else {
+          MPI_Send(h.data(), static_cast<int>(h.size()), MPI_FLOAT, 0, kTag, rc.mesh.world());
+        }
+      } else if (me == 0) {
+        const std::size_t n = static_cast<std::size_t>(model.shape().paramCount());
+        const std::size_t at = out.size();
+        out.resize(at + n);
+        MPI_Recv(out.data() + at, static_cast<int>(n), MPI_FLOAT, src, kTag, rc.mesh.world(), MPI_STATUS_IGNORE);
+      }
+    }
+  }
+  return out;
+}
+
+// ---- 5. summarise: the strategy's steps -> its result (rank 0) ----------------------------
+void summarise(StrategyResult& res, int world_size) {
+  std::vector<double> times;
+  double tok = 0, cpi = 0, mbi = 0, pri = 0, bub = 0;
+  res.rank_busy.assign(static_cast<std::size_t>(world_size), 0.0);
+  res.rank_comm = res.rank_attn = res.rank_busy;
+  std::vector<model::StepWork> work;
+  for (const auto& s : res.steps) {
+    if (s.warmup) continue;
+    work.push_back({s.seconds, static_cast<double>(s.tokens), s.flops});
+    if (res.stage_peak_bytes.size() < s.stage_peak_bytes.size()) res.stage_peak_bytes.resize(s.stage_peak_bytes.size());
+    for (std::size_t p = 0; p < s.stage_peak_bytes.size(); ++p)
+      res.stage_peak_bytes[p] = std::max(res.stage_peak_bytes[p], s.stage_peak_bytes[p]);
+    if (s.drain) {
+      ++res.drain_steps;
+      continue;
+    }
+    times.push_back(s.seconds);
+    tok += static_cast<double>(s.tokens);
+    cpi += s.cp_imbalance;
+    mbi += s.mb_imbalance;
+    pri += s.predicted_imbalance;
+    bub += s.bubble;
+    for (int r = 0; r < world_size; ++r) {
+      res.rank_busy[static_cast<std::size_t>(r)] += s.rank_busy[static_cast<std::size_t>(r)];
+      res.rank_comm[static_cast<std::size_t>(r)] += s.rank_comm[static_cast<std::size_t>(r)];
+      res.rank_attn[static_cast<std::size_t>(r)] += s.rank_attn[static_cast<std::size_t>(r)];
+    }
+  }
+  const double n = static_cast<double>(times.size());
+  const double total = std::accumulate(times.begin(), times.end(), 0.0);
+  res.step_mean = total / n;
+  res.step_min = *std::min_element(times.begin(), times.end());
+  res.step_median = median(times);
+  res.tokens_per_step = tok / n;
+  // throughput over the measured steps and the drain (model/throughput.hpp)
+  res.work = model::foldDrain(std::move(work), static_cast<std::size_t>(res.drain_steps));
+  const auto tw = model::total(res.work);
+  res.tokens = tw.tokens;
+  res.tokens_per_second = tw.tokensPerSecond();
+  res.flops_per_second = tw.flopsPerSecond();
+  res.cp_imbalance = cpi / n;
+  res.mb_imbalance = mbi / n;
+  res.predicted_imbalance = pri / n;
+  res.bubble = bub / n;
+  for (auto* v : {&res.rank_busy, &res.rank_comm, &res.rank_attn})
+    for (auto& x : *v) x /= n;
+}
 
 }  // namespace
 
@@ -91,12 +390,7 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
   if (warmup < 0) throw InputError("run.warmup (--warmup) must be >= 0", true);
 
   const auto shape = parallel::MeshShape::fromDeck(deck.mesh);
-  parallel::Mesh mesh(shape, MPI_COMM_WORLD);  // collective InputError on a size mismatch
-  if (shape.pp() > 1)
-    throw InputError("wlb run: mesh.pp = " + std::to_string(shape.pp()) +
-                         " is not supported by the measured executor (it runs pp = 1: TP x CP x DP); "
-                         "use `wlb simulate` for pipelines or set mesh.pp = 1",
-                     true);
+  parallel::Mesh mesh(shape, opt.comm);  // collective InputError on a size mismatch
   const int world_rank = mesh.rank(), world_size = shape.size();
   const auto& coord = mesh.coord();
 
@@ -106,6 +400,10 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
   LayerShape lshape;
   std::vector<StrategyPair> strategies;
   cp::CommMode comm_mode = cp::CommMode::AllGather;
+  pp::Schedule schedule;
+  std::vector<int> my_layers;
+  const std::int64_t M = data::microBatchesPerReplica(deck);
+  const int layers = static_cast<int>(deck.model.layers);
   try {
     cost = std::make_unique<model::CostModel>(model::CostModel::fromDeck(deck));
     lshape = LayerShape::fromDims(cost->dims(), shape.tp());
@@ -113,13 +411,15 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
     comm_mode = cp::parseCommMode(deck.cp.comm);
     for (const auto& s : strategies) (void)cp::parseStrategy(s.sharding);
     if (strategies.empty()) throw InputError("run.strategies resolves to no strategy");
+    const pp::PipelineLayout layout = pp::pipelineLayout(deck);
+    schedule = layout.schedule(static_cast<int>(M));  // the simulator's schedule, same function
+    my_layers = PipelineStage::stageLayers(layers, shape.pp(), schedule.chunks, coord.pp);
+    std::sort(my_layers.begin(), my_layers.end());
   } catch (const InputError& e) {
     err = e.what();
   }
   parallel::throwIfAnyFailed(mesh.world(), err);
-
-  const std::int64_t M = data::microBatchesPerReplica(deck);
-  const int layers = static_cast<int>(deck.model.layers);
+  const RunContext rc{deck, opt, shape, mesh, *cost, comm_mode, M, layers, schedule};
 
   // Gradient all-reduce group: all ranks holding the same weights (same TP slice and
   // pipeline stage) = the DP x CP group.
@@ -128,14 +428,19 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
   parallel::Comm dpcp = parallel::Comm::adopt(dpcp_raw);
 
   Space space;
-  Model model(lshape, layers, deck.data.seed, coord.tp);
+  Model model(lshape, my_layers, deck.data.seed, coord.tp);
   trace::Recorder rec(mesh.world(), {coord.tp, coord.cp, coord.pp, coord.dp});
-  rec.reserve(static_cast<std::size_t>((steps + warmup) * M * layers * 16 * strategies.size() + 64));
+  rec.reserve(static_cast<std::size_t>((steps + warmup) * M * (static_cast<std::int64_t>(my_layers.size()) * 16 + 8) *
+                                           static_cast<std::int64_t>(strategies.size()) +
+                                       64));
 
   if (opt.write_outputs && world_rank == 0) std::filesystem::create_directories(deck.output.dir);
   std::unique_ptr<trace::Writer> writer;
   RunReport report;
   report.mesh = shape.describe();
+  report.pipeline = std::string(pp::scheduleKindName(schedule.kind)) + ", " + std::to_string(schedule.stages) +
+                    " stage(s), " + std::to_string(schedule.chunks) + " chunk(s), " + std::to_string(M) +
+                    " micro-batch(es)";
   report.steps = steps;
   report.warmup = warmup;
   report.layers = layers;
@@ -152,16 +457,16 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
     meta.extra.emplace_back("measured_steps", std::to_string(steps));  // drain steps follow them
     meta.extra.emplace_back("executor", "wlb::runtime::runDeck");
     meta.extra.emplace_back("gemm", gemmBackend());
+    meta.extra.emplace_back("pipeline_schedule", pp::scheduleKindName(schedule.kind));
+    meta.extra.emplace_back("pipeline_chunks", std::to_string(schedule.chunks));
     report.trace_path = (std::filesystem::path(deck.output.dir) / deck.output.trace).string();
     writer = std::make_unique<trace::Writer>(report.trace_path, meta, mesh.world());
   }
 
   if (opt.progress && world_rank == 0) {
-    std::fprintf(
-        opt.out,
-        "wlb run: mesh %s, %lld micro-batch(es) per replica, %d layer(s), %lld step(s) + %lld warm-up, KV comm %s\n",
-        shape.describe().c_str(), static_cast<long long>(M), layers, static_cast<long long>(steps),
-        static_cast<long long>(warmup), deck.cp.comm.c_str());
+    std::fprintf(opt.out, "wlb run: mesh %s, pipeline %s, %d layer(s), %lld step(s) + %lld warm-up, KV comm %s\n",
+                 shape.describe().c_str(), report.pipeline.c_str(), layers, static_cast<long long>(steps),
+                 static_cast<long long>(warmup), deck.cp.comm.c_str());
     std::fflush(opt.out);
   }
 
@@ -172,18 +477,8 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
   env.tp = shape.tp();
   env.cost = cost.get();
   env.recorder = &rec;
+  PipelineStage stage(env, model, schedule, coord.pp, layers, mesh.pp());
 
-  const int nrow = kHead + kPerMb * static_cast<int>(M);
-  // Per-strategy state. Strategies are interleaved step by step (step 0 of every
-  // strategy, then step 1, ...), so slow drifts of the machine's load affect them alike.
-  struct StratState {
-    StrategyPair strat;
-    std::unique_ptr<data::LengthSource> source;  // rank 0 only
-    std::unique_ptr<packing::Packer> packer;     // rank 0 only
-    std::ofstream plan_out;
-    std::string plan_path;  ///< final name; plan_out writes plan_path + ".partial" until commit
-    StrategyResult res;
-  };
   std::vector<StratState> states(strategies.size());
   for (std::size_t si = 0; si < strategies.size(); ++si) {
     StratState& st = states[si];
@@ -233,193 +528,45 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
   const auto t_steps = std::chrono::steady_clock::now();
   const std::int64_t total_steps = (warmup + steps) * static_cast<std::int64_t>(states.size());
   std::int64_t done_steps = 0;
-  // One step of one strategy on every rank; `drain` steps get no new documents (only what
-  // the packer still holds), so every strategy ends having trained its whole stream.
+  // One step of one strategy on every rank: the five named parts above. `drain` steps get
+  // no new documents (only what the packer still holds), so every strategy ends having
+  // trained its whole stream.
   const auto runStep = [&](StratState& st, std::int64_t step, bool drain) {
-    {
-      const StrategyPair& strat = st.strat;
-      auto& source = st.source;
-      auto& packer = st.packer;
-      auto& plan_out = st.plan_out;
-      StrategyResult& res = st.res;
-      rec.setStrategy(strat.name);
-      // ---- plan (rank 0) and broadcast -------------------------------------------------
-      std::string plan_text;
-      double predicted = 1;
-      err.clear();
-      if (world_rank == 0) {
-        try {
-          const auto docs = drain ? std::vector<Document>{} : source->next(step);
-          const StepPlan plan = packer->pack(step, docs);
-          const auto metrics = packing::computeMetrics(plan, *cost);
-          predicted = metrics.imbalance;
-          plan_text = packing::stepToJson(plan, metrics, static_cast<std::int64_t>(docs.size())).dump();
-        } catch (const std::exception& e) {
-          err = std::string("planning step ") + std::to_string(step) + " (" + strat.name + "): " + e.what();
-        }
-      }
-      parallel::throwIfAnyFailed(mesh.world(), err);
-      bcastString(plan_text, mesh.world());
-      const StepPlan plan = packing::stepFromJson(nlohmann::json::parse(plan_text));
-      if (static_cast<int>(plan.replicas.size()) != shape.dp())
-        throw std::logic_error("wlb run: packer returned " + std::to_string(plan.replicas.size()) +
-                               " replicas for dp=" + std::to_string(shape.dp()));
-      std::int64_t step_tokens = 0;
-      for (const auto& rep : plan.replicas)
-        for (const auto& mb : rep) step_tokens += mb.tokens();
-
-      // ---- CP shard plans of this rank's replica (deterministic on every rank) -------
-      const auto& mine = plan.replicas[static_cast<std::size_t>(coord.dp)];
-      std::vector<cp::ShardPlan> shards(mine.size());
-      std::vector<cp::CommPlan> comms(mine.size());
-      for (std::size_t m = 0; m < mine.size(); ++m) {
-        if (mine[m].tokens() == 0) continue;
-        shards[m] = cp::planShards(mine[m], strat.sharding, shape.cp(), *cost, deck.cp);
-        comms[m] = cp::planComm(shards[m], comm_mode, *cost);
-      }
-      if (writer && world_rank == 0) {
-        nlohmann::json sj = nlohmann::json::array();
-        for (std::size_t d = 0; d < plan.replicas.size(); ++d)
-          for (std::size_t m = 0; m < plan.replicas[d].size(); ++m) {
-            const MicroBatch& mb = plan.replicas[d][m];
-            if (mb.tokens() == 0) continue;
-            const cp::ShardPlan sp = d == static_cast<std::size_t>(coord.dp)
-                                         ? shards[m]
-                                         : cp::planShards(mb, strat.sharding, shape.cp(), *cost, deck.cp);
-            const cp::CommPlan cpl = cp::planComm(sp, comm_mode, *cost);
-            sj.push_back({{"dp", d},
-                          {"micro_batch", m},
-                          {"shard", cp::toJson(sp)},
-                          {"metrics", cp::toJson(cp::computeMetrics(sp, cpl, *cost))}});
-          }
-        writer->addPlan(strat.name, plan, plan_text, sj.dump());
-        if (plan_out) plan_out << plan_text << "\n";
-      }
-
-      // ---- execute ---------------------------------------------------------------------
-      std::vector<double> row(static_cast<std::size_t>(nrow), 0.0);
-      const std::size_t first_event = rec.events().size();
-      mesh.world().barrier();
-      const std::int64_t t0 = rec.now();
-      model.zeroGrads(space);
-      for (std::size_t m = 0; m < mine.size(); ++m) {
-        if (mine[m].tokens() == 0) continue;  // the whole CP group skips it alike
-        const std::int64_t tm0 = rec.now();
-        rec.setContext({static_cast<int>(step), static_cast<int>(m), trace::Phase::Fwd, -1});
-        std::vector<std::unique_ptr<LayerStep>> ls;
-        ls.reserve(static_cast<std::size_t>(layers));
-        const std::int64_t n = shards[m].ranks[static_cast<std::size_t>(coord.cp)].tokens;
-        Mat x = Mat(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::runtime::x"), n, lshape.hidden);
-        {
-          trace::Recorder::Scope s(rec, labels::kEmbed, space);
-          fillRandom(space, x, deck.data.seed, static_cast<std::uint64_t>(step * 1000 + m) * 4 + coord.cp, 1.0f);
-        }
-        for (int l = 0; l < layers; ++l) {
-          rec.context().layer = l;
-          ls.push_back(std::make_unique<LayerStep>(env, model, l, shards[m], comms[m]));
-          x = ls.back()->forward(x);
-        }
-        rec.setContext({static_cast<int>(step), static_cast<int>(m), trace::Phase::Bwd, -1});
-        Mat dy = Mat(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::runtime::dy"), n, lshape.hidden);
-        {
-          trace::Recorder::Scope s(rec, labels::kLoss, space);
-          fillRandom(space, dy, deck.data.seed + 1, static_cast<std::uint64_t>(step * 1000 + m) * 4 + coord.cp, 1e-2f);
-        }
-        for (int l = layers - 1; l >= 0; --l) {
-          rec.context().layer = l;
-          dy = ls[static_cast<std::size_t>(l)]->backward(dy);
-          row[kHead + kPerMb * m] += ls[static_cast<std::size_t>(l)]->attnSeconds();
-        }
-        kk::fence(space, "wlb::runtime::micro_batch");
-        row[kHead + kPerMb * m + 1] = static_cast<double>(rec.now() - tm0) * kNs;
-        row[kHead + kPerMb * m + 2] = static_cast<double>(n);
-      }
-      // DP x CP gradient all-reduce (one buffer: every layer's weight gradients).
-      rec.setContext({static_cast<int>(step), -1, trace::Phase::Bwd, -1});
-      if (dpcp.size() > 1) {
-        auto g = model.gradBuffer();
-        trace::Recorder::Scope s(rec, labels::kGradAllreduce, space, 0, 4.0 * static_cast<double>(g.size()));
-        auto h = Kokkos::create_mirror_view(g);
-        Kokkos::deep_copy(h, g);
-        kk::fence(space, "wlb::runtime::grad_allreduce");
-        MPI_Allreduce(MPI_IN_PLACE, h.data(), static_cast<int>(h.size()), MPI_FLOAT, MPI_SUM, dpcp);
-        Kokkos::deep_copy(g, h);
-      }
-      kk::fence(space, "wlb::runtime::step");
-      const std::int64_t t1 = rec.now();
-      rec.setContext({static_cast<int>(step), -1, trace::Phase::None, -1});
-      rec.record(rec.region(labels::kStep), t0, t1);
-
-      row[0] = static_cast<double>(t1 - t0) * kNs;
-      const auto& evs = rec.events();
-      for (std::size_t i = first_event; i < evs.size(); ++i) {
-        const std::string& l = rec.regions()[static_cast<std::size_t>(evs[i].region)];
-        const double d = static_cast<double>(evs[i].end_ns - evs[i].start_ns) * kNs;
-        if (isCompute(l)) row[1] += d;
-        if (isComm(l)) row[2] += d;
-        if (l == labels::kAttn) row[3] += d;
-      }
-
-      // ---- gather and summarise (rank 0) ----------------------------------------------
-      std::vector<double> all(world_rank == 0 ? static_cast<std::size_t>(nrow) * world_size : 0);
-      MPI_Gather(row.data(), nrow, MPI_DOUBLE, all.data(), nrow, MPI_DOUBLE, 0, mesh.world());
-      if (world_rank == 0) {
-        StepRecord sr;
-        sr.step = step;
-        sr.warmup = step < warmup;
-        sr.drain = drain;
-        sr.tokens = step_tokens;
-        sr.flops = model::usefulFlops(plan, *cost, layers);
-        sr.predicted_imbalance = predicted;
-        auto at = [&](int r, int k) { return all[static_cast<std::size_t>(r) * nrow + k]; };
-        for (int r = 0; r < world_size; ++r) {
-          sr.seconds = std::max(sr.seconds, at(r, 0));
-          sr.rank_busy.push_back(at(r, 1));
-          sr.rank_comm.push_back(at(r, 2));
-          sr.rank_attn.push_back(at(r, 3));
-        }
-        std::vector<double> latencies;
-        std::vector<double> cp_imb;
-        for (int d = 0; d < shape.dp(); ++d)
-          for (std::int64_t m = 0; m < M; ++m) {
-            double lat = 0, toks = 0;
-            std::vector<double> attn_cp;
-            for (int c = 0; c < shape.cp(); ++c) {
-              for (int t = 0; t < shape.tp(); ++t) {
-                const int r = shape.rankOf({t, c, 0, d});
-                lat = std::max(lat, at(r, kHead + kPerMb * static_cast<int>(m) + 1));
-                if (t == 0) {
-                  attn_cp.push_back(at(r, kHead + kPerMb * static_cast<int>(m)));
-                  toks += at(r, kHead + kPerMb * static_cast<int>(m) + 2);
-                }
-              }
-            }
-            latencies.push_back(lat);
-            if (toks > 0) cp_imb.push_back(maxOverMean(attn_cp));
-          }
-        sr.mb_imbalance = maxOverMean(latencies);
-        sr.cp_imbalance = cp_imb.empty()
-                              ? 1.0
-                              : std::accumulate(cp_imb.begin(), cp_imb.end(), 0.0) / static_cast<double>(cp_imb.size());
-        if (!drain) ++done_steps;
-        if (opt.progress) {
-          // ETA over every strategy's remaining steps (they are interleaved)
-          const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_steps).count();
-          const double eta = el / static_cast<double>(done_steps) * static_cast<double>(total_steps - done_steps);
-          std::fprintf(opt.out,
-                       "[%-5s] step %lld/%lld%s  %.3f s  tokens %lld  mb-imbalance %.2f  cp-imbalance %.2f  "
-                       "(predicted %.2f)  ETA %.0f s\n",
-                       strat.name.c_str(), static_cast<long long>(step + 1), static_cast<long long>(warmup + steps),
-                       sr.warmup ? " (warm-up)"
-                       : drain   ? " (drain)"
-                                 : "",
-                       sr.seconds, static_cast<long long>(sr.tokens), sr.mb_imbalance, sr.cp_imbalance,
-                       sr.predicted_imbalance, eta);
-          std::fflush(opt.out);
-        }
-        res.steps.push_back(std::move(sr));
-      }
+    rec.setStrategy(st.strat.name);
+    const PlannedStep ps = planStep(rc, st, step, drain);
+    const StageStepInput in =
+        shardReplica(rc, ps.plan.replicas[static_cast<std::size_t>(coord.dp)], st.strat.sharding, step);
+    if (writer && world_rank == 0) {
+      writer->addPlan(st.strat.name, ps.plan, ps.text, shardJson(rc, ps.plan, st.strat.sharding));
+      if (st.plan_out) st.plan_out << ps.text << "\n";
     }
+    const std::vector<double> row = executeStep(rc, stage, model, dpcp, rec, in);
+    StepRecord sr = gatherStep(rc, row, ps, step, drain);
+    if (opt.keep_gradients) st.res.gradients = gatherGradients(rc, model);
+    if (world_rank != 0) return;
+    if (!drain) ++done_steps;
+    if (opt.progress) {
+      // ETA over every strategy's remaining steps (they are interleaved). Steps are numbered
+      // from 0 as in the plan and the trace; "(k of N)" counts the measured run.
+      const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_steps).count();
+      const double eta = el / static_cast<double>(done_steps) * static_cast<double>(total_steps - done_steps);
+      char where[64];
+      if (drain)
+        std::snprintf(where, sizeof where, "(drain)");
+      else
+        std::snprintf(where, sizeof where, "(%lld of %lld)%s", static_cast<long long>(step + 1),
+                      static_cast<long long>(warmup + steps), sr.warmup ? " (warm-up)" : "");
+      char bubble[32] = "";
+      if (shape.pp() > 1) std::snprintf(bubble, sizeof bubble, "  bubble %.2f", sr.bubble);
+      std::fprintf(opt.out,
+                   "[%-5s] step %lld %s  %.3f s  tokens %lld  mb-imbalance %.2f  cp-imbalance %.2f  "
+                   "(predicted %.2f)%s  ETA %.0f s\n",
+                   st.strat.name.c_str(), static_cast<long long>(step), where, sr.seconds,
+                   static_cast<long long>(sr.tokens), sr.mb_imbalance, sr.cp_imbalance, sr.predicted_imbalance, bubble,
+                   eta);
+      std::fflush(opt.out);
+    }
+    st.res.steps.push_back(std::move(sr));
   };
   for (std::int64_t step = 0; step < warmup + steps; ++step)
     for (StratState& st : states) runStep(st, step, false);
@@ -438,52 +585,11 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
       if (hold[i]) runStep(states[i], step, true);
   }
 
-  for (StratState& st : states) {
-    StrategyResult& res = st.res;
-    if (world_rank == 0) {
-      std::vector<double> times;
-      double tok = 0, cpi = 0, mbi = 0, pri = 0;
-      res.rank_busy.assign(static_cast<std::size_t>(world_size), 0.0);
-      res.rank_comm = res.rank_attn = res.rank_busy;
-      std::vector<model::StepWork> work;
-      for (const auto& s : res.steps) {
-        if (s.warmup) continue;
-        work.push_back({s.seconds, static_cast<double>(s.tokens), s.flops});
-        if (s.drain) {
-          ++res.drain_steps;
-          continue;
-        }
-        times.push_back(s.seconds);
-        tok += static_cast<double>(s.tokens);
-        cpi += s.cp_imbalance;
-        mbi += s.mb_imbalance;
-        pri += s.predicted_imbalance;
-        for (int r = 0; r < world_size; ++r) {
-          res.rank_busy[static_cast<std::size_t>(r)] += s.rank_busy[static_cast<std::size_t>(r)];
-          res.rank_comm[static_cast<std::size_t>(r)] += s.rank_comm[static_cast<std::size_t>(r)];
-          res.rank_attn[static_cast<std::size_t>(r)] += s.rank_attn[static_cast<std::size_t>(r)];
-        }
-      }
-      const double n = static_cast<double>(times.size());
-      const double total = std::accumulate(times.begin(), times.end(), 0.0);
-      res.step_mean = total / n;
-      res.step_min = *std::min_element(times.begin(), times.end());
-      res.step_median = median(times);
-      res.tokens_per_step = tok / n;
-      // throughput over the measured steps and the drain (model/throughput.hpp)
-      res.work = model::foldDrain(std::move(work), static_cast<std::size_t>(res.drain_steps));
-      const auto tw = model::total(res.work);
-      res.tokens = tw.tokens;
-      res.tokens_per_second = tw.tokensPerSecond();
-      res.flops_per_second = tw.flopsPerSecond();
-      res.cp_imbalance = cpi / n;
-      res.mb_imbalance = mbi / n;
-      res.predicted_imbalance = pri / n;
-      for (auto* v : {&res.rank_busy, &res.rank_comm, &res.rank_attn})
-        for (auto& x : *v) x /= n;
-      report.strategies.push_back(std::move(res));
+  if (world_rank == 0)
+    for (StratState& st : states) {
+      summarise(st.res, world_size);
+      report.strategies.push_back(std::move(st.res));
     }
-  }
 
   // Throughput speedup against the first strategy, with its bootstrap interval over steps.
   if (world_rank == 0 && !report.strategies.empty()) {
@@ -497,7 +603,14 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
     }
   }
 
-  if (writer) writer->commit(rec);
+  if (writer) {
+    if (world_rank == 0) {
+      nlohmann::json peaks = nlohmann::json::object();
+      for (const auto& r : report.strategies) peaks[r.name] = r.stage_peak_bytes;
+      writer->addMeta("activation_peak_bytes", peaks.dump());
+    }
+    writer->commit(rec);
+  }
   // the plans become final with the trace they belong to
   for (auto& st : states) {
     if (st.plan_path.empty()) continue;
@@ -537,10 +650,13 @@ nlohmann::json toJson(const RunReport& rep) {
                   {"step_time_ratio", s.step_ratio},
                   {"cp_imbalance", s.cp_imbalance},
                   {"mb_imbalance", s.mb_imbalance},
-                  {"predicted_imbalance", s.predicted_imbalance}});
+                  {"predicted_imbalance", s.predicted_imbalance},
+                  {"bubble_fraction", s.bubble},
+                  {"stage_peak_activation_bytes", s.stage_peak_bytes}});
   return {{"format", "wlb-run-summary"},
           {"version", 1},
           {"mesh", rep.mesh},
+          {"pipeline", rep.pipeline},
           {"steps", rep.steps},
           {"warmup", rep.warmup},
           {"layers", rep.layers},
@@ -585,6 +701,18 @@ std::string formatReport(const RunReport& rep) {
     for (std::size_t r = 0; r < s.rank_busy.size(); ++r) {
       std::snprintf(buf, sizeof buf, "  r%zu busy %.3f (attn %.3f) comm %.3f", r, s.rank_busy[r], s.rank_attn[r],
                     s.rank_comm[r]);
+      os << buf;
+    }
+    os << "\n";
+  }
+  os << "\nPipeline " << rep.pipeline
+     << ": bubble = 1 - task time / (ranks x pipeline span), mean over steps; peak = activations kept from "
+        "forward to backward, max over the stage's ranks and steps\n";
+  for (const auto& s : rep.strategies) {
+    std::snprintf(buf, sizeof buf, "  %-8s bubble %.3f  peak [MiB]", s.name.c_str(), s.bubble);
+    os << buf;
+    for (std::size_t p = 0; p < s.stage_peak_bytes.size(); ++p) {
+      std::snprintf(buf, sizeof buf, "  stage %zu %.2f", p, s.stage_peak_bytes[p] / (1024.0 * 1024.0));
       os << buf;
     }
     os << "\n";

@@ -2,14 +2,17 @@
 /// \file run.hpp
 /// \brief The measured step executor behind `wlb run` (docs/runtime.md): for each strategy
 /// of a deck, the same length stream -> packer -> CP shard planner -> real transformer
-/// layers on every rank of the TP x CP x DP mesh (pp = 1), one DP/CP gradient all-reduce
-/// per step, per-op trace events, and a measured summary (step time, busy time, CP and
-/// micro-batch imbalance).
+/// layers on every rank of the TP x CP x PP x DP mesh — each pipeline stage walking the
+/// deck's pp::Schedule (runtime/pipeline.hpp) — one DP/CP gradient all-reduce per stage
+/// and step, per-op trace events, and a measured summary (throughput, step time, bubble
+/// fraction, CP and micro-batch imbalance, activation memory per stage).
 
 #include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
+
+#include <mpi.h>
 
 #include <nlohmann/json.hpp>
 
@@ -25,22 +28,33 @@ struct RunOptions {
   bool write_outputs = true;  ///< trace file and plan JSONL into deck.output.dir
   std::string command;        ///< command line stored in the trace metadata
   std::FILE* out = stdout;
+  MPI_Comm comm = MPI_COMM_WORLD;  ///< the ranks of the mesh
+  /// Tests: rank 0 keeps every strategy's weight gradients after its last step
+  /// (StrategyResult::gradients).
+  bool keep_gradients = false;
+  /// Tests of failure handling: world rank `fail_rank` throws at the start of step
+  /// `fail_step`'s schedule walk (after its receives are posted). -1 = never.
+  int fail_rank = -1;
+  std::int64_t fail_step = -1;
 };
 
 /// Measured numbers of one step (rank 0's view after gathering every rank).
 struct StepRecord {
   std::int64_t step = 0;
   bool warmup = false;
-  bool drain = false;              ///< after the measured steps: no new documents (throughput.hpp)
-  double seconds = 0;              ///< max over ranks of the step's wall time
-  std::int64_t tokens = 0;         ///< tokens trained in the step (all replicas)
-  double flops = 0;                ///< useful FLOPs of the layers run (model::usefulFlops)
-  double mb_imbalance = 1;         ///< max/mean micro-batch latency over dp*M micro-batches
-  double cp_imbalance = 1;         ///< mean over micro-batches of max/mean attention time over CP ranks
-  double predicted_imbalance = 1;  ///< packing metrics (cost model), W_a + W_l
-  std::vector<double> rank_busy;   ///< per world rank: compute seconds (GEMMs, attention, fills)
-  std::vector<double> rank_comm;   ///< per world rank: KV, TP and gradient communication incl. waits
-  std::vector<double> rank_attn;   ///< per world rank: attention kernel seconds
+  bool drain = false;                    ///< after the measured steps: no new documents (throughput.hpp)
+  double seconds = 0;                    ///< max over ranks of the step's wall time
+  std::int64_t tokens = 0;               ///< tokens trained in the step (all replicas)
+  double flops = 0;                      ///< useful FLOPs of the layers run (model::usefulFlops)
+  double mb_imbalance = 1;               ///< max/mean micro-batch latency over dp*M micro-batches
+  double cp_imbalance = 1;               ///< mean over micro-batches of max/mean attention time over CP ranks
+  double predicted_imbalance = 1;        ///< packing metrics (cost model), W_a + W_l
+  std::vector<double> rank_busy;         ///< per world rank: compute seconds (GEMMs, attention, fills)
+  std::vector<double> rank_comm;         ///< per world rank: KV, TP and gradient communication incl. waits
+  std::vector<double> rank_attn;         ///< per world rank: attention kernel seconds
+  double loss = 0;                       ///< sum of every micro-batch's loss (pipeline.hpp)
+  double bubble = 0;                     ///< mean over replicas of 1 - stage task time / pipeline span
+  std::vector<double> stage_peak_bytes;  ///< [pp] max over the stage's ranks of saved activations
 };
 
 struct StrategyResult {
@@ -56,11 +70,15 @@ struct StrategyResult {
   double step_ratio = 1;                               ///< first strategy's step_mean / step_mean
   std::vector<model::StepWork> work;                   ///< per measured step, drain folded into the last
   double cp_imbalance = 1, mb_imbalance = 1, predicted_imbalance = 1;
+  double bubble = 0;                                    ///< mean over the measured steps
+  std::vector<double> stage_peak_bytes;                 ///< [pp] max over every step
   std::vector<double> rank_busy, rank_comm, rank_attn;  ///< per world rank, mean per step
+  std::vector<float> gradients;  ///< RunOptions::keep_gradients: last step, [layer][tp slice][param]
 };
 
 struct RunReport {
-  std::string mesh;  ///< MeshShape::describe()
+  std::string mesh;      ///< MeshShape::describe()
+  std::string pipeline;  ///< "1f1b, 2 stage(s), 1 chunk(s), 4 micro-batch(es)"
   std::int64_t steps = 0, warmup = 0, layers = 0;
   std::vector<StrategyResult> strategies;  ///< complete on rank 0 only
   std::string trace_path;                  ///< "" when outputs are off
@@ -68,9 +86,9 @@ struct RunReport {
   std::string summary_path;  ///< output.dir/summary.json (toJson), "" when outputs are off
 };
 
-/// Run every strategy of the deck (resolveStrategies). Collective over MPI_COMM_WORLD;
-/// Kokkos must be initialised. InputError (collective) for a mesh that does not match the
-/// world size, pp > 1, or dimensions the layer cannot split.
+/// Run every strategy of the deck (resolveStrategies). Collective over `opt.comm`; Kokkos
+/// must be initialised. InputError (collective) for a mesh that does not match the world
+/// size, dimensions the layer cannot split, or a pipeline the schedule cannot build.
 RunReport runDeck(const Deck& deck, const RunOptions& opt = {});
 
 /// The comparison as JSON (`wlb-run-summary` version 1, docs/runtime.md): per strategy the

@@ -35,16 +35,16 @@ inline constexpr int kSchemaVersion = 1;
 /// Run metadata stored as attributes of `/meta`. Empty strings are filled with defaults
 /// (git hash, versions from core/version_info.hpp, start time from the recorder).
 struct RunMeta {
-  std::string source = "measured";  ///< "measured" (executor) or "simulated" (simulator)
-  std::string deck_toml;            ///< the resolved deck (Deck::toToml())
-  std::string git_hash;             ///< default: wlb::gitHash()
-  std::string wlb_version;          ///< default: wlb::versionString()
-  std::string kokkos_version;       ///< default: wlb::kokkosVersion()
-  std::string kokkos_backend;       ///< default: wlb::kokkosBackend()
-  std::string start_time;           ///< ISO-8601; default: Recorder::startTimeIso()
-  std::string command;              ///< e.g. "wlb run deck.toml" (optional)
+  std::string source = "measured";     ///< "measured" (executor) or "simulated" (simulator)
+  std::string deck_toml;               ///< the resolved deck (Deck::toToml())
+  std::string git_hash;                ///< default: wlb::gitHash()
+  std::string wlb_version;             ///< default: wlb::versionString()
+  std::string kokkos_version;          ///< default: wlb::kokkosVersion()
+  std::string kokkos_backend;          ///< default: wlb::kokkosBackend()
+  std::string start_time;              ///< ISO-8601; default: Recorder::startTimeIso()
+  std::string command;                 ///< e.g. "wlb run deck.toml" (optional)
   int tp = 0, cp = 0, pp = 0, dp = 0;  ///< mesh; 0 -> derived from the rank table
-  int warmup = 0;                   ///< steps [0, warmup) are excluded from summaries
+  int warmup = 0;                      ///< steps [0, warmup) are excluded from summaries
   /// Additional string attributes of /meta (keys must not clash with the above).
   std::vector<std::pair<std::string, std::string>> extra;
 };
@@ -93,6 +93,10 @@ class Writer {
   void addPlan(const std::string& strategy, const StepPlan& plan, std::string packing_json = "",
                std::string shard_json = "");
 
+  /// Add a string attribute of /meta known only at the end of the run (rank 0's value is
+  /// written). Keys must not clash with RunMeta's.
+  void addMeta(std::string key, std::string value) { meta_.extra.emplace_back(std::move(key), std::move(value)); }
+
   /// Write everything and rename to the final name. Collective on the parallel path.
   /// Returns the final path. Throws h5::Error (I/O failure) on every rank.
   std::string commit(const Recorder& rec);
@@ -107,8 +111,8 @@ class Writer {
   MPI_Comm comm_ = MPI_COMM_NULL;
   WriterOptions opts_;
   std::vector<std::string> plan_strategies_;
-  std::vector<PlanStepRow> plan_steps_;   ///< strategy = index into plan_strategies_
-  std::vector<SegmentRow> segments_;      ///< strategy = index into plan_strategies_
+  std::vector<PlanStepRow> plan_steps_;  ///< strategy = index into plan_strategies_
+  std::vector<SegmentRow> segments_;     ///< strategy = index into plan_strategies_
 };
 
 }  // namespace wlb::trace

@@ -15,7 +15,7 @@ small=(--set model.hidden=64 --set model.heads=4 --set model.kv_heads=2 --set mo
 mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --steps 2 --warmup 1 > "$tmp/log" 2> "$tmp/err" \
   || fail "run_cp2 failed: $(cat "$tmp/err")"
 for s in plain fixed wlb; do
-  grep -q "^\[$s *\] step 3/3 .* ETA [0-9]* s$" "$tmp/log" || fail "no progress line for $s: $(cat "$tmp/log")"
+  grep -q "^\[$s *\] step 2 (3 of 3) .* ETA [0-9]* s$" "$tmp/log" || fail "no progress line for $s: $(cat "$tmp/log")"
   grep -q "^$s " "$tmp/log" || fail "no table row for $s"
 done
 grep -q "speedup" "$tmp/log" || fail "no speedup column"
@@ -56,8 +56,29 @@ mpiexec -n 3 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" > "$tmp/log" 2>
 n=$(grep -c "wlb: error" "$tmp/err")
 [ "$n" = 1 ] || fail "mesh mismatch printed $n error lines: $(cat "$tmp/err")"
 
-mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set mesh.cp=1 --set mesh.pp=2 --set model.layers=2 \
-  > "$tmp/log" 2> "$tmp/err"; rc=$?
-[ "$rc" = 2 ] || fail "pp=2 exit $rc, wanted 2"
-grep -q "mesh.pp" "$tmp/err" || fail "pp message: $(cat "$tmp/err")"
+# pp = 2: the pipeline executor (1F1B, uneven 3-layer split), its summary section
+mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set mesh.cp=1 --set mesh.pp=2 --set model.layers=3 \
+  --set packing.micro_batches=4 --set "output.dir=\"$tmp/pp\"" > "$tmp/log" 2> "$tmp/err"; rc=$?
+[ "$rc" = 0 ] || fail "pp=2 exit $rc: $(cat "$tmp/err")"
+grep -q "^Pipeline 1f1b, 2 stage(s), 1 chunk(s), 4 micro-batch(es)" "$tmp/log" || fail "pp=2: no pipeline section: $(cat "$tmp/log")"
+grep -Eq "^  plain +bubble 0\.[0-9]+  peak \[MiB\]  stage 0 [0-9.]+  stage 1 [0-9.]+$" "$tmp/log" ||
+  fail "pp=2: no bubble/peak line: $(cat "$tmp/log")"
+/usr/bin/python3 - "$tmp/pp/summary.json" <<'EOF' || fail "pp=2 summary.json"
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["pipeline"].startswith("1f1b, 2 stage(s)"), s["pipeline"]
+for st in s["strategies"]:
+    assert len(st["stage_peak_activation_bytes"]) == 2 and min(st["stage_peak_activation_bytes"]) > 0, st
+    assert 0 < st["bubble_fraction"] < 1, st
+EOF
+
+# A rank failing mid-step (its pipeline receives posted) ends every rank, with one message.
+t0=$SECONDS
+WLB_INJECT_FAILURE=1:1 timeout 60 mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set mesh.cp=1 \
+  --set mesh.pp=2 --set model.layers=2 --no-output > "$tmp/log" 2> "$tmp/err"; rc=$?
+{ [ "$rc" != 0 ] && [ "$rc" != 124 ]; } || fail "injected failure: exit $rc (124 = hang)"
+n=$(grep -c "injected failure on rank 1 at step 1" "$tmp/err")
+[ "$n" = 1 ] || fail "injected failure printed $n messages: $(cat "$tmp/err")"
+echo "injected failure: every rank ended in $((SECONDS - t0)) s"
+
 echo "wlb run CLI tests passed"

@@ -12,8 +12,8 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
   explicit RankFailurePrinter(int rank) : rank_(rank) {}
   void OnTestPartResult(const ::testing::TestPartResult& r) override {
     if (r.failed())
-      std::fprintf(stderr, "[rank %d] %s:%d: %s\n", rank_, r.file_name() ? r.file_name() : "?",
-                   r.line_number(), r.summary());
+      std::fprintf(stderr, "[rank %d] %s:%d: %s\n", rank_, r.file_name() ? r.file_name() : "?", r.line_number(),
+                   r.summary());
   }
 
  private:
@@ -22,7 +22,10 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  // THREAD_MULTIPLE where the library has it: the pipeline executor drives transfers from a
+  // progress thread (runtime/pipeline.cpp); with less it polls between layers instead.
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   int global_rc = 0;
