@@ -74,6 +74,7 @@ struct Row {
   std::string baseline;
   std::vector<wlb::model::StepWork> work;  ///< per measured step, drain folded into the last
   std::vector<double> peak_gb;
+  std::vector<double> peak_act_bytes;  ///< [pp] activations alone (the executor's figure with --as-run)
   bool fits = true;
 };
 
@@ -210,6 +211,7 @@ int run(const Opts& o) {
       // tensors on the wire. The cost model, packers and shard planners are unchanged.
       sim_cfg.lm_head = false;
       sim_cfg.comm_element_bytes = 4;
+      sim_cfg.executor_memory = true;  // fp32 activations as LayerStep keeps them
     }
     const wlb::pp::StepSimulator sim(sim_cfg, cost);
     std::unique_ptr<wlb::trace::Recorder> rec;
@@ -245,6 +247,7 @@ int run(const Opts& o) {
       row.packer = pr.packer;
       row.sharding = pr.sharding;
       row.peak_gb.assign(static_cast<std::size_t>(deck.mesh.pp), 0.0);
+      row.peak_act_bytes.assign(static_cast<std::size_t>(deck.mesh.pp), 0.0);
       double t = 0;
       std::vector<wlb::model::StepWork> work;  // measured steps, then drain steps
       // Measured steps, then drain steps (no new documents) until the packer holds
@@ -262,6 +265,8 @@ int run(const Opts& o) {
         t += r.step_seconds;
         for (std::size_t s = 0; s < r.peak_bytes.size(); ++s)
           row.peak_gb[s] = std::max(row.peak_gb[s], r.peak_bytes[s] / 1e9);
+        for (std::size_t s = 0; s < r.peak_activation_bytes.size(); ++s)
+          row.peak_act_bytes[s] = std::max(row.peak_act_bytes[s], r.peak_activation_bytes[s]);
         row.fits = row.fits && r.fits_memory;
         if (!drain) progress.update(++done_steps, cs.name + " " + names[si].first);
         if (step < warmup) continue;
@@ -337,6 +342,16 @@ int run(const Opts& o) {
       "step-time ratio (flatters deferral); pp-only = wlb packing + per_sequence CP, cp-only = original packing + "
       "adaptive CP; simulated in {:.2f} s\n",
       cases.size(), rows.empty() ? std::string("plain") : rows.front().baseline, wall);
+  if (o.as_run) {
+    // The quantity `wlb run` measures (its summary's stage_peak_activation_bytes).
+    os << "# activation peak per stage [MiB], executor's memory model:";
+    for (const auto& r : rows) {
+      os << "  " << r.strategy << " ";
+      for (std::size_t s = 0; s < r.peak_act_bytes.size(); ++s)
+        os << fmt::format("{}{:.2f}", s ? "/" : "", r.peak_act_bytes[s] / (1024.0 * 1024.0));
+    }
+    os << "\n";
+  }
   std::cout << os.str() << std::flush;
 
   if (!o.out.empty()) {
@@ -344,17 +359,21 @@ int run(const Opts& o) {
     std::ostringstream csv;
     csv << "case,mesh,model,context_window,strategy,packer,sharding,steps,drain_steps,tokens,tokens_per_second,"
            "useful_flops_per_second,baseline,speedup,speedup_lo,speedup_hi,step_seconds,step_time_ratio,"
-           "bubble_fraction,idle_fraction,grad_sync_seconds,peak_gb_per_stage,fits_memory\n";
+           "bubble_fraction,idle_fraction,grad_sync_seconds,peak_gb_per_stage,fits_memory,"
+           "peak_activation_bytes_per_stage\n";
     nlohmann::json j = nlohmann::json::array();
     for (const auto& r : rows) {
       std::string mem;
       for (std::size_t s = 0; s < r.peak_gb.size(); ++s) mem += fmt::format("{}{:.3f}", s ? ";" : "", r.peak_gb[s]);
+      std::string act;
+      for (std::size_t s = 0; s < r.peak_act_bytes.size(); ++s)
+        act += fmt::format("{}{:.0f}", s ? ";" : "", r.peak_act_bytes[s]);
       csv << fmt::format(
           "{},{},{},{},{},{},{},{},{},{:.0f},{:.6g},{:.6g},{},{:.4f},{:.4f},{:.4f},{:.6g},{:.4f},{:.4f},"
-          "{:.4f},{:.6g},{},{}\n",
+          "{:.4f},{:.6g},{},{},{}\n",
           r.case_name, r.mesh, r.model, r.window, r.strategy, r.packer, r.sharding, r.steps, r.drain_steps, r.tokens,
           r.tokens_per_s, r.flops_per_s, r.baseline, r.speedup, r.speedup_lo, r.speedup_hi, r.step_s, r.step_ratio,
-          r.bubble, r.idle, r.grad_s, mem, r.fits ? 1 : 0);
+          r.bubble, r.idle, r.grad_s, mem, r.fits ? 1 : 0, act);
       j.push_back({{"case", r.case_name},
                    {"mesh", r.mesh},
                    {"model", r.model},
@@ -376,7 +395,8 @@ int run(const Opts& o) {
                    {"idle_fraction", r.idle},
                    {"grad_sync_seconds", r.grad_s},
                    {"peak_gb_per_stage", r.peak_gb},
-                   {"fits_memory", r.fits}});
+                   {"fits_memory", r.fits},
+                   {"peak_activation_bytes_per_stage", r.peak_act_bytes}});
     }
     writeAtomic(fs::path(o.out) / "simulate.csv", csv.str());
     writeAtomic(fs::path(o.out) / "simulate.json", j.dump(2) + "\n");

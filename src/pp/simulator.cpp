@@ -10,6 +10,7 @@
 
 #include "core/error.hpp"
 #include "cp/shard_plan.hpp"
+#include "model/memory.hpp"
 #include "trace/recorder.hpp"
 
 namespace wlb::pp {
@@ -18,9 +19,7 @@ Recompute parseRecompute(const std::string& name) {
   if (name == "none") return Recompute::None;
   if (name == "selective") return Recompute::Selective;
   if (name == "full") return Recompute::Full;
-  throw InputError("pipeline.recompute: unknown value '" + name +
-                       "' (allowed: none, selective, full)",
-                   true);
+  throw InputError("pipeline.recompute: unknown value '" + name + "' (allowed: none, selective, full)", true);
 }
 
 // ---- Micro-batch work ------------------------------------------------------------------
@@ -31,6 +30,7 @@ MicroBatchWork planMicroBatchWork(const MicroBatch& mb, const std::string& shard
   const auto n = static_cast<std::size_t>(cp);
   w.tokens = mb.tokens();
   w.rank_tokens.assign(n, 0);
+  w.rank_kv_tokens.assign(n, 0);
   w.attn_fwd.assign(n, 0.0);
   w.attn_bwd.assign(n, 0.0);
   w.kv_fwd_bytes.assign(n, 0.0);
@@ -44,6 +44,7 @@ MicroBatchWork planMicroBatchWork(const MicroBatch& mb, const std::string& shard
   w.sharding = plan.strategy;
   for (std::size_t r = 0; r < n; ++r) {
     w.rank_tokens[r] = m.ranks[r].tokens;
+    w.rank_kv_tokens[r] = m.ranks[r].kv_tokens;
     w.attn_fwd[r] = m.ranks[r].attn_seconds_fwd;
     w.attn_bwd[r] = m.ranks[r].attn_seconds_bwd;
     if (cp > 1) {
@@ -67,6 +68,7 @@ MicroBatchWork balancedMicroBatchWork(const std::vector<std::int64_t>& doc_lengt
     ab += cost.attnSeconds(0, d, Phase::Bwd);
   }
   w.rank_tokens.assign(n, 0);
+  w.rank_kv_tokens.assign(n, 0);
   for (std::size_t r = 0; r < n; ++r)
     w.rank_tokens[r] = w.tokens / cp + (static_cast<std::int64_t>(r) < w.tokens % cp ? 1 : 0);
   w.attn_fwd.assign(n, af / cp);
@@ -94,8 +96,7 @@ std::string profilePath(const Deck& deck) {
   }
   if (fs::exists(p)) return p.string();
 #ifdef WLB_SOURCE_DIR
-  if (p.is_relative() && fs::exists(fs::path(WLB_SOURCE_DIR) / p))
-    return (fs::path(WLB_SOURCE_DIR) / p).string();
+  if (p.is_relative() && fs::exists(fs::path(WLB_SOURCE_DIR) / p)) return (fs::path(WLB_SOURCE_DIR) / p).string();
 #endif
   return {};
 }
@@ -124,8 +125,7 @@ Network Network::resolve(const Deck& deck, const model::HardwareProfile& hw) {
       throw InputError(path + ": key 'topology." + key + "' must be a positive number");
     return t[key].get<double>();
   };
-  const double g = num("gpus_per_node"), intra = num("intra_node_gbps") * 1e9,
-               inter = num("inter_node_gbps") * 1e9;
+  const double g = num("gpus_per_node"), intra = num("intra_node_gbps") * 1e9, inter = num("inter_node_gbps") * 1e9;
   const auto& m = deck.mesh;
   const auto& h = deck.hardware;
   auto pick = [&](double span, double override_gbps, double& out) {
@@ -156,13 +156,11 @@ SimConfig SimConfig::fromDeck(const Deck& deck, const model::HardwareProfile& hw
 
 // ---- StepSimulator ---------------------------------------------------------------------
 
-StepSimulator::StepSimulator(SimConfig cfg, const model::CostModel& cost)
-    : cfg_(cfg), cost_(&cost) {
+StepSimulator::StepSimulator(SimConfig cfg, const model::CostModel& cost) : cfg_(cfg), cost_(&cost) {
   if (cfg_.tp < 1 || cfg_.cp < 1 || cfg_.pp < 1 || cfg_.dp < 1 || cfg_.chunks < 1)
     throw InputError("simulator: mesh dimensions must be >= 1", true);
   if (cost.dims().layers < cfg_.pp * cfg_.chunks)
-    throw InputError("model.layers (" + std::to_string(cost.dims().layers) +
-                         ") must be at least pp * virtual_stages",
+    throw InputError("model.layers (" + std::to_string(cost.dims().layers) + ") must be at least pp * virtual_stages",
                      true);
 }
 
@@ -172,8 +170,7 @@ StepSimulator::StepSimulator(const Deck& deck, const model::CostModel& cost)
 const Schedule& StepSimulator::schedule(int micro_batches) const {
   for (const auto& [m, s] : schedules_)
     if (m == micro_batches) return s;
-  schedules_.emplace_back(micro_batches,
-                          makeSchedule(cfg_.schedule, cfg_.pp, micro_batches, cfg_.chunks));
+  schedules_.emplace_back(micro_batches, makeSchedule(cfg_.schedule, cfg_.pp, micro_batches, cfg_.chunks));
   return schedules_.back().second;
 }
 
@@ -201,9 +198,15 @@ double StepSimulator::activationBytesPerToken() const {
                ffn = static_cast<double>(d.ffn), b = static_cast<double>(d.dtype_bytes);
   double elems = 0;
   switch (cfg_.recompute) {
-    case Recompute::None: elems = 6.0 * h + 2.0 * kv + 3.0 * ffn; break;
-    case Recompute::Selective: elems = 4.0 * h + 2.0 * kv + 2.0 * ffn; break;
-    case Recompute::Full: elems = h; break;
+    case Recompute::None:
+      elems = 6.0 * h + 2.0 * kv + 3.0 * ffn;
+      break;
+    case Recompute::Selective:
+      elems = 4.0 * h + 2.0 * kv + 2.0 * ffn;
+      break;
+    case Recompute::Full:
+      elems = h;
+      break;
   }
   return elems * b / cfg_.tp;  // sequence parallelism shards everything over TP
 }
@@ -244,10 +247,9 @@ double StepSimulator::commScale() const {
 double StepSimulator::headSeconds(std::int64_t tokens, Phase p) const {
   if (!cfg_.lm_head) return 0.0;
   const auto& d = cost_->dims();
-  const double f = 2.0 * static_cast<double>(tokens) * static_cast<double>(d.hidden) *
-                   static_cast<double>(d.vocab) / cfg_.tp;
-  return (p == Phase::Fwd ? f : model::kLinearBwdFactor * f) /
-         (cost_->hardware().linear_gflops * 1e9);
+  const double f =
+      2.0 * static_cast<double>(tokens) * static_cast<double>(d.hidden) * static_cast<double>(d.vocab) / cfg_.tp;
+  return (p == Phase::Fwd ? f : model::kLinearBwdFactor * f) / (cost_->hardware().linear_gflops * 1e9);
 }
 
 double StepSimulator::p2pSeconds(const MicroBatchWork& w) const {
@@ -256,7 +258,8 @@ double StepSimulator::p2pSeconds(const MicroBatchWork& w) const {
   for (auto t : w.rank_tokens) tok = std::max(tok, t);
   const auto& d = cost_->dims();
   // Scatter-gather optimisation: each TP rank sends 1/tp of the activation.
-  const double bytes = static_cast<double>(tok * d.hidden * d.dtype_bytes) / cfg_.tp;
+  const double bytes = cfg_.executor_memory ? static_cast<double>(tok * d.hidden) * 4.0  // every TP rank, fp32
+                                            : static_cast<double>(tok * d.hidden * d.dtype_bytes) / cfg_.tp;
   return cfg_.net.latency_s + bytes / cfg_.net.pp_bps;
 }
 
@@ -276,8 +279,8 @@ PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mb
   for (int m = 0; m < M; ++m) {
     const MicroBatchWork& w = mbs[static_cast<std::size_t>(m)];
     if (w.cp() != cfg_.cp)
-      throw std::logic_error("simulator: micro-batch work has " + std::to_string(w.cp()) +
-                             " CP ranks, mesh has " + std::to_string(cfg_.cp));
+      throw std::logic_error("simulator: micro-batch work has " + std::to_string(w.cp()) + " CP ranks, mesh has " +
+                             std::to_string(cfg_.cp));
     std::vector<RankLayerCost> lc(static_cast<std::size_t>(cfg_.cp));
     std::int64_t max_tok = 0;
     for (int r = 0; r < cfg_.cp; ++r) {
@@ -296,6 +299,15 @@ PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mb
       c.fwd[c.at(vs, m)] = f;
       c.bwd[c.at(vs, m)] = b;
       double act = l * act_tok * static_cast<double>(max_tok);
+      if (cfg_.executor_memory) {
+        std::int64_t worst = 0;
+        for (int r = 0; r < cfg_.cp; ++r) {
+          const std::size_t ri = static_cast<std::size_t>(r);
+          const std::int64_t kv = ri < w.rank_kv_tokens.size() ? w.rank_kv_tokens[ri] : w.rank_tokens[ri];
+          worst = std::max(worst, model::executorLayerActivationBytes(d, cfg_.tp, w.rank_tokens[ri], kv));
+        }
+        act = l * static_cast<double>(worst);
+      }
       if (last && cfg_.lm_head)  // fp32 logits of the vocab-parallel loss, held until the backward
         act += static_cast<double>(max_tok) * static_cast<double>(d.vocab) * 4.0 / cfg_.tp;
       c.act_bytes[c.at(vs, m)] = act;
@@ -308,8 +320,8 @@ PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mb
   return c;
 }
 
-StepResult StepSimulator::simulate(const std::vector<std::vector<MicroBatchWork>>& works,
-                                   trace::Recorder* rec, int step, double t0) const {
+StepResult StepSimulator::simulate(const std::vector<std::vector<MicroBatchWork>>& works, trace::Recorder* rec,
+                                   int step, double t0) const {
   if (static_cast<int>(works.size()) != cfg_.dp)
     throw std::logic_error("simulator: plan has " + std::to_string(works.size()) +
                            " replicas, mesh has dp = " + std::to_string(cfg_.dp));
@@ -340,6 +352,8 @@ StepResult StepSimulator::simulate(const std::vector<std::vector<MicroBatchWork>
     }
   }
   res.static_bytes = costs.front().static_bytes;
+  res.peak_activation_bytes.assign(static_cast<std::size_t>(P), 0.0);
+  for (int s = 0; s < P; ++s) res.peak_activation_bytes[s] = res.peak_bytes[s] - res.static_bytes[s];
   for (int s = 0; s < P; ++s) {
     res.step_seconds = std::max(res.step_seconds, stage_done[s] + grad[s]);
     res.grad_sync_seconds = std::max(res.grad_sync_seconds, grad[s]);
@@ -386,8 +400,7 @@ StepResult StepSimulator::simulate(const std::vector<std::vector<MicroBatchWork>
           const double l = layersOf(vs);
           const bool last = vs == V - 1;
           const auto tok = w.rank_tokens[static_cast<std::size_t>(c)];
-          const double own = l * (t.phase == Phase::Fwd ? lc.fwd : lc.bwd) +
-                             (last ? headSeconds(tok, t.phase) : 0.0);
+          const double own = l * (t.phase == Phase::Fwd ? lc.fwd : lc.bwd) + (last ? headSeconds(tok, t.phase) : 0.0);
           busy += own;
           if (!rec || own <= 0) continue;
           // Split the task into attention / linear / TP / KV pieces in that order.
@@ -459,9 +472,8 @@ StepResult StepSimulator::simulate(const std::vector<std::vector<MicroBatchWork>
   return res;
 }
 
-StepResult StepSimulator::simulatePlan(const StepPlan& plan, const std::string& sharding,
-                                       const CpConfig& cfg, trace::Recorder* rec, int step,
-                                       double t0) const {
+StepResult StepSimulator::simulatePlan(const StepPlan& plan, const std::string& sharding, const CpConfig& cfg,
+                                       trace::Recorder* rec, int step, double t0) const {
   std::vector<std::vector<MicroBatchWork>> works(plan.replicas.size());
   for (std::size_t d = 0; d < plan.replicas.size(); ++d)
     for (const MicroBatch& mb : plan.replicas[d])

@@ -32,12 +32,13 @@ Recompute parseRecompute(const std::string& name);
 
 /// One micro-batch's work on one TP rank of each CP rank, per transformer layer.
 struct MicroBatchWork {
-  std::int64_t tokens = 0;                 ///< whole micro-batch
-  std::vector<std::int64_t> rank_tokens;   ///< [cp rank] query tokens held
-  std::vector<double> attn_fwd, attn_bwd;  ///< [cp rank] attention seconds per layer
+  std::int64_t tokens = 0;                         ///< whole micro-batch
+  std::vector<std::int64_t> rank_tokens;           ///< [cp rank] query tokens held
+  std::vector<std::int64_t> rank_kv_tokens;        ///< [cp rank] KV buffer tokens (keys its pieces read)
+  std::vector<double> attn_fwd, attn_bwd;          ///< [cp rank] attention seconds per layer
   std::vector<double> kv_fwd_bytes, kv_bwd_bytes;  ///< [cp rank] KV bytes moved per layer
-  std::vector<int> kv_peers;               ///< [cp rank] messages per layer (latency count)
-  std::string sharding;                    ///< sharding actually applied
+  std::vector<int> kv_peers;                       ///< [cp rank] messages per layer (latency count)
+  std::string sharding;                            ///< sharding actually applied
   int cp() const { return static_cast<int>(rank_tokens.size()); }
 };
 
@@ -67,7 +68,7 @@ struct SimConfig {
   ScheduleKind schedule = ScheduleKind::OneFOneB;
   Recompute recompute = Recompute::None;
   Network net;
-  double memory_bytes = 0;     ///< device memory (0 = unknown)
+  double memory_bytes = 0;                ///< device memory (0 = unknown)
   double optimizer_bytes_per_param = 12;  ///< fp32 master + Adam m, v (sharded over dp*cp)
   double grad_bytes_per_param = 4;        ///< fp32 main gradients held per rank
   /// Embedding + LM head: head compute on the last virtual stage, embedding/head weights
@@ -78,22 +79,27 @@ struct SimConfig {
   /// dtype_bytes). `wlb run` computes in fp32, so `--as-run` sets 4. Only communication
   /// is scaled; the cost model (and so every planner decision) is unchanged.
   double comm_element_bytes = 0;
+  /// Activation memory and pipeline messages as the measured executor has them (fp32,
+  /// model::executorLayerActivationBytes per layer, whole activations between stages);
+  /// `--as-run` sets it. The recompute setting does not apply.
+  bool executor_memory = false;
   static SimConfig fromDeck(const Deck& deck, const model::HardwareProfile& hw);
   int ranks() const { return tp * cp * pp * dp; }
 };
 
 /// Outcome of one simulated step.
 struct StepResult {
-  double step_seconds = 0;      ///< max over stages of (pipeline finish + grad reduction)
-  double pipeline_seconds = 0;  ///< max over replicas of the pipeline makespan
-  double grad_sync_seconds = 0; ///< largest per-stage gradient reduction
-  double bubble_fraction = 0;   ///< mean over replicas of the DAG's pipeline bubble
-  double idle_fraction = 0;     ///< 1 - sum of every rank's own busy time / (ranks * step)
-  std::vector<double> replica_seconds;  ///< [dp] pipeline makespan
-  std::vector<double> peak_bytes;       ///< [pp] max over replicas of static + activations
-  std::vector<double> static_bytes;     ///< [pp] weights + grads + optimizer state
-  std::vector<double> rank_busy;        ///< [((dp*pp + s)*cp + c)] own busy seconds
-  bool fits_memory = true;              ///< every stage's peak <= memory_bytes (if known)
+  double step_seconds = 0;                    ///< max over stages of (pipeline finish + grad reduction)
+  double pipeline_seconds = 0;                ///< max over replicas of the pipeline makespan
+  double grad_sync_seconds = 0;               ///< largest per-stage gradient reduction
+  double bubble_fraction = 0;                 ///< mean over replicas of the DAG's pipeline bubble
+  double idle_fraction = 0;                   ///< 1 - sum of every rank's own busy time / (ranks * step)
+  std::vector<double> replica_seconds;        ///< [dp] pipeline makespan
+  std::vector<double> peak_bytes;             ///< [pp] max over replicas of static + activations
+  std::vector<double> static_bytes;           ///< [pp] weights + grads + optimizer state
+  std::vector<double> peak_activation_bytes;  ///< [pp] peak_bytes - static_bytes
+  std::vector<double> rank_busy;              ///< [((dp*pp + s)*cp + c)] own busy seconds
+  bool fits_memory = true;                    ///< every stage's peak <= memory_bytes (if known)
 };
 
 /// Simulates steps of one deck's model on one mesh.
@@ -112,8 +118,8 @@ class StepSimulator {
 
   /// Simulate one step: works[dp][m]. If `rec` is given, predicted events of every rank
   /// are recorded (times offset by t0_seconds, context step = `step`, current strategy).
-  StepResult simulate(const std::vector<std::vector<MicroBatchWork>>& works,
-                      trace::Recorder* rec = nullptr, int step = 0, double t0_seconds = 0) const;
+  StepResult simulate(const std::vector<std::vector<MicroBatchWork>>& works, trace::Recorder* rec = nullptr,
+                      int step = 0, double t0_seconds = 0) const;
 
   /// Plan every micro-batch of a StepPlan (sharding per micro-batch) and simulate it.
   StepResult simulatePlan(const StepPlan& plan, const std::string& sharding, const CpConfig& cfg,

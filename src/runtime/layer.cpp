@@ -197,12 +197,6 @@ Model::Model(const LayerShape& shape, std::vector<int> layer_ids, std::uint64_t 
   kk::fence(space, "wlb::runtime::Model::init");
 }
 
-std::int64_t savedActivationBytes(const LayerShape& s, std::int64_t tokens, std::int64_t kv_tokens) {
-  // x, h [hidden]; q, o [heads*d]; k, v [kv*d]; lse [heads]; a1, a3, s [ffn]; KV buffer K+V
-  const std::int64_t per_token = 2 * s.hidden + 2 * s.qWidth() + 2 * s.kvWidth() + s.heads + 3 * s.ffn;
-  return 4 * (tokens * per_token + kv_tokens * 2 * s.kvWidth());
-}
-
 std::int64_t LayerStep::savedBytes() const {
   std::int64_t b = 0;
   for (const Mat* m : {&x_, &h_, &a1_, &a3_, &s_}) b += static_cast<std::int64_t>(m->span());

@@ -117,7 +117,7 @@ class LayerStep {
   double kvCommSeconds() const { return kv_seconds_; }
   /// Bytes of the activations this layer keeps from forward to backward on this rank
   /// (inputs, projections, attention output and LSE, MLP activations, the KV buffer);
-  /// 0 after backward. Predicted by runtime::savedActivationBytes.
+  /// 0 after backward. Predicted by model::executorLayerActivationBytes.
   std::int64_t savedBytes() const;
 
  private:
@@ -133,11 +133,6 @@ class LayerStep {
   Kokkos::View<float**, Kokkos::LayoutRight, Mem> lse_;
   double attn_seconds_ = 0, kv_seconds_ = 0;
 };
-
-/// Bytes LayerStep keeps from forward to backward for one layer on one rank holding
-/// `tokens` query tokens and a KV buffer of `kv_tokens` tokens (fp32) — the executor's
-/// activation memory model, shared with `wlb simulate --as-run`.
-std::int64_t savedActivationBytes(const LayerShape& s, std::int64_t tokens, std::int64_t kv_tokens);
 
 /// Fill a matrix with deterministic pseudo-random values in [-scale, scale] from
 /// (seed, stream, index).

@@ -338,11 +338,12 @@ void summarise(StrategyResult& res, int world_size) {
   res.rank_comm = res.rank_attn = res.rank_busy;
   std::vector<model::StepWork> work;
   for (const auto& s : res.steps) {
-    if (s.warmup) continue;
-    work.push_back({s.seconds, static_cast<double>(s.tokens), s.flops});
+    // the memory peak over every step (warm-up too, as `wlb simulate` counts it)
     if (res.stage_peak_bytes.size() < s.stage_peak_bytes.size()) res.stage_peak_bytes.resize(s.stage_peak_bytes.size());
     for (std::size_t p = 0; p < s.stage_peak_bytes.size(); ++p)
       res.stage_peak_bytes[p] = std::max(res.stage_peak_bytes[p], s.stage_peak_bytes[p]);
+    if (s.warmup) continue;
+    work.push_back({s.seconds, static_cast<double>(s.tokens), s.flops});
     if (s.drain) {
       ++res.drain_steps;
       continue;

@@ -71,6 +71,17 @@ for st in s["strategies"]:
     assert len(st["stage_peak_activation_bytes"]) == 2 and min(st["stage_peak_activation_bytes"]) > 0, st
     assert 0 < st["bubble_fraction"] < 1, st
 EOF
+# the simulator's executor memory model predicts the measured activation peak per stage
+"$WLB" simulate "$SRC/inputs/run_cp2.toml" "${small[@]}" --set mesh.cp=1 --set mesh.pp=2 --set model.layers=3 \
+  --set packing.micro_batches=4 --as-run --out "$tmp/ppsim" > "$tmp/simlog" 2>&1 || fail "pp=2 simulate: $(cat "$tmp/simlog")"
+/usr/bin/python3 - "$tmp/pp/summary.json" "$tmp/ppsim/simulate.json" <<'EOF' || fail "pp=2 predicted vs measured activation peak"
+import json, sys
+run = {s["strategy"]: s["stage_peak_activation_bytes"] for s in json.load(open(sys.argv[1]))["strategies"]}
+sim = {r["strategy"]: r["peak_activation_bytes_per_stage"] for r in json.load(open(sys.argv[2]))}
+for name, measured in run.items():
+    for m, p in zip(measured, sim[name]):
+        assert abs(p - m) <= 0.05 * m, (name, measured, sim[name])
+EOF
 
 # A rank failing mid-step (its pipeline receives posted) ends every rank, with one message.
 t0=$SECONDS
