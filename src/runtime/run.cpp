@@ -30,6 +30,7 @@
 #include "pp/schedule.hpp"
 #include "runtime/layer.hpp"
 #include "runtime/pipeline.hpp"
+#include "trace/clock_sync.hpp"
 #include "trace/recorder.hpp"
 #include "trace/writer.hpp"
 
@@ -430,7 +431,7 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
 
   Space space;
   Model model(lshape, my_layers, deck.data.seed, coord.tp);
-  trace::Recorder rec(mesh.world(), {coord.tp, coord.cp, coord.pp, coord.dp});
+  trace::Recorder rec = trace::alignedRecorder(mesh.world(), {coord.tp, coord.cp, coord.pp, coord.dp});
   rec.reserve(static_cast<std::size_t>((steps + warmup) * M * (static_cast<std::int64_t>(my_layers.size()) * 16 + 8) *
                                            static_cast<std::int64_t>(strategies.size()) +
                                        64));

@@ -6,22 +6,26 @@
 #include <chrono>
 #include <ctime>
 #include <limits>
+#include <utility>
 
 namespace wlb::trace {
 
 const char* phaseName(Phase p) {
   switch (p) {
-    case Phase::Fwd: return "fwd";
-    case Phase::Bwd: return "bwd";
-    default: return "none";
+    case Phase::Fwd:
+      return "fwd";
+    case Phase::Bwd:
+      return "bwd";
+    default:
+      return "none";
   }
 }
 
 namespace labels {
 const std::vector<std::string>& standard() {
   static const std::vector<std::string> all = {
-      kStep, kEmbed, kNorm, kQkvProj, kAttn, kOutProj, kMlp, kLoss, kTpAllreduce,
-      kKvAllgather, kKvExchange, kPpSend, kPpRecv, kGradAllreduce, kOptimizer, kIdle};
+      kStep,        kEmbed,       kNorm,       kQkvProj, kAttn,   kOutProj,       kMlp,       kLoss,
+      kTpAllreduce, kKvAllgather, kKvExchange, kPpSend,  kPpRecv, kGradAllreduce, kOptimizer, kIdle};
   return all;
 }
 }  // namespace labels
@@ -29,8 +33,7 @@ const std::vector<std::string>& standard() {
 namespace {
 
 std::int64_t steadyNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
@@ -49,6 +52,13 @@ std::string isoNow() {
 
 }  // namespace
 
+std::int64_t Recorder::steadyNowNs() {
+  return steadyNs();
+}
+std::string Recorder::isoNowUtc() {
+  return isoNow();
+}
+
 void Recorder::init() {
   for (const auto& l : labels::standard()) region(l);
   events_.reserve(4096);
@@ -60,58 +70,18 @@ Recorder::Recorder(int rank, RankCoord coord) : rank_(rank), coord_(coord) {
   start_iso_ = isoNow();
 }
 
-Recorder::Recorder(MPI_Comm comm, RankCoord coord) : coord_(coord) {
+Recorder::Recorder(int rank, RankCoord coord, std::int64_t offset_ns, std::int64_t epoch_ns, std::string start_iso)
+    : rank_(rank), coord_(coord), offset_ns_(offset_ns), epoch_ns_(epoch_ns), start_iso_(std::move(start_iso)) {
   init();
-  int size = 1;
-  MPI_Comm_rank(comm, &rank_);
-  MPI_Comm_size(comm, &size);
-  // Clock offsets: rank 0 ping-pongs with each rank; the offset estimate of the round trip
-  // with the smallest RTT wins (Cristian's algorithm). offset = local − rank0.
-  constexpr int kRounds = 8;
-  constexpr int kTag = 7301;
-  MPI_Barrier(comm);
-  if (rank_ == 0) {
-    for (int r = 1; r < size; ++r) {
-      std::int64_t best_rtt = std::numeric_limits<std::int64_t>::max();
-      std::int64_t best_off = 0;
-      for (int i = 0; i < kRounds; ++i) {
-        std::int64_t t0 = steadyNs();
-        std::int64_t tr = 0;
-        MPI_Send(&t0, 1, MPI_INT64_T, r, kTag, comm);
-        MPI_Recv(&tr, 1, MPI_INT64_T, r, kTag, comm, MPI_STATUS_IGNORE);
-        std::int64_t t1 = steadyNs();
-        if (t1 - t0 < best_rtt) {
-          best_rtt = t1 - t0;
-          best_off = tr - (t0 + (t1 - t0) / 2);
-        }
-      }
-      MPI_Send(&best_off, 1, MPI_INT64_T, r, kTag + 1, comm);
-    }
-    offset_ns_ = 0;
-  } else {
-    for (int i = 0; i < kRounds; ++i) {
-      std::int64_t t0 = 0;
-      MPI_Recv(&t0, 1, MPI_INT64_T, 0, kTag, comm, MPI_STATUS_IGNORE);
-      std::int64_t tr = steadyNs();
-      MPI_Send(&tr, 1, MPI_INT64_T, 0, kTag, comm);
-    }
-    MPI_Recv(&offset_ns_, 1, MPI_INT64_T, 0, kTag + 1, comm, MPI_STATUS_IGNORE);
-  }
-  // Common epoch: rank 0's clock now, and rank 0's wall-clock time.
-  std::int64_t epoch = steadyNs();
-  MPI_Bcast(&epoch, 1, MPI_INT64_T, 0, comm);
-  epoch_ns_ = epoch;
-  std::string iso = isoNow();
-  char buf[48] = {0};
-  if (rank_ == 0) std::snprintf(buf, sizeof buf, "%s", iso.c_str());
-  MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, comm);
-  start_iso_ = buf;
-  MPI_Barrier(comm);
 }
 
-std::int64_t Recorder::localNs() const { return steadyNs(); }
+std::int64_t Recorder::localNs() const {
+  return steadyNs();
+}
 
-std::int64_t Recorder::now() const { return steadyNs() - offset_ns_ - epoch_ns_; }
+std::int64_t Recorder::now() const {
+  return steadyNs() - offset_ns_ - epoch_ns_;
+}
 
 int Recorder::region(std::string_view label) {
   std::string key(label);

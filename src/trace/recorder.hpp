@@ -10,7 +10,7 @@
 ///
 /// Measured use (executor):
 /// \code
-///   wlb::trace::Recorder rec(comm, {tp, cp, pp, dp});   // collective
+///   auto rec = wlb::trace::alignedRecorder(comm, {tp, cp, pp, dp});   // collective, trace/clock_sync.hpp
 ///   rec.setStrategy("wlb");
 ///   rec.setContext({step, mb, wlb::trace::Phase::Fwd, layer});
 ///   { wlb::trace::Recorder::Scope s(rec, wlb::trace::labels::kAttn, space, flops); run(); }
@@ -21,8 +21,6 @@
 ///   rec.setVirtualRanks(coords);              // one RankCoord per simulated rank
 ///   rec.record(ev);                           // ev.rank = simulated rank, explicit times
 /// \endcode
-
-#include <mpi.h>
 
 #include <cstdint>
 #include <string>
@@ -47,22 +45,22 @@ struct RankCoord {
 /// Op labels with a fixed meaning for analysis (docs/trace-schema.md, "Event labels").
 /// Recorders pre-register them in this order, so their ids are the same everywhere.
 namespace labels {
-inline constexpr const char* kStep = "step";                  ///< whole step on a rank (container)
-inline constexpr const char* kEmbed = "embed";                ///< embedding / input
-inline constexpr const char* kNorm = "norm";                  ///< layer norms
-inline constexpr const char* kQkvProj = "qkv_proj";           ///< QKV projection GEMM
-inline constexpr const char* kAttn = "attn";                  ///< attention kernel (core of CP imbalance)
-inline constexpr const char* kOutProj = "out_proj";           ///< attention output projection
-inline constexpr const char* kMlp = "mlp";                    ///< MLP GEMMs + activation
-inline constexpr const char* kLoss = "loss";                  ///< head + loss
-inline constexpr const char* kTpAllreduce = "tp_allreduce";   ///< TP all-reduce / reduce-scatter / all-gather
-inline constexpr const char* kKvAllgather = "kv_allgather";   ///< CP: KV all-gather (fwd) / dKV reduce-scatter (bwd)
-inline constexpr const char* kKvExchange = "kv_exchange";     ///< CP: sharding-aware KV point-to-point exchange
-inline constexpr const char* kPpSend = "pp_send";             ///< PP: send activations (fwd) / gradients (bwd)
-inline constexpr const char* kPpRecv = "pp_recv";             ///< PP: receive activations / gradients
+inline constexpr const char* kStep = "step";                     ///< whole step on a rank (container)
+inline constexpr const char* kEmbed = "embed";                   ///< embedding / input
+inline constexpr const char* kNorm = "norm";                     ///< layer norms
+inline constexpr const char* kQkvProj = "qkv_proj";              ///< QKV projection GEMM
+inline constexpr const char* kAttn = "attn";                     ///< attention kernel (core of CP imbalance)
+inline constexpr const char* kOutProj = "out_proj";              ///< attention output projection
+inline constexpr const char* kMlp = "mlp";                       ///< MLP GEMMs + activation
+inline constexpr const char* kLoss = "loss";                     ///< head + loss
+inline constexpr const char* kTpAllreduce = "tp_allreduce";      ///< TP all-reduce / reduce-scatter / all-gather
+inline constexpr const char* kKvAllgather = "kv_allgather";      ///< CP: KV all-gather (fwd) / dKV reduce-scatter (bwd)
+inline constexpr const char* kKvExchange = "kv_exchange";        ///< CP: sharding-aware KV point-to-point exchange
+inline constexpr const char* kPpSend = "pp_send";                ///< PP: send activations (fwd) / gradients (bwd)
+inline constexpr const char* kPpRecv = "pp_recv";                ///< PP: receive activations / gradients
 inline constexpr const char* kGradAllreduce = "grad_allreduce";  ///< DP gradient reduction
-inline constexpr const char* kOptimizer = "optimizer";        ///< optimizer update
-inline constexpr const char* kIdle = "idle";                  ///< explicit wait (bubble) if recorded
+inline constexpr const char* kOptimizer = "optimizer";           ///< optimizer update
+inline constexpr const char* kIdle = "idle";                     ///< explicit wait (bubble) if recorded
 /// All standard labels in id order.
 const std::vector<std::string>& standard();
 }  // namespace labels
@@ -72,8 +70,8 @@ struct Context {
   int step = -1;         ///< training step index (as in /plan/steps.step)
   int micro_batch = -1;  ///< micro-batch index within the rank's DP replica (0..M-1)
   Phase phase = Phase::None;
-  int layer = -1;        ///< transformer layer index, -1 if not layer-specific
-  int chunk = 0;         ///< virtual pipeline stage (interleaved 1F1B model chunk)
+  int layer = -1;  ///< transformer layer index, -1 if not layer-specific
+  int chunk = 0;   ///< virtual pipeline stage (interleaved 1F1B model chunk)
 };
 
 /// One recorded region. Layout is the in-memory (native) form of the `/events` compound.
@@ -82,14 +80,14 @@ struct Event {
   std::int32_t strategy = 0;  ///< index into the recorder's / file's strategy list
   std::int32_t step = -1;
   std::int32_t micro_batch = -1;
-  std::int32_t region = 0;    ///< index into the label table
+  std::int32_t region = 0;  ///< index into the label table
   std::int32_t layer = -1;
   std::int32_t chunk = 0;
   Phase phase = Phase::None;
   std::int64_t start_ns = 0;  ///< aligned ns since the run epoch
   std::int64_t end_ns = 0;
-  double flops = 0;           ///< floating-point operations done (0 if unknown)
-  double bytes = 0;           ///< bytes moved (communication) or touched (0 if unknown)
+  double flops = 0;  ///< floating-point operations done (0 if unknown)
+  double bytes = 0;  ///< bytes moved (communication) or touched (0 if unknown)
 };
 
 /// Cheap per-rank event buffer with aligned clocks.
@@ -97,10 +95,13 @@ class Recorder {
  public:
   /// Serial recorder (no MPI): rank `rank`, clock offset 0, epoch = now.
   explicit Recorder(int rank = 0, RankCoord coord = {});
-  /// Collective over `comm`: measures each rank's clock offset to rank 0 (ping-pong,
-  /// best of several round trips) and agrees on a common epoch. `comm` is only used
-  /// during construction; the writer takes its own communicator.
-  Recorder(MPI_Comm comm, RankCoord coord);
+  /// A recorder with a measured clock alignment (trace::alignedRecorder, which keeps MPI
+  /// out of this header): `offset_ns` = this rank's steady clock minus rank 0's,
+  /// `epoch_ns` = rank 0's clock at the common epoch.
+  Recorder(int rank, RankCoord coord, std::int64_t offset_ns, std::int64_t epoch_ns, std::string start_iso);
+  /// Steady clock (ns) and wall-clock ISO-8601 UTC now: the clocks every recorder uses.
+  static std::int64_t steadyNowNs();
+  static std::string isoNowUtc();
 
   /// Reserve room for `n` events (avoid growth during timed loops).
   void reserve(std::size_t n) { events_.reserve(n); }

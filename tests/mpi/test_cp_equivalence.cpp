@@ -22,6 +22,7 @@
 #include "cp/distributed_attention.hpp"
 #include "cp/shard_plan.hpp"
 #include "model/cost_model.hpp"
+#include "trace/clock_sync.hpp"
 #include "trace/recorder.hpp"
 
 using namespace wlb;
@@ -226,7 +227,7 @@ TEST(CpEquivalence, SubCommunicatorGroups) {
 
 // Events: one KV exchange and one attn event per phase, with the right labels/phases.
 TEST(CpEquivalence, RecordsExchangeAndAttentionEvents) {
-  trace::Recorder rec(MPI_COMM_WORLD, {0, worldRank(), 0, 0});
+  trace::Recorder rec = trace::alignedRecorder(MPI_COMM_WORLD, {0, worldRank(), 0, 0});
   rec.setContext({3, 1, trace::Phase::None, 0});
   const MicroBatch mb = makeMb({40, 9, 100});
   for (CommMode m : {CommMode::AllGather, CommMode::ShardingAware}) {

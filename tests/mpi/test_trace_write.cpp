@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "trace/clock_sync.hpp"
 #include "trace/reader.hpp"
 #include "trace/recorder.hpp"
 #include "trace/writer.hpp"
@@ -129,7 +130,7 @@ bool sameEvent(const tr::Event& a, const tr::Event& b) {
 TEST(TraceWrite, ParallelRoundTripExact) {
   const int rank = worldRank(), size = worldSize();
   const auto coord = coordOf(rank, size);
-  tr::Recorder rec(MPI_COMM_WORLD, coord);
+  tr::Recorder rec = tr::alignedRecorder(MPI_COMM_WORLD, coord);
   EXPECT_EQ(rec.rank(), rank);
   if (rank == 0) {
     EXPECT_EQ(rec.clockOffsetNs(), 0);
@@ -221,12 +222,10 @@ TEST(TraceWrite, ParallelRoundTripExact) {
 
 TEST(TraceWrite, ScopesProduceOrderedEventsOnEveryRank) {
   const int rank = worldRank(), size = worldSize();
-  tr::Recorder rec(MPI_COMM_WORLD, coordOf(rank, size));
+  tr::Recorder rec = tr::alignedRecorder(MPI_COMM_WORLD, coordOf(rank, size));
   rec.setStrategy("wlb");
   rec.setContext({0, 0, tr::Phase::Fwd, 0, 0});
-  {
-    tr::Recorder::Scope s(rec, tr::labels::kAttn, 123.0);
-  }
+  { tr::Recorder::Scope s(rec, tr::labels::kAttn, 123.0); }
   {
     tr::Recorder::Scope s(rec, tr::labels::kKvAllgather, 0.0, 64.0);
     s.context().phase = tr::Phase::Bwd;
@@ -254,7 +253,7 @@ TEST(TraceWrite, ScopesProduceOrderedEventsOnEveryRank) {
 
 TEST(TraceWrite, RankWithoutEventsStillWrites) {
   const int rank = worldRank(), size = worldSize();
-  tr::Recorder rec(MPI_COMM_WORLD, coordOf(rank, size));
+  tr::Recorder rec = tr::alignedRecorder(MPI_COMM_WORLD, coordOf(rank, size));
   if (rank == size - 1) rec.record(rec.region("attn"), 10, 20);
   const std::string path = outDir() + "/trace_sparse_np" + std::to_string(size) + ".h5";
   tr::Writer w(path, tr::RunMeta{}, MPI_COMM_WORLD);
