@@ -190,15 +190,23 @@ int run(const Opts& o) {
                     probe.linearTableUsed() ? "deck-shaped linear_ops table"
                                             : "no linear_ops table for this shape: every op at linear_gflops");
   os << summary.str();
-  os << fmt::format("{:<14} {:>8} {:>8} {:>8} {:>12} {:>14} {:>8}\n", "factor", "before", "after", "moved",
-                    "measured[s]", "predicted[s]", "events");
+  os << fmt::format("{:<14} {:>8} {:>8} {:>8} {:>12} {:>14} {:>8} {:>9}\n", "factor", "before", "after", "moved",
+                    "measured[s]", "predicted[s]", "events", "outliers");
+  std::size_t outliers = 0;
   for (const auto& f : fit.factors) {
-    os << fmt::format("{:<14} {:>8.4f} {:>8.4f} {:>8} {:>12.3f} {:>14.3f} {:>8}", f.key, f.before, f.after,
-                      f.fitted ? pct(f.after, f.before) : std::string("-"), f.measured_s, f.predicted_s, f.events);
+    os << fmt::format("{:<14} {:>8.4f} {:>8.4f} {:>8} {:>12.3f} {:>14.3f} {:>8} {:>9}", f.key, f.before, f.after,
+                      f.fitted ? pct(f.after, f.before) : std::string("-"), f.measured_s, f.predicted_s, f.events,
+                      f.outliers);
     if (!f.fitted) os << "  (" << f.note << ")";
     os << "\n";
+    outliers += f.outliers;
   }
   os << "(predicted = the profile before the fit, same events; after = before x predicted / measured)\n";
+  if (outliers > 0)
+    os << fmt::format(
+        "note: {} event(s) more than {:g}x slower than their kind's median (measured / predicted) were "
+        "left out as interference (another job, a stall)\n",
+        outliers, wlb::model::kOutlierRatio);
   for (const auto& l : fit.links) {
     if (l.fitted)
       os << fmt::format("{:<14} {:>8.3f} {:>8.3f} {:>8}  {} collectives, {:.1f} MB in {:.3f} s (fastest member)\n",
@@ -217,26 +225,39 @@ int run(const Opts& o) {
   if (fit.unmatched_events > 0)
     os << fmt::format("note: {} attention/linear event(s) had no shard plan or FLOPs and were not fitted\n",
                       fit.unmatched_events);
-  // Residual per strategy: what one factor per op kind cannot remove.
-  std::vector<std::string> strategies;
+  // Residual per run and strategy: what one factor per op kind cannot remove.
+  std::vector<std::pair<std::size_t, std::string>> columns;
   for (const auto& r : fit.residuals)
-    if (std::find(strategies.begin(), strategies.end(), r.strategy) == strategies.end())
-      strategies.push_back(r.strategy);
-  os << "residual after the fit, measured / predicted op time per strategy (1.000 = exact):\n";
+    if (std::find(columns.begin(), columns.end(), std::make_pair(r.run, r.strategy)) == columns.end())
+      columns.push_back({r.run, r.strategy});
+  std::sort(columns.begin(), columns.end(), [&](const auto& a, const auto& b) {
+    if (a.first != b.first) return a.first < b.first;
+    const auto& st = runs[a.first].strategies;
+    return std::find(st.begin(), st.end(), a.second) < std::find(st.begin(), st.end(), b.second);
+  });
+  const auto label = [&](const std::pair<std::size_t, std::string>& c) {
+    if (runs.size() == 1) return c.second;
+    const fs::path n(names[c.first]);
+    return (n.has_parent_path() ? n.parent_path().string() : n.stem().string()) + ":" + c.second;
+  };
+  std::size_t w = 9;
+  for (const auto& c : columns) w = std::max(w, label(c).size());
+  os << "residual after the fit, measured / predicted op time per " << (runs.size() > 1 ? "trace and " : "")
+     << "strategy (1.000 = exact):\n";
   os << fmt::format("  {:<12}", "factor");
-  for (const auto& s : strategies) os << fmt::format(" {:>9}", s);
+  for (const auto& c : columns) os << fmt::format(" {:>{}}", label(c), w);
   os << "\n";
   for (const auto& key : wlb::model::Factors::keys()) {
     std::string line = fmt::format("  {:<12}", key);
     bool any = false;
-    for (const auto& s : strategies) {
+    for (const auto& c : columns) {
       double m = 0, p = 0;
       for (const auto& r : fit.residuals)
-        if (r.strategy == s && r.key == key) {
+        if (r.run == c.first && r.strategy == c.second && r.key == key) {
           m += r.measured_s;
           p += r.predicted_s;
         }
-      line += p > 0 ? fmt::format(" {:>9.3f}", m / p) : fmt::format(" {:>9}", "-");
+      line += p > 0 ? fmt::format(" {:>{}.3f}", m / p, w) : fmt::format(" {:>{}}", "-", w);
       any = any || p > 0;
     }
     if (any) os << line << "\n";

@@ -80,6 +80,12 @@ double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+double cpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 /// One BLAS thread (OpenBLAS exports openblas_set_num_threads; other BLAS: no-op).
 void singleThreadBlas() {
   using Fn = void (*)(int);
@@ -282,70 +288,73 @@ struct LinearCell {
   double fill[2];                            ///< random input (fwd), loss gradient (bwd)
 };
 
-/// Run a real `runtime::LayerStep` (one CP rank: MPI_COMM_SELF, cp = 1) on a micro-batch of
-/// `n` tokens in short documents (attention negligible, and timed separately anyway), with
-/// a serial trace recorder giving the ops' times; each quantity is the best over repetitions.
-LinearCell measureLinear(const Opts& o, const wlb::model::ModelDims& dims, std::int64_t tp, std::int64_t n,
-                         const att::KernelConfig& kcfg) {
-  namespace rt = wlb::runtime;
-  const rt::LayerShape shape = rt::LayerShape::fromDims(dims, static_cast<int>(tp));
-  rt::Model model(shape, 1, 1234, 0);
-  wlb::MicroBatch mb;
-  for (std::int64_t t = 0, d = 0; t < n; t += 64, ++d)
-    mb.segments.push_back({d, 0, std::min<std::int64_t>(64, n - t), 0});
-  const wlb::model::CostModel cost(dims, wlb::model::HardwareProfile::analytic(), tp);
-  wlb::CpConfig cpc;
-  cpc.comm = "sharding_aware";
-  const auto sp = wlb::cp::planShards(mb, "per_sequence", 1, cost, cpc);
-  const auto cpl = wlb::cp::planComm(sp, wlb::cp::CommMode::ShardingAware, cost);
-  wlb::trace::Recorder rec;
-  rec.reserve(64);
-  rt::Space space;
-  rt::LayerEnv env;
-  env.space = &space;
-  env.cp_comm = MPI_COMM_SELF;
-  env.tp_comm = MPI_COMM_NULL;
-  env.tp = 1;
-  env.cost = &cost;
-  env.recorder = &rec;
-  env.kernel = kcfg;
-  LinearCell best;
-  for (auto& op : best.op) op[0] = op[1] = 1e300;
-  best.elementwise[0] = best.elementwise[1] = best.fill[0] = best.fill[1] = 1e300;
-  const auto t_start = std::chrono::steady_clock::now();
-  for (int it = 0; it < 50; ++it) {
-    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-    if (it >= o.reps && el >= o.min_seconds * o.reps) break;
-    model.zeroGrads(space);
-    rec.clear();
-    const std::int64_t t0 = rec.now();
-    rt::Mat x(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::profile::x"), n, shape.hidden);
-    rt::fillRandom(space, x, 1, static_cast<std::uint64_t>(it), 1.0f);
-    wlb::kk::fence(space, "wlb::profile::fill");
-    const std::int64_t t1 = rec.now();
-    rec.setContext({0, 0, wlb::trace::Phase::Fwd, 0});
-    auto ls = std::make_unique<rt::LayerStep>(env, model, 0, sp, cpl);
+/// One real `runtime::LayerStep` (one CP rank: MPI_COMM_SELF, cp = 1) on a micro-batch of
+/// `n` tokens in short documents (attention negligible, and timed separately anyway), with a
+/// serial trace recorder giving the ops' times, exactly as `wlb run` times them.
+class LinearBench {
+ public:
+  LinearBench(const wlb::model::ModelDims& dims, std::int64_t tp, std::int64_t n, const att::KernelConfig& kcfg)
+      : shape_(wlb::runtime::LayerShape::fromDims(dims, static_cast<int>(tp))),
+        model_(shape_, 1, 1234, 0),
+        cost_(dims, wlb::model::HardwareProfile::analytic(), tp),
+        n_(n) {
+    wlb::MicroBatch mb;
+    for (std::int64_t t = 0, d = 0; t < n; t += 64, ++d)
+      mb.segments.push_back({d, 0, std::min<std::int64_t>(64, n - t), 0});
+    wlb::CpConfig cpc;
+    cpc.comm = "sharding_aware";
+    sp_ = wlb::cp::planShards(mb, "per_sequence", 1, cost_, cpc);
+    cpl_ = wlb::cp::planComm(sp_, wlb::cp::CommMode::ShardingAware, cost_);
+    rec_.reserve(64);
+    env_.space = &space_;
+    env_.cp_comm = MPI_COMM_SELF;
+    env_.tp_comm = MPI_COMM_NULL;
+    env_.tp = 1;
+    env_.cost = &cost_;
+    env_.recorder = &rec_;
+    env_.kernel = kcfg;
+  }
+  const wlb::model::CostModel& cost() const { return cost_; }
+
+  /// One forward + backward with the fills around it, as a micro-batch of `wlb run`.
+  LinearCell once(int it) {
+    namespace rt = wlb::runtime;
+    model_.zeroGrads(space_);
+    rec_.clear();
+    const double cpu0 = cpuSeconds();
+    const std::int64_t t0 = rec_.now();
+    rt::Mat x(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::profile::x"), n_, shape_.hidden);
+    rt::fillRandom(space_, x, 1, static_cast<std::uint64_t>(it), 1.0f);
+    wlb::kk::fence(space_, "wlb::profile::fill");
+    const std::int64_t t1 = rec_.now();
+    rec_.setContext({0, 0, wlb::trace::Phase::Fwd, 0});
+    auto ls = std::make_unique<rt::LayerStep>(env_, model_, 0, sp_, cpl_);
     rt::Mat y = ls->forward(x);
-    wlb::kk::fence(space, "wlb::profile::fwd");
-    const std::int64_t t2 = rec.now();
-    rt::Mat dy(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::profile::dy"), n, shape.hidden);
-    rt::fillRandom(space, dy, 2, static_cast<std::uint64_t>(it), 1e-2f);
-    wlb::kk::fence(space, "wlb::profile::fill");
-    const std::int64_t t3 = rec.now();
-    rec.setContext({0, 0, wlb::trace::Phase::Bwd, 0});
+    wlb::kk::fence(space_, "wlb::profile::fwd");
+    const std::int64_t t2 = rec_.now();
+    rt::Mat dy(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::profile::dy"), n_, shape_.hidden);
+    rt::fillRandom(space_, dy, 2, static_cast<std::uint64_t>(it), 1e-2f);
+    wlb::kk::fence(space_, "wlb::profile::fill");
+    const std::int64_t t3 = rec_.now();
+    rec_.setContext({0, 0, wlb::trace::Phase::Bwd, 0});
     rt::Mat dx = ls->backward(dy);
     ls.reset();
-    wlb::kk::fence(space, "wlb::profile::bwd");
-    const std::int64_t t4 = rec.now();
-    double op[wlb::model::kLinearOpCount][2] = {}, inside[2] = {};
-    for (const auto& e : rec.events()) {
-      const std::string& l = rec.regions()[static_cast<std::size_t>(e.region)];
+    wlb::kk::fence(space_, "wlb::profile::bwd");
+    const std::int64_t t4 = rec_.now();
+    // Serial backend: the share of the core this process got (page faults included, as
+    // system time) scales the wall-clock op times, so other jobs on the core do not count
+    const double wall = static_cast<double>(t4 - t0) * 1e-9;
+    const double share = g_cpu_clock && wall > 0 ? std::min(1.0, (cpuSeconds() - cpu0) / wall) : 1.0;
+    LinearCell c{};
+    double inside[2] = {0, 0};
+    for (const auto& e : rec_.events()) {
+      const std::string& l = rec_.regions()[static_cast<std::size_t>(e.region)];
       const double d = static_cast<double>(e.end_ns - e.start_ns) * 1e-9;
       const int ph = e.phase == wlb::trace::Phase::Bwd ? 1 : 0;
       bool counted = l == wlb::trace::labels::kAttn;
       for (int k = 0; k < wlb::model::kLinearOpCount; ++k)
         if (l == wlb::model::linearOpName(static_cast<wlb::model::LinearOp>(k))) {
-          op[k][ph] += d;
+          c.op[k][ph] += d;
           counted = true;
         }
       // KV events that move bytes are communication; a rank's own-run copies (0 bytes) are
@@ -354,14 +363,71 @@ LinearCell measureLinear(const Opts& o, const wlb::model::ModelDims& dims, std::
         counted = true;
       if (counted) inside[ph] += d;
     }
-    for (int k = 0; k < wlb::model::kLinearOpCount; ++k)
-      for (int ph = 0; ph < 2; ++ph) best.op[k][ph] = std::min(best.op[k][ph], op[k][ph]);
-    best.elementwise[0] = std::min(best.elementwise[0], std::max(0.0, static_cast<double>(t2 - t1) * 1e-9 - inside[0]));
-    best.elementwise[1] = std::min(best.elementwise[1], std::max(0.0, static_cast<double>(t4 - t3) * 1e-9 - inside[1]));
-    best.fill[0] = std::min(best.fill[0], static_cast<double>(t1 - t0) * 1e-9);
-    best.fill[1] = std::min(best.fill[1], static_cast<double>(t3 - t2) * 1e-9);
+    c.elementwise[0] = std::max(0.0, static_cast<double>(t2 - t1) * 1e-9 - inside[0]);
+    c.elementwise[1] = std::max(0.0, static_cast<double>(t4 - t3) * 1e-9 - inside[1]);
+    c.fill[0] = static_cast<double>(t1 - t0) * 1e-9;
+    c.fill[1] = static_cast<double>(t3 - t2) * 1e-9;
+    for (int ph = 0; ph < 2; ++ph) {
+      for (auto& op : c.op) op[ph] *= share;
+      c.elementwise[ph] *= share;
+      c.fill[ph] *= share;
+    }
+    return c;
   }
-  return best;
+
+ private:
+  wlb::runtime::LayerShape shape_;
+  wlb::runtime::Model model_;
+  wlb::model::CostModel cost_;
+  std::int64_t n_;
+  wlb::cp::ShardPlan sp_;
+  wlb::cp::CommPlan cpl_;
+  wlb::trace::Recorder rec_;
+  wlb::runtime::Space space_;
+  wlb::runtime::LayerEnv env_;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t k = v.size();
+  return k == 0 ? 0.0 : k % 2 ? v[k / 2] : 0.5 * (v[k / 2 - 1] + v[k / 2]);
+}
+
+/// The layer's ops at every token count of `grid`, round-robin over the sizes (as a run
+/// alternates micro-batch sizes: the allocator's state, and so the first-touch page faults of
+/// the ops' fresh outputs, is a run's, not one size's steady state), one unrecorded warm-up
+/// per size, then the median of `rounds` repetitions per quantity.
+std::vector<LinearCell> measureLinear(const wlb::model::ModelDims& dims, std::int64_t tp,
+                                      const std::vector<std::int64_t>& grid, int rounds,
+                                      const att::KernelConfig& kcfg) {
+  std::vector<std::unique_ptr<LinearBench>> benches;
+  for (auto n : grid) benches.push_back(std::make_unique<LinearBench>(dims, tp, n, kcfg));
+  std::vector<std::vector<LinearCell>> cells(grid.size());
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r <= rounds; ++r) {
+    for (std::size_t i = 0; i < grid.size(); ++i) {
+      const LinearCell c = benches[i]->once(r);
+      if (r > 0) cells[i].push_back(c);
+    }
+    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "wlb profile: layer ops round %d/%d over %zu token counts  [ETA %.0f s]\n", r, rounds,
+                 grid.size(), el / (r + 1) * (rounds - r));
+  }
+  std::vector<LinearCell> out(grid.size());
+  for (std::size_t i = 0; i < grid.size(); ++i) {
+    const auto med = [&](auto get) {
+      std::vector<double> v;
+      for (const auto& c : cells[i]) v.push_back(get(c));
+      return median(v);
+    };
+    for (int k = 0; k < wlb::model::kLinearOpCount; ++k)
+      for (int ph = 0; ph < 2; ++ph) out[i].op[k][ph] = med([&](const LinearCell& c) { return c.op[k][ph]; });
+    for (int ph = 0; ph < 2; ++ph) {
+      out[i].elementwise[ph] = med([&](const LinearCell& c) { return c.elementwise[ph]; });
+      out[i].fill[ph] = med([&](const LinearCell& c) { return c.fill[ph]; });
+    }
+  }
+  return out;
 }
 
 /// A rank's batch as the executor lays it out: queries back to back, one KV block per
@@ -409,9 +475,10 @@ void addDeckShaped(const Opts& o, const DeckPlans& plans, const att::KernelConfi
     gf[m::linearOpName(static_cast<m::LinearOp>(k))] = {{"fwd", nlohmann::json::array()},
                                                         {"bwd", nlohmann::json::array()}};
   double total_flops = 0, total_s = 0;
+  const auto measured = measureLinear(plans.dims, plans.tp, grid, o.quick ? 2 : std::max(o.reps, 7), cfg);
   for (std::size_t i = 0; i < grid.size(); ++i) {
     const std::int64_t n = grid[i];
-    const LinearCell c = measureLinear(o, plans.dims, plans.tp, n, cfg);
+    const LinearCell& c = measured[i];
     std::string line;
     for (int k = 0; k < m::kLinearOpCount; ++k) {
       const auto op = static_cast<m::LinearOp>(k);
@@ -448,8 +515,11 @@ void addDeckShaped(const Opts& o, const DeckPlans& plans, const att::KernelConfi
                      {"gflops", gf},
                      {"elementwise_ns_per_token", el},
                      {"fill_ns_per_token", fill},
-                     {"note", "one rank of the layer as `wlb run` executes it (runtime::LayerStep), best of " +
-                                  std::to_string(o.reps) + "; wall time"}};
+                     {"note",
+                      "one rank of the layer as `wlb run` executes it (runtime::LayerStep), token counts "
+                      "round-robin, median of " +
+                          std::to_string(o.quick ? 2 : std::max(o.reps, 7)) + " repetitions; wall time" +
+                          (g_cpu_clock ? " x the process's CPU share of it" : "")}};
 
   // Attention factors: whole rank batches of the plans against the table just measured.
   m::HardwareProfile table = m::HardwareProfile::analytic();

@@ -6,6 +6,8 @@
 // through `mpirun` where it needs the deck's ranks), printed before it runs, logged under
 // OUT/logs; exit 3 when an error exceeds the tolerance or an ordering differs.
 #include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -48,6 +50,7 @@ struct Opts {
   std::string out = "wlb-out/validate-sim", profile, mpirun = "mpirun";
   double tolerance = 5.0;
   std::int64_t steps = -1, warmup = -1, seed_offset = 1;
+  int rounds = 1;
   bool quick = false, no_calibrate = false;
 };
 
@@ -181,8 +184,12 @@ int runStage(const std::string& title, const std::vector<std::string>& args, con
     ::_exit(127);
   }
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  struct rusage ru {};
+  while (::wait4(pid, &status, 0, &ru) < 0 && errno == EINTR) {
   }
+  // CPU time of the stage and every process it waited for (mpirun's ranks)
+  const double cpu = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+                     1e-6 * static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
   const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double load1 = loadAvg();
@@ -190,6 +197,7 @@ int runStage(const std::string& title, const std::vector<std::string>& args, con
                     {"command", joinArgs(args)},
                     {"exit", rc},
                     {"seconds", secs},
+                    {"cpu_seconds", cpu},
                     {"load_before", load0},
                     {"load_after", load1}});
   if (rc != 0) {
@@ -234,6 +242,7 @@ struct Row {
   double measured = 0, predicted = 0, error = 0;  ///< tokens/s, % (predicted / measured - 1)
   double speedup_measured = 1, speedup_predicted = 1;
   std::int64_t drain_measured = 0, drain_predicted = 0;
+  double round_min = 0, round_max = 0;  ///< measured tokens/s over the rounds
 };
 
 std::string ordering(std::vector<std::pair<std::string, double>> v) {
@@ -264,6 +273,7 @@ int run(const Opts& o) {
                           true);
   if (o.tolerance <= 0) throw wlb::InputError("--tolerance must be > 0 (percent)");
   if (o.seed_offset < 0) throw wlb::InputError("--seed-offset must be >= 0");
+  if (o.rounds < 1) throw wlb::InputError("--rounds must be >= 1");
   if (o.steps == 0 || o.steps < -1) throw wlb::InputError("--steps must be >= 1");
   if (o.warmup < -1) throw wlb::InputError("--warmup must be >= 0");
   if (!o.profile.empty() && !fs::exists(o.profile)) throw wlb::InputError("--profile: '" + o.profile + "' not found");
@@ -324,17 +334,20 @@ int run(const Opts& o) {
       "wlb validate-sim: %zu deck(s) on %s (%u cores); tolerance %.1f%% on throughput per strategy and the "
       "same ordering; output %s\n",
       cases.size(), cpu.c_str(), cores, o.tolerance, out.string().c_str());
-  std::printf(
-      "  calibrated on: %s, documents of data.seed; validated on every deck with data.seed + %lld "
-      "(other documents than the calibration saw)%s\n",
-      [&] {
-        std::string s;
-        for (const auto& c : cases)
-          if (c.calibrates) s += (s.empty() ? "" : ", ") + c.name;
-        return s;
-      }()
-          .c_str(),
-      static_cast<long long>(o.seed_offset), o.no_calibrate ? " [--no-calibrate: calibration skipped]" : "");
+  {
+    std::string how;
+    if (o.no_calibrate) {
+      how = "not calibrated (--no-calibrate): the profile as measured";
+    } else if (o.calibrate_on.empty()) {
+      how = "each deck calibrated on its own run with data.seed";
+    } else {
+      for (const auto& c : cases)
+        if (c.calibrates) how += (how.empty() ? "" : ", ") + c.name;
+      how = "one profile calibrated on the runs of " + how + " (data.seed) for every deck";
+    }
+    std::printf("  %s; validated with data.seed + %lld (documents the calibration did not see)\n", how.c_str(),
+                static_cast<long long>(o.seed_offset));
+  }
 
   try {
     // 1. Profile (the decks' shapes, planned as they run) unless one is given.
@@ -347,29 +360,86 @@ int run(const Opts& o) {
       runStage("profile: plan the decks, time their layer ops and attention pieces", a, logs / "profile.log", stages,
                true);
     }
-    // 2-3. Calibration runs and the fit.
-    fs::path calibrated = profile;
-    if (!o.no_calibrate) {
-      std::vector<std::string> traces;
-      for (const auto& c : cases) {
-        if (!c.calibrates) continue;
-        const fs::path dir = out / "calibration" / c.name;
+    // Measured runs: `rounds` of them, the fastest kept (the profile is best-of-repetitions
+    // too: it describes the machine undisturbed); every round's throughput is reported.
+    struct Measured {
+      fs::path dir;                                       ///< the fastest round's output.dir
+      std::map<std::string, std::vector<double>> rounds;  ///< strategy -> tokens/s per round
+      double core_share = 0;                              ///< of the fastest round
+    };
+    const auto measure = [&](const DeckCase& c, const std::string& kind, const fs::path& prof,
+                             const std::string& seed) {
+      Measured m;
+      double best = -1;
+      for (int r = 0; r < o.rounds; ++r) {
+        const fs::path dir = out / kind / (c.name + (o.rounds > 1 ? "-r" + std::to_string(r + 1) : ""));
         std::vector<std::string> a = mpirun;
         a.insert(a.end(), {"-n", std::to_string(c.ranks), wlb, "run", c.path});
         set_args(a);
-        a.insert(a.end(), {"--set", "hardware.profile=\"" + profile.string() + "\"", "--set",
+        a.insert(a.end(), {"--set", "hardware.profile=\"" + prof.string() + "\"", "--set", "data.seed=" + seed, "--set",
                            "output.dir=\"" + dir.string() + "\"", "--set", "output.trace=\"trace.h5\""});
         steps_args(a);
-        runStage("measured calibration run: " + c.name + " (" + std::to_string(c.ranks) + " ranks)", a,
-                 logs / ("calibration-" + c.name + ".log"), stages);
-        traces.push_back((dir / "trace.h5").string());
+        runStage("measured " + kind + " run: " + c.name + " (data.seed = " + seed + ", " + std::to_string(c.ranks) +
+                     " ranks" +
+                     (o.rounds > 1 ? ", round " + std::to_string(r + 1) + "/" + std::to_string(o.rounds) : "") + ")",
+                 a, logs / (kind + "-" + c.name + (o.rounds > 1 ? "-r" + std::to_string(r + 1) : "") + ".log"), stages);
+        const auto& st = stages.back();
+        const double share = st["cpu_seconds"].get<double>() /
+                             (static_cast<double>(c.ranks) * std::max(st["seconds"].get<double>(), 1e-9));
+        std::printf(
+            "   core share %.2f (CPU seconds of the ranks / (ranks x wall seconds); below ~0.9 other jobs took "
+            "part of their cores)\n",
+            share);
+        stages.back()["core_share"] = share;
+        const auto summary = readJson(dir / "summary.json");
+        double score = 0;
+        for (const auto& st : summary.at("strategies")) {
+          const double t = st.at("tokens_per_second").get<double>();
+          m.rounds[st.at("strategy").get<std::string>()].push_back(t);
+          score += t;
+        }
+        if (score > best) {
+          best = score;
+          m.dir = dir;
+          m.core_share = share;
+        }
       }
-      calibrated = out / "profile.calibrated.json";
+      if (o.rounds > 1) std::printf("   fastest round: %s\n", m.dir.filename().string().c_str());
+      return m;
+    };
+    // 2-3. Calibration runs and the fit: each deck on its own documents (default), or one
+    // profile from the --calibrate-on decks for every deck (a cross-deck prediction).
+    std::map<std::string, fs::path> calibrated;  // deck name -> profile its validation uses
+    for (const auto& c : cases) calibrated[c.name] = profile;
+    const auto fit = [&](const std::vector<std::string>& traces, const fs::path& to, const std::string& what) {
       std::vector<std::string> a{wlb, "calibrate"};
       a.insert(a.end(), traces.begin(), traces.end());
-      a.insert(a.end(), {"--profile", profile.string(), "--out", calibrated.string()});
-      runStage("calibrate: fit the profile's factors to the calibration traces", a, logs / "calibrate.log", stages,
-               true);
+      a.insert(a.end(), {"--profile", profile.string(), "--out", to.string()});
+      runStage(
+          "calibrate: fit the profile's factors to " + what, a,
+          logs / ("calibrate" +
+                  (to.stem().string() == "profile.calibrated" ? std::string() : "-" + to.stem().string()) + ".log"),
+          stages, true);
+    };
+    if (!o.no_calibrate && o.calibrate_on.empty()) {
+      for (const auto& c : cases) {
+        const Measured m = measure(c, "calibration", profile, std::to_string(c.deck.data.seed));
+        calibrated[c.name] = out / ("profile.calibrated." + c.name + ".json");
+        fit({(m.dir / "trace.h5").string()}, calibrated[c.name], c.name + "'s calibration run");
+      }
+    } else if (!o.no_calibrate) {
+      std::vector<std::string> traces, names;
+      for (const auto& c : cases) {
+        if (!c.calibrates) continue;
+        const Measured m = measure(c, "calibration", profile, std::to_string(c.deck.data.seed));
+        traces.push_back((m.dir / "trace.h5").string());
+        names.push_back(c.name);
+      }
+      const fs::path joint = out / "profile.calibrated.json";
+      std::string list;
+      for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+      fit(traces, joint, "the calibration runs of " + list);
+      for (const auto& c : cases) calibrated[c.name] = joint;
     }
     // 4-5. Validation runs on other documents and the simulation of the same steps.
     std::vector<Row> rows;
@@ -378,19 +448,12 @@ int run(const Opts& o) {
     double worst = 0;
     for (const auto& c : cases) {
       const std::string seed = std::to_string(c.deck.data.seed + static_cast<std::uint64_t>(o.seed_offset));
-      const fs::path vdir = out / "validation" / c.name, sdir = out / "simulation" / c.name;
-      std::vector<std::string> a = mpirun;
-      a.insert(a.end(), {"-n", std::to_string(c.ranks), wlb, "run", c.path});
-      set_args(a);
-      a.insert(a.end(), {"--set", "hardware.profile=\"" + calibrated.string() + "\"", "--set", "data.seed=" + seed,
-                         "--set", "output.dir=\"" + vdir.string() + "\"", "--set", "output.trace=\"trace.h5\""});
-      steps_args(a);
-      runStage("measured validation run: " + c.name + " (data.seed = " + seed + ")", a,
-               logs / ("validation-" + c.name + ".log"), stages);
+      const Measured mv = measure(c, "validation", calibrated[c.name], seed);
+      const fs::path vdir = mv.dir, sdir = out / "simulation" / c.name;
       std::vector<std::string> s{wlb, "simulate", c.path, "--as-run"};
       set_args(s);
-      s.insert(s.end(), {"--set", "hardware.profile=\"" + calibrated.string() + "\"", "--set", "data.seed=" + seed,
-                         "--out", sdir.string(), "--trace", (sdir / "trace.h5").string()});
+      s.insert(s.end(), {"--set", "hardware.profile=\"" + calibrated[c.name].string() + "\"", "--set",
+                         "data.seed=" + seed, "--out", sdir.string(), "--trace", (sdir / "trace.h5").string()});
       steps_args(s);
       runStage("simulate --as-run: " + c.name + " (same deck, profile and documents)", s,
                logs / ("simulate-" + c.name + ".log"), stages);
@@ -416,6 +479,9 @@ int run(const Opts& o) {
             found = true;
           }
         if (!found) throw std::runtime_error("wlb validate-sim: simulate.json has no row for " + r.strategy);
+        const auto& rr = mv.rounds.at(r.strategy);
+        r.round_min = *std::min_element(rr.begin(), rr.end());
+        r.round_max = *std::max_element(rr.begin(), rr.end());
         r.error = r.measured > 0 ? (r.predicted / r.measured - 1.0) * 100.0 : 0.0;
         worst = std::max(worst, std::abs(r.error));
         if (std::abs(r.error) > o.tolerance) all_ok = false;
@@ -427,6 +493,7 @@ int run(const Opts& o) {
                          {"error_percent", r.error},
                          {"measured_speedup", r.speedup_measured},
                          {"predicted_speedup", r.speedup_predicted},
+                         {"measured_tokens_per_second_rounds", rr},
                          {"measured_drain_steps", r.drain_measured},
                          {"predicted_drain_steps", r.drain_predicted}});
         rows.push_back(r);
@@ -441,17 +508,22 @@ int run(const Opts& o) {
         if (it == ps.end() || it->second != v) ++differ;
       }
       differ += ps.size() > ms.size() ? ps.size() - ms.size() : 0;
-      deck_json.push_back({{"deck", c.name},
-                           {"file", fs::path(c.path).filename().string()},
-                           {"ranks", c.ranks},
-                           {"data_seed", std::stoull(seed)},
-                           {"calibrated_on", c.calibrates && !o.no_calibrate},
-                           {"measured_order", mo},
-                           {"predicted_order", po},
-                           {"same_order", mo == po},
-                           {"plan_segments", ms.size()},
-                           {"plan_segments_differing", differ},
-                           {"strategies", jrows}});
+      deck_json.push_back(
+          {{"deck", c.name},
+           {"file", fs::path(c.path).filename().string()},
+           {"ranks", c.ranks},
+           {"data_seed", std::stoull(seed)},
+           {"calibrated_on", o.no_calibrate           ? std::string("-")
+                             : o.calibrate_on.empty() ? c.name + " (data.seed " + std::to_string(c.deck.data.seed) + ")"
+                                                      : calibrated[c.name].filename().string()},
+           {"profile", calibrated[c.name].filename().string()},
+           {"validation_core_share", mv.core_share},
+           {"measured_order", mo},
+           {"predicted_order", po},
+           {"same_order", mo == po},
+           {"plan_segments", ms.size()},
+           {"plan_segments_differing", differ},
+           {"strategies", jrows}});
     }
 
     // Table.
@@ -462,18 +534,34 @@ int run(const Opts& o) {
     os << fmt::format("{:<16} {:<10} {:>13} {:>13} {:>8} {:>11} {:>11} {:>7}\n", "", "", "ktok/s", "ktok/s", "",
                       "measured", "predicted", "m/p");
     for (const auto& r : rows)
-      os << fmt::format("{:<16} {:<10} {:>13.3f} {:>13.3f} {:>+7.1f}% {:>10.3f}x {:>10.3f}x {:>3}/{:<3}{}\n", r.deck,
-                        r.strategy, r.measured / 1e3, r.predicted / 1e3, r.error, r.speedup_measured,
-                        r.speedup_predicted, r.drain_measured, r.drain_predicted,
-                        std::abs(r.error) > o.tolerance ? "  over tolerance" : "");
+      os << fmt::format(
+          "{:<16} {:<10} {:>13.3f} {:>13.3f} {:>+7.1f}% {:>10.3f}x {:>10.3f}x {:>3}/{:<3}{}\n", r.deck, r.strategy,
+          r.measured / 1e3, r.predicted / 1e3, r.error, r.speedup_measured, r.speedup_predicted, r.drain_measured,
+          r.drain_predicted,
+          (o.rounds > 1 ? fmt::format("  rounds {:.3f}-{:.3f}", r.round_min / 1e3, r.round_max / 1e3) : std::string()) +
+              (std::abs(r.error) > o.tolerance ? "  over tolerance" : ""));
     for (const auto& d : deck_json) {
-      os << fmt::format("{:<16} ordering by throughput: measured {}; predicted {}: {}\n", d["deck"].get<std::string>(),
-                        d["measured_order"].get<std::string>(), d["predicted_order"].get<std::string>(),
-                        d["same_order"].get<bool>() ? "same" : "DIFFERENT");
+      os << fmt::format(
+          "{:<16} ordering by throughput: measured {}; predicted {}: {}; core share of the measured "
+          "run {:.2f}\n",
+          d["deck"].get<std::string>(), d["measured_order"].get<std::string>(), d["predicted_order"].get<std::string>(),
+          d["same_order"].get<bool>() ? "same" : "DIFFERENT", d["validation_core_share"].get<double>());
       if (d["plan_segments_differing"].get<std::size_t>() > 0)
         os << fmt::format("{:<16} note: {} of {} planned segments differ between the measured and the simulated run\n",
                           "", d["plan_segments_differing"].get<std::size_t>(), d["plan_segments"].get<std::size_t>());
     }
+    double load_max = 0, share_min = 1;
+    for (const auto& st : stages)
+      if (st["stage"].get<std::string>().rfind("measured", 0) == 0) {
+        load_max = std::max({load_max, st["load_before"].get<double>(), st["load_after"].get<double>()});
+        if (st.contains("core_share")) share_min = std::min(share_min, st["core_share"].get<double>());
+      }
+    if (share_min < 0.9 || load_max > static_cast<double>(cores) + 0.5)
+      os << fmt::format(
+          "note: the measured runs shared their cores with other jobs (core share down to {:.2f}, load "
+          "average up to {:.1f} on {} cores): the errors include that interference; measure on a quiet "
+          "machine (--rounds N keeps the fastest of N runs)\n",
+          share_min, load_max, cores);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_all).count();
     os << fmt::format(
         "error = predicted / measured - 1 (tokens/s over measured + drain steps); max |error| {:.1f}% "
@@ -490,10 +578,16 @@ int run(const Opts& o) {
                         {"seed_offset", o.seed_offset},
                         {"calibrated", !o.no_calibrate},
                         {"profile", profile.filename().string()},
-                        {"calibrated_profile", calibrated.filename().string()},
+                        {"calibration", o.no_calibrate           ? "none"
+                                        : o.calibrate_on.empty() ? "per deck"
+                                                                 : "joint"},
                         {"max_abs_error_percent", worst},
+                        {"rounds", o.rounds},
+                        {"max_load_average", load_max},
+                        {"min_core_share", share_min},
                         {"pass", all_ok},
                         {"seconds", secs},
+                        {"cpu_seconds", cpu},
                         {"decks", deck_json},
                         {"stages", stages}};
     writeAtomic(out / "validation.json", j.dump(2) + "\n");
@@ -527,6 +621,8 @@ const bool registered = wlb::app::registerCommand(
       sub.add_flag("--no-calibrate", o->no_calibrate, "Skip the calibration runs: validate the profile as measured");
       sub.add_option("--seed-offset", o->seed_offset,
                      "Validation runs use data.seed + this (0 = the calibration's own documents: circular)");
+      sub.add_option("--rounds", o->rounds,
+                     "Measured runs per deck and purpose; the fastest is kept (the spread is printed)");
       sub.add_option("--mpirun", o->mpirun, "Launcher for the measured runs (words split on spaces)");
       return [o]() -> int { return run(*o); };
     });

@@ -60,9 +60,13 @@ HardwareProfile CalibrationFit::apply(const HardwareProfile& profile) const {
 CalibrationFit fitProfile(const std::vector<MeasuredRun>& runs, const HardwareProfile& profile) {
   if (runs.empty()) throw std::invalid_argument("fitProfile: no runs");
   CalibrationFit fit;
-  std::map<std::string, Acc> acc;
-  std::map<std::pair<std::string, std::string>, Acc> per_strategy;
-  std::map<std::string, Acc> links;  // measured = seconds, predicted = bytes
+  struct Obs {
+    std::size_t run;
+    std::string strategy;
+    double measured, predicted;
+  };
+  std::map<std::string, std::vector<Obs>> obs;  // per factor key
+  std::map<std::string, Acc> links;             // measured = seconds, predicted = bytes
   bool any_table = false;
 
   for (std::size_t ri = 0; ri < runs.size(); ++ri) {
@@ -85,8 +89,7 @@ CalibrationFit fitProfile(const std::vector<MeasuredRun>& runs, const HardwarePr
       return &it->second[static_cast<std::size_t>(cp)];
     };
     const auto add = [&](const std::string& key, int strategy, double m, double p) {
-      acc[key].add(m, p);
-      per_strategy[{strategyName(strategy), key}].add(m, p);
+      obs[key].push_back({ri, strategyName(strategy), m, p});
     };
 
     // Per (rank, strategy, step): the step's span and the time inside op events.
@@ -180,16 +183,43 @@ CalibrationFit fitProfile(const std::vector<MeasuredRun>& runs, const HardwarePr
         links[run.dp > 1 ? "links.dp_gbps" : "links.cp_gbps"].add(v.first, 2.0 * (n - 1.0) / n * v.second);
   }
 
+  // Interference: an event far slower than its kind's median (measured / predicted) was
+  // stalled by something the profile does not describe (another job, the OS); it is left out
+  // of the fit and counted. Events far faster are kept (nothing makes a kernel 3x faster).
+  std::map<std::string, std::vector<Obs>> kept;
+  std::map<std::string, std::pair<std::size_t, double>> dropped;
+  for (auto& [key, v] : obs) {
+    std::map<std::size_t, double> med;  // per run: its own conditions
+    for (std::size_t run = 0; run < runs.size(); ++run) {
+      std::vector<double> r;
+      for (const auto& o : v)
+        if (o.run == run && o.predicted > 0) r.push_back(o.measured / o.predicted);
+      if (r.empty()) continue;
+      std::nth_element(r.begin(), r.begin() + static_cast<std::ptrdiff_t>(r.size() / 2), r.end());
+      med[run] = r[r.size() / 2];
+    }
+    for (const auto& o : v) {
+      if (med[o.run] > 0 && o.predicted > 0 && o.measured > kOutlierRatio * med[o.run] * o.predicted) {
+        ++dropped[key].first;
+        dropped[key].second += o.measured;
+      } else {
+        kept[key].push_back(o);
+      }
+    }
+  }
+  std::map<std::pair<std::size_t, std::string>, std::map<std::string, Acc>> per_strategy;
   for (const auto& key : Factors::keys()) {
     FactorFit f;
     f.key = key;
     f.before = f.after = profile.factors.at(key);
-    const auto it = acc.find(key);
-    if (it != acc.end()) {
-      f.measured_s = it->second.measured;
-      f.predicted_s = it->second.predicted;
-      f.events = it->second.n;
+    for (const auto& o : kept[key]) {
+      f.measured_s += o.measured;
+      f.predicted_s += o.predicted;
+      ++f.events;
+      per_strategy[{o.run, o.strategy}][key].add(o.measured, o.predicted);
     }
+    f.outliers = dropped[key].first;
+    f.outlier_s = dropped[key].second;
     if (f.events == 0) {
       f.note = "no events";
     } else if (f.measured_s <= 0) {
@@ -220,13 +250,14 @@ CalibrationFit fitProfile(const std::vector<MeasuredRun>& runs, const HardwarePr
     }
     fit.links.push_back(l);
   }
-  // Residuals per strategy with the fitted factors (prediction scales as before / after).
-  for (const auto& [k, a] : per_strategy) {
-    const auto f =
-        std::find_if(fit.factors.begin(), fit.factors.end(), [&](const FactorFit& x) { return x.key == k.second; });
-    const double scale = f != fit.factors.end() && f->fitted ? f->before / f->after : 1.0;
-    fit.residuals.push_back({k.first, k.second, a.measured, a.predicted * scale});
-  }
+  // Residuals per run and strategy with the fitted factors (prediction scales as before / after).
+  for (const auto& [rs, keys] : per_strategy)
+    for (const auto& [key, a] : keys) {
+      const auto f =
+          std::find_if(fit.factors.begin(), fit.factors.end(), [&](const FactorFit& x) { return x.key == key; });
+      const double scale = f != fit.factors.end() && f->fitted ? f->before / f->after : 1.0;
+      fit.residuals.push_back({rs.second, key, a.measured, a.predicted * scale, rs.first});
+    }
   return fit;
 }
 
@@ -237,11 +268,8 @@ nlohmann::json applyToJson(const nlohmann::json& profile_json, const Calibration
   nlohmann::json factors = nlohmann::json::object(), hist_f = nlohmann::json::object();
   for (const auto& f : fit.factors) {
     factors[f.key] = round4(f.after);
-    hist_f[f.key] = {{"before", round4(f.before)},
-                     {"after", round4(f.after)},
-                     {"measured_s", f.measured_s},
-                     {"predicted_before_s", f.predicted_s},
-                     {"events", f.events}};
+    hist_f[f.key] = {{"before", round4(f.before)},          {"after", round4(f.after)}, {"measured_s", f.measured_s},
+                     {"predicted_before_s", f.predicted_s}, {"events", f.events},       {"outlier_events", f.outliers}};
     if (!f.fitted) hist_f[f.key]["note"] = f.note;
   }
   j["factors"] = factors;

@@ -14,7 +14,8 @@
 ///   elementwise         per rank and step: `embed` + `loss` events + the step's time outside
 ///                       every op event, vs layers x elementwiseSeconds of its micro-batches
 /// new factor = old factor x (predicted seconds / measured seconds), so the fitted profile
-/// predicts each op kind's measured total exactly (over the calibration traces).
+/// predicts each op kind's measured total exactly (over the calibration traces), after
+/// leaving out events stalled by interference (kOutlierRatio).
 /// Links: `links.cp_gbps` from the KV exchange (and, with dp = 1, the gradient all-reduce),
 /// `links.dp_gbps` from the gradient all-reduce with dp > 1: bytes over the fastest
 /// member's duration per collective instance (the others also waited for peers).
@@ -69,12 +70,19 @@ struct MeasuredRun {
   std::map<std::tuple<int, std::int64_t, int, int>, std::vector<RankShare>> shares;
 };
 
+/// An event more than this many times slower (measured / predicted) than the median of its
+/// factor key in its run is interference (another job, a stall), left out of the fit and
+/// counted.
+inline constexpr double kOutlierRatio = 3.0;
+
 struct FactorFit {
   std::string key;
   double before = 1, after = 1;
-  double measured_s = 0;   ///< sum over the matched events
+  double measured_s = 0;   ///< sum over the matched events (outliers excluded)
   double predicted_s = 0;  ///< same events, profile before the fit
   std::size_t events = 0;
+  std::size_t outliers = 0;  ///< events left out (kOutlierRatio)
+  double outlier_s = 0;      ///< their measured seconds
   bool fitted = false;
   std::string note;  ///< why not fitted
 };
@@ -88,11 +96,12 @@ struct LinkFit {
   std::string note;
 };
 
-/// Measured / predicted seconds of one factor key for one strategy after the fit (1 = the
-/// fitted profile predicts this strategy's op time exactly).
+/// Measured / predicted seconds of one factor key for one strategy of one run after the fit
+/// (1 = the fitted profile predicts this strategy's op time exactly).
 struct StrategyResidual {
   std::string strategy, key;
   double measured_s = 0, predicted_s = 0;
+  std::size_t run = 0;  ///< index into the runs
 };
 
 struct CalibrationFit {

@@ -140,6 +140,8 @@ done
 grep -q "ordering by throughput: measured" vs.txt || fail "no ordering line"
 grep -Eq "max \|error\| [0-9.]+% vs tolerance 5.0%: (PASS|FAIL)" vs.txt || fail "no verdict line"
 grep -q "^== calibrate" vs.txt || fail "calibrate stage not run"
+[ -s vs/profile.calibrated.tiny.json ] || fail "no per-deck calibrated profile"
+grep -q "core share of the measured run" vs.txt || fail "no core share"
 /usr/bin/python3 - vs/validation.json <<'PY' || fail "validation.json"
 import json, sys
 j = json.load(open(sys.argv[1]))
@@ -147,11 +149,12 @@ assert j["format"] == "wlb-validate-sim" and j["seed_offset"] == 1
 d = j["decks"][0]
 assert [r["strategy"] for r in d["strategies"]] == ["plain", "fixed", "wlb"], d
 assert d["plan_segments_differing"] == 0, d  # the simulation predicted the plans that ran
-assert d["data_seed"] == 8
+assert d["data_seed"] == 8 and d["profile"] == "profile.calibrated.tiny.json", d
+assert j["calibration"] == "per deck" and all("cpu_seconds" in st for st in j["stages"])
 PY
 echo "validate-sim took $(( $(date +%s) - start )) s"
 # an impossible tolerance fails with exit 3, reusing the profile
-"$WLB" validate-sim tiny.toml --profile vs/profile.calibrated.json --no-calibrate --tolerance 1e-9 --out vs2 \
+"$WLB" validate-sim tiny.toml --profile vs/profile.calibrated.tiny.json --no-calibrate --tolerance 1e-9 --out vs2 \
   > log 2>&1
 rc=$?
 [ $rc -eq 3 ] || fail "tolerance 1e-9: exit $rc (want 3): $(cat log)"
