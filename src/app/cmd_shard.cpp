@@ -142,13 +142,16 @@ int runShard(const Opts& o) {
       progress.update(i);
       const std::int64_t step = src->nextStep();
       const StepPlan plan = packer->pack(step, src->next(step));
-      for (std::size_t d = 0; d < plan.replicas.size(); ++d)
+      for (std::size_t d = 0; d < plan.replicas.size(); ++d) {
+        // the chosen plans, as `wlb run` and `wlb simulate` make them
+        const auto chosen_plans = cp::planReplicaShards(plan.replicas[d], chosen, chosen_comm, cp, cost, deck.cp);
         for (std::size_t m = 0; m < plan.replicas[d].size(); ++m) {
           const MicroBatch& mb = plan.replicas[d][m];
           ++micro_batches;
           tokens += mb.tokens();
-          const cp::ShardPlan sp = cp::planShards(mb, chosen, cp, cost, deck.cp);
-          const cp::CommPlan cplan = cp::planComm(sp, chosen_comm, cost);
+          const cp::ShardPlan sp =
+              chosen_plans[m].empty ? cp::planShards(mb, chosen, cp, cost, deck.cp) : chosen_plans[m].shard;
+          const cp::CommPlan cplan = chosen_plans[m].empty ? cp::planComm(sp, chosen_comm, cost) : chosen_plans[m].comm;
           const cp::ShardMetrics cm = cp::computeMetrics(sp, cplan, cost);
           chosen_row.add(cm);
           nlohmann::json compare = nlohmann::json::array();
@@ -190,6 +193,7 @@ int runShard(const Opts& o) {
             out << j.dump() << '\n';
           }
         }
+      }
     }
     if (out.is_open()) {
       nlohmann::json js = nlohmann::json::array();

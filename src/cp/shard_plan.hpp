@@ -85,16 +85,16 @@ CommMode parseCommMode(const std::string& name);
 
 /// One query range of one segment on one rank.
 struct Piece {
-  std::int32_t segment = 0;     ///< index into the micro-batch's segments
-  DocId doc = 0;                ///< document of that segment
-  std::int64_t seg_begin = 0;   ///< packed position of the segment's first token
-  std::int64_t seg_len = 0;     ///< segment length (tokens)
-  std::int64_t q_offset = 0;    ///< first query token within the segment
-  std::int64_t q_len = 0;       ///< queries (> 0)
-  std::int64_t local_begin = 0; ///< first query in the rank's local buffer
-  std::int64_t kv_begin = 0;    ///< first key in the rank's KV buffer (= its block's start)
-  std::int64_t kv_len = 0;      ///< keys = q_offset + q_len (the segment prefix)
-  bool whole = false;           ///< the segment is entirely on this rank (no KV crosses ranks)
+  std::int32_t segment = 0;      ///< index into the micro-batch's segments
+  DocId doc = 0;                 ///< document of that segment
+  std::int64_t seg_begin = 0;    ///< packed position of the segment's first token
+  std::int64_t seg_len = 0;      ///< segment length (tokens)
+  std::int64_t q_offset = 0;     ///< first query token within the segment
+  std::int64_t q_len = 0;        ///< queries (> 0)
+  std::int64_t local_begin = 0;  ///< first query in the rank's local buffer
+  std::int64_t kv_begin = 0;     ///< first key in the rank's KV buffer (= its block's start)
+  std::int64_t kv_len = 0;       ///< keys = q_offset + q_len (the segment prefix)
+  bool whole = false;            ///< the segment is entirely on this rank (no KV crosses ranks)
 
   std::int64_t packedBegin() const { return seg_begin + q_offset; }
   std::int64_t packedEnd() const { return seg_begin + q_offset + q_len; }
@@ -119,24 +119,24 @@ struct KvRun {
 
 /// Everything one CP rank holds and reads.
 struct RankShard {
-  std::vector<Piece> pieces;      ///< ascending packed order; local buffers back to back
-  std::int64_t tokens = 0;        ///< local buffer length = sum of q_len
-  std::vector<KvBlock> kv_blocks; ///< ascending segment order
-  std::vector<KvRun> kv_runs;     ///< ascending kv_begin, tiling [0, kv_tokens)
-  std::int64_t kv_tokens = 0;     ///< KV buffer length
+  std::vector<Piece> pieces;       ///< ascending packed order; local buffers back to back
+  std::int64_t tokens = 0;         ///< local buffer length = sum of q_len
+  std::vector<KvBlock> kv_blocks;  ///< ascending segment order
+  std::vector<KvRun> kv_runs;      ///< ascending kv_begin, tiling [0, kv_tokens)
+  std::int64_t kv_tokens = 0;      ///< KV buffer length
 };
 
 /// The CP sharding of one micro-batch.
 struct ShardPlan {
-  std::string strategy;     ///< strategy actually applied ("per_document", ...)
-  std::string requested;    ///< strategy asked for ("adaptive" may yield "per_sequence")
+  std::string strategy;   ///< strategy actually applied ("per_document", ...)
+  std::string requested;  ///< strategy asked for ("adaptive" may yield "per_sequence")
   int cp = 1;
   std::int64_t total_tokens = 0;
-  std::vector<std::int64_t> seg_begin;  ///< packed start of each segment (size = segments)
-  std::vector<std::int64_t> seg_len;    ///< length of each segment
-  std::vector<RankShard> ranks;         ///< size cp
-  std::vector<std::int32_t> owner;       ///< packed position -> rank
-  std::vector<std::int64_t> local_index; ///< packed position -> index in owner's local buffer
+  std::vector<std::int64_t> seg_begin;    ///< packed start of each segment (size = segments)
+  std::vector<std::int64_t> seg_len;      ///< length of each segment
+  std::vector<RankShard> ranks;           ///< size cp
+  std::vector<std::int32_t> owner;        ///< packed position -> rank
+  std::vector<std::int64_t> local_index;  ///< packed position -> index in owner's local buffer
   /// hybrid: number of segments per-document sharded (the longest ones); whole_document:
   /// number of segments that fitted nowhere and fell back to per-document sharding.
   std::int32_t sharded_segments = 0;
@@ -164,9 +164,9 @@ struct CommPlan {
   int cp = 1;
   std::vector<std::int64_t> gather_counts;  ///< tokens per rank (= ranks[r].tokens)
   std::vector<std::int64_t> gather_displs;  ///< exclusive prefix sum of gather_counts
-  std::vector<Transfer> transfers;  ///< ShardingAware only; sorted by (src, dst)
-  std::vector<RankComm> ranks;      ///< size cp
-  double totalBytes() const;        ///< sum over ranks of fwd+bwd bytes received
+  std::vector<Transfer> transfers;          ///< ShardingAware only; sorted by (src, dst)
+  std::vector<RankComm> ranks;              ///< size cp
+  double totalBytes() const;                ///< sum over ranks of fwd+bwd bytes received
 };
 
 /// Per-rank planning metrics (one layer, one TP rank).
@@ -175,9 +175,9 @@ struct RankMetrics {
   std::int64_t kv_tokens = 0;
   double attn_flops_fwd = 0, attn_flops_bwd = 0;
   double attn_seconds_fwd = 0, attn_seconds_bwd = 0;  ///< sum over pieces of attnSeconds
-  double linear_seconds = 0;  ///< fwd + bwd linear work of the rank's tokens
-  double comm_seconds = 0;    ///< fwd + bwd KV communication (modelled)
-  double kv_bytes = 0;        ///< fwd+bwd bytes received by this rank
+  double linear_seconds = 0;                          ///< fwd + bwd linear work of the rank's tokens
+  double comm_seconds = 0;                            ///< fwd + bwd KV communication (modelled)
+  double kv_bytes = 0;                                ///< fwd+bwd bytes received by this rank
   double attnSeconds() const { return attn_seconds_fwd + attn_seconds_bwd; }
   /// Predicted rank latency: attention + linear + communication (no overlap assumed).
   double latency() const { return attnSeconds() + linear_seconds + comm_seconds; }
@@ -199,17 +199,31 @@ struct ShardMetrics {
 
 /// Plan the CP sharding of one micro-batch. cp >= 1; cfg supplies capacity_factor and
 /// (for hybrid's cost) the comm mode. Throws InputError on cp < 1 or bad names.
-ShardPlan planShards(const MicroBatch& mb, Strategy strategy, int cp,
-                     const model::CostModel& cost, const CpConfig& cfg);
-ShardPlan planShards(const MicroBatch& mb, const std::string& strategy, int cp,
-                     const model::CostModel& cost, const CpConfig& cfg);
+ShardPlan planShards(const MicroBatch& mb, Strategy strategy, int cp, const model::CostModel& cost,
+                     const CpConfig& cfg);
+ShardPlan planShards(const MicroBatch& mb, const std::string& strategy, int cp, const model::CostModel& cost,
+                     const CpConfig& cfg);
 
 /// The KV communication plan of a shard plan (bytes via CostModel::kvBytes).
 CommPlan planComm(const ShardPlan& plan, CommMode mode, const model::CostModel& cost);
 
+/// One micro-batch's CP plans. `empty` micro-batches (no tokens) get default plans.
+struct MicroBatchShards {
+  ShardPlan shard;
+  CommPlan comm;
+  bool empty = true;
+};
+/// The CP plans of one DP replica's micro-batches: planShards + planComm for each. The
+/// one function `wlb run`, `wlb shard` and `wlb simulate` plan a step's sharding with.
+std::vector<MicroBatchShards> planReplicaShards(const std::vector<MicroBatch>& replica, Strategy strategy,
+                                                CommMode mode, int cp, const model::CostModel& cost,
+                                                const CpConfig& cfg);
+/// As above, naming the strategy and taking the comm mode from cfg.comm.
+std::vector<MicroBatchShards> planReplicaShards(const std::vector<MicroBatch>& replica, const std::string& strategy,
+                                                int cp, const model::CostModel& cost, const CpConfig& cfg);
+
 /// Metrics of a plan with its communication plan.
-ShardMetrics computeMetrics(const ShardPlan& plan, const CommPlan& comm,
-                            const model::CostModel& cost);
+ShardMetrics computeMetrics(const ShardPlan& plan, const CommPlan& comm, const model::CostModel& cost);
 
 /// Check every invariant (each token on exactly one rank, local order, key ranges are
 /// segment prefixes, KV runs consistent with owner/local_index). Throws std::logic_error.
@@ -226,8 +240,8 @@ std::vector<std::int64_t> allGatherKvIndex(const ShardPlan& plan, const CommPlan
 
 /// AllGather forward: kv[slot] = gathered[allGatherKvIndex(slot)] (width elements per token).
 template <class T>
-void gatherKvFromAllGather(const ShardPlan& plan, const CommPlan& comm, int rank,
-                           const T* gathered, T* kv, std::int64_t width) {
+void gatherKvFromAllGather(const ShardPlan& plan, const CommPlan& comm, int rank, const T* gathered, T* kv,
+                           std::int64_t width) {
   for (const KvRun& run : plan.ranks[rank].kv_runs) {
     const T* s = gathered + (comm.gather_displs[run.src] + run.src_local_begin) * width;
     T* d = kv + run.kv_begin * width;
@@ -237,8 +251,8 @@ void gatherKvFromAllGather(const ShardPlan& plan, const CommPlan& comm, int rank
 /// AllGather backward: gathered_grad[idx] += dkv[slot] (gathered_grad zeroed by caller),
 /// followed by MPI_Reduce_scatter with recvcounts = gather_counts * width.
 template <class T>
-void scatterKvGradToAllGather(const ShardPlan& plan, const CommPlan& comm, int rank,
-                              const T* dkv, T* gathered_grad, std::int64_t width) {
+void scatterKvGradToAllGather(const ShardPlan& plan, const CommPlan& comm, int rank, const T* dkv, T* gathered_grad,
+                              std::int64_t width) {
   for (const KvRun& run : plan.ranks[rank].kv_runs) {
     T* d = gathered_grad + (comm.gather_displs[run.src] + run.src_local_begin) * width;
     const T* s = dkv + run.kv_begin * width;
@@ -289,8 +303,7 @@ void copyLocalRuns(const ShardPlan& plan, int rank, const T* local, T* kv, std::
 }
 /// ... and dlocal += dkv for the rank's own runs.
 template <class T>
-void accumulateLocalRuns(const ShardPlan& plan, int rank, const T* dkv, T* dlocal,
-                         std::int64_t width) {
+void accumulateLocalRuns(const ShardPlan& plan, int rank, const T* dkv, T* dlocal, std::int64_t width) {
   for (const KvRun& run : plan.ranks[rank].kv_runs) {
     if (run.src != rank) continue;
     const T* s = dkv + run.kv_begin * width;

@@ -20,18 +20,22 @@ namespace wlb::cp {
 
 const char* strategyName(Strategy s) {
   switch (s) {
-    case Strategy::PerSequence: return "per_sequence";
-    case Strategy::PerDocument: return "per_document";
-    case Strategy::Adaptive: return "adaptive";
-    case Strategy::WholeDocument: return "whole_document";
-    case Strategy::Hybrid: return "hybrid";
+    case Strategy::PerSequence:
+      return "per_sequence";
+    case Strategy::PerDocument:
+      return "per_document";
+    case Strategy::Adaptive:
+      return "adaptive";
+    case Strategy::WholeDocument:
+      return "whole_document";
+    case Strategy::Hybrid:
+      return "hybrid";
   }
   return "?";
 }
 
 std::vector<Strategy> allStrategies() {
-  return {Strategy::PerSequence, Strategy::PerDocument, Strategy::Adaptive,
-          Strategy::WholeDocument, Strategy::Hybrid};
+  return {Strategy::PerSequence, Strategy::PerDocument, Strategy::Adaptive, Strategy::WholeDocument, Strategy::Hybrid};
 }
 
 Strategy parseStrategy(const std::string& name) {
@@ -48,8 +52,7 @@ const char* commModeName(CommMode m) {
 CommMode parseCommMode(const std::string& name) {
   if (name == "allgather") return CommMode::AllGather;
   if (name == "sharding_aware") return CommMode::ShardingAware;
-  throw InputError("unknown CP communication mode '" + name +
-                   "' (allowed: allgather, sharding_aware)");
+  throw InputError("unknown CP communication mode '" + name + "' (allowed: allgather, sharding_aware)");
 }
 
 namespace {
@@ -71,8 +74,7 @@ SegInfo segInfo(const MicroBatch& mb) {
   s.begin.reserve(mb.segments.size());
   s.len.reserve(mb.segments.size());
   for (const auto& seg : mb.segments) {
-    if (seg.length < 0) throw InputError("segment of document " + std::to_string(seg.doc) +
-                                         " has negative length");
+    if (seg.length < 0) throw InputError("segment of document " + std::to_string(seg.doc) + " has negative length");
     s.begin.push_back(s.total);
     s.len.push_back(seg.length);
     s.total += seg.length;
@@ -82,9 +84,8 @@ SegInfo segInfo(const MicroBatch& mb) {
 
 /// Turn raw ranges into the full plan: merged pieces in packed order, local buffer
 /// offsets, KV blocks and runs, and (optionally) the packed -> (rank, local) maps.
-ShardPlan finalize(const MicroBatch& mb, const SegInfo& si, std::vector<Raw> raws, int cp,
-                   const std::string& strategy, const std::string& requested,
-                   bool with_maps) {
+ShardPlan finalize(const MicroBatch& mb, const SegInfo& si, std::vector<Raw> raws, int cp, const std::string& strategy,
+                   const std::string& requested, bool with_maps) {
   ShardPlan plan;
   plan.strategy = strategy;
   plan.requested = requested;
@@ -94,8 +95,7 @@ ShardPlan finalize(const MicroBatch& mb, const SegInfo& si, std::vector<Raw> raw
   plan.seg_len = si.len;
   plan.ranks.assign(static_cast<std::size_t>(cp), RankShard{});
 
-  raws.erase(std::remove_if(raws.begin(), raws.end(), [](const Raw& r) { return r.q_len <= 0; }),
-             raws.end());
+  raws.erase(std::remove_if(raws.begin(), raws.end(), [](const Raw& r) { return r.q_len <= 0; }), raws.end());
   std::sort(raws.begin(), raws.end(), [&](const Raw& a, const Raw& b) {
     const auto pa = si.begin[a.seg] + a.q_offset, pb = si.begin[b.seg] + b.q_offset;
     if (a.rank != b.rank) return a.rank < b.rank;
@@ -216,8 +216,8 @@ std::vector<Raw> rawPerSequence(const SegInfo& si, int cp) {
 /// keeps at most two contiguous query pieces per segment (no single-token pieces that a
 /// tiled kernel would pad to a full tile) and needs no key beyond the end of its own last
 /// piece. Ranks outside the group hold nothing of the segment and need none of its KV.
-void rawGroupSegment(const SegInfo& si, std::int32_t s, const std::vector<int>& members,
-                     std::int64_t& counter, std::vector<Raw>& out) {
+void rawGroupSegment(const SegInfo& si, std::int32_t s, const std::vector<int>& members, std::int64_t& counter,
+                     std::vector<Raw>& out) {
   const int g = static_cast<int>(members.size());
   const std::int64_t d = si.len[s], chunks = 2 * static_cast<std::int64_t>(g);
   const std::int64_t e = d / chunks, rem = d - chunks * e;
@@ -242,8 +242,7 @@ std::vector<int> allRanks(int cp) {
 }
 
 /// Per-document split over the whole CP group (docs/cp.md, per_document).
-void rawPerDocumentSegment(const SegInfo& si, std::int32_t s, int cp, std::int64_t& counter,
-                           std::vector<Raw>& out) {
+void rawPerDocumentSegment(const SegInfo& si, std::int32_t s, int cp, std::int64_t& counter, std::vector<Raw>& out) {
   rawGroupSegment(si, s, allRanks(cp), counter, out);
 }
 
@@ -258,8 +257,8 @@ std::vector<Raw> rawPerDocument(const SegInfo& si, int cp) {
 /// Compute load of one query range (fwd+bwd attention + linear seconds).
 double rangeWork(const model::CostModel& cost, std::int64_t q0, std::int64_t q) {
   using model::Phase;
-  return cost.attnSeconds(q0, q, Phase::Fwd) + cost.attnSeconds(q0, q, Phase::Bwd) +
-         cost.linearSeconds(q, Phase::Fwd) + cost.linearSeconds(q, Phase::Bwd);
+  return cost.attnSeconds(q0, q, Phase::Fwd) + cost.attnSeconds(q0, q, Phase::Bwd) + cost.linearSeconds(q, Phase::Fwd) +
+         cost.linearSeconds(q, Phase::Bwd);
 }
 
 /// Whole-document assignment of `segs` (LPT on fwd+bwd compute seconds, heaviest first,
@@ -268,9 +267,8 @@ double rangeWork(const model::CostModel& cost, std::int64_t q0, std::int64_t q) 
 /// the ranks' state on entry (e.g. from hybrid's sharded part) and are updated.
 /// Returns the number of fallback segments.
 int assignWhole(const SegInfo& si, std::vector<std::int32_t> segs, int cp, std::int64_t cap,
-                const model::CostModel& cost, std::vector<double>& load,
-                std::vector<std::int64_t>& tokens, std::int64_t& counter,
-                std::vector<Raw>& out) {
+                const model::CostModel& cost, std::vector<double>& load, std::vector<std::int64_t>& tokens,
+                std::int64_t& counter, std::vector<Raw>& out) {
   std::vector<double> w(segs.size());
   for (std::size_t i = 0; i < segs.size(); ++i) w[i] = rangeWork(cost, 0, si.len[segs[i]]);
   std::vector<std::size_t> order(segs.size());
@@ -334,7 +332,6 @@ std::vector<std::size_t> hybridCandidates(std::size_t n) {
   return ks;
 }
 
-
 /// Among hybrid candidates whose predicted max-rank latency is within this fraction of the
 /// best one, the one moving the fewest KV bytes wins (docs/cp.md). The choice is further
 /// capped so hybrid never predicts worse than whole_document or per_document.
@@ -361,9 +358,8 @@ struct HybridCandidate {
 /// rank; groups[i] == C is the whole CP group), the remaining segments are assigned whole
 /// (LPT under `cap`, fallback over all ranks). The remainder counter carries across all
 /// sharded segments. `sharded` = sharded segments including fallbacks.
-std::vector<Raw> buildHybrid(const SegInfo& si, const std::vector<std::int32_t>& order,
-                             const std::vector<int>& groups, int cp, std::int64_t cap,
-                             const model::CostModel& cost, int& sharded) {
+std::vector<Raw> buildHybrid(const SegInfo& si, const std::vector<std::int32_t>& order, const std::vector<int>& groups,
+                             int cp, std::int64_t cap, const model::CostModel& cost, int& sharded) {
   std::vector<Raw> raws;
   std::vector<double> load(static_cast<std::size_t>(cp), 0.0);
   std::vector<std::int64_t> tokens(static_cast<std::size_t>(cp), 0);
@@ -392,8 +388,7 @@ std::vector<Raw> buildHybrid(const SegInfo& si, const std::vector<std::int32_t>&
       raws.push_back(r);
     }
   }
-  std::vector<std::int32_t> rest(order.begin() + static_cast<std::ptrdiff_t>(groups.size()),
-                                 order.end());
+  std::vector<std::int32_t> rest(order.begin() + static_cast<std::ptrdiff_t>(groups.size()), order.end());
   const int fb = assignWhole(si, rest, cp, cap, cost, load, tokens, counter, raws);
   sharded = static_cast<int>(groups.size()) + fb;
   return raws;
@@ -403,8 +398,8 @@ std::vector<Raw> buildHybrid(const SegInfo& si, const std::vector<std::int32_t>&
 
 // ---- entry points ---------------------------------------------------------------------
 
-ShardPlan planShards(const MicroBatch& mb, Strategy strategy, int cp,
-                     const model::CostModel& cost, const CpConfig& cfg) {
+ShardPlan planShards(const MicroBatch& mb, Strategy strategy, int cp, const model::CostModel& cost,
+                     const CpConfig& cfg) {
   if (cp < 1) throw InputError("CP degree must be >= 1 (got " + std::to_string(cp) + ")");
   const SegInfo si = segInfo(mb);
   const std::string req = strategyName(strategy);
@@ -426,8 +421,7 @@ ShardPlan planShards(const MicroBatch& mb, Strategy strategy, int cp,
       std::vector<std::int64_t> tokens(cp, 0);
       std::int64_t counter = 0;
       std::vector<Raw> raws;
-      const int fb = assignWhole(si, segs, cp, capacityTokens(si, cp, cfg), cost, load, tokens,
-                                 counter, raws);
+      const int fb = assignWhole(si, segs, cp, capacityTokens(si, cp, cfg), cost, load, tokens, counter, raws);
       ShardPlan p = finalize(mb, si, std::move(raws), cp, "whole_document", req, true);
       p.sharded_segments = fb;
       return p;
@@ -517,8 +511,8 @@ ShardPlan planShards(const MicroBatch& mb, Strategy strategy, int cp,
 
       // Selection: the fewest bytes among candidates within the latency tolerance of the
       // best, never above whole_document's or per_document's predicted latency.
-      const double limit = std::min({pool[best].latency * (1.0 + kHybridLatencyTolerance),
-                                     pool[wd_index].latency, pool[pd_index].latency});
+      const double limit = std::min(
+          {pool[best].latency * (1.0 + kHybridLatencyTolerance), pool[wd_index].latency, pool[pd_index].latency});
       // Byte counts equal up to rounding (allgather: always (C-1)·T) are ties, decided by
       // latency; the order of `pool` breaks exact ties (earlier = fewer sharded segments).
       std::size_t pick = best;
@@ -537,8 +531,8 @@ ShardPlan planShards(const MicroBatch& mb, Strategy strategy, int cp,
   throw std::logic_error("unreachable strategy");
 }
 
-ShardPlan planShards(const MicroBatch& mb, const std::string& strategy, int cp,
-                     const model::CostModel& cost, const CpConfig& cfg) {
+ShardPlan planShards(const MicroBatch& mb, const std::string& strategy, int cp, const model::CostModel& cost,
+                     const CpConfig& cfg) {
   return planShards(mb, parseStrategy(strategy), cp, cost, cfg);
 }
 
@@ -625,6 +619,24 @@ std::vector<std::int64_t> allGatherKvIndex(const ShardPlan& plan, const CommPlan
     for (std::int64_t i = 0; i < run.len; ++i)
       out[run.kv_begin + i] = comm.gather_displs[run.src] + run.src_local_begin + i;
   return out;
+}
+
+std::vector<MicroBatchShards> planReplicaShards(const std::vector<MicroBatch>& replica, Strategy strategy,
+                                                CommMode mode, int cp, const model::CostModel& cost,
+                                                const CpConfig& cfg) {
+  std::vector<MicroBatchShards> out(replica.size());
+  for (std::size_t m = 0; m < replica.size(); ++m) {
+    if (replica[m].tokens() == 0) continue;
+    out[m].shard = planShards(replica[m], strategy, cp, cost, cfg);
+    out[m].comm = planComm(out[m].shard, mode, cost);
+    out[m].empty = false;
+  }
+  return out;
+}
+
+std::vector<MicroBatchShards> planReplicaShards(const std::vector<MicroBatch>& replica, const std::string& strategy,
+                                                int cp, const model::CostModel& cost, const CpConfig& cfg) {
+  return planReplicaShards(replica, parseStrategy(strategy), parseCommMode(cfg.comm), cp, cost, cfg);
 }
 
 }  // namespace wlb::cp

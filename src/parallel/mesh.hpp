@@ -12,40 +12,16 @@
 #include <vector>
 
 #include "core/deck.hpp"
+#include "core/mesh_shape.hpp"
 #include "parallel/comm.hpp"
 
 namespace wlb::parallel {
 
-struct Coord {
-  int tp = 0, cp = 0, pp = 0, dp = 0;
-  bool operator==(const Coord& o) const { return tp == o.tp && cp == o.cp && pp == o.pp && dp == o.dp; }
-};
-
-enum class Axis : int { TP = 0, CP = 1, PP = 2, DP = 3 };
-
-/// Pure index math of the mesh; no MPI. The one place rank <-> coordinate lives.
-class MeshShape {
- public:
-  MeshShape(int tp, int cp, int pp, int dp);
-  static MeshShape fromDeck(const MeshConfig& m);
-
-  int tp() const { return dims_[0]; }
-  int cp() const { return dims_[1]; }
-  int pp() const { return dims_[2]; }
-  int dp() const { return dims_[3]; }
-  int dim(Axis a) const { return dims_[static_cast<int>(a)]; }
-  int size() const { return dims_[0] * dims_[1] * dims_[2] * dims_[3]; }
-
-  Coord coordOf(int rank) const;
-  int rankOf(const Coord& c) const;
-  /// Ranks sharing every coordinate of `rank` except those on `axes`, ordered by the
-  /// varying coordinates (innermost fastest). Its size is the product of those dims.
-  std::vector<int> groupOf(int rank, const std::vector<Axis>& axes) const;
-  std::string describe() const;  ///< "tp=2 cp=2 pp=1 dp=1 (4 ranks)"
-
- private:
-  std::array<int, 4> dims_;
-};
+// The pure shape lives in core/mesh_shape.hpp (no MPI); these names keep the
+// communicator code short.
+using Coord = MeshCoord;
+using Axis = wlb::Axis;
+using MeshShape = wlb::MeshShape;
 
 /// The mesh on an MPI communicator: coordinates of this rank and owning group
 /// communicators. Construction is collective; a world size that differs from

@@ -24,8 +24,8 @@ Recompute parseRecompute(const std::string& name) {
 
 // ---- Micro-batch work ------------------------------------------------------------------
 
-MicroBatchWork planMicroBatchWork(const MicroBatch& mb, const std::string& sharding, int cp,
-                                  const model::CostModel& cost, const CpConfig& cfg) {
+MicroBatchWork microBatchWork(const MicroBatch& mb, const cp::MicroBatchShards& plans, const std::string& sharding,
+                              int cp, const model::CostModel& cost) {
   MicroBatchWork w;
   const auto n = static_cast<std::size_t>(cp);
   w.tokens = mb.tokens();
@@ -37,9 +37,9 @@ MicroBatchWork planMicroBatchWork(const MicroBatch& mb, const std::string& shard
   w.kv_bwd_bytes.assign(n, 0.0);
   w.kv_peers.assign(n, 0);
   w.sharding = sharding;
-  if (w.tokens == 0) return w;
-  const cp::ShardPlan plan = cp::planShards(mb, sharding, cp, cost, cfg);
-  const cp::CommPlan comm = cp::planComm(plan, cp::parseCommMode(cfg.comm), cost);
+  if (plans.empty) return w;
+  const cp::ShardPlan& plan = plans.shard;
+  const cp::CommPlan& comm = plans.comm;
   const cp::ShardMetrics m = cp::computeMetrics(plan, comm, cost);
   w.sharding = plan.strategy;
   for (std::size_t r = 0; r < n; ++r) {
@@ -55,6 +55,12 @@ MicroBatchWork planMicroBatchWork(const MicroBatch& mb, const std::string& shard
     }
   }
   return w;
+}
+
+MicroBatchWork planMicroBatchWork(const MicroBatch& mb, const std::string& sharding, int cp,
+                                  const model::CostModel& cost, const CpConfig& cfg) {
+  const auto plans = cp::planReplicaShards({mb}, sharding, cp, cost, cfg);
+  return microBatchWork(mb, plans.front(), sharding, cp, cost);
 }
 
 MicroBatchWork balancedMicroBatchWork(const std::vector<std::int64_t>& doc_lengths, int cp,
@@ -362,17 +368,14 @@ StepResult StepSimulator::simulate(const std::vector<std::vector<MicroBatchWork>
 
   // Every rank's own busy time (and, if asked, its predicted events).
   const int V = P * cfg_.chunks;
+  const MeshShape mesh = cfg_.mesh();  // rank <-> coordinates, as the executor's ranks
   int r_attn = 0, r_mlp = 0, r_tp = 0, r_kv = 0, r_send = 0, r_grad = 0, strat = 0;
   if (rec) {
     namespace L = trace::labels;
     const auto need = static_cast<std::size_t>(cfg_.ranks());
     if (rec->virtualRanks().size() != need) {
       std::vector<trace::RankCoord> coords(need);
-      for (int d = 0; d < D; ++d)
-        for (int s = 0; s < P; ++s)
-          for (int c = 0; c < C; ++c)
-            for (int t = 0; t < cfg_.tp; ++t)
-              coords[static_cast<std::size_t>(((d * P + s) * C + c) * cfg_.tp + t)] = {t, c, s, d};
+      for (std::size_t r = 0; r < need; ++r) coords[r] = mesh.coordOf(static_cast<int>(r));
       rec->setVirtualRanks(std::move(coords));
     }
     r_attn = rec->region(L::kAttn);
@@ -420,7 +423,7 @@ StepResult StepSimulator::simulate(const std::vector<std::vector<MicroBatchWork>
           const trace::Phase ph = t.phase == Phase::Fwd ? trace::Phase::Fwd : trace::Phase::Bwd;
           double cur = r.start[v];
           for (int tr = 0; tr < cfg_.tp; ++tr) {
-            const int rank = ((d * P + s) * C + c) * cfg_.tp + tr;
+            const int rank = mesh.rankOf({tr, c, s, d});
             double x = cur;
             auto emit = [&](int region, double dur, double bytes) {
               if (dur <= 0) return;
@@ -455,7 +458,7 @@ StepResult StepSimulator::simulate(const std::vector<std::vector<MicroBatchWork>
         if (rec && grad[s] > 0)
           for (int tr = 0; tr < cfg_.tp; ++tr) {
             trace::Event e;
-            e.rank = ((d * P + s) * C + c) * cfg_.tp + tr;
+            e.rank = mesh.rankOf({tr, c, s, d});
             e.strategy = strat;
             e.step = step;
             e.region = r_grad;
@@ -475,9 +478,12 @@ StepResult StepSimulator::simulate(const std::vector<std::vector<MicroBatchWork>
 StepResult StepSimulator::simulatePlan(const StepPlan& plan, const std::string& sharding, const CpConfig& cfg,
                                        trace::Recorder* rec, int step, double t0) const {
   std::vector<std::vector<MicroBatchWork>> works(plan.replicas.size());
-  for (std::size_t d = 0; d < plan.replicas.size(); ++d)
-    for (const MicroBatch& mb : plan.replicas[d])
-      works[d].push_back(planMicroBatchWork(mb, sharding, cfg_.cp, *cost_, cfg));
+  for (std::size_t d = 0; d < plan.replicas.size(); ++d) {
+    const auto& rep = plan.replicas[d];
+    const auto plans = cp::planReplicaShards(rep, sharding, cfg_.cp, *cost_, cfg);  // as `wlb run` plans them
+    for (std::size_t m = 0; m < rep.size(); ++m)
+      works[d].push_back(microBatchWork(rep[m], plans[m], sharding, cfg_.cp, *cost_));
+  }
   return simulate(works, rec, step, t0);
 }
 

@@ -15,7 +15,9 @@
 #include <vector>
 
 #include "core/deck.hpp"
+#include "core/mesh_shape.hpp"
 #include "core/types.hpp"
+#include "cp/shard_plan.hpp"
 #include "model/cost_model.hpp"
 #include "pp/dag.hpp"
 #include "pp/schedule.hpp"
@@ -46,6 +48,10 @@ struct MicroBatchWork {
 /// (cp::planShards / cp::planComm, the same plans the executor runs) and extract its work.
 MicroBatchWork planMicroBatchWork(const MicroBatch& mb, const std::string& sharding, int cp,
                                   const model::CostModel& cost, const CpConfig& cfg);
+
+/// The work of a micro-batch from its CP plans (cp::planReplicaShards).
+MicroBatchWork microBatchWork(const MicroBatch& mb, const cp::MicroBatchShards& plans, const std::string& sharding,
+                              int cp, const model::CostModel& cost);
 
 /// Idealised work: tokens split evenly over CP ranks with perfectly balanced attention
 /// (for tests and quick what-ifs; `doc_lengths` are the micro-batch's documents).
@@ -85,6 +91,8 @@ struct SimConfig {
   bool executor_memory = false;
   static SimConfig fromDeck(const Deck& deck, const model::HardwareProfile& hw);
   int ranks() const { return tp * cp * pp * dp; }
+  /// The mesh's shape (rank <-> coordinate math, core/mesh_shape.hpp).
+  MeshShape mesh() const { return MeshShape(tp, cp, pp, dp); }
 };
 
 /// Outcome of one simulated step.

@@ -156,11 +156,12 @@ StageStepInput shardReplica(const RunContext& rc, const std::vector<MicroBatch>&
   in.mb_tokens.assign(M, 0);
   in.shards.resize(M);
   in.comms.resize(M);
+  auto plans =
+      cp::planReplicaShards(replica, cp::parseStrategy(sharding), rc.comm_mode, rc.shape.cp(), rc.cost, rc.deck.cp);
   for (std::size_t m = 0; m < replica.size(); ++m) {
     in.mb_tokens[m] = replica[m].tokens();
-    if (in.mb_tokens[m] == 0) continue;
-    in.shards[m] = cp::planShards(replica[m], sharding, rc.shape.cp(), rc.cost, rc.deck.cp);
-    in.comms[m] = cp::planComm(in.shards[m], rc.comm_mode, rc.cost);
+    in.shards[m] = std::move(plans[m].shard);
+    in.comms[m] = std::move(plans[m].comm);
   }
   return in;
 }

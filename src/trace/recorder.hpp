@@ -28,6 +28,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/mesh_shape.hpp"
+
 namespace wlb::trace {
 
 /// Phase of an event (stored as the HDF5 enum `phase_t`).
@@ -36,11 +38,8 @@ enum class Phase : std::int8_t { None = 0, Fwd = 1, Bwd = 2 };
 /// Name of a phase: "none", "fwd", "bwd".
 const char* phaseName(Phase p);
 
-/// 4D mesh coordinates of one rank.
-struct RankCoord {
-  int tp = 0, cp = 0, pp = 0, dp = 0;
-  bool operator==(const RankCoord& o) const { return tp == o.tp && cp == o.cp && pp == o.pp && dp == o.dp; }
-};
+/// 4D mesh coordinates of one rank (the mesh's own type, core/mesh_shape.hpp).
+using RankCoord = MeshCoord;
 
 /// Op labels with a fixed meaning for analysis (docs/trace-schema.md, "Event labels").
 /// Recorders pre-register them in this order, so their ids are the same everywhere.
