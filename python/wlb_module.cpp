@@ -325,7 +325,8 @@ struct PyPlan {
   std::int64_t incoming = 0;
   double plan_us = 0;
   json solver;
-  CostPtr cost;  // null for a plan read from JSON without a cost model
+  std::vector<wlb::Document> docs;  // the step's incoming documents (plans from pack*)
+  CostPtr cost;                     // null for a plan read from JSON without a cost model
   mutable std::optional<packing::StepMetrics> metrics;
 
   std::int64_t dp() const { return static_cast<std::int64_t>(plan.replicas.size()); }
@@ -395,6 +396,7 @@ struct PyPacker {
       out->plan_us = std::chrono::duration<double, std::micro>(t1 - t0).count();
       out->incoming = static_cast<std::int64_t>(docs.size());
       out->solver = packer->lastSolverInfo();
+      out->docs = given ? *given : std::move(drawn);
     }
     out->cost = cost;
     return out;
@@ -785,6 +787,9 @@ offsets[r*M+m+1]] (also `micro_batch(r, m)`).)")
           },
           "Tokens per micro-batch, replica-major (dp * M).")
       .def_property_readonly("delayed", [](const PyPlan& p) { return i64Vector(p.plan.delayed); })
+      .def_property_readonly(
+          "documents", [](const PyPlan& p) { return PyDocuments{p.docs}; },
+          "The documents that arrived at this step (empty for a plan read from JSON).")
       .def(
           "micro_batch",
           [](const PyPlan& p, std::int64_t r, std::int64_t mb) { return segmentArray(p.mb(r, mb).segments); },

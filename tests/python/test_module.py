@@ -1,0 +1,352 @@
+"""The wlb module against the wlb command: the same plans, checkpoints, shard plans and
+error messages for the same deck and seed; conservation across a checkpoint and restore."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import wlb
+from conftest import cli_error, deck_path, normalise_step, read_jsonl, tiles_documents
+
+LENGTHS_DECK = deck_path("plan_lengths_file.toml")  # text source, dp 2 x M 4
+SMOKE_DECK = deck_path("plan_smoke.toml")  # generator, dp 1 x M 4
+
+
+def module_steps(packer, steps):
+    return [packer.pack() for _ in range(steps)]
+
+
+def cli_plans(cli, tmp_path, deck, packers, steps, *extra):
+    """{packer: (header, [step lines])} of one `wlb plan` call over several packers."""
+    out = tmp_path / "plan.jsonl"
+    args = [a for p in packers for a in ("--packer", p)]
+    proc = cli("plan", deck, *args, "--steps", steps, "--out", out, *extra)
+    assert proc.returncode == 0, proc.stderr
+    result = {}
+    for p in packers:
+        lines = read_jsonl(tmp_path / (f"plan.{p}.jsonl" if len(packers) > 1 else "plan.jsonl"))
+        result[p] = (lines[0], [x for x in lines if x["type"] == "step"])
+    return result
+
+
+@pytest.fixture(scope="module")
+def lengths_file_plans(cli, tmp_path_factory):
+    return cli_plans(cli, tmp_path_factory.mktemp("plans"), LENGTHS_DECK, wlb.packer_names(), 20)
+
+
+@pytest.mark.parametrize("packer", wlb.packer_names())
+def test_plans_equal_cli_on_a_length_file(lengths_file_plans, packer):
+    header, steps = lengths_file_plans[packer]
+    p = wlb.Packer(wlb.Deck(LENGTHS_DECK), packer)
+    assert p.header() == header
+    assert len(steps) == 20
+    for plan, line in zip(module_steps(p, 20), steps):
+        assert normalise_step(plan.to_json()) == normalise_step(line)
+
+
+def test_plans_equal_cli_on_a_generator_with_overrides(cli, tmp_path):
+    packers = ["original", "fixed_greedy", "best_fit", "wlb"]
+    sets = {"data.seed": 7, "mesh.dp": 2, "packing.window": 2, "data.preset": "pile", "data.length_scale": 1.5}
+    args = [a for k, v in sets.items() for a in ("--set", f"{k}={json.dumps(v)}")]
+    plans = cli_plans(cli, tmp_path, SMOKE_DECK, packers, 25, *args)
+    deck = wlb.Deck(SMOKE_DECK, sets)
+    assert deck.dp == 2 and deck["data.preset"] == "pile" and deck.seed == 7
+    for packer in packers:
+        header, steps = plans[packer]
+        p = wlb.Packer(deck, packer)
+        assert p.header() == header
+        for plan, line in zip(module_steps(p, 25), steps):
+            assert normalise_step(plan.to_json()) == normalise_step(line)
+
+
+def write_deck(tmp_path, body):
+    path = tmp_path / "deck.toml"
+    path.write_text(body)
+    return str(path)
+
+
+def test_megatron_source_equals_cli(cli, tmp_path):
+    rng = np.random.default_rng(3)
+    lengths = np.concatenate((rng.integers(1, 3000, 300), [9000, 20000, 4096]))  # some longer than S
+    idx = str(tmp_path / "corpus.idx")
+    wlb.write_megatron_idx(idx, lengths)
+    assert np.array_equal(wlb.read_megatron_idx(idx), lengths)
+    deck = write_deck(tmp_path, f"""
+[data]
+source = "megatron"
+path = "{idx}"
+context_window = 4096
+s_max = 5120
+[mesh]
+dp = 2
+[packing]
+micro_batches = 2
+""")
+    plans = cli_plans(cli, tmp_path, deck, ["wlb", "original", "fixed_greedy"], 30)
+    for packer, (header, steps) in plans.items():
+        assert header["documents_per_epoch"] == len(lengths)
+        p = wlb.Packer(wlb.Deck(deck), packer)
+        assert p.documents_per_epoch == len(lengths)
+        for plan, line in zip(module_steps(p, 30), steps):
+            assert normalise_step(plan.to_json()) == normalise_step(line)
+
+
+def test_array_source_equals_the_file_source():
+    deck = wlb.Deck(LENGTHS_DECK)
+    lengths = wlb.read_text_lengths(os.path.join(os.path.dirname(LENGTHS_DECK), "lengths", "example_lengths.txt"))
+    a, b = wlb.Packer(deck), wlb.Packer(deck, lengths=lengths, source_name="dataset")
+    assert b.documents_per_epoch == a.documents_per_epoch == len(lengths)
+    for _ in range(40):
+        pa, pb = a.pack(), b.pack()
+        assert np.array_equal(pa.segments, pb.segments) and np.array_equal(pa.offsets, pb.offsets)
+        assert np.array_equal(pa.delayed, pb.delayed)
+        assert np.array_equal(pa.documents.lengths, pb.documents.lengths)
+    assert b.describe_source() == "dataset"
+
+
+def test_plan_arrays_agree_with_the_json():
+    p = wlb.Packer(wlb.Deck(LENGTHS_DECK), "wlb")
+    for _ in range(5):
+        plan = p.pack()
+        j = plan.to_json()
+        M = plan.micro_batches
+        assert plan.dp == 2 and M == 4 and len(plan.offsets) == 2 * M + 1
+        for r in range(plan.dp):
+            for m in range(M):
+                seg = plan.micro_batch(r, m)
+                assert seg.tolist() == j["replicas"][r][m]
+                assert seg.tolist() == plan.segments[plan.offsets[r * M + m]:plan.offsets[r * M + m + 1]].tolist()
+                assert plan.tokens[r * M + m] == seg[:, 2].sum()
+                assert plan.replicas[r][m].tolist() == seg.tolist()
+                assert seg[:, 2].sum() <= p.capacity
+        assert plan.delayed.tolist() == j["delayed"]
+        assert plan.incoming == len(plan.documents) == j["incoming"]
+        assert plan.metrics == j["metrics"]
+    with pytest.raises(IndexError):
+        plan.micro_batch(2, 0)
+    back = wlb.Plan.from_json(plan.to_json(), p.cost)
+    assert np.array_equal(back.segments, plan.segments) and back.metrics["imbalance"] == plan.metrics["imbalance"]
+
+
+def test_state_dict_is_the_cli_checkpoint(cli, tmp_path):
+    packers = wlb.packer_names()
+    window = ["--set", "packing.window=2"]  # fixed_greedy then holds a window across steps
+    deck = wlb.Deck(LENGTHS_DECK, ["packing.window=2"])
+    saved = tmp_path / "cli-state.json"
+    every = [a for p in packers for a in ("--packer", p)]
+    assert cli("plan", LENGTHS_DECK, *every, "--steps", 10, "--save-state", saved, *window).returncode == 0
+    cli_state = json.loads(saved.read_text())
+    resumed = cli_plans(cli, tmp_path, LENGTHS_DECK, packers, 10, "--resume", saved, *window)
+    merged = {"format": "wlb-plan-state", "version": 1, "packers": {}}
+    for packer in packers:
+        p = wlb.Packer(deck, packer)
+        module_steps(p, 10)
+        state = p.state_dict()
+        # the same document as the CLI's, key for key
+        assert state["packers"][packer] == cli_state["packers"][packer]
+        assert {k: v for k, v in state.items() if k != "packers"} == \
+            {k: v for k, v in cli_state.items() if k != "packers"}
+        merged["packers"][packer] = state["packers"][packer]
+        # the module continues from the CLI's file as the CLI's --resume does
+        q = wlb.Packer(deck, packer)
+        q.load_state_dict(cli_state)
+        assert q.next_step == 10
+        for plan, line in zip(module_steps(q, 10), resumed[packer][1]):
+            assert normalise_step(plan.to_json()) == normalise_step(line)
+    # and the CLI resumes from the module's states
+    mine = tmp_path / "module-state.json"
+    mine.write_text(json.dumps(merged))
+    (tmp_path / "again").mkdir()
+    again = cli_plans(cli, tmp_path / "again", LENGTHS_DECK, packers, 10, "--resume", mine, *window)
+    for packer in packers:
+        assert [normalise_step(x) for x in again[packer][1]] == [normalise_step(x) for x in resumed[packer][1]]
+
+
+@pytest.mark.parametrize("packer,deck_file,steps", [
+    ("original", SMOKE_DECK, 400),
+    ("fixed_greedy", SMOKE_DECK, 400),
+    ("best_fit", SMOKE_DECK, 400),
+    ("wlb", SMOKE_DECK, 400),
+    ("fixed_optimal", LENGTHS_DECK, 60),
+])
+def test_conservation_across_checkpoint_and_restore(packer, deck_file, steps):
+    overrides = {"packing.window": 3} if packer == "fixed_greedy" else {}
+    deck = wlb.Deck(deck_file, overrides)
+    p = wlb.Packer(deck, packer)
+    checker = wlb.ConservationChecker(p.capacity)
+    reference = wlb.Packer(deck, packer)  # never restarted
+    trained, lengths = [], {}
+    for t in range(steps):
+        if t == steps // 2:  # simulated restart: a new object from the saved state
+            state = json.loads(json.dumps(p.state_dict()))
+            p = wlb.Packer(deck, packer)
+            p.load_state_dict(state)
+        plan = p.pack()
+        ref = reference.pack()
+        assert np.array_equal(plan.segments, ref.segments) and np.array_equal(plan.delayed, ref.delayed)
+        docs = plan.documents
+        checker.add_incoming(docs)
+        checker.add_plan(plan)
+        lengths.update(zip(docs.ids.tolist(), docs.lengths.tolist()))
+        trained.append(plan.segments)
+        tokens = plan.tokens
+        assert tokens.max(initial=0) <= p.capacity
+    held = p.held_segments()
+    assert held[:, 2].sum() == p.pending_tokens
+    assert checker.ok(p.pending_tokens), checker.report(p.pending_tokens)
+    assert checker.duplicated == checker.unknown == checker.early == checker.unreported == 0
+    assert checker.lost_tokens(p.pending_tokens) == 0
+    # the same with NumPy alone: trained + held segments tile every arrived document once
+    assert tiles_documents(np.concatenate(trained + [held]), lengths) == []
+    # a restored checker starts from the held segments
+    q = wlb.Packer(deck, packer)
+    q.load_state_dict(p.state_dict())
+    c2 = wlb.ConservationChecker(q.capacity)
+    c2.add_held(q.held_segments())
+    for _ in range(5):
+        plan = q.pack()
+        c2.add_incoming(plan.documents)
+        c2.add_plan(plan)
+    assert c2.ok(q.pending_tokens), c2.report(q.pending_tokens)
+
+
+def test_shard_plans_equal_cli(cli, tmp_path):
+    sets = {"mesh.cp": 2, "cp.strategy": "hybrid", "cp.comm": "sharding_aware"}
+    out = tmp_path / "shard.jsonl"
+    args = [a for k, v in sets.items() for a in ("--set", f"{k}={json.dumps(v)}")]
+    proc = cli("shard", SMOKE_DECK, "--steps", 2, "--packer", "wlb", "--out", out, "--comm-plans", *args)
+    assert proc.returncode == 0, proc.stderr
+    lines = [x for x in read_jsonl(out) if x["type"] == "micro_batch"]
+    deck = wlb.Deck(SMOKE_DECK, sets)
+    packer = wlb.Packer(deck, "wlb")
+    planner = wlb.ShardPlanner(deck)
+    assert (planner.strategy, planner.comm, planner.cp) == ("hybrid", "sharding_aware", 2)
+    plans = module_steps(packer, 2)
+    assert len(lines) == 2 * deck.dp * deck.micro_batches
+    for line in lines:
+        segs = plans[line["step"]].micro_batch(line["replica"], line["index"])
+        sp = planner.plan(segs)
+        assert sp.to_json() == line["plan"]
+        assert sp.comm.to_json() == line["comm_plan"]
+        assert sp.metrics == line["metrics"]
+        sp.validate()
+        # per-rank token indices partition the micro-batch and invert owner/local_index
+        T = int(segs[:, 2].sum())
+        idx = [sp.token_index(r) for r in range(sp.cp)]
+        assert np.array_equal(np.sort(np.concatenate(idx)), np.arange(T))
+        for r in range(sp.cp):
+            assert np.all(sp.owner[idx[r]] == r)
+            assert np.array_equal(sp.local_index[idx[r]], np.arange(len(idx[r])))
+            assert len(idx[r]) == sp.rank_tokens[r] == sp.pieces(r)["q_len"].sum()
+            assert len(sp.kv_index(r)) == sp.kv_tokens[r]
+            assert np.array_equal(sp.all_gather_kv_index(r),
+                                  np.concatenate([sp.comm.gather_displs[s] + np.arange(b, b + n)
+                                                  for s, b, n, _ in sp.kv_runs(r)]))
+
+
+def test_run_summary_equals_cli(cli, tmp_path):
+    summary = tmp_path / "summary.json"
+    assert cli("plan", SMOKE_DECK, "--packer", "wlb", "--steps", 40, "--summary-json", summary).returncode == 0
+    want = json.loads(summary.read_text())[0]["summary"]
+    p = wlb.Packer(wlb.Deck(SMOKE_DECK), "wlb")
+    s = wlb.RunSummary()
+    for _ in range(40):
+        s.add(p.pack())
+    got = s.to_dict()
+    for k in want:
+        if "plan_us" not in k:
+            assert got[k] == pytest.approx(want[k], rel=1e-12), k
+    plan = p.pack()
+    assert wlb.compute_metrics(plan, p.cost) == plan.metrics
+
+
+def test_cost_model():
+    deck = wlb.Deck(SMOKE_DECK)
+    c = wlb.CostModel(deck)
+    lengths = np.array([1, 100, 4096, 8192])
+    assert np.allclose(c.segment_work(lengths), [c.segment_work(int(x)) for x in lengths])
+    assert c.segment_work(8192) > 2 * c.segment_work(4096)  # quadratic attention
+    assert c.attn_seconds(0, 100, "bwd") > c.attn_seconds(0, 100, "fwd")
+    with pytest.raises(ValueError, match="phase"):
+        c.attn_seconds(0, 100, "sideways")
+    profile = os.path.join(deck_path("profiles"), "h100-sxm.json")
+    h = wlb.CostModel.from_profile(profile, deck)
+    via_deck = wlb.CostModel(wlb.Deck(SMOKE_DECK, {"hardware.profile": profile}))
+    assert h.segment_work(8192) == via_deck.segment_work(8192) != c.segment_work(8192)
+
+
+def test_cli_and_module_raise_the_same_messages(cli, tmp_path):
+    def same(proc, call, strip=None):
+        want = cli_error(proc)
+        with pytest.raises(ValueError) as e:
+            call()
+        got = str(e.value)
+        if strip:  # the CLI names the file, the module its argument
+            want, got = want.replace(strip[0], "X"), got.replace(strip[1], "X")
+        assert got == want
+
+    deck = wlb.Deck(SMOKE_DECK)
+    same(cli("plan", SMOKE_DECK, "--packer", "nope"), lambda: wlb.Packer(deck, "nope"))
+    same(cli("plan", SMOKE_DECK, "--set", "mesh.dpp=2"), lambda: wlb.Deck(SMOKE_DECK, ["mesh.dpp=2"]))
+    same(cli("plan", SMOKE_DECK, "--set", "mesh.dp=0"), lambda: wlb.Deck(SMOKE_DECK, {"mesh.dp": 0}))
+    same(cli("plan", SMOKE_DECK, "--set", 'cp.strategy="diagonal"'),
+         lambda: wlb.Deck(SMOKE_DECK, {"cp.strategy": "diagonal"}))
+    same(cli("shard", SMOKE_DECK, "--strategy", "nope"), lambda: wlb.ShardPlanner(deck, strategy="nope"))
+    # a truncated Megatron index: the byte offset is named
+    idx = str(tmp_path / "bad.idx")
+    wlb.write_megatron_idx(idx, [5, 6, 7])
+    with open(idx, "r+b") as f:
+        f.truncate(40)
+    bad = write_deck(tmp_path, f'[data]\nsource = "megatron"\npath = "{idx}"\n')
+    same(cli("plan", bad), lambda: wlb.read_megatron_idx(idx))
+    same(cli("plan", bad), lambda: wlb.Packer(wlb.Deck(bad)))
+    # checkpoints: another packer, another stream
+    state = tmp_path / "state.json"
+    assert cli("plan", SMOKE_DECK, "--packer", "original", "--steps", 3, "--save-state", state).returncode == 0
+    same(cli("plan", SMOKE_DECK, "--packer", "wlb", "--resume", state),
+         lambda: wlb.Packer(deck, "wlb").load_state_dict(json.loads(state.read_text())),
+         strip=(f"--resume {state}", "state_dict"))
+    same(cli("plan", SMOKE_DECK, "--packer", "original", "--set", "data.seed=9", "--resume", state),
+         lambda: wlb.Packer(wlb.Deck(SMOKE_DECK, {"data.seed": 9}), "original").load_state_dict(
+             json.loads(state.read_text())),
+         strip=(str(state), "state_dict"))
+
+
+def test_bad_arguments_raise_value_error():
+    deck = wlb.Deck(SMOKE_DECK)
+    p = wlb.Packer(deck)
+    p.pack()
+    with pytest.raises(ValueError, match="asked for step 5 but the next step is 1"):
+        p.pack(5)
+    before = p.state_dict()
+    with pytest.raises(ValueError, match="not a wlb-plan-state"):
+        p.load_state_dict({"format": "something"})
+    assert p.state_dict() == before  # a failed restore leaves the packer as it was
+    with pytest.raises(ValueError, match=r"lengths\[1\] = 0"):
+        wlb.Packer(deck, lengths=[5, 0, 3])
+    with pytest.raises(ValueError, match="CP degree must be >= 1"):
+        wlb.ShardPlanner(deck, cp=0)
+    with pytest.raises(ValueError, match="length >= 1"):
+        wlb.ShardPlanner(deck).plan(np.array([[0, 0, 0, 0]]))
+    with pytest.raises(KeyError, match="did you mean 'data.seed'"):
+        deck["data.sead"]
+    with pytest.raises(ValueError, match="cannot write a object"):
+        wlb.Deck(SMOKE_DECK, {"mesh.dp": object()})
+    with pytest.raises(ValueError, match="cannot open deck"):
+        wlb.Deck("no-such-deck.toml")
+
+
+def test_deck_round_trip():
+    deck = wlb.Deck(SMOKE_DECK, {"packing.outlier_thresholds": [1024, 2048], "data.length_scale": 0.5})
+    assert deck["packing.outlier_thresholds"] == [1024, 2048]
+    assert deck["data.length_scale"] == 0.5
+    with open(SMOKE_DECK) as f:
+        text = f.read()
+    again = wlb.Deck.from_toml(text, name=SMOKE_DECK, overrides=deck.overrides)
+    assert again.to_dict() == deck.to_dict()
+    assert "[packing]" in deck.to_toml()
+    more = deck.with_overrides({"mesh.dp": 3})
+    assert more.dp == 3 and more["packing.outlier_thresholds"] == [1024, 2048] and deck.dp == 1
+    assert wlb.Deck()["data.context_window"] == 131072  # the defaults
