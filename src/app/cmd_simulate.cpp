@@ -24,6 +24,7 @@
 #include "model/cost_model.hpp"
 #include "model/throughput.hpp"
 #include "packing/packer.hpp"
+#include "pp/simulate_deck.hpp"
 #include "pp/simulator.hpp"
 #include "trace/recorder.hpp"
 #include "trace/writer.hpp"
@@ -62,20 +63,10 @@ std::string specOf(const std::string& s) {
   return s;
 }
 
-struct Row {
-  std::string case_name, mesh, model, strategy, packer, sharding;
-  std::int64_t window = 0, steps = 0;
-  double step_s = 0, bubble = 0, idle = 0, grad_s = 0;
-  // throughput over the measured steps plus the drain (model/throughput.hpp)
-  double tokens = 0, tokens_per_s = 0, flops_per_s = 0;
-  double speedup = 1, speedup_lo = 1, speedup_hi = 1;  ///< tokens/s vs the baseline, 95% interval
-  double step_ratio = 1;                               ///< baseline step_s / step_s (secondary)
-  std::int64_t drain_steps = 0;
-  std::string baseline;
-  std::vector<wlb::model::StepWork> work;  ///< per measured step, drain folded into the last
-  std::vector<double> peak_gb;
-  std::vector<double> peak_act_bytes;  ///< [pp] activations alone (the executor's figure with --as-run)
-  bool fits = true;
+/// One table row: a case's strategy (pp::simulateDeck's result) with the case's labels.
+struct Row : wlb::pp::SimStrategyResult {
+  std::string case_name, mesh, model;
+  std::int64_t window = 0;
 };
 
 std::vector<std::string> expandDeckPaths(const std::vector<std::string>& paths) {
@@ -198,22 +189,8 @@ int run(const Opts& o) {
     const Case& cs = cases[ci];
     wlb::Deck deck = cs.deck;
     const auto names = strategyNames(deck);
-    deck.run.strategies.clear();
-    for (const auto& n : names) deck.run.strategies.push_back(n.second);
-    const auto pairs = wlb::resolveStrategies(deck);
     const auto [steps, warmup] = stepCounts(deck);
-
     const wlb::model::CostModel cost = wlb::model::CostModel::fromDeck(deck);
-    wlb::pp::SimConfig sim_cfg = wlb::pp::SimConfig::fromDeck(deck, cost.hardware());
-    if (o.as_run) {
-      // What `wlb run` executes (docs/runtime.md): transformer layers only (random input,
-      // random loss gradient: no embedding / LM-head compute, gradients or logits), fp32
-      // tensors on the wire. The cost model, packers and shard planners are unchanged.
-      sim_cfg.lm_head = false;
-      sim_cfg.comm_element_bytes = 4;
-      sim_cfg.executor_memory = true;  // fp32 activations as LayerStep keeps them
-    }
-    const wlb::pp::StepSimulator sim(sim_cfg, cost);
     std::unique_ptr<wlb::trace::Recorder> rec;
     std::unique_ptr<wlb::trace::Writer> writer;
     if (!o.trace.empty()) {
@@ -232,82 +209,26 @@ int run(const Opts& o) {
       if (rank == 0) writer = std::make_unique<wlb::trace::Writer>(traceName(o.trace, ci, cases.size()), meta);
     }
     const std::string mesh = fmt::format("{}x{}x{}x{}", deck.mesh.tp, deck.mesh.cp, deck.mesh.pp, deck.mesh.dp);
-    std::size_t first_row = rows.size();
-    for (std::size_t si = 0; si < pairs.size(); ++si) {
-      const auto& pr = pairs[si];
-      auto src = wlb::data::makeLengthSource(deck);
-      auto packer = wlb::packing::makePacker(pr.packer, deck, cost);
-      if (rec) rec->setStrategy(names[si].first);
+    // The strategy loop is the library's (pp/simulate_deck.hpp); this driver adds the
+    // trace file, progress and the output formats.
+    wlb::pp::SimulateOptions so;
+    so.strategies = names;
+    so.steps = steps;
+    so.warmup = warmup;
+    so.as_run = o.as_run;
+    so.recorder = rec.get();
+    so.on_plan = [&](const std::string& strategy, const wlb::StepPlan& plan) {
+      if (writer) writer->addPlan(strategy, plan);
+    };
+    so.on_step = [&](const std::string& strategy) { progress.update(++done_steps, cs.name + " " + strategy); };
+    for (auto& r : wlb::pp::simulateDeck(deck, so)) {
       Row row;
+      static_cast<wlb::pp::SimStrategyResult&>(row) = std::move(r);
       row.case_name = cs.name;
       row.mesh = mesh;
       row.model = deck.model.name;
       row.window = deck.data.context_window;
-      row.strategy = names[si].first;
-      row.packer = pr.packer;
-      row.sharding = pr.sharding;
-      row.peak_gb.assign(static_cast<std::size_t>(deck.mesh.pp), 0.0);
-      row.peak_act_bytes.assign(static_cast<std::size_t>(deck.mesh.pp), 0.0);
-      double t = 0;
-      std::vector<wlb::model::StepWork> work;  // measured steps, then drain steps
-      // Measured steps, then drain steps (no new documents) until the packer holds
-      // nothing: every strategy trains the whole stream of the window (throughput.hpp).
-      for (std::int64_t step = 0;; ++step) {
-        const bool drain = step >= warmup + steps;
-        if (drain && packer->pendingTokens() == 0) break;
-        if (drain && step - warmup - steps >= wlb::model::kMaxDrainSteps)
-          throw std::logic_error(fmt::format("wlb simulate: {} still holds {} tokens after {} drain steps", pr.packer,
-                                             packer->pendingTokens(), wlb::model::kMaxDrainSteps));
-        const auto docs = drain ? std::vector<wlb::Document>{} : src->next(step);
-        const wlb::StepPlan plan = packer->pack(step, docs);
-        const auto r = sim.simulatePlan(plan, pr.sharding, deck.cp, rec.get(), static_cast<int>(step), t);
-        if (writer) writer->addPlan(names[si].first, plan);
-        t += r.step_seconds;
-        for (std::size_t s = 0; s < r.peak_bytes.size(); ++s)
-          row.peak_gb[s] = std::max(row.peak_gb[s], r.peak_bytes[s] / 1e9);
-        for (std::size_t s = 0; s < r.peak_activation_bytes.size(); ++s)
-          row.peak_act_bytes[s] = std::max(row.peak_act_bytes[s], r.peak_activation_bytes[s]);
-        row.fits = row.fits && r.fits_memory;
-        if (!drain) progress.update(++done_steps, cs.name + " " + names[si].first);
-        if (step < warmup) continue;
-        double tokens = 0;
-        for (const auto& rep : plan.replicas)
-          for (const auto& mb : rep) tokens += static_cast<double>(mb.tokens());
-        work.push_back({r.step_seconds, tokens, wlb::model::usefulFlops(plan, cost, deck.model.layers)});
-        if (drain) {
-          ++row.drain_steps;
-          continue;
-        }
-        ++row.steps;
-        row.step_s += r.step_seconds;
-        row.bubble += r.bubble_fraction;
-        row.idle += r.idle_fraction;
-        row.grad_s += r.grad_sync_seconds;
-      }
-      const double n = static_cast<double>(std::max<std::int64_t>(row.steps, 1));
-      row.work = wlb::model::foldDrain(std::move(work), static_cast<std::size_t>(row.drain_steps));
-      const auto tot = wlb::model::total(row.work);
-      row.tokens = tot.tokens;
-      row.tokens_per_s = tot.tokensPerSecond();
-      row.flops_per_s = tot.flopsPerSecond();
-      row.step_s /= n;
-      row.bubble /= n;
-      row.idle /= n;
-      row.grad_s /= n;
-      rows.push_back(row);
-    }
-    // Throughput speedup against plain (or the first strategy listed), with its 95%
-    // bootstrap interval over steps; the step-time ratio is kept as a secondary column.
-    std::size_t bi = first_row;
-    for (std::size_t i = first_row; i < rows.size(); ++i)
-      if (rows[i].strategy == "plain") bi = i;
-    for (std::size_t i = first_row; i < rows.size(); ++i) {
-      const auto sp = wlb::model::throughputSpeedup(rows[bi].work, rows[i].work);
-      rows[i].speedup = sp.value;
-      rows[i].speedup_lo = sp.lo;
-      rows[i].speedup_hi = sp.hi;
-      rows[i].step_ratio = rows[i].step_s > 0 ? rows[bi].step_s / rows[i].step_s : 0;
-      rows[i].baseline = rows[bi].strategy;
+      rows.push_back(std::move(row));
     }
     if (writer) writer->commit(*rec);
   }

@@ -13,6 +13,7 @@
 #include "data/length_source.hpp"
 #include "model/cost_model.hpp"
 #include "packing/packer.hpp"
+#include "pp/simulate_deck.hpp"
 #include "pp/simulator.hpp"
 #include "trace/recorder.hpp"
 
@@ -97,8 +98,7 @@ TEST(SimStep, ReplicasMeetAtGradientReduction) {
   const double g0 = bytes / 10e9 + 2e-6;
   EXPECT_LE(r.step_seconds, r.pipeline_seconds + std::max(g0, r.grad_sync_seconds) + 1e-12);
   EXPECT_GE(r.step_seconds, r.pipeline_seconds);
-  EXPECT_NEAR(r.grad_sync_seconds,
-              std::max(sim.stageParams(0), sim.stageParams(1)) * 2 / 10e9 + 2e-6, 1e-12);
+  EXPECT_NEAR(r.grad_sync_seconds, std::max(sim.stageParams(0), sim.stageParams(1)) * 2 / 10e9 + 2e-6, 1e-12);
 }
 
 TEST(SimStep, MemoryPeaksAndRecomputation) {
@@ -210,12 +210,60 @@ TEST(SimStep, Mesh4096RanksPlansAndSimulates) {
   ASSERT_EQ(plan.replicas.size(), 8u);
   const StepResult r = sim.simulatePlan(plan, "adaptive", deck.cp);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("4096-rank step: planned + simulated in %.2f s; predicted step %.3f s, bubble %.3f\n",
-              secs, r.step_seconds, r.bubble_fraction);
+  std::printf("4096-rank step: planned + simulated in %.2f s; predicted step %.3f s, bubble %.3f\n", secs,
+              r.step_seconds, r.bubble_fraction);
   EXPECT_GT(r.step_seconds, 0);
   EXPECT_GE(r.step_seconds, r.pipeline_seconds);
   EXPECT_GT(r.bubble_fraction, 0);
   EXPECT_LT(r.bubble_fraction, 1);
   EXPECT_EQ(r.rank_busy.size(), static_cast<std::size_t>(8 * 16 * 4));
   for (std::size_t s = 0; s < r.peak_bytes.size(); ++s) EXPECT_GT(r.peak_bytes[s], r.static_bytes[s]);
+}
+
+// The strategy loop behind `wlb simulate` (pp/simulate_deck.hpp): every strategy trains
+// the same documents over its window (measured steps + drain), the baseline's speedup is
+// 1, and --as-run predicts the executor's activation memory per stage.
+TEST(SimulateDeck, EveryStrategyTrainsTheSameDocuments) {
+  const Deck deck = parseDeck(R"(
+[model]
+hidden = 256
+heads = 4
+kv_heads = 2
+ffn = 704
+layers = 4
+[mesh]
+pp = 2
+[data]
+preset = "long_context_128k"
+seed = 3
+context_window = 4096
+length_scale = 0.03125
+[packing]
+micro_batches = 4
+[run]
+steps = 6
+warmup = 0
+)",
+                              "simulate-deck-test");
+  pp::SimulateOptions opt;
+  opt.strategies = {{"plain", "plain"}, {"fixed", "fixed"}, {"wlb", "wlb"}};
+  opt.as_run = true;
+  int steps_seen = 0;
+  opt.on_step = [&](const std::string&) { ++steps_seen; };
+  const auto rows = pp::simulateDeck(deck, opt);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(steps_seen, 18);
+  EXPECT_DOUBLE_EQ(rows[0].speedup, 1.0);
+  EXPECT_EQ(rows[1].baseline, "plain");
+  for (const auto& r : rows) {
+    EXPECT_EQ(r.steps, 6) << r.strategy;
+    EXPECT_DOUBLE_EQ(r.tokens, rows[0].tokens) << r.strategy;  // drained: nothing left out
+    EXPECT_LE(r.speedup_lo, r.speedup);
+    EXPECT_GE(r.speedup_hi, r.speedup);
+    ASSERT_EQ(r.peak_act_bytes.size(), 2u);
+    // 1F1B on 2 stages: stage 0 holds two micro-batches' activations, stage 1 one
+    EXPECT_GT(r.peak_act_bytes[0], r.peak_act_bytes[1]) << r.strategy;
+    EXPECT_GT(r.bubble, 0.0);
+  }
+  EXPECT_GT(rows[2].drain_steps, 0);  // wlb deferred outliers and drained them
 }

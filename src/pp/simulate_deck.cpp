@@ -1,0 +1,121 @@
+/// \file simulate_deck.cpp
+/// \brief The simulated strategy comparison (see simulate_deck.hpp).
+
+#include "pp/simulate_deck.hpp"
+
+#include <algorithm>
+#include <memory>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "data/length_source.hpp"
+#include "model/cost_model.hpp"
+#include "packing/packer.hpp"
+#include "pp/simulator.hpp"
+#include "trace/recorder.hpp"
+
+namespace wlb::pp {
+
+std::vector<SimStrategyResult> simulateDeck(const Deck& deck_in, const SimulateOptions& opt) {
+  Deck deck = deck_in;
+  std::vector<std::pair<std::string, std::string>> names = opt.strategies;
+  if (names.empty())
+    for (const auto& s : deck.run.strategies) names.push_back({s, s});
+  deck.run.strategies.clear();
+  for (const auto& n : names) deck.run.strategies.push_back(n.second);
+  const auto pairs = resolveStrategies(deck);
+  const std::int64_t steps = opt.steps > 0 ? opt.steps : deck.run.steps;
+  const std::int64_t warmup = opt.warmup >= 0 ? opt.warmup : std::max<std::int64_t>(0, deck.run.warmup);
+
+  const model::CostModel cost = model::CostModel::fromDeck(deck);
+  SimConfig sim_cfg = SimConfig::fromDeck(deck, cost.hardware());
+  if (opt.as_run) {
+    // What `wlb run` executes (docs/runtime.md): transformer layers only (no embedding /
+    // LM-head compute, gradients or logits), fp32 tensors on the wire and in memory. The
+    // cost model, packers and shard planners are unchanged.
+    sim_cfg.lm_head = false;
+    sim_cfg.comm_element_bytes = 4;
+    sim_cfg.executor_memory = true;
+  }
+  const StepSimulator sim(sim_cfg, cost);
+  trace::Recorder* rec = opt.recorder;
+
+  std::vector<SimStrategyResult> rows;
+  for (std::size_t si = 0; si < pairs.size(); ++si) {
+    const auto& pr = pairs[si];
+    const std::string& name = si < names.size() ? names[si].first : pr.name;
+    auto src = data::makeLengthSource(deck);
+    auto packer = packing::makePacker(pr.packer, deck, cost);
+    if (rec) rec->setStrategy(name);
+    SimStrategyResult row;
+    row.strategy = name;
+    row.packer = pr.packer;
+    row.sharding = pr.sharding;
+    row.peak_gb.assign(static_cast<std::size_t>(deck.mesh.pp), 0.0);
+    row.peak_act_bytes.assign(static_cast<std::size_t>(deck.mesh.pp), 0.0);
+    double t = 0;
+    std::vector<model::StepWork> work;  // measured steps, then drain steps
+    // Measured steps, then drain steps (no new documents) until the packer holds
+    // nothing: every strategy trains the whole stream of the window (throughput.hpp).
+    for (std::int64_t step = 0;; ++step) {
+      const bool drain = step >= warmup + steps;
+      if (drain && packer->pendingTokens() == 0) break;
+      if (drain && step - warmup - steps >= model::kMaxDrainSteps)
+        throw std::logic_error(fmt::format("wlb simulate: {} still holds {} tokens after {} drain steps", pr.packer,
+                                           packer->pendingTokens(), model::kMaxDrainSteps));
+      const auto docs = drain ? std::vector<Document>{} : src->next(step);
+      const StepPlan plan = packer->pack(step, docs);
+      const auto r = sim.simulatePlan(plan, pr.sharding, deck.cp, rec, static_cast<int>(step), t);
+      if (opt.on_plan) opt.on_plan(name, plan);
+      t += r.step_seconds;
+      for (std::size_t s = 0; s < r.peak_bytes.size(); ++s)
+        row.peak_gb[s] = std::max(row.peak_gb[s], r.peak_bytes[s] / 1e9);
+      for (std::size_t s = 0; s < r.peak_activation_bytes.size(); ++s)
+        row.peak_act_bytes[s] = std::max(row.peak_act_bytes[s], r.peak_activation_bytes[s]);
+      row.fits = row.fits && r.fits_memory;
+      if (!drain && opt.on_step) opt.on_step(name);
+      if (step < warmup) continue;
+      double tokens = 0;
+      for (const auto& rep : plan.replicas)
+        for (const auto& mb : rep) tokens += static_cast<double>(mb.tokens());
+      work.push_back({r.step_seconds, tokens, model::usefulFlops(plan, cost, deck.model.layers)});
+      if (drain) {
+        ++row.drain_steps;
+        continue;
+      }
+      ++row.steps;
+      row.step_s += r.step_seconds;
+      row.bubble += r.bubble_fraction;
+      row.idle += r.idle_fraction;
+      row.grad_s += r.grad_sync_seconds;
+    }
+    const double n = static_cast<double>(std::max<std::int64_t>(row.steps, 1));
+    row.work = model::foldDrain(std::move(work), static_cast<std::size_t>(row.drain_steps));
+    const auto tot = model::total(row.work);
+    row.tokens = tot.tokens;
+    row.tokens_per_s = tot.tokensPerSecond();
+    row.flops_per_s = tot.flopsPerSecond();
+    row.step_s /= n;
+    row.bubble /= n;
+    row.idle /= n;
+    row.grad_s /= n;
+    rows.push_back(std::move(row));
+  }
+  // Throughput speedup against plain (or the first strategy listed), with its 95%
+  // bootstrap interval over steps; the step-time ratio is kept as a secondary column.
+  std::size_t bi = 0;
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    if (rows[i].strategy == "plain") bi = i;
+  for (auto& r : rows) {
+    const auto sp = model::throughputSpeedup(rows[bi].work, r.work);
+    r.speedup = sp.value;
+    r.speedup_lo = sp.lo;
+    r.speedup_hi = sp.hi;
+    r.step_ratio = r.step_s > 0 ? rows[bi].step_s / r.step_s : 0;
+    r.baseline = rows[bi].strategy;
+  }
+  return rows;
+}
+
+}  // namespace wlb::pp
