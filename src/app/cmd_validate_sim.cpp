@@ -500,6 +500,17 @@ int run(const Opts& o) {
       }
       const std::string mo = ordering(meas_order), po = ordering(pred_order);
       if (mo != po) all_ok = false;
+      // pairs in opposite order: say when the measurement itself could not tell them apart
+      std::string swapped;
+      for (std::size_t i = 0; i < meas_order.size(); ++i)
+        for (std::size_t j = i + 1; j < meas_order.size(); ++j) {
+          const double dm = meas_order[i].second - meas_order[j].second,
+                       dp = pred_order[i].second - pred_order[j].second;
+          if (dm * dp >= 0) continue;
+          const double gap = std::abs(dm) / std::max(meas_order[i].second, meas_order[j].second) * 100.0;
+          swapped += fmt::format("{}{} / {} (measured {:.1f}% apart)", swapped.empty() ? "" : ", ", meas_order[i].first,
+                                 meas_order[j].first, gap);
+        }
       // the simulation must have predicted the plans that ran
       const auto ms = planSegments((vdir / "trace.h5").string()), ps = planSegments((sdir / "trace.h5").string());
       std::size_t differ = 0;
@@ -521,6 +532,7 @@ int run(const Opts& o) {
            {"measured_order", mo},
            {"predicted_order", po},
            {"same_order", mo == po},
+           {"swapped_pairs", swapped},
            {"plan_segments", ms.size()},
            {"plan_segments_differing", differ},
            {"strategies", jrows}});
@@ -546,6 +558,8 @@ int run(const Opts& o) {
           "run {:.2f}\n",
           d["deck"].get<std::string>(), d["measured_order"].get<std::string>(), d["predicted_order"].get<std::string>(),
           d["same_order"].get<bool>() ? "same" : "DIFFERENT", d["validation_core_share"].get<double>());
+      if (!d["swapped_pairs"].get<std::string>().empty())
+        os << fmt::format("{:<16} swapped: {}\n", "", d["swapped_pairs"].get<std::string>());
       if (d["plan_segments_differing"].get<std::size_t>() > 0)
         os << fmt::format("{:<16} note: {} of {} planned segments differ between the measured and the simulated run\n",
                           "", d["plan_segments_differing"].get<std::size_t>(), d["plan_segments"].get<std::size_t>());
