@@ -259,9 +259,25 @@ py::object deckValue(wlb::Deck& d, const wlb::KeySpec& k) {
 
 using CostPtr = std::shared_ptr<model::CostModel>;
 
-CostPtr costFor(const PyDeck& d, std::optional<CostPtr> cost) {
+/// The cost model with the deck it was made from: pickling (DataLoader workers) sends
+/// the deck and rebuilds the model.
+struct PyCost {
+  CostPtr cost;
+  std::shared_ptr<PyDeck> deck;
+  static std::shared_ptr<PyCost> fromDeck(std::shared_ptr<PyDeck> d) {
+    return std::make_shared<PyCost>(
+        PyCost{std::make_shared<model::CostModel>(model::CostModel::fromDeck(d->deck)), std::move(d)});
+  }
+};
+using PyCostPtr = std::shared_ptr<PyCost>;
+
+PyCostPtr costFor(std::shared_ptr<PyDeck> d, const std::optional<PyCostPtr>& cost) {
   if (cost && *cost) return *cost;
-  return std::make_shared<model::CostModel>(model::CostModel::fromDeck(d.deck));
+  return PyCost::fromDeck(std::move(d));
+}
+
+CostPtr innerCost(const std::optional<PyCostPtr>& cost) {
+  return cost && *cost ? (*cost)->cost : nullptr;
 }
 
 // ---- Length sources --------------------------------------------------------------------
@@ -328,6 +344,18 @@ struct PyPlan {
   std::vector<wlb::Document> docs;  // the step's incoming documents (plans from pack*)
   CostPtr cost;                     // null for a plan read from JSON without a cost model
   mutable std::optional<packing::StepMetrics> metrics;
+  std::optional<json> stored_metrics;  // a plan read from JSON: its metrics as written
+
+  bool hasMetrics() const { return cost || stored_metrics; }
+  json metricsJson() const { return cost || !stored_metrics ? packing::toJson(stepMetrics()) : *stored_metrics; }
+  json toJson() const {
+    auto j = packing::stepToJson(plan, packing::StepMetrics{}, incoming);
+    if (hasMetrics())
+      j["metrics"] = metricsJson();
+    else
+      j.erase("metrics");
+    return j;
+  }
 
   std::int64_t dp() const { return static_cast<std::int64_t>(plan.replicas.size()); }
   std::int64_t microBatches() const { return plan.replicas.empty() ? 0 : plan.replicas[0].size(); }
@@ -349,8 +377,7 @@ struct PyPlan {
   }
 };
 
-std::unique_ptr<PyPlan> planFromJson(py::object o, std::optional<CostPtr> cost) {
-  const json j = fromPy(o, "plan");
+std::unique_ptr<PyPlan> planFromJsonValue(const json& j, CostPtr cost) {
   auto p = std::make_unique<PyPlan>();
   p->plan = packing::stepFromJson(j);
   p->incoming = j.is_object() ? j.value("incoming", std::int64_t{0}) : 0;
@@ -362,9 +389,14 @@ std::unique_ptr<PyPlan> planFromJson(py::object o, std::optional<CostPtr> cost) 
   if (j.contains("metrics") && j["metrics"].is_object()) {
     p->plan_us = j["metrics"].value("plan_us", 0.0);
     if (j["metrics"].contains("solver")) p->solver = j["metrics"]["solver"];
+    p->stored_metrics = j["metrics"];
   }
-  if (cost && *cost) p->cost = *cost;
+  p->cost = std::move(cost);
   return p;
+}
+
+std::unique_ptr<PyPlan> planFromJson(py::object o, std::optional<PyCostPtr> cost) {
+  return planFromJsonValue(fromPy(o, "plan"), innerCost(cost));
 }
 
 // ---- Packers ---------------------------------------------------------------------------
@@ -373,6 +405,7 @@ std::unique_ptr<PyPlan> planFromJson(py::object o, std::optional<CostPtr> cost) 
 /// `wlb plan --save-state` format (wlb-plan-state holding this packer's wlb-packer-state).
 struct PyPacker {
   std::shared_ptr<PyDeck> deck;
+  PyCostPtr pycost;
   CostPtr cost;
   std::optional<I64Array> lengths;
   std::optional<std::string> source_name;
@@ -471,11 +504,27 @@ struct PyShardPlan {
 };
 
 struct PyShardPlanner {
+  PyCostPtr pycost;
   CostPtr cost;
   wlb::CpConfig cfg;
   cp::Strategy strategy = cp::Strategy::Adaptive;
   cp::CommMode comm = cp::CommMode::AllGather;
   int cp = 1;
+
+  static PyShardPlanner make(PyCostPtr cost, wlb::CpConfig cfg, const std::string& strategy, const std::string& comm,
+                             int cp_degree) {
+    PyShardPlanner p;
+    p.pycost = std::move(cost);
+    p.cost = p.pycost->cost;
+    p.cfg = std::move(cfg);
+    p.strategy = cp::parseStrategy(strategy);
+    p.comm = cp::parseCommMode(comm);
+    p.cfg.strategy = cp::strategyName(p.strategy);
+    p.cfg.comm = cp::commModeName(p.comm);
+    p.cp = cp_degree;
+    if (p.cp < 1) throw wlb::InputError("CP degree must be >= 1 (got " + std::to_string(p.cp) + ")");
+    return p;
+  }
 
   std::shared_ptr<PyShardPlan> plan(const std::vector<wlb::Segment>& segs) const {
     auto out = std::make_shared<PyShardPlan>();
@@ -490,6 +539,96 @@ struct PyShardPlanner {
     return out;
   }
 };
+
+// Pickling a shard plan (a DataLoader worker hands its batch to the trainer) goes through
+// the JSON of docs/cp.md; these read it back.
+cp::ShardPlan shardPlanFromJson(const json& j, const wlb::MicroBatch& mb) {
+  cp::ShardPlan p;
+  p.strategy = j.at("strategy").get<std::string>();
+  p.requested = j.at("requested").get<std::string>();
+  p.cp = j.at("cp").get<int>();
+  p.total_tokens = j.at("total_tokens").get<std::int64_t>();
+  p.sharded_segments = j.at("sharded_segments").get<std::int32_t>();
+  std::int64_t begin = 0;
+  for (const auto& s : mb.segments) {
+    p.seg_begin.push_back(begin);
+    p.seg_len.push_back(s.length);
+    begin += s.length;
+  }
+  p.owner.assign(static_cast<std::size_t>(p.total_tokens), 0);
+  p.local_index.assign(static_cast<std::size_t>(p.total_tokens), 0);
+  int rank = 0;
+  for (const auto& rj : j.at("ranks")) {
+    cp::RankShard r;
+    r.tokens = rj.at("tokens").get<std::int64_t>();
+    r.kv_tokens = rj.at("kv_tokens").get<std::int64_t>();
+    for (const auto& q : rj.at("pieces")) {
+      cp::Piece c;
+      c.segment = q.at("segment").get<std::int32_t>();
+      c.doc = q.at("doc").get<wlb::DocId>();
+      c.seg_begin = q.at("seg_begin").get<std::int64_t>();
+      c.seg_len = q.at("seg_len").get<std::int64_t>();
+      c.q_offset = q.at("q_offset").get<std::int64_t>();
+      c.q_len = q.at("q_len").get<std::int64_t>();
+      c.local_begin = q.at("local_begin").get<std::int64_t>();
+      c.kv_begin = q.at("kv_begin").get<std::int64_t>();
+      c.kv_len = q.at("kv_len").get<std::int64_t>();
+      c.whole = q.at("whole").get<bool>();
+      for (std::int64_t i = 0; i < c.q_len; ++i) {
+        p.owner[static_cast<std::size_t>(c.packedBegin() + i)] = rank;
+        p.local_index[static_cast<std::size_t>(c.packedBegin() + i)] = c.local_begin + i;
+      }
+      r.pieces.push_back(c);
+    }
+    for (const auto& b : rj.at("kv_blocks"))
+      r.kv_blocks.push_back({b.at(0).get<std::int32_t>(), b.at(1).get<std::int64_t>(), b.at(2).get<std::int64_t>(),
+                             b.at(3).get<std::int64_t>()});
+    for (const auto& k : rj.at("kv_runs"))
+      r.kv_runs.push_back(
+          {k.at(0).get<int>(), k.at(1).get<std::int64_t>(), k.at(2).get<std::int64_t>(), k.at(3).get<std::int64_t>()});
+    p.ranks.push_back(std::move(r));
+    ++rank;
+  }
+  return p;
+}
+
+cp::CommPlan commPlanFromJson(const json& j) {
+  cp::CommPlan c;
+  c.mode = cp::parseCommMode(j.at("mode").get<std::string>());
+  c.cp = j.at("cp").get<int>();
+  c.gather_counts = j.at("gather_counts").get<std::vector<std::int64_t>>();
+  c.gather_displs = j.at("gather_displs").get<std::vector<std::int64_t>>();
+  for (const auto& tj : j.at("transfers")) {
+    cp::Transfer t;
+    t.src = tj.at("src").get<int>();
+    t.dst = tj.at("dst").get<int>();
+    t.tokens = tj.at("tokens").get<std::int64_t>();
+    for (const auto& k : tj.at("runs"))
+      t.runs.push_back({t.src, k.at(0).get<std::int64_t>(), k.at(1).get<std::int64_t>(), k.at(2).get<std::int64_t>()});
+    c.transfers.push_back(std::move(t));
+  }
+  for (const auto& rj : j.at("ranks")) {
+    cp::RankComm r;
+    r.fwd_bytes_sent = rj.at("fwd_bytes_sent").get<double>();
+    r.fwd_bytes_recv = rj.at("fwd_bytes_recv").get<double>();
+    r.bwd_bytes_sent = rj.at("bwd_bytes_sent").get<double>();
+    r.bwd_bytes_recv = rj.at("bwd_bytes_recv").get<double>();
+    r.fwd_tokens_recv = rj.at("fwd_tokens_recv").get<std::int64_t>();
+    r.peers = rj.at("peers").get<int>();
+    r.fwd_seconds = rj.at("fwd_seconds").get<double>();
+    r.bwd_seconds = rj.at("bwd_seconds").get<double>();
+    c.ranks.push_back(r);
+  }
+  return c;
+}
+
+json shardMetricsJson(const PyShardPlan& s) {
+  if (!s.metrics) {
+    if (!s.cost) throw py::value_error("shard plan: no cost model attached");
+    s.metrics = cp::toJson(cp::computeMetrics(s.plan, s.comm->comm, *s.cost));
+  }
+  return *s.metrics;
+}
 
 py::dict piecesOf(const cp::RankShard& r) {
   const auto n = static_cast<py::ssize_t>(r.pieces.size());
@@ -574,6 +713,15 @@ command line).)")
           },
           py::arg("text"), py::arg("name") = "deck", py::arg("overrides") = py::none(),
           "A deck from TOML text (`name` is used in error messages and to resolve relative paths).")
+      .def(py::pickle(
+          [](const PyDeck& d) {
+            return py::make_tuple(d.path ? py::cast(*d.path) : py::none(), d.text, d.name, d.overrides);
+          },
+          [](py::tuple t) {
+            const auto ov = t[3].cast<std::vector<std::string>>();
+            if (!t[0].is_none()) return PyDeck::load(t[0].cast<std::string>(), ov);
+            return PyDeck::fromText(t[1].cast<std::string>(), t[2].cast<std::string>(), ov);
+          }))
       .def(
           "with_overrides",
           [](const PyDeck& d, py::object overrides) { return d.withOverrides(overridesFrom(std::move(overrides))); },
@@ -614,63 +762,64 @@ command line).)")
       .def("__repr__", [](const PyDeck& d) { return fmt::format("<wlb.Deck {}>", d.deck.source_path); });
 
   // ---- Cost model ----
-  py::class_<model::CostModel, CostPtr>(m, "CostModel", R"(The one cost model (docs/architecture.md).
+  py::class_<PyCost, PyCostPtr>(m, "CostModel", R"(The one cost model (docs/architecture.md).
 
 CostModel(deck): model dims, TP degree and [hardware] profile of the deck.
 CostModel.from_profile(path, deck=None): the same with the profile JSON at `path`.)")
-      .def(py::init(
-               [](const PyDeck& d) { return std::make_shared<model::CostModel>(model::CostModel::fromDeck(d.deck)); }),
-           py::arg("deck"))
+      .def(py::init([](std::shared_ptr<PyDeck> d) { return PyCost::fromDeck(std::move(d)); }), py::arg("deck"))
       .def_static(
           "from_profile",
           [](const std::string& path, std::optional<std::shared_ptr<PyDeck>> deck) {
-            wlb::Deck d = deck && *deck ? (*deck)->deck : wlb::parseDeck("", "defaults");
+            auto base = deck && *deck ? *deck : PyDeck::load(std::nullopt, {});
             // a path the caller gives is relative to the working directory
             std::error_code ec;
             const auto abs = std::filesystem::absolute(path, ec);
-            d.hardware.profile = ec ? path : abs.string();
-            return std::make_shared<model::CostModel>(model::CostModel::fromDeck(d));
+            return PyCost::fromDeck(base->withOverrides({"hardware.profile=" + json(ec ? path : abs.string()).dump()}));
           },
           py::arg("path"), py::arg("deck") = py::none())
-      .def_property_readonly("profile", [](const model::CostModel& c) { return c.hardware().name; })
-      .def_property_readonly("tp", &model::CostModel::tp)
-      .def_property_readonly("linear_table_used", &model::CostModel::linearTableUsed)
+      .def(py::pickle([](const PyCost& c) { return py::make_tuple(c.deck); },
+                      [](py::tuple t) { return PyCost::fromDeck(t[0].cast<std::shared_ptr<PyDeck>>()); }))
+      .def_property_readonly("deck", [](const PyCost& c) { return c.deck; })
+      .def_property_readonly("profile", [](const PyCost& c) { return c.cost->hardware().name; })
+      .def_property_readonly("tp", [](const PyCost& c) { return c.cost->tp(); })
+      .def_property_readonly("linear_table_used", [](const PyCost& c) { return c.cost->linearTableUsed(); })
       .def(
-          "segment_work", [](const model::CostModel& c, std::int64_t len) { return c.segmentWork(len); },
-          py::arg("length"), "W(d): fwd+bwd seconds of one layer for a segment of `length` tokens (the packers' W).")
+          "segment_work", [](const PyCost& c, std::int64_t len) { return c.cost->segmentWork(len); }, py::arg("length"),
+          "W(d): fwd+bwd seconds of one layer for a segment of `length` tokens (the packers' W).")
       .def(
           "segment_work",
-          [](const model::CostModel& c, const I64Array& lens) {
+          [](const PyCost& c, const I64Array& lens) {
             py::array_t<double> out(lens.size());
-            for (py::ssize_t i = 0; i < lens.size(); ++i) out.mutable_data()[i] = c.segmentWork(lens.data()[i]);
+            for (py::ssize_t i = 0; i < lens.size(); ++i) out.mutable_data()[i] = c.cost->segmentWork(lens.data()[i]);
             return out;
           },
           py::arg("lengths"))
       .def(
           "attn_seconds",
-          [](const model::CostModel& c, std::int64_t q0, std::int64_t q, const std::string& phase) {
-            return c.attnSeconds(q0, q, phaseOf(phase));
+          [](const PyCost& c, std::int64_t q0, std::int64_t q, const std::string& phase) {
+            return c.cost->attnSeconds(q0, q, phaseOf(phase));
           },
           py::arg("q0"), py::arg("q"), py::arg("phase") = "fwd")
       .def(
           "attn_flops",
-          [](const model::CostModel& c, std::int64_t q0, std::int64_t q, const std::string& phase) {
-            return c.attnFlops(q0, q, phaseOf(phase));
+          [](const PyCost& c, std::int64_t q0, std::int64_t q, const std::string& phase) {
+            return c.cost->attnFlops(q0, q, phaseOf(phase));
           },
           py::arg("q0"), py::arg("q"), py::arg("phase") = "fwd")
       .def(
           "linear_seconds",
-          [](const model::CostModel& c, std::int64_t tokens, const std::string& phase) {
-            return c.linearSeconds(tokens, phaseOf(phase));
+          [](const PyCost& c, std::int64_t tokens, const std::string& phase) {
+            return c.cost->linearSeconds(tokens, phaseOf(phase));
           },
           py::arg("tokens"), py::arg("phase") = "fwd")
       .def(
           "linear_flops",
-          [](const model::CostModel& c, std::int64_t tokens, const std::string& phase) {
-            return c.linearFlops(tokens, phaseOf(phase));
+          [](const PyCost& c, std::int64_t tokens, const std::string& phase) {
+            return c.cost->linearFlops(tokens, phaseOf(phase));
           },
           py::arg("tokens"), py::arg("phase") = "fwd")
-      .def("kv_bytes", &model::CostModel::kvBytes, py::arg("tokens"));
+      .def(
+          "kv_bytes", [](const PyCost& c, std::int64_t t) { return c.cost->kvBytes(t); }, py::arg("tokens"));
 
   // ---- Length sources ----
   py::class_<PyDocuments>(m, "Documents", "The documents of one global batch (ids, lengths, arrival steps).")
@@ -805,17 +954,24 @@ offsets[r*M+m+1]] (also `micro_batch(r, m)`).)")
                                return reps;
                              })
       .def_property_readonly(
-          "metrics", [](const PyPlan& p) { return toPy(packing::toJson(p.stepMetrics())); },
+          "metrics", [](const PyPlan& p) { return toPy(p.metricsJson()); },
           "Per-step metrics (docs/packing.md): imbalance, delay, tokens, ...")
       .def(
-          "to_json",
+          "to_json", [](const PyPlan& p) { return toPy(p.toJson()); }, "The step line of `wlb plan --out` as a dict.")
+      .def(py::pickle(
           [](const PyPlan& p) {
-            if (p.cost) return toPy(packing::stepToJson(p.plan, p.stepMetrics(), p.incoming));
-            auto j = packing::stepToJson(p.plan, packing::StepMetrics{}, p.incoming);
-            j.erase("metrics");
-            return toPy(j);
+            std::vector<std::int64_t> docs;
+            for (const auto& d : p.docs) docs.insert(docs.end(), {d.id, d.length, d.arrival_step});
+            return py::make_tuple(py::bytes(p.toJson().dump()), i64Vector(docs));
           },
-          "The step line of `wlb plan --out` as a dict.")
+          [](py::tuple t) {
+            // without the cost model: the metrics travel as computed
+            auto p = planFromJsonValue(json::parse(t[0].cast<std::string>()), nullptr);
+            const auto docs = t[1].cast<I64Array>();
+            for (py::ssize_t i = 0; i + 2 < docs.size(); i += 3)
+              p->docs.push_back({docs.data()[i], docs.data()[i + 1], docs.data()[i + 2]});
+            return p;
+          }))
       .def_static("from_json", &planFromJson, py::arg("step"), py::arg("cost") = py::none(),
                   "A plan from a step line (dict) of a plan file.")
       .def("__repr__", [](const PyPlan& p) {
@@ -824,13 +980,13 @@ offsets[r*M+m+1]] (also `micro_batch(r, m)`).)")
 
   m.def(
       "read_plan_file",
-      [](const std::string& path, std::optional<CostPtr> cost) {
+      [](const std::string& path, std::optional<PyCostPtr> cost) {
         auto f = packing::readPlanFile(path);
         py::list steps;
         for (auto& s : f.steps) {
           auto p = std::make_unique<PyPlan>();
           p->plan = std::move(s);
-          if (cost && *cost) p->cost = *cost;
+          p->cost = innerCost(cost);
           steps.append(py::cast(std::move(p)));
         }
         return py::make_tuple(toPy(packing::toJson(f.header)), steps);
@@ -847,11 +1003,12 @@ packing.strategy) over the deck's length source, or over `lengths` (see LengthSo
 pack(step=None) draws the documents of the next step and packs them; state_dict() is the
 `wlb plan --save-state` file's content and load_state_dict() takes that (or a
 --save-state file written by the CLI) to continue the identical plan stream.)")
-      .def(py::init([](std::shared_ptr<PyDeck> d, std::optional<std::string> name, std::optional<CostPtr> cost,
+      .def(py::init([](std::shared_ptr<PyDeck> d, std::optional<std::string> name, std::optional<PyCostPtr> cost,
                        std::optional<I64Array> lengths, std::optional<std::string> source_name) {
              auto p = std::make_unique<PyPacker>();
              p->deck = d;
-             p->cost = costFor(*d, cost);
+             p->pycost = costFor(d, cost);
+             p->cost = p->pycost->cost;
              p->lengths = lengths;
              p->source_name = source_name;
              p->src = makeSource(d->deck, lengths, source_name);
@@ -886,7 +1043,7 @@ pack(step=None) draws the documents of the next step and packs them; state_dict(
       .def_property_readonly("dp", [](const PyPacker& p) { return p.packer->options().dp; })
       .def_property_readonly("micro_batches", [](const PyPacker& p) { return p.packer->options().micro_batches; })
       .def_property_readonly("documents_per_epoch", [](const PyPacker& p) { return p.src->documentsPerEpoch(); })
-      .def_property_readonly("cost", [](const PyPacker& p) { return p.cost; })
+      .def_property_readonly("cost", [](const PyPacker& p) { return p.pycost; })
       .def(
           "header", [](const PyPacker& p) { return toPy(p.header()); }, "The header line of `wlb plan --out`.")
       .def("describe_source", [](const PyPacker& p) { return p.src->describe(); })
@@ -989,12 +1146,20 @@ are packed[token_index(r)]); kv_index(r): packed position of each slot of its KV
           },
           py::arg("rank"), "(n, 4) [segment, seg_begin, len, kv_begin].")
       .def_property_readonly("comm", [](const PyShardPlan& s) { return s.comm; })
-      .def_property_readonly("metrics",
-                             [](const PyShardPlan& s) {
-                               if (!s.metrics)
-                                 s.metrics = cp::toJson(cp::computeMetrics(s.plan, s.comm->comm, *s.cost));
-                               return toPy(*s.metrics);
-                             })
+      .def_property_readonly("metrics", [](const PyShardPlan& s) { return toPy(shardMetricsJson(s)); })
+      .def(py::pickle(
+          [](const PyShardPlan& s) {
+            return py::make_tuple(segmentArray(s.mb.segments), py::bytes(cp::toJson(s.plan).dump()),
+                                  py::bytes(cp::toJson(s.comm->comm).dump()), py::bytes(shardMetricsJson(s).dump()));
+          },
+          [](py::tuple t) {
+            auto s = std::make_shared<PyShardPlan>();
+            s->mb.segments = segmentsFrom(t[0].cast<I64Array>(), "segments");
+            s->plan = shardPlanFromJson(json::parse(t[1].cast<std::string>()), s->mb);
+            s->comm = std::make_shared<PyCommPlan>(PyCommPlan{commPlanFromJson(json::parse(t[2].cast<std::string>()))});
+            s->metrics = json::parse(t[3].cast<std::string>());
+            return s;
+          }))
       .def(
           "validate", [](const PyShardPlan& s) { cp::validatePlan(s.plan, s.mb); },
           "Check every invariant of the plan (RuntimeError on a violation).")
@@ -1009,18 +1174,11 @@ ShardPlanner(deck, strategy=None, comm=None, cp=None, cost=None): strategy (defa
 cp.strategy), KV comm mode (cp.comm) and CP degree (mesh.cp) of the deck unless given.
 plan(segments) shards one micro-batch: an (n, 4) [doc, offset, length, arrival] array such
 as Plan.micro_batch(r, m), or 1-D segment lengths.)")
-      .def(py::init([](const PyDeck& d, std::optional<std::string> strategy, std::optional<std::string> comm,
-                       std::optional<int> cp_degree, std::optional<CostPtr> cost) {
-             PyShardPlanner p;
-             p.cost = costFor(d, cost);
-             p.cfg = d.deck.cp;
-             p.strategy = cp::parseStrategy(strategy ? *strategy : d.deck.cp.strategy);
-             p.comm = cp::parseCommMode(comm ? *comm : d.deck.cp.comm);
-             p.cfg.strategy = cp::strategyName(p.strategy);
-             p.cfg.comm = cp::commModeName(p.comm);
-             p.cp = cp_degree ? *cp_degree : static_cast<int>(d.deck.mesh.cp);
-             if (p.cp < 1) throw wlb::InputError("CP degree must be >= 1 (got " + std::to_string(p.cp) + ")");
-             return p;
+      .def(py::init([](std::shared_ptr<PyDeck> d, std::optional<std::string> strategy, std::optional<std::string> comm,
+                       std::optional<int> cp_degree, std::optional<PyCostPtr> cost) {
+             return PyShardPlanner::make(costFor(d, cost), d->deck.cp, strategy ? *strategy : d->deck.cp.strategy,
+                                         comm ? *comm : d->deck.cp.comm,
+                                         cp_degree ? *cp_degree : static_cast<int>(d->deck.mesh.cp));
            }),
            py::arg("deck"), py::arg("strategy") = py::none(), py::arg("comm") = py::none(), py::arg("cp") = py::none(),
            py::arg("cost") = py::none())
@@ -1029,13 +1187,25 @@ as Plan.micro_batch(r, m), or 1-D segment lengths.)")
           py::arg("segments"))
       .def_property_readonly("strategy", [](const PyShardPlanner& p) { return cp::strategyName(p.strategy); })
       .def_property_readonly("comm", [](const PyShardPlanner& p) { return cp::commModeName(p.comm); })
-      .def_property_readonly("cp", [](const PyShardPlanner& p) { return p.cp; });
+      .def_property_readonly("cp", [](const PyShardPlanner& p) { return p.cp; })
+      .def_property_readonly("cost", [](const PyShardPlanner& p) { return p.pycost; })
+      .def(py::pickle(
+          [](const PyShardPlanner& p) {
+            return py::make_tuple(p.pycost, cp::strategyName(p.strategy), cp::commModeName(p.comm), p.cp,
+                                  p.cfg.capacity_factor);
+          },
+          [](py::tuple t) {
+            wlb::CpConfig cfg;
+            cfg.capacity_factor = t[4].cast<double>();
+            return PyShardPlanner::make(t[0].cast<PyCostPtr>(), cfg, t[1].cast<std::string>(), t[2].cast<std::string>(),
+                                        t[3].cast<int>());
+          }));
 
   // ---- Metrics ----
   m.def(
       "compute_metrics",
-      [](const PyPlan& p, const CostPtr& cost) {
-        auto m = packing::computeMetrics(p.plan, *cost);
+      [](const PyPlan& p, const PyCostPtr& cost) {
+        auto m = packing::computeMetrics(p.plan, *cost->cost);
         m.plan_us = p.plan_us;
         m.solver = p.solver;
         return toPy(packing::toJson(m));

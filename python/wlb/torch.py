@@ -110,6 +110,14 @@ class PackedBatchSampler(Sampler):
         """The wlb.Plan of the step being yielded (None before the first)."""
         return self._plan
 
+    def metrics(self, step):
+        """Metrics of a recently packed step (imbalance, delay, plan_us, ...; docs/packing.md):
+        behind a prefetching DataLoader the sampler's current plan is ahead of the batch."""
+        for e in self._history:
+            if e.plan is not None and e.plan.step == step:
+                return e.plan.metrics
+        raise KeyError(f"step {step} is not among the sampler's recent steps")
+
     def __len__(self):
         if self.steps is None:
             raise TypeError("PackedBatchSampler without steps= is endless")
