@@ -393,25 +393,28 @@ double median(std::vector<double> v) {
   return k == 0 ? 0.0 : k % 2 ? v[k / 2] : 0.5 * (v[k / 2 - 1] + v[k / 2]);
 }
 
-/// The layer's ops at every token count of `grid`, round-robin over the sizes (as a run
-/// alternates micro-batch sizes: the allocator's state, and so the first-touch page faults of
-/// the ops' fresh outputs, is a run's, not one size's steady state), one unrecorded warm-up
-/// per size, then the median of `rounds` repetitions per quantity.
+/// The layer's ops at every token count of `grid`: per size, warm-up repetitions until the
+/// allocator has settled (a run's steps repeat its micro-batch sizes, so its large outputs
+/// come back from the heap instead of first-touch page faults), then the median of `rounds`
+/// repetitions per quantity.
 std::vector<LinearCell> measureLinear(const wlb::model::ModelDims& dims, std::int64_t tp,
                                       const std::vector<std::int64_t>& grid, int rounds,
                                       const att::KernelConfig& kcfg) {
-  std::vector<std::unique_ptr<LinearBench>> benches;
-  for (auto n : grid) benches.push_back(std::make_unique<LinearBench>(dims, tp, n, kcfg));
+  constexpr int kWarmup = 3;
   std::vector<std::vector<LinearCell>> cells(grid.size());
   const auto t0 = std::chrono::steady_clock::now();
-  for (int r = 0; r <= rounds; ++r) {
-    for (std::size_t i = 0; i < grid.size(); ++i) {
-      const LinearCell c = benches[i]->once(r);
-      if (r > 0) cells[i].push_back(c);
+  double done = 0, total = 0;
+  for (auto n : grid) total += static_cast<double>(n);
+  for (std::size_t i = 0; i < grid.size(); ++i) {
+    LinearBench bench(dims, tp, grid[i], kcfg);
+    for (int r = 0; r < kWarmup + rounds; ++r) {
+      const LinearCell c = bench.once(r);
+      if (r >= kWarmup) cells[i].push_back(c);
     }
+    done += static_cast<double>(grid[i]);
     const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::fprintf(stderr, "wlb profile: layer ops round %d/%d over %zu token counts  [ETA %.0f s]\n", r, rounds,
-                 grid.size(), el / (r + 1) * (rounds - r));
+    std::fprintf(stderr, "wlb profile: layer ops at %lld tokens, %d warm-up + %d repetitions  [%zu/%zu, ETA %.0f s]\n",
+                 static_cast<long long>(grid[i]), kWarmup, rounds, i + 1, grid.size(), el / done * (total - done));
   }
   std::vector<LinearCell> out(grid.size());
   for (std::size_t i = 0; i < grid.size(); ++i) {
@@ -516,8 +519,8 @@ void addDeckShaped(const Opts& o, const DeckPlans& plans, const att::KernelConfi
                      {"elementwise_ns_per_token", el},
                      {"fill_ns_per_token", fill},
                      {"note",
-                      "one rank of the layer as `wlb run` executes it (runtime::LayerStep), token counts "
-                      "round-robin, median of " +
+                      "one rank of the layer as `wlb run` executes it (runtime::LayerStep), per token count 3 "
+                      "warm-up repetitions, then the median of " +
                           std::to_string(o.quick ? 2 : std::max(o.reps, 7)) + " repetitions; wall time" +
                           (g_cpu_clock ? " x the process's CPU share of it" : "")}};
 

@@ -51,7 +51,7 @@ struct Opts {
   double tolerance = 5.0;
   std::int64_t steps = -1, warmup = -1, seed_offset = 1;
   int rounds = 1;
-  bool quick = false, no_calibrate = false;
+  bool quick = false, no_calibrate = false, malloc_default = false;
 };
 
 struct DeckCase {
@@ -87,6 +87,16 @@ std::string selfExe() {
 
 /// Environment for the children without the variables this process's own MPI start put there
 /// (a singleton's or mpirun's job ids): a nested `mpirun` or `wlb` must start a job of its own.
+/// glibc malloc settings for every stage (unless --malloc-default or GLIBC_TUNABLES is set):
+/// the executor allocates each op's outputs fresh; with glibc's dynamic mmap threshold and heap
+/// trimming, buffers of a few MB go back to the OS and are first-touch faulted again on the next
+/// op, as often as each process's heap history decides (rank 0, which also plans and writes
+/// plans, faulted 2.8x as often as rank 1 in a dp2 run: 40% of its step). Up to 32 MB from the
+/// heap and no trimming below 4 GB make every rank's ops what the profile measures.
+constexpr const char* kMallocTunables =
+    "GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967296";
+bool g_malloc_tuned = true;
+
 std::vector<std::string> childEnv() {
   static const char* drop[] = {"OMPI_COMM_WORLD_",
                                "OMPI_MCA_orte_",
@@ -121,6 +131,7 @@ std::vector<std::string> childEnv() {
     if (keep) env.push_back(v);
   }
   env.push_back("OPENBLAS_NUM_THREADS=1");
+  if (g_malloc_tuned && !std::getenv("GLIBC_TUNABLES")) env.push_back(kMallocTunables);
   return env;
 }
 
@@ -327,6 +338,10 @@ int run(const Opts& o) {
   };
   std::vector<nlohmann::json> stages;
   const auto t_all = std::chrono::steady_clock::now();
+  g_malloc_tuned = !o.malloc_default;
+  const std::string malloc_mode = std::getenv("GLIBC_TUNABLES") ? std::string("GLIBC_TUNABLES as set by the caller")
+                                  : g_malloc_tuned ? std::string(kMallocTunables).substr(std::strlen("GLIBC_TUNABLES="))
+                                                   : std::string("glibc defaults (--malloc-default)");
   const std::string cpu = cpuModel();
   const unsigned cores = std::thread::hardware_concurrency();
 
@@ -345,8 +360,8 @@ int run(const Opts& o) {
         if (c.calibrates) how += (how.empty() ? "" : ", ") + c.name;
       how = "one profile calibrated on the runs of " + how + " (data.seed) for every deck";
     }
-    std::printf("  %s; validated with data.seed + %lld (documents the calibration did not see)\n", how.c_str(),
-                static_cast<long long>(o.seed_offset));
+    std::printf("  %s; validated with data.seed + %lld (documents the calibration did not see); malloc: %s\n",
+                how.c_str(), static_cast<long long>(o.seed_offset), malloc_mode.c_str());
   }
 
   try {
@@ -597,6 +612,7 @@ int run(const Opts& o) {
                                                                  : "joint"},
                         {"max_abs_error_percent", worst},
                         {"rounds", o.rounds},
+                        {"malloc", malloc_mode},
                         {"max_load_average", load_max},
                         {"min_core_share", share_min},
                         {"pass", all_ok},
@@ -633,6 +649,9 @@ const bool registered = wlb::app::registerCommand(
                      "Calibrate on these decks only (name or file; repeatable); default: every deck")
           ->type_name("DECK");
       sub.add_flag("--no-calibrate", o->no_calibrate, "Skip the calibration runs: validate the profile as measured");
+      sub.add_flag("--malloc-default", o->malloc_default,
+                   "Leave glibc malloc at its defaults in every stage (default: large buffers kept on the heap, "
+                   "docs/simulator.md)");
       sub.add_option("--seed-offset", o->seed_offset,
                      "Validation runs use data.seed + this (0 = the calibration's own documents: circular)");
       sub.add_option("--rounds", o->rounds,
