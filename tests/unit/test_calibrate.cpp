@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "core/deck.hpp"
 #include "core/error.hpp"
 #include "model/calibration.hpp"
 #include "model/cost_model.hpp"
@@ -124,6 +125,24 @@ TEST(ProfileV2, LinearTableAtTheReferenceTokensLinearInTokens) {
   EXPECT_FALSE(other.linearTableUsed());
   EXPECT_EQ(other.linearSeconds(100, Phase::Fwd), other.linearFlops(100, Phase::Fwd) / (50.0 * 1e9));
   EXPECT_FALSE(model::CostModel(dims(), p, 2).linearTableUsed());
+}
+
+TEST(ProfileV2, FromDeckReadsTheTableAtARanksShareOfAMicroBatch) {
+  Deck deck;
+  deck.model.hidden = 256;
+  deck.model.heads = 4;
+  deck.model.kv_heads = 2;
+  deck.model.head_dim = 64;
+  deck.model.ffn = 704;
+  deck.model.layers = 1;
+  deck.data.context_window = 8192;
+  deck.mesh.cp = 2;
+  deck.hardware.profile = write("deck.json", v2());
+  const auto c = model::CostModel::fromDeck(deck);
+  EXPECT_TRUE(c.linearTableUsed());
+  EXPECT_DOUBLE_EQ(c.linearReferenceTokens(), 4096.0);
+  deck.mesh.cp = 1;
+  EXPECT_DOUBLE_EQ(model::CostModel::fromDeck(deck).linearReferenceTokens(), 8192.0);
 }
 
 TEST(ProfileV2, FactorsDivideTime) {
