@@ -138,12 +138,10 @@ class PackedBatchSampler(Sampler):
 
     def micro_batch(self, plan, m):
         """[MicroBatchInfo, Segment, ...] of this rank's micro-batch m of `plan`."""
-        segs = plan.micro_batch(self.dp_rank, m)
-        n = self.documents_per_epoch
-        index = segs[:, 0] % n if n else segs[:, 0]
-        rows = np.column_stack((index, segs[:, 1], segs[:, 2], segs[:, 0], segs[:, 3])).tolist()
+        n = self.documents_per_epoch or (1 << 62)
         info = MicroBatchInfo(plan.step, self.dp_rank, m, plan.step * self.micro_batches + m)
-        return [info] + [Segment(*r) for r in rows]
+        new = tuple.__new__  # namedtuple's own __new__ costs a Python call per segment
+        return [info] + [new(Segment, (d % n, o, ln, d, a)) for d, o, ln, a in plan.micro_batch(self.dp_rank, m).tolist()]
 
     def state_dict(self, consumed=None):
         """The sampler's state after `consumed` micro-batches of this rank (default: all it

@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import wlb  # noqa: E402
-from conftest import deck_path, tiles_documents  # noqa: E402
+from wlb_test_helpers import deck_path, tiles_documents  # noqa: E402
 from wlb.torch import (  # noqa: E402
     MegatronDataset,
     MicroBatchInfo,
