@@ -50,7 +50,7 @@ struct Opts {
   std::string out = "wlb-out/validate-sim", profile, mpirun = "mpirun";
   double tolerance = 5.0;
   std::int64_t steps = -1, warmup = -1, seed_offset = 1;
-  int rounds = 1;
+  int rounds = 3;
   bool quick = false, no_calibrate = false, malloc_default = false;
 };
 

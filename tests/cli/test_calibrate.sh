@@ -131,7 +131,7 @@ mv p.moved p.json
 
 # 4. The loop on the tiny deck: a row per strategy, the ordering line, validation.json.
 start=$(date +%s)
-"$WLB" validate-sim tiny.toml --quick --out vs > vs.txt 2>&1
+"$WLB" validate-sim tiny.toml --quick --rounds 1 --out vs > vs.txt 2>&1
 rc=$?
 [ $rc -eq 0 ] || [ $rc -eq 3 ] || fail "validate-sim exit $rc: $(cat vs.txt)"
 for s in plain fixed wlb; do
@@ -154,7 +154,7 @@ assert j["calibration"] == "per deck" and all("cpu_seconds" in st for st in j["s
 PY
 echo "validate-sim took $(( $(date +%s) - start )) s"
 # an impossible tolerance fails with exit 3, reusing the profile
-"$WLB" validate-sim tiny.toml --profile vs/profile.calibrated.tiny.json --no-calibrate --tolerance 1e-9 --out vs2 \
+"$WLB" validate-sim tiny.toml --profile vs/profile.calibrated.tiny.json --no-calibrate --rounds 1 --tolerance 1e-9 --out vs2 \
   > log 2>&1
 rc=$?
 [ $rc -eq 3 ] || fail "tolerance 1e-9: exit $rc (want 3): $(cat log)"
