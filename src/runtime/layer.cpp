@@ -77,23 +77,7 @@ std::int64_t LayerShape::paramCount() const {
 }
 
 double linearOpFlops(const model::CostModel& cost, LinearOp op, std::int64_t tokens, model::Phase phase) {
-  const auto& d = cost.dims();
-  const double h = static_cast<double>(d.hidden), kv = static_cast<double>(d.kv_heads * d.head_dim),
-               ffn = static_cast<double>(d.ffn), tp = static_cast<double>(cost.tp());
-  double per_token = 0;
-  switch (op) {
-    case LinearOp::QkvProj:
-      per_token = 2.0 * h * (h + 2.0 * kv);
-      break;
-    case LinearOp::OutProj:
-      per_token = 2.0 * h * h;
-      break;
-    case LinearOp::Mlp:
-      per_token = 2.0 * 3.0 * h * ffn;
-      break;
-  }
-  const double f = per_token / tp * static_cast<double>(tokens);
-  return phase == model::Phase::Fwd ? f : model::kLinearBwdFactor * f;
+  return cost.linearOpFlops(op, tokens, phase);  // the cost model's formula, one place
 }
 
 // ---- model ---------------------------------------------------------------------------

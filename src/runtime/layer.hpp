@@ -45,7 +45,7 @@ struct LayerShape {
 };
 
 /// Linear ops of a layer, for per-op FLOPs.
-enum class LinearOp : int { QkvProj, OutProj, Mlp };
+using LinearOp = model::LinearOp;
 /// FLOPs of one linear op for `tokens` tokens on one TP rank. The three ops sum to
 /// CostModel::linearFlops (the cost model's QKV + out-proj + SwiGLU terms).
 double linearOpFlops(const model::CostModel& cost, LinearOp op, std::int64_t tokens, model::Phase phase);
