@@ -43,6 +43,7 @@
 #include "model/cost_model.hpp"
 #include "model/throughput.hpp"
 #include "packing/packer.hpp"
+#include "runtime/gemm.hpp"
 #include "runtime/layer.hpp"
 #include "trace/recorder.hpp"
 
@@ -64,6 +65,8 @@ struct Opts {
   bool quick = false, wall_clock = false;
   std::vector<std::int64_t> q_lens, k_lens;
   std::vector<std::string> decks, overrides;  ///< --deck (deck-shaped profile), --set
+  std::string precision = "fp32";             ///< attention + GEMM arithmetic (GPU modes)
+  std::string base;                           ///< --base: profile whose unmeasured fields are kept
   bool head_opts_given = false;               ///< --head-dim/--heads/--kv-heads on the command line
 };
 
@@ -114,6 +117,8 @@ struct Cell {
   double fwd = 0.0, bwd = 0.0;
 };
 
+constexpr bool kHostMem = Kokkos::SpaceAccessibility<Kokkos::HostSpace, ES::memory_space>::accessible;
+
 /// Best-of-reps seconds of one forward and one backward call on `batch` (random inputs).
 Cell timeBatch(const Opts& o, const att::VarlenBatch& batch, const att::KernelConfig& cfg) {
   const std::size_t Tq = batch.q_tokens, Tk = batch.k_tokens, H = o.heads, Hk = o.kv_heads, D = o.head_dim;
@@ -121,14 +126,24 @@ Cell timeBatch(const Opts& o, const att::VarlenBatch& batch, const att::KernelCo
       out("wlb::profile::o", Tq, H, D), dO("wlb::profile::dO", Tq, H, D), dq("wlb::profile::dq", Tq, H, D),
       dk("wlb::profile::dk", Tk, Hk, D), dv("wlb::profile::dv", Tk, Hk, D);
   V2 lse("wlb::profile::lse", Tq, H);
-  std::mt19937 rng(3);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (V3* x : {&q, &k, &v, &dO}) {
-    auto h = Kokkos::create_mirror_view(*x);
-    for (std::size_t i = 0; i < h.size(); ++i) h.data()[i] = nd(rng);
-    Kokkos::deep_copy(*x, h);
-  }
   ES space;
+  if constexpr (kHostMem) {
+    std::mt19937 rng(3);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (V3* x : {&q, &k, &v, &dO}) {
+      auto h = Kokkos::create_mirror_view(*x);
+      for (std::size_t i = 0; i < h.size(); ++i) h.data()[i] = nd(rng);
+      Kokkos::deep_copy(*x, h);
+    }
+  } else {
+    // Device: fill in place (a host generator for GPU-sized batches takes longer than the
+    // timing); uniform in +-sqrt(3) has the normal's variance.
+    std::uint64_t stream = 0;
+    for (V3* x : {&q, &k, &v, &dO})
+      wlb::runtime::fillRandom(space, wlb::runtime::Mat(x->data(), x->extent(0), x->extent(1) * x->extent(2)), 3,
+                               ++stream, 1.7320508f);
+    space.fence();
+  }
   Cell c;
   c.fwd = bestSeconds([&] { att::forward(space, q, k, v, batch, out, lse, cfg); }, o.reps, o.min_seconds);
   c.bwd =
@@ -136,10 +151,19 @@ Cell timeBatch(const Opts& o, const att::VarlenBatch& batch, const att::KernelCo
   return c;
 }
 
-/// Throughput of a batch of `copies` identical pieces (nq queries, nk keys each).
+/// Throughput of a batch of `copies` identical pieces (nq queries, nk keys each): 4e6
+/// padded pairs per call on a core, 16384 query tokens per call on a device.
 Cell measure(const Opts& o, std::int64_t nq, std::int64_t nk, const att::KernelConfig& cfg) {
   const double padded1 = att::paddedPairs(nq, nk, cfg);
-  const std::int64_t copies = std::max<std::int64_t>(1, static_cast<std::int64_t>(4.0e6 / padded1));
+  std::int64_t copies = std::max<std::int64_t>(1, static_cast<std::int64_t>(4.0e6 / padded1));
+  if constexpr (!kHostMem) {
+    // Device: 16384 query tokens per call (as bench/profile_torch.py), at most 32 GB of
+    // q, k, v, o, dO and gradient buffers.
+    const double bytes1 =
+        16.0 * o.head_dim * (static_cast<double>(nq) * o.heads + static_cast<double>(nk) * o.kv_heads);
+    copies = std::clamp<std::int64_t>((16384 + nq - 1) / nq, 1,
+                                      std::max<std::int64_t>(1, static_cast<std::int64_t>(32e9 / bytes1)));
+  }
   std::vector<att::PieceRange> pieces;
   for (std::int64_t i = 0; i < copies; ++i) pieces.push_back({i * nq, (i + 1) * nq, i * nk, (i + 1) * nk});
   const auto batch = att::VarlenBatch::fromRanges(pieces);
@@ -152,6 +176,23 @@ Cell measure(const Opts& o, std::int64_t nq, std::int64_t nk, const att::KernelC
 }
 
 double gemmGflops(const Opts& o) {
+  if constexpr (!kHostMem) {
+    // Device: the executor's own GEMM (Kokkos-Kernels / cuBLAS) at the profile's precision.
+    namespace rt = wlb::runtime;
+    const std::int64_t n = o.quick ? 1024 : 8192;
+    rt::Mat a("wlb::profile::ga", n, n), b("wlb::profile::gb", n, n), c("wlb::profile::gc", n, n);
+    ES space;
+    rt::fillRandom(space, a, 1, 1, 1.0f);
+    rt::fillRandom(space, b, 1, 2, 1.0f);
+    const auto p = rt::parsePrecision(o.precision, "--precision");
+    const double t = bestSeconds(
+        [&] {
+          rt::gemm(space, rt::Trans::N, rt::Trans::N, 1.0f, a, b, 0.0f, c, p);
+          space.fence();
+        },
+        o.reps, o.min_seconds);
+    return 2.0 * static_cast<double>(n) * n * n / t * 1e-9;
+  }
   const int n = o.quick ? 512 : 1024;
   std::vector<float> a(static_cast<std::size_t>(n) * n, 0.5f), b(a), c(a.size());
   const float one = 1.0f, zero = 0.0f;
@@ -162,7 +203,29 @@ double gemmGflops(const Opts& o) {
 }
 
 /// Register-only FMA loop at the kernels' vector width: what one core delivers right now.
+/// Device: 8 independent FMA chains per thread over every thread of the device.
 double fmaPeak() {
+  if constexpr (!kHostMem) {
+    const int n = 1 << 20, iters = 2048;
+    Kokkos::View<float*, ES::memory_space> out("wlb::profile::fma", n);
+    ES space;
+    const double t = bestSeconds(
+        [&] {
+          Kokkos::parallel_for(
+              "wlb::profile::fma_peak", Kokkos::RangePolicy<ES>(space, 0, n), KOKKOS_LAMBDA(const int i) {
+                float a[8];
+                for (int u = 0; u < 8; ++u) a[u] = static_cast<float>(i) * 1e-9f + static_cast<float>(u);
+                for (int k = 0; k < iters; ++k)
+                  for (int u = 0; u < 8; ++u) a[u] = a[u] * 0.9999f + 1e-7f;
+                float s = 0.0f;
+                for (int u = 0; u < 8; ++u) s += a[u];
+                out(i) = s;
+              });
+          space.fence();
+        },
+        3, 0.05);
+    return 2.0 * 8.0 * iters * static_cast<double>(n) / t * 1e-9;
+  }
 #if WLB_ATTN_HOST_SIMD
   double flops = 0.0;
   const double t = bestSeconds([&] { flops = att::host::fmaLoop(10000000); }, 5, 0.02);
@@ -313,6 +376,7 @@ class LinearBench {
     env_.cost = &cost_;
     env_.recorder = &rec_;
     env_.kernel = kcfg;
+    env_.precision = kcfg.precision;  // GEMMs at the attention's precision (run.precision)
   }
   const wlb::model::CostModel& cost() const { return cost_; }
 
@@ -605,6 +669,7 @@ int run(Opts o) {
   att::KernelConfig cfg;
   cfg.tile_q = o.tile_q;
   cfg.tile_k = o.tile_k;
+  cfg.precision = wlb::runtime::parsePrecision(o.precision, "--precision");
   try {
     att::validateConfig(cfg);
   } catch (const std::invalid_argument& e) {
@@ -704,9 +769,12 @@ int run(Opts o) {
   j["name"] = o.name;
   j["backend"] = wlb::kk::backendName();
   j["created"] = isoNow();
-  j["sources"] = {"measured by `wlb profile` (attention: wlb::attention kernels, best of " + std::to_string(o.reps) +
-                      " repetitions; linear: BLAS sgemm " + std::string(o.quick ? "512" : "1024") +
-                      "^3, one thread; peak: register-only FMA loop at the kernels' vector width; timed with " +
+  const std::string linear_src =
+      kHostMem ? "BLAS sgemm " + std::string(o.quick ? "512" : "1024") + "^3, one thread"
+               : wlb::runtime::gemmBackend() + " " + std::string(o.quick ? "1024" : "8192") + "^3";
+  j["sources"] = {"measured by `wlb profile` (attention: wlb::attention kernels, " + o.precision + ", best of " +
+                      std::to_string(o.reps) + " repetitions; linear: " + linear_src +
+                      "; peak: register-only FP32 FMA loop; timed with " +
                       (g_cpu_clock ? "process CPU time" : "wall time") + ")",
                   "heads " + std::to_string(o.heads) + ", kv_heads " + std::to_string(o.kv_heads) + ", Kokkos " +
                       wlb::kk::versionString()};
@@ -718,7 +786,35 @@ int run(Opts o) {
   j["attention"] = {{"fwd", {{"q_lens", o.q_lens}, {"k_lens", o.k_lens}, {"gflops", fwd}}},
                     {"bwd", {{"q_lens", o.q_lens}, {"k_lens", o.k_lens}, {"gflops", bwd}}}};
   const long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGE_SIZE);
-  if (pages > 0 && psize > 0) j["memory_gb"] = std::round(static_cast<double>(pages) * psize / 1e9 * 10.0) / 10.0;
+  if (kHostMem && pages > 0 && psize > 0)
+    j["memory_gb"] = std::round(static_cast<double>(pages) * psize / 1e9 * 10.0) / 10.0;
+  if (!o.base.empty()) {
+    // Keep what this command does not measure (links, topology, memory, the tensor-core
+    // peak) from the base profile; say so in the file.
+    std::ifstream bf(o.base);
+    if (!bf) throw wlb::InputError("wlb profile: cannot read --base " + o.base);
+    nlohmann::json base;
+    try {
+      bf >> base;
+    } catch (const std::exception& e) {
+      throw wlb::InputError("wlb profile: --base " + o.base + " is not JSON: " + e.what());
+    }
+    std::vector<std::string> kept;
+    for (auto it = base.begin(); it != base.end(); ++it) {
+      const std::string& k = it.key();
+      if (k == "description" || k == "notes" || k == "source" || k == "measured") continue;  // the base's own words
+      if (k == "peak_gflops" || !j.contains(k)) {
+        if (k == "peak_gflops") j["measured_fma_gflops"] = j[k];
+        j[k] = it.value();
+        kept.push_back(k);
+      }
+    }
+    std::string list;
+    for (const auto& k : kept) list += (list.empty() ? "" : ", ") + k;
+    j["sources"].push_back("carried over from base profile " + o.base + ", not measured: " + list);
+    j["description"] = "wlb::attention kernels (" + o.precision + ") and " + linear_src +
+                       " measured by `wlb profile` on " + wlb::kk::backendName() + "; " + list + " from " + o.base;
+  }
   if (deck_mode) addDeckShaped(o, plans, cfg, j);
   const std::string tmp = o.out + ".tmp." + std::to_string(::getpid());
   wlb::app::TemporaryGuard guard(tmp);
@@ -763,6 +859,13 @@ const bool registered = wlb::app::registerCommand(
       sub.add_option("--reps", o->reps, "Repetitions per cell (best is kept)");
       sub.add_option("--min-seconds", o->min_seconds, "Minimum time per repetition");
       sub.add_option("--peak-gflops", o->peak, "FP32 peak to record (default: measured FMA loop)");
+      sub.add_option("--precision", o->precision,
+                     "Arithmetic of the timed attention kernels and GEMM: fp32, tf32 or bf16 (GPU tensor cores; host "
+                     "builds compute every mode in FP32)")
+          ->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
+      sub.add_option("--base", o->base,
+                     "Profile JSON whose fields this command does not measure (links, topology, memory, peak) are "
+                     "kept");
       sub.add_flag("--quick", o->quick, "Small grid, short timings (tests)");
       sub.add_flag("--wall-clock", o->wall_clock, "Time with wall clock even on a single-threaded backend");
       return [o, hd, hs, kh]() -> int {

@@ -6,8 +6,12 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "app/command.hpp"
 #include "core/error.hpp"
@@ -18,7 +22,42 @@ struct Opts {
   wlb::app::DeckArgs deck;
   long long steps = -1, warmup = -1;
   bool quiet = false, no_output = false;
+  std::string gradients;
 };
+
+// NumPy .npy (format 1.0): a little-endian float32 vector that numpy.load reads.
+void writeNpy(const std::string& path, const std::vector<float>& v) {
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::to_string(v.size()) + ",), }";
+  const std::size_t total = 10 + header.size() + 1;
+  header.append((64 - total % 64) % 64, ' ');
+  header += '\n';
+  std::ofstream f(path + ".partial", std::ios::binary);
+  const unsigned short len = static_cast<unsigned short>(header.size());
+  f.write("\x93NUMPY\x01\x00", 8);
+  f.write(reinterpret_cast<const char*>(&len), 2);
+  f.write(header.data(), static_cast<std::streamsize>(header.size()));
+  f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
+  f.close();
+  if (!f) throw wlb::InputError("cannot write " + path);
+  std::filesystem::rename(path + ".partial", path);
+}
+
+// --gradients DIR: each strategy's weight gradients of its last step (STRATEGY.npy,
+// [layer][tp slice][param] as StrategyResult::gradients) and every step's loss
+// (losses.json), to compare builds (CPU vs GPU) or meshes.
+void writeGradients(const std::string& dir, const wlb::runtime::RunReport& report) {
+  std::filesystem::create_directories(dir);
+  nlohmann::json losses = nlohmann::json::object();
+  for (const auto& r : report.strategies) {
+    writeNpy((std::filesystem::path(dir) / (r.name + ".npy")).string(), r.gradients);
+    nlohmann::json steps = nlohmann::json::array();
+    for (const auto& s : r.steps) steps.push_back({{"step", s.step}, {"loss", s.loss}, {"warmup", s.warmup}});
+    losses[r.name] = steps;
+  }
+  std::ofstream f((std::filesystem::path(dir) / "losses.json").string());
+  f << losses.dump(1) << "\n";
+  if (!f) throw wlb::InputError("cannot write " + dir + "/losses.json");
+}
 
 const bool registered = wlb::app::registerCommand(
     "run", "Execute the deck's strategies on this MPI job with real kernels and report measured step times",
@@ -31,6 +70,9 @@ const bool registered = wlb::app::registerCommand(
           ->check(wlb::app::intAtLeast(0));
       sub.add_flag("--quiet", o->quiet, "No per-step progress lines");
       sub.add_flag("--no-output", o->no_output, "Do not write the trace and plan files");
+      sub.add_option(
+          "--gradients", o->gradients,
+          "Write each strategy's last-step weight gradients (DIR/STRATEGY.npy) and losses (DIR/losses.json)");
       return [o]() -> int {
         // Every rank reads the same deck: a bad deck fails identically everywhere.
         wlb::Deck deck;
@@ -44,6 +86,7 @@ const bool registered = wlb::app::registerCommand(
         ro.warmup = o->warmup;
         ro.progress = !o->quiet;
         ro.write_outputs = !o->no_output;
+        ro.keep_gradients = !o->gradients.empty();
         ro.command = "wlb run " + o->deck.path;
         for (const auto& s : o->deck.overrides) ro.command += " --set " + s;
         if (o->steps >= 0) ro.command += " --steps " + std::to_string(o->steps);
@@ -59,6 +102,7 @@ const bool registered = wlb::app::registerCommand(
         if (wlb::app::worldRank() == 0) {
           std::fputs(wlb::runtime::formatReport(report).c_str(), stdout);
           std::fflush(stdout);
+          if (!o->gradients.empty()) writeGradients(o->gradients, report);
         }
         return 0;
       };

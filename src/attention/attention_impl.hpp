@@ -509,19 +509,27 @@ bool forwardCuda(const Kokkos::Cuda& space, QV q, QV k, QV v, const VarlenBatch&
     ab.lse_out = lse.data();
     ab.lse_s0 = lse.stride(0);
     cuda::mmaForward<bf16>(space, ab, b);
-    // copy back only the rows the pieces own (forward overwrites those rows alone)
+    // copy back only the rows the pieces own (forward overwrites those rows alone): mark
+    // them, then one flat kernel over every element (a team per piece would leave a long
+    // document's copy to one block)
     const std::int64_t per = static_cast<std::int64_t>(o.extent(1) * o.extent(2));
     const std::int64_t n2 = o.extent(2);
+    Kokkos::View<std::uint8_t*, Kokkos::CudaSpace> owned("wlb::attention::cuda::owned_rows", o.extent(0));
     Kokkos::parallel_for(
-        "wlb::attention::cuda::o_from_bf16",
+        "wlb::attention::cuda::mark_rows",
         Kokkos::TeamPolicy<Kokkos::Cuda>(space, static_cast<int>(rng.extent(0)), Kokkos::AUTO),
         KOKKOS_LAMBDA(const Kokkos::TeamPolicy<Kokkos::Cuda>::member_type& team) {
           const int p = team.league_rank();
           const std::int64_t q0 = rng(p, 0), q1 = rng(p, 1);
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, (q1 - q0) * per), [&](const std::int64_t i) {
-            const std::int64_t t = q0 + i / per, r = i % per;
-            o(t, r / n2, r % n2) = toFloat(ob(t, r / n2, r % n2));
-          });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, q0, q1), [&](const std::int64_t t) { owned(t) = 1; });
+        });
+    Kokkos::parallel_for(
+        "wlb::attention::cuda::o_from_bf16",
+        Kokkos::RangePolicy<Kokkos::Cuda, Kokkos::IndexType<std::int64_t>>(
+            space, 0, static_cast<std::int64_t>(o.extent(0)) * per),
+        KOKKOS_LAMBDA(const std::int64_t i) {
+          const std::int64_t t = i / per, r = i % per;
+          if (owned(t)) o(t, r / n2, r % n2) = toFloat(ob(t, r / n2, r % n2));
         });
     wlb::kk::fence(space, "wlb::attention::cuda::o_from_bf16");
     return true;

@@ -78,6 +78,11 @@ struct RunConfig {
   /// Strategies to compare: "plain", "fixed", "wlb", or "PACKER+SHARDING" (e.g.
   /// "best_fit+per_document"). Empty -> the single [packing]/[cp] strategy.
   std::vector<std::string> strategies;
+  /// Arithmetic of the executor's GEMMs and attention: fp32 | tf32 | bf16 (GPU tensor
+  /// cores; host builds compute every mode in FP32).
+  std::string precision = "fp32";
+  /// Collectives of the executor's mesh groups: auto | mpi | nccl (docs/runtime.md).
+  std::string comm_backend = "auto";
 };
 
 struct OutputConfig {

@@ -112,6 +112,10 @@ const std::vector<KeySpec>& deckSchema() {
         KeySpec{"run", "strategies", Kind::StringList, -kInf, kInf, {},
                 "Strategies to compare: plain, fixed, wlb or PACKER+SHARDING; empty = [packing]+[cp].",
                 WLB_F(run.strategies)},
+        S("run", "precision", {"fp32", "tf32", "bf16"}, WLB_F(run.precision),
+          "Executor arithmetic (GEMMs + attention): fp32, tf32 or bf16 tensor cores on a GPU; host builds compute every mode in FP32."),
+        S("run", "comm_backend", {"auto", "mpi", "nccl"}, WLB_F(run.comm_backend),
+          "Executor collectives: host-staged mpi, nccl (CUDA build, one GPU per rank) or auto (nccl when it can run)."),
 
         S("output", "dir", {}, WLB_F(output.dir), "Output directory."),
         S("output", "trace", {}, WLB_F(output.trace), "Trace file name (HDF5) inside dir."),

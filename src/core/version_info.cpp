@@ -4,6 +4,8 @@
 #include <mpi.h>
 
 #include "core/kokkos_compat.hpp"
+#include "parallel/group_comm.hpp"
+#include "runtime/gemm.hpp"
 #include "wlb/version.hpp"
 
 namespace wlb {
@@ -41,7 +43,9 @@ std::string versionReport() {
   return "wlb " + versionString() + " (git " + gitHash() + ")\n" +
          "  Kokkos " + kokkosVersion() + ", backend " + kokkosBackend() + "\n" +
          "  MPI    " + mpiVersion() + "\n" +
-         "  HDF5   " + hdf5Version() + "\n";
+         "  HDF5   " + hdf5Version() + "\n" +
+         "  GEMM   " + runtime::gemmBackend() + "\n" +
+         "  NCCL   " + (parallel::ncclAvailable() ? "yes" : "no") + "\n";
 }
 
 }  // namespace wlb

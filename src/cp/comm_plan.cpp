@@ -94,6 +94,34 @@ CommPlan planComm(const ShardPlan& plan, CommMode mode, const model::CostModel& 
   return c;
 }
 
+RowMap ownRunRows(const ShardPlan& plan, int rank) {
+  RowMap m;
+  for (const KvRun& run : plan.ranks.at(rank).kv_runs) {
+    if (run.src != rank) continue;
+    for (std::int64_t i = 0; i < run.len; ++i) {
+      m.dst.push_back(run.kv_begin + i);
+      m.src.push_back(run.src_local_begin + i);
+    }
+  }
+  return m;
+}
+
+std::vector<std::int64_t> transferLocalRows(const Transfer& t) {
+  std::vector<std::int64_t> out;
+  out.reserve(static_cast<std::size_t>(t.tokens));
+  for (const KvRun& run : t.runs)
+    for (std::int64_t i = 0; i < run.len; ++i) out.push_back(run.src_local_begin + i);
+  return out;
+}
+
+std::vector<std::int64_t> transferKvSlots(const Transfer& t) {
+  std::vector<std::int64_t> out;
+  out.reserve(static_cast<std::size_t>(t.tokens));
+  for (const KvRun& run : t.runs)
+    for (std::int64_t i = 0; i < run.len; ++i) out.push_back(run.kv_begin + i);
+  return out;
+}
+
 std::vector<std::size_t> transfersFrom(const CommPlan& comm, int rank) {
   std::vector<std::size_t> out;
   for (std::size_t i = 0; i < comm.transfers.size(); ++i)

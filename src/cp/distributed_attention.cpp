@@ -76,7 +76,18 @@ DistributedAttention::DistributedAttention(const ShardPlan& plan, const CommPlan
   for (const Piece& p : rs.pieces)
     ranges.push_back({p.local_begin, p.local_begin + p.q_len, p.kv_begin, p.kv_begin + p.kv_len});
   batch_ = attention::VarlenBatch::fromRanges(std::move(ranges));
+  if (opt_.group) {
+    if (opt_.group->size() != plan.cp)
+      throw std::invalid_argument("wlb::cp::DistributedAttention: group communicator size differs from the plan's cp");
+    group_ = opt_.group;
+  } else {
+    own_group_ = parallel::makeGroupComm(comm, parallel::CommBackend::Mpi);
+    group_ = own_group_.get();
+  }
+  buildMaps();
 }
+
+DistributedAttention::~DistributedAttention() = default;
 
 double DistributedAttention::attnFlops(bool backward) const {
   double f = 0;
@@ -97,86 +108,138 @@ void DistributedAttention::releaseKv() {
   have_kv_ = false;
 }
 
+// ---- row moves (device kernels; the maps come from shard_plan.hpp) ---------------------
+
+namespace {
+
+using Mem = DistViews::mem;
+using IdxView = Kokkos::View<const std::int64_t*, Mem>;
+using Buf = Kokkos::View<float*, Mem>;
+
+IdxView upload(const std::vector<std::int64_t>& v) {
+  Kokkos::View<std::int64_t*, Mem> d(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::cp::dist_attn::map"),
+                                     v.size());
+  Kokkos::deep_copy(d, Kokkos::View<const std::int64_t*, Kokkos::HostSpace>(v.data(), v.size()));
+  return d;
+}
+
+Buf newBuf(const char* label, std::int64_t n) {
+  return Buf(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), static_cast<std::size_t>(n));
+}
+
+// dst row dmap[i] (or i) = / += src row smap[i] (or i), for i < n; `width` floats a row.
+void moveRows(const DistViews::Space& space, float* dst, const IdxView& dmap, const float* src, const IdxView& smap,
+              std::int64_t n, std::int64_t width, bool add) {
+  if (n == 0 || width == 0) return;
+  const bool hd = dmap.extent(0) > 0, hs = smap.extent(0) > 0;
+  Kokkos::parallel_for(
+      "wlb::cp::dist_attn::move_rows", Kokkos::RangePolicy<DistViews::Space>(space, 0, n * width),
+      KOKKOS_LAMBDA(const std::int64_t e) {
+        const std::int64_t i = e / width, c = e % width;
+        const std::int64_t d = (hd ? dmap(i) : i) * width + c, s = (hs ? smap(i) : i) * width + c;
+        if (add)
+          dst[d] += src[s];
+        else
+          dst[d] = src[s];
+      });
+}
+
+std::vector<std::int64_t> scaled(const std::vector<std::int64_t>& v, std::int64_t f) {
+  std::vector<std::int64_t> out(v);
+  for (auto& x : out) x *= f;
+  return out;
+}
+
+}  // namespace
+
+struct DistributedAttention::Maps {
+  IdxView own_dst, own_src;  ///< own runs: KV slot <- local row
+  std::int64_t own_rows = 0;
+  IdxView ag_index;                   ///< AllGather: KV slot <- gathered row
+  std::vector<std::size_t> from, to;  ///< ShardingAware transfers this rank sends / receives (forward)
+  std::vector<IdxView> from_local;    ///< per `from` transfer: message row -> local row
+  std::vector<IdxView> to_slots;      ///< per `to` transfer: message row -> KV slot
+};
+
+void DistributedAttention::buildMaps() {
+  maps_ = std::make_unique<Maps>();
+  Maps& m = *maps_;
+  const RowMap own = ownRunRows(*plan_, rank_);
+  m.own_dst = upload(own.dst);
+  m.own_src = upload(own.src);
+  m.own_rows = static_cast<std::int64_t>(own.dst.size());
+  if (comm_plan_->mode == CommMode::AllGather) {
+    if (plan_->cp > 1) m.ag_index = upload(allGatherKvIndex(*plan_, *comm_plan_, rank_));
+    return;
+  }
+  m.from = transfersFrom(*comm_plan_, rank_);
+  m.to = transfersTo(*comm_plan_, rank_);
+  for (auto i : m.from) m.from_local.push_back(upload(transferLocalRows(comm_plan_->transfers[i])));
+  for (auto i : m.to) m.to_slots.push_back(upload(transferKvSlots(comm_plan_->transfers[i])));
+}
+
 // ---- forward -------------------------------------------------------------------------
 
 void DistributedAttention::exchangeKvForward(const Space& space, Const3 k, Const3 v) {
   const ShardPlan& plan = *plan_;
   const CommPlan& cpl = *comm_plan_;
+  const Maps& m = *maps_;
   const std::int64_t width = static_cast<std::int64_t>(kv_heads_) * head_dim_;
-  const int r = rank_;
   kv_k_ = View3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::cp::dist_attn::kv_k"), kv_tokens_, kv_heads_,
                 head_dim_);
   kv_v_ = View3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::cp::dist_attn::kv_v"), kv_tokens_, kv_heads_,
                 head_dim_);
-  // Host staging (no copies on host backends: mirrors alias the device views).
-  auto hk = Kokkos::create_mirror_view(k);
-  auto hv = Kokkos::create_mirror_view(v);
-  Kokkos::deep_copy(hk, k);
-  Kokkos::deep_copy(hv, v);
-  auto hkv_k = Kokkos::create_mirror_view(kv_k_);
-  auto hkv_v = Kokkos::create_mirror_view(kv_v_);
-  kk::fence(space, "wlb::cp::dist_attn::fwd::before_mpi");
-
+  const IdxView none;
   double bytes = 0;
   const double eb = opt_.bytes_per_element;
-  if (comm_plan_->mode == CommMode::AllGather) {
+  if (cpl.mode == CommMode::AllGather) {
     const std::int64_t total = plan.total_tokens;
-    std::vector<int> counts(plan.cp), displs(plan.cp);
-    for (int s = 0; s < plan.cp; ++s) {
-      counts[s] = toCount(cpl.gather_counts[s] * width, "all-gather count");
-      displs[s] = toCount(cpl.gather_displs[s] * width, "all-gather displacement");
-    }
-    std::vector<float> gk(static_cast<std::size_t>(total * width)), gv(gk.size());
     MaybeScope sc(opt_.recorder, trace::labels::kKvAllgather, space, trace::Phase::Fwd, 0,
                   2.0 * eb * static_cast<double>((total - local_tokens_) * width));
     if (plan.cp > 1) {
-      MPI_Allgatherv(hk.data(), counts[r], MPI_FLOAT, gk.data(), counts.data(), displs.data(), MPI_FLOAT, comm_);
-      MPI_Allgatherv(hv.data(), counts[r], MPI_FLOAT, gv.data(), counts.data(), displs.data(), MPI_FLOAT, comm_);
-      gatherKvFromAllGather(plan, cpl, r, gk.data(), hkv_k.data(), width);
-      gatherKvFromAllGather(plan, cpl, r, gv.data(), hkv_v.data(), width);
+      const auto counts = scaled(cpl.gather_counts, width), displs = scaled(cpl.gather_displs, width);
+      Buf gk = newBuf("wlb::cp::dist_attn::gathered_k", total * width);
+      Buf gv = newBuf("wlb::cp::dist_attn::gathered_v", total * width);
+      group_->allgatherv(space, k.data(), gk.data(), counts, displs);
+      group_->allgatherv(space, v.data(), gv.data(), counts, displs);
+      moveRows(space, kv_k_.data(), none, gk.data(), m.ag_index, kv_tokens_, width, false);
+      moveRows(space, kv_v_.data(), none, gv.data(), m.ag_index, kv_tokens_, width, false);
     } else {
-      copyLocalRuns(plan, r, hk.data(), hkv_k.data(), width);
-      copyLocalRuns(plan, r, hv.data(), hkv_v.data(), width);
+      moveRows(space, kv_k_.data(), m.own_dst, k.data(), m.own_src, m.own_rows, width, false);
+      moveRows(space, kv_v_.data(), m.own_dst, v.data(), m.own_src, m.own_rows, width, false);
     }
     bytes = 2.0 * eb * static_cast<double>((total - local_tokens_) * width);
   } else {
-    const auto from = transfersFrom(cpl, r), to = transfersTo(cpl, r);
     std::int64_t recv_tokens = 0;
-    for (auto i : to) recv_tokens += cpl.transfers[i].tokens;
+    for (auto i : m.to) recv_tokens += cpl.transfers[i].tokens;
     MaybeScope sc(opt_.recorder, trace::labels::kKvExchange, space, trace::Phase::Fwd, 0,
                   2.0 * eb * static_cast<double>(recv_tokens * width));
-    std::vector<std::vector<float>> rbuf(to.size()), sbuf(from.size());
-    std::vector<MPI_Request> reqs;
-    reqs.reserve(to.size() + from.size());
-    for (std::size_t j = 0; j < to.size(); ++j) {
-      const Transfer& t = cpl.transfers[to[j]];
-      rbuf[j].resize(static_cast<std::size_t>(2 * t.tokens * width));
-      reqs.emplace_back();
-      MPI_Irecv(rbuf[j].data(), toCount(2 * t.tokens * width, "message"), MPI_FLOAT, t.src, kTagKvFwd, comm_,
-                &reqs.back());
+    // Messages: K rows of the transfer's runs, then V rows.
+    std::vector<Buf> rbuf, sbuf;
+    std::vector<parallel::GroupComm::Msg> recvs, sends;
+    for (std::size_t j = 0; j < m.to.size(); ++j) {
+      const Transfer& t = cpl.transfers[m.to[j]];
+      rbuf.push_back(newBuf("wlb::cp::dist_attn::recv", 2 * t.tokens * width));
+      recvs.push_back({t.src, rbuf.back().data(), 2 * t.tokens * width});
     }
-    for (std::size_t j = 0; j < from.size(); ++j) {
-      const Transfer& t = cpl.transfers[from[j]];
-      sbuf[j].resize(static_cast<std::size_t>(2 * t.tokens * width));
-      packRunsFromLocal(t, hk.data(), sbuf[j].data(), width);
-      packRunsFromLocal(t, hv.data(), sbuf[j].data() + t.tokens * width, width);
-      reqs.emplace_back();
-      MPI_Isend(sbuf[j].data(), toCount(2 * t.tokens * width, "message"), MPI_FLOAT, t.dst, kTagKvFwd, comm_,
-                &reqs.back());
+    for (std::size_t j = 0; j < m.from.size(); ++j) {
+      const Transfer& t = cpl.transfers[m.from[j]];
+      sbuf.push_back(newBuf("wlb::cp::dist_attn::send", 2 * t.tokens * width));
+      moveRows(space, sbuf.back().data(), none, k.data(), m.from_local[j], t.tokens, width, false);
+      moveRows(space, sbuf.back().data() + t.tokens * width, none, v.data(), m.from_local[j], t.tokens, width, false);
+      sends.push_back({t.dst, sbuf.back().data(), 2 * t.tokens * width});
     }
-    // Own runs while messages are in flight.
-    copyLocalRuns(plan, r, hk.data(), hkv_k.data(), width);
-    copyLocalRuns(plan, r, hv.data(), hkv_v.data(), width);
-    MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
-    for (std::size_t j = 0; j < to.size(); ++j) {
-      const Transfer& t = cpl.transfers[to[j]];
-      unpackRunsToKv(t, rbuf[j].data(), hkv_k.data(), width);
-      unpackRunsToKv(t, rbuf[j].data() + t.tokens * width, hkv_v.data(), width);
+    moveRows(space, kv_k_.data(), m.own_dst, k.data(), m.own_src, m.own_rows, width, false);
+    moveRows(space, kv_v_.data(), m.own_dst, v.data(), m.own_src, m.own_rows, width, false);
+    group_->exchange(space, sends, recvs, kTagKvFwd);
+    for (std::size_t j = 0; j < m.to.size(); ++j) {
+      const Transfer& t = cpl.transfers[m.to[j]];
+      moveRows(space, kv_k_.data(), m.to_slots[j], rbuf[j].data(), none, t.tokens, width, false);
+      moveRows(space, kv_v_.data(), m.to_slots[j], rbuf[j].data() + t.tokens * width, none, t.tokens, width, false);
     }
     bytes = 2.0 * eb * static_cast<double>(recv_tokens * width);
   }
-  Kokkos::deep_copy(kv_k_, hkv_k);
-  Kokkos::deep_copy(kv_v_, hkv_v);
+  kk::fence(space, "wlb::cp::dist_attn::fwd::kv");
   times_.bytes_fwd = bytes;
   have_kv_ = true;
 }
@@ -208,78 +271,67 @@ void DistributedAttention::forward(const Space& space, Const3 q, Const3 k, Const
 void DistributedAttention::returnKvGradBackward(const Space& space, View3 dk, View3 dv) {
   const ShardPlan& plan = *plan_;
   const CommPlan& cpl = *comm_plan_;
+  const Maps& m = *maps_;
   const std::int64_t width = static_cast<std::int64_t>(kv_heads_) * head_dim_;
-  const int r = rank_;
   // kv_k_/kv_v_ hold dK/dV of the KV buffer at this point (see backward()).
-  auto hdkv_k = Kokkos::create_mirror_view(kv_k_);
-  auto hdkv_v = Kokkos::create_mirror_view(kv_v_);
-  Kokkos::deep_copy(hdkv_k, kv_k_);
-  Kokkos::deep_copy(hdkv_v, kv_v_);
-  auto hdk = Kokkos::create_mirror_view(dk);
-  auto hdv = Kokkos::create_mirror_view(dv);
-  kk::fence(space, "wlb::cp::dist_attn::bwd::before_mpi");
+  const IdxView none;
   const double eb = opt_.bytes_per_element;
   double bytes = 0;
-
   if (cpl.mode == CommMode::AllGather) {
     const std::int64_t total = plan.total_tokens;
     MaybeScope sc(opt_.recorder, trace::labels::kKvAllgather, space, trace::Phase::Bwd, 0,
                   2.0 * eb * static_cast<double>(local_tokens_ * width) * (plan.cp - 1));
     if (plan.cp > 1) {
-      std::vector<int> counts(plan.cp);
-      for (int s = 0; s < plan.cp; ++s) counts[s] = toCount(cpl.gather_counts[s] * width, "reduce-scatter count");
-      std::vector<float> gk(static_cast<std::size_t>(total * width), 0.0f), gv(gk.size(), 0.0f);
-      scatterKvGradToAllGather(plan, cpl, r, hdkv_k.data(), gk.data(), width);
-      scatterKvGradToAllGather(plan, cpl, r, hdkv_v.data(), gv.data(), width);
-      MPI_Reduce_scatter(gk.data(), hdk.data(), counts.data(), MPI_FLOAT, MPI_SUM, comm_);
-      MPI_Reduce_scatter(gv.data(), hdv.data(), counts.data(), MPI_FLOAT, MPI_SUM, comm_);
+      const auto counts = scaled(cpl.gather_counts, width), displs = scaled(cpl.gather_displs, width);
+      Buf gk("wlb::cp::dist_attn::gathered_dk", static_cast<std::size_t>(total * width));
+      Buf gv("wlb::cp::dist_attn::gathered_dv", static_cast<std::size_t>(total * width));
+      // A rank's KV slots map to distinct gathered rows: a plain scatter into zeros.
+      moveRows(space, gk.data(), m.ag_index, kv_k_.data(), none, kv_tokens_, width, false);
+      moveRows(space, gv.data(), m.ag_index, kv_v_.data(), none, kv_tokens_, width, false);
+      group_->reduceScatterv(space, gk.data(), dk.data(), counts, displs);
+      group_->reduceScatterv(space, gv.data(), dv.data(), counts, displs);
     } else {
-      for (std::int64_t i = 0; i < local_tokens_ * width; ++i) hdk.data()[i] = hdv.data()[i] = 0.0f;
-      accumulateLocalRuns(plan, r, hdkv_k.data(), hdk.data(), width);
-      accumulateLocalRuns(plan, r, hdkv_v.data(), hdv.data(), width);
+      Kokkos::deep_copy(space, dk, 0.0f);
+      Kokkos::deep_copy(space, dv, 0.0f);
+      moveRows(space, dk.data(), m.own_src, kv_k_.data(), m.own_dst, m.own_rows, width, true);
+      moveRows(space, dv.data(), m.own_src, kv_v_.data(), m.own_dst, m.own_rows, width, true);
     }
     bytes = 2.0 * eb * static_cast<double>(local_tokens_ * width) * (plan.cp - 1);
   } else {
-    const auto from = transfersFrom(cpl, r), to = transfersTo(cpl, r);
     // Reverse direction: this rank sends dK/dV of the runs it received (transfers `to`
     // it) and receives, as owner, the runs it sent (transfers `from` it).
     std::int64_t recv_tokens = 0;
-    for (auto i : from) recv_tokens += cpl.transfers[i].tokens;
+    for (auto i : m.from) recv_tokens += cpl.transfers[i].tokens;
     MaybeScope sc(opt_.recorder, trace::labels::kKvExchange, space, trace::Phase::Bwd, 0,
                   2.0 * eb * static_cast<double>(recv_tokens * width));
-    std::vector<std::vector<float>> rbuf(from.size()), sbuf(to.size());
-    std::vector<MPI_Request> reqs;
-    reqs.reserve(to.size() + from.size());
-    for (std::size_t j = 0; j < from.size(); ++j) {
-      const Transfer& t = cpl.transfers[from[j]];
-      rbuf[j].resize(static_cast<std::size_t>(2 * t.tokens * width));
-      reqs.emplace_back();
-      MPI_Irecv(rbuf[j].data(), toCount(2 * t.tokens * width, "message"), MPI_FLOAT, t.dst, kTagKvBwd, comm_,
-                &reqs.back());
+    std::vector<Buf> rbuf, sbuf;
+    std::vector<parallel::GroupComm::Msg> recvs, sends;
+    for (std::size_t j = 0; j < m.from.size(); ++j) {
+      const Transfer& t = cpl.transfers[m.from[j]];
+      rbuf.push_back(newBuf("wlb::cp::dist_attn::recv", 2 * t.tokens * width));
+      recvs.push_back({t.dst, rbuf.back().data(), 2 * t.tokens * width});
     }
-    for (std::size_t j = 0; j < to.size(); ++j) {
-      const Transfer& t = cpl.transfers[to[j]];
-      sbuf[j].resize(static_cast<std::size_t>(2 * t.tokens * width));
-      packRunsFromKv(t, hdkv_k.data(), sbuf[j].data(), width);
-      packRunsFromKv(t, hdkv_v.data(), sbuf[j].data() + t.tokens * width, width);
-      reqs.emplace_back();
-      MPI_Isend(sbuf[j].data(), toCount(2 * t.tokens * width, "message"), MPI_FLOAT, t.src, kTagKvBwd, comm_,
-                &reqs.back());
+    for (std::size_t j = 0; j < m.to.size(); ++j) {
+      const Transfer& t = cpl.transfers[m.to[j]];
+      sbuf.push_back(newBuf("wlb::cp::dist_attn::send", 2 * t.tokens * width));
+      moveRows(space, sbuf.back().data(), none, kv_k_.data(), m.to_slots[j], t.tokens, width, false);
+      moveRows(space, sbuf.back().data() + t.tokens * width, none, kv_v_.data(), m.to_slots[j], t.tokens, width, false);
+      sends.push_back({t.src, sbuf.back().data(), 2 * t.tokens * width});
     }
-    for (std::int64_t i = 0; i < local_tokens_ * width; ++i) hdk.data()[i] = hdv.data()[i] = 0.0f;
-    accumulateLocalRuns(plan, r, hdkv_k.data(), hdk.data(), width);
-    accumulateLocalRuns(plan, r, hdkv_v.data(), hdv.data(), width);
-    MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
+    Kokkos::deep_copy(space, dk, 0.0f);
+    Kokkos::deep_copy(space, dv, 0.0f);
+    moveRows(space, dk.data(), m.own_src, kv_k_.data(), m.own_dst, m.own_rows, width, true);
+    moveRows(space, dv.data(), m.own_src, kv_v_.data(), m.own_dst, m.own_rows, width, true);
+    group_->exchange(space, sends, recvs, kTagKvBwd);
     // Fixed order of addition (ascending peer) keeps the result deterministic.
-    for (std::size_t j = 0; j < from.size(); ++j) {
-      const Transfer& t = cpl.transfers[from[j]];
-      accumulateRunsToLocal(t, rbuf[j].data(), hdk.data(), width);
-      accumulateRunsToLocal(t, rbuf[j].data() + t.tokens * width, hdv.data(), width);
+    for (std::size_t j = 0; j < m.from.size(); ++j) {
+      const Transfer& t = cpl.transfers[m.from[j]];
+      moveRows(space, dk.data(), m.from_local[j], rbuf[j].data(), none, t.tokens, width, true);
+      moveRows(space, dv.data(), m.from_local[j], rbuf[j].data() + t.tokens * width, none, t.tokens, width, true);
     }
     bytes = 2.0 * eb * static_cast<double>(recv_tokens * width);
   }
-  Kokkos::deep_copy(dk, hdk);
-  Kokkos::deep_copy(dv, hdv);
+  kk::fence(space, "wlb::cp::dist_attn::bwd::kv");
   times_.bytes_bwd = bytes;
 }
 

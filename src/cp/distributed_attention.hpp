@@ -11,10 +11,14 @@
 ///   lse          : [local tokens][heads]
 ///
 /// Forward builds the rank's KV buffer (`RankShard::kv_tokens` rows) from the plan:
-///   * AllGather: MPI_Allgatherv of every rank's K and V (counts = gather_counts), then a
-///     local reorder into the KV buffer (gatherKvFromAllGather()).
+///   * AllGather: an all-gather(v) of every rank's K and V (counts = gather_counts), then
+///     a reorder into the KV buffer (the allGatherKvIndex() map).
 ///   * ShardingAware: one point-to-point message per CommPlan::Transfer (K and V of the
 ///     transfer's runs, packed back to back), own runs copied locally.
+/// Every pack, unpack and reorder is a Kokkos kernel on the execution-space instance over
+/// the plan's row maps (shard_plan.hpp: ownRunRows, transferLocalRows, transferKvSlots),
+/// so device buffers never pass through host loops; the bytes move through a
+/// parallel::GroupComm (host-staged MPI, or NCCL on device memory).
 /// then runs `attention::forward` on the rank's pieces (queries local[local_begin,
 /// +q_len), keys kv[kv_begin, +kv_len), causal bottom-right).
 ///
@@ -33,10 +37,12 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "attention/attention.hpp"
 #include "cp/shard_plan.hpp"
+#include "parallel/group_comm.hpp"
 
 namespace wlb::model {
 class CostModel;
@@ -68,6 +74,9 @@ struct DistAttentionOptions {
   trace::Recorder* recorder = nullptr;
   /// Element size of K/V on the wire for recorded bytes (we move FP32: 4).
   int bytes_per_element = 4;
+  /// Moves the bytes (mpi host-staged or nccl); must be over the same ranks as `comm`.
+  /// Null -> a host-staged MPI group over `comm`.
+  parallel::GroupComm* group = nullptr;
 };
 
 /// Seconds spent by the last forward()/backward() call of this rank.
@@ -90,6 +99,9 @@ class DistributedAttention {
   /// std::invalid_argument on a size mismatch or bad head counts.
   DistributedAttention(const ShardPlan& plan, const CommPlan& comm_plan, MPI_Comm comm, int heads, int kv_heads,
                        int head_dim, DistAttentionOptions opt = {});
+  ~DistributedAttention();
+  DistributedAttention(const DistributedAttention&) = delete;
+  DistributedAttention& operator=(const DistributedAttention&) = delete;
 
   int rank() const { return rank_; }
   std::int64_t localTokens() const { return local_tokens_; }
@@ -118,6 +130,8 @@ class DistributedAttention {
  private:
   void exchangeKvForward(const Space& space, Const3 k, Const3 v);
   void returnKvGradBackward(const Space& space, View3 dk, View3 dv);
+  void buildMaps();
+  struct Maps;  // the plan's row maps in device memory (built once per object)
 
   const ShardPlan* plan_;
   const CommPlan* comm_plan_;
@@ -130,6 +144,9 @@ class DistributedAttention {
   View3 kv_k_, kv_v_;  ///< KV buffer (kept from forward for backward)
   bool have_kv_ = false;
   DistAttentionTimes times_;
+  std::unique_ptr<parallel::GroupComm> own_group_;
+  parallel::GroupComm* group_ = nullptr;
+  std::unique_ptr<Maps> maps_;
 };
 
 /// Gather a rank-local buffer ([local tokens][width] floats, local order) of every CP

@@ -238,6 +238,18 @@ std::vector<std::int64_t> kvPackedPositions(const ShardPlan& plan, int rank);
 /// For each KV-buffer slot of `rank`, its index in the all-gathered buffer.
 std::vector<std::int64_t> allGatherKvIndex(const ShardPlan& plan, const CommPlan& comm, int rank);
 
+/// The same moves as row maps, for device kernels (distributed_attention.cpp): a move
+/// copies (or adds) row src[i] of one buffer into row dst[i] of another, `width` elements
+/// per row. Own runs of `rank` (src == rank): dst = KV-buffer slot, src = local row.
+struct RowMap {
+  std::vector<std::int64_t> dst, src;
+};
+RowMap ownRunRows(const ShardPlan& plan, int rank);
+/// Message of transfer `t`, row i (K rows, then V rows with the same map): the sender's
+/// local row and the receiver's KV-buffer slot.
+std::vector<std::int64_t> transferLocalRows(const Transfer& t);
+std::vector<std::int64_t> transferKvSlots(const Transfer& t);
+
 /// AllGather forward: kv[slot] = gathered[allGatherKvIndex(slot)] (width elements per token).
 template <class T>
 void gatherKvFromAllGather(const ShardPlan& plan, const CommPlan& comm, int rank, const T* gathered, T* kv,

@@ -253,8 +253,9 @@ CalibrationFit fitProfile(const std::vector<MeasuredRun>& runs, const HardwarePr
   // Residuals per run and strategy with the fitted factors (prediction scales as before / after).
   for (const auto& [rs, keys] : per_strategy)
     for (const auto& [key, a] : keys) {
+      const std::string& k = key;  // a lambda may not capture a structured binding before C++20 (nvcc warns)
       const auto f =
-          std::find_if(fit.factors.begin(), fit.factors.end(), [&](const FactorFit& x) { return x.key == key; });
+          std::find_if(fit.factors.begin(), fit.factors.end(), [&k](const FactorFit& x) { return x.key == k; });
       const double scale = f != fit.factors.end() && f->fitted ? f->before / f->after : 1.0;
       fit.residuals.push_back({rs.second, key, a.measured, a.predicted * scale, rs.first});
     }

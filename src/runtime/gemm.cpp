@@ -1,5 +1,5 @@
 /// \file gemm.cpp
-/// \brief CBLAS / portable GEMM behind the View interface of gemm.hpp.
+/// \brief CBLAS / Kokkos-Kernels / portable GEMM behind the View interface of gemm.hpp.
 
 #include "runtime/gemm.hpp"
 
@@ -7,7 +7,25 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "core/error.hpp"
 #include "core/kokkos_compat.hpp"
+
+// Kokkos-Kernels serves device memory only (host keeps the single-threaded CBLAS path).
+#if defined(WLB_HAVE_KOKKOSKERNELS) && \
+    (defined(KOKKOS_ENABLE_CUDA) || defined(KOKKOS_ENABLE_HIP) || defined(KOKKOS_ENABLE_SYCL))
+#include <KokkosBlas3_gemm.hpp>
+#if defined(KOKKOS_ENABLE_CUDA) && defined(KOKKOSKERNELS_ENABLE_TPL_CUBLAS)
+#include <cublas_v2.h>
+#include <KokkosBlas_tpl_spec.hpp>  // CudaBlasSingleton: the handle KokkosBlas::gemm uses
+#define WLB_GEMM_CUBLAS_EX 1
+#endif
+#define WLB_GEMM_KK 1
+#else
+#define WLB_GEMM_KK 0
+#endif
+#if !defined(WLB_GEMM_CUBLAS_EX)
+#define WLB_GEMM_CUBLAS_EX 0
+#endif
 
 #if defined(WLB_HAVE_CBLAS)
 #include <cblas.h>
@@ -42,9 +60,50 @@ std::int64_t colsOf(const V& v, Trans t) {
   return t == Trans::N ? static_cast<std::int64_t>(v.extent(1)) : static_cast<std::int64_t>(v.extent(0));
 }
 
+#if WLB_GEMM_CUBLAS_EX
+// TF32 / BF16 products on FP32 storage: cublasGemmEx with a reduced-precision compute
+// type on the handle Kokkos-Kernels owns, on the instance's stream. Row-major C = A B is
+// column-major C^T = B^T A^T.
+void cublasReduced(const Space& space, Trans ta, Trans tb, float alpha, const CMat& a, const CMat& b, float beta,
+                   const Mat& c, std::int64_t m, std::int64_t n, std::int64_t k, Precision p) {
+  auto& s = KokkosBlas::Impl::CudaBlasSingleton::singleton();
+  const cublasComputeType_t ct = p == Precision::Tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F_FAST_16BF;
+  const cublasOperation_t opa = ta == Trans::N ? CUBLAS_OP_N : CUBLAS_OP_T;
+  const cublasOperation_t opb = tb == Trans::N ? CUBLAS_OP_N : CUBLAS_OP_T;
+  cublasStatus_t st = cublasSetStream(s.handle, space.cuda_stream());
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasGemmEx(s.handle, opb, opa, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha,
+                      b.data(), CUDA_R_32F, static_cast<int>(b.extent(1)), a.data(), CUDA_R_32F,
+                      static_cast<int>(a.extent(1)), &beta, c.data(), CUDA_R_32F, static_cast<int>(c.extent(1)), ct,
+                      CUBLAS_GEMM_DEFAULT);
+  cublasSetStream(s.handle, nullptr);
+  if (st != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error(std::string("wlb::runtime::gemm: cublasGemmEx failed: ") + cublasGetStatusString(st));
+}
+#endif
+
 }  // namespace
 
-void gemm(const Space& space, Trans ta, Trans tb, float alpha, CMat a, CMat b, float beta, Mat c) {
+const char* precisionName(Precision p) {
+  switch (p) {
+    case Precision::Fp32:
+      return "fp32";
+    case Precision::Tf32:
+      return "tf32";
+    case Precision::Bf16:
+      return "bf16";
+  }
+  return "?";
+}
+
+Precision parsePrecision(const std::string& name, const std::string& key) {
+  if (name == "fp32") return Precision::Fp32;
+  if (name == "tf32") return Precision::Tf32;
+  if (name == "bf16") return Precision::Bf16;
+  throw InputError("key '" + key + "': unknown precision \"" + name + "\" (expected fp32, tf32 or bf16)");
+}
+
+void gemm(const Space& space, Trans ta, Trans tb, float alpha, CMat a, CMat b, float beta, Mat c, Precision precision) {
   const std::int64_t m = rowsOf(a, ta), k = colsOf(a, ta), n = colsOf(b, tb);
   if (rowsOf(b, tb) != k || static_cast<std::int64_t>(c.extent(0)) != m || static_cast<std::int64_t>(c.extent(1)) != n)
     throw std::invalid_argument("wlb::runtime::gemm: shape mismatch (" + std::to_string(m) + "x" + std::to_string(k) +
@@ -72,7 +131,22 @@ void gemm(const Space& space, Trans ta, Trans tb, float alpha, CMat a, CMat b, f
     sgemm_(&tB, &tA, &ni, &mi, &ki, &alpha, b.data(), &ldb, a.data(), &lda, &beta, c.data(), &ldc);
 #endif
   } else {
-    // Portable path: one thread per output element (device backends).
+#if WLB_GEMM_KK
+    if (k > 0) {
+#if WLB_GEMM_CUBLAS_EX
+      if (precision != Precision::Fp32) {
+        cublasReduced(space, ta, tb, alpha, a, b, beta, c, m, n, k, precision);
+        return;
+      }
+#endif
+      const char* tA = ta == Trans::N ? "N" : "T";
+      const char* tB = tb == Trans::N ? "N" : "T";
+      KokkosBlas::gemm(space, tA, tB, alpha, a, b, beta, c);
+      return;
+    }
+#endif
+    (void)precision;
+    // Portable path: one thread per output element (device backends without Kokkos-Kernels).
     const bool at = ta == Trans::T, bt = tb == Trans::T;
     Kokkos::parallel_for(
         "wlb::runtime::gemm", Kokkos::MDRangePolicy<Space, Kokkos::Rank<2>>(space, {0, 0}, {m, n}),
@@ -89,7 +163,7 @@ Mat flat(const Act3& v) {
 }
 
 std::string gemmBackend() {
-  if (!kHostMem) return "kokkos";
+  if (!kHostMem) return WLB_GEMM_KK ? (WLB_GEMM_CUBLAS_EX ? "kokkos-kernels (cuBLAS)" : "kokkos-kernels") : "kokkos";
   return WLB_GEMM_CBLAS ? "cblas" : "blas";
 }
 

@@ -1,12 +1,15 @@
 #pragma once
 /// \file gemm.hpp
 /// \brief The transformer layer's GEMMs behind a small Kokkos-View interface. Host memory
-/// spaces call single-threaded CBLAS `sgemm` (OpenBLAS; one core per MPI rank), other
-/// memory spaces a portable Kokkos kernel.
+/// spaces call single-threaded CBLAS `sgemm` (OpenBLAS; one core per MPI rank). Device
+/// memory spaces call Kokkos-Kernels (`KokkosBlas::gemm`, cuBLAS on CUDA) when the build
+/// has it from the same Kokkos installation, else a portable Kokkos kernel.
 
 #include <Kokkos_Core.hpp>
 
 #include <string>
+
+#include "attention/flops.hpp"
 
 namespace wlb::runtime {
 
@@ -20,14 +23,28 @@ using Act3 = Kokkos::View<float***, Kokkos::LayoutRight, Mem>;
 
 enum class Trans : int { N, T };
 
+/// Arithmetic of a run's matrix products: the attention kernels' modes (one enum).
+/// Fp32: exact FP32. Tf32: FP32 storage, TF32 tensor cores. Bf16: operands rounded to
+/// BF16, FP32 accumulation (cuBLAS compute type 32F_FAST_16BF), FP32 storage. On CUDA
+/// with cuBLAS the modes differ; host and portable paths compute every mode in exact FP32
+/// (at least as accurate), as the attention kernels do.
+using Precision = attention::KernelConfig::Precision;
+/// "fp32" | "tf32" | "bf16".
+const char* precisionName(Precision p);
+/// Parse a precision name; throws InputError naming `key` and the allowed values.
+Precision parsePrecision(const std::string& name, const std::string& key = "run.precision");
+
 /// C = alpha * op(A) * op(B) + beta * C (row-major). Throws std::invalid_argument on
-/// shape mismatch. Enqueued on `space`; the CBLAS path runs synchronously after a fence.
-void gemm(const Space& space, Trans ta, Trans tb, float alpha, CMat a, CMat b, float beta, Mat c);
+/// shape mismatch. Enqueued on `space` (no fence on device backends); the CBLAS path runs
+/// synchronously after a fence.
+void gemm(const Space& space, Trans ta, Trans tb, float alpha, CMat a, CMat b, float beta, Mat c,
+          Precision precision = Precision::Fp32);
 
 /// The same storage viewed as [tokens][heads*head_dim] (unmanaged, no copy).
 Mat flat(const Act3& v);
 
-/// "cblas" or "kokkos" (which path gemm() takes for the default memory space).
+/// "cblas", "blas", "kokkos-kernels" or "kokkos" (which path gemm() takes for the default
+/// memory space).
 std::string gemmBackend();
 
 /// 2*m*n*k.

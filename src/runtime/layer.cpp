@@ -205,6 +205,7 @@ LayerStep::LayerStep(const LayerEnv& env, Model& model, int layer, const cp::Sha
   opt.kernel = env.kernel;
   opt.cost = env.cost;
   opt.recorder = env.recorder;
+  opt.group = env.cp_group;
   const LayerShape& s = model.shape();
   attn_ = std::make_unique<cp::DistributedAttention>(plan, comm, env.cp_comm, s.heads, s.kv_heads, s.head_dim, opt);
 }
@@ -215,11 +216,11 @@ void LayerStep::tpAllreduce(const Mat& m, bool backward) {
   const double bytes = 4.0 * static_cast<double>(m.size());
   Region r(env_.recorder, trace::labels::kTpAllreduce, space, backward ? trace::Phase::Bwd : trace::Phase::Fwd, 0,
            bytes);
-  auto h = Kokkos::create_mirror_view(m);
-  Kokkos::deep_copy(h, m);
-  kk::fence(space, "wlb::runtime::tp_allreduce");
-  MPI_Allreduce(MPI_IN_PLACE, h.data(), static_cast<int>(h.size()), MPI_FLOAT, MPI_SUM, env_.tp_comm);
-  Kokkos::deep_copy(m, h);
+  if (env_.tp_group)
+    env_.tp_group->allreduceSum(space, m.data(), static_cast<std::int64_t>(m.size()));
+  else
+    parallel::makeGroupComm(env_.tp_comm, parallel::CommBackend::Mpi)
+        ->allreduceSum(space, m.data(), static_cast<std::int64_t>(m.size()));
 }
 
 Mat LayerStep::forward(const Mat& x) {
@@ -237,9 +238,9 @@ Mat LayerStep::forward(const Mat& x) {
   v_ = newAct3("wlb::runtime::v", n, s.kv_heads, s.head_dim);
   {
     Region r(rec, trace::labels::kQkvProj, space, P, linearOpFlops(*env_.cost, LinearOp::QkvProj, n, F));
-    gemm(space, Trans::N, Trans::N, 1.0f, x, w.wq, 0.0f, flat(q_));
-    gemm(space, Trans::N, Trans::N, 1.0f, x, w.wk, 0.0f, flat(k_));
-    gemm(space, Trans::N, Trans::N, 1.0f, x, w.wv, 0.0f, flat(v_));
+    gemm(space, Trans::N, Trans::N, 1.0f, x, w.wq, 0.0f, flat(q_), env_.precision);
+    gemm(space, Trans::N, Trans::N, 1.0f, x, w.wk, 0.0f, flat(k_), env_.precision);
+    gemm(space, Trans::N, Trans::N, 1.0f, x, w.wv, 0.0f, flat(v_), env_.precision);
   }
   // Attention (KV exchange inside).
   o_ = newAct3("wlb::runtime::o", n, s.heads, s.head_dim);
@@ -252,7 +253,7 @@ Mat LayerStep::forward(const Mat& x) {
   h_ = newMat("wlb::runtime::h", n, s.hidden);
   {
     Region r(rec, trace::labels::kOutProj, space, P, linearOpFlops(*env_.cost, LinearOp::OutProj, n, F));
-    gemm(space, Trans::N, Trans::N, 1.0f, flat(o_), w.wo, 0.0f, h_);
+    gemm(space, Trans::N, Trans::N, 1.0f, flat(o_), w.wo, 0.0f, h_, env_.precision);
   }
   tpAllreduce(h_, false);
   Mat h = h_;
@@ -266,8 +267,8 @@ Mat LayerStep::forward(const Mat& x) {
     a1_ = newMat("wlb::runtime::a1", n, s.ffn);
     a3_ = newMat("wlb::runtime::a3", n, s.ffn);
     s_ = newMat("wlb::runtime::s", n, s.ffn);
-    gemm(space, Trans::N, Trans::N, 1.0f, h, w.w1, 0.0f, a1_);
-    gemm(space, Trans::N, Trans::N, 1.0f, h, w.w3, 0.0f, a3_);
+    gemm(space, Trans::N, Trans::N, 1.0f, h, w.w1, 0.0f, a1_, env_.precision);
+    gemm(space, Trans::N, Trans::N, 1.0f, h, w.w3, 0.0f, a3_, env_.precision);
     Mat a1 = a1_, a3 = a3_, sv = s_;
     Kokkos::parallel_for(
         "wlb::runtime::swiglu", Kokkos::RangePolicy<Space>(space, 0, static_cast<std::int64_t>(sv.size())),
@@ -275,7 +276,7 @@ Mat LayerStep::forward(const Mat& x) {
           const float a = a1.data()[i];
           sv.data()[i] = a * sigmoid(a) * a3.data()[i];
         });
-    gemm(space, Trans::N, Trans::N, 1.0f, sv, w.w2, 0.0f, y);
+    gemm(space, Trans::N, Trans::N, 1.0f, sv, w.w2, 0.0f, y, env_.precision);
   }
   tpAllreduce(y, false);
   Kokkos::parallel_for(
@@ -298,9 +299,9 @@ Mat LayerStep::backward(const Mat& dy) {
   {
     Region r(rec, trace::labels::kMlp, space, P, linearOpFlops(*env_.cost, LinearOp::Mlp, n, B));
     Mat ds = newMat("wlb::runtime::ds", n, s.ffn);
-    gemm(space, Trans::T, Trans::N, 1.0f, s_, dy, 1.0f, g.w2);  // dW2 += s^T dy
-    gemm(space, Trans::N, Trans::T, 1.0f, dy, w.w2, 0.0f, ds);  // ds = dy W2^T
-    Mat a1 = a1_, a3 = a3_, da1 = s_;                           // s_ no longer needed: reuse for d(a1)
+    gemm(space, Trans::T, Trans::N, 1.0f, s_, dy, 1.0f, g.w2, env_.precision);  // dW2 += s^T dy
+    gemm(space, Trans::N, Trans::T, 1.0f, dy, w.w2, 0.0f, ds, env_.precision);  // ds = dy W2^T
+    Mat a1 = a1_, a3 = a3_, da1 = s_;                                           // s_ no longer needed: reuse for d(a1)
     Kokkos::parallel_for(
         "wlb::runtime::swiglu_bwd", Kokkos::RangePolicy<Space>(space, 0, static_cast<std::int64_t>(ds.size())),
         KOKKOS_LAMBDA(const std::int64_t i) {
@@ -308,10 +309,10 @@ Mat LayerStep::backward(const Mat& dy) {
           da1.data()[i] = d * a3.data()[i] * sg * (1.0f + a * (1.0f - sg));
           ds.data()[i] = d * a * sg;  // d(a3)
         });
-    gemm(space, Trans::T, Trans::N, 1.0f, h_, da1, 1.0f, g.w1);  // dW1 += h^T da1
-    gemm(space, Trans::T, Trans::N, 1.0f, h_, ds, 1.0f, g.w3);   // dW3 += h^T da3
-    gemm(space, Trans::N, Trans::T, 1.0f, da1, w.w1, 0.0f, dh);  // dh = da1 W1^T
-    gemm(space, Trans::N, Trans::T, 1.0f, ds, w.w3, 1.0f, dh);   //    + da3 W3^T
+    gemm(space, Trans::T, Trans::N, 1.0f, h_, da1, 1.0f, g.w1, env_.precision);  // dW1 += h^T da1
+    gemm(space, Trans::T, Trans::N, 1.0f, h_, ds, 1.0f, g.w3, env_.precision);   // dW3 += h^T da3
+    gemm(space, Trans::N, Trans::T, 1.0f, da1, w.w1, 0.0f, dh, env_.precision);  // dh = da1 W1^T
+    gemm(space, Trans::N, Trans::T, 1.0f, ds, w.w3, 1.0f, dh, env_.precision);   //    + da3 W3^T
   }
   a1_ = a3_ = s_ = Mat();
   tpAllreduce(dh, true);
@@ -322,8 +323,8 @@ Mat LayerStep::backward(const Mat& dy) {
   Act3 d_o = newAct3("wlb::runtime::dO", n, s.heads, s.head_dim);
   {
     Region r(rec, trace::labels::kOutProj, space, P, linearOpFlops(*env_.cost, LinearOp::OutProj, n, B));
-    gemm(space, Trans::T, Trans::N, 1.0f, flat(o_), dh, 1.0f, g.wo);   // dWo += o^T dh
-    gemm(space, Trans::N, Trans::T, 1.0f, dh, w.wo, 0.0f, flat(d_o));  // dO = dh Wo^T
+    gemm(space, Trans::T, Trans::N, 1.0f, flat(o_), dh, 1.0f, g.wo, env_.precision);   // dWo += o^T dh
+    gemm(space, Trans::N, Trans::T, 1.0f, dh, w.wo, 0.0f, flat(d_o), env_.precision);  // dO = dh Wo^T
   }
   // Attention backward (dK/dV return inside).
   Act3 dq = newAct3("wlb::runtime::dq", n, s.heads, s.head_dim);
@@ -338,12 +339,12 @@ Mat LayerStep::backward(const Mat& dy) {
   Mat dx = newMat("wlb::runtime::dx", n, s.hidden);
   {
     Region r(rec, trace::labels::kQkvProj, space, P, linearOpFlops(*env_.cost, LinearOp::QkvProj, n, B));
-    gemm(space, Trans::T, Trans::N, 1.0f, x_, flat(dq), 1.0f, g.wq);
-    gemm(space, Trans::T, Trans::N, 1.0f, x_, flat(dk), 1.0f, g.wk);
-    gemm(space, Trans::T, Trans::N, 1.0f, x_, flat(dv), 1.0f, g.wv);
-    gemm(space, Trans::N, Trans::T, 1.0f, flat(dq), w.wq, 0.0f, dx);
-    gemm(space, Trans::N, Trans::T, 1.0f, flat(dk), w.wk, 1.0f, dx);
-    gemm(space, Trans::N, Trans::T, 1.0f, flat(dv), w.wv, 1.0f, dx);
+    gemm(space, Trans::T, Trans::N, 1.0f, x_, flat(dq), 1.0f, g.wq, env_.precision);
+    gemm(space, Trans::T, Trans::N, 1.0f, x_, flat(dk), 1.0f, g.wk, env_.precision);
+    gemm(space, Trans::T, Trans::N, 1.0f, x_, flat(dv), 1.0f, g.wv, env_.precision);
+    gemm(space, Trans::N, Trans::T, 1.0f, flat(dq), w.wq, 0.0f, dx, env_.precision);
+    gemm(space, Trans::N, Trans::T, 1.0f, flat(dk), w.wk, 1.0f, dx, env_.precision);
+    gemm(space, Trans::N, Trans::T, 1.0f, flat(dv), w.wv, 1.0f, dx, env_.precision);
   }
   tpAllreduce(dx, true);
   Kokkos::parallel_for(

@@ -20,6 +20,7 @@
 #include "cp/distributed_attention.hpp"
 #include "cp/shard_plan.hpp"
 #include "model/cost_model.hpp"
+#include "parallel/group_comm.hpp"
 #include "runtime/gemm.hpp"
 
 namespace wlb::trace {
@@ -98,7 +99,12 @@ struct LayerEnv {
   int tp = 1;
   const model::CostModel* cost = nullptr;  ///< FLOPs of recorded events (required)
   trace::Recorder* recorder = nullptr;     ///< optional
-  attention::KernelConfig kernel{};
+  attention::KernelConfig kernel{};        ///< its precision is the attention's
+  Precision precision = Precision::Fp32;   ///< the GEMMs' (run.precision)
+  /// Collectives of the CP / TP groups (run.comm_backend); null -> host-staged MPI over
+  /// cp_comm / tp_comm.
+  parallel::GroupComm* cp_group = nullptr;
+  parallel::GroupComm* tp_group = nullptr;
 };
 
 /// Forward/backward of one layer for one micro-batch (local tokens of this CP rank);

@@ -26,6 +26,7 @@
 #include "packing/packer.hpp"
 #include "packing/plan_io.hpp"
 #include "parallel/comm.hpp"
+#include "parallel/group_comm.hpp"
 #include "parallel/mesh.hpp"
 #include "pp/schedule.hpp"
 #include "runtime/layer.hpp"
@@ -183,7 +184,7 @@ std::string shardJson(const RunContext& rc, const StepPlan& plan, const std::str
 }
 
 // ---- 3. execute: the schedule walk, the gradient reduction, the step's measurements -------
-std::vector<double> executeStep(const RunContext& rc, PipelineStage& stage, Model& model, const parallel::Comm& dpcp,
+std::vector<double> executeStep(const RunContext& rc, PipelineStage& stage, Model& model, parallel::GroupComm& dpcp,
                                 trace::Recorder& rec, const StageStepInput& in) {
   const Space space;
   std::vector<double> row(static_cast<std::size_t>(rc.nrow()), 0.0);
@@ -200,11 +201,7 @@ std::vector<double> executeStep(const RunContext& rc, PipelineStage& stage, Mode
   if (dpcp.size() > 1) {
     auto g = model.gradBuffer();
     trace::Recorder::Scope s(rec, labels::kGradAllreduce, space, 0, 4.0 * static_cast<double>(g.size()));
-    auto h = Kokkos::create_mirror_view(g);
-    Kokkos::deep_copy(h, g);
-    kk::fence(space, "wlb::runtime::grad_allreduce");
-    MPI_Allreduce(MPI_IN_PLACE, h.data(), static_cast<int>(h.size()), MPI_FLOAT, MPI_SUM, dpcp);
-    Kokkos::deep_copy(g, h);
+    dpcp.allreduceSum(space, g.data(), static_cast<std::int64_t>(g.size()));
   }
   kk::fence(space, "wlb::runtime::step");
   const std::int64_t t1 = rec.now();
@@ -403,6 +400,7 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
   LayerShape lshape;
   std::vector<StrategyPair> strategies;
   cp::CommMode comm_mode = cp::CommMode::AllGather;
+  Precision precision = Precision::Fp32;
   pp::Schedule schedule;
   std::vector<int> my_layers;
   const std::int64_t M = data::microBatchesPerReplica(deck);
@@ -412,6 +410,7 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
     lshape = LayerShape::fromDims(cost->dims(), shape.tp());
     strategies = resolveStrategies(deck);
     comm_mode = cp::parseCommMode(deck.cp.comm);
+    precision = parsePrecision(deck.run.precision);
     for (const auto& s : strategies) (void)cp::parseStrategy(s.sharding);
     if (strategies.empty()) throw InputError("run.strategies resolves to no strategy");
     const pp::PipelineLayout layout = pp::pipelineLayout(deck);
@@ -429,6 +428,18 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
   MPI_Comm dpcp_raw = MPI_COMM_NULL;
   MPI_Comm_split(mesh.world(), coord.tp + shape.tp() * coord.pp, world_rank, &dpcp_raw);
   parallel::Comm dpcp = parallel::Comm::adopt(dpcp_raw);
+  // The collectives of the mesh groups (host-staged MPI or NCCL; collective choice).
+  err.clear();
+  parallel::CommBackend backend = parallel::CommBackend::Mpi;
+  try {
+    backend = parallel::resolveCommBackend(deck.run.comm_backend, mesh.world());
+  } catch (const InputError& e) {
+    err = e.what();
+  }
+  parallel::throwIfAnyFailed(mesh.world(), err);
+  const auto cp_group = parallel::makeGroupComm(mesh.cp(), backend);
+  const auto tp_group = parallel::makeGroupComm(mesh.tp(), backend);
+  const auto dpcp_group = parallel::makeGroupComm(dpcp, backend);
 
   Space space;
   Model model(lshape, my_layers, deck.data.seed, coord.tp);
@@ -460,6 +471,9 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
     meta.extra.emplace_back("measured_steps", std::to_string(steps));  // drain steps follow them
     meta.extra.emplace_back("executor", "wlb::runtime::runDeck");
     meta.extra.emplace_back("gemm", gemmBackend());
+    meta.extra.emplace_back("precision", precisionName(precision));
+    meta.extra.emplace_back("comm_backend", parallel::commBackendName(backend));
+    meta.extra.emplace_back("execution_space", Space::name());
     meta.extra.emplace_back("pipeline_schedule", pp::scheduleKindName(schedule.kind));
     meta.extra.emplace_back("pipeline_chunks", std::to_string(schedule.chunks));
     report.trace_path = (std::filesystem::path(deck.output.dir) / deck.output.trace).string();
@@ -480,6 +494,10 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
   env.tp = shape.tp();
   env.cost = cost.get();
   env.recorder = &rec;
+  env.precision = precision;
+  env.kernel.precision = precision;
+  env.cp_group = cp_group.get();
+  env.tp_group = tp_group.get();
   PipelineStage stage(env, model, schedule, coord.pp, layers, mesh.pp());
 
   std::vector<StratState> states(strategies.size());
@@ -543,7 +561,7 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
       writer->addPlan(st.strat.name, ps.plan, ps.text, shardJson(rc, ps.plan, st.strat.sharding));
       if (st.plan_out) st.plan_out << ps.text << "\n";
     }
-    const std::vector<double> row = executeStep(rc, stage, model, dpcp, rec, in);
+    const std::vector<double> row = executeStep(rc, stage, model, *dpcp_group, rec, in);
     StepRecord sr = gatherStep(rc, row, ps, step, drain);
     if (opt.keep_gradients) st.res.gradients = gatherGradients(rc, model);
     if (world_rank != 0) return;

@@ -151,11 +151,15 @@ class Recorder {
         : rec_(&rec), region_(region), flops_(flops), bytes_(bytes), ctx_(rec.context()), start_(rec.now()) {}
     Scope(Recorder& rec, std::string_view label, double flops = 0, double bytes = 0)
         : Scope(rec, rec.region(label), flops, bytes) {}
-    /// Fence `space` (any Kokkos execution space instance) before the end stamp. The
-    /// instance must outlive the scope.
+    /// Fence `space` (any Kokkos execution space instance) before the start and the end
+    /// stamps, so the region measures the device work enqueued inside it (on a GPU,
+    /// kernels queued earlier would otherwise run into it). The instance must outlive
+    /// the scope. Host backends: fences are no-ops.
     template <class ExecSpace>
     Scope(Recorder& rec, int region, const ExecSpace& space, double flops = 0, double bytes = 0)
         : Scope(rec, region, flops, bytes) {
+      space.fence();
+      start_ = rec.now();
       space_ = &space;
       fence_ = [](const void* s) { static_cast<const ExecSpace*>(s)->fence(); };
     }

@@ -83,6 +83,23 @@ for name, measured in run.items():
         assert abs(p - m) <= 0.05 * m, (name, measured, sim[name])
 EOF
 
+# --gradients: the last step's weight gradients and every loss, identical (to FP32
+# rounding) on one rank and on cp = 2 (the CP exchange and dK/dV return are exact moves);
+# bf16/tf32 run in FP32 on a host build; nccl on a host build is a deck error naming the key.
+"$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set mesh.cp=1 --set run.precision='"bf16"' --steps 1 \
+  --warmup 0 --quiet --no-output --gradients "$tmp/g1" > "$tmp/log" 2> "$tmp/err" || fail "gradients cp=1: $(cat "$tmp/err")"
+mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set run.comm_backend='"mpi"' --steps 1 --warmup 0 \
+  --quiet --no-output --gradients "$tmp/g2" > "$tmp/log" 2> "$tmp/err" || fail "gradients cp=2: $(cat "$tmp/err")"
+for s in plain fixed wlb; do [ -s "$tmp/g2/$s.npy" ] || fail "no gradients for $s"; done
+/usr/bin/python3 "$SRC/bench/compare_runs.py" "$tmp/g1" "$tmp/g2" --tol 1e-4 > "$tmp/cmp" || fail "cp=1 vs cp=2: $(cat "$tmp/cmp")"
+grep -q PASS "$tmp/cmp" || fail "compare_runs: $(cat "$tmp/cmp")"
+"$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set mesh.cp=1 --set run.comm_backend='"nccl"' --steps 1 \
+  --no-output > "$tmp/log" 2> "$tmp/err"; rc=$?
+if "$WLB" --version 2>/dev/null | grep -q "NCCL *yes"; then :; else
+  [ "$rc" = 2 ] || fail "comm_backend=nccl on a build without NCCL: exit $rc"
+  grep -q "run.comm_backend" "$tmp/err" || fail "nccl error does not name the key: $(cat "$tmp/err")"
+fi
+
 # A rank failing mid-step (its pipeline receives posted) ends every rank, with one message.
 t0=$SECONDS
 WLB_INJECT_FAILURE=1:1 timeout 60 mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set mesh.cp=1 \

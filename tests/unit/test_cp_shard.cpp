@@ -326,6 +326,36 @@ TEST(CpShard, KvBufferLayoutBuildsAndReturnsGradients) {
             for (std::size_t i = 0; i < idx.size(); ++i)
               ASSERT_EQ(gathered[idx[i] * W], static_cast<double>(kvpos[i]));
           }
+          // The row maps the device kernels use (own runs, transfer messages) build the
+          // same KV buffers: every slot once, with the token the plan puts there.
+          for (int r = 0; r < cp; ++r) {
+            const auto kvpos = kvPackedPositions(plan, r);
+            std::vector<std::int64_t> filled(kvpos.size(), -1);
+            const RowMap own = ownRunRows(plan, r);
+            ASSERT_EQ(own.dst.size(), own.src.size());
+            const auto pos = packedPositions(plan, r);
+            for (std::size_t i = 0; i < own.dst.size(); ++i) {
+              ASSERT_EQ(filled[own.dst[i]], -1);
+              filled[own.dst[i]] = pos[own.src[i]];
+            }
+            if (mode == CommMode::ShardingAware)
+              for (const Transfer& t : comm.transfers) {
+                if (t.dst != r) continue;
+                const auto rows = transferLocalRows(t), slots = transferKvSlots(t);
+                ASSERT_EQ(rows.size(), static_cast<std::size_t>(t.tokens));
+                ASSERT_EQ(slots.size(), rows.size());
+                const auto src_pos = packedPositions(plan, t.src);
+                for (std::size_t i = 0; i < rows.size(); ++i) {
+                  ASSERT_EQ(filled[slots[i]], -1);
+                  filled[slots[i]] = src_pos[rows[i]];
+                }
+              }
+            if (mode == CommMode::ShardingAware || cp == 1) {
+              for (std::size_t i = 0; i < kvpos.size(); ++i) {
+                ASSERT_EQ(filled[i], kvpos[i]) << "slot " << i;
+              }
+            }
+          }
         }
       }
 }

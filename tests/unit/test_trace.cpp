@@ -53,9 +53,10 @@ TEST(TraceRecorder, ScopeUsesContextAndFences) {
   FakeSpace space{&fences};
   {
     tr::Recorder::Scope s(rec, "attn", space, 10.0, 20.0);
+    EXPECT_EQ(fences, 1);     // at the start: work queued before the region stays out of it
     rec.context().step = 99;  // later context changes do not affect an open scope
   }
-  EXPECT_EQ(fences, 1);
+  EXPECT_EQ(fences, 2);  // and at the end: the region's own device work is in it
   {
     tr::Recorder::Scope s(rec, rec.region("mlp"));
     s.cancel();

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# wlb on one GPU end to end (docs/performance.md § wlb run on the H100): the CUDA build's
+# tests, CPU-vs-GPU and 1-vs-2-rank agreement of losses and gradients, NCCL on one rank,
+# measured step times of inputs/run_gpu.toml, and the profiles of the project's own
+# kernels. Run from the repository root on the GPU machine:
+#   bench/gpu_end_to_end.sh BIN REF OUT [part...]
+# BIN: the CUDA build's binaries (wlb, test_attention, test_runtime) and, optionally,
+#      libs.tar.xz of shared libraries the machine may lack (only the missing ones are used);
+# REF: `wlb run --gradients` output of the CPU build for the reference deck below;
+# OUT: where logs, gradients, traces and profiles go.
+# parts: tests check run profile (default: all). RUN_PRECISIONS: the extra precisions of
+# `run` besides bf16 (default "fp32 tf32").
+set -uo pipefail
+BIN=$1 REF=$2 OUT=$3
+shift 3
+parts=${*:-tests check run profile}
+mkdir -p "$OUT"
+log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+
+# Shared libraries: the system's where it has them, the carried ones otherwise.
+if [ -f "$BIN/libs.tar.xz" ]; then
+  lib=$(mktemp -d)
+  tar -C "$lib" -xJf "$BIN/libs.tar.xz"
+  for f in "$lib"/*; do
+    n=$(basename "$f")
+    if ldconfig -p | grep -q " $n "; then rm -f "$f"; fi
+  done
+  export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+for n in libcublas.so.13 libcublasLt.so.13 libnccl.so.2 libcudart.so.13; do
+  if ! ldconfig -p | grep -q " $n "; then
+    d=$(dirname "$(find / -xdev -name "$n" 2>/dev/null | head -1)")
+    [ -n "$d" ] && [ "$d" != . ] && export LD_LIBRARY_PATH="$d:$LD_LIBRARY_PATH"
+  fi
+done
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader | tee -a "$OUT/summary.txt"
+ldd "$BIN/wlb" | grep "not found" && { log "missing libraries"; exit 1; }
+"$BIN/wlb" --version | tee -a "$OUT/summary.txt"
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH)
+
+# Reference deck: tiny, every strategy, cp = 1 (one rank) and cp = 2 (two ranks).
+small=(--set model.hidden=256 --set model.heads=4 --set model.kv_heads=2 --set model.ffn=704
+       --set data.context_window=4096 --set data.length_scale=0.03125)
+
+if [[ " $parts " == *" tests "* ]]; then
+  log "test_attention / test_runtime (CUDA build)"
+  "$BIN/test_attention" > "$OUT/test_attention.log" 2>&1; echo "test_attention rc=$?" | tee -a "$OUT/summary.txt"
+  tail -3 "$OUT/test_attention.log" | tee -a "$OUT/summary.txt"
+  "$BIN/test_runtime" > "$OUT/test_runtime.log" 2>&1; echo "test_runtime rc=$?" | tee -a "$OUT/summary.txt"
+  tail -3 "$OUT/test_runtime.log" | tee -a "$OUT/summary.txt"
+  for t in mpi_test_cp_equivalence mpi_test_run; do
+    [ -x "$BIN/$t" ] || continue
+    for np in 1 2; do
+      timeout 300 "${MPIRUN[@]}" -np $np "$BIN/$t" > "$OUT/$t.np$np.log" 2>&1
+      echo "$t np$np rc=$? $(grep -E "PASSED|FAILED" "$OUT/$t.np$np.log" | head -2 | tr '\n' ' ')" | tee -a "$OUT/summary.txt"
+    done
+  done
+fi
+
+if [[ " $parts " == *" check "* ]]; then
+  run1() {  # name, extra args...
+    local name=$1
+    shift
+    "$BIN/wlb" run inputs/run_cp2.toml "${small[@]}" --set mesh.cp=1 --steps 2 --warmup 0 --quiet --no-output \
+      --gradients "$OUT/g_$name" "$@" > "$OUT/run_$name.log" 2>&1
+    echo "run $name rc=$?" | tee -a "$OUT/summary.txt"
+  }
+  log "GPU fp32, one rank vs the CPU build (tolerance 1e-4)"
+  run1 fp32 --set run.precision='"fp32"' --set run.comm_backend='"mpi"'
+  python3 bench/compare_runs.py "$REF" "$OUT/g_fp32" --tol 1e-4 | tee -a "$OUT/summary.txt"
+  log "GPU fp32, two ranks cp = 2 sharing the GPU (host-staged MPI) vs one rank"
+  "${MPIRUN[@]}" -np 2 "$BIN/wlb" run inputs/run_cp2.toml "${small[@]}" --steps 2 --warmup 0 --quiet --no-output \
+    --set run.comm_backend='"mpi"' --gradients "$OUT/g_cp2" > "$OUT/run_cp2.log" 2>&1
+  echo "run cp2 rc=$?" | tee -a "$OUT/summary.txt"
+  python3 bench/compare_runs.py "$OUT/g_fp32" "$OUT/g_cp2" --tol 1e-4 | tee -a "$OUT/summary.txt"
+  log "GPU fp32, NCCL communicators on one rank vs MPI"
+  run1 nccl --set run.precision='"fp32"' --set run.comm_backend='"nccl"'
+  python3 bench/compare_runs.py "$OUT/g_fp32" "$OUT/g_nccl" --tol 1e-6 | tee -a "$OUT/summary.txt"
+  log "two ranks on one GPU with comm_backend = nccl must be refused (exit 2)"
+  "${MPIRUN[@]}" -np 2 "$BIN/wlb" run inputs/run_cp2.toml "${small[@]}" --steps 1 --quiet --no-output \
+    --set run.comm_backend='"nccl"' > "$OUT/run_nccl2.log" 2>&1
+  echo "nccl on a shared GPU rc=$? $(grep -m1 -o "run.comm_backend.*" "$OUT/run_nccl2.log")" | tee -a "$OUT/summary.txt"
+  for p in tf32 bf16; do
+    log "GPU $p vs the CPU build (reported; reduced precision)"
+    run1 "$p" --set run.precision="\"$p\""
+    python3 bench/compare_runs.py "$REF" "$OUT/g_$p" --tol 2e-2 | tee -a "$OUT/summary.txt"
+  done
+fi
+
+if [[ " $parts " == *" run "* ]]; then
+  log "wlb run inputs/run_gpu.toml (bf16, every buffer on the device)"
+  "$BIN/wlb" run inputs/run_gpu.toml --set output.dir="\"$OUT/run_gpu\"" > "$OUT/run_gpu.log" 2>&1
+  echo "run_gpu rc=$?" | tee -a "$OUT/summary.txt"
+  tail -12 "$OUT/run_gpu.log" | tee -a "$OUT/summary.txt"
+  for p in ${RUN_PRECISIONS-fp32 tf32}; do
+    "$BIN/wlb" run inputs/run_gpu.toml --set run.precision="\"$p\"" --steps 3 --no-output --quiet \
+      > "$OUT/run_gpu_$p.log" 2>&1
+    echo "run_gpu $p rc=$?" | tee -a "$OUT/summary.txt"
+    tail -8 "$OUT/run_gpu_$p.log" | tee -a "$OUT/summary.txt"
+  done
+fi
+
+if [[ " $parts " == *" profile "* ]]; then
+  log "wlb profile (bf16, the 7b-128k per-rank shape: 4 / 4 heads, head_dim 128)"
+  timeout 300 "$BIN/wlb" profile --precision bf16 --heads 4 --kv-heads 4 --head-dim 128 --tile-q 128 --tile-k 64 \
+    --q-lens 16,64,256,1024,4096,16384,65536 --k-lens 16,64,256,1024,4096,16384,65536,131072 --reps 3 \
+    --min-seconds 0.02 --base inputs/profiles/h100-sxm.json --name h100-wlb-7b-tp8 \
+    --out "$OUT/h100-wlb-measured.json" > "$OUT/profile_grid.log" 2>&1
+  echo "profile grid rc=$?" | tee -a "$OUT/summary.txt"
+  tail -2 "$OUT/profile_grid.log" | tee -a "$OUT/summary.txt"
+  log "wlb profile --deck inputs/run_gpu.toml (bf16; the profile of the run above)"
+  timeout 240 "$BIN/wlb" profile --deck inputs/run_gpu.toml --precision bf16 --base inputs/profiles/h100-sxm.json \
+    --name h100-wlb-run-gpu --out "$OUT/h100-wlb-run-gpu.json" > "$OUT/profile_deck.log" 2>&1
+  echo "profile deck rc=$?" | tee -a "$OUT/summary.txt"
+  tail -2 "$OUT/profile_deck.log" | tee -a "$OUT/summary.txt"
+fi
+log "done"
