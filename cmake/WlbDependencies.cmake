@@ -119,6 +119,10 @@ add_library(wlb_flags INTERFACE)
 target_compile_options(wlb_flags INTERFACE -Wall -Wextra -Wno-unused-parameter)
 # We use the MPI C API only; keep the deprecated C++ bindings out of every TU.
 target_compile_definitions(wlb_flags INTERFACE OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1)
+# nvcc's front end declares typedefs for host lambdas that GCC then reports as unused.
+if(CMAKE_CXX_COMPILER MATCHES "nvcc_wrapper")
+  target_compile_options(wlb_flags INTERFACE -Wno-unused-local-typedefs)
+endif()
 if(WLB_NATIVE)
   include(CheckCXXCompilerFlag)
   check_cxx_compiler_flag(-march=native WLB_HAS_MARCH_NATIVE)

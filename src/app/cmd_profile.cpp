@@ -378,7 +378,6 @@ class LinearBench {
     env_.kernel = kcfg;
     env_.precision = kcfg.precision;  // GEMMs at the attention's precision (run.precision)
   }
-  const wlb::model::CostModel& cost() const { return cost_; }
 
   /// One forward + backward with the fills around it, as a micro-batch of `wlb run`.
   LinearCell once(int it) {
