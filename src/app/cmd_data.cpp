@@ -1,12 +1,15 @@
 // `wlb data stats [DECK]`: length statistics of a deck's source or of every preset.
+// `wlb data prepare SRC --out PREFIX`: text documents -> Megatron .bin/.idx (docs/data.md).
 #include <iostream>
 #include <memory>
 
 #include <fmt/format.h>
 
+#include "app/cleanup.hpp"
 #include "app/command.hpp"
 #include "core/error.hpp"
 #include "data/length_source.hpp"
+#include "data/prepare.hpp"
 
 namespace {
 
@@ -16,6 +19,7 @@ struct Opts {
   bool all = false;
   std::int64_t steps = 100;
   std::int64_t window = 0;
+  wlb::data::PrepareOptions prepare;
 };
 
 void printStats(const std::string& title, const wlb::data::LengthStats& s, std::int64_t S) {
@@ -82,8 +86,40 @@ int runStats(const Opts& o) {
   return 0;
 }
 
-const bool registered =
-    wlb::app::registerCommand("data", "Document-length sources: `wlb data stats [DECK]`", [](CLI::App& sub) {
+int runPrepare(const Opts& o) {
+  using namespace wlb;
+  auto opt = o.prepare;
+  const bool root = app::worldRank() == 0;
+  // one process writes; other ranks of an accidental mpiexec would race on the same files
+  if (!root) return 0;
+  opt.track_temporary = [](const std::string& p, bool created) {
+    if (created)
+      app::registerTemporary(p);
+    else
+      app::forgetTemporary(p);
+  };
+  const auto r = data::prepareDataset(opt);
+  std::cout << fmt::format(
+      "source {}: {} regular files ({} shorter than --min-bytes {} skipped), {} symbolic "
+      "links or other entries skipped, {} files split by --max-bytes\n",
+      opt.source, r.regular_files, r.skipped_small, opt.min_bytes, r.skipped_other, r.cut_files);
+  std::cout << fmt::format("tokenizer {} (vocab {}), tokens uint16, valid fraction {:g}\n", data::ByteTokenizer::name(),
+                           data::ByteTokenizer::kVocabSize, opt.valid_fraction);
+  std::cout << fmt::format("{:<6} {:>10} {:>10} {:>14}  {}\n", "split", "files", "documents", "tokens", "output");
+  std::cout << fmt::format("{:<6} {:>10} {:>10} {:>14}  {}.{{bin,idx}}\n", "train", r.train.files, r.train.documents,
+                           r.train.tokens, r.train_prefix);
+  std::cout << fmt::format("{:<6} {:>10} {:>10} {:>14}  {}.{{bin,idx}}\n", "valid", r.valid.files, r.valid.documents,
+                           r.valid.tokens, r.valid_prefix);
+  if (r.valid.documents == 0 && opt.valid_fraction > 0)
+    std::cerr << fmt::format(
+        "wlb data prepare: warning: no document fell into the held-out split (valid "
+        "fraction {:g} of {} files); raise --valid-fraction\n",
+        opt.valid_fraction, r.train.files);
+  return 0;
+}
+
+const bool registered = wlb::app::registerCommand(
+    "data", "Document-length sources and datasets: `wlb data stats|prepare`", [](CLI::App& sub) {
       auto o = std::make_shared<Opts>();
       sub.require_subcommand(1);
       CLI::App* stats = sub.add_subcommand("stats", "Count, mean, percentiles and token share by length bucket");
@@ -93,7 +129,21 @@ const bool registered =
       stats->add_option("--steps", o->steps, "Steps (global batches) to sample from a generator")
           ->check(wlb::app::intAtLeast(1));
       stats->add_option("--window", o->window, "Context window S (overrides data.context_window)");
-      return [o]() { return runStats(*o); };
+      CLI::App* prep = sub.add_subcommand(
+          "prepare", "Text documents (a directory or tarball) -> Megatron .bin/.idx, byte-level tokens, train/valid");
+      prep->add_option("SRC", o->prepare.source, "Directory (one document per regular file) or .tar[.gz|.xz] tarball")
+          ->required();
+      prep->add_option("--out", o->prepare.out_prefix,
+                       "Output prefix: writes PREFIX_train.{bin,idx}, PREFIX_valid.{bin,idx}")
+          ->required();
+      prep->add_option("--valid-fraction", o->prepare.valid_fraction,
+                       "Share of documents held out for evaluation, chosen by a hash of the path (default 0)");
+      prep->add_option("--min-bytes", o->prepare.min_bytes, "Skip files shorter than this (default 1: empty files)")
+          ->check(wlb::app::intAtLeast(1));
+      prep->add_option("--max-bytes", o->prepare.max_bytes,
+                       "Split longer files into consecutive documents of this many bytes (default 0: no cap)")
+          ->check(wlb::app::intAtLeast(0));
+      return [o, prep]() { return prep->parsed() ? runPrepare(*o) : runStats(*o); };
     });
 
 }  // namespace

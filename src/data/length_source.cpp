@@ -408,7 +408,7 @@ struct ByteReader {
 };
 }  // namespace
 
-std::vector<std::int64_t> readMegatronIdx(const std::string& path) {
+MegatronIndex readMegatronIndex(const std::string& path) {
   auto f = openOrThrow(path, std::ios::binary);
   std::vector<char> buf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   ByteReader r{path, buf};
@@ -419,42 +419,53 @@ std::vector<std::int64_t> readMegatronIdx(const std::string& path) {
   const auto version = r.read<std::uint64_t>("version");
   if (version != 1)
     throw InputError(fmt::format("{}: byte offset 9: unsupported index version {} (expected 1)", path, version), true);
-  const auto dtype = r.read<std::uint8_t>("dtype code");
-  if (dtype < 1 || dtype > 8)
-    throw InputError(fmt::format("{}: byte offset 17: invalid dtype code {} (expected 1..8)", path, int(dtype)), true);
+  MegatronIndex idx;
+  idx.dtype = r.read<std::uint8_t>("dtype code");
+  if (idx.dtype < 1 || idx.dtype > 8)
+    throw InputError(fmt::format("{}: byte offset 17: invalid dtype code {} (expected 1..8)", path, int(idx.dtype)),
+                     true);
   const auto nseq = r.read<std::uint64_t>("sequence count");
   const auto ndoc = r.read<std::uint64_t>("document count");
   const std::size_t sizes_at = r.pos;
   r.need(nseq, 4, "sizes[]");
-  std::vector<std::int32_t> sizes(nseq);
-  if (nseq) std::memcpy(sizes.data(), buf.data() + r.pos, nseq * 4);
+  idx.sizes.resize(nseq);
+  if (nseq) std::memcpy(idx.sizes.data(), buf.data() + r.pos, nseq * 4);
   r.pos += nseq * 4;
   r.need(nseq, 8, "pointers[]");
+  idx.pointers.resize(nseq);
+  if (nseq) std::memcpy(idx.pointers.data(), buf.data() + r.pos, nseq * 8);
   r.pos += nseq * 8;
   const std::size_t doc_at = r.pos;
   r.need(ndoc, 8, "doc_idx[]");
-  std::vector<std::int64_t> doc_idx(ndoc);
-  if (ndoc) std::memcpy(doc_idx.data(), buf.data() + r.pos, ndoc * 8);
+  idx.doc_idx.resize(ndoc);
+  if (ndoc) std::memcpy(idx.doc_idx.data(), buf.data() + r.pos, ndoc * 8);
   for (std::uint64_t i = 0; i < nseq; ++i)
-    if (sizes[i] < 0)
-      throw InputError(fmt::format("{}: byte offset {}: negative sequence size {}", path, sizes_at + 4 * i, sizes[i]),
-                       true);
-  std::vector<std::int64_t> out;
+    if (idx.sizes[i] < 0)
+      throw InputError(
+          fmt::format("{}: byte offset {}: negative sequence size {}", path, sizes_at + 4 * i, idx.sizes[i]), true);
   for (std::uint64_t i = 0; i < ndoc; ++i) {
-    const auto b = doc_idx[i];
+    const auto b = idx.doc_idx[i];
     const bool bad =
-        b < 0 || static_cast<std::uint64_t>(b) > nseq || (i == 0 && b != 0) || (i > 0 && b < doc_idx[i - 1]);
+        b < 0 || static_cast<std::uint64_t>(b) > nseq || (i == 0 && b != 0) || (i > 0 && b < idx.doc_idx[i - 1]);
     if (bad)
       throw InputError(fmt::format("{}: byte offset {}: invalid doc_idx[{}] = {} (must start at "
                                    "0, be non-decreasing and <= sequence count {})",
                                    path, doc_at + 8 * i, i, b, nseq),
                        true);
-    if (i == 0) continue;
+  }
+  idx.doc_idx_offset = doc_at;
+  return idx;
+}
+
+std::vector<std::int64_t> readMegatronIdx(const std::string& path) {
+  const auto idx = readMegatronIndex(path);
+  std::vector<std::int64_t> out;
+  for (std::size_t i = 1; i < idx.doc_idx.size(); ++i) {
     std::int64_t len = 0;
-    for (auto s = doc_idx[i - 1]; s < b; ++s) len += sizes[static_cast<std::size_t>(s)];
+    for (auto s = idx.doc_idx[i - 1]; s < idx.doc_idx[i]; ++s) len += idx.sizes[static_cast<std::size_t>(s)];
     if (len > kMaxDocTokens)
       throw InputError(fmt::format("{}: byte offset {}: document {} has {} tokens, over the limit of {}", path,
-                                   doc_at + 8 * i, i - 1, len, kMaxDocTokens),
+                                   idx.doc_idx_offset + 8 * i, i - 1, len, kMaxDocTokens),
                        true);
     if (len > 0) out.push_back(len);  // empty documents are skipped (docs/data.md)
   }

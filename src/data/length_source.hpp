@@ -129,6 +129,17 @@ constexpr std::int64_t kMaxDocTokens = (std::int64_t{1} << 31) - 1;
 std::vector<std::int64_t> readTextLengths(const std::string& path);
 /// JSONL: one JSON object per line with an integer field `field` (> 0).
 std::vector<std::int64_t> readJsonlLengths(const std::string& path, const std::string& field);
+/// A parsed Megatron-LM MMIDIDX index: header checked, doc_idx validated (starts at 0,
+/// non-decreasing, <= sequence count); the `.bin` is not opened.
+struct MegatronIndex {
+  std::uint8_t dtype = 0;              ///< Megatron DType code (1 uint8 ... 8 uint16)
+  std::vector<std::int32_t> sizes;     ///< tokens per sequence
+  std::vector<std::int64_t> pointers;  ///< byte offset of each sequence in the `.bin`
+  std::vector<std::int64_t> doc_idx;   ///< document i = sequences [doc_idx[i], doc_idx[i+1])
+  std::size_t doc_idx_offset = 0;      ///< byte offset of doc_idx[] (for messages)
+};
+/// Parse an `.idx`. Truncated / malformed -> InputError naming the file and byte offset.
+MegatronIndex readMegatronIndex(const std::string& path);
 /// Megatron-LM MMIDIDX index (`.idx`): document lengths = sum of sequence sizes between
 /// consecutive doc_idx boundaries. Truncated / malformed -> InputError with byte offset.
 std::vector<std::int64_t> readMegatronIdx(const std::string& path);

@@ -1,0 +1,393 @@
+// `wlb data prepare`: text documents -> Megatron-LM .bin/.idx (docs/data.md).
+#include "data/prepare.hpp"
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <set>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+#include "core/progress.hpp"
+
+extern char** environ;
+
+namespace wlb::data {
+
+namespace fs = std::filesystem;
+
+namespace {
+constexpr char kIdxMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
+constexpr std::int64_t kMaxSequence = std::numeric_limits<std::int32_t>::max();
+
+void removeQuietly(const std::string& p) {
+  std::error_code ec;
+  fs::remove(p, ec);
+}
+
+void renameOrThrow(const std::string& from, const std::string& to) {
+  std::error_code ec;
+  fs::rename(from, to, ec);
+  if (ec) throw InputError(fmt::format("{}: cannot rename to {}: {}", from, to, ec.message()));
+}
+}  // namespace
+
+// ---- Writer ------------------------------------------------------------------------
+IndexedDatasetWriter::IndexedDatasetWriter(std::string prefix) : prefix_(std::move(prefix)) {
+  const auto tmp = binPath() + ".tmp";
+  bin_.open(tmp, std::ios::binary | std::ios::trunc);
+  if (!bin_) throw InputError(fmt::format("{}: cannot write ({})", tmp, std::strerror(errno)));
+}
+
+IndexedDatasetWriter::~IndexedDatasetWriter() {
+  if (committed_) return;
+  if (bin_.is_open()) bin_.close();
+  for (const auto& t : temporaries()) removeQuietly(t);
+}
+
+void IndexedDatasetWriter::add(const Token* tokens, std::size_t n) {
+  if (finished_) throw std::logic_error("IndexedDatasetWriter::add after finish");
+  if (n > static_cast<std::size_t>(kMaxSequence))
+    throw std::length_error(fmt::format("{}: document of {} tokens exceeds the int32 size field", prefix_, n));
+  // Host byte order: Megatron reads the index and tokens with numpy in native (little-endian) order.
+  bin_.write(reinterpret_cast<const char*>(tokens), static_cast<std::streamsize>(n * sizeof(Token)));
+  if (!bin_) throw InputError(fmt::format("{}.tmp: write failed ({})", binPath(), std::strerror(errno)));
+  sizes_.push_back(static_cast<std::int32_t>(n));
+  tokens_ += static_cast<std::int64_t>(n);
+}
+
+void IndexedDatasetWriter::finish() {
+  if (finished_) return;
+  bin_.close();
+  if (!bin_) throw InputError(fmt::format("{}.tmp: write failed ({})", binPath(), std::strerror(errno)));
+  const auto tmp = idxPath() + ".tmp";
+  std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+  if (!f) throw InputError(fmt::format("{}: cannot write ({})", tmp, std::strerror(errno)));
+  auto put = [&](const void* p, std::size_t n) {
+    f.write(static_cast<const char*>(p), static_cast<std::streamsize>(n));
+  };
+  const std::uint64_t version = 1, nseq = sizes_.size(), ndoc = sizes_.size() + 1;
+  const std::uint8_t dtype = kMegatronUint16;
+  put(kIdxMagic, 9);
+  put(&version, 8);
+  put(&dtype, 1);
+  put(&nseq, 8);
+  put(&ndoc, 8);
+  put(sizes_.data(), sizes_.size() * 4);
+  std::vector<std::int64_t> buf(sizes_.size());
+  std::int64_t ptr = 0;
+  for (std::size_t i = 0; i < sizes_.size(); ++i) {
+    buf[i] = ptr;
+    ptr += static_cast<std::int64_t>(sizes_[i]) * static_cast<std::int64_t>(sizeof(Token));
+  }
+  put(buf.data(), buf.size() * 8);
+  // One sequence per document: doc_idx = 0, 1, ..., n (Megatron's document boundaries).
+  buf.resize(sizes_.size() + 1);
+  for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<std::int64_t>(i);
+  put(buf.data(), buf.size() * 8);
+  f.close();
+  if (!f) throw InputError(fmt::format("{}: write failed ({})", tmp, std::strerror(errno)));
+  finished_ = true;
+}
+
+void IndexedDatasetWriter::commit() {
+  finish();
+  // .bin first: whoever sees the .idx also finds its .bin
+  renameOrThrow(binPath() + ".tmp", binPath());
+  renameOrThrow(idxPath() + ".tmp", idxPath());
+  committed_ = true;
+}
+
+// ---- Reader ------------------------------------------------------------------------
+IndexedDataset::IndexedDataset(const std::string& prefix)
+    : bin_path_(prefix + ".bin"), index_(readMegatronIndex(prefix + ".idx")) {
+  const std::string idx_path = prefix + ".idx";
+  if (index_.dtype == 1)
+    item_ = 1;
+  else if (index_.dtype == kMegatronUint16)
+    item_ = 2;
+  else
+    throw InputError(
+        fmt::format("{}: byte offset 17: token dtype code {} is not supported for reading tokens "
+                    "(1 = uint8 or 8 = uint16)",
+                    idx_path, int(index_.dtype)));
+  if (index_.doc_idx.empty())
+    throw InputError(fmt::format("{}: doc_idx is empty (expected at least the leading 0)", idx_path));
+  std::error_code ec;
+  const auto bytes = fs::file_size(bin_path_, ec);
+  if (ec) throw InputError(fmt::format("{}: cannot read ({})", bin_path_, ec.message()));
+  for (std::size_t i = 0; i < index_.sizes.size(); ++i) {
+    const auto p = index_.pointers[i];
+    const auto end = static_cast<std::uint64_t>(index_.sizes[i]) * item_;
+    if (p < 0 || static_cast<std::uint64_t>(p) > bytes || end > bytes - static_cast<std::uint64_t>(p))
+      throw InputError(fmt::format("{}: sequence {} (byte {}, {} tokens) lies outside {} ({} bytes)", idx_path, i, p,
+                                   index_.sizes[i], bin_path_, bytes));
+  }
+  bin_.open(bin_path_, std::ios::binary);
+  if (!bin_) throw InputError(fmt::format("{}: cannot read ({})", bin_path_, std::strerror(errno)));
+}
+
+std::int64_t IndexedDataset::length(std::int64_t doc) const {
+  if (doc < 0 || doc >= documents()) throw std::out_of_range("IndexedDataset: document index");
+  std::int64_t n = 0;
+  for (auto s = index_.doc_idx[doc]; s < index_.doc_idx[doc + 1]; ++s) n += index_.sizes[static_cast<std::size_t>(s)];
+  return n;
+}
+
+std::vector<Token> IndexedDataset::document(std::int64_t doc) const {
+  std::vector<Token> out;
+  out.reserve(static_cast<std::size_t>(length(doc)));
+  std::vector<unsigned char> raw;
+  for (auto s = index_.doc_idx[doc]; s < index_.doc_idx[doc + 1]; ++s) {
+    const auto i = static_cast<std::size_t>(s);
+    raw.resize(static_cast<std::size_t>(index_.sizes[i]) * item_);
+    bin_.clear();
+    bin_.seekg(index_.pointers[i]);
+    bin_.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(raw.size()));
+    if (!bin_) throw InputError(fmt::format("{}: read failed at byte {}", bin_path_, index_.pointers[i]));
+    if (item_ == 1)
+      out.insert(out.end(), raw.begin(), raw.end());
+    else
+      for (std::size_t k = 0; k < raw.size(); k += 2) {
+        Token t;
+        std::memcpy(&t, raw.data() + k, 2);
+        out.push_back(t);
+      }
+  }
+  return out;
+}
+
+// ---- Split -------------------------------------------------------------------------
+std::uint64_t documentHash(std::string_view path) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (const char c : path) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 0x100000001b3ULL;
+  }
+  // FNV-1a alone puts similar names close together; the finaliser spreads them
+  h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  h = (h ^ (h >> 27)) * 0x94d049bb133111ebULL;
+  return h ^ (h >> 31);
+}
+
+bool inValidSplit(std::string_view path, double fraction) {
+  return static_cast<double>(documentHash(path) >> 11) * 0x1p-53 < fraction;
+}
+
+// ---- Prepare -----------------------------------------------------------------------
+namespace {
+
+bool isTarball(const std::string& name) {
+  auto ends = [&](std::string_view s) {
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
+  for (const char* s : {".tar", ".tar.gz", ".tgz", ".tar.xz", ".txz", ".tar.bz2", ".tbz2"})
+    if (ends(s)) return true;
+  return false;
+}
+
+/// A directory under $TMPDIR, removed with everything in it on scope exit.
+class TempDir {
+ public:
+  TempDir() {
+    std::error_code ec;
+    auto base = fs::temp_directory_path(ec);
+    if (ec) base = "/tmp";
+    std::string templ = (base / "wlb-prepare-XXXXXX").string();
+    if (!::mkdtemp(templ.data()))
+      throw InputError(fmt::format("{}: cannot create a temporary directory ({})", templ, std::strerror(errno)));
+    path_ = templ;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+/// Unpack with GNU tar (Debian's `tar`, which picks the decompressor from the file).
+void untar(const std::string& tarball, const fs::path& into) {
+  std::vector<std::string> args = {
+      "tar", "-x", "-f", tarball, "-C", into.string(), "--no-same-owner", "--no-same-permissions"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  const int rc = ::posix_spawnp(&pid, "tar", nullptr, nullptr, argv.data(), environ);
+  if (rc != 0)
+    throw InputError(fmt::format("{}: unpacking a tarball needs the system `tar` (Debian package tar): {}", tarball,
+                                 std::strerror(rc)));
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) throw InputError(fmt::format("{}: waiting for tar failed ({})", tarball, std::strerror(errno)));
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    throw InputError(fmt::format("{}: `tar -x` failed (status {}): not a readable tarball", tarball,
+                                 WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)));
+}
+
+struct FileEntry {
+  std::string rel;  ///< relative path with '/' separators: the sort and split key
+  fs::path path;
+};
+
+std::string canonicalOf(const fs::path& p) {
+  std::error_code ec;
+  auto c = fs::weakly_canonical(p, ec);
+  return ec ? fs::absolute(p).lexically_normal().string() : c.string();
+}
+
+std::vector<FileEntry> listFiles(const fs::path& root, const std::string& shown, const std::set<std::string>& exclude,
+                                 PrepareResult& r) {
+  std::vector<FileEntry> out;
+  std::error_code ec;
+  fs::recursive_directory_iterator it(root, fs::directory_options::none, ec), end;
+  if (ec) throw InputError(fmt::format("{}: cannot list ({})", shown, ec.message()));
+  for (; it != end; it.increment(ec)) {
+    if (ec) throw InputError(fmt::format("{}: cannot list ({})", shown, ec.message()));
+    const auto st = it->symlink_status(ec);
+    if (ec) throw InputError(fmt::format("{}: cannot stat ({})", it->path().string(), ec.message()));
+    if (fs::is_directory(st)) continue;  // the iterator descends (it never follows links)
+    if (!fs::is_regular_file(st)) {
+      ++r.skipped_other;  // symbolic links (duplicates, or outside the tree), devices, sockets
+      continue;
+    }
+    if (!exclude.empty() && exclude.count(canonicalOf(it->path()))) continue;  // our own outputs
+    out.push_back({it->path().lexically_relative(root).generic_string(), it->path()});
+  }
+  if (ec) throw InputError(fmt::format("{}: cannot list ({})", shown, ec.message()));
+  std::sort(out.begin(), out.end(), [](const FileEntry& a, const FileEntry& b) { return a.rel < b.rel; });
+  return out;
+}
+
+std::string readAll(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  if (!f) throw InputError(fmt::format("{}: cannot read ({})", p.string(), std::strerror(errno)));
+  std::string s;
+  f.seekg(0, std::ios::end);
+  const auto n = f.tellg();
+  f.seekg(0);
+  if (n > 0) {
+    s.resize(static_cast<std::size_t>(n));
+    f.read(s.data(), n);
+  }
+  if (f.bad() || (n > 0 && f.gcount() != n))
+    throw InputError(fmt::format("{}: read failed ({})", p.string(), std::strerror(errno)));
+  return s;
+}
+
+/// Registers a writer's temporaries with the caller for its lifetime.
+struct Tracked {
+  const PrepareOptions& o;
+  std::vector<std::string> paths;
+  Tracked(const PrepareOptions& opt, std::vector<std::string> p) : o(opt), paths(std::move(p)) {
+    if (o.track_temporary)
+      for (const auto& t : paths) o.track_temporary(t, true);
+  }
+  ~Tracked() {
+    if (o.track_temporary)
+      for (const auto& t : paths) o.track_temporary(t, false);
+  }
+};
+
+}  // namespace
+
+PrepareResult prepareDataset(const PrepareOptions& o) {
+  if (!(o.valid_fraction >= 0.0 && o.valid_fraction < 1.0))
+    throw InputError(fmt::format("--valid-fraction: must be in [0, 1) (got {})", o.valid_fraction));
+  if (o.min_bytes < 1) throw InputError(fmt::format("--min-bytes: must be >= 1 (got {})", o.min_bytes));
+  if (o.max_bytes < 0) throw InputError(fmt::format("--max-bytes: must be >= 0 (got {})", o.max_bytes));
+  if (o.out_prefix.empty()) throw InputError("--out: an output prefix is required");
+
+  std::error_code ec;
+  const auto st = fs::status(o.source, ec);
+  if (!fs::exists(st)) throw InputError(fmt::format("{}: source not found", o.source));
+  const bool dir = fs::is_directory(st);
+  if (!dir && !(fs::is_regular_file(st) && isTarball(o.source)))
+    throw InputError(
+        fmt::format("{}: not a directory or a .tar / .tar.gz / .tgz / .tar.xz / .txz / .tar.bz2 tarball", o.source));
+
+  PrepareResult r;
+  r.train_prefix = o.out_prefix + "_train";
+  r.valid_prefix = o.out_prefix + "_valid";
+  // Opened first so that an unwritable output fails before a long scan.
+  IndexedDatasetWriter train(r.train_prefix), valid(r.valid_prefix);
+  std::vector<std::string> tmps = train.temporaries();
+  for (auto& t : valid.temporaries()) tmps.push_back(t);
+  Tracked tracked(o, tmps);
+
+  std::vector<FileEntry> files;
+  std::unique_ptr<TempDir> unpacked;
+  if (dir) {
+    std::set<std::string> exclude;
+    for (const auto* w : {&train, &valid}) {
+      for (const auto& t : w->temporaries()) exclude.insert(canonicalOf(t));
+      exclude.insert(canonicalOf(w->binPath()));
+      exclude.insert(canonicalOf(w->idxPath()));
+    }
+    files = listFiles(o.source, o.source, exclude, r);
+  } else {
+    unpacked = std::make_unique<TempDir>();
+    untar(o.source, unpacked->path());
+    files = listFiles(unpacked->path(), o.source, {}, r);
+  }
+  r.regular_files = static_cast<std::int64_t>(files.size());
+
+  const std::int64_t cap = o.max_bytes > 0 ? std::min(o.max_bytes, kMaxSequence) : kMaxSequence;
+  Progress progress("wlb data prepare", r.regular_files, "files", o.progress);
+  std::vector<Token> tokens;
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    progress.update(static_cast<std::int64_t>(i), files[i].rel);
+    const std::string text = readAll(files[i].path);
+    const auto n = static_cast<std::int64_t>(text.size());
+    if (n < o.min_bytes) {
+      ++r.skipped_small;
+      continue;
+    }
+    // all pieces of a file go to one split: no text shared between train and valid
+    const bool held_out = inValidSplit(files[i].rel, o.valid_fraction);
+    auto& w = held_out ? valid : train;
+    auto& c = held_out ? r.valid : r.train;
+    ++c.files;
+    if (n > cap) ++r.cut_files;
+    for (std::int64_t off = 0; off < n; off += cap) {
+      tokens.clear();
+      ByteTokenizer::encode(std::string_view(text).substr(static_cast<std::size_t>(off), static_cast<std::size_t>(cap)),
+                            tokens);
+      w.add(tokens);
+      ++c.documents;
+      c.tokens += static_cast<std::int64_t>(tokens.size());
+    }
+  }
+  if (r.train.documents + r.valid.documents == 0)
+    throw InputError(
+        fmt::format("{}: no documents ({} regular files, {} of them shorter than --min-bytes {}; {} "
+                    "symbolic links or other entries skipped)",
+                    o.source, r.regular_files, r.skipped_small, o.min_bytes, r.skipped_other));
+  if (r.train.documents == 0)
+    throw InputError(
+        fmt::format("{}: every document fell into the held-out split (--valid-fraction {}); nothing to "
+                    "train on",
+                    o.source, o.valid_fraction));
+  train.finish();
+  valid.finish();
+  train.commit();
+  valid.commit();
+  return r;
+}
+
+}  // namespace wlb::data
