@@ -41,13 +41,14 @@ struct DataConfig {
 };
 
 struct PackingConfig {
-  std::string strategy = "wlb";                  ///< original | fixed_greedy | fixed_optimal | best_fit | wlb
+  std::string strategy = "wlb";                  ///< original | fixed_greedy | fixed_optimal | best_fit | wlb | slimpack
   std::int64_t micro_batches = 0;                ///< M per DP replica; 0 -> resolved to pp
   std::int64_t window = 1;                       ///< fixed_greedy: global batches per window (1 = the paper's Fixed-4D)
   std::vector<std::int64_t> outlier_thresholds;  ///< L_1 < ... < L_n; empty -> defaults
   double delay_budget = 1.0;                     ///< mean per-token delay budget (steps) for tuning
   std::int64_t max_queue_wait = 0;  ///< wlb: longest outlier-queue wait (steps); 0 -> max(2, ceil(4*budget))
   double milp_time_limit = 10.0;    ///< seconds per fixed_optimal solve
+  std::int64_t slimpack_candidates = 6;  ///< slimpack: MicroPack counts scored per step
   std::string checkpoint;           ///< packer state file ("" -> none)
 };
 

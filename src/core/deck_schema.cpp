@@ -38,7 +38,7 @@ std::string KeySpec::rangeText() const {
 }
 
 const std::vector<std::string>& packerNames() {
-  static const std::vector<std::string> v{"original", "fixed_greedy", "fixed_optimal", "best_fit", "wlb"};
+  static const std::vector<std::string> v{"original", "fixed_greedy", "fixed_optimal", "best_fit", "wlb", "slimpack"};
   return v;
 }
 const std::vector<std::string>& shardingNames() {
@@ -89,6 +89,8 @@ const std::vector<KeySpec>& deckSchema() {
         F("packing", "delay_budget", 0, 1e6, WLB_F(packing.delay_budget), "Mean per-token delay budget in steps (wlb tune)."),
         I("packing", "max_queue_wait", 0, 1 << 20, WLB_F(packing.max_queue_wait),
           "wlb: longest wait of an outlier in its queue (steps) before a forced release; 0 = max(2, ceil(5*delay_budget))."),
+        I("packing", "slimpack_candidates", 1, 64, WLB_F(packing.slimpack_candidates),
+          "slimpack: MicroPack counts m = i * pp scored per step by the simulator (i = i_min + 2^k - 1, k < this)."),
         F("packing", "milp_time_limit", 0.01, 1e6, WLB_F(packing.milp_time_limit), "fixed_optimal: CBC time limit per solve (s)."),
         S("packing", "checkpoint", {}, WLB_F(packing.checkpoint), "Packer state file to restore from / save to (\"\" = none)."),
 

@@ -21,11 +21,17 @@ struct Document {
 /// micro-batch a segment is the attention unit: its tokens attend causally to earlier
 /// tokens of the same segment only (a document cut by the `original` packer starts a
 /// fresh attention span in each sequence, as Megatron-style packing does).
+///
+/// A SlimPack *slice* (q_offset > 0) also attends to the q_offset document tokens before
+/// it, which earlier slices of the same document (in earlier MicroPacks) computed: its
+/// keys are the document tokens [offset - q_offset, offset + length), exactly a CP piece
+/// with that q_offset (cp/shard_plan.hpp). Every packer but `slimpack` leaves it 0.
 struct Segment {
   DocId doc = 0;
   std::int64_t offset = 0;
   std::int64_t length = 0;
   std::int64_t arrival_step = 0;  ///< copied from the document, for delay metrics
+  std::int64_t q_offset = 0;      ///< keys before the first query (slice: = offset)
 };
 
 /// An ordered list of segments packed into one input sequence.
@@ -44,6 +50,11 @@ struct StepPlan {
   std::vector<std::vector<MicroBatch>> replicas;
   /// Documents that arrived by this step but are held back (outlier queues, carry-over).
   std::vector<DocId> delayed;
+  /// SlimPack's asymmetric partition: backward[r] holds M+1 increasing cut points into
+  /// replica r's segments in forward order (micro-batch 0's, then 1's, ...); backward
+  /// MicroPack k is the run [backward[r][k], backward[r][k+1]). Empty = each micro-batch
+  /// is its own backward unit (every other packer).
+  std::vector<std::vector<std::int64_t>> backward;
 };
 
 }  // namespace wlb

@@ -33,8 +33,8 @@ StepMetrics computeMetrics(const StepPlan& plan, const model::CostModel& cost) {
       double a_f = 0, a_b = 0;
       std::int64_t t = 0;
       for (const auto& s : mb.segments) {
-        a_f += cost.attnSeconds(0, s.length, Phase::Fwd);
-        a_b += cost.attnSeconds(0, s.length, Phase::Bwd);
+        a_f += cost.attnSeconds(s.q_offset, s.length, Phase::Fwd);  // a slice costs as a CP piece
+        a_b += cost.attnSeconds(s.q_offset, s.length, Phase::Bwd);
         t += s.length;
         delays.push_back({static_cast<double>(plan.step - s.arrival_step), static_cast<double>(s.length)});
         ++m.segments;

@@ -2,7 +2,8 @@
 /// \file packer.hpp
 /// \brief PP/DP-level packers (docs/packing.md, WLB-LLM): `original`, `fixed_greedy`,
 /// `fixed_optimal` (CBC MILP), `best_fit`, `wlb` (variable-length packing + outlier-delay
-/// queues), their metrics, and a conservation checker. Semantics: docs/packing.md.
+/// queues), `slimpack` (slice-level MicroPacks, packing/slimpack.hpp), their metrics, and a
+/// conservation checker. Semantics: docs/packing.md.
 ///
 /// Contract shared by every packer:
 ///  - `pack(step, incoming)` is called once per step with consecutive steps; it returns
@@ -13,6 +14,9 @@
 ///    and `original`, s_max for `wlb`) — as consecutive capacity-sized segments
 ///    (offset 0, cap, 2cap, ...), each emitted exactly once. Nothing is ever dropped.
 ///  - No micro-batch exceeds the packer's capacity in tokens.
+///  - `slimpack` is the exception to the segment rule above: it cuts documents into causal
+///    slices at cost-model boundaries (Segment::q_offset), and chooses the number of
+///    micro-batches (MicroPacks) per step, the same on every replica.
 ///  - `saveState()`/`loadState()` capture everything held across steps; a packer restored
 ///    from a saved state produces the identical plan stream.
 
@@ -27,6 +31,10 @@
 #include "core/deck.hpp"
 #include "core/types.hpp"
 #include "model/cost_model.hpp"
+
+namespace wlb::pp {
+struct SimConfig;
+}
 
 namespace wlb::packing {
 
@@ -45,6 +53,12 @@ struct PackerOptions {
   /// wlb: mean per-token delay budget (steps); while the running mean delay exceeds it,
   /// the forced-release wait is shortened by one step (0 = no control).
   double delay_budget = 0;
+  std::int64_t pp = 1;  ///< pipeline stages (slimpack: MicroPack counts are multiples of it)
+  /// slimpack: MicroPack counts m = i * pp tried per step (docs/packing.md).
+  std::int64_t slimpack_candidates = 6;
+  /// slimpack: the step simulator's configuration that scores each count (set by
+  /// makePacker from a deck; null = pp/dp of these options with the cost model's links).
+  std::shared_ptr<const pp::SimConfig> sim;
   std::int64_t N() const { return dp * micro_batches; }
   /// Deck -> options. Empty outlier_thresholds in the deck -> defaultThresholds().
   static PackerOptions fromDeck(const Deck& deck);
@@ -80,7 +94,7 @@ class Packer {
   const model::CostModel* cost_;
 };
 
-/// Packer names in a stable order: original, fixed_greedy, fixed_optimal, best_fit, wlb.
+/// Packer names in a stable order: original, fixed_greedy, fixed_optimal, best_fit, wlb, slimpack.
 std::vector<std::string> packerNames();
 /// Create a packer. `cost` must outlive it. InputError naming `packing.strategy` (and the
 /// valid names) for an unknown name.

@@ -40,4 +40,5 @@ class WorkTable {
 };
 
 std::unique_ptr<Packer> makeFixedOptimal(const PackerOptions& opt, const model::CostModel& cost);
+std::unique_ptr<Packer> makeSlimPack(const PackerOptions& opt, const model::CostModel& cost);
 }  // namespace wlb::packing::detail

@@ -13,6 +13,7 @@
 #include "data/length_source.hpp"
 #include "packing/packer.hpp"
 #include "packing/packer_internal.hpp"
+#include "pp/simulator.hpp"
 
 namespace wlb::packing {
 
@@ -31,6 +32,8 @@ PackerOptions PackerOptions::fromDeck(const Deck& deck) {
   o.outlier_thresholds = deck.packing.outlier_thresholds.empty() ? defaultThresholds(o.context_window, o.s_max)
                                                                  : deck.packing.outlier_thresholds;
   o.milp_time_limit = deck.packing.milp_time_limit;
+  o.pp = deck.mesh.pp;
+  o.slimpack_candidates = deck.packing.slimpack_candidates;
   o.delay_budget = deck.packing.delay_budget;
   // Bound the outlier-queue wait: [packing] max_queue_wait, or by default derived from the
   // delay budget as max(2, ceil(5 * budget)) steps; the delay controller keeps the mean
@@ -73,7 +76,11 @@ namespace detail {
 
 nlohmann::json segsToJson(const std::vector<Segment>& v) {
   nlohmann::json a = nlohmann::json::array();
-  for (const auto& s : v) a.push_back({s.doc, s.offset, s.length, s.arrival_step});
+  for (const auto& s : v) {
+    nlohmann::json e = {s.doc, s.offset, s.length, s.arrival_step};
+    if (s.q_offset != 0) e.push_back(s.q_offset);
+    a.push_back(std::move(e));
+  }
   return a;
 }
 
@@ -81,7 +88,7 @@ std::vector<Segment> segsFromJson(const nlohmann::json& a) {
   std::vector<Segment> v;
   for (const auto& e : a)
     v.push_back(Segment{e.at(0).get<DocId>(), e.at(1).get<std::int64_t>(), e.at(2).get<std::int64_t>(),
-                        e.at(3).get<std::int64_t>()});
+                        e.at(3).get<std::int64_t>(), e.size() > 4 ? e.at(4).get<std::int64_t>() : 0});
   return v;
 }
 
@@ -936,7 +943,7 @@ class WlbPacker final : public Packer {
 }  // namespace
 
 std::vector<std::string> packerNames() {
-  return {"original", "fixed_greedy", "fixed_optimal", "best_fit", "wlb"};
+  return {"original", "fixed_greedy", "fixed_optimal", "best_fit", "wlb", "slimpack"};
 }
 
 std::unique_ptr<Packer> makePacker(const std::string& name, const PackerOptions& opt, const model::CostModel& cost) {
@@ -950,13 +957,18 @@ std::unique_ptr<Packer> makePacker(const std::string& name, const PackerOptions&
   if (name == "fixed_greedy") return std::make_unique<FixedGreedyPacker>(opt, cost);
   if (name == "wlb") return std::make_unique<WlbPacker>(opt, cost);
   if (name == "fixed_optimal") return detail::makeFixedOptimal(opt, cost);
+  if (name == "slimpack") return detail::makeSlimPack(opt, cost);
   std::string valid;
   for (const auto& n : packerNames()) valid += (valid.empty() ? "" : ", ") + n;
   throw InputError(fmt::format("packing.strategy: unknown packer '{}' (valid: {})", name, valid), true);
 }
 
 std::unique_ptr<Packer> makePacker(const std::string& name, const Deck& deck, const model::CostModel& cost) {
-  return makePacker(name, PackerOptions::fromDeck(deck), cost);
+  auto opt = PackerOptions::fromDeck(deck);
+  // slimpack scores its MicroPack counts with the deck's step simulator.
+  if (name == "slimpack")
+    opt.sim = std::make_shared<const pp::SimConfig>(pp::SimConfig::fromDeck(deck, cost.hardware()));
+  return makePacker(name, opt, cost);
 }
 
 }  // namespace wlb::packing

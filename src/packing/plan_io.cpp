@@ -87,14 +87,19 @@ nlohmann::json stepToJson(const StepPlan& plan, const StepMetrics& metrics, std:
     nlohmann::json mbs = nlohmann::json::array();
     for (const auto& mb : rep) {
       nlohmann::json segs = nlohmann::json::array();
-      for (const auto& s : mb.segments)
-        segs.push_back(nlohmann::json::array({s.doc, s.offset, s.length, s.arrival_step}));
+      for (const auto& s : mb.segments) {
+        auto e = nlohmann::json::array({s.doc, s.offset, s.length, s.arrival_step});
+        if (s.q_offset != 0) e.push_back(s.q_offset);  // slices only: old readers see 4 fields
+        segs.push_back(std::move(e));
+      }
       mbs.push_back(std::move(segs));
     }
     reps.push_back(std::move(mbs));
   }
-  return {{"type", "step"},          {"step", plan.step},         {"replicas", std::move(reps)},
-          {"delayed", plan.delayed}, {"incoming", incoming_docs}, {"metrics", toJson(metrics)}};
+  nlohmann::json j = {{"type", "step"},          {"step", plan.step},         {"replicas", std::move(reps)},
+                      {"delayed", plan.delayed}, {"incoming", incoming_docs}, {"metrics", toJson(metrics)}};
+  if (!plan.backward.empty()) j["backward"] = plan.backward;
+  return j;
 }
 
 StepPlan stepFromJson(const nlohmann::json& j) {
@@ -105,14 +110,17 @@ StepPlan stepFromJson(const nlohmann::json& j) {
     for (const auto& mb : rep) {
       MicroBatch m;
       for (const auto& s : mb) {
-        if (!s.is_array() || s.size() != 4) throw InputError("segment must be [doc, offset, length, arrival_step]");
+        if (!s.is_array() || s.size() < 4 || s.size() > 5)
+          throw InputError("segment must be [doc, offset, length, arrival_step(, q_offset)]");
         Segment seg{integer<DocId>(s[0], "doc"), integer<std::int64_t>(s[1], "offset"),
-                    integer<std::int64_t>(s[2], "length"), integer<std::int64_t>(s[3], "arrival_step")};
-        if (seg.doc < 0 || seg.offset < 0 || seg.length < 1 || seg.arrival_step < 0)
+                    integer<std::int64_t>(s[2], "length"), integer<std::int64_t>(s[3], "arrival_step"),
+                    s.size() == 5 ? integer<std::int64_t>(s[4], "q_offset") : 0};
+        if (seg.doc < 0 || seg.offset < 0 || seg.length < 1 || seg.arrival_step < 0 || seg.q_offset < 0 ||
+            seg.q_offset > seg.offset)
           throw InputError(
-              fmt::format("segment [{}, {}, {}, {}]: need doc >= 0, offset >= 0, length >= 1, "
-                          "arrival_step >= 0",
-                          seg.doc, seg.offset, seg.length, seg.arrival_step));
+              fmt::format("segment [{}, {}, {}, {}, {}]: need doc >= 0, offset >= 0, length >= 1, "
+                          "arrival_step >= 0, 0 <= q_offset <= offset",
+                          seg.doc, seg.offset, seg.length, seg.arrival_step, seg.q_offset));
         m.segments.push_back(seg);
       }
       mbs.push_back(std::move(m));
@@ -120,6 +128,24 @@ StepPlan stepFromJson(const nlohmann::json& j) {
     p.replicas.push_back(std::move(mbs));
   }
   for (const auto& d : j.at("delayed")) p.delayed.push_back(integer<DocId>(d, "delayed"));
+  if (const auto it = j.find("backward"); it != j.end()) {
+    if (!it->is_array() || it->size() != p.replicas.size())
+      throw InputError("'backward' must hold one cut-point list per replica");
+    for (std::size_t r = 0; r < it->size(); ++r) {
+      std::int64_t segs = 0;
+      for (const auto& mb : p.replicas[r]) segs += static_cast<std::int64_t>(mb.segments.size());
+      std::vector<std::int64_t> cuts;
+      for (const auto& c : (*it)[r]) cuts.push_back(integer<std::int64_t>(c, "backward"));
+      bool ok = cuts.size() == p.replicas[r].size() + 1 && cuts.front() == 0 && cuts.back() == segs;
+      for (std::size_t k = 1; ok && k < cuts.size(); ++k) ok = cuts[k] >= cuts[k - 1];
+      if (!ok)
+        throw InputError(
+            fmt::format("'backward' of replica {}: need micro_batches + 1 increasing cut points "
+                        "from 0 to the replica's {} segments",
+                        r, segs));
+      p.backward.push_back(std::move(cuts));
+    }
+  }
   return p;
 }
 
@@ -146,11 +172,15 @@ PlanFile readPlanFile(const std::string& path) {
         if (!have_header) throw InputError(fmt::format("{}:{}: step before header", path, lineno));
         pf.steps.push_back(stepFromJson(j));
         const auto& reps = pf.steps.back().replicas;
-        bool shape = static_cast<std::int64_t>(reps.size()) == pf.header.dp;
-        for (const auto& r : reps) shape = shape && static_cast<std::int64_t>(r.size()) == pf.header.micro_batches;
+        // slimpack chooses its MicroPack count per step (the same on every replica).
+        const bool per_step = pf.header.packer == "slimpack";
+        const auto M =
+            per_step && !reps.empty() ? static_cast<std::int64_t>(reps.front().size()) : pf.header.micro_batches;
+        bool shape = static_cast<std::int64_t>(reps.size()) == pf.header.dp && M >= 1;
+        for (const auto& r : reps) shape = shape && static_cast<std::int64_t>(r.size()) == M;
         if (!shape)
           throw InputError(fmt::format("{}:{}: step's replicas are not dp x micro_batches = {} x {} (header)", path,
-                                       lineno, pf.header.dp, pf.header.micro_batches));
+                                       lineno, pf.header.dp, per_step ? std::string("M") : std::to_string(M)));
       } else if (type != "summary") {
         throw InputError(fmt::format("{}:{}: unknown line type '{}'", path, lineno, type));
       }

@@ -25,7 +25,8 @@ RunResult runPacker(data::LengthSource& src, Packer& packer, const model::CostMo
   const auto w0 = clock::now();
   RunResult r;
   r.packer = packer.name();
-  const auto cap = packer.name() == "wlb" ? packer.options().s_max : packer.options().context_window;
+  const auto cap =
+      packer.name() == "wlb" || packer.name() == "slimpack" ? packer.options().s_max : packer.options().context_window;
   ConservationChecker checker(cap);
   if (opt.check) checker.addHeld(packer.heldSegments());  // non-empty only on a resumed stream
   const std::int64_t first = src.nextStep();

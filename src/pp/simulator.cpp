@@ -220,16 +220,20 @@ double StepSimulator::activationBytesPerToken() const {
 StepSimulator::RankLayerCost StepSimulator::layerCost(const MicroBatchWork& w, int r) const {
   RankLayerCost c;
   const std::int64_t tok = w.rank_tokens[static_cast<std::size_t>(r)];
-  if (tok == 0 && w.attn_fwd[static_cast<std::size_t>(r)] == 0) return c;
+  const std::int64_t tok_b = w.rank_tokens_bwd.empty() ? tok : w.rank_tokens_bwd[static_cast<std::size_t>(r)];
+  if (tok == 0 && tok_b == 0 && w.attn_fwd[static_cast<std::size_t>(r)] == 0) return c;
   const auto& d = cost_->dims();
   const auto& net = cfg_.net;
-  double tp_comm = 0;
+  double tp_comm = 0, tp_comm_b = 0;
   if (cfg_.tp > 1) {
     // Sequence parallel: 2 all-gathers + 2 reduce-scatters per layer per phase, each
     // moving (tp-1)/tp of the rank's [tokens x hidden] activation (ring).
-    const double bytes = static_cast<double>(tok) * static_cast<double>(d.hidden * d.dtype_bytes);
-    const double one = (cfg_.tp - 1.0) / cfg_.tp * bytes / net.tp_bps + (cfg_.tp - 1) * net.latency_s;
-    tp_comm = 4.0 * one;
+    auto sp = [&](std::int64_t n) {
+      const double bytes = static_cast<double>(n) * static_cast<double>(d.hidden * d.dtype_bytes);
+      return 4.0 * ((cfg_.tp - 1.0) / cfg_.tp * bytes / net.tp_bps + (cfg_.tp - 1) * net.latency_s);
+    };
+    tp_comm = sp(tok);
+    tp_comm_b = sp(tok_b);
   }
   double kv_f = 0, kv_b = 0;
   if (cfg_.cp > 1) {
@@ -239,8 +243,8 @@ StepSimulator::RankLayerCost StepSimulator::layerCost(const MicroBatchWork& w, i
     kv_b = commScale() * w.kv_bwd_bytes[ri] / net.cp_bps + (w.kv_bwd_bytes[ri] > 0 ? lat : 0.0);
   }
   const auto ri = static_cast<std::size_t>(r);
-  c.fwd = w.attn_fwd[ri] + cost_->linearSeconds(tok, Phase::Fwd) + tp_comm + kv_f;
-  c.bwd = w.attn_bwd[ri] + cost_->linearSeconds(tok, Phase::Bwd) + tp_comm + kv_b;
+  c.fwd = w.attn_fwd[ri] + (tok > 0 ? cost_->linearSeconds(tok, Phase::Fwd) : 0.0) + tp_comm + kv_f;
+  c.bwd = w.attn_bwd[ri] + (tok_b > 0 ? cost_->linearSeconds(tok_b, Phase::Bwd) : 0.0) + tp_comm_b + kv_b;
   if (cfg_.recompute == Recompute::Full) c.bwd += c.fwd;
   return c;
 }

@@ -41,6 +41,9 @@ struct MicroBatchWork {
   std::vector<double> kv_fwd_bytes, kv_bwd_bytes;  ///< [cp rank] KV bytes moved per layer
   std::vector<int> kv_peers;                       ///< [cp rank] messages per layer (latency count)
   std::string sharding;                            ///< sharding actually applied
+  /// [cp rank] tokens whose backward this task runs when the backward grouping differs from
+  /// the forward one (SlimPack's asymmetric partition); empty = rank_tokens.
+  std::vector<std::int64_t> rank_tokens_bwd;
   int cp() const { return static_cast<int>(rank_tokens.size()); }
 };
 

@@ -117,7 +117,7 @@ TEST(PackingConservation, DocumentsLongerThanCapacityAreSplitNotDropped) {
     const auto cost = model::CostModel::fromDeck(d);
     auto src = data::makeLengthSource(d);
     auto p = packing::makePacker(name, d, cost);
-    const auto cap = name == "wlb" ? 10240 : 8192;
+    const auto cap = name == "wlb" || name == "slimpack" ? 10240 : 8192;
     packing::RunOptions ro;
     ro.steps = 60;
     ro.check = true;
@@ -126,7 +126,8 @@ TEST(PackingConservation, DocumentsLongerThanCapacityAreSplitNotDropped) {
         for (const auto& mb : rep)
           for (const auto& s : mb.segments) {
             EXPECT_LE(s.length, cap);
-            EXPECT_EQ(s.offset % cap, 0) << name;
+            // slimpack cuts at cost-model boundaries (test_slimpack checks its slices)
+            if (name != "slimpack") EXPECT_EQ(s.offset % cap, 0) << name;
           }
     };
     const auto r = packing::runPacker(*src, *p, cost, ro);
@@ -201,7 +202,7 @@ TEST(PackingCheckpoint, RestoreAtRandomStepGivesIdenticalStream) {
         const auto got = packing::stepToJson(pc->pack(t, src_c->next(t)), {}, 0).dump();
         const auto info = pc->lastSolverInfo();
         // A time-limited CBC incumbent may differ run to run; its carry-over never does.
-        if (info.is_object() && info.value("status", "") != "optimal") continue;
+        if (name == "fixed_optimal" && info.is_object() && info.value("status", "") != "optimal") continue;
         EXPECT_EQ(got, ref[t]) << name << " " << preset << " cut " << cut << " step " << t;
       }
     }

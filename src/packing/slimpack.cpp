@@ -1,0 +1,340 @@
+// slimpack: SlimPack's planner (docs/packing.md § slimpack, docs/algorithms.md § SlimPack).
+#include "packing/slimpack.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+#include "packing/packer.hpp"
+#include "packing/packer_internal.hpp"
+#include "pp/simulator.hpp"
+
+namespace wlb::packing {
+namespace slimpack {
+
+using model::Phase;
+
+double sliceFlops(const model::CostModel& cost, std::int64_t q0, std::int64_t q, Phase p) {
+  if (q <= 0) return 0.0;
+  return cost.attnFlops(q0, q, p) + cost.linearFlops(q, p);
+}
+
+std::int64_t solveSliceLength(const model::CostModel& cost, std::int64_t q0, double budget, std::int64_t max_q) {
+  if (max_q <= 0 || budget <= 0) return 0;
+  if (!std::isfinite(budget)) return max_q;  // an unbounded pack: the token room decides
+  // F(q) = A (q q0 + q (q+1) / 2) + B q: attention per query-key pair A, linear per token B.
+  const double A = cost.attnFlops(0, 1, Phase::Fwd), B = cost.linearFlops(1, Phase::Fwd);
+  const double b = A * (static_cast<double>(q0) + 0.5) + B;
+  // Positive root of A/2 q^2 + b q - budget, in the cancellation-free form.
+  const double root = 2.0 * budget / (b + std::sqrt(b * b + 2.0 * A * budget));
+  auto q = std::clamp<std::int64_t>(static_cast<std::int64_t>(std::floor(root)), 0, max_q);
+  if (q < max_q && std::abs(sliceFlops(cost, q0, q + 1, Phase::Fwd) - budget) <
+                       std::abs(sliceFlops(cost, q0, q, Phase::Fwd) - budget))
+    ++q;
+  return q;
+}
+
+ReplicaPacks packReplica(const std::vector<Document>& docs, std::int64_t m, std::int64_t s_max,
+                         const model::CostModel& cost) {
+  ReplicaPacks out;
+  const auto M = static_cast<std::size_t>(m);
+  out.packs.resize(M);
+  std::vector<double> f(docs.size());
+  std::int64_t tokens = 0;
+  double total = 0;
+  for (std::size_t i = 0; i < docs.size(); ++i) {
+    f[i] = sliceFlops(cost, 0, docs[i].length, Phase::Fwd);
+    total += f[i];
+    tokens += docs[i].length;
+  }
+  if (tokens > m * s_max) {
+    out.ok = false;
+    return out;
+  }
+  out.tau = total / static_cast<double>(m);
+  const double tau = out.tau;
+  std::vector<std::size_t> order(docs.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return f[a] != f[b] ? f[a] > f[b] : docs[a].id < docs[b].id; });
+  std::vector<double> used(M, 0.0);
+  std::vector<std::int64_t> tok(M, 0);
+  auto add = [&](std::size_t k, const Document& d, std::int64_t o, std::int64_t q) {
+    // q_offset = o: a slice attends to its whole document prefix.
+    out.packs[k].segments.push_back(Segment{d.id, o, q, d.arrival_step, o});
+    used[k] += sliceFlops(cost, o, q, Phase::Fwd);
+    tok[k] += q;
+  };
+  // Stream documents through the packs from `k` on, cutting causal slices at the boundary
+  // that fills each pack to tau (the last pack takes what rounding leaves); with
+  // `by_tokens` packs close only when full of tokens. False when tokens run out of room.
+  auto stream = [&](const std::vector<std::size_t>& items, std::size_t k, bool by_tokens) {
+    for (const auto idx : items) {
+      const Document& d = docs[idx];
+      std::int64_t o = 0;
+      while (o < d.length) {
+        if (k >= M) return false;
+        const std::int64_t room_t = s_max - tok[k], rest = d.length - o;
+        const double room_f = by_tokens || k + 1 == M ? std::numeric_limits<double>::infinity() : tau - used[k];
+        if (room_t <= 0 || room_f <= 0) {
+          ++k;
+          continue;
+        }
+        const std::int64_t q = rest <= room_t && sliceFlops(cost, o, rest, Phase::Fwd) <= room_f
+                                   ? rest
+                                   : solveSliceLength(cost, o, room_f, std::min(rest, room_t));
+        if (q == 0) {
+          ++k;
+          continue;
+        }
+        add(k, d, o, q);
+        o += q;
+        if (o < d.length) ++k;  // the boundary closed this pack
+      }
+    }
+    return true;
+  };
+  std::vector<std::size_t> longs, shorts, leftovers;
+  for (const auto i : order) (f[i] > tau || docs[i].length > s_max ? longs : shorts).push_back(i);
+  // Slim: long samples fill MicroPacks from the first one on.
+  bool fit = stream(longs, 0, false);
+  // Pack: short samples whole, best fit on the remaining forward budget.
+  for (const auto i : shorts) {
+    if (!fit) break;
+    std::size_t best = M;
+    for (std::size_t k = 0; k < M; ++k) {
+      // Slices are cut to the nearest token, so budgets are met to a fraction of a token:
+      // a sample overshooting by under 0.1% stays whole instead of leaving a sliver slice.
+      if (tok[k] + docs[i].length > s_max || used[k] + f[i] > tau * (1 + 1e-3)) continue;
+      if (best == M || used[k] > used[best]) best = k;
+    }
+    if (best == M)
+      leftovers.push_back(i);
+    else
+      add(best, docs[i], 0, docs[i].length);
+  }
+  // Mix: what fits nowhere whole fills the remaining budgets as slices, in pack order.
+  fit = fit && stream(leftovers, 0, false);
+  if (!fit) {
+    // The token limit kept the budgets from being met: fill by tokens (always fits here).
+    out.balanced = false;
+    for (auto& p : out.packs) p.segments.clear();
+    std::fill(used.begin(), used.end(), 0.0);
+    std::fill(tok.begin(), tok.end(), 0);
+    stream(order, 0, true);
+  }
+  return out;
+}
+
+std::vector<std::int64_t> backwardPartition(const std::vector<double>& bwd, const std::vector<std::int64_t>& tokens,
+                                            std::int64_t m, std::int64_t s_max) {
+  const std::size_t n = bwd.size();
+  // Greedy groups under a FLOPs cap: the fewest groups for that cap (cuts optional).
+  auto groups = [&](double cap, std::vector<std::int64_t>* cuts) {
+    std::int64_t g = 0, t = 0;
+    double f = 0;
+    if (cuts) cuts->assign(1, 0);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (i > 0 && (f + bwd[i] > cap || t + tokens[i] > s_max)) {
+        ++g;
+        if (cuts) cuts->push_back(static_cast<std::int64_t>(i));
+        f = 0;
+        t = 0;
+      }
+      f += bwd[i];
+      t += tokens[i];
+    }
+    return n > 0 ? g + 1 : 0;
+  };
+  const double total = std::accumulate(bwd.begin(), bwd.end(), 0.0);
+  double lo = n > 0 ? std::max(*std::max_element(bwd.begin(), bwd.end()), total / static_cast<double>(m)) : 0.0;
+  double hi = total;
+  if (groups(hi, nullptr) > m) return {};
+  if (groups(lo, nullptr) <= m) hi = lo;
+  for (int it = 0; it < 200 && hi - lo > 1e-13 * hi; ++it) {
+    const double mid = 0.5 * (lo + hi);
+    (groups(mid, nullptr) <= m ? hi : lo) = mid;
+  }
+  std::vector<std::int64_t> cuts;
+  groups(hi, &cuts);
+  while (static_cast<std::int64_t>(cuts.size()) < m + 1) cuts.push_back(static_cast<std::int64_t>(n));
+  return cuts;
+}
+
+std::vector<std::int64_t> candidateCounts(std::int64_t i_min, std::int64_t n) {
+  std::vector<std::int64_t> v;
+  for (std::int64_t k = 0; k < std::min<std::int64_t>(n, 40); ++k) v.push_back(i_min + (std::int64_t{1} << k) - 1);
+  return v;
+}
+
+}  // namespace slimpack
+
+namespace {
+
+using model::Phase;
+
+pp::SimConfig simConfigOf(const PackerOptions& o, const model::CostModel& c) {
+  pp::SimConfig s;
+  if (o.sim) {
+    s = *o.sim;
+  } else {
+    const auto& h = c.hardware();
+    s.tp = static_cast<int>(c.tp());
+    s.net.tp_bps = h.tp_bandwidth_gbps * 1e9;
+    s.net.cp_bps = h.cp_bandwidth_gbps * 1e9;
+    s.net.pp_bps = h.pp_bandwidth_gbps * 1e9;
+    s.net.dp_bps = h.dp_bandwidth_gbps * 1e9;
+    s.net.latency_s = h.link_latency_us * 1e-6;
+    s.memory_bytes = h.memory_gb * 1e9;
+  }
+  s.dp = static_cast<int>(o.dp);
+  s.pp = static_cast<int>(o.pp);
+  return s;
+}
+
+// Work of forward MicroPack `f` whose backward runs backward MicroPack [b0, b1) of the
+// replica's segments; CP ranks share it evenly (the CP planners know no slices yet).
+pp::MicroBatchWork packWork(const MicroBatch& f, const std::vector<Segment>& flat, std::int64_t b0, std::int64_t b1,
+                            int cp, const model::CostModel& cost) {
+  pp::MicroBatchWork w;
+  double af = 0, ab = 0;
+  std::int64_t tb = 0;
+  for (const auto& s : f.segments) af += cost.attnSeconds(s.q_offset, s.length, Phase::Fwd);
+  for (auto i = b0; i < b1; ++i) {
+    const auto& s = flat[static_cast<std::size_t>(i)];
+    ab += cost.attnSeconds(s.q_offset, s.length, Phase::Bwd);
+    tb += s.length;
+  }
+  w.tokens = f.tokens();
+  const auto n = static_cast<std::size_t>(cp);
+  auto split = [&](std::int64_t t, std::size_t r) { return t / cp + (static_cast<std::int64_t>(r) < t % cp ? 1 : 0); };
+  for (std::size_t r = 0; r < n; ++r) {
+    w.rank_tokens.push_back(split(w.tokens, r));
+    w.rank_tokens_bwd.push_back(split(tb, r));
+  }
+  w.rank_kv_tokens = w.rank_tokens;
+  w.attn_fwd.assign(n, af / cp);
+  w.attn_bwd.assign(n, ab / cp);
+  const double kv = cp > 1 ? cost.kvBytes(w.tokens) * (cp - 1) / cp : 0.0;
+  w.kv_fwd_bytes.assign(n, kv);
+  w.kv_bwd_bytes.assign(n, kv);
+  w.kv_peers.assign(n, cp - 1);
+  w.sharding = "slimpack";
+  return w;
+}
+
+class SlimPackPacker final : public Packer {
+ public:
+  SlimPackPacker(PackerOptions o, const model::CostModel& c) : Packer(std::move(o), c), sim_(simConfigOf(opt_, c), c) {
+    if (opt_.pp < 1 || opt_.slimpack_candidates < 1)
+      throw InputError(fmt::format("packing.slimpack_candidates: need >= 1 candidates and pp >= 1 (got {}, pp {})",
+                                   opt_.slimpack_candidates, opt_.pp),
+                       true);
+  }
+  std::string name() const override { return "slimpack"; }
+
+  StepPlan pack(std::int64_t step, const std::vector<Document>& incoming) override {
+    const auto dp = static_cast<std::size_t>(opt_.dp);
+    const auto s_max = opt_.s_max;
+    // Phase 1: samples by decreasing forward FLOPs to the replica with the least so far.
+    std::vector<double> f(incoming.size());
+    for (std::size_t i = 0; i < incoming.size(); ++i)
+      f[i] = slimpack::sliceFlops(*cost_, 0, incoming[i].length, Phase::Fwd);
+    std::vector<std::size_t> order(incoming.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return f[a] != f[b] ? f[a] > f[b] : incoming[a].id < incoming[b].id;
+    });
+    std::vector<std::vector<Document>> rep(dp);
+    std::vector<double> load(dp, 0.0);
+    std::vector<std::int64_t> rtok(dp, 0);
+    for (const auto i : order) {
+      const auto r = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+      rep[r].push_back(incoming[i]);
+      load[r] += f[i];
+      rtok[r] += incoming[i].length;
+    }
+    // Phase 2 for every candidate MicroPack count; the simulator picks.
+    const std::int64_t unit = s_max * opt_.pp;
+    const std::int64_t i_min =
+        std::max<std::int64_t>(1, (*std::max_element(rtok.begin(), rtok.end()) + unit - 1) / unit);
+    StepPlan best;
+    pp::StepResult best_res;
+    bool have = false;
+    nlohmann::json cands = nlohmann::json::array();
+    for (const auto i : slimpack::candidateCounts(i_min, opt_.slimpack_candidates)) {
+      const std::int64_t m = i * opt_.pp;
+      StepPlan plan;
+      plan.step = step;
+      bool balanced = true;
+      std::vector<std::vector<pp::MicroBatchWork>> works(dp);
+      for (std::size_t r = 0; r < dp; ++r) {
+        auto rp = slimpack::packReplica(rep[r], m, s_max, *cost_);
+        balanced = balanced && rp.balanced;
+        std::vector<Segment> flat;
+        std::vector<double> bw;
+        std::vector<std::int64_t> bt;
+        std::vector<std::int64_t> fcuts{0};
+        for (const auto& mb : rp.packs) {
+          for (const auto& s : mb.segments) {
+            flat.push_back(s);
+            bw.push_back(slimpack::sliceFlops(*cost_, s.q_offset, s.length, Phase::Bwd));
+            bt.push_back(s.length);
+          }
+          fcuts.push_back(static_cast<std::int64_t>(flat.size()));
+        }
+        auto cuts = slimpack::backwardPartition(bw, bt, m, s_max);
+        if (cuts.empty()) cuts = fcuts;  // never for a token-feasible fill; keeps the plan valid
+        for (std::int64_t k = 0; k < m; ++k)
+          works[r].push_back(packWork(rp.packs[static_cast<std::size_t>(k)], flat, cuts[static_cast<std::size_t>(k)],
+                                      cuts[static_cast<std::size_t>(k) + 1], sim_.config().cp, *cost_));
+        plan.replicas.push_back(std::move(rp.packs));
+        plan.backward.push_back(std::move(cuts));
+      }
+      const auto res = sim_.simulate(works);
+      cands.push_back({{"micropacks", m},
+                       {"step_seconds", res.step_seconds},
+                       {"fits_memory", res.fits_memory},
+                       {"balanced", balanced}});
+      // The fastest that fits memory; if none fits, the fastest.
+      const bool better = !have || (res.fits_memory && !best_res.fits_memory) ||
+                          (res.fits_memory == best_res.fits_memory && res.step_seconds < best_res.step_seconds);
+      if (better) {
+        best = std::move(plan);
+        best_res = res;
+        have = true;
+      }
+    }
+    info_ = {{"micropacks", static_cast<std::int64_t>(best.replicas.front().size())},
+             {"step_seconds", best_res.step_seconds},
+             {"fits_memory", best_res.fits_memory},
+             {"candidates", std::move(cands)}};
+    return best;  // nothing is held back: every sample trains in its own step
+  }
+
+  nlohmann::json saveState() const override { return {{"carry", nlohmann::json::array()}}; }
+  void loadState(const nlohmann::json& s) override {
+    if (!s.at("carry").is_array() || !s.at("carry").empty())
+      throw InputError("slimpack checkpoint: 'carry' must be an empty list (slimpack holds nothing back)");
+  }
+  std::vector<Segment> heldSegments() const override { return {}; }
+  nlohmann::json lastSolverInfo() const override { return info_; }
+
+ private:
+  pp::StepSimulator sim_;
+  nlohmann::json info_;
+};
+
+}  // namespace
+
+namespace detail {
+std::unique_ptr<Packer> makeSlimPack(const PackerOptions& opt, const model::CostModel& cost) {
+  return std::make_unique<SlimPackPacker>(opt, cost);
+}
+}  // namespace detail
+
+}  // namespace wlb::packing

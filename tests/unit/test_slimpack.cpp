@@ -1,0 +1,289 @@
+// wlb-timeout: 120
+// slimpack planner (docs/packing.md § slimpack): conservation over many steps and across a
+// checkpoint, slices consecutive and covering their document, S_max per MicroPack,
+// forward MicroPacks at tau, the backward partition, bad keys.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+
+#include "core/deck.hpp"
+#include "core/error.hpp"
+#include "data/length_source.hpp"
+#include "model/cost_model.hpp"
+#include "packing/packer.hpp"
+#include "packing/plan_io.hpp"
+#include "packing/runner.hpp"
+#include "packing/slimpack.hpp"
+
+using namespace wlb;
+using model::Phase;
+namespace sp = wlb::packing::slimpack;
+
+namespace {
+Deck slimDeck(const std::string& preset, std::uint64_t seed, std::int64_t pp = 2) {
+  Deck d;
+  d.data.source = "generator";
+  d.data.preset = preset;
+  d.data.seed = seed;
+  d.data.context_window = 8192;
+  d.data.s_max = 10240;
+  d.data.length_scale = preset == "long_context_128k" ? 1.0 / 16 : 1.0;
+  d.mesh.dp = 2;
+  d.mesh.pp = pp;
+  d.model.layers = 4;
+  d.packing.micro_batches = 4;
+  d.packing.strategy = "slimpack";
+  return d;
+}
+
+std::vector<StepPlan> plans(const Deck& d, std::int64_t steps) {
+  const auto cost = model::CostModel::fromDeck(d);
+  auto src = data::makeLengthSource(d);
+  auto p = packing::makePacker("slimpack", d, cost);
+  std::vector<StepPlan> out;
+  for (std::int64_t t = 0; t < steps; ++t) out.push_back(p->pack(t, src->next(t)));
+  return out;
+}
+
+double fwd(const model::CostModel& c, const MicroBatch& mb) {
+  double f = 0;
+  for (const auto& s : mb.segments) f += sp::sliceFlops(c, s.q_offset, s.length, Phase::Fwd);
+  return f;
+}
+}  // namespace
+
+TEST(SlimPack, TokensConservedOverManyStepsAndAcrossRestore) {
+  for (const auto& preset : {"long_context_128k", "pile", "sft_chat"}) {
+    const Deck d = slimDeck(preset, 3);
+    const auto cost = model::CostModel::fromDeck(d);
+    {
+      auto src = data::makeLengthSource(d);
+      auto p = packing::makePacker("slimpack", d, cost);
+      packing::RunOptions ro;
+      ro.steps = 300;
+      ro.check = true;
+      const auto r = packing::runPacker(*src, *p, cost, ro);
+      EXPECT_TRUE(r.check_ok) << preset << ": " << r.check_report;
+      EXPECT_EQ(r.lost_tokens, 0);
+      EXPECT_EQ(r.duplicated, 0);
+    }
+    // Save after 40 steps, restore into a fresh packer: the same plan stream, still conserved.
+    auto src_a = data::makeLengthSource(d);
+    auto pa = packing::makePacker("slimpack", d, cost);
+    std::vector<std::string> ref;
+    for (std::int64_t t = 0; t < 80; ++t) ref.push_back(packing::stepToJson(pa->pack(t, src_a->next(t)), {}, 0).dump());
+    auto src_b = data::makeLengthSource(d);
+    auto pb = packing::makePacker("slimpack", d, cost);
+    for (std::int64_t t = 0; t < 40; ++t) pb->pack(t, src_b->next(t));
+    const auto ck = packing::saveCheckpoint(*src_b, *pb);
+    auto src_c = data::makeLengthSource(d);
+    auto pc = packing::makePacker("slimpack", d, cost);
+    packing::loadCheckpoint(ck, *src_c, *pc, "ck");
+    packing::RunOptions ro;
+    ro.steps = 40;
+    ro.check = true;
+    std::int64_t t = 40;
+    ro.on_step = [&](const StepPlan& plan, const packing::StepMetrics&, std::int64_t) {
+      EXPECT_EQ(packing::stepToJson(plan, {}, 0).dump(), ref[static_cast<std::size_t>(t)]) << preset << " " << t;
+      ++t;
+    };
+    const auto r = packing::runPacker(*src_c, *pc, cost, ro);
+    EXPECT_TRUE(r.check_ok) << preset << " resumed: " << r.check_report;
+  }
+}
+
+TEST(SlimPack, SlicesOfADocumentAreConsecutiveAndCoverIt) {
+  const Deck d = slimDeck("long_context_128k", 5);
+  auto src = data::makeLengthSource(d);
+  std::map<DocId, std::int64_t> length;
+  const auto cost = model::CostModel::fromDeck(d);
+  auto p = packing::makePacker("slimpack", d, cost);
+  std::int64_t sliced = 0;
+  for (std::int64_t t = 0; t < 60; ++t) {
+    const auto docs = src->next(t);
+    for (const auto& x : docs) length[x.id] = x.length;
+    const auto plan = p->pack(t, docs);
+    // doc -> (replica, pack, offset, length, q_offset) in pack order
+    std::map<DocId, std::vector<std::array<std::int64_t, 5>>> seen;
+    for (std::size_t r = 0; r < plan.replicas.size(); ++r)
+      for (std::size_t k = 0; k < plan.replicas[r].size(); ++k)
+        for (const auto& s : plan.replicas[r][k].segments)
+          seen[s.doc].push_back(
+              {static_cast<std::int64_t>(r), static_cast<std::int64_t>(k), s.offset, s.length, s.q_offset});
+    EXPECT_EQ(seen.size(), docs.size()) << "step " << t;
+    for (const auto& [doc, v] : seen) {
+      std::int64_t end = 0;
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        EXPECT_EQ(v[i][0], v[0][0]) << "doc " << doc << ": slices on one replica";
+        if (i > 0) EXPECT_GT(v[i][1], v[i - 1][1]) << "doc " << doc << ": one slice per MicroPack, in order";
+        EXPECT_EQ(v[i][2], end) << "doc " << doc << ": consecutive";
+        EXPECT_EQ(v[i][4], v[i][2]) << "doc " << doc << ": a slice keys its whole prefix";
+        end += v[i][3];
+      }
+      EXPECT_EQ(end, length[doc]) << "doc " << doc << ": covered exactly";
+      if (v.size() > 1) ++sliced;
+    }
+  }
+  EXPECT_GT(sliced, 0);  // the long-context stream does slim samples
+}
+
+TEST(SlimPack, EveryMicroPackWithinSMaxAndBackwardPartitionValid) {
+  for (const auto& preset : {"long_context_128k", "pile"}) {
+    const Deck d = slimDeck(preset, 7);
+    const auto cost = model::CostModel::fromDeck(d);
+    for (const auto& plan : plans(d, 80)) {
+      ASSERT_EQ(plan.backward.size(), plan.replicas.size());
+      const auto m = plan.replicas.front().size();
+      EXPECT_EQ(m % 2, 0u) << "m = i * pp";
+      for (std::size_t r = 0; r < plan.replicas.size(); ++r) {
+        ASSERT_EQ(plan.replicas[r].size(), m);
+        std::vector<Segment> flat;
+        double fwd_group_max = 0;
+        for (const auto& mb : plan.replicas[r]) {
+          EXPECT_LE(mb.tokens(), d.data.s_max);
+          double b = 0;
+          for (const auto& s : mb.segments) {
+            flat.push_back(s);
+            b += sp::sliceFlops(cost, s.q_offset, s.length, Phase::Bwd);
+          }
+          fwd_group_max = std::max(fwd_group_max, b);
+        }
+        const auto& cuts = plan.backward[r];
+        ASSERT_EQ(cuts.size(), m + 1);
+        EXPECT_EQ(cuts.front(), 0);
+        EXPECT_EQ(cuts.back(), static_cast<std::int64_t>(flat.size()));
+        double bwd_max = 0;
+        for (std::size_t k = 0; k < m; ++k) {
+          ASSERT_LE(cuts[k], cuts[k + 1]);
+          double b = 0;
+          std::int64_t tok = 0;
+          for (auto i = cuts[k]; i < cuts[k + 1]; ++i) {
+            b += sp::sliceFlops(cost, flat[i].q_offset, flat[i].length, Phase::Bwd);
+            tok += flat[i].length;
+          }
+          EXPECT_LE(tok, d.data.s_max);
+          bwd_max = std::max(bwd_max, b);
+        }
+        // Regrouping for the backward never makes its slowest MicroPack worse.
+        EXPECT_LE(bwd_max, fwd_group_max * (1 + 1e-9)) << preset << " step " << plan.step;
+      }
+    }
+  }
+}
+
+TEST(SlimPack, SliceBoundarySolvesTheCostModel) {
+  const Deck d = slimDeck("pile", 1);
+  const auto cost = model::CostModel::fromDeck(d);
+  for (std::int64_t q0 : {0, 1, 100, 5000, 70000}) {
+    for (double budget : {1e9, 3e11, 5e12}) {
+      const auto q = sp::solveSliceLength(cost, q0, budget, 1 << 20);
+      const double e = std::abs(sp::sliceFlops(cost, q0, q, Phase::Fwd) - budget);
+      EXPECT_LE(e, std::abs(sp::sliceFlops(cost, q0, q + 1, Phase::Fwd) - budget));
+      if (q > 0) EXPECT_LE(e, std::abs(sp::sliceFlops(cost, q0, q - 1, Phase::Fwd) - budget));
+    }
+  }
+  EXPECT_EQ(sp::solveSliceLength(cost, 0, 1e30, 77), 77);  // clamped to the token room
+  EXPECT_EQ(sp::solveSliceLength(cost, 0, 0, 77), 0);
+}
+
+TEST(SlimPack, ForwardMicroPacksMeetTau) {
+  const Deck d = slimDeck("pile", 1);
+  const auto cost = model::CostModel::fromDeck(d);
+  // One long sample and short ones: 4 MicroPacks of equal forward FLOPs exist.
+  std::vector<Document> docs{{1, 30000, 0}, {2, 2000, 0}, {3, 1500, 0}, {4, 900, 0}, {5, 700, 0}, {6, 300, 0}};
+  const auto rp = sp::packReplica(docs, 4, 1 << 20, cost);
+  ASSERT_TRUE(rp.ok);
+  EXPECT_TRUE(rp.balanced);
+  for (const auto& mb : rp.packs) EXPECT_NEAR(fwd(cost, mb) / rp.tau, 1.0, 1e-3);
+  // The short samples stay whole.
+  for (const auto& mb : rp.packs)
+    for (const auto& s : mb.segments)
+      if (s.doc != 1) EXPECT_EQ(s.offset, 0);
+  // Too many tokens for m * s_max: not ok; a tight token limit: balanced only if it can be.
+  EXPECT_FALSE(sp::packReplica(docs, 1, 1000, cost).ok);
+  const auto tight = sp::packReplica(docs, 8, 4500, cost);
+  ASSERT_TRUE(tight.ok);
+  std::int64_t total = 0;
+  for (const auto& mb : tight.packs) {
+    EXPECT_LE(mb.tokens(), 4500);
+    total += mb.tokens();
+  }
+  EXPECT_EQ(total, 35400);
+}
+
+TEST(SlimPack, BackwardPartitionEqualWhenPossibleAndOrdered) {
+  const std::vector<double> bwd{1, 1, 2, 2, 1, 1};
+  const std::vector<std::int64_t> tok{10, 10, 10, 10, 10, 10};
+  EXPECT_EQ(sp::backwardPartition(bwd, tok, 2, 100), (std::vector<std::int64_t>{0, 3, 6}));
+  // No 3-way cut beats 4, so the greedy runs at that cap leave the last group empty.
+  EXPECT_EQ(sp::backwardPartition(bwd, tok, 3, 100), (std::vector<std::int64_t>{0, 3, 6, 6}));
+  // The token limit wins over FLOPs balance.
+  EXPECT_EQ(sp::backwardPartition(bwd, tok, 3, 20), (std::vector<std::int64_t>{0, 2, 4, 6}));
+  EXPECT_TRUE(sp::backwardPartition(bwd, tok, 2, 20).empty());  // cannot fit at all
+  // Forward MicroPacks at tau, regrouped: equal backward FLOPs where cut points allow.
+  const Deck d = slimDeck("pile", 1);
+  const auto cost = model::CostModel::fromDeck(d);
+  std::vector<Document> docs{{1, 4000, 0}, {2, 4000, 0}, {3, 4000, 0}, {4, 4000, 0}};
+  const auto rp = sp::packReplica(docs, 4, 1 << 20, cost);
+  std::vector<double> b;
+  std::vector<std::int64_t> t;
+  for (const auto& mb : rp.packs)
+    for (const auto& s : mb.segments) {
+      b.push_back(sp::sliceFlops(cost, s.q_offset, s.length, Phase::Bwd));
+      t.push_back(s.length);
+    }
+  const auto cuts = sp::backwardPartition(b, t, 4, 1 << 20);
+  ASSERT_EQ(cuts.size(), 5u);
+  for (std::size_t k = 0; k < 4; ++k) {
+    const double g = std::accumulate(b.begin() + cuts[k], b.begin() + cuts[k + 1], 0.0);
+    EXPECT_NEAR(g / b[0], 1.0, 1e-12);
+  }
+}
+
+TEST(SlimPack, CandidatesAndBadKeys) {
+  EXPECT_EQ(sp::candidateCounts(3, 4), (std::vector<std::int64_t>{3, 4, 6, 10}));
+  auto err = [](const std::string& set) {
+    try {
+      (void)parseDeck("[packing]\nstrategy = \"slimpack\"\n", "s.toml", {set});
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(err("packing.slimpack_candidates=0").find("packing.slimpack_candidates"), std::string::npos);
+  EXPECT_NE(err("packing.slimpack_candidates=x").find("packing.slimpack_candidates"), std::string::npos);
+  EXPECT_NE(err("packing.slimpak_candidates=2").find("slimpack_candidates"), std::string::npos);  // typo hint
+  EXPECT_EQ(err("packing.slimpack_candidates=3"), "");
+  // Hand-made options: a bad candidate count is an InputError naming the key.
+  const auto cost = model::CostModel::fromDeck(slimDeck("pile", 1));
+  auto opt = packing::PackerOptions::fromDeck(slimDeck("pile", 1));
+  opt.slimpack_candidates = 0;
+  try {
+    (void)packing::makePacker("slimpack", opt, cost);
+    ADD_FAILURE() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("packing.slimpack_candidates"), std::string::npos);
+  }
+}
+
+TEST(SlimPack, PlanFileKeepsSlicesAndBackwardAndReadsOldFiles) {
+  const Deck d = slimDeck("long_context_128k", 2);
+  const auto cost = model::CostModel::fromDeck(d);
+  const auto ps = plans(d, 5);
+  for (const auto& p : ps) {
+    const auto j = packing::stepToJson(p, packing::computeMetrics(p, cost), 0);
+    const auto back = packing::stepFromJson(nlohmann::json::parse(j.dump()));
+    EXPECT_EQ(packing::stepToJson(back, packing::computeMetrics(back, cost), 0).dump(), j.dump());
+    EXPECT_EQ(back.backward, p.backward);
+  }
+  // A version-1 step line of 4-field segments still loads (q_offset 0, no backward).
+  const auto old = packing::stepFromJson(
+      nlohmann::json::parse(R"({"type":"step","step":0,"replicas":[[[[1,0,5,0]]]],"delayed":[]})"));
+  EXPECT_EQ(old.replicas[0][0].segments[0].q_offset, 0);
+  EXPECT_TRUE(old.backward.empty());
+  EXPECT_THROW(packing::stepFromJson(
+                   nlohmann::json::parse(R"({"type":"step","step":0,"replicas":[[[[1,3,5,0,4]]]],"delayed":[]})")),
+               InputError);  // q_offset > offset
+}
