@@ -354,6 +354,8 @@ std::string Deck::toToml() const {
       os << "[" << table << "]\n";
     }
     const void* p = k.ptr(self);
+    // A derived key is shown as a comment: the text parses back to the same deck.
+    if (k.derived) os << "# ";
     os << k.key << " = ";
     switch (k.kind) {
       case Kind::Int:
@@ -383,7 +385,7 @@ std::string Deck::toToml() const {
         break;
       }
     }
-    if (k.derived) os << "  # derived";
+    if (k.derived) os << "  (derived)";
     os << "\n";
   }
   if (!sweep.empty()) {
