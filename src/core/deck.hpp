@@ -86,6 +86,26 @@ struct RunConfig {
   std::string comm_backend = "auto";
 };
 
+/// `wlb train` (docs/training.md): a LLaMA-style model on a `wlb data prepare` dataset.
+struct TrainConfig {
+  std::string dataset;            ///< PREFIX of PREFIX_train / PREFIX_valid .bin/.idx
+  std::int64_t tokens = 1000000;  ///< token budget -> steps = ceil(tokens / (dp*M*S))
+  std::int64_t steps = 0;         ///< optimizer steps; 0 -> from tokens
+  double lr = 3e-3;
+  double min_lr_ratio = 0.1;  ///< cosine ends at lr * min_lr_ratio
+  std::int64_t warmup_steps = 10;
+  double weight_decay = 0.1;
+  double beta1 = 0.9, beta2 = 0.95;
+  double clip = 1.0;  ///< global gradient-norm limit; 0 = none
+  std::uint64_t seed = 1;  ///< weight initialisation
+  double rope_theta = 10000;
+  std::int64_t log_interval = 10;
+  std::int64_t eval_interval = 0;  ///< steps; 0 = at the end only
+  std::int64_t eval_tokens = 0;    ///< validation tokens per evaluation; 0 = all
+  std::int64_t checkpoint_interval = 0;  ///< steps; 0 = none
+  std::string checkpoint_dir;            ///< "" -> output.dir/checkpoint
+};
+
 struct OutputConfig {
   std::string dir = "wlb-out";
   std::string trace = "trace.h5";
@@ -102,6 +122,7 @@ struct Deck {
   PipelineConfig pipeline;
   HardwareConfig hardware;
   RunConfig run;
+  TrainConfig train;
   OutputConfig output;
   /// [sweep]: "table.key" -> list of values (TOML literals), expanded by expandSweep().
   std::map<std::string, std::vector<std::string>> sweep;

@@ -1,0 +1,50 @@
+// `wlb train DECK [--resume]`: train the LLaMA-style model on a `wlb data prepare` dataset
+// with the deck's packer choosing the batches; validation loss, checkpoints, resume
+// (docs/training.md). One rank for now.
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "app/cleanup.hpp"
+#include "app/command.hpp"
+#include "core/error.hpp"
+#include "train/trainer.hpp"
+
+namespace {
+struct Opts {
+  wlb::app::DeckArgs deck;
+  bool resume = false, quiet = false;
+};
+
+const bool registered = wlb::app::registerCommand(
+    "train", "Train a LLaMA-style model on a prepared token dataset, batches chosen by the deck's packer",
+    [](CLI::App& sub) {
+      auto o = std::make_shared<Opts>();
+      wlb::app::addDeckArgs(sub, o->deck);
+      sub.add_flag("--resume", o->resume, "Continue from the checkpoint in train.checkpoint_dir");
+      sub.add_flag("--quiet", o->quiet, "No progress lines");
+      return [o]() -> int {
+        const wlb::Deck deck = o->deck.load();
+        if (wlb::app::worldSize() != 1)
+          throw wlb::InputError("wlb train runs on one rank (this job has " + std::to_string(wlb::app::worldSize()) +
+                                    "); multi-rank training is not built yet",
+                                true);
+        wlb::train::TrainOptions to;
+        to.resume = o->resume;
+        to.progress = !o->quiet;
+        to.track_temporary = [](const std::string& p, bool created) {
+          if (created)
+            wlb::app::registerTemporary(p);
+          else
+            wlb::app::forgetTemporary(p);
+        };
+        // Resume tests: WLB_TRAIN_KILL_AFTER_STEP=k kills the process (SIGKILL) after step k.
+        if (const char* k = std::getenv("WLB_TRAIN_KILL_AFTER_STEP")) to.kill_after_step = std::atoll(k);
+        const auto summary = wlb::train::train(deck, to);
+        std::fputs(wlb::train::formatSummary(summary).c_str(), stdout);
+        std::fflush(stdout);
+        return 0;
+      };
+    });
+}  // namespace

@@ -1,0 +1,462 @@
+/// \file llama.cpp
+/// \brief The LLaMA-style model's forward/backward and AdamW, see llama.hpp.
+
+#include "train/llama.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "attention/attention.hpp"
+#include "core/kokkos_compat.hpp"
+
+namespace wlb::train {
+namespace {
+
+using runtime::Act3;
+using runtime::Trans;
+using Lse = Kokkos::View<float**, Kokkos::LayoutRight, Mem>;
+using Policy = Kokkos::RangePolicy<Space>;
+
+KOKKOS_INLINE_FUNCTION std::uint64_t mix64(std::uint64_t z) {
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+KOKKOS_INLINE_FUNCTION float sigmoid(float x) {
+  return 1.0f / (1.0f + kk::exp(-x));
+}
+
+Mat newMat(const char* label, std::int64_t r, std::int64_t c) {
+  return Mat(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), r, c);
+}
+Act3 newAct3(const char* label, std::int64_t t, int h, int d) {
+  return Act3(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), t, h, d);
+}
+Vec newVec(const char* label, std::int64_t n) {
+  return Vec(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), n);
+}
+
+// Uniform in [-scale, scale] (scale 0: constant 1, the norm gains) from (seed, stream, index).
+void fillTensor(const Space& space, Vec buf, const TensorInfo& t, std::uint64_t seed, std::uint64_t stream,
+                float scale) {
+  const std::uint64_t base = mix64(seed ^ mix64(stream));
+  const std::int64_t off = t.offset;
+  Kokkos::parallel_for(
+      "wlb::train::init", Policy(space, 0, t.size), KOKKOS_LAMBDA(const std::int64_t i) {
+        if (scale == 0.0f) {
+          buf(off + i) = 1.0f;
+          return;
+        }
+        const std::uint64_t r = mix64(base + static_cast<std::uint64_t>(i));
+        const float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+        buf(off + i) = scale * (2.0f * u - 1.0f);
+      });
+}
+
+// y = x * rstd * g, rstd = 1/sqrt(mean(x^2) + eps), per row.
+void rmsnormFwd(const Space& space, Mat x, Vec g, float eps, Mat y, Vec rstd) {
+  const std::int64_t h = static_cast<std::int64_t>(x.extent(1));
+  Kokkos::parallel_for(
+      "wlb::train::rmsnorm_fwd", Policy(space, 0, static_cast<std::int64_t>(x.extent(0))),
+      KOKKOS_LAMBDA(const std::int64_t i) {
+        float ss = 0;
+        for (std::int64_t j = 0; j < h; ++j) ss += x(i, j) * x(i, j);
+        const float r = 1.0f / kk::sqrt(ss / static_cast<float>(h) + eps);
+        rstd(i) = r;
+        for (std::int64_t j = 0; j < h; ++j) y(i, j) = x(i, j) * r * g(j);
+      });
+}
+
+// dx += rstd * (g*dy - xhat * mean(g*dy*xhat)), dg += sum_rows dy * xhat (column-wise, in
+// row order: deterministic without atomics).
+void rmsnormBwd(const Space& space, Mat x, Vec g, Vec rstd, Mat dy, Mat dx, Vec dg) {
+  const std::int64_t n = static_cast<std::int64_t>(x.extent(0)), h = static_cast<std::int64_t>(x.extent(1));
+  Kokkos::parallel_for(
+      "wlb::train::rmsnorm_bwd_x", Policy(space, 0, n), KOKKOS_LAMBDA(const std::int64_t i) {
+        const float r = rstd(i);
+        float dot = 0;
+        for (std::int64_t j = 0; j < h; ++j) dot += g(j) * dy(i, j) * x(i, j) * r;
+        dot /= static_cast<float>(h);
+        for (std::int64_t j = 0; j < h; ++j) dx(i, j) += r * (g(j) * dy(i, j) - x(i, j) * r * dot);
+      });
+  Kokkos::parallel_for(
+      "wlb::train::rmsnorm_bwd_g", Policy(space, 0, h), KOKKOS_LAMBDA(const std::int64_t j) {
+        float s = 0;
+        for (std::int64_t i = 0; i < n; ++i) s += dy(i, j) * x(i, j) * rstd(i);
+        dg(j) += s;
+      });
+}
+
+// Rotate pairs (d, d + D/2) of every head by +-angle(position, d) (sign -1: the transpose,
+// for the backward pass).
+void rope(const Space& space, Act3 t, IVec pos, Mat cos_t, Mat sin_t, float sign) {
+  const std::int64_t n = static_cast<std::int64_t>(t.extent(0));
+  const int H = static_cast<int>(t.extent(1)), half = static_cast<int>(t.extent(2)) / 2;
+  Kokkos::parallel_for(
+      "wlb::train::rope", Policy(space, 0, n * H * half), KOKKOS_LAMBDA(const std::int64_t idx) {
+        const std::int64_t i = idx / (H * half);
+        const int hh = static_cast<int>(idx / half % H), d = static_cast<int>(idx % half);
+        const float c = cos_t(pos(i), d), s = sign * sin_t(pos(i), d);
+        const float a = t(i, hh, d), b = t(i, hh, d + half);
+        t(i, hh, d) = a * c - b * s;
+        t(i, hh, d + half) = a * s + b * c;
+      });
+}
+
+struct LayerSaved {
+  Mat x, xn1, h, hn, a1, a3, s;
+  Vec rstd1, rstd2;
+  Act3 q, k, v, o;
+  Lse lse;
+};
+
+}  // namespace
+
+void LlamaConfig::validate() const {
+  if (vocab < 1 || hidden < 1 || heads < 1 || kv_heads < 1 || ffn < 1 || layers < 1)
+    throw std::invalid_argument("llama: every dimension must be >= 1");
+  if (hidden % heads != 0 || (hidden / heads) % 2 != 0)
+    throw std::invalid_argument("llama: hidden must be heads * an even head_dim (RoPE rotates pairs)");
+  if (heads % kv_heads != 0) throw std::invalid_argument("llama: kv_heads must divide heads");
+}
+
+TokenBatch TokenBatch::fromSegments(const std::vector<std::vector<std::int32_t>>& segments, int vocab) {
+  TokenBatch b;
+  std::vector<std::int32_t> tok, tgt, pos;
+  for (const auto& s : segments) {
+    if (s.empty()) throw std::invalid_argument("TokenBatch: empty segment");
+    b.segment_lengths.push_back(static_cast<std::int64_t>(s.size()));
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      if (s[i] < 0 || s[i] >= vocab)
+        throw std::invalid_argument("TokenBatch: token " + std::to_string(s[i]) + " outside the vocabulary of " +
+                                    std::to_string(vocab));
+      tok.push_back(s[i]);
+      pos.push_back(static_cast<std::int32_t>(i));
+      tgt.push_back(i + 1 < s.size() ? s[i + 1] : -1);
+    }
+    b.predicted += static_cast<std::int64_t>(s.size()) - 1;
+  }
+  b.n = static_cast<std::int64_t>(tok.size());
+  auto up = [](const std::vector<std::int32_t>& v, const char* label) {
+    IVec d(std::string(label), v.size());
+    Kokkos::deep_copy(d, Kokkos::View<const std::int32_t*, Kokkos::HostSpace>(v.data(), v.size()));
+    return d;
+  };
+  b.tokens = up(tok, "wlb::train::tokens");
+  b.targets = up(tgt, "wlb::train::targets");
+  b.positions = up(pos, "wlb::train::positions");
+  return b;
+}
+
+Llama::Llama(const LlamaConfig& cfg, std::uint64_t seed) : cfg_(cfg) {
+  cfg.validate();
+  const std::int64_t h = cfg.hidden, V = cfg.vocab, qw = h,
+                     kw = static_cast<std::int64_t>(cfg.kv_heads) * cfg.headDim(), f = cfg.ffn;
+  std::int64_t off = 0;
+  auto add = [&](const std::string& name, std::int64_t size, bool decay) {
+    tensors_.push_back(TensorInfo{name, off, size, decay});
+    off += size;
+  };
+  add("embed", V * h, true);
+  for (int l = 0; l < cfg.layers; ++l) {
+    const std::string p = "layer" + std::to_string(l) + ".";
+    add(p + "norm1", h, false);
+    add(p + "wq", h * qw, true);
+    add(p + "wk", h * kw, true);
+    add(p + "wv", h * kw, true);
+    add(p + "wo", qw * h, true);
+    add(p + "norm2", h, false);
+    add(p + "w1", h * f, true);
+    add(p + "w3", h * f, true);
+    add(p + "w2", f * h, true);
+  }
+  add("norm_f", h, false);
+  add("head", h * V, true);
+  w_buf_ = Vec("wlb::train::weights", off);
+  g_buf_ = Vec("wlb::train::grads", off);
+  for (int which = 0; which < 2; ++which) {
+    float* base = (which == 0 ? w_buf_ : g_buf_).data();
+    std::size_t t = 0;
+    auto mat = [&](std::int64_t r, std::int64_t c) { return Mat(base + tensors_[t++].offset, r, c); };
+    auto vec = [&](std::int64_t n) { return Vec(base + tensors_[t++].offset, n); };
+    LlamaParams& p = which == 0 ? w_ : g_;
+    p.embed = mat(V, h);
+    for (int l = 0; l < cfg.layers; ++l) {
+      LlamaLayer L;
+      L.norm1 = vec(h);
+      L.wq = mat(h, qw);
+      L.wk = mat(h, kw);
+      L.wv = mat(h, kw);
+      L.wo = mat(qw, h);
+      L.norm2 = vec(h);
+      L.w1 = mat(h, f);
+      L.w3 = mat(h, f);
+      L.w2 = mat(f, h);
+      p.layers.push_back(L);
+    }
+    p.norm_f = vec(h);
+    p.head = mat(h, V);
+  }
+  Space space;
+  const float sh = 1.0f / std::sqrt(static_cast<float>(h)), sf = 1.0f / std::sqrt(static_cast<float>(f));
+  const float depth = 1.0f / std::sqrt(2.0f * static_cast<float>(cfg.layers));  // residual branches add up
+  for (std::size_t i = 0; i < tensors_.size(); ++i) {
+    const std::string& n = tensors_[i].name;
+    float scale = sh;
+    if (n == "embed")
+      scale = 1.0f;
+    else if (!tensors_[i].decay)
+      scale = 0.0f;  // norm gains = 1
+    else if (n.size() > 2 && n.compare(n.size() - 2, 2, "wo") == 0)
+      scale = sh * depth;
+    else if (n.size() > 2 && n.compare(n.size() - 2, 2, "w2") == 0)
+      scale = sf * depth;
+    fillTensor(space, w_buf_, tensors_[i], seed, i + 1, scale);
+  }
+  kk::fence(space, "wlb::train::Llama::init");
+}
+
+void Llama::zeroGrads(const Space& space) {
+  Kokkos::deep_copy(space, g_buf_, 0.0f);
+}
+
+double Llama::forwardBackward(const Space& space, const TokenBatch& batch, float loss_scale) {
+  return run(space, batch, true, loss_scale);
+}
+
+double Llama::lossSum(const Space& space, const TokenBatch& batch) {
+  return run(space, batch, false, 0.0f);
+}
+
+double Llama::run(const Space& space, const TokenBatch& batch, bool backward, float loss_scale) {
+  const LlamaConfig& c = cfg_;
+  const std::int64_t n = batch.n, h = c.hidden, V = c.vocab;
+  const int D = c.headDim(), H = c.heads, KV = c.kv_heads, half = D / 2;
+  if (n == 0) return 0.0;
+  const auto varlen = attention::VarlenBatch::fromDocLengths(batch.segment_lengths);
+  // RoPE table for the longest segment (host constants, uploaded once per batch).
+  std::int64_t max_len = 0;
+  for (auto l : batch.segment_lengths) max_len = std::max(max_len, l);
+  Mat cos_t = newMat("wlb::train::rope_cos", max_len, half), sin_t = newMat("wlb::train::rope_sin", max_len, half);
+  {
+    auto hc = Kokkos::create_mirror_view(cos_t);
+    auto hs = Kokkos::create_mirror_view(sin_t);
+    for (std::int64_t p = 0; p < max_len; ++p)
+      for (int d = 0; d < half; ++d) {
+        const double ang = static_cast<double>(p) * std::pow(static_cast<double>(c.rope_theta), -2.0 * d / D);
+        hc(p, d) = static_cast<float>(std::cos(ang));
+        hs(p, d) = static_cast<float>(std::sin(ang));
+      }
+    Kokkos::deep_copy(space, cos_t, hc);
+    Kokkos::deep_copy(space, sin_t, hs);
+    kk::fence(space, "wlb::train::rope_table");  // the host mirrors go out of scope
+  }
+  IVec tok = batch.tokens, tgt = batch.targets, pos = batch.positions;
+
+  // Embedding.
+  Mat x = newMat("wlb::train::x", n, h);
+  {
+    Mat E = w_.embed;
+    Kokkos::parallel_for(
+        "wlb::train::embed", Policy(space, 0, n * h),
+        KOKKOS_LAMBDA(const std::int64_t i) { x(i / h, i % h) = E(tok(i / h), i % h); });
+  }
+  std::vector<LayerSaved> saved(static_cast<std::size_t>(c.layers));
+  for (int l = 0; l < c.layers; ++l) {
+    const LlamaLayer& w = w_.layers[static_cast<std::size_t>(l)];
+    LayerSaved& S = saved[static_cast<std::size_t>(l)];
+    S.x = x;
+    S.xn1 = newMat("wlb::train::xn1", n, h);
+    S.rstd1 = newVec("wlb::train::rstd1", n);
+    rmsnormFwd(space, x, w.norm1, c.norm_eps, S.xn1, S.rstd1);
+    S.q = newAct3("wlb::train::q", n, H, D);
+    S.k = newAct3("wlb::train::k", n, KV, D);
+    S.v = newAct3("wlb::train::v", n, KV, D);
+    runtime::gemm(space, Trans::N, Trans::N, 1.0f, S.xn1, w.wq, 0.0f, runtime::flat(S.q));
+    runtime::gemm(space, Trans::N, Trans::N, 1.0f, S.xn1, w.wk, 0.0f, runtime::flat(S.k));
+    runtime::gemm(space, Trans::N, Trans::N, 1.0f, S.xn1, w.wv, 0.0f, runtime::flat(S.v));
+    rope(space, S.q, pos, cos_t, sin_t, 1.0f);
+    rope(space, S.k, pos, cos_t, sin_t, 1.0f);
+    S.o = newAct3("wlb::train::o", n, H, D);
+    S.lse = Lse(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::train::lse"), n, H);
+    attention::forward(space, S.q, S.k, S.v, varlen, S.o, S.lse);
+    S.h = newMat("wlb::train::h", n, h);
+    Kokkos::deep_copy(space, S.h, x);
+    runtime::gemm(space, Trans::N, Trans::N, 1.0f, runtime::flat(S.o), w.wo, 1.0f, S.h);  // h = x + o Wo
+    S.hn = newMat("wlb::train::hn", n, h);
+    S.rstd2 = newVec("wlb::train::rstd2", n);
+    rmsnormFwd(space, S.h, w.norm2, c.norm_eps, S.hn, S.rstd2);
+    S.a1 = newMat("wlb::train::a1", n, c.ffn);
+    S.a3 = newMat("wlb::train::a3", n, c.ffn);
+    S.s = newMat("wlb::train::s", n, c.ffn);
+    runtime::gemm(space, Trans::N, Trans::N, 1.0f, S.hn, w.w1, 0.0f, S.a1);
+    runtime::gemm(space, Trans::N, Trans::N, 1.0f, S.hn, w.w3, 0.0f, S.a3);
+    {
+      Mat a1 = S.a1, a3 = S.a3, sv = S.s;
+      Kokkos::parallel_for(
+          "wlb::train::swiglu", Policy(space, 0, static_cast<std::int64_t>(sv.size())),
+          KOKKOS_LAMBDA(const std::int64_t i) {
+            const float a = a1.data()[i];
+            sv.data()[i] = a * sigmoid(a) * a3.data()[i];
+          });
+    }
+    Mat y = newMat("wlb::train::y", n, h);
+    Kokkos::deep_copy(space, y, S.h);
+    runtime::gemm(space, Trans::N, Trans::N, 1.0f, S.s, w.w2, 1.0f, y);  // y = h + s W2
+    x = y;
+  }
+  // Final norm, LM head, cross-entropy (rows without a target contribute nothing).
+  Mat xf = newMat("wlb::train::xf", n, h);
+  Vec rstd_f = newVec("wlb::train::rstd_f", n);
+  rmsnormFwd(space, x, w_.norm_f, c.norm_eps, xf, rstd_f);
+  Mat logits = newMat("wlb::train::logits", n, V);
+  runtime::gemm(space, Trans::N, Trans::N, 1.0f, xf, w_.head, 0.0f, logits);
+  Vec row_loss = newVec("wlb::train::row_loss", n);
+  {
+    const bool bwd = backward;
+    const float scale = loss_scale;
+    Kokkos::parallel_for(
+        "wlb::train::cross_entropy", Policy(space, 0, n), KOKKOS_LAMBDA(const std::int64_t i) {
+          const int t = tgt(i);
+          if (t < 0) {
+            row_loss(i) = 0;
+            if (bwd)
+              for (std::int64_t j = 0; j < V; ++j) logits(i, j) = 0;  // becomes dL/dlogits
+            return;
+          }
+          float m = logits(i, 0);
+          for (std::int64_t j = 1; j < V; ++j) m = kk::max(m, logits(i, j));
+          float s = 0;
+          for (std::int64_t j = 0; j < V; ++j) s += kk::exp(logits(i, j) - m);
+          const float lse = m + kk::log(s);
+          row_loss(i) = lse - logits(i, t);
+          if (bwd)
+            for (std::int64_t j = 0; j < V; ++j)
+              logits(i, j) = (kk::exp(logits(i, j) - lse) - (j == t ? 1.0f : 0.0f)) * scale;
+        });
+  }
+  double loss = 0;
+  Kokkos::parallel_reduce(
+      "wlb::train::loss_sum", Policy(space, 0, n),
+      KOKKOS_LAMBDA(const std::int64_t i, double& acc) { acc += static_cast<double>(row_loss(i)); }, loss);
+  if (!backward) return loss;
+
+  // ---- backward ----
+  Mat dlogits = logits;
+  runtime::gemm(space, Trans::T, Trans::N, 1.0f, xf, dlogits, 1.0f, g_.head);  // dHead += xf^T dlogits
+  Mat dxf = newMat("wlb::train::dxf", n, h);
+  runtime::gemm(space, Trans::N, Trans::T, 1.0f, dlogits, w_.head, 0.0f, dxf);
+  Mat dx = Mat("wlb::train::dx", n, h);
+  rmsnormBwd(space, x, w_.norm_f, rstd_f, dxf, dx, g_.norm_f);
+  for (int l = c.layers - 1; l >= 0; --l) {
+    const LlamaLayer& w = w_.layers[static_cast<std::size_t>(l)];
+    const LlamaLayer& g = g_.layers[static_cast<std::size_t>(l)];
+    LayerSaved& S = saved[static_cast<std::size_t>(l)];
+    Mat dy = dx;  // gradient of the layer output y = h + MLP(h)
+    // MLP.
+    Mat ds = newMat("wlb::train::ds", n, c.ffn);
+    runtime::gemm(space, Trans::T, Trans::N, 1.0f, S.s, dy, 1.0f, g.w2);  // dW2 += s^T dy
+    runtime::gemm(space, Trans::N, Trans::T, 1.0f, dy, w.w2, 0.0f, ds);   // ds = dy W2^T
+    {
+      Mat a1 = S.a1, a3 = S.a3, da1 = S.s;  // s no longer needed: holds d(a1)
+      Kokkos::parallel_for(
+          "wlb::train::swiglu_bwd", Policy(space, 0, static_cast<std::int64_t>(ds.size())),
+          KOKKOS_LAMBDA(const std::int64_t i) {
+            const float a = a1.data()[i], sg = sigmoid(a), d = ds.data()[i];
+            da1.data()[i] = d * a3.data()[i] * sg * (1.0f + a * (1.0f - sg));
+            ds.data()[i] = d * a * sg;  // d(a3)
+          });
+    }
+    runtime::gemm(space, Trans::T, Trans::N, 1.0f, S.hn, S.s, 1.0f, g.w1);  // dW1 += hn^T da1
+    runtime::gemm(space, Trans::T, Trans::N, 1.0f, S.hn, ds, 1.0f, g.w3);   // dW3 += hn^T da3
+    Mat dhn = newMat("wlb::train::dhn", n, h);
+    runtime::gemm(space, Trans::N, Trans::T, 1.0f, S.s, w.w1, 0.0f, dhn);
+    runtime::gemm(space, Trans::N, Trans::T, 1.0f, ds, w.w3, 1.0f, dhn);
+    Mat dh = newMat("wlb::train::dh", n, h);
+    Kokkos::deep_copy(space, dh, dy);  // residual
+    rmsnormBwd(space, S.h, w.norm2, S.rstd2, dhn, dh, g.norm2);
+    // Out-proj and attention.
+    runtime::gemm(space, Trans::T, Trans::N, 1.0f, runtime::flat(S.o), dh, 1.0f, g.wo);  // dWo += o^T dh
+    Act3 d_o = newAct3("wlb::train::dO", n, H, D);
+    runtime::gemm(space, Trans::N, Trans::T, 1.0f, dh, w.wo, 0.0f, runtime::flat(d_o));
+    Act3 dq = Act3("wlb::train::dq", n, H, D), dk = Act3("wlb::train::dk", n, KV, D),
+         dv = Act3("wlb::train::dv", n, KV, D);  // zeroed: backward accumulates
+    attention::backward(space, S.q, S.k, S.v, S.o, S.lse, d_o, varlen, dq, dk, dv);
+    rope(space, dq, pos, cos_t, sin_t, -1.0f);
+    rope(space, dk, pos, cos_t, sin_t, -1.0f);
+    runtime::gemm(space, Trans::T, Trans::N, 1.0f, S.xn1, runtime::flat(dq), 1.0f, g.wq);
+    runtime::gemm(space, Trans::T, Trans::N, 1.0f, S.xn1, runtime::flat(dk), 1.0f, g.wk);
+    runtime::gemm(space, Trans::T, Trans::N, 1.0f, S.xn1, runtime::flat(dv), 1.0f, g.wv);
+    Mat dxn1 = newMat("wlb::train::dxn1", n, h);
+    runtime::gemm(space, Trans::N, Trans::T, 1.0f, runtime::flat(dq), w.wq, 0.0f, dxn1);
+    runtime::gemm(space, Trans::N, Trans::T, 1.0f, runtime::flat(dk), w.wk, 1.0f, dxn1);
+    runtime::gemm(space, Trans::N, Trans::T, 1.0f, runtime::flat(dv), w.wv, 1.0f, dxn1);
+    Mat dxl = newMat("wlb::train::dx", n, h);
+    Kokkos::deep_copy(space, dxl, dh);  // residual
+    rmsnormBwd(space, S.x, w.norm1, S.rstd1, dxn1, dxl, g.norm1);
+    dx = dxl;
+    S = LayerSaved();
+  }
+  {
+    Mat dE = g_.embed;
+    Kokkos::parallel_for(
+        "wlb::train::embed_bwd", Policy(space, 0, h), KOKKOS_LAMBDA(const std::int64_t j) {
+          for (std::int64_t i = 0; i < n; ++i) dE(tok(i), j) += dx(i, j);  // rows in order: no atomics
+        });
+  }
+  kk::fence(space, "wlb::train::Llama::backward");
+  return loss;
+}
+
+// ---- AdamW ----------------------------------------------------------------------------
+
+double AdamWConfig::lrAt(std::int64_t step) const {
+  if (warmup_steps > 0 && step < warmup_steps)
+    return lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
+  const double span = static_cast<double>(std::max<std::int64_t>(1, total_steps - warmup_steps));
+  const double p = std::min(1.0, static_cast<double>(step - warmup_steps) / span);
+  const double lo = lr * min_lr_ratio;
+  return lo + 0.5 * (lr - lo) * (1.0 + std::cos(M_PI * p));
+}
+
+AdamW::AdamW(const Llama& model, AdamWConfig cfg) : cfg_(cfg) {
+  const std::int64_t n = model.paramCount();
+  m_ = Vec("wlb::train::adam_m", n);
+  v_ = Vec("wlb::train::adam_v", n);
+  decay_ = Vec("wlb::train::decay_mask", n);
+  Space space;
+  for (const auto& t : model.tensors())
+    if (t.decay) Kokkos::deep_copy(space, Kokkos::subview(decay_, std::make_pair(t.offset, t.offset + t.size)), 1.0f);
+  kk::fence(space, "wlb::train::AdamW::init");
+}
+
+double AdamW::step(const Space& space, Llama& model, std::int64_t step) {
+  Vec g = model.grads(), w = model.weights(), m = m_, v = v_, mask = decay_;
+  const std::int64_t n = model.paramCount();
+  double sq = 0;
+  Kokkos::parallel_reduce(
+      "wlb::train::grad_norm", Policy(space, 0, n),
+      KOKKOS_LAMBDA(const std::int64_t i, double& acc) { acc += static_cast<double>(g(i)) * g(i); }, sq);
+  const double norm = std::sqrt(sq);
+  const float coef = (cfg_.clip > 0 && norm > cfg_.clip) ? static_cast<float>(cfg_.clip / (norm + 1e-6)) : 1.0f;
+  const float lr = static_cast<float>(cfg_.lrAt(step));
+  const float b1 = cfg_.beta1, b2 = cfg_.beta2, eps = cfg_.eps, wd = cfg_.weight_decay;
+  const float c1 = static_cast<float>(1.0 - std::pow(static_cast<double>(b1), static_cast<double>(step + 1)));
+  const float c2 = static_cast<float>(1.0 - std::pow(static_cast<double>(b2), static_cast<double>(step + 1)));
+  Kokkos::parallel_for(
+      "wlb::train::adamw", Policy(space, 0, n), KOKKOS_LAMBDA(const std::int64_t i) {
+        const float gi = g(i) * coef;
+        const float mi = b1 * m(i) + (1.0f - b1) * gi;
+        const float vi = b2 * v(i) + (1.0f - b2) * gi * gi;
+        m(i) = mi;
+        v(i) = vi;
+        w(i) -= lr * ((mi / c1) / (kk::sqrt(vi / c2) + eps) + wd * mask(i) * w(i));
+      });
+  kk::fence(space, "wlb::train::adamw");
+  return norm;
+}
+
+}  // namespace wlb::train

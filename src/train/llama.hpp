@@ -1,0 +1,135 @@
+#pragma once
+/// \file llama.hpp
+/// \brief A small LLaMA-style language model that really trains (docs/training.md):
+/// token embedding; per layer RMSNorm -> Q/K/V -> RoPE (positions restart at every
+/// segment) -> varlen causal GQA attention (attention::forward/backward) -> out-proj ->
+/// residual, RMSNorm -> SwiGLU MLP -> residual; final RMSNorm, LM head, cross-entropy over
+/// the document-masked sequence. Full backward pass; AdamW with warm-up + cosine decay and
+/// global gradient-norm clipping. FP32, every tensor a Kokkos View on the default
+/// execution space, every op a labelled kernel (or runtime::gemm) on the instance passed in.
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/gemm.hpp"
+
+namespace wlb::train {
+
+using runtime::Mat;
+using runtime::Mem;
+using runtime::Space;
+using Vec = Kokkos::View<float*, Mem>;
+using IVec = Kokkos::View<std::int32_t*, Mem>;
+
+struct LlamaConfig {
+  int vocab = 256;
+  int hidden = 64;
+  int heads = 4;
+  int kv_heads = 4;  ///< GQA: divides heads
+  int ffn = 172;
+  int layers = 2;
+  float rope_theta = 10000.0f;
+  float norm_eps = 1e-5f;
+  int headDim() const { return hidden / heads; }
+  /// std::invalid_argument unless hidden = heads * head_dim with an even head_dim and
+  /// kv_heads divides heads.
+  void validate() const;
+};
+
+/// One packed micro-batch: tokens of independent segments back to back. Positions restart
+/// at 0 in every segment; target of token i = token i+1 of the same segment, none (-1)
+/// for the last token of a segment (no loss across a document boundary).
+struct TokenBatch {
+  IVec tokens, targets, positions;
+  std::vector<std::int64_t> segment_lengths;  ///< host copy (the attention pieces)
+  std::int64_t n = 0;                         ///< tokens
+  std::int64_t predicted = 0;                 ///< tokens with a target
+  /// From the segments' tokens on the host (each non-empty; tokens < vocab, else
+  /// std::invalid_argument).
+  static TokenBatch fromSegments(const std::vector<std::vector<std::int32_t>>& segments, int vocab);
+};
+
+/// Parameter tensors of one layer (views into the flat buffers).
+struct LlamaLayer {
+  Vec norm1, norm2;  ///< RMSNorm gains [hidden]
+  Mat wq, wk, wv;    ///< [hidden][q / kv width]
+  Mat wo;            ///< [q width][hidden]
+  Mat w1, w3;        ///< [hidden][ffn]
+  Mat w2;            ///< [ffn][hidden]
+};
+
+struct LlamaParams {
+  Mat embed;  ///< [vocab][hidden]
+  std::vector<LlamaLayer> layers;
+  Vec norm_f;  ///< [hidden]
+  Mat head;    ///< [hidden][vocab]
+};
+
+/// A named tensor in the flat buffer (for tests, checkpoints and weight decay).
+struct TensorInfo {
+  std::string name;
+  std::int64_t offset = 0, size = 0;
+  bool decay = true;  ///< AdamW weight decay applies (matrices; not norm gains)
+};
+
+class Llama {
+ public:
+  /// Weights from a counter-based hash of (seed, tensor): embedding uniform in +-1,
+  /// projections +-1/sqrt(fan_in) (out-proj and W2 further / sqrt(2 layers)), gains 1.
+  Llama(const LlamaConfig& cfg, std::uint64_t seed);
+  const LlamaConfig& config() const { return cfg_; }
+  std::int64_t paramCount() const { return static_cast<std::int64_t>(w_buf_.extent(0)); }
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  Vec weights() const { return w_buf_; }
+  Vec grads() const { return g_buf_; }
+  const LlamaParams& params() const { return w_; }
+  void zeroGrads(const Space& space);
+
+  /// Forward + backward of one micro-batch: ACCUMULATES d(loss_scale * sum of CE)/dw into
+  /// grads(); returns the sum of the cross-entropies of its predicted tokens (nats).
+  double forwardBackward(const Space& space, const TokenBatch& batch, float loss_scale);
+  /// Sum of the cross-entropies of the predicted tokens (no gradients).
+  double lossSum(const Space& space, const TokenBatch& batch);
+
+ private:
+  double run(const Space& space, const TokenBatch& batch, bool backward, float loss_scale);
+  LlamaConfig cfg_;
+  Vec w_buf_, g_buf_;
+  LlamaParams w_, g_;
+  std::vector<TensorInfo> tensors_;
+};
+
+struct AdamWConfig {
+  float lr = 1e-3f;
+  float min_lr_ratio = 0.1f;  ///< cosine decays to lr * min_lr_ratio
+  std::int64_t warmup_steps = 0;
+  std::int64_t total_steps = 1;  ///< end of the cosine
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+  float weight_decay = 0.1f;
+  float clip = 1.0f;  ///< global gradient-norm limit; 0 = no clipping
+  /// Learning rate of step `step` (0-based): linear warm-up to lr over warmup_steps, then
+  /// cosine to lr * min_lr_ratio at total_steps (held there after).
+  double lrAt(std::int64_t step) const;
+};
+
+/// AdamW (decoupled weight decay, bias-corrected moments) over a model's flat buffers.
+class AdamW {
+ public:
+  AdamW(const Llama& model, AdamWConfig cfg);
+  /// One update with the model's current gradients; `step` is 0-based. Returns the
+  /// gradient norm before clipping.
+  double step(const Space& space, Llama& model, std::int64_t step);
+  Vec m() const { return m_; }
+  Vec v() const { return v_; }
+  const AdamWConfig& config() const { return cfg_; }
+
+ private:
+  AdamWConfig cfg_;
+  Vec m_, v_;
+  Kokkos::View<float*, Mem> decay_;  ///< 1 where weight decay applies, else 0
+};
+
+}  // namespace wlb::train

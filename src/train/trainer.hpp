@@ -1,0 +1,48 @@
+#pragma once
+/// \file trainer.hpp
+/// \brief `wlb train DECK` (docs/training.md): the deck's packer chooses which documents of
+/// a `wlb data prepare` dataset train together each step; the LLaMA-style model
+/// (llama.hpp) trains on their tokens with AdamW; validation loss on the held-out split;
+/// atomic checkpoints (weights, AdamW moments, step, packer and data-source state) that a
+/// resumed run continues from with bit-identical losses. One rank.
+
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/deck.hpp"
+
+namespace wlb::train {
+
+struct TrainOptions {
+  bool resume = false;   ///< continue from the checkpoint in the checkpoint directory
+  bool progress = true;  ///< progress lines on stderr
+  /// Test hook: after step k is complete (logged, checkpointed), the process kills itself
+  /// with SIGKILL (-1: never).
+  std::int64_t kill_after_step = -1;
+  /// Called with (path, true) when a temporary file is created and (path, false) when it
+  /// is renamed (the driver removes registered ones on SIGINT).
+  std::function<void(const std::string&, bool)> track_temporary;
+};
+
+struct TrainSummary {
+  std::int64_t first_step = 0, steps = 0;  ///< steps run by this invocation: [first_step, steps)
+  std::int64_t tokens = 0;                 ///< trained tokens (whole run, resumed part included)
+  double first_loss = 0, last_loss = 0;    ///< training loss of this invocation's first / last step
+  double eval_loss = -1;                   ///< last evaluation (-1: none)
+  double unigram_entropy = 0;              ///< of the evaluation tokens, nats/token
+  double tokens_per_second = 0;            ///< this invocation
+  std::int64_t params = 0;
+  std::string log_path, checkpoint_path;
+};
+
+/// Train as the deck says (InputError naming the key or file on bad input; the mesh must
+/// be 1x1x1x1).
+TrainSummary train(const Deck& deck, const TrainOptions& opt);
+
+/// Human-readable summary table (stdout).
+std::string formatSummary(const TrainSummary& s);
+
+}  // namespace wlb::train

@@ -1,0 +1,143 @@
+// The trainable LLaMA-style model (src/train/llama.hpp): whole-model gradients against
+// central finite differences, document masking with restarting positions, the learning-rate
+// schedule, and AdamW lowering the loss on a fixed batch.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <numeric>
+#include <vector>
+
+#include "train/llama.hpp"
+
+namespace {
+
+using wlb::train::Llama;
+using wlb::train::LlamaConfig;
+using wlb::train::TokenBatch;
+
+LlamaConfig tinyConfig() {
+  LlamaConfig c;
+  c.vocab = 256;
+  c.hidden = 16;
+  c.heads = 2;
+  c.kv_heads = 1;
+  c.ffn = 24;
+  c.layers = 2;
+  return c;
+}
+
+std::vector<std::int32_t> doc(int n, int salt) {
+  std::vector<std::int32_t> d;
+  for (int i = 0; i < n; ++i) d.push_back((i * 37 + salt * 11 + 5) % 256);
+  return d;
+}
+
+float getW(const Llama& m, std::int64_t i) {
+  float v = 0;
+  Kokkos::deep_copy(Kokkos::View<float, Kokkos::HostSpace>(&v), Kokkos::subview(m.weights(), i));
+  return v;
+}
+void setW(const Llama& m, std::int64_t i, float v) {
+  Kokkos::deep_copy(Kokkos::subview(m.weights(), i), Kokkos::View<const float, Kokkos::HostSpace>(&v));
+}
+
+TEST(TrainLlama, GradientsMatchFiniteDifferences) {
+  const LlamaConfig cfg = tinyConfig();
+  Llama model(cfg, 7);
+  wlb::train::Space space;
+  const TokenBatch batch = TokenBatch::fromSegments({doc(5, 1), doc(9, 2)}, cfg.vocab);
+  EXPECT_EQ(batch.predicted, 4 + 8);
+  model.zeroGrads(space);
+  model.forwardBackward(space, batch, 1.0f);
+  auto g = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.grads());
+  const float eps = 1e-2f;
+  int checked = 0;
+  double worst = 0;
+  for (const auto& t : model.tensors()) {
+    // The entries with the largest gradients of every tensor (FP32 differences of tiny
+    // gradients are noise).
+    std::vector<std::int64_t> idx(static_cast<std::size_t>(t.size));
+    std::iota(idx.begin(), idx.end(), t.offset);
+    std::partial_sort(idx.begin(), idx.begin() + 3, idx.end(),
+                      [&](std::int64_t a, std::int64_t b) { return std::fabs(g(a)) > std::fabs(g(b)); });
+    for (int k = 0; k < 3; ++k) {
+      const std::int64_t i = idx[static_cast<std::size_t>(k)];
+      const float w0 = getW(model, i);
+      setW(model, i, w0 + eps);
+      const double lp = model.lossSum(space, batch);
+      setW(model, i, w0 - eps);
+      const double lm = model.lossSum(space, batch);
+      setW(model, i, w0);
+      const double fd = (lp - lm) / (2.0 * eps);
+      const double an = g(i);
+      const double rel = std::fabs(fd - an) / std::max({std::fabs(fd), std::fabs(an), 1e-3});
+      EXPECT_LT(rel, 1e-2) << t.name << "[" << i - t.offset << "]: analytic " << an << ", finite difference " << fd;
+      worst = std::max(worst, rel);
+      ++checked;
+    }
+  }
+  std::printf("worst relative error of %d checked gradients: %.2e\n", checked, worst);
+  EXPECT_EQ(checked, 3 * static_cast<int>(model.tensors().size()));
+}
+
+TEST(TrainLlama, DocumentsDoNotSeeEachOther) {
+  // Attention is document-masked and positions restart per document: packing two documents
+  // together gives the sum of their separate losses.
+  const LlamaConfig cfg = tinyConfig();
+  Llama model(cfg, 3);
+  wlb::train::Space space;
+  const auto a = doc(5, 1), b = doc(9, 2);
+  const double both = model.lossSum(space, TokenBatch::fromSegments({a, b}, cfg.vocab));
+  const double sep = model.lossSum(space, TokenBatch::fromSegments({a}, cfg.vocab)) +
+                     model.lossSum(space, TokenBatch::fromSegments({b}, cfg.vocab));
+  EXPECT_NEAR(both, sep, 1e-4 * std::fabs(sep));
+  // A 1-token document predicts nothing.
+  EXPECT_EQ(model.lossSum(space, TokenBatch::fromSegments({{42}}, cfg.vocab)), 0.0);
+  EXPECT_THROW(TokenBatch::fromSegments({{300}}, cfg.vocab), std::invalid_argument);
+}
+
+TEST(TrainLlama, LearningRateSchedule) {
+  wlb::train::AdamWConfig c;
+  c.lr = 1.0f;
+  c.min_lr_ratio = 0.1f;
+  c.warmup_steps = 4;
+  c.total_steps = 14;
+  EXPECT_NEAR(c.lrAt(0), 0.25, 1e-6);
+  EXPECT_NEAR(c.lrAt(3), 1.0, 1e-6);
+  EXPECT_NEAR(c.lrAt(4), 1.0, 1e-6);
+  EXPECT_NEAR(c.lrAt(9), 0.55, 1e-6);  // half way down the cosine
+  EXPECT_NEAR(c.lrAt(14), 0.1, 1e-6);
+  EXPECT_NEAR(c.lrAt(100), 0.1, 1e-6);
+}
+
+TEST(TrainLlama, AdamWLowersTheLoss) {
+  const LlamaConfig cfg = tinyConfig();
+  Llama model(cfg, 11);
+  wlb::train::Space space;
+  const TokenBatch batch = TokenBatch::fromSegments({doc(5, 1), doc(9, 2)}, cfg.vocab);
+  wlb::train::AdamWConfig oc;
+  oc.lr = 1e-2f;
+  oc.warmup_steps = 3;
+  oc.total_steps = 30;
+  oc.clip = 1.0f;
+  wlb::train::AdamW opt(model, oc);
+  std::vector<double> losses;
+  for (int s = 0; s < 30; ++s) {
+    model.zeroGrads(space);
+    const float scale = 1.0f / static_cast<float>(batch.predicted);
+    losses.push_back(model.forwardBackward(space, batch, scale) / static_cast<double>(batch.predicted));
+    const double norm = opt.step(space, model, s);
+    EXPECT_TRUE(std::isfinite(norm));
+  }
+  EXPECT_NEAR(losses.front(), std::log(256.0), 1.0);  // starts near uniform
+  EXPECT_LT(losses.back(), 0.5 * losses.front()) << "first " << losses.front() << ", last " << losses.back();
+  // Mostly downhill.
+  int up = 0;
+  for (std::size_t i = 1; i < losses.size(); ++i) up += losses[i] > losses[i - 1];
+  EXPECT_LE(up, 5);
+}
+
+}  // namespace
