@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -70,8 +71,9 @@ ReplicaPacks packReplica(const std::vector<Document>& docs, std::int64_t m, std:
     tok[k] += q;
   };
   // Stream documents through the packs from `k` on, cutting causal slices at the boundary
-  // that fills each pack to tau (the last pack takes what rounding leaves); with
+  // that fills each pack to `level` (the last pack takes what rounding leaves); with
   // `by_tokens` packs close only when full of tokens. False when tokens run out of room.
+  double level = tau;
   auto stream = [&](const std::vector<std::size_t>& items, std::size_t k, bool by_tokens) {
     for (const auto idx : items) {
       const Document& d = docs[idx];
@@ -79,7 +81,7 @@ ReplicaPacks packReplica(const std::vector<Document>& docs, std::int64_t m, std:
       while (o < d.length) {
         if (k >= M) return false;
         const std::int64_t room_t = s_max - tok[k], rest = d.length - o;
-        const double room_f = by_tokens || k + 1 == M ? std::numeric_limits<double>::infinity() : tau - used[k];
+        const double room_f = by_tokens || k + 1 == M ? std::numeric_limits<double>::infinity() : level - used[k];
         if (room_t <= 0 || room_f <= 0) {
           ++k;
           continue;
@@ -102,22 +104,41 @@ ReplicaPacks packReplica(const std::vector<Document>& docs, std::int64_t m, std:
   for (const auto i : order) (f[i] > tau || docs[i].length > s_max ? longs : shorts).push_back(i);
   // Slim: long samples fill MicroPacks from the first one on.
   bool fit = stream(longs, 0, false);
-  // Pack: short samples whole, best fit on the remaining forward budget.
+  // Pack: short samples whole, best fit on the remaining forward budget. A sample that
+  // overshoots tau by a sliver stays whole rather than leaving a sliver slice; the
+  // overshoots of all packs together stay under 0.1% of tau, since what they take is
+  // missing from the other packs.
+  double slack = 1e-3 * tau;
   for (const auto i : shorts) {
     if (!fit) break;
     std::size_t best = M;
     for (std::size_t k = 0; k < M; ++k) {
-      // Slices are cut to the nearest token, so budgets are met to a fraction of a token:
-      // a sample overshooting by under 0.1% stays whole instead of leaving a sliver slice.
-      if (tok[k] + docs[i].length > s_max || used[k] + f[i] > tau * (1 + 1e-3)) continue;
+      if (tok[k] + docs[i].length > s_max || used[k] + f[i] > tau + std::max(0.0, slack)) continue;
       if (best == M || used[k] > used[best]) best = k;
     }
-    if (best == M)
+    if (best == M) {
       leftovers.push_back(i);
-    else
+    } else {
+      slack -= std::max(0.0, used[best] + f[i] - std::max(tau, used[best]));
       add(best, docs[i], 0, docs[i].length);
+    }
   }
-  // Mix: what fits nowhere whole fills the remaining budgets as slices, in pack order.
+  // Mix: what fits nowhere whole fills the remaining budgets as slices, in pack order. Whole
+  // samples may have overshot tau by the slack; fill every other pack to the common level L
+  // with sum_k max(0, L - used_k) = the leftovers' FLOPs (slicing conserves FLOPs), so the
+  // overshoot is spread instead of landing on the last pack.
+  if (fit && !leftovers.empty()) {
+    double rest = 0;
+    for (const auto i : leftovers) rest += f[i];
+    auto u = used;
+    std::sort(u.begin(), u.end());
+    double sum = 0;
+    for (std::size_t j = 0; j < M; ++j) {
+      sum += u[j];
+      level = (rest + sum) / static_cast<double>(j + 1);
+      if (j + 1 == M || level <= u[j + 1]) break;
+    }
+  }
   fit = fit && stream(leftovers, 0, false);
   if (!fit) {
     // The token limit kept the budgets from being met: fill by tokens (always fits here).
@@ -196,17 +217,37 @@ pp::SimConfig simConfigOf(const PackerOptions& o, const model::CostModel& c) {
   return s;
 }
 
+// attnSeconds (a tile walk, O(length / tile)) of a piece, memoised: whole samples recur in
+// every candidate's plan. Cleared when large, so it stays a cache.
+class AttnMemo {
+ public:
+  explicit AttnMemo(const model::CostModel& c) : cost_(&c) {}
+  double operator()(std::int64_t q0, std::int64_t q, Phase p) {
+    if (q0 >= (std::int64_t{1} << 31) || q >= (std::int64_t{1} << 32)) return cost_->attnSeconds(q0, q, p);
+    if (map_.size() > (1u << 18)) map_.clear();
+    const auto key = (static_cast<std::uint64_t>(q0) << 32) ^ static_cast<std::uint64_t>(q) ^
+                     (p == Phase::Bwd ? (std::uint64_t{1} << 63) : 0);
+    const auto [it, fresh] = map_.try_emplace(key, 0.0);
+    if (fresh) it->second = cost_->attnSeconds(q0, q, p);
+    return it->second;
+  }
+
+ private:
+  const model::CostModel* cost_;
+  std::unordered_map<std::uint64_t, double> map_;
+};
+
 // Work of forward MicroPack `f` whose backward runs backward MicroPack [b0, b1) of the
 // replica's segments; CP ranks share it evenly (the CP planners know no slices yet).
 pp::MicroBatchWork packWork(const MicroBatch& f, const std::vector<Segment>& flat, std::int64_t b0, std::int64_t b1,
-                            int cp, const model::CostModel& cost) {
+                            int cp, const model::CostModel& cost, AttnMemo& attn) {
   pp::MicroBatchWork w;
   double af = 0, ab = 0;
   std::int64_t tb = 0;
-  for (const auto& s : f.segments) af += cost.attnSeconds(s.q_offset, s.length, Phase::Fwd);
+  for (const auto& s : f.segments) af += attn(s.q_offset, s.length, Phase::Fwd);
   for (auto i = b0; i < b1; ++i) {
     const auto& s = flat[static_cast<std::size_t>(i)];
-    ab += cost.attnSeconds(s.q_offset, s.length, Phase::Bwd);
+    ab += attn(s.q_offset, s.length, Phase::Bwd);
     tb += s.length;
   }
   w.tokens = f.tokens();
@@ -229,7 +270,8 @@ pp::MicroBatchWork packWork(const MicroBatch& f, const std::vector<Segment>& fla
 
 class SlimPackPacker final : public Packer {
  public:
-  SlimPackPacker(PackerOptions o, const model::CostModel& c) : Packer(std::move(o), c), sim_(simConfigOf(opt_, c), c) {
+  SlimPackPacker(PackerOptions o, const model::CostModel& c)
+      : Packer(std::move(o), c), sim_(simConfigOf(opt_, c), c), attn_(c) {
     if (opt_.pp < 1 || opt_.slimpack_candidates < 1)
       throw InputError(fmt::format("packing.slimpack_candidates: need >= 1 candidates and pp >= 1 (got {}, pp {})",
                                    opt_.slimpack_candidates, opt_.pp),
@@ -291,7 +333,7 @@ class SlimPackPacker final : public Packer {
         if (cuts.empty()) cuts = fcuts;  // never for a token-feasible fill; keeps the plan valid
         for (std::int64_t k = 0; k < m; ++k)
           works[r].push_back(packWork(rp.packs[static_cast<std::size_t>(k)], flat, cuts[static_cast<std::size_t>(k)],
-                                      cuts[static_cast<std::size_t>(k) + 1], sim_.config().cp, *cost_));
+                                      cuts[static_cast<std::size_t>(k) + 1], sim_.config().cp, *cost_, attn_));
         plan.replicas.push_back(std::move(rp.packs));
         plan.backward.push_back(std::move(cuts));
       }
@@ -326,6 +368,7 @@ class SlimPackPacker final : public Packer {
 
  private:
   pp::StepSimulator sim_;
+  AttnMemo attn_;
   nlohmann::json info_;
 };
 

@@ -24,8 +24,8 @@ std::int64_t solveSliceLength(const model::CostModel& cost, std::int64_t q0, dou
 /// Phase 2 for one replica: `m` MicroPacks of forward budget tau = sum f_fwd / m, none over
 /// s_max tokens. Long documents (f_fwd > tau or longer than s_max) are cut into
 /// consecutive causal slices that fill MicroPacks to tau, short ones are packed whole
-/// (best fit on the remaining budget, 0.1% slack against sliver slices), what fits
-/// nowhere whole is mixed in as slices.
+/// (best fit on the remaining budget, at most 0.1% of tau overshoot per replica instead of
+/// sliver slices), what fits nowhere whole is mixed in as slices up to a common level.
 /// `balanced` is false when the token limit kept some MicroPack from its budget; then the
 /// MicroPacks are filled by tokens alone (still every token, still within s_max).
 /// `ok` is false only when sum tokens > m * s_max.

@@ -136,7 +136,7 @@ TOML
 train_docs=$(awk '$1=="train"{print $3}' "$T/out.txt"); train_tok=$(awk '$1=="train"{print $4}' "$T/out.txt")
 grep -q "documents $train_docs  tokens $train_tok " "$T/stats.txt" || { cat "$T/stats.txt"; fail "stats counts"; }
 "$WLB" plan "$T/deck.toml" --packer all --steps 3 --check > "$T/plan.txt" 2>&1 || { cat "$T/plan.txt"; fail "plan"; }
-[ "$(grep -c ': OK — lost 0 tokens' "$T/plan.txt")" -eq 5 ] || { cat "$T/plan.txt"; fail "plan --check"; }
+[ "$(grep -c ': OK — lost 0 tokens' "$T/plan.txt")" -eq 6 ] || { cat "$T/plan.txt"; fail "plan --check"; }
 
 # Bad input: exit 2 with a message naming the path; nothing written.
 expect2() {  # expect2 WHAT PATTERN ARGS...

@@ -33,7 +33,7 @@ diff <(strip "$T/full.jsonl" | tail -10) <(strip "$T/second.jsonl") > /dev/null 
   || fail "save all"
 "$WLB" plan "$SRC/inputs/plan_lengths_file.toml" --packer all --steps 17 --resume "$T/all.json" --check > "$T/rc.txt" 2>&1 \
   || { cat "$T/rc.txt"; fail "--check --resume reported a violation"; }
-[ "$(grep -c ': OK — lost 0 tokens, duplicated 0' "$T/rc.txt")" -eq 5 ] || { cat "$T/rc.txt"; fail "--check --resume lines"; }
+[ "$(grep -c ': OK — lost 0 tokens, duplicated 0' "$T/rc.txt")" -eq 6 ] || { cat "$T/rc.txt"; fail "--check --resume lines"; }
 # A resume on another stream (seed, window, source) is refused, naming the state file and
 # what differs; nothing is written.
 for change in "data.seed=12345" "data.context_window=4096" "data.source=\"text\"" ; do

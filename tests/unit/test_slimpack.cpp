@@ -117,7 +117,9 @@ TEST(SlimPack, SlicesOfADocumentAreConsecutiveAndCoverIt) {
       std::int64_t end = 0;
       for (std::size_t i = 0; i < v.size(); ++i) {
         EXPECT_EQ(v[i][0], v[0][0]) << "doc " << doc << ": slices on one replica";
-        if (i > 0) EXPECT_GT(v[i][1], v[i - 1][1]) << "doc " << doc << ": one slice per MicroPack, in order";
+        if (i > 0) {
+          EXPECT_GT(v[i][1], v[i - 1][1]) << "doc " << doc << ": one slice per MicroPack, in order";
+        }
         EXPECT_EQ(v[i][2], end) << "doc " << doc << ": consecutive";
         EXPECT_EQ(v[i][4], v[i][2]) << "doc " << doc << ": a slice keys its whole prefix";
         end += v[i][3];
@@ -181,7 +183,9 @@ TEST(SlimPack, SliceBoundarySolvesTheCostModel) {
       const auto q = sp::solveSliceLength(cost, q0, budget, 1 << 20);
       const double e = std::abs(sp::sliceFlops(cost, q0, q, Phase::Fwd) - budget);
       EXPECT_LE(e, std::abs(sp::sliceFlops(cost, q0, q + 1, Phase::Fwd) - budget));
-      if (q > 0) EXPECT_LE(e, std::abs(sp::sliceFlops(cost, q0, q - 1, Phase::Fwd) - budget));
+      if (q > 0) {
+        EXPECT_LE(e, std::abs(sp::sliceFlops(cost, q0, q - 1, Phase::Fwd) - budget));
+      }
     }
   }
   EXPECT_EQ(sp::solveSliceLength(cost, 0, 1e30, 77), 77);  // clamped to the token room
@@ -200,7 +204,9 @@ TEST(SlimPack, ForwardMicroPacksMeetTau) {
   // The short samples stay whole.
   for (const auto& mb : rp.packs)
     for (const auto& s : mb.segments)
-      if (s.doc != 1) EXPECT_EQ(s.offset, 0);
+      if (s.doc != 1) {
+        EXPECT_EQ(s.offset, 0);
+      }
   // Too many tokens for m * s_max: not ok; a tight token limit: balanced only if it can be.
   EXPECT_FALSE(sp::packReplica(docs, 1, 1000, cost).ok);
   const auto tight = sp::packReplica(docs, 8, 4500, cost);
@@ -211,6 +217,28 @@ TEST(SlimPack, ForwardMicroPacksMeetTau) {
     total += mb.tokens();
   }
   EXPECT_EQ(total, 35400);
+  // Through the packer, on a stream: every balanced plan's MicroPacks sit at tau.
+  const Deck ld = slimDeck("long_context_128k", 9);
+  const auto lcost = model::CostModel::fromDeck(ld);
+  auto src = data::makeLengthSource(ld);
+  auto p = packing::makePacker("slimpack", ld, lcost);
+  int balanced_steps = 0;
+  for (std::int64_t t = 0; t < 40; ++t) {
+    const auto plan = p->pack(t, src->next(t));
+    const auto info = p->lastSolverInfo();
+    bool balanced = false;
+    for (const auto& c : info.at("candidates"))
+      if (c.at("micropacks") == info.at("micropacks")) balanced = c.at("balanced").get<bool>();
+    if (!balanced) continue;
+    ++balanced_steps;
+    for (const auto& rep : plan.replicas) {
+      double tau = 0;
+      for (const auto& mb : rep) tau += fwd(lcost, mb) / static_cast<double>(rep.size());
+      // cut to the nearest token: at this 8K scale a token is up to ~0.1% of a MicroPack
+      for (const auto& mb : rep) EXPECT_NEAR(fwd(lcost, mb) / tau, 1.0, 5e-3) << "step " << t;
+    }
+  }
+  EXPECT_GT(balanced_steps, 30);
 }
 
 TEST(SlimPack, BackwardPartitionEqualWhenPossibleAndOrdered) {
