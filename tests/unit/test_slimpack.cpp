@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <random>
 
 #include "core/deck.hpp"
 #include "core/error.hpp"
@@ -314,4 +315,38 @@ TEST(SlimPack, PlanFileKeepsSlicesAndBackwardAndReadsOldFiles) {
   EXPECT_THROW(packing::stepFromJson(
                    nlohmann::json::parse(R"({"type":"step","step":0,"replicas":[[[[1,3,5,0,4]]]],"delayed":[]})")),
                InputError);  // q_offset > offset
+}
+
+// Edge cases through the packer directly: empty steps, fewer samples than replicas,
+// one-token samples, samples many times s_max; every mesh shape conserves tokens.
+TEST(SlimPack, EdgeCasesConserveTokens) {
+  std::mt19937_64 rng(17);
+  for (std::int64_t dp : {1, 3}) {
+    for (std::int64_t pp : {1, 2, 4}) {
+      Deck d = slimDeck("pile", 1, pp);
+      d.mesh.dp = dp;
+      const auto cost = model::CostModel::fromDeck(d);
+      auto p = packing::makePacker("slimpack", d, cost);
+      packing::ConservationChecker check(d.data.s_max);
+      DocId id = 0;
+      for (std::int64_t t = 0; t < 12; ++t) {
+        std::vector<Document> docs;
+        const auto n = t % 4 == 0 ? 0 : static_cast<int>(rng() % 5);  // empty steps included
+        for (int i = 0; i < n; ++i) {
+          const std::int64_t len =
+              i == 0 ? 1 : (i == 1 ? 3 * d.data.s_max + 17 : 1 + static_cast<std::int64_t>(rng() % 9000));
+          docs.push_back({id++, len, t});
+        }
+        check.addIncoming(docs);
+        const auto plan = p->pack(t, docs);
+        check.addPlan(plan);
+        ASSERT_EQ(plan.replicas.size(), static_cast<std::size_t>(dp));
+        EXPECT_EQ(plan.replicas.front().size() % static_cast<std::size_t>(pp), 0u);
+        for (const auto& rep : plan.replicas)
+          for (const auto& mb : rep) EXPECT_LE(mb.tokens(), d.data.s_max);
+      }
+      EXPECT_TRUE(check.ok(p->pendingTokens()))
+          << "dp " << dp << " pp " << pp << ": " << check.report(p->pendingTokens());
+    }
+  }
 }
