@@ -93,9 +93,11 @@ class Llama {
   double forwardBackward(const Space& space, const TokenBatch& batch, float loss_scale);
   /// Sum of the cross-entropies of the predicted tokens (no gradients).
   double lossSum(const Space& space, const TokenBatch& batch);
+  /// What both of the above run. Public only because nvcc's extended device lambdas may
+  /// not live in a private member function.
+  double run(const Space& space, const TokenBatch& batch, bool backward, float loss_scale);
 
  private:
-  double run(const Space& space, const TokenBatch& batch, bool backward, float loss_scale);
   LlamaConfig cfg_;
   Vec w_buf_, g_buf_;
   LlamaParams w_, g_;
