@@ -308,6 +308,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   const auto t0 = Clock::now();
   double busy = 0;
   std::int64_t run_tokens = 0;
+  bool have_first = false;  // the summary's first loss is that of the first step with tokens
   sum.first_step = start;
   for (std::int64_t step = start; step < total_steps; ++step) {
     const auto docs = source->next(step);
@@ -328,15 +329,20 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
     double loss_sum = 0;
     const float scale = predicted > 0 ? 1.0f / static_cast<float>(predicted) : 0.0f;
     for (const TokenBatch& b : batches) loss_sum += model.forwardBackward(space, b, scale);
-    const double gnorm = adam.step(space, model, step);
+    // A step whose micro-batches are all empty (a packer that holds every document back)
+    // trains nothing: no update, so weight decay and the moments do not move either.
+    const double gnorm = predicted > 0 ? adam.step(space, model, step) : 0.0;
     kk::fence(space, "wlb::train::step");
     const double secs = std::chrono::duration<double>(Clock::now() - ts).count();
     busy += secs;
     run_tokens += step_tokens;
     tokens += step_tokens;
     const double loss = predicted > 0 ? loss_sum / static_cast<double>(predicted) : 0.0;
-    if (step == start) sum.first_loss = loss;
-    sum.last_loss = loss;
+    if (predicted > 0) {
+      if (!have_first) sum.first_loss = loss;
+      have_first = true;
+      sum.last_loss = loss;
+    }
     nlohmann::json rec = {{"step", step},       {"loss", loss},          {"lr", oc.lrAt(step)},
                           {"grad_norm", gnorm}, {"tokens", step_tokens}, {"documents", docs.size()},
                           {"seconds", secs}};

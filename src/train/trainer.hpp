@@ -30,7 +30,7 @@ struct TrainOptions {
 struct TrainSummary {
   std::int64_t first_step = 0, steps = 0;  ///< steps run by this invocation: [first_step, steps)
   std::int64_t tokens = 0;                 ///< trained tokens (whole run, resumed part included)
-  double first_loss = 0, last_loss = 0;    ///< training loss of this invocation's first / last step
+  double first_loss = 0, last_loss = 0;    ///< training loss of this invocation's first / last step with tokens
   double eval_loss = -1;                   ///< last evaluation (-1: none)
   double unigram_entropy = 0;              ///< of the evaluation tokens, nats/token
   double tokens_per_second = 0;            ///< this invocation
