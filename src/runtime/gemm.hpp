@@ -10,6 +10,7 @@
 #include <string>
 
 #include "attention/flops.hpp"
+#include "core/kokkos_compat.hpp"
 
 namespace wlb::runtime {
 
@@ -42,6 +43,19 @@ void gemm(const Space& space, Trans ta, Trans tb, float alpha, CMat a, CMat b, f
 
 /// The same storage viewed as [tokens][heads*head_dim] (unmanaged, no copy).
 Mat flat(const Act3& v);
+
+/// Uninitialised activations, for outputs a kernel writes in full.
+inline Mat newMat(const char* label, std::int64_t rows, std::int64_t cols) {
+  return Mat(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), rows, cols);
+}
+inline Act3 newAct3(const char* label, std::int64_t tokens, int heads, int dim) {
+  return Act3(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), tokens, heads, dim);
+}
+
+/// The SwiGLU gate's sigmoid, in kernels (the executor's layer and the trained model).
+KOKKOS_INLINE_FUNCTION float sigmoid(float x) {
+  return 1.0f / (1.0f + kk::exp(-x));
+}
 
 /// "cblas", "blas", "kokkos-kernels" or "kokkos" (which path gemm() takes for the default
 /// memory space).

@@ -37,17 +37,6 @@ KOKKOS_INLINE_FUNCTION std::uint64_t mix64(std::uint64_t z) {
   return z ^ (z >> 31);
 }
 
-KOKKOS_INLINE_FUNCTION float sigmoid(float x) {
-  return 1.0f / (1.0f + kk::exp(-x));
-}
-
-Mat newMat(const char* label, std::int64_t r, std::int64_t c) {
-  return Mat(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), r, c);
-}
-Act3 newAct3(const char* label, std::int64_t t, int h, int d) {
-  return Act3(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), t, h, d);
-}
-
 }  // namespace
 
 // ---- shape and FLOPs -------------------------------------------------------------------

@@ -9,6 +9,7 @@
 
 #include "attention/attention.hpp"
 #include "core/kokkos_compat.hpp"
+#include "runtime/layer.hpp"
 
 namespace wlb::train {
 namespace {
@@ -18,42 +19,23 @@ using runtime::Trans;
 using Lse = Kokkos::View<float**, Kokkos::LayoutRight, Mem>;
 using Policy = Kokkos::RangePolicy<Space>;
 
-KOKKOS_INLINE_FUNCTION std::uint64_t mix64(std::uint64_t z) {
-  z += 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
+using runtime::newAct3;
+using runtime::newMat;
+using runtime::sigmoid;
 
-KOKKOS_INLINE_FUNCTION float sigmoid(float x) {
-  return 1.0f / (1.0f + kk::exp(-x));
-}
-
-Mat newMat(const char* label, std::int64_t r, std::int64_t c) {
-  return Mat(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), r, c);
-}
-Act3 newAct3(const char* label, std::int64_t t, int h, int d) {
-  return Act3(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), t, h, d);
-}
 Vec newVec(const char* label, std::int64_t n) {
   return Vec(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), n);
 }
 
-// Uniform in [-scale, scale] (scale 0: constant 1, the norm gains) from (seed, stream, index).
+// Uniform in [-scale, scale] (scale 0: constant 1, the norm gains) from (seed, stream,
+// index): the executor's counter-based fill over the tensor's slice of the buffer.
 void fillTensor(const Space& space, Vec buf, const TensorInfo& t, std::uint64_t seed, std::uint64_t stream,
                 float scale) {
-  const std::uint64_t base = mix64(seed ^ mix64(stream));
-  const std::int64_t off = t.offset;
-  Kokkos::parallel_for(
-      "wlb::train::init", Policy(space, 0, t.size), KOKKOS_LAMBDA(const std::int64_t i) {
-        if (scale == 0.0f) {
-          buf(off + i) = 1.0f;
-          return;
-        }
-        const std::uint64_t r = mix64(base + static_cast<std::uint64_t>(i));
-        const float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);  // [0, 1)
-        buf(off + i) = scale * (2.0f * u - 1.0f);
-      });
+  const auto slice = Kokkos::subview(buf, std::make_pair(t.offset, t.offset + t.size));
+  if (scale == 0.0f)
+    Kokkos::deep_copy(space, slice, 1.0f);
+  else
+    runtime::fillRandom(space, Mat(slice.data(), 1, t.size), seed, stream, scale);
 }
 
 // y = x * rstd * g, rstd = 1/sqrt(mean(x^2) + eps), per row.
