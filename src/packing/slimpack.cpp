@@ -241,7 +241,6 @@ class AttnMemo {
 // replica's segments; CP ranks share it evenly (the CP planners know no slices yet).
 pp::MicroBatchWork packWork(const MicroBatch& f, const std::vector<Segment>& flat, std::int64_t b0, std::int64_t b1,
                             int cp, const model::CostModel& cost, AttnMemo& attn) {
-  pp::MicroBatchWork w;
   double af = 0, ab = 0;
   std::int64_t tb = 0;
   for (const auto& s : f.segments) af += attn(s.q_offset, s.length, Phase::Fwd);
@@ -250,20 +249,9 @@ pp::MicroBatchWork packWork(const MicroBatch& f, const std::vector<Segment>& fla
     ab += attn(s.q_offset, s.length, Phase::Bwd);
     tb += s.length;
   }
-  w.tokens = f.tokens();
-  const auto n = static_cast<std::size_t>(cp);
-  auto split = [&](std::int64_t t, std::size_t r) { return t / cp + (static_cast<std::int64_t>(r) < t % cp ? 1 : 0); };
-  for (std::size_t r = 0; r < n; ++r) {
-    w.rank_tokens.push_back(split(w.tokens, r));
-    w.rank_tokens_bwd.push_back(split(tb, r));
-  }
+  pp::MicroBatchWork w = pp::evenMicroBatchWork(f.tokens(), af, ab, cp, cost);
+  for (std::size_t r = 0; r < static_cast<std::size_t>(cp); ++r) w.rank_tokens_bwd.push_back(pp::evenShare(tb, cp, r));
   w.rank_kv_tokens = w.rank_tokens;
-  w.attn_fwd.assign(n, af / cp);
-  w.attn_bwd.assign(n, ab / cp);
-  const double kv = cp > 1 ? cost.kvBytes(w.tokens) * (cp - 1) / cp : 0.0;
-  w.kv_fwd_bytes.assign(n, kv);
-  w.kv_bwd_bytes.assign(n, kv);
-  w.kv_peers.assign(n, cp - 1);
   w.sharding = "slimpack";
   return w;
 }

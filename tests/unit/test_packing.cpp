@@ -127,7 +127,9 @@ TEST(PackingConservation, DocumentsLongerThanCapacityAreSplitNotDropped) {
           for (const auto& s : mb.segments) {
             EXPECT_LE(s.length, cap);
             // slimpack cuts at cost-model boundaries (test_slimpack checks its slices)
-            if (name != "slimpack") EXPECT_EQ(s.offset % cap, 0) << name;
+            if (name != "slimpack") {
+              EXPECT_EQ(s.offset % cap, 0) << name;
+            }
           }
     };
     const auto r = packing::runPacker(*src, *p, cost, ro);
