@@ -4,7 +4,8 @@
 // peak measured in the same run.
 //
 //   bench_attention_gpu [--check-only] [--bench-only] [--quick] [--repeats N]
-//                       [--modes fp32,tf32,bf16] [--cases a,b,c] [--json FILE]
+//                       [--modes fp32,tf32,bf16] [--cases a,b,c] [--paths auto,sm80]
+//                       [--json FILE]
 //
 // Useful FLOPs: forward 4*D*heads*pairs (pairs = unmasked query-key pairs), backward 2.5x
 // forward. Case a: one 8192-token document, 32 heads / 8 KV heads, D = 128. Case b: 65536
@@ -50,8 +51,17 @@ struct Opts {
   int repeats = 7;
   std::vector<std::string> modes{"fp32", "tf32", "bf16"};
   std::vector<std::string> cases{"a", "b", "c"};
+  /// kernel families: auto (the Hopper wgmma forward where the device has it), sm80
+  std::vector<std::string> paths{"auto"};
   std::string json;
 };
+
+att::KernelConfig::Path pathOf(const std::string& p) {
+  if (p == "auto") return att::KernelConfig::Path::Auto;
+  if (p == "sm80") return att::KernelConfig::Path::Sm80;
+  std::fprintf(stderr, "bench_attention_gpu: unknown path '%s' (auto, sm80)\n", p.c_str());
+  std::exit(2);
+}
 
 std::vector<std::string> splitList(const std::string& s) {
   std::vector<std::string> out;
@@ -274,10 +284,11 @@ double tolerance(Prec m) {
 }
 
 template <class T>
-bool checkOne(const Problem& p, const Ref& ref, Prec mode, const std::string& what) {
+bool checkOne(const Problem& p, const Ref& ref, Prec mode, const std::string& what, att::KernelConfig::Path path) {
   ES space;
   att::KernelConfig cfg;
   cfg.precision = mode;
+  cfg.path = path;
   Buffers<T> b(p);
   // forward, outputs poisoned first
   b.poison();
@@ -331,10 +342,12 @@ bool runChecks(const Opts& o, std::uint64_t seed) {
       const Problem p = makeProblem(batch, 8, 2, D, seed + static_cast<std::uint64_t>(D * 2 + which));
       const Ref r32 = reference(p, false);
       const Ref r16 = reference(p, true);
-      for (const auto& m : o.modes) {
-        const Prec mode = precisionOf(m);
-        all &= mode == Prec::Bf16 ? checkOne<att::bf16>(p, r16, mode, what) : checkOne<float>(p, r32, mode, what);
-      }
+      for (const auto& pa : o.paths)
+        for (const auto& m : o.modes) {
+          const Prec mode = precisionOf(m);
+          all &= mode == Prec::Bf16 ? checkOne<att::bf16>(p, r16, mode, what, pathOf(pa))
+                                    : checkOne<float>(p, r32, mode, what, pathOf(pa));
+        }
     }
   }
   return all;
@@ -388,10 +401,11 @@ struct Row {
 };
 
 template <class T>
-Row benchOne(const Problem& p, Prec mode, const std::string& cas, const Opts& o) {
+Row benchOne(const Problem& p, Prec mode, const std::string& cas, const Opts& o, att::KernelConfig::Path path) {
   ES space;
   att::KernelConfig cfg;
   cfg.precision = mode;
+  cfg.path = path;
   Buffers<T> b(p);
   b.zeroGrads();
   const double min_s = o.quick ? 0.02 : 0.2;
@@ -479,12 +493,14 @@ int main(int argc, char** argv) {
       o.modes = splitList(val());
     else if (a == "--cases")
       o.cases = splitList(val());
+    else if (a == "--paths")
+      o.paths = splitList(val());
     else if (a == "--json")
       o.json = val();
     else if (a == "--help" || a == "-h") {
       std::printf(
           "usage: bench_attention_gpu [--check-only] [--bench-only] [--quick] [--repeats N] "
-          "[--modes fp32,tf32,bf16] [--cases a,b,c] [--json FILE]\n");
+          "[--modes fp32,tf32,bf16] [--cases a,b,c] [--paths auto,sm80] [--json FILE]\n");
       return 0;
     } else if (a.rfind("--kokkos", 0) != 0) {
       std::fprintf(stderr, "bench_attention_gpu: unknown argument '%s'\n", a.c_str());
@@ -492,6 +508,7 @@ int main(int argc, char** argv) {
     }
   }
   for (const auto& m : o.modes) precisionOf(m);
+  for (const auto& pa : o.paths) pathOf(pa);
   std::printf("bench_attention_gpu: execution space %s\n", ES::name());
   bool ok = true;
   if (o.check) {
@@ -530,17 +547,19 @@ int main(int argc, char** argv) {
         lens = cut;
       }
       const Problem p = makeProblem(att::VarlenBatch::fromDocLengths(lens), o.quick ? 4 : 32, o.quick ? 1 : 8, D, 7);
-      for (const auto& m : o.modes) {
-        const Prec mode = precisionOf(m);
-        rows.push_back(mode == Prec::Bf16 ? benchOne<att::bf16>(p, mode, c, o) : benchOne<float>(p, mode, c, o));
-        const Row& r = rows.back();
-        std::printf(
-            "  case %s %-4s %-15s fwd %8.2f TFLOP/s [%.2f, %.2f] (%.3f ms)  bwd %8.2f [%.2f, %.2f] (%.3f ms)  "
-            "fwd+bwd %8.2f\n",
-            r.cas.c_str(), r.mode.c_str(), r.kernel.c_str(), r.fwd_tf, r.fwd_lo, r.fwd_hi, r.fwd_ms, r.bwd_tf, r.bwd_lo,
-            r.bwd_hi, r.bwd_ms, r.both_tf);
-        std::fflush(stdout);
-      }
+      for (const auto& pa : o.paths)
+        for (const auto& m : o.modes) {
+          const Prec mode = precisionOf(m);
+          rows.push_back(mode == Prec::Bf16 ? benchOne<att::bf16>(p, mode, c, o, pathOf(pa))
+                                            : benchOne<float>(p, mode, c, o, pathOf(pa)));
+          const Row& r = rows.back();
+          std::printf(
+              "  case %s %-4s %-15s fwd %8.2f TFLOP/s [%.2f, %.2f] (%.3f ms)  bwd %8.2f [%.2f, %.2f] (%.3f ms)  "
+              "fwd+bwd %8.2f\n",
+              r.cas.c_str(), r.mode.c_str(), r.kernel.c_str(), r.fwd_tf, r.fwd_lo, r.fwd_hi, r.fwd_ms, r.bwd_tf,
+              r.bwd_lo, r.bwd_hi, r.bwd_ms, r.both_tf);
+          std::fflush(stdout);
+        }
     }
     std::printf("\n%-4s %-4s %-15s %10s %10s %10s %12s\n", "case", "mode", "kernel", "fwd", "bwd", "fwd+bwd",
                 "fwd/FMA peak");

@@ -19,38 +19,13 @@
 
 #include "attention/attention.hpp"
 #include "attention/bf16.hpp"
+#include "attention/cuda_args.hpp"
 
 #if defined(KOKKOS_ENABLE_CUDA)
 #include <cuda_bf16.h>
 #endif
 
 namespace wlb::attention::cuda {
-
-/// Raw device pointers of one call. Rows are tokens; inside a row [heads][D] is
-/// contiguous (checked by the dispatcher), so element (t, h, d) is at t*s0 + h*D + d.
-/// Inputs are bf16 or float as the kernel's element type says; gradients, lse and delta
-/// are always float.
-struct Args {
-  const void* q = nullptr;
-  const void* k = nullptr;
-  const void* v = nullptr;
-  const void* o = nullptr;   // backward: forward output
-  const void* dO = nullptr;  // backward
-  void* o_out = nullptr;     // forward
-  float* lse_out = nullptr;  // forward
-  const float* lse = nullptr;
-  const float* delta = nullptr;  // backward: [q_tokens][heads] rowsum(dO∘O)
-  float* dq = nullptr;
-  float* dk = nullptr;
-  float* dv = nullptr;
-  std::int64_t q_s0 = 0, k_s0 = 0, v_s0 = 0, o_s0 = 0, dO_s0 = 0, lse_s0 = 0, dq_s0 = 0, dk_s0 = 0, dv_s0 = 0;
-  int heads = 0, kv_heads = 0, head_dim = 0;
-  float scale = 1.0f;           ///< softmax scale
-  float scale_log2 = 1.0f;      ///< scale * log2(e): the kernels use exp2
-  const int* ranges = nullptr;  ///< [pieces][4]: q_begin, q_end, k_begin, k_end
-  const int* work = nullptr;    ///< [nwork][2]: piece, tile index; longest first
-  int nwork = 0;
-};
 
 using WorkView = Kokkos::View<int* [2], Kokkos::LayoutRight, Kokkos::CudaSpace>;
 using RangeView = Kokkos::View<int* [4], Kokkos::LayoutRight, Kokkos::CudaSpace>;

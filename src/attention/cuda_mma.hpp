@@ -22,6 +22,9 @@
 /// of A is key 2t and column t+4 is key 2t+1 (B rows are loaded in the same order).
 
 #include "attention/cuda_common.hpp"
+#if defined(WLB_HAVE_HOPPER)
+#include "attention/cuda_hopper.hpp"
+#endif
 
 #if defined(KOKKOS_ENABLE_CUDA)
 
@@ -596,10 +599,34 @@ void launchBackward(const Kokkos::Cuda& space, Args a, const VarlenBatch& b) {
   space.fence("wlb::attention::cuda::bwd");
 }
 
-/// Tensor-core forward (T = bf16: BF16 MMAs; T = float: TF32 MMAs). False when head_dim
-/// is not supported (nothing launched).
+/// True when the forward of this element type and head_dim runs the Hopper wgmma kernels
+/// (cuda_hopper.hpp): built with them, a compute-capability 9.0 device, `allow`.
+inline bool useHopper(int head_dim, bool allow) {
+#if defined(WLB_HAVE_HOPPER)
+  return allow && hopper::supports(head_dim) && hopper::usable();
+#else
+  (void)head_dim, (void)allow;
+  return false;
+#endif
+}
+
+/// Tensor-core forward (T = bf16: BF16 MMAs; T = float: TF32 MMAs): the Hopper kernels
+/// where useHopper(allowHopper), else the sm_80 ones. False when head_dim is not supported
+/// (nothing launched).
 template <class T>
-bool mmaForward(const Kokkos::Cuda& space, const Args& a, const VarlenBatch& b) {
+bool mmaForward(const Kokkos::Cuda& space, const Args& a, const VarlenBatch& b, bool allowHopper = true) {
+#if defined(WLB_HAVE_HOPPER)
+  if (useHopper(a.head_dim, allowHopper)) {
+    constexpr bool bf = std::is_same<T, bf16>::value;
+    const WorkView work = queryWork(b, hopper::forwardRows(bf, a.head_dim), hopper::forwardKeys(bf, a.head_dim));
+    Args h = a;
+    h.work = work.data();
+    h.nwork = static_cast<int>(work.extent(0));
+    hopper::forward(space.cuda_stream(), h, bf);
+    space.fence("wlb::attention::hopper::fwd");  // the work list dies with this scope
+    return true;
+  }
+#endif
   if (a.head_dim == 64) {
     launchForward<T, 64>(space, a, b);
     return true;

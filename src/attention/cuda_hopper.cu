@@ -1,0 +1,581 @@
+/// \file cuda_hopper.cu
+/// \brief Hopper attention forward (see cuda_hopper.hpp): FlashAttention-2 dataflow on
+/// warpgroup MMAs. Compiled for sm_90a only, without Kokkos.
+///
+/// One block = NWG warpgroups (128 threads each) over NWG*64 query rows of one head; each
+/// warpgroup owns 64 rows. Q, K and V tiles sit in shared memory in the 128-byte swizzled
+/// layout the MMA descriptors read (16-byte chunk c of row r at chunk c ^ (r % 8), tiles
+/// cut into 128-byte column blocks); K/V tiles of BN keys are double-buffered, the copy
+/// of tile j + 2 overlapping the math of tile j + 1. S = Q K^T reads both operands from
+/// shared memory; P stays in registers (the accumulator layout of an m64nN tile is the
+/// A-fragment layout of the next product) and O += P V reads V from shared memory —
+/// transposed by the MMA itself for BF16, stored transposed (key-permuted to match P's
+/// fragment) for TF32, which has no transposed operand. Online softmax in base 2 as in the
+/// sm_80 kernels (cuda_mma.hpp), whose masking and output contracts this kernel keeps.
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "attention/cuda_hopper.hpp"
+
+namespace wlb::attention::hopper {
+namespace kern {
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WLB_HOPPER_DEVICE 1
+#endif
+
+// ---------------- PTX wrappers ----------------------------------------------------------
+
+__device__ __forceinline__ unsigned smemAddr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cpAsync16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smemAddr(smem)), "l"(gmem));
+}
+__device__ __forceinline__ void cpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void cpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+/// Generic-proxy writes (cp.async, st.shared) -> visible to the MMA's async-proxy reads
+/// (each writer fences, then the block barrier).
+__device__ __forceinline__ void fenceProxyAsync() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/// Pins accumulator registers around asynchronous MMAs (the compiler must not move or copy
+/// them while an MMA is in flight).
+template <int N>
+__device__ __forceinline__ void fenceRegs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+/// Shared-memory matrix descriptor: 128-byte swizzle, stride between 8-row groups `sbo`,
+/// between 64-element column blocks of an MN-major operand `lbo`.
+__device__ __forceinline__ std::uint64_t desc(const void* p, unsigned lbo, unsigned sbo) {
+  const std::uint64_t a = smemAddr(p);
+  return ((a & 0x3FFFFull) >> 4) | (static_cast<std::uint64_t>((lbo & 0x3FFFFu) >> 4) << 16) |
+         (static_cast<std::uint64_t>((sbo & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ unsigned tf32(float x) {
+  unsigned r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ unsigned packBf16(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+__device__ __forceinline__ float fastExp2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ float quadMax(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quadSum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// wgmma: SS = both operands in shared memory; RS = A in registers. BF16 RS reads B
+// MN-major (transposed); TF32 operands are always K-major.
+/// D(64x64) += A(64x16, shared) * B(16x64, shared, K-major), bf16, f32 accumulators.
+__device__ __forceinline__ void wgmmaSS_bf16_n64(float (&d)[32], std::uint64_t da, std::uint64_t db) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(1));
+}
+
+/// D(64x64) += A(64x16, registers) * B(16x64, shared, MN-major), bf16, f32 accumulators.
+__device__ __forceinline__ void wgmmaRS_bf16_n64(float (&d)[32], const unsigned (&a)[4], std::uint64_t db) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+/// D(64x128) += A(64x16, shared) * B(16x128, shared, K-major), bf16, f32 accumulators.
+__device__ __forceinline__ void wgmmaSS_bf16_n128(float (&d)[64], std::uint64_t da, std::uint64_t db) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "
+      "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(1));
+}
+
+/// D(64x128) += A(64x16, registers) * B(16x128, shared, MN-major), bf16, f32 accumulators.
+__device__ __forceinline__ void wgmmaRS_bf16_n128(float (&d)[64], const unsigned (&a)[4], std::uint64_t db) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "
+      "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+/// D(64x64) += A(64x8, shared) * B(8x64, shared, K-major), tf32, f32 accumulators.
+__device__ __forceinline__ void wgmmaSS_tf32_n64(float (&d)[32], std::uint64_t da, std::uint64_t db) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(1));
+}
+
+/// D(64x64) += A(64x8, registers) * B(8x64, shared, K-major), tf32, f32 accumulators.
+__device__ __forceinline__ void wgmmaRS_tf32_n64(float (&d)[32], const unsigned (&a)[4], std::uint64_t db) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+/// D(64x128) += A(64x8, registers) * B(8x128, shared, K-major), tf32, f32 accumulators.
+__device__ __forceinline__ void wgmmaRS_tf32_n128(float (&d)[64], const unsigned (&a)[4], std::uint64_t db) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "
+      "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+// ---------------- geometry ----------------------------------------------------------------
+
+template <bool BF, int D, int BN, int NWG>
+struct Geo {
+  static constexpr int esize = BF ? 2 : 4;
+  static constexpr int rowBytes = D * esize;  ///< one head of one token
+  static constexpr int cpr = rowBytes / 16;   ///< 16-byte chunks per row
+  static constexpr int rows = 64 * NWG;       ///< query rows per block
+  static constexpr int threads = 128 * NWG;
+  static constexpr int qBytes = rows * rowBytes;
+  static constexpr int kvBytes = BN * rowBytes;             ///< one K (or V, or transposed V) stage
+  static constexpr int smem = qBytes + 4 * kvBytes + 1024;  // + alignment slack
+  static constexpr int steps = D * esize / 32;              ///< MMA k-steps over head_dim (32 bytes each)
+  static_assert(BN % 32 == 0 && rowBytes % 128 == 0, "tiles are whole 128-byte blocks");
+};
+
+/// Byte offset of 16-byte chunk `c` of row `r` in an R-row tile stored as 128-byte column
+/// blocks [c / 8][R][128 B], swizzled.
+template <int R>
+__device__ __forceinline__ int swz(int r, int c) {
+  return (c >> 3) * R * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+}
+
+/// cp.async rows [r0, r0 + R) of a token matrix (row stride `sb` bytes, rows clamped to
+/// [0, valid): the clamped copies are masked or never stored) into a swizzled tile.
+template <int R, int CPR, int NT>
+__device__ __forceinline__ void stage(char* s, const char* g, std::int64_t sb, int r0, int valid, int tid) {
+#pragma unroll 4
+  for (int i = tid; i < R * CPR; i += NT) {
+    const int r = i / CPR, c = i % CPR;
+    const int src = r0 + r < valid ? r0 + r : valid - 1;
+    cpAsync16(s + swz<R>(r, c), g + src * sb + c * 16);
+  }
+}
+
+/// TF32: V rows [r0, r0 + BN) of one head into registers (lanes of a warp take 32
+/// consecutive keys of one 4-float column chunk, so the transposed stores below are free
+/// of bank conflicts).
+template <int D, int BN, int NT>
+struct VRegs {
+  static constexpr int n = BN * D / 4 / NT;
+  float4 x[n];
+  __device__ __forceinline__ void load(const char* g, std::int64_t sb, int r0, int valid, int tid) {
+#pragma unroll
+    for (int i = 0; i < n; ++i) {
+      const int e = tid + i * NT, key = e % BN, c = e / BN;
+      const int src = r0 + key < valid ? r0 + key : valid - 1;
+      x[i] = *reinterpret_cast<const float4*>(g + src * sb + c * 16);
+    }
+  }
+  /// Transposed store: Vt[d][key] as BN/32 column blocks of D rows x 32 keys, keys of each
+  /// group of 8 permuted (key 2u -> slot u, key 2u+1 -> slot u+4) to match P's fragments.
+  __device__ __forceinline__ void store(char* s, int tid) const {
+#pragma unroll
+    for (int i = 0; i < n; ++i) {
+      const int e = tid + i * NT, key = e % BN, c = e / BN;
+      const int kin = key & 31, slot = (kin & ~7) | ((kin & 7) >> 1) | ((kin & 1) << 2);
+      const float v[4] = {x[i].x, x[i].y, x[i].z, x[i].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int d = 4 * c + j;
+        *reinterpret_cast<unsigned*>(s + (key >> 5) * D * 128 + d * 128 + (((slot >> 2) ^ (d & 7)) << 4) +
+                                     (slot & 3) * 4) = tf32(v[j]);
+      }
+    }
+  }
+};
+
+template <bool BF, int N>
+__device__ __forceinline__ void mmaSS(float (&d)[N / 2], std::uint64_t da, std::uint64_t db) {
+  if constexpr (BF && N == 64) wgmmaSS_bf16_n64(d, da, db);
+  if constexpr (BF && N == 128) wgmmaSS_bf16_n128(d, da, db);
+  if constexpr (!BF && N == 64) wgmmaSS_tf32_n64(d, da, db);
+}
+template <bool BF, int N>
+__device__ __forceinline__ void mmaRS(float (&d)[N / 2], const unsigned (&a)[4], std::uint64_t db) {
+  if constexpr (BF && N == 64) wgmmaRS_bf16_n64(d, a, db);
+  if constexpr (BF && N == 128) wgmmaRS_bf16_n128(d, a, db);
+  if constexpr (!BF && N == 64) wgmmaRS_tf32_n64(d, a, db);
+  if constexpr (!BF && N == 128) wgmmaRS_tf32_n128(d, a, db);
+}
+
+// ---------------- forward kernel ----------------------------------------------------------
+
+template <bool BF, int D, int BN, int NWG>
+__global__ void __launch_bounds__(128 * NWG, 1) forwardKernel(const cuda::Args a) {
+#if defined(WLB_HOPPER_DEVICE)
+  using G = Geo<BF, D, BN, NWG>;
+  constexpr int NT = G::threads, BQ = G::rows, KS = BF ? 16 : 8;
+  extern __shared__ char smraw[];
+  char* sQ = reinterpret_cast<char*>((reinterpret_cast<std::uintptr_t>(smraw) + 1023) & ~std::uintptr_t{1023});
+  char* sK = sQ + G::qBytes;       // two stages
+  char* sV = sK + 2 * G::kvBytes;  // two stages (TF32: transposed)
+
+  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int H = a.heads;
+  const int item = blockIdx.x / H, h = blockIdx.x % H;
+  const int p = a.work[2 * item], tile = a.work[2 * item + 1];
+  const int qb = a.ranges[4 * p], nq = a.ranges[4 * p + 1] - qb, kb = a.ranges[4 * p + 2],
+            nk = a.ranges[4 * p + 3] - kb, off = nk - nq;
+  const int q0 = tile * BQ;
+  const int hk = h / (a.heads / a.kv_heads);
+  const std::int64_t qsb = a.q_s0 * G::esize, ksb = a.k_s0 * G::esize, vsb = a.v_s0 * G::esize;
+  const char* Qg = static_cast<const char*>(a.q) + (static_cast<std::int64_t>(qb) * a.q_s0 + h * D) * G::esize;
+  const char* Kg = static_cast<const char*>(a.k) + (static_cast<std::int64_t>(kb) * a.k_s0 + hk * D) * G::esize;
+  const char* Vg = static_cast<const char*>(a.v) + (static_cast<std::int64_t>(kb) * a.v_s0 + hk * D) * G::esize;
+
+  const int qend = q0 + BQ < nq ? q0 + BQ : nq;
+  const int nkt = (off + qend + BN - 1) / BN;  // key tiles visible to some valid row (>= 1)
+
+  // group 0: Q and tile 0; group 1: tile 1 (maybe empty); group j + 2 is issued after tile j
+  stage<BQ, G::cpr, NT>(sQ, Qg, qsb, q0, nq, tid);
+  stage<BN, G::cpr, NT>(sK, Kg, ksb, 0, nk, tid);
+  if constexpr (BF) stage<BN, G::cpr, NT>(sV, Vg, vsb, 0, nk, tid);
+  cpAsyncCommit();
+  if (nkt > 1) {
+    stage<BN, G::cpr, NT>(sK + G::kvBytes, Kg, ksb, BN, nk, tid);
+    if constexpr (BF) stage<BN, G::cpr, NT>(sV + G::kvBytes, Vg, vsb, BN, nk, tid);
+  }
+  cpAsyncCommit();
+  VRegs<D, BN, NT> vr;  // TF32 only: the next V tile on its way to the transposed stage
+  if constexpr (!BF) {
+    vr.load(Vg, vsb, 0, nk, tid);
+    vr.store(sV, tid);
+    if (nkt > 1) vr.load(Vg, vsb, BN, nk, tid);
+  }
+
+  // this warpgroup's rows: warp w holds rows wr + {g, g + 8}
+  const int wfirst = q0 + wg * 64;
+  const int wlast = (wfirst + 63 < nq ? wfirst + 63 : nq - 1);  // < wfirst: no valid row
+  const int wr = wfirst + warp * 16 + g;
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+  const float sl2 = a.scale_log2;
+
+  for (int j = 0; j < nkt; ++j) {
+    const int buf = j & 1;
+    const char* sKj = sK + buf * G::kvBytes;
+    const char* sVj = sV + buf * G::kvBytes;
+    cpAsyncWait<1>();  // tile j landed; tile j + 1 may be in flight
+    fenceProxyAsync();
+    __syncthreads();
+    const int k0 = j * BN;
+    if (wfirst <= wlast && k0 <= wlast + off) {  // uniform in the warpgroup
+      float s[BN / 2];
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) s[i] = 0.0f;
+      fenceRegs(s);
+      wgmmaFence();
+#pragma unroll
+      for (int ks = 0; ks < G::steps; ++ks) {
+        const int cb = ks * 32 / 128, in = ks * 32 % 128;
+        mmaSS<BF, BN>(s, desc(sQ + cb * BQ * 128 + wg * 64 * 128 + in, 16, 1024),
+                      desc(sKj + cb * BN * 128 + in, 16, 1024));
+      }
+      wgmmaCommit();
+      wgmmaWait<0>();
+      fenceRegs(s);
+
+      // mask (diagonal and ragged tiles only), online softmax in base 2
+      if (k0 + BN - 1 > wfirst + off || k0 + BN > nk) {
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = k0 + 8 * i + 2 * t + (e & 1), row = wr + (e < 2 ? 0 : 8);
+            if (key > row + off || key >= nk) s[4 * i + e] = -INFINITY;
+          }
+      }
+      float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i) {
+        mx0 = fmaxf(mx0, fmaxf(s[4 * i], s[4 * i + 1]));
+        mx1 = fmaxf(mx1, fmaxf(s[4 * i + 2], s[4 * i + 3]));
+      }
+      // every row saw key 0 in tile 0, so the running max is finite from then on; scores
+      // stay unscaled and the scale folds into one FFMA per score
+      const float mn0 = fmaxf(m0, quadMax(mx0) * sl2), mn1 = fmaxf(m1, quadMax(mx1) * sl2);
+      const float al0 = fastExp2(m0 - mn0), al1 = fastExp2(m1 - mn1);
+      m0 = mn0;
+      m1 = mn1;
+      float ls0 = 0.0f, ls1 = 0.0f;
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i) {
+        s[4 * i] = fastExp2(fmaf(s[4 * i], sl2, -mn0));
+        s[4 * i + 1] = fastExp2(fmaf(s[4 * i + 1], sl2, -mn0));
+        s[4 * i + 2] = fastExp2(fmaf(s[4 * i + 2], sl2, -mn1));
+        s[4 * i + 3] = fastExp2(fmaf(s[4 * i + 3], sl2, -mn1));
+        ls0 += s[4 * i] + s[4 * i + 1];
+        ls1 += s[4 * i + 2] + s[4 * i + 3];
+      }
+      l0 = l0 * al0 + ls0;  // per-thread partial sums; the quad reduces them at the end
+      l1 = l1 * al1 + ls1;
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) {
+        o[4 * i] *= al0;
+        o[4 * i + 1] *= al0;
+        o[4 * i + 2] *= al1;
+        o[4 * i + 3] *= al1;
+      }
+
+      // O += P V (every fragment of P built before the MMAs: registers written between
+      // asynchronous MMAs would make the compiler serialise them)
+      unsigned pa[BN / KS][4];
+#pragma unroll
+      for (int kk = 0; kk < BN / KS; ++kk) {
+        if constexpr (BF) {
+          pa[kk][0] = packBf16(s[8 * kk], s[8 * kk + 1]);
+          pa[kk][1] = packBf16(s[8 * kk + 2], s[8 * kk + 3]);
+          pa[kk][2] = packBf16(s[8 * kk + 4], s[8 * kk + 5]);
+          pa[kk][3] = packBf16(s[8 * kk + 6], s[8 * kk + 7]);
+        } else {
+          pa[kk][0] = tf32(s[4 * kk]);
+          pa[kk][1] = tf32(s[4 * kk + 2]);
+          pa[kk][2] = tf32(s[4 * kk + 1]);
+          pa[kk][3] = tf32(s[4 * kk + 3]);
+        }
+      }
+      fenceRegs(o);
+      wgmmaFence();
+#pragma unroll
+      for (int kk = 0; kk < BN / KS; ++kk) {
+        if constexpr (BF)  // V [key][d]: 16 keys = two 8-row groups (1024 B apart), D/64 column blocks
+          mmaRS<BF, D>(o, pa[kk], desc(sVj + kk * 16 * 128, BN * 128, 1024));
+        else  // Vt [d][key]: 8 keys = 32 bytes of a 128-byte column block of 32 keys
+          mmaRS<BF, D>(o, pa[kk], desc(sVj + (kk >> 2) * D * 128 + (kk & 3) * 32, 16, 1024));
+      }
+      wgmmaCommit();
+      wgmmaWait<0>();
+      fenceRegs(o);
+    }
+    if constexpr (!BF) {
+      if (j + 1 < nkt) {
+        vr.store(sV + (buf ^ 1) * G::kvBytes, tid);  // last read by tile j - 1
+        if (j + 2 < nkt) vr.load(Vg, vsb, (j + 2) * BN, nk, tid);
+      }
+    }
+    __syncthreads();  // every warpgroup is done with stage `buf`
+    if (j + 2 < nkt) {
+      stage<BN, G::cpr, NT>(sK + buf * G::kvBytes, Kg, ksb, (j + 2) * BN, nk, tid);
+      if constexpr (BF) stage<BN, G::cpr, NT>(sV + buf * G::kvBytes, Vg, vsb, (j + 2) * BN, nk, tid);
+    }
+    cpAsyncCommit();
+  }
+
+  if (wfirst > wlast) return;
+  char* O = static_cast<char*>(a.o_out);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const float ls = quadSum(half ? l1 : l0);
+    const int row = wr + 8 * half;
+    if (row >= nq) continue;
+    const float inv = 1.0f / ls;
+    char* orow = O + ((static_cast<std::int64_t>(qb + row)) * a.o_s0 + h * D + 2 * t) * G::esize;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      const float x0 = o[4 * i + 2 * half] * inv, x1 = o[4 * i + 2 * half + 1] * inv;
+      if constexpr (BF)
+        *reinterpret_cast<unsigned*>(orow + i * 8 * 2) = packBf16(x0, x1);
+      else
+        *reinterpret_cast<float2*>(orow + i * 8 * 4) = make_float2(x0, x1);
+    }
+    if (t == 0)
+      a.lse_out[static_cast<std::int64_t>(qb + row) * a.lse_s0 + h] =
+          ((half ? m1 : m0) + log2f(ls)) * 0.6931471805599453f;
+  }
+#else
+  (void)a;
+#endif
+}
+
+// ---------------- host side ----------------------------------------------------------------
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("wlb::attention::hopper: ") + what + ": " + cudaGetErrorString(e));
+}
+
+template <bool BF, int D, int BN, int NWG>
+void launch(cudaStream_t st, const cuda::Args& a) {
+  using G = Geo<BF, D, BN, NWG>;
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(forwardKernel<BF, D, BN, NWG>, cudaFuncAttributeMaxDynamicSharedMemorySize, G::smem);
+  check(attr, "cudaFuncSetAttribute");
+  forwardKernel<BF, D, BN, NWG><<<a.nwork * a.heads, G::threads, G::smem, st>>>(a);
+  check(cudaGetLastError(), "forward launch");
+}
+
+/// Keys per staged tile: the widest that fits shared memory next to a 128-row Q tile
+/// (TF32 D = 128: Q 64 KiB + 4 x 32 KiB).
+template <bool BF>
+constexpr int keysFor(int D) {
+  return BF ? (D == 64 ? 128 : 128) : 64;
+}
+
+}  // namespace kern
+using namespace kern;
+
+bool supports(int head_dim) {
+  return head_dim == 64 || head_dim == 128;
+}
+
+bool usable() {
+  static const bool ok = [] {
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+    if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) return false;
+    return major == 9 && minor == 0;
+  }();
+  return ok;
+}
+
+int forwardRows(bool, int) {
+  return 128;
+}
+
+int forwardKeys(bool bf16, int head_dim) {
+  return bf16 ? keysFor<true>(head_dim) : keysFor<false>(head_dim);
+}
+
+void forward(void* stream, const cuda::Args& a, bool bf16) {
+  if (a.nwork == 0) return;
+  const auto st = static_cast<cudaStream_t>(stream);
+  if (bf16) {
+    if (a.head_dim == 64) return launch<true, 64, keysFor<true>(64), 2>(st, a);
+    if (a.head_dim == 128) return launch<true, 128, keysFor<true>(128), 2>(st, a);
+  } else {
+    if (a.head_dim == 64) return launch<false, 64, keysFor<false>(64), 2>(st, a);
+    if (a.head_dim == 128) return launch<false, 128, keysFor<false>(128), 2>(st, a);
+  }
+  throw std::runtime_error("wlb::attention::hopper: head_dim " + std::to_string(a.head_dim) + " not supported");
+}
+
+}  // namespace wlb::attention::hopper

@@ -1,0 +1,35 @@
+#pragma once
+/// \file cuda_hopper.hpp
+/// \brief Internal: the Hopper (sm_90a) attention forward — warpgroup MMAs (`wgmma`) reading
+/// Q, K and V from shared memory. Built only with the CUDA backend, as its own translation
+/// unit (cuda_hopper.cu, compiled for sm_90a without Kokkos), and called from the Kokkos
+/// dispatch on the caller's instance stream.
+///
+/// Why not a Kokkos TeamPolicy: Kokkos 4.x caps team scratch at sharedMemPerBlock (48 KiB),
+/// and the kernel stages a 128-row Q tile plus double-buffered K/V tiles (96-192 KiB); a
+/// raw launch may opt in to the 227 KiB an H100 block can have.
+
+#include <cstdint>
+
+#include "attention/cuda_args.hpp"
+
+namespace wlb::attention::hopper {
+
+/// True when the current CUDA device is compute capability 9.0 (the sm_90a code runs
+/// nowhere else) and the kernels were built.
+bool usable();
+
+/// Head dims the kernels handle (64, 128).
+bool supports(int head_dim);
+
+/// Query rows per work item and keys per staged tile of the forward (the Kokkos side
+/// builds the longest-first work list with these).
+int forwardRows(bool bf16, int head_dim);
+int forwardKeys(bool bf16, int head_dim);
+
+/// Forward over `a.work` (nwork items x heads blocks) on `stream` (a cudaStream_t):
+/// `bf16` = BF16 storage and MMAs; else FP32 storage on TF32 MMAs. Throws
+/// std::runtime_error when the launch fails.
+void forward(void* stream, const cuda::Args& a, bool bf16);
+
+}  // namespace wlb::attention::hopper
