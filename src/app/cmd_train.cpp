@@ -1,6 +1,8 @@
 // `wlb train DECK [--resume]`: train the LLaMA-style model on a `wlb data prepare` dataset
 // with the deck's packer choosing the batches; validation loss, checkpoints, resume
-// (docs/training.md). One rank for now.
+// (docs/training.md). Under mpirun on a DP x CP mesh (mesh.dp x mesh.cp ranks).
+#include <mpi.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -26,11 +28,8 @@ const bool registered = wlb::app::registerCommand(
       sub.add_flag("--quiet", o->quiet, "No progress lines");
       return [o]() -> int {
         const wlb::Deck deck = o->deck.load();
-        if (wlb::app::worldSize() != 1)
-          throw wlb::InputError("wlb train runs on one rank (this job has " + std::to_string(wlb::app::worldSize()) +
-                                    "); multi-rank training is not built yet",
-                                true);
         wlb::train::TrainOptions to;
+        to.command = "wlb train " + o->deck.path + (o->resume ? " --resume" : "");
         to.resume = o->resume;
         to.progress = !o->quiet;
         to.track_temporary = [](const std::string& p, bool created) {
@@ -42,8 +41,12 @@ const bool registered = wlb::app::registerCommand(
         // Resume tests: WLB_TRAIN_KILL_AFTER_STEP=k kills the process (SIGKILL) after step k.
         if (const char* k = std::getenv("WLB_TRAIN_KILL_AFTER_STEP")) to.kill_after_step = std::atoll(k);
         const auto summary = wlb::train::train(deck, to);
-        std::fputs(wlb::train::formatSummary(summary).c_str(), stdout);
-        std::fflush(stdout);
+        int rank = 0;
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        if (rank == 0) {
+          std::fputs(wlb::train::formatSummary(summary).c_str(), stdout);
+          std::fflush(stdout);
+        }
         return 0;
       };
     });

@@ -96,6 +96,11 @@ Trace readTrace(const std::string& path) {
     for (std::size_t i = 0; i < keys.size(); ++i)
       t.plan_steps.push_back({keys[i].strategy, keys[i].step, pj[i], sj[i]});
     t.segments = readTable<SegmentRow>(plan, "segments", schema::segmentMemType());
+    if (file.exists("train")) {
+      auto train = file.openGroup("train");
+      t.train_steps = readTable<TrainStepRow>(train, "steps", schema::trainStepMemType());
+      t.train_ranks = readTable<TrainRankRow>(train, "ranks", schema::trainRankMemType());
+    }
   } catch (const h5::Error& e) {
     throw InputError(path + ": damaged trace (" + e.what() + ")");
   }

@@ -34,6 +34,9 @@ struct Trace {
   std::vector<Event> events;
   std::vector<PlanStepRow> plan_steps;  ///< strategy = index into `strategies`
   std::vector<SegmentRow> segments;
+  /// `wlb train` metrics (/train/steps, /train/ranks); empty for other runs.
+  std::vector<TrainStepRow> train_steps;
+  std::vector<TrainRankRow> train_ranks;
 
   /// Label id, or -1 when the file has no such label.
   int regionId(const std::string& label) const;

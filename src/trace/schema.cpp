@@ -68,6 +68,37 @@ h5::Datatype planStepMemType() {
   return t;
 }
 
+h5::Datatype trainStepMemType() {
+  auto t = h5::Datatype::compound(sizeof(TrainStepRow));
+  t.insert("step", offsetof(TrainStepRow, step), H5T_NATIVE_INT64)
+      .insert("tokens", offsetof(TrainStepRow, tokens), H5T_NATIVE_INT64)
+      .insert("predicted", offsetof(TrainStepRow, predicted), H5T_NATIVE_INT64)
+      .insert("documents", offsetof(TrainStepRow, documents), H5T_NATIVE_INT64)
+      .insert("loss", offsetof(TrainStepRow, loss), H5T_NATIVE_DOUBLE)
+      .insert("eval_loss", offsetof(TrainStepRow, eval_loss), H5T_NATIVE_DOUBLE)
+      .insert("lr", offsetof(TrainStepRow, lr), H5T_NATIVE_DOUBLE)
+      .insert("grad_norm", offsetof(TrainStepRow, grad_norm), H5T_NATIVE_DOUBLE)
+      .insert("seconds", offsetof(TrainStepRow, seconds), H5T_NATIVE_DOUBLE)
+      .insert("tokens_per_second", offsetof(TrainStepRow, tokens_per_second), H5T_NATIVE_DOUBLE);
+  return t;
+}
+
+h5::Datatype trainRankMemType() {
+  auto t = h5::Datatype::compound(sizeof(TrainRankRow));
+  t.insert("step", offsetof(TrainRankRow, step), H5T_NATIVE_INT64)
+      .insert("rank", offsetof(TrainRankRow, rank), H5T_NATIVE_INT32)
+      .insert("tokens", offsetof(TrainRankRow, tokens), H5T_NATIVE_INT64)
+      .insert("step_seconds", offsetof(TrainRankRow, step_seconds), H5T_NATIVE_DOUBLE)
+      .insert("data_seconds", offsetof(TrainRankRow, data_seconds), H5T_NATIVE_DOUBLE)
+      .insert("compute_seconds", offsetof(TrainRankRow, compute_seconds), H5T_NATIVE_DOUBLE)
+      .insert("attn_seconds", offsetof(TrainRankRow, attn_seconds), H5T_NATIVE_DOUBLE)
+      .insert("cp_comm_seconds", offsetof(TrainRankRow, cp_comm_seconds), H5T_NATIVE_DOUBLE)
+      .insert("allreduce_seconds", offsetof(TrainRankRow, allreduce_seconds), H5T_NATIVE_DOUBLE)
+      .insert("optimizer_seconds", offsetof(TrainRankRow, optimizer_seconds), H5T_NATIVE_DOUBLE)
+      .insert("eval_seconds", offsetof(TrainRankRow, eval_seconds), H5T_NATIVE_DOUBLE);
+  return t;
+}
+
 h5::Datatype packed(const h5::Datatype& mem) {
   auto t = h5::Datatype::copyOf(mem.id());
   if (H5Tpack(t.id()) < 0) throw h5::Error("HDF5 error: H5Tpack");

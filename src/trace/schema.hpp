@@ -33,6 +33,8 @@ h5::Datatype eventMemType();
 h5::Datatype rankMemType();
 h5::Datatype segmentMemType();
 h5::Datatype planStepMemType();
+h5::Datatype trainStepMemType();
+h5::Datatype trainRankMemType();
 /// Packed copy of a memory type for storage (no padding in the file).
 h5::Datatype packed(const h5::Datatype& mem);
 

@@ -347,6 +347,16 @@ std::string Writer::commit(const Recorder& rec) {
         auto sd = plan.createDataset("segments", schema::packed(st).id(), h5::Dataspace::simple({segs.size()}));
         if (!segs.empty()) sd.writeAll(st.id(), segs.data());
       }
+      // /train (wlb train)
+      if (have_training_) {
+        auto train = file.createGroup("train");
+        auto tt = schema::trainStepMemType();
+        auto sd = train.createDataset("steps", schema::packed(tt).id(), h5::Dataspace::simple({train_steps_.size()}));
+        if (!train_steps_.empty()) sd.writeAll(tt.id(), train_steps_.data());
+        auto rt = schema::trainRankMemType();
+        auto rd = train.createDataset("ranks", schema::packed(rt).id(), h5::Dataspace::simple({train_ranks_.size()}));
+        if (!train_ranks_.empty()) rd.writeAll(rt.id(), train_ranks_.data());
+      }
       file.setAttribute("schema_version", kSchemaVersion);
       file.flush();
       if (opts_.before_complete) opts_.before_complete(tmp);

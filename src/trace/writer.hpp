@@ -70,6 +70,35 @@ struct PlanStepRow {
   std::string shard_json;    ///< the step's CP shard plan as JSON ("" if none)
 };
 
+/// One row of `/train/steps` (`wlb train`): one optimizer step of the whole mesh.
+struct TrainStepRow {
+  std::int64_t step = 0;
+  std::int64_t tokens = 0;     ///< tokens trained in the step (every DP replica)
+  std::int64_t predicted = 0;  ///< of them, tokens with a target (the loss's denominator)
+  std::int64_t documents = 0;  ///< documents that arrived at the packer in the step
+  double loss = 0;             ///< mean cross-entropy over the predicted tokens (nats)
+  double eval_loss = 0;        ///< evaluation loss after the step; NaN when not evaluated
+  double lr = 0;
+  double grad_norm = 0;          ///< before clipping
+  double seconds = 0;            ///< max over ranks of the step's wall time (evaluation excluded)
+  double tokens_per_second = 0;  ///< tokens / seconds
+};
+
+/// One row of `/train/ranks`: one rank's timings of one step (seconds).
+struct TrainRankRow {
+  std::int64_t step = 0;
+  std::int32_t rank = 0;
+  std::int64_t tokens = 0;       ///< tokens this rank trained (its CP share of its replica)
+  double step_seconds = 0;       ///< the whole step on this rank (plan broadcast to optimizer)
+  double data_seconds = 0;       ///< waiting for the plan, reading tokens, CP shard plans
+  double compute_seconds = 0;    ///< forward + backward of the rank's micro-batches (CP KV exchange included)
+  double attn_seconds = 0;       ///< attention kernels
+  double cp_comm_seconds = 0;    ///< CP KV exchange and dK/dV return
+  double allreduce_seconds = 0;  ///< DP x CP gradient all-reduce and loss sum
+  double optimizer_seconds = 0;  ///< AdamW
+  double eval_seconds = 0;       ///< evaluation after the step (0 when none)
+};
+
 /// Options mostly useful for tests.
 struct WriterOptions {
   /// Called on the writing process just before the `complete` attribute is written,
@@ -97,6 +126,14 @@ class Writer {
   /// written). Keys must not clash with RunMeta's.
   void addMeta(std::string key, std::string value) { meta_.extra.emplace_back(std::move(key), std::move(value)); }
 
+  /// Training metrics (`wlb train`), written as `/train/steps` and `/train/ranks` (rank
+  /// 0's rows). A file without them has no `/train` group.
+  void setTraining(std::vector<TrainStepRow> steps, std::vector<TrainRankRow> ranks) {
+    train_steps_ = std::move(steps);
+    train_ranks_ = std::move(ranks);
+    have_training_ = true;
+  }
+
   /// Write everything and rename to the final name. Collective on the parallel path.
   /// Returns the final path. Throws h5::Error (I/O failure) on every rank.
   std::string commit(const Recorder& rec);
@@ -113,6 +150,9 @@ class Writer {
   std::vector<std::string> plan_strategies_;
   std::vector<PlanStepRow> plan_steps_;  ///< strategy = index into plan_strategies_
   std::vector<SegmentRow> segments_;     ///< strategy = index into plan_strategies_
+  bool have_training_ = false;
+  std::vector<TrainStepRow> train_steps_;
+  std::vector<TrainRankRow> train_ranks_;
 };
 
 }  // namespace wlb::trace

@@ -14,9 +14,7 @@
 namespace wlb::train {
 namespace {
 
-using runtime::Act3;
 using runtime::Trans;
-using Lse = Kokkos::View<float**, Kokkos::LayoutRight, Mem>;
 using Policy = Kokkos::RangePolicy<Space>;
 
 using runtime::newAct3;
@@ -121,6 +119,26 @@ TokenBatch TokenBatch::fromSegments(const std::vector<std::vector<std::int32_t>>
     }
     b.predicted += static_cast<std::int64_t>(s.size()) - 1;
   }
+  std::vector<std::int64_t> lengths = std::move(b.segment_lengths);
+  b = fromTokens(tok, tgt, pos, vocab);
+  b.segment_lengths = std::move(lengths);
+  return b;
+}
+
+TokenBatch TokenBatch::fromTokens(const std::vector<std::int32_t>& tok, const std::vector<std::int32_t>& tgt,
+                                  const std::vector<std::int32_t>& pos, int vocab) {
+  if (tgt.size() != tok.size() || pos.size() != tok.size())
+    throw std::invalid_argument("TokenBatch: tokens, targets and positions differ in length");
+  TokenBatch b;
+  for (std::size_t i = 0; i < tok.size(); ++i) {
+    for (const std::int32_t t : {tok[i], tgt[i] == -1 ? 0 : tgt[i]})
+      if (t < 0 || t >= vocab)
+        throw std::invalid_argument("TokenBatch: token " + std::to_string(t) + " outside the vocabulary of " +
+                                    std::to_string(vocab));
+    if (pos[i] < 0) throw std::invalid_argument("TokenBatch: negative position");
+    if (tgt[i] >= 0) ++b.predicted;
+    b.max_position = std::max<std::int64_t>(b.max_position, pos[i]);
+  }
   b.n = static_cast<std::int64_t>(tok.size());
   auto up = [](const std::vector<std::int32_t>& v, const char* label) {
     IVec d(std::string(label), v.size());
@@ -205,23 +223,24 @@ void Llama::zeroGrads(const Space& space) {
   Kokkos::deep_copy(space, g_buf_, 0.0f);
 }
 
-double Llama::forwardBackward(const Space& space, const TokenBatch& batch, float loss_scale) {
-  return run(space, batch, true, loss_scale);
+double Llama::forwardBackward(const Space& space, const TokenBatch& batch, float loss_scale, AttentionOp* attn) {
+  return run(space, batch, true, loss_scale, attn);
 }
 
 double Llama::lossSum(const Space& space, const TokenBatch& batch) {
   return run(space, batch, false, 0.0f);
 }
 
-double Llama::run(const Space& space, const TokenBatch& batch, bool backward, float loss_scale) {
+double Llama::run(const Space& space, const TokenBatch& batch, bool backward, float loss_scale, AttentionOp* attn) {
   const LlamaConfig& c = cfg_;
   const std::int64_t n = batch.n, h = c.hidden, V = c.vocab;
   const int D = c.headDim(), H = c.heads, KV = c.kv_heads, half = D / 2;
-  if (n == 0) return 0.0;
-  const auto varlen = attention::VarlenBatch::fromDocLengths(batch.segment_lengths);
-  // RoPE table for the longest segment (host constants, uploaded once per batch).
-  std::int64_t max_len = 0;
-  for (auto l : batch.segment_lengths) max_len = std::max(max_len, l);
+  // Without an op the attention is this rank's alone: nothing to do for no tokens. An op
+  // (CP) is collective, so a rank without tokens still walks every layer with it.
+  if (n == 0 && attn == nullptr) return 0.0;
+  const auto varlen = attn ? attention::VarlenBatch{} : attention::VarlenBatch::fromDocLengths(batch.segment_lengths);
+  // RoPE table up to the largest position (host constants, uploaded once per batch).
+  const std::int64_t max_len = std::max<std::int64_t>(1, batch.max_position + 1);
   Mat cos_t = newMat("wlb::train::rope_cos", max_len, half), sin_t = newMat("wlb::train::rope_sin", max_len, half);
   {
     auto hc = Kokkos::create_mirror_view(cos_t);
@@ -264,7 +283,10 @@ double Llama::run(const Space& space, const TokenBatch& batch, bool backward, fl
     rope(space, S.k, pos, cos_t, sin_t, 1.0f);
     S.o = newAct3("wlb::train::o", n, H, D);
     S.lse = Lse(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::train::lse"), n, H);
-    attention::forward(space, S.q, S.k, S.v, varlen, S.o, S.lse);
+    if (attn)
+      attn->forward(space, l, S.q, S.k, S.v, S.o, S.lse);
+    else
+      attention::forward(space, S.q, S.k, S.v, varlen, S.o, S.lse);
     S.h = newMat("wlb::train::h", n, h);
     Kokkos::deep_copy(space, S.h, x);
     runtime::gemm(space, Trans::N, Trans::N, 1.0f, runtime::flat(S.o), w.wo, 1.0f, S.h);  // h = x + o Wo
@@ -366,7 +388,10 @@ double Llama::run(const Space& space, const TokenBatch& batch, bool backward, fl
     runtime::gemm(space, Trans::N, Trans::T, 1.0f, dh, w.wo, 0.0f, runtime::flat(d_o));
     Act3 dq = Act3("wlb::train::dq", n, H, D), dk = Act3("wlb::train::dk", n, KV, D),
          dv = Act3("wlb::train::dv", n, KV, D);  // zeroed: backward accumulates
-    attention::backward(space, S.q, S.k, S.v, S.o, S.lse, d_o, varlen, dq, dk, dv);
+    if (attn)
+      attn->backward(space, l, S.q, S.k, S.v, S.o, S.lse, d_o, dq, dk, dv);
+    else
+      attention::backward(space, S.q, S.k, S.v, S.o, S.lse, d_o, varlen, dq, dk, dv);
     rope(space, dq, pos, cos_t, sin_t, -1.0f);
     rope(space, dk, pos, cos_t, sin_t, -1.0f);
     runtime::gemm(space, Trans::T, Trans::N, 1.0f, S.xn1, runtime::flat(dq), 1.0f, g.wq);

@@ -23,6 +23,8 @@ using runtime::Mem;
 using runtime::Space;
 using Vec = Kokkos::View<float*, Mem>;
 using IVec = Kokkos::View<std::int32_t*, Mem>;
+using runtime::Act3;
+using Lse = Kokkos::View<float**, Kokkos::LayoutRight, Mem>;  ///< [tokens][heads]
 
 struct LlamaConfig {
   int vocab = 256;
@@ -44,12 +46,34 @@ struct LlamaConfig {
 /// for the last token of a segment (no loss across a document boundary).
 struct TokenBatch {
   IVec tokens, targets, positions;
-  std::vector<std::int64_t> segment_lengths;  ///< host copy (the attention pieces)
+  std::vector<std::int64_t> segment_lengths;  ///< host copy (the attention pieces); empty for a CP shard
   std::int64_t n = 0;                         ///< tokens
   std::int64_t predicted = 0;                 ///< tokens with a target
+  std::int64_t max_position = -1;             ///< largest RoPE position (-1: no tokens)
   /// From the segments' tokens on the host (each non-empty; tokens < vocab, else
   /// std::invalid_argument).
   static TokenBatch fromSegments(const std::vector<std::vector<std::int32_t>>& segments, int vocab);
+  /// Any tokens with their targets (-1: none) and RoPE positions, e.g. one CP rank's share
+  /// of a micro-batch in its local order; the attention over them is an AttentionOp's.
+  /// Tokens and targets must be < vocab (else std::invalid_argument).
+  static TokenBatch fromTokens(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets,
+                               const std::vector<std::int32_t>& positions, int vocab);
+};
+
+/// The attention of every layer of one forward/backward (Llama::run): the default is the
+/// varlen kernels over the batch's segments on this rank; `wlb train` under context
+/// parallelism passes one that runs cp::DistributedAttention over the CP group (the batch
+/// then holds this rank's tokens only, and the op is collective over the group: it is
+/// called for every layer even when the rank holds no token of the micro-batch).
+class AttentionOp {
+ public:
+  virtual ~AttentionOp() = default;
+  /// o and lse are overwritten.
+  virtual void forward(const Space& space, int layer, Act3 q, Act3 k, Act3 v, Act3 o, Lse lse) = 0;
+  /// Called in reverse layer order after every forward; dq, dk, dv arrive zeroed and
+  /// receive the gradients.
+  virtual void backward(const Space& space, int layer, Act3 q, Act3 k, Act3 v, Act3 o, Lse lse, Act3 d_o, Act3 dq,
+                        Act3 dk, Act3 dv) = 0;
 };
 
 /// Parameter tensors of one layer (views into the flat buffers).
@@ -90,12 +114,13 @@ class Llama {
 
   /// Forward + backward of one micro-batch: ACCUMULATES d(loss_scale * sum of CE)/dw into
   /// grads(); returns the sum of the cross-entropies of its predicted tokens (nats).
-  double forwardBackward(const Space& space, const TokenBatch& batch, float loss_scale);
+  /// `attn`: null -> the varlen kernels over batch.segment_lengths.
+  double forwardBackward(const Space& space, const TokenBatch& batch, float loss_scale, AttentionOp* attn = nullptr);
   /// Sum of the cross-entropies of the predicted tokens (no gradients).
   double lossSum(const Space& space, const TokenBatch& batch);
   /// What both of the above run. Public only because nvcc's extended device lambdas may
   /// not live in a private member function.
-  double run(const Space& space, const TokenBatch& batch, bool backward, float loss_scale);
+  double run(const Space& space, const TokenBatch& batch, bool backward, float loss_scale, AttentionOp* attn = nullptr);
 
  private:
   LlamaConfig cfg_;

@@ -1,6 +1,7 @@
 /// \file trainer.cpp
-/// \brief `wlb train`: packer-driven batches of real tokens, the training loop, evaluation,
-/// checkpoints and resume (trainer.hpp, docs/training.md).
+/// \brief `wlb train`: packer-driven batches of real tokens, the training loop on a DP x CP
+/// mesh, evaluation, checkpoints and resume, training metrics in the trace (trainer.hpp,
+/// docs/training.md).
 
 #include "train/trainer.hpp"
 
@@ -20,12 +21,24 @@
 
 #include <nlohmann/json.hpp>
 
+#include "attention/attention.hpp"
 #include "core/error.hpp"
 #include "core/kokkos_compat.hpp"
+#include "core/mesh_shape.hpp"
+#include "cp/distributed_attention.hpp"
+#include "cp/shard_plan.hpp"
 #include "data/length_source.hpp"
 #include "data/prepare.hpp"
 #include "model/cost_model.hpp"
 #include "packing/packer.hpp"
+#include "packing/plan_io.hpp"
+#include "parallel/comm.hpp"
+#include "parallel/group_comm.hpp"
+#include "parallel/mesh.hpp"
+#include "runtime/gemm.hpp"
+#include "trace/clock_sync.hpp"
+#include "trace/recorder.hpp"
+#include "trace/writer.hpp"
 #include "train/llama.hpp"
 
 namespace wlb::train {
@@ -35,6 +48,13 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 constexpr char kMagic[8] = {'W', 'L', 'B', 'C', 'K', 'P', 'T', '1'};
+
+void bcastString(std::string& s, MPI_Comm comm) {
+  long long len = static_cast<long long>(s.size());
+  MPI_Bcast(&len, 1, MPI_LONG_LONG, 0, comm);
+  s.resize(static_cast<std::size_t>(len));
+  if (len > 0) MPI_Bcast(s.data(), static_cast<int>(len), MPI_CHAR, 0, comm);
+}
 
 // A dataset prefix relative to the deck's directory when PREFIX_train.idx is there, else as given.
 std::string resolvePrefix(const Deck& deck, const std::string& prefix) {
@@ -70,6 +90,7 @@ nlohmann::json fingerprint(const Deck& d, const std::string& prefix, std::int64_
           {"model.ffn", m.ffn},
           {"model.layers", m.layers},
           {"model.vocab", m.vocab},
+          {"mesh.dp", d.mesh.dp},  // the packer's replicas (mesh.cp may change: same numbers up to rounding)
           {"data.context_window", d.data.context_window},
           {"data.s_max", d.data.s_max},
           {"packing.strategy", d.packing.strategy},
@@ -186,58 +207,200 @@ std::vector<std::vector<std::vector<std::int32_t>>> evalBatches(const data::Inde
   return out;
 }
 
+// The attention of one micro-batch on one rank without CP: the varlen kernels over its
+// segments, timed as `attn` events.
+class LocalAttention : public AttentionOp {
+ public:
+  LocalAttention(const TokenBatch& b, trace::Recorder& rec)
+      : varlen_(attention::VarlenBatch::fromDocLengths(b.segment_lengths)), rec_(rec) {}
+  void forward(const Space& space, int layer, Act3 q, Act3 k, Act3 v, Act3 o, Lse lse) override {
+    setLayer(layer, trace::Phase::Fwd);
+    trace::Recorder::Scope s(rec_, trace::labels::kAttn, space);
+    attention::forward(space, q, k, v, varlen_, o, lse);
+  }
+  void backward(const Space& space, int layer, Act3 q, Act3 k, Act3 v, Act3 o, Lse lse, Act3 d_o, Act3 dq, Act3 dk,
+                Act3 dv) override {
+    setLayer(layer, trace::Phase::Bwd);
+    trace::Recorder::Scope s(rec_, trace::labels::kAttn, space);
+    attention::backward(space, q, k, v, o, lse, d_o, varlen_, dq, dk, dv);
+  }
+
+ private:
+  void setLayer(int layer, trace::Phase ph) {
+    rec_.context().layer = layer;
+    rec_.context().phase = ph;
+  }
+  attention::VarlenBatch varlen_;
+  trace::Recorder& rec_;
+};
+
+// One micro-batch's attention under CP: cp::DistributedAttention over the CP group, one
+// object per layer (it keeps the layer's KV buffer from forward for backward). Its events
+// (kv_allgather / kv_exchange, attn) go to the recorder.
+class CpAttention : public AttentionOp {
+ public:
+  CpAttention(const cp::ShardPlan& plan, const cp::CommPlan& comm, parallel::GroupComm& group, const LlamaConfig& mc,
+              const model::CostModel& cost, trace::Recorder& rec)
+      : plan_(plan), comm_(comm), group_(group), mc_(mc), rec_(rec) {
+    opt_.cost = &cost;
+    opt_.recorder = &rec;
+    opt_.group = &group;
+    layers_.resize(static_cast<std::size_t>(mc.layers));
+  }
+  void forward(const Space& space, int layer, Act3 q, Act3 k, Act3 v, Act3 o, Lse lse) override {
+    setLayer(layer, trace::Phase::Fwd);
+    auto& a = layers_.at(static_cast<std::size_t>(layer));
+    a = std::make_unique<cp::DistributedAttention>(plan_, comm_, group_.mpi(), mc_.heads, mc_.kv_heads, mc_.headDim(),
+                                                   opt_);
+    a->forward(space, q, k, v, o, lse);
+  }
+  void backward(const Space& space, int layer, Act3 q, Act3, Act3, Act3 o, Lse lse, Act3 d_o, Act3 dq, Act3 dk,
+                Act3 dv) override {
+    setLayer(layer, trace::Phase::Bwd);
+    auto& a = layers_.at(static_cast<std::size_t>(layer));
+    a->backward(space, q, o, lse, d_o, dq, dk, dv);
+    a.reset();
+  }
+
+ private:
+  void setLayer(int layer, trace::Phase ph) {
+    rec_.context().layer = layer;
+    rec_.context().phase = ph;
+  }
+  const cp::ShardPlan& plan_;
+  const cp::CommPlan& comm_;
+  parallel::GroupComm& group_;
+  const LlamaConfig& mc_;
+  trace::Recorder& rec_;
+  cp::DistAttentionOptions opt_;
+  std::vector<std::unique_ptr<cp::DistributedAttention>> layers_;
+};
+
+// This CP rank's share of a micro-batch (its tokens in local order, cp/shard_plan.hpp),
+// with each token's target and RoPE position taken from its segment.
+TokenBatch shardBatch(const std::vector<std::vector<std::int32_t>>& segs, const cp::ShardPlan& plan, int rank,
+                      const Deck& deck) {
+  std::vector<std::int32_t> tok, tgt, pos;
+  for (const std::int64_t p : cp::packedPositions(plan, rank)) {
+    const auto it = std::upper_bound(plan.seg_begin.begin(), plan.seg_begin.end(), p);
+    const std::size_t s = static_cast<std::size_t>(it - plan.seg_begin.begin()) - 1;
+    const std::int64_t i = p - plan.seg_begin[s];
+    const auto& t = segs.at(s);
+    tok.push_back(t.at(static_cast<std::size_t>(i)));
+    tgt.push_back(i + 1 < static_cast<std::int64_t>(t.size()) ? t[static_cast<std::size_t>(i + 1)] : -1);
+    pos.push_back(static_cast<std::int32_t>(i));
+  }
+  try {
+    return TokenBatch::fromTokens(tok, tgt, pos, static_cast<int>(deck.model.vocab));
+  } catch (const std::invalid_argument& e) {
+    throw InputError(std::string("model.vocab: ") + e.what());
+  }
+}
+
+std::uint64_t fnv1a(const std::vector<float>& v) {
+  std::uint64_t h = 1469598103934665603ull;
+  const auto* p = reinterpret_cast<const unsigned char*>(v.data());
+  for (std::size_t i = 0; i < v.size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+// Per-rank timings of a step, gathered to rank 0 for /train/ranks.
+enum RankCol : int { kStepS, kDataS, kComputeS, kAttnS, kCpCommS, kAllreduceS, kOptimizerS, kEvalS, kTokens, kCols };
+
 }  // namespace
 
 TrainSummary train(const Deck& deck, const TrainOptions& opt) {
-  const auto& mesh = deck.mesh;
-  if (mesh.tp != 1 || mesh.cp != 1 || mesh.pp != 1 || mesh.dp != 1)
-    throw InputError(
-        fmt::format("mesh.tp/cp/pp/dp = {}/{}/{}/{}: wlb train runs on one rank; multi-rank training is not built yet "
-                    "(set mesh.tp = mesh.cp = mesh.pp = mesh.dp = 1)",
-                    mesh.tp, mesh.cp, mesh.pp, mesh.dp));
+  const auto& mc_deck = deck.mesh;
+  // Deck-only checks: every rank sees the same deck, so every rank raises the same error.
+  if (mc_deck.tp != 1)
+    throw InputError(fmt::format("mesh.tp = {}: wlb train has no tensor parallelism yet (set mesh.tp = 1; "
+                                 "mesh.dp and mesh.cp are supported)",
+                                 mc_deck.tp),
+                     true);
+  if (mc_deck.pp != 1)
+    throw InputError(fmt::format("mesh.pp = {}: wlb train has no pipeline parallelism yet (set mesh.pp = 1; "
+                                 "mesh.dp and mesh.cp are supported)",
+                                 mc_deck.pp),
+                     true);
+  const auto shape = parallel::MeshShape::fromDeck(deck.mesh);
+  parallel::Mesh mesh(shape, opt.comm);  // collective InputError on a size mismatch
+  const MPI_Comm world = mesh.world();
+  const int rank = mesh.rank(), W = shape.size();
+  const auto coord = mesh.coord();
   const TrainConfig& tc = deck.train;
-  if (tc.dataset.empty()) throw InputError("train.dataset: required (the PREFIX given to `wlb data prepare --out`)");
-  const std::string prefix = resolvePrefix(deck, tc.dataset);
-  if (!fs::exists(prefix + "_train.idx"))
-    throw InputError(
-        fmt::format("train.dataset: {}_train.idx does not exist (prepare it with `wlb data prepare "
-                    "SRC --out {}`)",
-                    prefix, tc.dataset));
-  data::IndexedDataset train_ds(prefix + "_train");
-  std::unique_ptr<data::IndexedDataset> valid_ds;
-  if (fs::exists(prefix + "_valid.idx")) valid_ds = std::make_unique<data::IndexedDataset>(prefix + "_valid");
 
-  // The packers see the documents of the training split through the Megatron length source.
+  // Everything that reads input is checked on every rank, then combined: one rank's bad
+  // input (a dataset it cannot read) stops every rank with one message, no hang.
+  std::string err;
+  std::string prefix;
+  std::unique_ptr<data::IndexedDataset> train_ds, valid_ds;
   Deck d = deck;
-  d.data.source = "megatron";
-  d.data.path = fs::absolute(prefix + "_train.idx").string();
-  auto source = data::makeLengthSource(d);
-  if (source->documentsPerEpoch() != train_ds.documents())
-    throw InputError(
-        fmt::format("{}_train.idx: {} documents, of which {} are non-empty: wlb train needs a dataset "
-                    "without empty documents (as `wlb data prepare` writes)",
-                    prefix, train_ds.documents(), source->documentsPerEpoch()));
-  const auto cost = model::CostModel::fromDeck(d);
-  auto packer = packing::makePacker(d.packing.strategy, d, cost);
-
+  std::unique_ptr<data::LengthSource> source;  // rank 0 only
+  std::unique_ptr<packing::Packer> packer;     // rank 0 only
+  std::unique_ptr<model::CostModel> cost;
   LlamaConfig mc;
-  mc.vocab = static_cast<int>(deck.model.vocab);
-  mc.hidden = static_cast<int>(deck.model.hidden);
-  mc.heads = static_cast<int>(deck.model.heads);
-  mc.kv_heads = static_cast<int>(deck.model.kv_heads);
-  mc.ffn = static_cast<int>(deck.model.ffn);
-  mc.layers = static_cast<int>(deck.model.layers);
-  mc.rope_theta = static_cast<float>(tc.rope_theta);
   try {
-    mc.validate();
-  } catch (const std::invalid_argument& e) {
-    throw InputError(fmt::format("model.hidden / model.heads / model.kv_heads ({} / {} / {}): {}", mc.hidden, mc.heads,
-                                 mc.kv_heads, e.what()));
+    if (tc.dataset.empty()) throw InputError("train.dataset: required (the PREFIX given to `wlb data prepare --out`)");
+    prefix = resolvePrefix(deck, tc.dataset);
+    if (!fs::exists(prefix + "_train.idx"))
+      throw InputError(
+          fmt::format("train.dataset: {}_train.idx does not exist (prepare it with `wlb data prepare "
+                      "SRC --out {}`)",
+                      prefix, tc.dataset));
+    train_ds = std::make_unique<data::IndexedDataset>(prefix + "_train");
+    if (fs::exists(prefix + "_valid.idx")) valid_ds = std::make_unique<data::IndexedDataset>(prefix + "_valid");
+    // The packers see the documents of the training split through the Megatron length source.
+    d.data.source = "megatron";
+    d.data.path = fs::absolute(prefix + "_train.idx").string();
+    cost = std::make_unique<model::CostModel>(model::CostModel::fromDeck(d));
+    if (rank == 0) {
+      source = data::makeLengthSource(d);
+      if (source->documentsPerEpoch() != train_ds->documents())
+        throw InputError(
+            fmt::format("{}_train.idx: {} documents, of which {} are non-empty: wlb train needs a dataset "
+                        "without empty documents (as `wlb data prepare` writes)",
+                        prefix, train_ds->documents(), source->documentsPerEpoch()));
+      packer = packing::makePacker(d.packing.strategy, d, *cost);
+    }
+    if (shape.cp() > 1) {
+      (void)cp::parseStrategy(d.cp.strategy);
+      (void)cp::parseCommMode(d.cp.comm);
+    }
+    mc.vocab = static_cast<int>(deck.model.vocab);
+    mc.hidden = static_cast<int>(deck.model.hidden);
+    mc.heads = static_cast<int>(deck.model.heads);
+    mc.kv_heads = static_cast<int>(deck.model.kv_heads);
+    mc.ffn = static_cast<int>(deck.model.ffn);
+    mc.layers = static_cast<int>(deck.model.layers);
+    mc.rope_theta = static_cast<float>(tc.rope_theta);
+    try {
+      mc.validate();
+    } catch (const std::invalid_argument& e) {
+      throw InputError(fmt::format("model.hidden / model.heads / model.kv_heads ({} / {} / {}): {}", mc.hidden,
+                                   mc.heads, mc.kv_heads, e.what()));
+    }
+  } catch (const InputError& e) {
+    err = e.what();
   }
+  parallel::throwIfAnyFailed(world, err);
+
   const std::int64_t S = d.data.context_window;
   const std::int64_t M = data::microBatchesPerReplica(d);
-  const std::int64_t per_step = M * S;
+  const std::int64_t per_step = shape.dp() * M * S;  // a step holds at most this many tokens
   const std::int64_t total_steps = tc.steps > 0 ? tc.steps : (tc.tokens + per_step - 1) / per_step;
+
+  // Gradient all-reduce over every rank holding the same weights: with tp = pp = 1 that is
+  // the whole DP x CP mesh. The CP group moves K/V. Both through parallel::GroupComm.
+  err.clear();
+  parallel::CommBackend backend = parallel::CommBackend::Mpi;
+  try {
+    backend = parallel::resolveCommBackend(deck.run.comm_backend, world);
+  } catch (const InputError& e) {
+    err = e.what();
+  }
+  parallel::throwIfAnyFailed(world, err);
+  const auto cp_group = parallel::makeGroupComm(mesh.cp(), backend);
+  const auto dpcp_group = parallel::makeGroupComm(world, backend);
 
   Space space;
   Llama model(mc, tc.seed);
@@ -262,142 +425,385 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   TrainSummary sum;
   sum.params = model.paramCount();
   sum.log_path = log_path;
+  sum.mesh = shape.describe();
   std::int64_t start = 0, tokens = 0;
+  std::vector<trace::TrainStepRow> step_rows;  // rank 0: every step of the run, resumed part included
+  std::vector<trace::TrainRankRow> rank_rows;  // rank 0: every rank's timings of this invocation's steps
+  std::ofstream log;
+  err.clear();
   try {
-    fs::create_directories(out_dir);
-  } catch (const fs::filesystem_error& e) {
-    throw InputError(fmt::format("output.dir: cannot create {} ({})", out_dir.string(), e.code().message()));
+    try {
+      if (rank == 0) fs::create_directories(out_dir);
+    } catch (const fs::filesystem_error& e) {
+      throw InputError(fmt::format("output.dir: cannot create {} ({})", out_dir.string(), e.code().message()));
+    }
+    if (opt.resume) {
+      // Every rank loads the weights and moments (the replicas start equal); rank 0 the
+      // data cursor and the packer (it plans every step).
+      const nlohmann::json h = readCheckpoint(ckpt_path, state_tensors);
+      for (const auto& [k, v] : fp.items()) {
+        nlohmann::json was = h.at("fingerprint").value(k, nlohmann::json());
+        if (was.is_null() && k == "mesh.dp") was = 1;  // checkpoints from before multi-rank training
+        if (was != v)
+          throw InputError(fmt::format("{}: written with {} = {}, the deck says {} (resume needs the same run)",
+                                       ckpt_path, k, was.dump(), v.dump()));
+      }
+      start = h.at("step").get<std::int64_t>();
+      tokens = h.at("tokens").get<std::int64_t>();
+      if (rank == 0) {
+        source->loadState(h.at("source"));
+        packer->loadState(h.at("packer"));
+        // Keep the log of the steps before the checkpoint; later ones are run again.
+        std::ifstream in(log_path);
+        std::string kept, line;
+        while (std::getline(in, line)) {
+          if (line.empty()) continue;
+          const auto r = nlohmann::json::parse(line);
+          if (r.value("step", std::int64_t{0}) >= start) continue;
+          kept += line + "\n";
+          trace::TrainStepRow row;
+          row.step = r.value("step", std::int64_t{0});
+          row.tokens = r.value("tokens", std::int64_t{0});
+          row.predicted = r.value("predicted", std::int64_t{0});
+          row.documents = r.value("documents", std::int64_t{0});
+          row.loss = r.value("loss", 0.0);
+          row.eval_loss = r.value("eval_loss", std::nan(""));
+          row.lr = r.value("lr", 0.0);
+          row.grad_norm = r.value("grad_norm", 0.0);
+          row.seconds = r.value("seconds", 0.0);
+          row.tokens_per_second = row.seconds > 0 ? static_cast<double>(row.tokens) / row.seconds : 0.0;
+          step_rows.push_back(row);
+        }
+        std::ofstream(log_path, std::ios::trunc) << kept;
+      }
+    } else if (rank == 0) {
+      std::ofstream(log_path, std::ios::trunc);
+    }
+    if (rank == 0) {
+      log.open(log_path, std::ios::app);
+      if (!log) throw InputError(fmt::format("{}: cannot write ({})", log_path, std::strerror(errno)));
+    }
+  } catch (const InputError& e) {
+    err = e.what();
+  } catch (const nlohmann::json::exception& e) {
+    err = fmt::format("{}: corrupt checkpoint or log ({})", ckpt_path, e.what());
   }
-  if (opt.resume) {
-    const nlohmann::json h = readCheckpoint(ckpt_path, state_tensors);
-    for (const auto& [k, v] : fp.items())
-      if (!h.at("fingerprint").contains(k) || h.at("fingerprint").at(k) != v)
-        throw InputError(fmt::format("{}: written with {} = {}, the deck says {} (resume needs the same run)",
-                                     ckpt_path, k, h.at("fingerprint").value(k, nlohmann::json()).dump(), v.dump()));
-    start = h.at("step").get<std::int64_t>();
-    tokens = h.at("tokens").get<std::int64_t>();
-    source->loadState(h.at("source"));
-    packer->loadState(h.at("packer"));
-    // Keep the log of the steps before the checkpoint; later ones are run again.
-    std::ifstream in(log_path);
-    std::string kept, line;
-    while (std::getline(in, line))
-      if (!line.empty() && nlohmann::json::parse(line).value("step", std::int64_t{0}) < start) kept += line + "\n";
-    std::ofstream(log_path, std::ios::trunc) << kept;
-  } else {
-    std::ofstream(log_path, std::ios::trunc);
+  parallel::throwIfAnyFailed(world, err);
+
+  // The trace: this rank's events (attention, KV exchange, gradient all-reduce, optimizer),
+  // the plans, and the training metrics (rank 0's tables).
+  trace::Recorder rec = trace::alignedRecorder(world, coord);
+  rec.setStrategy(d.packing.strategy);
+  std::unique_ptr<trace::Writer> writer;
+  if (opt.write_trace) {
+    trace::RunMeta meta;
+    meta.source = "measured";
+    meta.deck_toml = deck.toToml();
+    meta.command = opt.command;
+    meta.tp = shape.tp();
+    meta.cp = shape.cp();
+    meta.pp = shape.pp();
+    meta.dp = shape.dp();
+    meta.extra.emplace_back("executor", "wlb::train::train");
+    meta.extra.emplace_back("gemm", runtime::gemmBackend());
+    meta.extra.emplace_back("comm_backend", parallel::commBackendName(backend));
+    meta.extra.emplace_back("execution_space", Space::name());
+    meta.extra.emplace_back("first_step", std::to_string(start));
+    sum.trace_path = (out_dir / deck.output.trace).string();
+    writer = std::make_unique<trace::Writer>(sum.trace_path, meta, world);
   }
-  std::ofstream log(log_path, std::ios::app);
-  if (!log) throw InputError(fmt::format("{}: cannot write ({})", log_path, std::strerror(errno)));
+  auto commitTrace = [&]() {
+    if (!writer) return;
+    writer->setTraining(step_rows, rank_rows);
+    writer->commit(rec);
+  };
 
   double entropy = 0;
   const auto eval_host = valid_ds && valid_ds->documents() > 0 ? evalBatches(*valid_ds, S, tc.eval_tokens, entropy)
                                                                : std::vector<std::vector<std::vector<std::int32_t>>>{};
   sum.unigram_entropy = entropy;
+  // Every rank holds the whole model: evaluation batches are dealt round-robin over the
+  // ranks, each batch's loss sum travels alone (the others contribute exact zeros) and
+  // the sums are added in batch order, so the evaluation loss has the same bits on every
+  // mesh for the same weights.
   auto evaluate = [&]() {
-    double loss = 0;
+    const std::size_t nb = eval_host.size();
+    std::vector<double> part(nb, 0.0), all(nb, 0.0);
     std::int64_t predicted = 0;
-    for (const auto& segs : eval_host) {
-      const TokenBatch b = makeBatch(segs, deck);
-      loss += model.lossSum(space, b);
-      predicted += b.predicted;
+    std::string e;
+    for (std::size_t i = 0; i < nb; ++i) {
+      for (const auto& seg : eval_host[i]) predicted += static_cast<std::int64_t>(seg.size()) - 1;
+      if (static_cast<int>(i % static_cast<std::size_t>(W)) != rank || !e.empty()) continue;
+      try {
+        part[i] = model.lossSum(space, makeBatch(eval_host[i], deck));
+      } catch (const InputError& x) {
+        e = x.what();
+      }
     }
+    parallel::throwIfAnyFailed(world, e);
+    if (nb > 0) MPI_Allreduce(part.data(), all.data(), static_cast<int>(nb), MPI_DOUBLE, MPI_SUM, world);
+    double loss = 0;
+    for (const double x : all) loss += x;
     return predicted > 0 ? loss / static_cast<double>(predicted) : -1.0;
   };
+
+  if (opt.progress && rank == 0) {
+    std::fprintf(stderr, "wlb train: mesh %s, %lld parameters, steps %lld..%lld, packer %s%s\n",
+                 shape.describe().c_str(), static_cast<long long>(model.paramCount()), static_cast<long long>(start),
+                 static_cast<long long>(total_steps), d.packing.strategy.c_str(),
+                 shape.cp() > 1 ? (", CP sharding " + d.cp.strategy + " / " + d.cp.comm).c_str() : "");
+    std::fflush(stderr);
+  }
 
   const auto t0 = Clock::now();
   double busy = 0;
   std::int64_t run_tokens = 0;
   bool have_first = false;  // the summary's first loss is that of the first step with tokens
   sum.first_step = start;
+  rank_rows.reserve(static_cast<std::size_t>((total_steps - start) * W));
   for (std::int64_t step = start; step < total_steps; ++step) {
-    const auto docs = source->next(step);
-    const StepPlan plan = packer->pack(step, docs);
+    std::vector<double> row(kCols, 0.0);
+    const std::size_t first_event = rec.events().size();
     const auto ts = Clock::now();
-    std::vector<TokenBatch> batches;
-    std::int64_t predicted = 0, step_tokens = 0;
-    for (const MicroBatch& mb : plan.replicas.at(0)) {
-      if (mb.segments.empty()) continue;
-      std::vector<std::vector<std::int32_t>> segs;
-      for (const Segment& s : mb.segments)
-        segs.push_back(segmentTokens(train_ds, s.doc % train_ds.documents(), s.offset, s.length));
-      batches.push_back(makeBatch(segs, deck));
-      predicted += batches.back().predicted;
-      step_tokens += batches.back().n;
+    const std::int64_t ts_ns = rec.now();
+    rec.setContext({static_cast<int>(step), -1, trace::Phase::None, -1});
+    // 1. Rank 0 packs the step and broadcasts the plan (one plan for every rank, even for a
+    //    packer whose result could depend on timing).
+    std::string text;
+    err.clear();
+    if (rank == 0) {
+      try {
+        const auto docs = source->next(step);
+        const StepPlan plan = packer->pack(step, docs);
+        text = packing::stepToJson(plan, packing::computeMetrics(plan, *cost), static_cast<std::int64_t>(docs.size()))
+                   .dump();
+      } catch (const std::exception& e) {
+        err = fmt::format("planning step {}: {}", step, e.what());
+      }
     }
-    model.zeroGrads(space);
-    double loss_sum = 0;
+    parallel::throwIfAnyFailed(world, err);
+    bcastString(text, world);
+    const nlohmann::json pj = nlohmann::json::parse(text);
+    const StepPlan plan = packing::stepFromJson(pj);
+    const std::int64_t ndocs = pj.value("incoming", std::int64_t{0});
+    if (static_cast<int>(plan.replicas.size()) != shape.dp())
+      throw std::logic_error(
+          fmt::format("wlb train: the packer returned {} replicas for mesh.dp = {}", plan.replicas.size(), shape.dp()));
+    if (writer && rank == 0) writer->addPlan(d.packing.strategy, plan, text);
+    // The loss is the mean over every predicted token of the step (all replicas), so each
+    // rank scales its share by the same global count.
+    std::int64_t predicted = 0, step_tokens = 0;
+    for (const auto& rep : plan.replicas)
+      for (const MicroBatch& mb : rep)
+        for (const Segment& s : mb.segments) {
+          predicted += s.length - 1;
+          step_tokens += s.length;
+        }
     const float scale = predicted > 0 ? 1.0f / static_cast<float>(predicted) : 0.0f;
-    for (const TokenBatch& b : batches) loss_sum += model.forwardBackward(space, b, scale);
+
+    // 2. This rank's micro-batches: its replica's, as its CP share.
+    const std::vector<MicroBatch>& replica = plan.replicas.at(static_cast<std::size_t>(coord.dp));
+    std::vector<cp::MicroBatchShards> shards;
+    std::vector<TokenBatch> batches;
+    std::vector<std::int64_t> batch_mb;  // micro-batch index of each batch
+    err.clear();
+    try {
+      if (shape.cp() > 1) shards = cp::planReplicaShards(replica, d.cp.strategy, shape.cp(), *cost, d.cp);
+      for (std::size_t m = 0; m < replica.size(); ++m) {
+        const MicroBatch& mb = replica[m];
+        if (mb.segments.empty()) continue;  // every CP rank of the replica skips it alike
+        std::vector<std::vector<std::int32_t>> segs;
+        for (const Segment& s : mb.segments)
+          segs.push_back(segmentTokens(*train_ds, s.doc % train_ds->documents(), s.offset, s.length));
+        batches.push_back(shape.cp() > 1 ? shardBatch(segs, shards.at(m).shard, coord.cp, deck)
+                                         : makeBatch(segs, deck));
+        batch_mb.push_back(static_cast<std::int64_t>(m));
+        row[kTokens] += static_cast<double>(batches.back().n);
+      }
+    } catch (const InputError& e) {
+      err = e.what();
+    }
+    parallel::throwIfAnyFailed(world, err);
+    const auto tc0 = Clock::now();
+    row[kDataS] = std::chrono::duration<double>(tc0 - ts).count();
+
+    // 3. Forward and backward of each micro-batch, gradients accumulated.
+    model.zeroGrads(space);
+    double loss_part = 0;
+    for (std::size_t i = 0; i < batches.size(); ++i) {
+      const int m = static_cast<int>(batch_mb[i]);
+      rec.setContext({static_cast<int>(step), m, trace::Phase::Fwd, -1});
+      if (shape.cp() > 1) {
+        const auto& sh = shards.at(static_cast<std::size_t>(m));
+        CpAttention op(sh.shard, sh.comm, *cp_group, mc, *cost, rec);
+        loss_part += model.forwardBackward(space, batches[i], scale, &op);
+      } else {
+        LocalAttention op(batches[i], rec);
+        loss_part += model.forwardBackward(space, batches[i], scale, &op);
+      }
+    }
+    kk::fence(space, "wlb::train::fwd_bwd");
+    const auto tc1 = Clock::now();
+    row[kComputeS] = std::chrono::duration<double>(tc1 - tc0).count();
+
+    // 4. Sum the gradients over DP x CP (every rank then holds the step's gradient) and
+    //    the loss; then the same AdamW update on every rank.
+    rec.setContext({static_cast<int>(step), -1, trace::Phase::Bwd, -1});
+    double loss_sum = loss_part;
+    {
+      auto g = model.grads();
+      trace::Recorder::Scope s(rec, trace::labels::kGradAllreduce, space, 0, 4.0 * static_cast<double>(g.size()));
+      if (dpcp_group->size() > 1) {
+        dpcp_group->allreduceSum(space, g.data(), static_cast<std::int64_t>(g.size()));
+        MPI_Allreduce(&loss_part, &loss_sum, 1, MPI_DOUBLE, MPI_SUM, world);
+      }
+    }
+    const auto tc2 = Clock::now();
+    row[kAllreduceS] = std::chrono::duration<double>(tc2 - tc1).count();
     // A step whose micro-batches are all empty (a packer that holds every document back)
     // trains nothing: no update, so weight decay and the moments do not move either.
-    const double gnorm = predicted > 0 ? adam.step(space, model, step) : 0.0;
+    double gnorm = 0.0;
+    if (predicted > 0) {
+      trace::Recorder::Scope s(rec, trace::labels::kOptimizer, space);
+      gnorm = adam.step(space, model, step);
+    }
     kk::fence(space, "wlb::train::step");
-    const double secs = std::chrono::duration<double>(Clock::now() - ts).count();
-    busy += secs;
-    run_tokens += step_tokens;
-    tokens += step_tokens;
+    const auto te = Clock::now();
+    row[kOptimizerS] = std::chrono::duration<double>(te - tc2).count();
+    row[kStepS] = std::chrono::duration<double>(te - ts).count();
+    rec.setContext({static_cast<int>(step), -1, trace::Phase::None, -1});
+    rec.record(rec.region(trace::labels::kStep), ts_ns, rec.now());
+    for (std::size_t i = first_event; i < rec.events().size(); ++i) {
+      const auto& ev = rec.events()[i];
+      const std::string& l = rec.regions()[static_cast<std::size_t>(ev.region)];
+      const double sec = static_cast<double>(ev.end_ns - ev.start_ns) * 1e-9;
+      if (l == trace::labels::kAttn) row[kAttnS] += sec;
+      if (l == trace::labels::kKvAllgather || l == trace::labels::kKvExchange) row[kCpCommS] += sec;
+    }
+
     const double loss = predicted > 0 ? loss_sum / static_cast<double>(predicted) : 0.0;
     if (predicted > 0) {
       if (!have_first) sum.first_loss = loss;
       have_first = true;
       sum.last_loss = loss;
     }
-    nlohmann::json rec = {{"step", step},       {"loss", loss},          {"lr", oc.lrAt(step)},
-                          {"grad_norm", gnorm}, {"tokens", step_tokens}, {"documents", docs.size()},
-                          {"seconds", secs}};
     const bool last = step + 1 == total_steps;
+    double ev = -1;
     if ((tc.eval_interval > 0 && (step + 1) % tc.eval_interval == 0) || last) {
-      const double ev = evaluate();
-      if (ev >= 0) {
-        rec["eval_loss"] = ev;
-        sum.eval_loss = ev;
+      const auto e0 = Clock::now();
+      ev = evaluate();
+      row[kEvalS] = std::chrono::duration<double>(Clock::now() - e0).count();
+      if (ev >= 0) sum.eval_loss = ev;
+    }
+    sum.losses.push_back(loss);
+    sum.eval_losses.push_back(ev >= 0 ? ev : std::nan(""));
+
+    // 5. Every rank's timings to rank 0 (the step's time is the slowest rank's).
+    std::vector<double> all(rank == 0 ? static_cast<std::size_t>(kCols) * W : 0);
+    MPI_Gather(row.data(), kCols, MPI_DOUBLE, all.data(), kCols, MPI_DOUBLE, 0, world);
+    double secs = row[kStepS];
+    if (rank == 0) {
+      for (int r = 0; r < W; ++r) {
+        const double* a = &all[static_cast<std::size_t>(r) * kCols];
+        secs = std::max(secs, a[kStepS]);
+        trace::TrainRankRow rr;
+        rr.step = step;
+        rr.rank = r;
+        rr.tokens = static_cast<std::int64_t>(a[kTokens]);
+        rr.step_seconds = a[kStepS];
+        rr.data_seconds = a[kDataS];
+        rr.compute_seconds = a[kComputeS];
+        rr.attn_seconds = a[kAttnS];
+        rr.cp_comm_seconds = a[kCpCommS];
+        rr.allreduce_seconds = a[kAllreduceS];
+        rr.optimizer_seconds = a[kOptimizerS];
+        rr.eval_seconds = a[kEvalS];
+        rank_rows.push_back(rr);
       }
     }
-    log << rec.dump() << "\n";
-    log.flush();
-    if (opt.progress && ((step + 1) % tc.log_interval == 0 || last || rec.contains("eval_loss"))) {
-      const double el = std::chrono::duration<double>(Clock::now() - t0).count();
-      const double eta = el / static_cast<double>(step + 1 - start) * static_cast<double>(total_steps - step - 1);
-      std::string ev = rec.contains("eval_loss") ? fmt::format("  eval {:.4f}", rec["eval_loss"].get<double>()) : "";
-      std::fprintf(stderr, "wlb train: step %lld/%lld  loss %.4f%s  lr %.3g  gnorm %.3g  %.0f tok/s  ETA %.0f s\n",
-                   static_cast<long long>(step + 1), static_cast<long long>(total_steps), loss, ev.c_str(),
-                   oc.lrAt(step), gnorm, busy > 0 ? static_cast<double>(run_tokens) / busy : 0.0, eta);
-      std::fflush(stderr);
-    }
-    if (tc.checkpoint_interval > 0 && ((step + 1) % tc.checkpoint_interval == 0 || last)) {
-      try {
-        fs::create_directories(ckpt_dir);
-      } catch (const fs::filesystem_error& e) {
-        throw InputError(
-            fmt::format("train.checkpoint_dir: cannot create {} ({})", ckpt_dir.string(), e.code().message()));
+    busy += secs;
+    run_tokens += step_tokens;
+    tokens += step_tokens;
+
+    err.clear();
+    if (rank == 0) {
+      trace::TrainStepRow sr;
+      sr.step = step;
+      sr.tokens = step_tokens;
+      sr.predicted = predicted;
+      sr.documents = ndocs;
+      sr.loss = loss;
+      sr.eval_loss = ev >= 0 ? ev : std::nan("");
+      sr.lr = oc.lrAt(step);
+      sr.grad_norm = gnorm;
+      sr.seconds = secs;
+      sr.tokens_per_second = secs > 0 ? static_cast<double>(step_tokens) / secs : 0.0;
+      step_rows.push_back(sr);
+      nlohmann::json rec_json = {{"step", step},       {"loss", loss},          {"lr", oc.lrAt(step)},
+                                 {"grad_norm", gnorm}, {"tokens", step_tokens}, {"predicted", predicted},
+                                 {"documents", ndocs}, {"seconds", secs}};
+      if (ev >= 0) rec_json["eval_loss"] = ev;
+      log << rec_json.dump() << "\n";
+      log.flush();
+      if (opt.progress && ((step + 1) % tc.log_interval == 0 || last || ev >= 0)) {
+        const double el = std::chrono::duration<double>(Clock::now() - t0).count();
+        const double eta = el / static_cast<double>(step + 1 - start) * static_cast<double>(total_steps - step - 1);
+        const std::string evs = ev >= 0 ? fmt::format("  eval {:.4f}", ev) : "";
+        std::fprintf(stderr, "wlb train: step %lld/%lld  loss %.4f%s  lr %.3g  gnorm %.3g  %.0f tok/s  ETA %.0f s\n",
+                     static_cast<long long>(step + 1), static_cast<long long>(total_steps), loss, evs.c_str(),
+                     oc.lrAt(step), gnorm, busy > 0 ? static_cast<double>(run_tokens) / busy : 0.0, eta);
+        std::fflush(stderr);
       }
-      nlohmann::json h = {{"format", "wlb-train-checkpoint"},
-                          {"version", 1},
-                          {"step", step + 1},
-                          {"tokens", tokens},
-                          {"params", model.paramCount()},
-                          {"tensors", {"weights", "adam_m", "adam_v"}},
-                          {"fingerprint", fp},
-                          {"source", source->saveState()},
-                          {"packer", packer->saveState()},
-                          // No stochastic op after initialisation (no dropout; data order is
-                          // the source's): the seed is the whole RNG state.
-                          {"rng", {{"seed", tc.seed}}}};
-      writeCheckpoint(ckpt_path, h, state_tensors, opt);
-      sum.checkpoint_path = ckpt_path;
+      if (tc.checkpoint_interval > 0 && ((step + 1) % tc.checkpoint_interval == 0 || last)) {
+        try {
+          try {
+            fs::create_directories(ckpt_dir);
+          } catch (const fs::filesystem_error& e) {
+            throw InputError(
+                fmt::format("train.checkpoint_dir: cannot create {} ({})", ckpt_dir.string(), e.code().message()));
+          }
+          nlohmann::json h = {{"format", "wlb-train-checkpoint"},
+                              {"version", 1},
+                              {"step", step + 1},
+                              {"tokens", tokens},
+                              {"params", model.paramCount()},
+                              {"tensors", {"weights", "adam_m", "adam_v"}},
+                              {"fingerprint", fp},
+                              {"source", source->saveState()},
+                              {"packer", packer->saveState()},
+                              // No stochastic op after initialisation (no dropout; data order is
+                              // the source's): the seed is the whole RNG state.
+                              {"rng", {{"seed", tc.seed}}}};
+          // The replicas hold the same weights and moments: rank 0's are the run's.
+          writeCheckpoint(ckpt_path, h, state_tensors, opt);
+          sum.checkpoint_path = ckpt_path;
+        } catch (const InputError& e) {
+          err = e.what();
+        }
+      }
     }
+    parallel::throwIfAnyFailed(world, err);
+    if (tc.checkpoint_interval > 0 && ((step + 1) % tc.checkpoint_interval == 0 || last) && !last)
+      commitTrace();  // a run killed later keeps the trace up to its last checkpoint
     if (opt.kill_after_step == step) std::raise(SIGKILL);
+    if (opt.stop_after_step == step) {
+      sum.steps = step + 1;
+      sum.tokens = tokens;
+      return sum;
+    }
   }
+  commitTrace();
   sum.steps = total_steps;
   sum.tokens = tokens;
   sum.tokens_per_second = busy > 0 ? static_cast<double>(run_tokens) / busy : 0.0;
+  sum.weights_hash = fnv1a(toHost(model.weights()));
   return sum;
 }
 
 std::string formatSummary(const TrainSummary& s) {
   std::ostringstream os;
   os << fmt::format("steps            {} .. {} (this run: {})\n", s.first_step, s.steps, s.steps - s.first_step);
+  if (!s.mesh.empty()) os << fmt::format("mesh             {}\n", s.mesh);
   os << fmt::format("parameters       {}\n", s.params);
   os << fmt::format("tokens trained   {}\n", s.tokens);
   os << fmt::format("train loss       {:.4f} -> {:.4f} (nats/token)\n", s.first_loss, s.last_loss);
@@ -407,6 +813,7 @@ std::string formatSummary(const TrainSummary& s) {
   os << fmt::format("throughput       {:.0f} tokens/s\n", s.tokens_per_second);
   os << fmt::format("log              {}\n", s.log_path);
   if (!s.checkpoint_path.empty()) os << fmt::format("checkpoint       {}\n", s.checkpoint_path);
+  if (!s.trace_path.empty()) os << fmt::format("trace            {}\n", s.trace_path);
   return os.str();
 }
 

@@ -4,7 +4,12 @@
 /// a `wlb data prepare` dataset train together each step; the LLaMA-style model
 /// (llama.hpp) trains on their tokens with AdamW; validation loss on the held-out split;
 /// atomic checkpoints (weights, AdamW moments, step, packer and data-source state) that a
-/// resumed run continues from with bit-identical losses. One rank.
+/// resumed run continues from with bit-identical losses; training metrics in the HDF5
+/// trace. Runs on a DP x CP mesh (mesh.tp = mesh.pp = 1): rank 0 packs every step and
+/// broadcasts the plan, DP rank d trains replica d, the CP ranks of a replica share each
+/// micro-batch through cp::DistributedAttention, and the gradients are summed over DP x CP.
+
+#include <mpi.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -22,9 +27,15 @@ struct TrainOptions {
   /// Test hook: after step k is complete (logged, checkpointed), the process kills itself
   /// with SIGKILL (-1: never).
   std::int64_t kill_after_step = -1;
+  /// Test hook: return after step k is complete as a killed run would stop there (no
+  /// further checkpoint, no trace; -1: never).
+  std::int64_t stop_after_step = -1;
   /// Called with (path, true) when a temporary file is created and (path, false) when it
   /// is renamed (the driver removes registered ones on SIGINT).
   std::function<void(const std::string&, bool)> track_temporary;
+  MPI_Comm comm = MPI_COMM_WORLD;  ///< the ranks of the mesh (mesh.dp x mesh.cp of them)
+  bool write_trace = true;         ///< output.dir/output.trace with the training metrics
+  std::string command;             ///< command line stored in the trace metadata
 };
 
 struct TrainSummary {
@@ -35,11 +46,16 @@ struct TrainSummary {
   double unigram_entropy = 0;              ///< of the evaluation tokens, nats/token
   double tokens_per_second = 0;            ///< this invocation
   std::int64_t params = 0;
-  std::string log_path, checkpoint_path;
+  std::string mesh;  ///< MeshShape::describe()
+  std::string log_path, checkpoint_path, trace_path;
+  /// Every step of this invocation (every rank has them): training loss (0 for a step
+  /// without tokens) and evaluation loss (NaN where not evaluated).
+  std::vector<double> losses, eval_losses;
+  std::uint64_t weights_hash = 0;  ///< FNV-1a of this rank's final weights (replicas must agree)
 };
 
-/// Train as the deck says (InputError naming the key or file on bad input; the mesh must
-/// be 1x1x1x1).
+/// Train as the deck says. Collective over opt.comm. InputError naming the key or file on
+/// bad input, raised on every rank alike (mesh.tp and mesh.pp must be 1).
 TrainSummary train(const Deck& deck, const TrainOptions& opt);
 
 /// Human-readable summary table (stdout).

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # wlb train end to end: a tiny dataset from /usr/share/common-licenses (always on Debian),
 # a tiny model whose training loss falls; a run killed between checkpoints and resumed
-# gives bit-identical losses to an uninterrupted one; bad input exits 2.
+# gives bit-identical losses to an uninterrupted one (one rank and dp = 2); dp = 2 and
+# cp = 2 give the one-rank losses; bad input exits 2.
 set -u
 WLB="$1"; SRC="$2"
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
@@ -77,9 +78,71 @@ for x, y in zip(a, b):
 print("30 steps bit-identical after kill + resume")
 PYEOF
 
-# 3. Bad input exits 2 naming the key.
-"$WLB" train deck.toml --set mesh.dp=2 > o.txt 2>&1; rc=$?
-[ "$rc" = 2 ] && grep -q "mesh\." o.txt && grep -q "not built yet" o.txt || fail "mesh.dp=2: rc $rc $(cat o.txt)"
+# 3. Two ranks (dp = 2, then cp = 2): the one-rank losses within float reassociation, a
+#    trace with the training metrics, and a dp = 2 run killed between checkpoints and
+#    resumed on the same mesh gives bit-identical losses to an uninterrupted dp = 2 run.
+dp2="--set mesh.dp=2 --set packing.micro_batches=1 --set packing.strategy=\"original\""
+"$WLB" train deck.toml --set packing.strategy='"original"' --set output.dir=one1 --quiet > /dev/null ||
+  fail "one-rank original run"
+timeout 120 mpiexec -n 2 "$WLB" train deck.toml $dp2 --set output.dir=dp2 > dp2.txt 2> dp2.err ||
+  { cat dp2.err; fail "dp=2 run"; }
+grep -q "mesh             tp=1 cp=1 pp=1 dp=2" dp2.txt || fail "dp=2 summary: $(cat dp2.txt)"
+grep -q "wlb train: step 40/40" dp2.err || fail "dp=2: no progress line: $(cat dp2.err)"
+[ "$(grep -c 'step 40/40' dp2.err)" = 1 ] || fail "dp=2: progress printed by more than rank 0"
+timeout 120 mpiexec -n 2 "$WLB" train deck.toml --set mesh.cp=2 --set output.dir=cp2 --quiet > /dev/null 2> cp2.err ||
+  { cat cp2.err; fail "cp=2 run"; }
+$PY - out/train_log.jsonl cp2/train_log.jsonl one1/train_log.jsonl dp2/train_log.jsonl <<'PYEOF' || fail "multi-rank losses differ"
+import json, sys
+def load(p): return [json.loads(l) for l in open(p)]
+for ref, got, what in ((sys.argv[1], sys.argv[2], "cp=2"), (sys.argv[3], sys.argv[4], "dp=2")):
+    a, b = load(ref), load(got)
+    assert len(a) == len(b) == 40, (what, len(a), len(b))
+    worst = 0.0
+    for x, y in zip(a, b):
+        assert x["tokens"] == y["tokens"], (what, x["step"])
+        for k in ("loss", "eval_loss"):
+            if k in x or k in y:
+                d = abs(x[k] - y[k]) / max(abs(x[k]), 1e-12)
+                worst = max(worst, d)
+                assert d < 1e-5, (what, x["step"], k, x[k], y[k])
+    print(f"{what}: 40 steps, largest relative loss difference to one rank {worst:.1e}")
+PYEOF
+if $PY -c "import h5py" 2> /dev/null; then
+  $PY - dp2/trace.h5 <<'PYEOF' || fail "trace metrics"
+import h5py, math, sys
+f = h5py.File(sys.argv[1], "r")
+s, r = f["train/steps"][:], f["train/ranks"][:]
+assert len(s) == 40 and list(s["step"]) == list(range(40))
+assert len(r) == 80 and set(r["rank"]) == {0, 1}
+assert sum(not math.isnan(x) for x in s["eval_loss"]) == 2
+assert (s["seconds"] > 0).all() and (r["compute_seconds"] > 0).all()
+print("trace: /train/steps and /train/ranks")
+PYEOF
+fi
+ckdp="$ck $dp2"
+timeout 120 mpiexec -n 2 "$WLB" train deck.toml $ckdp --set output.dir=fulldp --quiet > /dev/null 2>&1 || fail "dp=2 full run"
+WLB_TRAIN_KILL_AFTER_STEP=14 timeout 120 mpiexec -n 2 "$WLB" train deck.toml $ckdp --set output.dir=cutdp --quiet \
+  > /dev/null 2>&1 && fail "the killed dp=2 run exited 0"
+[ -f cutdp/checkpoint/checkpoint.wlb ] || fail "no dp=2 checkpoint"
+timeout 120 mpiexec -n 2 "$WLB" train deck.toml $ckdp --set output.dir=cutdp --resume > resumed.txt 2> resumed.err ||
+  { cat resumed.err; fail "dp=2 resume"; }
+grep -q "steps            10 .. 30" resumed.txt || fail "dp=2 resume did not start at step 10: $(cat resumed.txt)"
+$PY - fulldp/train_log.jsonl cutdp/train_log.jsonl <<'PYEOF' || fail "dp=2 resumed losses differ"
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert [r["step"] for r in b] == list(range(30)), [r["step"] for r in b]
+for x, y in zip(a, b):
+    for k in ("loss", "grad_norm", "lr", "tokens", "eval_loss"):
+        assert x.get(k) == y.get(k), (x["step"], k, x.get(k), y.get(k))
+print("dp=2: 30 steps bit-identical after kill + resume")
+PYEOF
+
+# 4. Bad input exits 2 naming the key.
+"$WLB" train deck.toml --set mesh.tp=2 > o.txt 2>&1; rc=$?
+[ "$rc" = 2 ] && grep -q "mesh.tp" o.txt && grep -q "tensor parallelism" o.txt || fail "mesh.tp=2: rc $rc $(cat o.txt)"
+timeout 60 mpiexec -n 2 "$WLB" train deck.toml --set mesh.cp=2 --set cp.strategy='"nope"' > o.txt 2>&1; rc=$?
+[ "$rc" = 2 ] && grep -q "cp.strategy" o.txt || fail "cp=2 with a bad cp.strategy: rc $rc $(cat o.txt)"
 "$WLB" train deck.toml --set train.dataset=nope > o.txt 2>&1; rc=$?
 [ "$rc" = 2 ] && grep -q "train.dataset" o.txt || fail "missing dataset: rc $rc $(cat o.txt)"
 "$WLB" train deck.toml $ck --set output.dir=cut --set train.lr=0.02 --resume > o.txt 2>&1; rc=$?
