@@ -21,6 +21,13 @@ EVENT_FIELDS = ("rank", "strategy", "step", "micro_batch", "region", "layer", "c
 RANK_FIELDS = ("rank", "tp", "cp", "pp", "dp")
 SEGMENT_FIELDS = ("strategy", "step", "dp", "micro_batch", "index", "doc", "offset", "length",
                   "arrival_step")
+# `wlb train` metrics (/train/steps, /train/ranks); integers stay int64, the rest float64.
+TRAIN_STEP_FIELDS = ("step", "tokens", "predicted", "documents", "loss", "eval_loss", "lr", "grad_norm",
+                     "seconds", "tokens_per_second")
+TRAIN_RANK_FIELDS = ("step", "rank", "tokens", "step_seconds", "data_seconds", "compute_seconds",
+                     "attn_seconds", "cp_comm_seconds", "allreduce_seconds", "optimizer_seconds",
+                     "eval_seconds")
+_TRAIN_INTS = ("step", "rank", "tokens", "predicted", "documents")
 
 
 class TraceError(Exception):
@@ -38,6 +45,8 @@ class Trace:
     segments: dict         # field -> np.ndarray, one entry per plan segment
     plan_steps: dict       # "strategy", "step" arrays + "packing_json", "shard_json" lists
     mesh: dict = field(default_factory=dict)  # tp, cp, pp, dp sizes
+    train_steps: dict = field(default_factory=dict)  # wlb train: field -> np.ndarray per step ({} otherwise)
+    train_ranks: dict = field(default_factory=dict)  # wlb train: field -> np.ndarray per (step, rank)
 
     @property
     def source(self) -> str:
@@ -105,6 +114,19 @@ def _table(f, path, fields, fname):
     return out
 
 
+def _train_table(f, path, fields, fname):
+    """A /train table (absent -> {}), integer fields int64, the others float64."""
+    if path not in f:
+        return {}
+    out = _table(f, path, (), fname)
+    data = f[path][()]
+    for k in fields:
+        if k not in data.dtype.names:
+            raise TraceError(f"{fname}: /{path} lacks the field '{k}'")
+        out[k] = np.asarray(data[k]).astype(np.int64 if k in _TRAIN_INTS else np.float64)
+    return out
+
+
 def load(path: str) -> Trace:
     """Read a complete trace file. Raises TraceError on any problem."""
     try:
@@ -144,6 +166,8 @@ def load(path: str) -> Trace:
             steps = _table(f, "plan/steps", ("strategy", "step"), path)
             steps["packing_json"] = _strings(f["plan/packing_json"])
             steps["shard_json"] = _strings(f["plan/shard_json"])
+            train_steps = _train_table(f, "train/steps", TRAIN_STEP_FIELDS, path)
+            train_ranks = _train_table(f, "train/ranks", TRAIN_RANK_FIELDS, path)
     except TraceError:
         raise
     except (OSError, KeyError, ValueError, TypeError) as e:
@@ -159,4 +183,5 @@ def load(path: str) -> Trace:
             raise TraceError(f"{path}: /events refers to ranks outside /ranks")
     mesh = {k: int(meta.get(f"mesh_{k}", 1)) for k in ("tp", "cp", "pp", "dp")}
     return Trace(path=path, meta=meta, strategies=strategies, regions=regions, ranks=ranks,
-                 events=events, segments=segments, plan_steps=steps, mesh=mesh)
+                 events=events, segments=segments, plan_steps=steps, mesh=mesh, train_steps=train_steps,
+                 train_ranks=train_ranks)

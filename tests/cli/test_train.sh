@@ -108,15 +108,21 @@ for ref, got, what in ((sys.argv[1], sys.argv[2], "cp=2"), (sys.argv[3], sys.arg
     print(f"{what}: 40 steps, largest relative loss difference to one rank {worst:.1e}")
 PYEOF
 if $PY -c "import h5py" 2> /dev/null; then
-  $PY - dp2/trace.h5 <<'PYEOF' || fail "trace metrics"
-import h5py, math, sys
-f = h5py.File(sys.argv[1], "r")
-s, r = f["train/steps"][:], f["train/ranks"][:]
-assert len(s) == 40 and list(s["step"]) == list(range(40))
-assert len(r) == 80 and set(r["rank"]) == {0, 1}
-assert sum(not math.isnan(x) for x in s["eval_loss"]) == 2
+  PYTHONPATH="$SRC/analysis" $PY - dp2/trace.h5 dp2/train_log.jsonl <<'PYEOF' || fail "trace metrics"
+import json, math, sys
+import numpy as np
+import wlb_trace
+t = wlb_trace.load(sys.argv[1])
+s, r = t.train_steps, t.train_ranks
+log = [json.loads(l) for l in open(sys.argv[2])]
+assert list(s["step"]) == list(range(40)), s["step"]
+assert list(s["loss"]) == [x["loss"] for x in log]  # the same numbers as the log
+assert list(s["tokens"]) == [x["tokens"] for x in log]
+assert [x for x in s["eval_loss"] if not math.isnan(x)] == [x["eval_loss"] for x in log if "eval_loss" in x]
+assert len(r["rank"]) == 80 and set(r["rank"]) == {0, 1}
 assert (s["seconds"] > 0).all() and (r["compute_seconds"] > 0).all()
-print("trace: /train/steps and /train/ranks")
+assert np.allclose(s["tokens_per_second"], s["tokens"] / s["seconds"])
+print("trace: /train/steps equal the log, /train/ranks has both ranks")
 PYEOF
 fi
 ckdp="$ck $dp2"
