@@ -90,6 +90,10 @@ __device__ __forceinline__ float fastExp2(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
   return r;
 }
+/// dst[0..1] += v0, v1 (one vector reduction in L2).
+__device__ __forceinline__ void redAdd2(float* dst, float v0, float v1) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(v0), "f"(v1) : "memory");
+}
 __device__ __forceinline__ float quadMax(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
@@ -111,6 +115,23 @@ __device__ __forceinline__ void wgmmaSS_bf16_n64(float (&d)[32], std::uint64_t d
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
       "%24, %25, %26, %27, %28, %29, %30, %31}, "
       "%32, %33, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(1));
+}
+/// As wgmmaSS_bf16_n64 with both operands MN-major (transposed in shared memory).
+__device__ __forceinline__ void wgmmaSS_bf16_n64_tt(float (&d)[32], std::uint64_t da, std::uint64_t db) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 1, 1;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
         "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
@@ -515,6 +536,232 @@ __global__ void __launch_bounds__(128 * NWG, 1) forwardKernel(const cuda::Args a
 #endif
 }
 
+// ---------------- backward kernel (BF16) --------------------------------------------------
+
+constexpr int kBwdKeys = 128;  ///< keys per block: 64 per warpgroup
+constexpr int kBwdRows = 64;   ///< query rows per step
+
+template <int D>
+struct BwdGeo {
+  static constexpr int rowBytes = D * 2;
+  static constexpr int cpr = rowBytes / 16;
+  static constexpr int kvBytes = kBwdKeys * rowBytes;  ///< K or V tile
+  static constexpr int qBytes = kBwdRows * rowBytes;   ///< Q or dO tile (two stages each)
+  static constexpr int dsBytes = kBwdKeys * kBwdRows * 2;
+  static constexpr int oK = 0, oV = kvBytes, oQ = 2 * kvBytes, odO = oQ + 2 * qBytes, odS = odO + 2 * qBytes,
+                       oL = odS + dsBytes, oDl = oL + 2 * kBwdRows * 4;
+  static constexpr int smem = oDl + 2 * kBwdRows * 4 + 1024;
+};
+
+/// One block per (key tile of 128 keys, KV head); warpgroup w owns keys [64 w, 64 w + 64)
+/// and keeps their dK and dV in registers. Steps of 64 query rows over the GQA group's
+/// heads and the query tiles that see the tile, Q/dO double-buffered (the copy of step s + 1
+/// overlaps step s). Per step: S^T = K Q^T and dP^T = V dO^T (both operands in shared
+/// memory), P^T from the LSE, dS^T = P^T (dP^T - delta); dV += P^T dO and dK += dS^T Q with
+/// P^T / dS^T as register A operands; dS^T goes to shared memory and dQ = dS K is one more
+/// MMA over both warpgroups' keys (D = 128: each warpgroup takes 64 of the head_dim columns;
+/// D = 64: each its own keys), reduced into dq in L2. Pieces may share keys, so dK/dV end
+/// with reductions too.
+template <int D>
+__global__ void __launch_bounds__(256, 1) backwardKernel(const cuda::Args a) {
+#if defined(WLB_HOPPER_DEVICE)
+  using G = BwdGeo<D>;
+  constexpr int BN = kBwdKeys, BM = kBwdRows, NT = 256;
+  extern __shared__ char smraw[];
+  char* sm = reinterpret_cast<char*>((reinterpret_cast<std::uintptr_t>(smraw) + 1023) & ~std::uintptr_t{1023});
+  char* sK = sm + G::oK;
+  char* sV = sm + G::oV;
+  char* sdS = sm + G::odS;
+  float* sL = reinterpret_cast<float*>(sm + G::oL);
+  float* sDl = reinterpret_cast<float*>(sm + G::oDl);
+
+  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int Hkv = a.kv_heads, H = a.heads, group = a.heads / a.kv_heads;
+  const int item = blockIdx.x / Hkv, hk = blockIdx.x % Hkv;
+  const int p = a.work[2 * item], kt = a.work[2 * item + 1];
+  const int qb = a.ranges[4 * p], nq = a.ranges[4 * p + 1] - qb, kb = a.ranges[4 * p + 2],
+            nk = a.ranges[4 * p + 3] - kb, off = nk - nq;
+  const int k0 = kt * BN;
+  const std::int64_t qsb = a.q_s0 * 2, dosb = a.dO_s0 * 2;
+  const char* Qg = static_cast<const char*>(a.q) + static_cast<std::int64_t>(qb) * qsb;
+  const char* dOg = static_cast<const char*>(a.dO) + static_cast<std::int64_t>(qb) * dosb;
+
+  const int qt0 = (k0 - off > 0 ? k0 - off : 0) / BM;  // first query tile that sees the key tile
+  const int nqt = (nq + BM - 1) / BM;
+  const int per = nqt - qt0;  // steps per head
+  const int steps = per * group;
+
+  // step s -> (head, first query row)
+  auto stepHead = [&](int st) { return hk * group + st / per; };
+  auto stepRow = [&](int st) { return (qt0 + st % per) * BM; };
+  auto issue = [&](int st) {  // Q and dO of step st into stage st & 1
+    const int h = stepHead(st), r0 = stepRow(st), b = st & 1;
+    stage<BM, G::cpr, NT>(sm + G::oQ + b * G::qBytes, Qg + h * D * 2, qsb, r0, nq, tid);
+    stage<BM, G::cpr, NT>(sm + G::odO + b * G::qBytes, dOg + h * D * 2, dosb, r0, nq, tid);
+    cpAsyncCommit();
+  };
+  // LSE (base 2) and delta of step st: one value per thread of the first warpgroup
+  auto loadLD = [&](int st) -> float {
+    const int h = stepHead(st), r = stepRow(st) + (tid & 63);
+    if (r >= nq) return 0.0f;
+    return tid < 64 ? a.lse[static_cast<std::int64_t>(qb + r) * a.lse_s0 + h] * 1.4426950408889634f
+                    : a.delta[static_cast<std::int64_t>(qb + r) * H + h];
+  };
+
+  stage<BN, G::cpr, NT>(sK, static_cast<const char*>(a.k) + (static_cast<std::int64_t>(kb) * a.k_s0 + hk * D) * 2,
+                        a.k_s0 * 2, k0, nk, tid);
+  stage<BN, G::cpr, NT>(sV, static_cast<const char*>(a.v) + (static_cast<std::int64_t>(kb) * a.v_s0 + hk * D) * 2,
+                        a.v_s0 * 2, k0, nk, tid);
+  if (steps > 0) issue(0);  // same group as K/V
+  if (tid < 128 && steps > 0) (tid < 64 ? sL : sDl)[tid & 63] = loadLD(0);
+
+  float dk[D / 2], dv[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.0f;
+  const int key0 = k0 + wg * 64 + warp * 16 + g;  // this thread's accumulator rows key0, key0 + 8
+  const float sl2 = a.scale_log2;
+
+  for (int st = 0; st < steps; ++st) {
+    const int b = st & 1, h = stepHead(st), q0 = stepRow(st);
+    const char* sQ = sm + G::oQ + b * G::qBytes;
+    const char* sdO = sm + G::odO + b * G::qBytes;
+    const float* L = sL + b * BM;
+    const float* Dl = sDl + b * BM;
+    cpAsyncWait<0>();
+    fenceProxyAsync();
+    __syncthreads();  // step st's tiles landed; every thread finished step st - 1
+    float ld = 0.0f;
+    if (st + 1 < steps) {
+      issue(st + 1);
+      if (tid < 128) ld = loadLD(st + 1);
+    }
+
+    // S^T = K_w Q^T, dP^T = V_w dO^T (64 keys x 64 queries per warpgroup)
+    float s[32], dp[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) s[i] = dp[i] = 0.0f;
+    fenceRegs(s);
+    fenceRegs(dp);
+    wgmmaFence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const int cb = ks >> 2, in = (ks & 3) * 32;
+      wgmmaSS_bf16_n64(s, desc(sK + cb * BN * 128 + wg * 64 * 128 + in, 16, 1024),
+                       desc(sQ + cb * BM * 128 + in, 16, 1024));
+    }
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const int cb = ks >> 2, in = (ks & 3) * 32;
+      wgmmaSS_bf16_n64(dp, desc(sV + cb * BN * 128 + wg * 64 * 128 + in, 16, 1024),
+                       desc(sdO + cb * BM * 128 + in, 16, 1024));
+    }
+    wgmmaCommit();
+    wgmmaWait<0>();
+    fenceRegs(s);
+    fenceRegs(dp);
+
+    // P^T from the LSE, dS^T = P^T (dP^T - delta); the softmax scale is applied at the end
+    const bool diag = q0 + off < k0 + wg * 64 + 63 || q0 + BM > nq || k0 + BN > nk;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float2 l2 = *reinterpret_cast<const float2*>(L + 8 * i + 2 * t);
+      const float2 d2 = *reinterpret_cast<const float2*>(Dl + 8 * i + 2 * t);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float pv = fastExp2(fmaf(s[4 * i + e], sl2, -((e & 1) ? l2.y : l2.x)));
+        if (diag) {
+          const int key = key0 + (e < 2 ? 0 : 8), q = q0 + 8 * i + 2 * t + (e & 1);
+          if (key > q + off || q >= nq || key >= nk) pv = 0.0f;
+        }
+        s[4 * i + e] = pv;
+        dp[4 * i + e] = pv * (dp[4 * i + e] - ((e & 1) ? d2.y : d2.x));
+      }
+    }
+    unsigned pa[4][4], da[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        pa[kk][r] = packBf16(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+        da[kk][r] = packBf16(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
+      }
+    // dV += P^T dO, dK += dS^T Q (k = the 64 queries; B = dO / Q read transposed)
+    fenceRegs(dv);
+    fenceRegs(dk);
+    wgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      mmaRS<true, D>(dv, pa[kk], desc(sdO + kk * 16 * 128, BM * 128, 1024));
+      mmaRS<true, D>(dk, da[kk], desc(sQ + kk * 16 * 128, BM * 128, 1024));
+    }
+    wgmmaCommit();
+    // dS^T [key][query] to shared memory (128-byte rows, swizzled) for dQ
+    {
+      const int r0 = wg * 64 + warp * 16 + g;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int kk = i >> 1, hi = (i & 1) * 2;
+        *reinterpret_cast<unsigned*>(sdS + r0 * 128 + ((i ^ (r0 & 7)) << 4) + 4 * t) = da[kk][hi];
+        *reinterpret_cast<unsigned*>(sdS + (r0 + 8) * 128 + ((i ^ ((r0 + 8) & 7)) << 4) + 4 * t) = da[kk][hi + 1];
+      }
+    }
+    if (tid < 128 && st + 1 < steps) (tid < 64 ? sL : sDl)[(b ^ 1) * BM + (tid & 63)] = ld;
+    fenceProxyAsync();
+    __syncthreads();  // both warpgroups' dS^T visible
+
+    // dQ (64 queries x 64 columns) += dS K: A = dS (dS^T read transposed), B = K read transposed
+    float dq[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) dq[i] = 0.0f;
+    fenceRegs(dq);
+    wgmmaFence();
+    if constexpr (D == 128) {  // columns [64 w, 64 w + 64) over all 128 keys
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+        wgmmaSS_bf16_n64_tt(dq, desc(sdS + kk * 16 * 128, BM * 128, 1024),
+                            desc(sK + wg * BN * 128 + kk * 16 * 128, BN * 128, 1024));
+    } else {  // all 64 columns over this warpgroup's keys
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        wgmmaSS_bf16_n64_tt(dq, desc(sdS + (wg * 64 + kk * 16) * 128, BM * 128, 1024),
+                            desc(sK + (wg * 64 + kk * 16) * 128, BN * 128, 1024));
+    }
+    wgmmaCommit();
+    wgmmaWait<0>();  // dV, dK and dQ
+    fenceRegs(dq);
+    fenceRegs(dv);
+    fenceRegs(dk);
+    const float sc = a.scale;
+    const int colBase = D == 128 ? wg * 64 : 0;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int q = q0 + warp * 16 + g + 8 * half;
+      if (q >= nq) continue;
+      float* dst = a.dq + static_cast<std::int64_t>(qb + q) * a.dq_s0 + h * D + colBase + 2 * t;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) redAdd2(dst + 8 * i, dq[4 * i + 2 * half] * sc, dq[4 * i + 2 * half + 1] * sc);
+    }
+  }
+
+  const float sc = a.scale;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int key = key0 + 8 * half;
+    if (key >= nk) continue;
+    const std::int64_t r = kb + key;
+    float* dkr = a.dk + r * a.dk_s0 + hk * D + 2 * t;
+    float* dvr = a.dv + r * a.dv_s0 + hk * D + 2 * t;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      redAdd2(dkr + 8 * i, dk[4 * i + 2 * half] * sc, dk[4 * i + 2 * half + 1] * sc);
+      redAdd2(dvr + 8 * i, dv[4 * i + 2 * half], dv[4 * i + 2 * half + 1]);
+    }
+  }
+#else
+  (void)a;
+#endif
+}
+
 // ---------------- host side ----------------------------------------------------------------
 
 void check(cudaError_t e, const char* what) {
@@ -530,6 +777,15 @@ void launch(cudaStream_t st, const cuda::Args& a) {
   check(attr, "cudaFuncSetAttribute");
   forwardKernel<BF, D, BN, NWG><<<a.nwork * a.heads, G::threads, G::smem, st>>>(a);
   check(cudaGetLastError(), "forward launch");
+}
+
+template <int D>
+void launchBackward(cudaStream_t st, const cuda::Args& a) {
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(backwardKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, BwdGeo<D>::smem);
+  check(attr, "cudaFuncSetAttribute");
+  backwardKernel<D><<<a.nwork * a.kv_heads, 256, BwdGeo<D>::smem, st>>>(a);
+  check(cudaGetLastError(), "backward launch");
 }
 
 /// Keys per staged tile: the widest that fits shared memory next to a 128-row Q tile
@@ -575,6 +831,18 @@ void forward(void* stream, const cuda::Args& a, bool bf16) {
     if (a.head_dim == 64) return launch<false, 64, keysFor<false>(64), 2>(st, a);
     if (a.head_dim == 128) return launch<false, 128, keysFor<false>(128), 2>(st, a);
   }
+  throw std::runtime_error("wlb::attention::hopper: head_dim " + std::to_string(a.head_dim) + " not supported");
+}
+
+int backwardKeys() {
+  return kBwdKeys;
+}
+
+void backward(void* stream, const cuda::Args& a) {
+  if (a.nwork == 0) return;
+  const auto st = static_cast<cudaStream_t>(stream);
+  if (a.head_dim == 64) return launchBackward<64>(st, a);
+  if (a.head_dim == 128) return launchBackward<128>(st, a);
   throw std::runtime_error("wlb::attention::hopper: head_dim " + std::to_string(a.head_dim) + " not supported");
 }
 

@@ -1,6 +1,6 @@
 #pragma once
 /// \file cuda_hopper.hpp
-/// \brief Internal: the Hopper (sm_90a) attention forward — warpgroup MMAs (`wgmma`) reading
+/// \brief Internal: the Hopper (sm_90a) attention forward and BF16 backward — warpgroup MMAs (`wgmma`) reading
 /// Q, K and V from shared memory. Built only with the CUDA backend, as its own translation
 /// unit (cuda_hopper.cu, compiled for sm_90a without Kokkos), and called from the Kokkos
 /// dispatch on the caller's instance stream.
@@ -31,5 +31,13 @@ int forwardKeys(bool bf16, int head_dim);
 /// `bf16` = BF16 storage and MMAs; else FP32 storage on TF32 MMAs. Throws
 /// std::runtime_error when the launch fails.
 void forward(void* stream, const cuda::Args& a, bool bf16);
+
+/// Keys per block of the BF16 backward (the work list's key tiles).
+int backwardKeys();
+
+/// BF16 backward over `a.work` (key tiles of backwardKeys() x KV heads): accumulates into
+/// a.dq, a.dk, a.dv; a.delta holds rowsum(dO∘O). Throws std::runtime_error when the
+/// launch fails.
+void backward(void* stream, const cuda::Args& a);
 
 }  // namespace wlb::attention::hopper

@@ -638,8 +638,20 @@ bool mmaForward(const Kokkos::Cuda& space, const Args& a, const VarlenBatch& b, 
   return false;
 }
 
-/// BF16 tensor-core backward; a.delta must hold rowsum(dO∘O). Accumulates into dq, dk, dv.
-inline bool mmaBackward(const Kokkos::Cuda& space, const Args& a, const VarlenBatch& b) {
+/// BF16 tensor-core backward (the Hopper kernels where useHopper(allowHopper)); a.delta
+/// must hold rowsum(dO∘O). Accumulates into dq, dk, dv.
+inline bool mmaBackward(const Kokkos::Cuda& space, const Args& a, const VarlenBatch& b, bool allowHopper = true) {
+#if defined(WLB_HAVE_HOPPER)
+  if (useHopper(a.head_dim, allowHopper)) {
+    const WorkView work = keyWork(b, hopper::backwardKeys());
+    Args h = a;
+    h.work = work.data();
+    h.nwork = static_cast<int>(work.extent(0));
+    hopper::backward(space.cuda_stream(), h);
+    space.fence("wlb::attention::hopper::bwd");
+    return true;
+  }
+#endif
   if (a.head_dim == 64) {
     launchBackward<64>(space, a, b);
     return true;
