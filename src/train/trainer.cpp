@@ -779,6 +779,8 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
           sum.checkpoint_path = ckpt_path;
         } catch (const InputError& e) {
           err = e.what();
+        } catch (const fs::filesystem_error& e) {  // the rename: the other ranks must not wait
+          err = fmt::format("train.checkpoint_dir: {}", e.what());
         }
       }
     }

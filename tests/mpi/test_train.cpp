@@ -1,5 +1,5 @@
 // wlb-mpi-ranks: 2 4
-// wlb-timeout: 300
+// wlb-timeout: 180
 // wlb train on a DP x CP mesh: the same data and seed give the losses of one rank on
 // dp = N, cp = N and dp x cp (within float reassociation), every replica ends with the
 // same weights, no document is lost or trained twice, a resumed run continues
