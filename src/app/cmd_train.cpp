@@ -1,6 +1,6 @@
 // `wlb train DECK [--resume]`: train the LLaMA-style model on a `wlb data prepare` dataset
 // with the deck's packer choosing the batches; validation loss, checkpoints, resume
-// (docs/training.md). Under mpirun on a DP x CP mesh (mesh.dp x mesh.cp ranks).
+// (docs/training.md). Under mpirun on a TP x CP x DP mesh (mesh.tp x mesh.cp x mesh.dp ranks).
 #include <mpi.h>
 
 #include <cstdio>

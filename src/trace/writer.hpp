@@ -91,7 +91,7 @@ struct TrainRankRow {
   std::int64_t tokens = 0;       ///< tokens this rank trained (its CP share of its replica)
   double step_seconds = 0;       ///< the whole step on this rank (plan broadcast to optimizer)
   double data_seconds = 0;       ///< waiting for the plan, reading tokens, CP shard plans
-  double compute_seconds = 0;    ///< forward + backward of the rank's micro-batches (CP KV exchange included)
+  double compute_seconds = 0;    ///< forward + backward of the rank's micro-batches (CP KV exchange, TP sums included)
   double attn_seconds = 0;       ///< attention kernels
   double cp_comm_seconds = 0;    ///< CP KV exchange and dK/dV return
   double allreduce_seconds = 0;  ///< DP x CP gradient all-reduce and loss sum

@@ -3,12 +3,15 @@
 
 #include "train/llama.hpp"
 
+#include <mpi.h>
+
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
 #include "attention/attention.hpp"
 #include "core/kokkos_compat.hpp"
+#include "parallel/group_comm.hpp"
 #include "runtime/layer.hpp"
 
 namespace wlb::train {
@@ -26,14 +29,36 @@ Vec newVec(const char* label, std::int64_t n) {
 }
 
 // Uniform in [-scale, scale] (scale 0: constant 1, the norm gains) from (seed, stream,
-// index): the executor's counter-based fill over the tensor's slice of the buffer.
-void fillTensor(const Space& space, Vec buf, const TensorInfo& t, std::uint64_t seed, std::uint64_t stream,
-                float scale) {
+// index): the executor's counter-based fill over the tensor's slice of the buffer. A TP
+// slice holds the same numbers as that block of the whole tensor.
+void fillTensor(const Space& space, Vec buf, const TensorInfo& t, std::uint64_t seed, std::uint64_t stream, float scale,
+                int tp_rank) {
   const auto slice = Kokkos::subview(buf, std::make_pair(t.offset, t.offset + t.size));
-  if (scale == 0.0f)
+  if (scale == 0.0f) {
     Kokkos::deep_copy(space, slice, 1.0f);
-  else
+  } else if (t.slice == 0) {
     runtime::fillRandom(space, Mat(slice.data(), 1, t.size), seed, stream, scale);
+  } else {
+    Mat full = newMat("wlb::train::init_full", 1, t.rows * t.cols);
+    runtime::fillRandom(space, full, seed, stream, scale);
+    const std::int64_t cols = t.cols;
+    const std::int64_t local_cols = t.slice == 1 ? t.size / t.rows : cols;
+    // columns: [tp_rank * local_cols, +local_cols) of every row; rows: a contiguous block
+    const std::int64_t first = t.slice == 1 ? tp_rank * local_cols : tp_rank * t.size;
+    float* dst = slice.data();
+    const float* src = full.data();
+    const int by_cols = t.slice == 1;
+    Kokkos::parallel_for(
+        "wlb::train::init_slice", Policy(space, 0, t.size), KOKKOS_LAMBDA(const std::int64_t i) {
+          dst[i] = by_cols ? src[(i / local_cols) * cols + first + i % local_cols] : src[first + i];
+        });
+    kk::fence(space, "wlb::train::init_slice");  // `full` goes out of scope
+  }
+}
+
+// In-place sum over the TP group (nothing without one).
+void tpSum(parallel::GroupComm* tp, const Space& space, Mat m) {
+  if (tp) tp->allreduceSum(space, m.data(), static_cast<std::int64_t>(m.size()));
 }
 
 // y = x * rstd * g, rstd = 1/sqrt(mean(x^2) + eps), per row.
@@ -101,6 +126,10 @@ void LlamaConfig::validate() const {
   if (hidden % heads != 0 || (hidden / heads) % 2 != 0)
     throw std::invalid_argument("llama: hidden must be heads * an even head_dim (RoPE rotates pairs)");
   if (heads % kv_heads != 0) throw std::invalid_argument("llama: kv_heads must divide heads");
+  if (tp < 1 || tp_rank < 0 || tp_rank >= tp) throw std::invalid_argument("llama: bad tp / tp_rank");
+  if (heads % tp != 0 || kv_heads % tp != 0 || ffn % tp != 0)
+    throw std::invalid_argument("llama: tensor parallelism needs heads, kv_heads and ffn divisible by tp = " +
+                                std::to_string(tp));
 }
 
 TokenBatch TokenBatch::fromSegments(const std::vector<std::vector<std::int32_t>>& segments, int vocab) {
@@ -151,30 +180,36 @@ TokenBatch TokenBatch::fromTokens(const std::vector<std::int32_t>& tok, const st
   return b;
 }
 
-Llama::Llama(const LlamaConfig& cfg, std::uint64_t seed) : cfg_(cfg) {
+Llama::Llama(const LlamaConfig& cfg, std::uint64_t seed, parallel::GroupComm* tp) : cfg_(cfg), tp_(tp) {
   cfg.validate();
-  const std::int64_t h = cfg.hidden, V = cfg.vocab, qw = h,
-                     kw = static_cast<std::int64_t>(cfg.kv_heads) * cfg.headDim(), f = cfg.ffn;
+  if (cfg.tp > 1 && tp == nullptr) throw std::invalid_argument("llama: tp > 1 needs the TP group");
+  if (cfg.tp == 1) tp_ = nullptr;
+  // This rank's widths (the whole model's without TP).
+  const std::int64_t h = cfg.hidden, V = cfg.vocab, D = cfg.headDim(), T = cfg.tp,
+                     qw = static_cast<std::int64_t>(cfg.localHeads()) * D,
+                     kw = static_cast<std::int64_t>(cfg.localKvHeads()) * D, f = cfg.localFfn();
   std::int64_t off = 0;
-  auto add = [&](const std::string& name, std::int64_t size, bool decay) {
-    tensors_.push_back(TensorInfo{name, off, size, decay});
+  // slice: 0 replicated, 1 column block, 2 row block of the whole [rows][cols] tensor
+  auto add = [&](const std::string& name, std::int64_t rows, std::int64_t cols, bool decay, int slice) {
+    const std::int64_t size = T > 1 && slice != 0 ? rows * cols / T : rows * cols;
+    tensors_.push_back(TensorInfo{name, off, size, decay, T > 1 ? slice : 0, rows, cols});
     off += size;
   };
-  add("embed", V * h, true);
+  add("embed", V, h, true, 0);
   for (int l = 0; l < cfg.layers; ++l) {
     const std::string p = "layer" + std::to_string(l) + ".";
-    add(p + "norm1", h, false);
-    add(p + "wq", h * qw, true);
-    add(p + "wk", h * kw, true);
-    add(p + "wv", h * kw, true);
-    add(p + "wo", qw * h, true);
-    add(p + "norm2", h, false);
-    add(p + "w1", h * f, true);
-    add(p + "w3", h * f, true);
-    add(p + "w2", f * h, true);
+    add(p + "norm1", 1, h, false, 0);
+    add(p + "wq", h, qw * T, true, 1);
+    add(p + "wk", h, kw * T, true, 1);
+    add(p + "wv", h, kw * T, true, 1);
+    add(p + "wo", qw * T, h, true, 2);
+    add(p + "norm2", 1, h, false, 0);
+    add(p + "w1", h, f * T, true, 1);
+    add(p + "w3", h, f * T, true, 1);
+    add(p + "w2", f * T, h, true, 2);
   }
-  add("norm_f", h, false);
-  add("head", h * V, true);
+  add("norm_f", 1, h, false, 0);
+  add("head", h, V, true, 0);
   w_buf_ = Vec("wlb::train::weights", off);
   g_buf_ = Vec("wlb::train::grads", off);
   for (int which = 0; which < 2; ++which) {
@@ -201,7 +236,7 @@ Llama::Llama(const LlamaConfig& cfg, std::uint64_t seed) : cfg_(cfg) {
     p.head = mat(h, V);
   }
   Space space;
-  const float sh = 1.0f / std::sqrt(static_cast<float>(h)), sf = 1.0f / std::sqrt(static_cast<float>(f));
+  const float sh = 1.0f / std::sqrt(static_cast<float>(h)), sf = 1.0f / std::sqrt(static_cast<float>(cfg.ffn));
   const float depth = 1.0f / std::sqrt(2.0f * static_cast<float>(cfg.layers));  // residual branches add up
   for (std::size_t i = 0; i < tensors_.size(); ++i) {
     const std::string& n = tensors_[i].name;
@@ -214,7 +249,7 @@ Llama::Llama(const LlamaConfig& cfg, std::uint64_t seed) : cfg_(cfg) {
       scale = sh * depth;
     else if (n.size() > 2 && n.compare(n.size() - 2, 2, "w2") == 0)
       scale = sf * depth;
-    fillTensor(space, w_buf_, tensors_[i], seed, i + 1, scale);
+    fillTensor(space, w_buf_, tensors_[i], seed, i + 1, scale, cfg.tp_rank);
   }
   kk::fence(space, "wlb::train::Llama::init");
 }
@@ -234,7 +269,10 @@ double Llama::lossSum(const Space& space, const TokenBatch& batch) {
 double Llama::run(const Space& space, const TokenBatch& batch, bool backward, float loss_scale, AttentionOp* attn) {
   const LlamaConfig& c = cfg_;
   const std::int64_t n = batch.n, h = c.hidden, V = c.vocab;
-  const int D = c.headDim(), H = c.heads, KV = c.kv_heads, half = D / 2;
+  // This rank's heads and MLP width (its TP slice; the whole model's without TP).
+  const int D = c.headDim(), H = c.localHeads(), KV = c.localKvHeads(), half = D / 2;
+  const std::int64_t F = c.localFfn();
+  const bool residual_here = tp_ == nullptr || c.tp_rank == 0;  // TP: rank 0 adds the residual before the sum
   // Without an op the attention is this rank's alone: nothing to do for no tokens. An op
   // (CP) is collective, so a rank without tokens still walks every layer with it.
   if (n == 0 && attn == nullptr) return 0.0;
@@ -288,14 +326,16 @@ double Llama::run(const Space& space, const TokenBatch& batch, bool backward, fl
     else
       attention::forward(space, S.q, S.k, S.v, varlen, S.o, S.lse);
     S.h = newMat("wlb::train::h", n, h);
-    Kokkos::deep_copy(space, S.h, x);
-    runtime::gemm(space, Trans::N, Trans::N, 1.0f, runtime::flat(S.o), w.wo, 1.0f, S.h);  // h = x + o Wo
+    if (residual_here) Kokkos::deep_copy(space, S.h, x);
+    runtime::gemm(space, Trans::N, Trans::N, 1.0f, runtime::flat(S.o), w.wo, residual_here ? 1.0f : 0.0f,
+                  S.h);      // h = x + o Wo
+    tpSum(tp_, space, S.h);  // TP: the heads' partial products summed
     S.hn = newMat("wlb::train::hn", n, h);
     S.rstd2 = newVec("wlb::train::rstd2", n);
     rmsnormFwd(space, S.h, w.norm2, c.norm_eps, S.hn, S.rstd2);
-    S.a1 = newMat("wlb::train::a1", n, c.ffn);
-    S.a3 = newMat("wlb::train::a3", n, c.ffn);
-    S.s = newMat("wlb::train::s", n, c.ffn);
+    S.a1 = newMat("wlb::train::a1", n, F);
+    S.a3 = newMat("wlb::train::a3", n, F);
+    S.s = newMat("wlb::train::s", n, F);
     runtime::gemm(space, Trans::N, Trans::N, 1.0f, S.hn, w.w1, 0.0f, S.a1);
     runtime::gemm(space, Trans::N, Trans::N, 1.0f, S.hn, w.w3, 0.0f, S.a3);
     {
@@ -308,8 +348,9 @@ double Llama::run(const Space& space, const TokenBatch& batch, bool backward, fl
           });
     }
     Mat y = newMat("wlb::train::y", n, h);
-    Kokkos::deep_copy(space, y, S.h);
-    runtime::gemm(space, Trans::N, Trans::N, 1.0f, S.s, w.w2, 1.0f, y);  // y = h + s W2
+    if (residual_here) Kokkos::deep_copy(space, y, S.h);
+    runtime::gemm(space, Trans::N, Trans::N, 1.0f, S.s, w.w2, residual_here ? 1.0f : 0.0f, y);  // y = h + s W2
+    tpSum(tp_, space, y);
     x = y;
   }
   // Final norm, LM head, cross-entropy (rows without a target contribute nothing).
@@ -361,7 +402,7 @@ double Llama::run(const Space& space, const TokenBatch& batch, bool backward, fl
     LayerSaved& S = saved[static_cast<std::size_t>(l)];
     Mat dy = dx;  // gradient of the layer output y = h + MLP(h)
     // MLP.
-    Mat ds = newMat("wlb::train::ds", n, c.ffn);
+    Mat ds = newMat("wlb::train::ds", n, F);
     runtime::gemm(space, Trans::T, Trans::N, 1.0f, S.s, dy, 1.0f, g.w2);  // dW2 += s^T dy
     runtime::gemm(space, Trans::N, Trans::T, 1.0f, dy, w.w2, 0.0f, ds);   // ds = dy W2^T
     {
@@ -379,6 +420,7 @@ double Llama::run(const Space& space, const TokenBatch& batch, bool backward, fl
     Mat dhn = newMat("wlb::train::dhn", n, h);
     runtime::gemm(space, Trans::N, Trans::T, 1.0f, S.s, w.w1, 0.0f, dhn);
     runtime::gemm(space, Trans::N, Trans::T, 1.0f, ds, w.w3, 1.0f, dhn);
+    tpSum(tp_, space, dhn);  // TP: the MLP slices' partial input gradients
     Mat dh = newMat("wlb::train::dh", n, h);
     Kokkos::deep_copy(space, dh, dy);  // residual
     rmsnormBwd(space, S.h, w.norm2, S.rstd2, dhn, dh, g.norm2);
@@ -401,6 +443,7 @@ double Llama::run(const Space& space, const TokenBatch& batch, bool backward, fl
     runtime::gemm(space, Trans::N, Trans::T, 1.0f, runtime::flat(dq), w.wq, 0.0f, dxn1);
     runtime::gemm(space, Trans::N, Trans::T, 1.0f, runtime::flat(dk), w.wk, 1.0f, dxn1);
     runtime::gemm(space, Trans::N, Trans::T, 1.0f, runtime::flat(dv), w.wv, 1.0f, dxn1);
+    tpSum(tp_, space, dxn1);  // TP: the heads' partial input gradients
     Mat dxl = newMat("wlb::train::dx", n, h);
     Kokkos::deep_copy(space, dxl, dh);  // residual
     rmsnormBwd(space, S.x, w.norm1, S.rstd1, dxn1, dxl, g.norm1);
@@ -437,6 +480,12 @@ AdamW::AdamW(const Llama& model, AdamWConfig cfg) : cfg_(cfg) {
   Space space;
   for (const auto& t : model.tensors())
     if (t.decay) Kokkos::deep_copy(space, Kokkos::subview(decay_, std::make_pair(t.offset, t.offset + t.size)), 1.0f);
+  if (model.tpGroup() != nullptr) {
+    sliced_ = Vec("wlb::train::tp_sliced_mask", n);
+    for (const auto& t : model.tensors())
+      if (t.slice != 0)
+        Kokkos::deep_copy(space, Kokkos::subview(sliced_, std::make_pair(t.offset, t.offset + t.size)), 1.0f);
+  }
   kk::fence(space, "wlb::train::AdamW::init");
 }
 
@@ -444,9 +493,24 @@ double AdamW::step(const Space& space, Llama& model, std::int64_t step) {
   Vec g = model.grads(), w = model.weights(), m = m_, v = v_, mask = decay_;
   const std::int64_t n = model.paramCount();
   double sq = 0;
-  Kokkos::parallel_reduce(
-      "wlb::train::grad_norm", Policy(space, 0, n),
-      KOKKOS_LAMBDA(const std::int64_t i, double& acc) { acc += static_cast<double>(g(i)) * g(i); }, sq);
+  if (model.tpGroup() == nullptr) {
+    Kokkos::parallel_reduce(
+        "wlb::train::grad_norm", Policy(space, 0, n),
+        KOKKOS_LAMBDA(const std::int64_t i, double& acc) { acc += static_cast<double>(g(i)) * g(i); }, sq);
+  } else {
+    // TP: the replicated tensors' squares once, the slices' summed over the group.
+    Vec sl = sliced_;
+    double rep = 0, part = 0, all = 0;
+    Kokkos::parallel_reduce(
+        "wlb::train::grad_norm_replicated", Policy(space, 0, n),
+        KOKKOS_LAMBDA(const std::int64_t i, double& acc) { acc += (1.0f - sl(i)) * static_cast<double>(g(i)) * g(i); },
+        rep);
+    Kokkos::parallel_reduce(
+        "wlb::train::grad_norm_sliced", Policy(space, 0, n),
+        KOKKOS_LAMBDA(const std::int64_t i, double& acc) { acc += sl(i) * static_cast<double>(g(i)) * g(i); }, part);
+    MPI_Allreduce(&part, &all, 1, MPI_DOUBLE, MPI_SUM, model.tpGroup()->mpi());
+    sq = rep + all;
+  }
   const double norm = std::sqrt(sq);
   const float coef = (cfg_.clip > 0 && norm > cfg_.clip) ? static_cast<float>(cfg_.clip / (norm + 1e-6)) : 1.0f;
   const float lr = static_cast<float>(cfg_.lrAt(step));

@@ -16,6 +16,10 @@
 
 #include "runtime/gemm.hpp"
 
+namespace wlb::parallel {
+class GroupComm;
+}
+
 namespace wlb::train {
 
 using runtime::Mat;
@@ -35,9 +39,16 @@ struct LlamaConfig {
   int layers = 2;
   float rope_theta = 10000.0f;
   float norm_eps = 1e-5f;
+  /// Tensor parallelism (Megatron-style): this rank holds heads / tp query heads,
+  /// kv_heads / tp KV heads and ffn / tp MLP columns (slice tp_rank); embedding, norms and
+  /// LM head are replicated.
+  int tp = 1, tp_rank = 0;
   int headDim() const { return hidden / heads; }
-  /// std::invalid_argument unless hidden = heads * head_dim with an even head_dim and
-  /// kv_heads divides heads.
+  int localHeads() const { return heads / tp; }
+  int localKvHeads() const { return kv_heads / tp; }
+  int localFfn() const { return ffn / tp; }
+  /// std::invalid_argument unless hidden = heads * head_dim with an even head_dim,
+  /// kv_heads divides heads, and tp divides heads, kv_heads and ffn.
   void validate() const;
 };
 
@@ -95,15 +106,23 @@ struct LlamaParams {
 /// A named tensor in the flat buffer (for tests, checkpoints and weight decay).
 struct TensorInfo {
   std::string name;
-  std::int64_t offset = 0, size = 0;
-  bool decay = true;  ///< AdamW weight decay applies (matrices; not norm gains)
+  std::int64_t offset = 0, size = 0;  ///< this rank's part (its TP slice)
+  bool decay = true;                  ///< AdamW weight decay applies (matrices; not norm gains)
+  /// Tensor parallelism: 0 replicated, 1 this rank holds a block of columns, 2 a block of
+  /// rows of the [rows][cols] tensor (rows, cols: the whole tensor's).
+  int slice = 0;
+  std::int64_t rows = 0, cols = 0;
 };
 
 class Llama {
  public:
   /// Weights from a counter-based hash of (seed, tensor): embedding uniform in +-1,
   /// projections +-1/sqrt(fan_in) (out-proj and W2 further / sqrt(2 layers)), gains 1.
-  Llama(const LlamaConfig& cfg, std::uint64_t seed);
+  /// With cfg.tp > 1 a rank holds its slices of the same weights, and `tp` (the TP group,
+  /// cfg.tp ranks in tp_rank order) sums the partial outputs of the out-projection and W2
+  /// and the partial input gradients of the QKV and W1/W3 projections.
+  Llama(const LlamaConfig& cfg, std::uint64_t seed, parallel::GroupComm* tp = nullptr);
+  parallel::GroupComm* tpGroup() const { return tp_; }
   const LlamaConfig& config() const { return cfg_; }
   std::int64_t paramCount() const { return static_cast<std::int64_t>(w_buf_.extent(0)); }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
@@ -124,6 +143,7 @@ class Llama {
 
  private:
   LlamaConfig cfg_;
+  parallel::GroupComm* tp_ = nullptr;
   Vec w_buf_, g_buf_;
   LlamaParams w_, g_;
   std::vector<TensorInfo> tensors_;
@@ -147,7 +167,8 @@ class AdamW {
  public:
   AdamW(const Llama& model, AdamWConfig cfg);
   /// One update with the model's current gradients; `step` is 0-based. Returns the
-  /// gradient norm before clipping.
+  /// gradient norm before clipping (under TP: of the whole model, the slices' squares
+  /// summed over the TP group, the replicated tensors counted once).
   double step(const Space& space, Llama& model, std::int64_t step);
   Vec m() const { return m_; }
   Vec v() const { return v_; }
@@ -156,7 +177,8 @@ class AdamW {
  private:
   AdamWConfig cfg_;
   Vec m_, v_;
-  Kokkos::View<float*, Mem> decay_;  ///< 1 where weight decay applies, else 0
+  Kokkos::View<float*, Mem> decay_;   ///< 1 where weight decay applies, else 0
+  Kokkos::View<float*, Mem> sliced_;  ///< TP: 1 in TP-sliced tensors, else 0 (empty without TP)
 };
 
 }  // namespace wlb::train

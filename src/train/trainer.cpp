@@ -1,6 +1,6 @@
 /// \file trainer.cpp
-/// \brief `wlb train`: packer-driven batches of real tokens, the training loop on a DP x CP
-/// mesh, evaluation, checkpoints and resume, training metrics in the trace (trainer.hpp,
+/// \brief `wlb train`: packer-driven batches of real tokens, the training loop on a TP x CP
+/// x DP mesh, evaluation, checkpoints and resume, training metrics in the trace (trainer.hpp,
 /// docs/training.md).
 
 #include "train/trainer.hpp"
@@ -91,6 +91,7 @@ nlohmann::json fingerprint(const Deck& d, const std::string& prefix, std::int64_
           {"model.layers", m.layers},
           {"model.vocab", m.vocab},
           {"mesh.dp", d.mesh.dp},  // the packer's replicas (mesh.cp may change: same numbers up to rounding)
+          {"mesh.tp", d.mesh.tp},  // the checkpoint's tensor layout (TP slices)
           {"data.context_window", d.data.context_window},
           {"data.s_max", d.data.s_max},
           {"packing.strategy", d.packing.strategy},
@@ -123,8 +124,8 @@ void fromHost(const Vec& v, const std::vector<float>& h) {
 
 // One file: magic, u64 header length, JSON header, then weights, m, v (float32, native
 // little-endian). Written under .tmp and renamed: a crash leaves the previous checkpoint.
-void writeCheckpoint(const std::string& path, const nlohmann::json& header, const std::vector<Vec>& tensors,
-                     const TrainOptions& opt) {
+void writeCheckpoint(const std::string& path, const nlohmann::json& header,
+                     const std::vector<std::vector<float>>& tensors, const TrainOptions& opt) {
   const std::string tmp = path + ".tmp";
   if (opt.track_temporary) opt.track_temporary(tmp, true);
   {
@@ -135,10 +136,8 @@ void writeCheckpoint(const std::string& path, const nlohmann::json& header, cons
     f.write(kMagic, 8);
     f.write(reinterpret_cast<const char*>(&n), 8);
     f.write(h.data(), static_cast<std::streamsize>(h.size()));
-    for (const Vec& t : tensors) {
-      const auto v = toHost(t);
+    for (const auto& v : tensors)
       f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
-    }
     f.close();
     if (!f) throw InputError(fmt::format("{}: write failed ({})", tmp, std::strerror(errno)));
   }
@@ -146,7 +145,9 @@ void writeCheckpoint(const std::string& path, const nlohmann::json& header, cons
   if (opt.track_temporary) opt.track_temporary(tmp, false);
 }
 
-nlohmann::json readCheckpoint(const std::string& path, const std::vector<Vec>& tensors) {
+// Each tensor is stored whole: under TP the slices of the TP ranks back to back (tp order),
+// of which this rank (tp_rank of tp) loads its own.
+nlohmann::json readCheckpoint(const std::string& path, const std::vector<Vec>& tensors, int tp, int tp_rank) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw InputError(fmt::format("{}: no checkpoint to resume from ({})", path, std::strerror(errno)));
   char magic[8];
@@ -163,11 +164,15 @@ nlohmann::json readCheckpoint(const std::string& path, const std::vector<Vec>& t
   } catch (const std::exception& e) {
     throw InputError(path + ": corrupt checkpoint header (" + e.what() + ")");
   }
+  if (header.value("tp", 1) != tp)
+    throw InputError(fmt::format("{}: written with mesh.tp = {}, the deck says {} (resume needs the same run)", path,
+                                 header.value("tp", 1), tp));
   for (const Vec& t : tensors) {
-    std::vector<float> v(t.extent(0));
+    std::vector<float> v(t.extent(0) * static_cast<std::size_t>(tp));
     f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
     if (!f) throw InputError(path + ": truncated checkpoint (tensor data)");
-    fromHost(t, v);
+    fromHost(t, std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(t.extent(0)) * tp_rank,
+                                   v.begin() + static_cast<std::ptrdiff_t>(t.extent(0)) * (tp_rank + 1)));
   }
   return header;
 }
@@ -250,8 +255,8 @@ class CpAttention : public AttentionOp {
   void forward(const Space& space, int layer, Act3 q, Act3 k, Act3 v, Act3 o, Lse lse) override {
     setLayer(layer, trace::Phase::Fwd);
     auto& a = layers_.at(static_cast<std::size_t>(layer));
-    a = std::make_unique<cp::DistributedAttention>(plan_, comm_, group_.mpi(), mc_.heads, mc_.kv_heads, mc_.headDim(),
-                                                   opt_);
+    a = std::make_unique<cp::DistributedAttention>(plan_, comm_, group_.mpi(), mc_.localHeads(), mc_.localKvHeads(),
+                                                   mc_.headDim(), opt_);
     a->forward(space, q, k, v, o, lse);
   }
   void backward(const Space& space, int layer, Act3 q, Act3, Act3, Act3 o, Lse lse, Act3 d_o, Act3 dq, Act3 dk,
@@ -312,15 +317,16 @@ enum RankCol : int { kStepS, kDataS, kComputeS, kAttnS, kCpCommS, kAllreduceS, k
 TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   const auto& mc_deck = deck.mesh;
   // Deck-only checks: every rank sees the same deck, so every rank raises the same error.
-  if (mc_deck.tp != 1)
-    throw InputError(fmt::format("mesh.tp = {}: wlb train has no tensor parallelism yet (set mesh.tp = 1; "
-                                 "mesh.dp and mesh.cp are supported)",
-                                 mc_deck.tp),
-                     true);
   if (mc_deck.pp != 1)
     throw InputError(fmt::format("mesh.pp = {}: wlb train has no pipeline parallelism yet (set mesh.pp = 1; "
-                                 "mesh.dp and mesh.cp are supported)",
+                                 "mesh.tp, mesh.cp and mesh.dp are supported)",
                                  mc_deck.pp),
+                     true);
+  const auto& md = deck.model;
+  if (mc_deck.tp > 1 && (md.heads % mc_deck.tp != 0 || md.kv_heads % mc_deck.tp != 0 || md.ffn % mc_deck.tp != 0))
+    throw InputError(fmt::format("mesh.tp = {}: tensor parallelism splits the heads, KV heads and MLP columns, so "
+                                 "it must divide model.heads ({}), model.kv_heads ({}) and model.ffn ({})",
+                                 mc_deck.tp, md.heads, md.kv_heads, md.ffn),
                      true);
   const auto shape = parallel::MeshShape::fromDeck(deck.mesh);
   parallel::Mesh mesh(shape, opt.comm);  // collective InputError on a size mismatch
@@ -373,6 +379,8 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
     mc.ffn = static_cast<int>(deck.model.ffn);
     mc.layers = static_cast<int>(deck.model.layers);
     mc.rope_theta = static_cast<float>(tc.rope_theta);
+    mc.tp = shape.tp();
+    mc.tp_rank = coord.tp;
     try {
       mc.validate();
     } catch (const std::invalid_argument& e) {
@@ -389,8 +397,9 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   const std::int64_t per_step = shape.dp() * M * S;  // a step holds at most this many tokens
   const std::int64_t total_steps = tc.steps > 0 ? tc.steps : (tc.tokens + per_step - 1) / per_step;
 
-  // Gradient all-reduce over every rank holding the same weights: with tp = pp = 1 that is
-  // the whole DP x CP mesh. The CP group moves K/V. Both through parallel::GroupComm.
+  // Gradient all-reduce over every rank holding the same weights: with pp = 1 the DP x CP
+  // ranks of one TP slice. The CP group moves K/V, the TP group sums partial activations
+  // and input gradients. All through parallel::GroupComm.
   err.clear();
   parallel::CommBackend backend = parallel::CommBackend::Mpi;
   try {
@@ -399,11 +408,15 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
     err = e.what();
   }
   parallel::throwIfAnyFailed(world, err);
+  MPI_Comm dpcp_raw = MPI_COMM_NULL;
+  MPI_Comm_split(world, coord.tp, rank, &dpcp_raw);
+  const parallel::Comm dpcp = parallel::Comm::adopt(dpcp_raw);
   const auto cp_group = parallel::makeGroupComm(mesh.cp(), backend);
-  const auto dpcp_group = parallel::makeGroupComm(world, backend);
+  const auto tp_group = parallel::makeGroupComm(mesh.tp(), backend);
+  const auto dpcp_group = parallel::makeGroupComm(dpcp, backend);
 
   Space space;
-  Llama model(mc, tc.seed);
+  Llama model(mc, tc.seed, tp_group.get());
   AdamWConfig oc;
   oc.lr = static_cast<float>(tc.lr);
   oc.min_lr_ratio = static_cast<float>(tc.min_lr_ratio);
@@ -423,7 +436,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   const std::vector<Vec> state_tensors{model.weights(), adam.m(), adam.v()};
 
   TrainSummary sum;
-  sum.params = model.paramCount();
+  for (const TensorInfo& t : model.tensors()) sum.params += t.slice != 0 ? t.rows * t.cols : t.size;  // whole model
   sum.log_path = log_path;
   sum.mesh = shape.describe();
   std::int64_t start = 0, tokens = 0;
@@ -440,10 +453,10 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
     if (opt.resume) {
       // Every rank loads the weights and moments (the replicas start equal); rank 0 the
       // data cursor and the packer (it plans every step).
-      const nlohmann::json h = readCheckpoint(ckpt_path, state_tensors);
+      const nlohmann::json h = readCheckpoint(ckpt_path, state_tensors, shape.tp(), coord.tp);
       for (const auto& [k, v] : fp.items()) {
         nlohmann::json was = h.at("fingerprint").value(k, nlohmann::json());
-        if (was.is_null() && k == "mesh.dp") was = 1;  // checkpoints from before multi-rank training
+        if (was.is_null() && (k == "mesh.dp" || k == "mesh.tp")) was = 1;  // written before multi-rank training
         if (was != v)
           throw InputError(fmt::format("{}: written with {} = {}, the deck says {} (resume needs the same run)",
                                        ckpt_path, k, was.dump(), v.dump()));
@@ -522,10 +535,12 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   const auto eval_host = valid_ds && valid_ds->documents() > 0 ? evalBatches(*valid_ds, S, tc.eval_tokens, entropy)
                                                                : std::vector<std::vector<std::vector<std::int32_t>>>{};
   sum.unigram_entropy = entropy;
-  // Every rank holds the whole model: evaluation batches are dealt round-robin over the
-  // ranks, each batch's loss sum travels alone (the others contribute exact zeros) and
-  // the sums are added in batch order, so the evaluation loss has the same bits on every
-  // mesh for the same weights.
+  // Every TP group holds the whole model: evaluation batches are dealt round-robin over
+  // the TP groups (every rank of the group runs the batch, its TP rank 0 reports it), each
+  // batch's loss sum travels alone (the others contribute exact zeros) and the sums are
+  // added in batch order, so the evaluation loss has the same bits on every DP x CP mesh
+  // for the same weights.
+  const int groups = W / shape.tp(), my_group = rank / shape.tp();  // TP is innermost
   auto evaluate = [&]() {
     const std::size_t nb = eval_host.size();
     std::vector<double> part(nb, 0.0), all(nb, 0.0);
@@ -533,9 +548,10 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
     std::string e;
     for (std::size_t i = 0; i < nb; ++i) {
       for (const auto& seg : eval_host[i]) predicted += static_cast<std::int64_t>(seg.size()) - 1;
-      if (static_cast<int>(i % static_cast<std::size_t>(W)) != rank || !e.empty()) continue;
+      if (static_cast<int>(i % static_cast<std::size_t>(groups)) != my_group || !e.empty()) continue;
       try {
-        part[i] = model.lossSum(space, makeBatch(eval_host[i], deck));
+        const double l = model.lossSum(space, makeBatch(eval_host[i], deck));
+        if (coord.tp == 0) part[i] = l;
       } catch (const InputError& x) {
         e = x.what();
       }
@@ -549,7 +565,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
 
   if (opt.progress && rank == 0) {
     std::fprintf(stderr, "wlb train: mesh %s, %lld parameters, steps %lld..%lld, packer %s%s\n",
-                 shape.describe().c_str(), static_cast<long long>(model.paramCount()), static_cast<long long>(start),
+                 shape.describe().c_str(), static_cast<long long>(sum.params), static_cast<long long>(start),
                  static_cast<long long>(total_steps), d.packing.strategy.c_str(),
                  shape.cp() > 1 ? (", CP sharding " + d.cp.strategy + " / " + d.cp.comm).c_str() : "");
     std::fflush(stderr);
@@ -646,7 +662,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
     const auto tc1 = Clock::now();
     row[kComputeS] = std::chrono::duration<double>(tc1 - tc0).count();
 
-    // 4. Sum the gradients over DP x CP (every rank then holds the step's gradient) and
+    // 4. Sum the gradients over DP x CP (every rank then holds its TP slice's gradient) and
     //    the loss; then the same AdamW update on every rank.
     rec.setContext({static_cast<int>(step), -1, trace::Phase::Bwd, -1});
     double loss_sum = loss_part;
@@ -655,7 +671,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
       trace::Recorder::Scope s(rec, trace::labels::kGradAllreduce, space, 0, 4.0 * static_cast<double>(g.size()));
       if (dpcp_group->size() > 1) {
         dpcp_group->allreduceSum(space, g.data(), static_cast<std::int64_t>(g.size()));
-        MPI_Allreduce(&loss_part, &loss_sum, 1, MPI_DOUBLE, MPI_SUM, world);
+        MPI_Allreduce(&loss_part, &loss_sum, 1, MPI_DOUBLE, MPI_SUM, dpcp);
       }
     }
     const auto tc2 = Clock::now();
@@ -725,6 +741,22 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
     run_tokens += step_tokens;
     tokens += step_tokens;
 
+    // The checkpoint's tensors: rank 0's, under TP every slice of rank 0's TP group
+    // gathered to it (slices back to back in TP order).
+    const bool ckpt_now = tc.checkpoint_interval > 0 && ((step + 1) % tc.checkpoint_interval == 0 || last);
+    std::vector<std::vector<float>> ckpt_host;
+    if (ckpt_now && coord.dp == 0 && coord.cp == 0) {
+      for (const Vec& t : state_tensors) {
+        const std::vector<float> mine = toHost(t);
+        std::vector<float> all_slices(coord.tp == 0 ? mine.size() * static_cast<std::size_t>(shape.tp()) : 0);
+        if (shape.tp() == 1)
+          all_slices = mine;
+        else
+          MPI_Gather(mine.data(), static_cast<int>(mine.size()), MPI_FLOAT, all_slices.data(),
+                     static_cast<int>(mine.size()), MPI_FLOAT, 0, mesh.tp());
+        ckpt_host.push_back(std::move(all_slices));
+      }
+    }
     err.clear();
     if (rank == 0) {
       trace::TrainStepRow sr;
@@ -754,7 +786,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
                      oc.lrAt(step), gnorm, busy > 0 ? static_cast<double>(run_tokens) / busy : 0.0, eta);
         std::fflush(stderr);
       }
-      if (tc.checkpoint_interval > 0 && ((step + 1) % tc.checkpoint_interval == 0 || last)) {
+      if (ckpt_now) {
         try {
           try {
             fs::create_directories(ckpt_dir);
@@ -766,7 +798,8 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
                               {"version", 1},
                               {"step", step + 1},
                               {"tokens", tokens},
-                              {"params", model.paramCount()},
+                              {"params", model.paramCount() * shape.tp()},
+                              {"tp", shape.tp()},  // tensors: the TP slices back to back
                               {"tensors", {"weights", "adam_m", "adam_v"}},
                               {"fingerprint", fp},
                               {"source", source->saveState()},
@@ -775,7 +808,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
                               // the source's): the seed is the whole RNG state.
                               {"rng", {{"seed", tc.seed}}}};
           // The replicas hold the same weights and moments: rank 0's are the run's.
-          writeCheckpoint(ckpt_path, h, state_tensors, opt);
+          writeCheckpoint(ckpt_path, h, ckpt_host, opt);
           sum.checkpoint_path = ckpt_path;
         } catch (const InputError& e) {
           err = e.what();
@@ -785,8 +818,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
       }
     }
     parallel::throwIfAnyFailed(world, err);
-    if (tc.checkpoint_interval > 0 && ((step + 1) % tc.checkpoint_interval == 0 || last) && !last)
-      commitTrace();  // a run killed later keeps the trace up to its last checkpoint
+    if (ckpt_now && !last) commitTrace();  // a run killed later keeps the trace up to its last checkpoint
     if (opt.kill_after_step == step) std::raise(SIGKILL);
     if (opt.stop_after_step == step) {
       sum.steps = step + 1;

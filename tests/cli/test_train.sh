@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # wlb train end to end: a tiny dataset from /usr/share/common-licenses (always on Debian),
 # a tiny model whose training loss falls; a run killed between checkpoints and resumed
-# gives bit-identical losses to an uninterrupted one (one rank and dp = 2); dp = 2 and
-# cp = 2 give the one-rank losses; bad input exits 2.
+# gives bit-identical losses to an uninterrupted one (one rank and dp = 2); dp = 2, cp = 2
+# and tp = 2 give the one-rank losses; bad input exits 2.
 set -u
 WLB="$1"; SRC="$2"
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
@@ -78,7 +78,7 @@ for x, y in zip(a, b):
 print("30 steps bit-identical after kill + resume")
 PYEOF
 
-# 3. Two ranks (dp = 2, then cp = 2): the one-rank losses within float reassociation, a
+# 3. Two ranks (dp = 2, cp = 2, tp = 2): the one-rank losses within float reassociation, a
 #    trace with the training metrics, and a dp = 2 run killed between checkpoints and
 #    resumed on the same mesh gives bit-identical losses to an uninterrupted dp = 2 run.
 dp2="--set mesh.dp=2 --set packing.micro_batches=1 --set packing.strategy=\"original\""
@@ -91,10 +91,16 @@ grep -q "wlb train: step 40/40" dp2.err || fail "dp=2: no progress line: $(cat d
 [ "$(grep -c 'step 40/40' dp2.err)" = 1 ] || fail "dp=2: progress printed by more than rank 0"
 timeout 120 mpiexec -n 2 "$WLB" train deck.toml --set mesh.cp=2 --set output.dir=cp2 --quiet > /dev/null 2> cp2.err ||
   { cat cp2.err; fail "cp=2 run"; }
-$PY - out/train_log.jsonl cp2/train_log.jsonl one1/train_log.jsonl dp2/train_log.jsonl <<'PYEOF' || fail "multi-rank losses differ"
+# tp = 2 splits the KV heads too: two of them
+"$WLB" train deck.toml --set model.kv_heads=2 --set output.dir=kv2 --quiet > /dev/null || fail "one-rank kv_heads=2 run"
+timeout 120 mpiexec -n 2 "$WLB" train deck.toml --set model.kv_heads=2 --set mesh.tp=2 --set output.dir=tp2 --quiet \
+  > /dev/null 2> tp2.err || { cat tp2.err; fail "tp=2 run"; }
+$PY - out/train_log.jsonl cp2/train_log.jsonl one1/train_log.jsonl dp2/train_log.jsonl kv2/train_log.jsonl \
+  tp2/train_log.jsonl <<'PYEOF' || fail "multi-rank losses differ"
 import json, sys
 def load(p): return [json.loads(l) for l in open(p)]
-for ref, got, what in ((sys.argv[1], sys.argv[2], "cp=2"), (sys.argv[3], sys.argv[4], "dp=2")):
+a = sys.argv
+for ref, got, what in ((a[1], a[2], "cp=2"), (a[3], a[4], "dp=2"), (a[5], a[6], "tp=2")):
     a, b = load(ref), load(got)
     assert len(a) == len(b) == 40, (what, len(a), len(b))
     worst = 0.0
@@ -145,8 +151,10 @@ print("dp=2: 30 steps bit-identical after kill + resume")
 PYEOF
 
 # 4. Bad input exits 2 naming the key.
-"$WLB" train deck.toml --set mesh.tp=2 > o.txt 2>&1; rc=$?
-[ "$rc" = 2 ] && grep -q "mesh.tp" o.txt && grep -q "tensor parallelism" o.txt || fail "mesh.tp=2: rc $rc $(cat o.txt)"
+"$WLB" train deck.toml --set mesh.tp=2 > o.txt 2>&1; rc=$?  # kv_heads = 1 cannot be split
+[ "$rc" = 2 ] && grep -q "mesh.tp" o.txt && grep -q "model.kv_heads" o.txt || fail "mesh.tp=2: rc $rc $(cat o.txt)"
+"$WLB" train deck.toml --set mesh.pp=2 > o.txt 2>&1; rc=$?
+[ "$rc" = 2 ] && grep -q "mesh.pp" o.txt && grep -q "pipeline parallelism" o.txt || fail "mesh.pp=2: rc $rc $(cat o.txt)"
 timeout 60 mpiexec -n 2 "$WLB" train deck.toml --set mesh.cp=2 --set cp.strategy='"nope"' > o.txt 2>&1; rc=$?
 [ "$rc" = 2 ] && grep -q "cp.strategy" o.txt || fail "cp=2 with a bad cp.strategy: rc $rc $(cat o.txt)"
 "$WLB" train deck.toml --set train.dataset=nope > o.txt 2>&1; rc=$?

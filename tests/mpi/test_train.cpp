@@ -1,10 +1,10 @@
 // wlb-mpi-ranks: 2 4
 // wlb-timeout: 180
-// wlb train on a DP x CP mesh: the same data and seed give the losses of one rank on
-// dp = N, cp = N and dp x cp (within float reassociation), every replica ends with the
-// same weights, no document is lost or trained twice, a resumed run continues
-// bit-identically on the same mesh, the trace holds the training metrics, and one rank's
-// bad input stops every rank with one InputError (no hang).
+// wlb train on a TP x CP x DP mesh: the same data and seed give the losses of one rank on
+// dp = N, cp = N, tp = 2 and their products (within float reassociation), every replica
+// ends with the same weights, no document is lost or trained twice, a resumed run
+// continues bit-identically on the same mesh (DP, CP, TP), the trace holds the training
+// metrics, and one rank's bad input stops every rank with one InputError (no hang).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -89,8 +89,8 @@ std::string deckText(const std::string& packer) {
   return R"(
 [model]
 hidden = 16
-heads = 2
-kv_heads = 1
+heads = 4
+kv_heads = 2
 ffn = 32
 layers = 2
 vocab = 256
@@ -110,11 +110,13 @@ log_interval = 100
 )";
 }
 
-// Deck for mesh dp x cp with a global batch of 4 micro-batches (dp x micro_batches).
-Deck makeDeck(const std::string& packer, int dp, int cp, const std::string& out, std::vector<std::string> extra = {}) {
-  std::vector<std::string> o = {"mesh.dp=" + std::to_string(dp), "mesh.cp=" + std::to_string(cp),
-                                "packing.micro_batches=" + std::to_string(4 / dp),
-                                "train.dataset=\"" + dataset() + "\"", "output.dir=\"" + out + "\""};
+// Deck for mesh tp x cp x dp with a global batch of 4 micro-batches (dp x micro_batches).
+Deck makeDeck(const std::string& packer, int dp, int cp, const std::string& out, std::vector<std::string> extra = {},
+              int tp = 1) {
+  std::vector<std::string> o = {
+      "mesh.dp=" + std::to_string(dp),       "mesh.cp=" + std::to_string(cp),
+      "mesh.tp=" + std::to_string(tp),       "packing.micro_batches=" + std::to_string(4 / dp),
+      "train.dataset=\"" + dataset() + "\"", "output.dir=\"" + out + "\""};
   o.insert(o.end(), extra.begin(), extra.end());
   return parseDeck(deckText(packer), "test-train", o);
 }
@@ -162,7 +164,7 @@ double relDiff(double a, double b) {
 // difference grows through the AdamW updates; 8 steps stay far inside this.
 constexpr double kTol = 1e-5;
 
-void expectMatches(const train::TrainSummary& s, const Ref& ref, const std::string& what) {
+void expectMatches(const train::TrainSummary& s, const Ref& ref, const std::string& what, int tp = 1) {
   ASSERT_EQ(s.losses.size(), ref.losses.size()) << what;
   EXPECT_EQ(s.tokens, ref.tokens) << what;
   double worst = 0;
@@ -177,11 +179,12 @@ void expectMatches(const train::TrainSummary& s, const Ref& ref, const std::stri
       EXPECT_LE(relDiff(s.eval_losses[i], ref.evals[i]), kTol) << what << " step " << i;
     }
   }
-  // Every replica applied the same update: the weights have the same bits everywhere.
+  // Every replica applied the same update: the weights (of one TP slice) have the same
+  // bits on every rank holding them (TP is innermost: rank r holds slice r mod tp).
   std::vector<unsigned long long> h(static_cast<std::size_t>(worldSize()));
   unsigned long long mine = s.weights_hash;
   MPI_Allgather(&mine, 1, MPI_UNSIGNED_LONG_LONG, h.data(), 1, MPI_UNSIGNED_LONG_LONG, MPI_COMM_WORLD);
-  for (auto x : h) EXPECT_EQ(x, h[0]) << what;
+  for (std::size_t r = 0; r < h.size(); ++r) EXPECT_EQ(h[r], h[r % static_cast<std::size_t>(tp)]) << what;
 }
 
 using SegKey = std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t>;  // step, doc, offset, length
@@ -229,39 +232,61 @@ TEST(TrainMesh, CpMatchesOneRank) {
   }
 }
 
-TEST(TrainMesh, ResumeIsBitIdenticalOnTheSameMesh) {
+TEST(TrainMesh, TpMatchesOneRank) {
+  // tp = 2 (heads, KV heads and MLP columns split), with cp = 2 and with dp = 2 on 4 ranks
   const int n = worldSize();
-  const int cp = n >= 4 ? 2 : 1, dp = n / cp;
-  const std::string full = dataset() + "-full", cut = dataset() + "-cut";
-  const std::vector<std::string> ck = {"train.checkpoint_interval=3"};
-  const auto a = train::train(makeDeck("wlb", dp, cp, full, ck), quiet(MPI_COMM_WORLD));
-  auto stop = quiet(MPI_COMM_WORLD);
-  stop.stop_after_step = 4;  // a "kill" between the checkpoints after steps 2 and 5
-  (void)train::train(makeDeck("wlb", dp, cp, cut, ck), stop);
-  auto res = quiet(MPI_COMM_WORLD);
-  res.resume = true;
-  const auto b = train::train(makeDeck("wlb", dp, cp, cut, ck), res);
-  EXPECT_EQ(b.first_step, 3);
-  ASSERT_EQ(b.losses.size(), 5u);
+  const std::string what = n == 2 ? "tp=2" : "tp=2 cp=" + std::to_string(n / 2);
+  const auto s = train::train(makeDeck("wlb", 1, n / 2, dataset() + "-tp2cp", {}, 2), quiet(MPI_COMM_WORLD));
+  expectMatches(s, reference("wlb"), what, 2);
+  if (n >= 4) {
+    const auto d = train::train(makeDeck("original", n / 2, 1, dataset() + "-tp2dp", {}, 2), quiet(MPI_COMM_WORLD));
+    expectMatches(d, reference("original"), "tp=2 dp=" + std::to_string(n / 2), 2);
+  }
+}
+
+static void expectResumed(const train::TrainSummary& a, const train::TrainSummary& b, const std::string& cut, int n,
+                          const std::string& what) {
+  EXPECT_EQ(b.first_step, 3) << what;
+  ASSERT_EQ(b.losses.size(), 5u) << what;
   for (std::size_t i = 0; i < 5; ++i) {
-    EXPECT_EQ(a.losses[i + 3], b.losses[i]) << "step " << i + 3;  // bit for bit
-    EXPECT_EQ(std::isnan(a.eval_losses[i + 3]), std::isnan(b.eval_losses[i]));
+    EXPECT_EQ(a.losses[i + 3], b.losses[i]) << what << " step " << i + 3;  // bit for bit
+    EXPECT_EQ(std::isnan(a.eval_losses[i + 3]), std::isnan(b.eval_losses[i])) << what;
     if (!std::isnan(b.eval_losses[i])) {
-      EXPECT_EQ(a.eval_losses[i + 3], b.eval_losses[i]);
+      EXPECT_EQ(a.eval_losses[i + 3], b.eval_losses[i]) << what;
     }
   }
-  EXPECT_EQ(a.weights_hash, b.weights_hash);
-  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.weights_hash, b.weights_hash) << what;
+  EXPECT_EQ(a.tokens, b.tokens) << what;
   if (worldRank() == 0) {
     // The resumed trace holds the whole curve: steps before the checkpoint from the log.
     const auto t = trace::readTrace(cut + "/trace.h5");
-    ASSERT_EQ(t.train_steps.size(), 8u);
+    ASSERT_EQ(t.train_steps.size(), 8u) << what;
     for (std::size_t i = 0; i < 8; ++i) {
-      EXPECT_EQ(t.train_steps[i].step, static_cast<std::int64_t>(i));
-      EXPECT_EQ(t.train_steps[i].loss, a.losses[i]) << i;
+      EXPECT_EQ(t.train_steps[i].step, static_cast<std::int64_t>(i)) << what;
+      EXPECT_EQ(t.train_steps[i].loss, a.losses[i]) << what << " step " << i;
     }
-    EXPECT_EQ(t.meta.at("first_step"), "3");
-    EXPECT_EQ(t.train_ranks.size(), 5u * static_cast<std::size_t>(n));  // timings of this invocation
+    EXPECT_EQ(t.meta.at("first_step"), "3") << what;
+    EXPECT_EQ(t.train_ranks.size(), 5u * static_cast<std::size_t>(n)) << what;  // this invocation's timings
+  }
+}
+
+TEST(TrainMesh, ResumeIsBitIdenticalOnTheSameMesh) {
+  // 2 ranks: dp = 2, then tp = 2; 4 ranks: dp = 2 x cp = 2, then tp = 2 x dp = 2.
+  const int n = worldSize();
+  for (const int tp : {1, 2}) {
+    const int cp = tp == 1 && n >= 4 ? 2 : 1, dp = n / cp / tp;
+    const std::string what = "tp=" + std::to_string(tp) + " cp=" + std::to_string(cp) + " dp=" + std::to_string(dp);
+    const std::string tag = "-tp" + std::to_string(tp);
+    const std::string full = dataset() + "-full" + tag, cut = dataset() + "-cut" + tag;
+    const std::vector<std::string> ck = {"train.checkpoint_interval=3"};
+    const auto a = train::train(makeDeck("wlb", dp, cp, full, ck, tp), quiet(MPI_COMM_WORLD));
+    auto stop = quiet(MPI_COMM_WORLD);
+    stop.stop_after_step = 4;  // a "kill" between the checkpoints after steps 2 and 5
+    (void)train::train(makeDeck("wlb", dp, cp, cut, ck, tp), stop);
+    auto res = quiet(MPI_COMM_WORLD);
+    res.resume = true;
+    const auto b = train::train(makeDeck("wlb", dp, cp, cut, ck, tp), res);
+    expectResumed(a, b, cut, n, what);
   }
 }
 
@@ -332,15 +357,14 @@ TEST(TrainMesh, OneRanksBadInputStopsEveryRank) {
     EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
     EXPECT_TRUE(e.collective());
   }
-  // Tensor and pipeline parallelism are not built: a clear error naming the key.
-  for (const char* key : {"mesh.tp", "mesh.pp"}) {
+  // Pipeline parallelism is not built, and TP must divide the heads: errors naming the key.
+  for (const char* key : {"mesh.tp=3", "mesh.pp=2"}) {
     try {
-      (void)train::train(
-          parseDeck(deckText("wlb"), "t", {std::string(key) + "=2", "train.dataset=\"" + dataset() + "\""}),
-          quiet(MPI_COMM_WORLD));
+      (void)train::train(parseDeck(deckText("wlb"), "t", {key, "train.dataset=\"" + dataset() + "\""}),
+                         quiet(MPI_COMM_WORLD));
       ADD_FAILURE() << key;
     } catch (const InputError& e) {
-      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(std::string(key).substr(0, 7)), std::string::npos) << e.what();
     }
   }
   MPI_Barrier(MPI_COMM_WORLD);
