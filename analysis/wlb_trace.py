@@ -25,7 +25,7 @@ SEGMENT_FIELDS = ("strategy", "step", "dp", "micro_batch", "index", "doc", "offs
 TRAIN_STEP_FIELDS = ("step", "tokens", "predicted", "documents", "loss", "eval_loss", "lr", "grad_norm",
                      "seconds", "tokens_per_second")
 TRAIN_RANK_FIELDS = ("step", "rank", "tokens", "step_seconds", "data_seconds", "compute_seconds",
-                     "attn_seconds", "cp_comm_seconds", "allreduce_seconds", "optimizer_seconds",
+                     "attn_seconds", "cp_comm_seconds", "tp_comm_seconds", "allreduce_seconds", "optimizer_seconds",
                      "eval_seconds")
 _TRAIN_INTS = ("step", "rank", "tokens", "predicted", "documents")
 

@@ -93,6 +93,7 @@ h5::Datatype trainRankMemType() {
       .insert("compute_seconds", offsetof(TrainRankRow, compute_seconds), H5T_NATIVE_DOUBLE)
       .insert("attn_seconds", offsetof(TrainRankRow, attn_seconds), H5T_NATIVE_DOUBLE)
       .insert("cp_comm_seconds", offsetof(TrainRankRow, cp_comm_seconds), H5T_NATIVE_DOUBLE)
+      .insert("tp_comm_seconds", offsetof(TrainRankRow, tp_comm_seconds), H5T_NATIVE_DOUBLE)
       .insert("allreduce_seconds", offsetof(TrainRankRow, allreduce_seconds), H5T_NATIVE_DOUBLE)
       .insert("optimizer_seconds", offsetof(TrainRankRow, optimizer_seconds), H5T_NATIVE_DOUBLE)
       .insert("eval_seconds", offsetof(TrainRankRow, eval_seconds), H5T_NATIVE_DOUBLE);

@@ -94,6 +94,7 @@ struct TrainRankRow {
   double compute_seconds = 0;    ///< forward + backward of the rank's micro-batches (CP KV exchange, TP sums included)
   double attn_seconds = 0;       ///< attention kernels
   double cp_comm_seconds = 0;    ///< CP KV exchange and dK/dV return
+  double tp_comm_seconds = 0;    ///< TP sums of partial activations and input gradients
   double allreduce_seconds = 0;  ///< DP x CP gradient all-reduce and loss sum
   double optimizer_seconds = 0;  ///< AdamW
   double eval_seconds = 0;       ///< evaluation after the step (0 when none)

@@ -13,6 +13,7 @@
 #include "core/kokkos_compat.hpp"
 #include "parallel/group_comm.hpp"
 #include "runtime/layer.hpp"
+#include "trace/recorder.hpp"
 
 namespace wlb::train {
 namespace {
@@ -56,9 +57,19 @@ void fillTensor(const Space& space, Vec buf, const TensorInfo& t, std::uint64_t 
   }
 }
 
-// In-place sum over the TP group (nothing without one).
-void tpSum(parallel::GroupComm* tp, const Space& space, Mat m) {
-  if (tp) tp->allreduceSum(space, m.data(), static_cast<std::int64_t>(m.size()));
+// In-place sum over the TP group (nothing without one), a `tp_allreduce` event of layer
+// `layer` when a recorder is given.
+void tpSum(parallel::GroupComm* tp, trace::Recorder* rec, const Space& space, Mat m, int layer, bool bwd) {
+  if (!tp) return;
+  const std::int64_t n = static_cast<std::int64_t>(m.size());
+  if (rec) {
+    trace::Recorder::Scope s(*rec, trace::labels::kTpAllreduce, space, 0, 4.0 * static_cast<double>(n));
+    s.context().layer = layer;
+    s.context().phase = bwd ? trace::Phase::Bwd : trace::Phase::Fwd;
+    tp->allreduceSum(space, m.data(), n);
+  } else {
+    tp->allreduceSum(space, m.data(), n);
+  }
 }
 
 // y = x * rstd * g, rstd = 1/sqrt(mean(x^2) + eps), per row.
@@ -328,8 +339,8 @@ double Llama::run(const Space& space, const TokenBatch& batch, bool backward, fl
     S.h = newMat("wlb::train::h", n, h);
     if (residual_here) Kokkos::deep_copy(space, S.h, x);
     runtime::gemm(space, Trans::N, Trans::N, 1.0f, runtime::flat(S.o), w.wo, residual_here ? 1.0f : 0.0f,
-                  S.h);      // h = x + o Wo
-    tpSum(tp_, space, S.h);  // TP: the heads' partial products summed
+                  S.h);                      // h = x + o Wo
+    tpSum(tp_, rec_, space, S.h, l, false);  // TP: the heads' partial products summed
     S.hn = newMat("wlb::train::hn", n, h);
     S.rstd2 = newVec("wlb::train::rstd2", n);
     rmsnormFwd(space, S.h, w.norm2, c.norm_eps, S.hn, S.rstd2);
@@ -350,7 +361,7 @@ double Llama::run(const Space& space, const TokenBatch& batch, bool backward, fl
     Mat y = newMat("wlb::train::y", n, h);
     if (residual_here) Kokkos::deep_copy(space, y, S.h);
     runtime::gemm(space, Trans::N, Trans::N, 1.0f, S.s, w.w2, residual_here ? 1.0f : 0.0f, y);  // y = h + s W2
-    tpSum(tp_, space, y);
+    tpSum(tp_, rec_, space, y, l, false);
     x = y;
   }
   // Final norm, LM head, cross-entropy (rows without a target contribute nothing).
@@ -420,7 +431,7 @@ double Llama::run(const Space& space, const TokenBatch& batch, bool backward, fl
     Mat dhn = newMat("wlb::train::dhn", n, h);
     runtime::gemm(space, Trans::N, Trans::T, 1.0f, S.s, w.w1, 0.0f, dhn);
     runtime::gemm(space, Trans::N, Trans::T, 1.0f, ds, w.w3, 1.0f, dhn);
-    tpSum(tp_, space, dhn);  // TP: the MLP slices' partial input gradients
+    tpSum(tp_, rec_, space, dhn, l, true);  // TP: the MLP slices' partial input gradients
     Mat dh = newMat("wlb::train::dh", n, h);
     Kokkos::deep_copy(space, dh, dy);  // residual
     rmsnormBwd(space, S.h, w.norm2, S.rstd2, dhn, dh, g.norm2);
@@ -443,7 +454,7 @@ double Llama::run(const Space& space, const TokenBatch& batch, bool backward, fl
     runtime::gemm(space, Trans::N, Trans::T, 1.0f, runtime::flat(dq), w.wq, 0.0f, dxn1);
     runtime::gemm(space, Trans::N, Trans::T, 1.0f, runtime::flat(dk), w.wk, 1.0f, dxn1);
     runtime::gemm(space, Trans::N, Trans::T, 1.0f, runtime::flat(dv), w.wv, 1.0f, dxn1);
-    tpSum(tp_, space, dxn1);  // TP: the heads' partial input gradients
+    tpSum(tp_, rec_, space, dxn1, l, true);  // TP: the heads' partial input gradients
     Mat dxl = newMat("wlb::train::dx", n, h);
     Kokkos::deep_copy(space, dxl, dh);  // residual
     rmsnormBwd(space, S.x, w.norm1, S.rstd1, dxn1, dxl, g.norm1);

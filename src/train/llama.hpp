@@ -19,6 +19,9 @@
 namespace wlb::parallel {
 class GroupComm;
 }
+namespace wlb::trace {
+class Recorder;
+}
 
 namespace wlb::train {
 
@@ -123,6 +126,9 @@ class Llama {
   /// and the partial input gradients of the QKV and W1/W3 projections.
   Llama(const LlamaConfig& cfg, std::uint64_t seed, parallel::GroupComm* tp = nullptr);
   parallel::GroupComm* tpGroup() const { return tp_; }
+  /// Record the TP sums as `tp_allreduce` events (null: none; the recorder's step and
+  /// micro-batch context are kept, layer and phase set per sum).
+  void setRecorder(trace::Recorder* rec) { rec_ = rec; }
   const LlamaConfig& config() const { return cfg_; }
   std::int64_t paramCount() const { return static_cast<std::int64_t>(w_buf_.extent(0)); }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
@@ -144,6 +150,7 @@ class Llama {
  private:
   LlamaConfig cfg_;
   parallel::GroupComm* tp_ = nullptr;
+  trace::Recorder* rec_ = nullptr;
   Vec w_buf_, g_buf_;
   LlamaParams w_, g_;
   std::vector<TensorInfo> tensors_;

@@ -310,7 +310,19 @@ std::uint64_t fnv1a(const std::vector<float>& v) {
 }
 
 // Per-rank timings of a step, gathered to rank 0 for /train/ranks.
-enum RankCol : int { kStepS, kDataS, kComputeS, kAttnS, kCpCommS, kAllreduceS, kOptimizerS, kEvalS, kTokens, kCols };
+enum RankCol : int {
+  kStepS,
+  kDataS,
+  kComputeS,
+  kAttnS,
+  kCpCommS,
+  kTpCommS,
+  kAllreduceS,
+  kOptimizerS,
+  kEvalS,
+  kTokens,
+  kCols
+};
 
 }  // namespace
 
@@ -334,6 +346,14 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   const int rank = mesh.rank(), W = shape.size();
   const auto coord = mesh.coord();
   const TrainConfig& tc = deck.train;
+  // One rank's error stops every rank (parallel::throwIfAnyFailed names the failing rank;
+  // a one-rank run reports the message as it is).
+  auto combine = [&](const std::string& e) {
+    if (W > 1)
+      parallel::throwIfAnyFailed(world, e);
+    else if (!e.empty())
+      throw InputError(e, true);
+  };
 
   // Everything that reads input is checked on every rank, then combined: one rank's bad
   // input (a dataset it cannot read) stops every rank with one message, no hang.
@@ -390,7 +410,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   } catch (const InputError& e) {
     err = e.what();
   }
-  parallel::throwIfAnyFailed(world, err);
+  combine(err);
 
   const std::int64_t S = d.data.context_window;
   const std::int64_t M = data::microBatchesPerReplica(d);
@@ -407,7 +427,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   } catch (const InputError& e) {
     err = e.what();
   }
-  parallel::throwIfAnyFailed(world, err);
+  combine(err);
   MPI_Comm dpcp_raw = MPI_COMM_NULL;
   MPI_Comm_split(world, coord.tp, rank, &dpcp_raw);
   const parallel::Comm dpcp = parallel::Comm::adopt(dpcp_raw);
@@ -501,12 +521,13 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   } catch (const nlohmann::json::exception& e) {
     err = fmt::format("{}: corrupt checkpoint or log ({})", ckpt_path, e.what());
   }
-  parallel::throwIfAnyFailed(world, err);
+  combine(err);
 
   // The trace: this rank's events (attention, KV exchange, gradient all-reduce, optimizer),
   // the plans, and the training metrics (rank 0's tables).
   trace::Recorder rec = trace::alignedRecorder(world, coord);
   rec.setStrategy(d.packing.strategy);
+  model.setRecorder(&rec);
   std::unique_ptr<trace::Writer> writer;
   if (opt.write_trace) {
     trace::RunMeta meta;
@@ -556,7 +577,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
         e = x.what();
       }
     }
-    parallel::throwIfAnyFailed(world, e);
+    combine(e);
     if (nb > 0) MPI_Allreduce(part.data(), all.data(), static_cast<int>(nb), MPI_DOUBLE, MPI_SUM, world);
     double loss = 0;
     for (const double x : all) loss += x;
@@ -597,7 +618,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
         err = fmt::format("planning step {}: {}", step, e.what());
       }
     }
-    parallel::throwIfAnyFailed(world, err);
+    combine(err);
     bcastString(text, world);
     const nlohmann::json pj = nlohmann::json::parse(text);
     const StepPlan plan = packing::stepFromJson(pj);
@@ -639,7 +660,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
     } catch (const InputError& e) {
       err = e.what();
     }
-    parallel::throwIfAnyFailed(world, err);
+    combine(err);
     const auto tc0 = Clock::now();
     row[kDataS] = std::chrono::duration<double>(tc0 - ts).count();
 
@@ -695,6 +716,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
       const double sec = static_cast<double>(ev.end_ns - ev.start_ns) * 1e-9;
       if (l == trace::labels::kAttn) row[kAttnS] += sec;
       if (l == trace::labels::kKvAllgather || l == trace::labels::kKvExchange) row[kCpCommS] += sec;
+      if (l == trace::labels::kTpAllreduce) row[kTpCommS] += sec;
     }
 
     const double loss = predicted > 0 ? loss_sum / static_cast<double>(predicted) : 0.0;
@@ -731,6 +753,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
         rr.compute_seconds = a[kComputeS];
         rr.attn_seconds = a[kAttnS];
         rr.cp_comm_seconds = a[kCpCommS];
+        rr.tp_comm_seconds = a[kTpCommS];
         rr.allreduce_seconds = a[kAllreduceS];
         rr.optimizer_seconds = a[kOptimizerS];
         rr.eval_seconds = a[kEvalS];
@@ -817,7 +840,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
         }
       }
     }
-    parallel::throwIfAnyFailed(world, err);
+    combine(err);
     if (ckpt_now && !last) commitTrace();  // a run killed later keeps the trace up to its last checkpoint
     if (opt.kill_after_step == step) std::raise(SIGKILL);
     if (opt.stop_after_step == step) {

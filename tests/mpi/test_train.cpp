@@ -238,6 +238,16 @@ TEST(TrainMesh, TpMatchesOneRank) {
   const std::string what = n == 2 ? "tp=2" : "tp=2 cp=" + std::to_string(n / 2);
   const auto s = train::train(makeDeck("wlb", 1, n / 2, dataset() + "-tp2cp", {}, 2), quiet(MPI_COMM_WORLD));
   expectMatches(s, reference("wlb"), what, 2);
+  if (worldRank() == 0) {
+    // the TP sums are timed: tp_allreduce events and /train/ranks tp_comm_seconds
+    const auto t = trace::readTrace(dataset() + "-tp2cp/trace.h5");
+    ASSERT_GE(t.regionId("tp_allreduce"), 0);
+    for (const auto& r : t.train_ranks) {
+      if (r.tokens > 0) {
+        EXPECT_GT(r.tp_comm_seconds, 0.0) << "step " << r.step << " rank " << r.rank;
+      }
+    }
+  }
   if (n >= 4) {
     const auto d = train::train(makeDeck("original", n / 2, 1, dataset() + "-tp2dp", {}, 2), quiet(MPI_COMM_WORLD));
     expectMatches(d, reference("original"), "tp=2 dp=" + std::to_string(n / 2), 2);
