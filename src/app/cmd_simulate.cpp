@@ -150,6 +150,7 @@ int run(const Opts& o) {
     const wlb::pp::StepSimulator sim(deck, cost);
     (void)sim.schedule(static_cast<int>(wlb::data::microBatchesPerReplica(deck)));
     for (const auto& pr : wlb::resolveStrategies(deck)) {
+      wlb::pp::checkPackerSchedule(deck, pr.packer);
       (void)wlb::packing::makePacker(pr.packer, deck, cost);
       (void)wlb::cp::parseStrategy(pr.sharding);
     }

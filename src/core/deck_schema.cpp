@@ -98,7 +98,8 @@ const std::vector<KeySpec>& deckSchema() {
         S("cp", "comm", {"allgather", "sharding_aware"}, WLB_F(cp.comm), "KV communication mode."),
         F("cp", "capacity_factor", 1.0, 100.0, WLB_F(cp.capacity_factor), "whole_document: per-rank token cap as a multiple of tokens/cp."),
 
-        S("pipeline", "schedule", {"gpipe", "1f1b", "interleaved"}, WLB_F(pipeline.schedule), "Pipeline schedule."),
+        S("pipeline", "schedule", {"gpipe", "1f1b", "interleaved", "packflow"}, WLB_F(pipeline.schedule),
+          "Pipeline schedule (`packflow`: SlimPack plans; 1F1B order for the other packers)."),
         S("pipeline", "recompute", {"none", "selective", "full"}, WLB_F(pipeline.recompute), "Activation recomputation."),
 
         S("hardware", "profile", {}, WLB_F(hardware.profile), "Hardware/kernel profile JSON (docs/profile-format.md) or \"analytic\"."),

@@ -401,13 +401,14 @@ std::vector<Raw> buildHybrid(const SegInfo& si, const std::vector<std::int32_t>&
 ShardPlan planShards(const MicroBatch& mb, Strategy strategy, int cp, const model::CostModel& cost,
                      const CpConfig& cfg) {
   if (cp < 1) throw InputError("CP degree must be >= 1 (got " + std::to_string(cp) + ")");
-  // A slice's keys live in another micro-batch: sharding, simulating and executing slices
-  // needs the PackFlow schedule (issue 13, item 2), so say so instead of mis-costing it.
+  // A slice's keys live in another micro-batch: sharding and executing slices needs the
+  // sliced execution (issue 13, item 3), so say so instead of mis-costing it. `wlb simulate`
+  // costs SlimPack plans without CP plans (pp::packFlowWork).
   for (const auto& s : mb.segments)
     if (s.q_offset != 0)
       throw InputError("document " + std::to_string(s.doc) +
-                       " is a slimpack slice (q_offset > 0): CP sharding, `wlb simulate` and `wlb run` do not take "
-                       "slimpack plans yet (docs/packing.md)");
+                       " is a slimpack slice (q_offset > 0): CP sharding and `wlb run` do not take slimpack plans yet "
+                       "(docs/packing.md)");
   const SegInfo si = segInfo(mb);
   const std::string req = strategyName(strategy);
   switch (strategy) {

@@ -12,7 +12,9 @@ double usefulFlops(const StepPlan& plan, const CostModel& cost, std::int64_t lay
   for (const auto& rep : plan.replicas)
     for (const auto& mb : rep)
       for (const auto& s : mb.segments)
-        f += cost.attnFlops(0, s.length, Phase::Fwd) + cost.attnFlops(0, s.length, Phase::Bwd) +
+        // a slimpack slice's pairs are those of its queries against its key prefix (its
+        // document's slices sum to the unsliced document's)
+        f += cost.attnFlops(s.q_offset, s.length, Phase::Fwd) + cost.attnFlops(s.q_offset, s.length, Phase::Bwd) +
              cost.linearFlops(s.length, Phase::Fwd) + cost.linearFlops(s.length, Phase::Bwd);
   // the cost model's FLOPs are per TP rank
   return f * static_cast<double>(cost.tp()) * static_cast<double>(layers);

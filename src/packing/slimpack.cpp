@@ -5,7 +5,6 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
-#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -214,46 +213,10 @@ pp::SimConfig simConfigOf(const PackerOptions& o, const model::CostModel& c) {
   }
   s.dp = static_cast<int>(o.dp);
   s.pp = static_cast<int>(o.pp);
+  // A SlimPack plan runs under PackFlow, whatever schedule the deck names for other packers.
+  s.schedule = pp::ScheduleKind::PackFlow;
+  s.chunks = 1;
   return s;
-}
-
-// attnSeconds (a tile walk, O(length / tile)) of a piece, memoised: whole samples recur in
-// every candidate's plan. Cleared when large, so it stays a cache.
-class AttnMemo {
- public:
-  explicit AttnMemo(const model::CostModel& c) : cost_(&c) {}
-  double operator()(std::int64_t q0, std::int64_t q, Phase p) {
-    if (q0 >= (std::int64_t{1} << 31) || q >= (std::int64_t{1} << 32)) return cost_->attnSeconds(q0, q, p);
-    if (map_.size() > (1u << 18)) map_.clear();
-    const auto key = (static_cast<std::uint64_t>(q0) << 32) ^ static_cast<std::uint64_t>(q) ^
-                     (p == Phase::Bwd ? (std::uint64_t{1} << 63) : 0);
-    const auto [it, fresh] = map_.try_emplace(key, 0.0);
-    if (fresh) it->second = cost_->attnSeconds(q0, q, p);
-    return it->second;
-  }
-
- private:
-  const model::CostModel* cost_;
-  std::unordered_map<std::uint64_t, double> map_;
-};
-
-// Work of forward MicroPack `f` whose backward runs backward MicroPack [b0, b1) of the
-// replica's segments; CP ranks share it evenly (the CP planners know no slices yet).
-pp::MicroBatchWork packWork(const MicroBatch& f, const std::vector<Segment>& flat, std::int64_t b0, std::int64_t b1,
-                            int cp, const model::CostModel& cost, AttnMemo& attn) {
-  double af = 0, ab = 0;
-  std::int64_t tb = 0;
-  for (const auto& s : f.segments) af += attn(s.q_offset, s.length, Phase::Fwd);
-  for (auto i = b0; i < b1; ++i) {
-    const auto& s = flat[static_cast<std::size_t>(i)];
-    ab += attn(s.q_offset, s.length, Phase::Bwd);
-    tb += s.length;
-  }
-  pp::MicroBatchWork w = pp::evenMicroBatchWork(f.tokens(), af, ab, cp, cost);
-  for (std::size_t r = 0; r < static_cast<std::size_t>(cp); ++r) w.rank_tokens_bwd.push_back(pp::evenShare(tb, cp, r));
-  w.rank_kv_tokens = w.rank_tokens;
-  w.sharding = "slimpack";
-  return w;
 }
 
 class SlimPackPacker final : public Packer {
@@ -302,30 +265,26 @@ class SlimPackPacker final : public Packer {
       plan.step = step;
       bool balanced = true;
       std::vector<std::vector<pp::MicroBatchWork>> works(dp);
+      std::vector<pp::PackFlowDeps> flow(dp);
       for (std::size_t r = 0; r < dp; ++r) {
         auto rp = slimpack::packReplica(rep[r], m, s_max, *cost_);
         balanced = balanced && rp.balanced;
-        std::vector<Segment> flat;
         std::vector<double> bw;
         std::vector<std::int64_t> bt;
-        std::vector<std::int64_t> fcuts{0};
-        for (const auto& mb : rp.packs) {
+        for (const auto& mb : rp.packs)
           for (const auto& s : mb.segments) {
-            flat.push_back(s);
             bw.push_back(slimpack::sliceFlops(*cost_, s.q_offset, s.length, Phase::Bwd));
             bt.push_back(s.length);
           }
-          fcuts.push_back(static_cast<std::int64_t>(flat.size()));
-        }
         auto cuts = slimpack::backwardPartition(bw, bt, m, s_max);
-        if (cuts.empty()) cuts = fcuts;  // never for a token-feasible fill; keeps the plan valid
-        for (std::int64_t k = 0; k < m; ++k)
-          works[r].push_back(packWork(rp.packs[static_cast<std::size_t>(k)], flat, cuts[static_cast<std::size_t>(k)],
-                                      cuts[static_cast<std::size_t>(k) + 1], sim_.config().cp, *cost_, attn_));
+        // Empty only for a token-infeasible fill (never here): the forward grouping then.
+        const pp::ReplicaSlices slices = pp::replicaSlices(rp.packs, cuts);
+        works[r] = pp::packFlowReplicaWork(slices, sim_.config().cp, *cost_, attn_);
+        flow[r] = pp::packFlowDeps(slices);
         plan.replicas.push_back(std::move(rp.packs));
-        plan.backward.push_back(std::move(cuts));
+        plan.backward.push_back(slices.bwd_cuts);
       }
-      const auto res = sim_.simulate(works);
+      const auto res = sim_.simulate(works, nullptr, 0, 0, &flow);
       cands.push_back({{"micropacks", m},
                        {"step_seconds", res.step_seconds},
                        {"fits_memory", res.fits_memory},
@@ -356,7 +315,7 @@ class SlimPackPacker final : public Packer {
 
  private:
   pp::StepSimulator sim_;
-  AttnMemo attn_;
+  pp::AttnSecondsMemo attn_;
   nlohmann::json info_;
 };
 

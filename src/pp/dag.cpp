@@ -28,15 +28,14 @@ double DagResult::bubbleFraction() const {
   return 1.0 - b / (static_cast<double>(busy.size()) * makespan);
 }
 
-DagResult simulateDag(const Schedule& sched, const PipelineCosts& costs,
-                      const std::vector<ExtraDep>& extra) {
+DagResult simulateDag(const Schedule& sched, const PipelineCosts& costs, const std::vector<ExtraDep>& extra) {
   const int p = sched.stages, M = sched.micro_batches, V = sched.virtualStages();
-  if (costs.vstages != V || costs.micro_batches != M ||
-      costs.fwd.size() != static_cast<std::size_t>(V * M) ||
-      costs.bwd.size() != costs.fwd.size() || costs.p2p.size() != static_cast<std::size_t>(M))
-    throw std::logic_error("simulateDag: costs shape does not match the schedule (" +
-                           std::to_string(V) + " virtual stages x " + std::to_string(M) +
-                           " micro-batches)");
+  if (costs.vstages != V || costs.micro_batches != M || costs.fwd.size() != static_cast<std::size_t>(V * M) ||
+      costs.bwd.size() != costs.fwd.size() || costs.p2p.size() != static_cast<std::size_t>(M) ||
+      (!costs.free_bytes.empty() && costs.free_bytes.size() != costs.fwd.size()) ||
+      (!costs.p2p_bwd.empty() && costs.p2p_bwd.size() != costs.p2p.size()))
+    throw std::logic_error("simulateDag: costs shape does not match the schedule (" + std::to_string(V) +
+                           " virtual stages x " + std::to_string(M) + " micro-batches)");
   DagResult r;
   // Vertices and the (vstage, mb, phase) -> vertex map.
   r.stage_offset.resize(static_cast<std::size_t>(p) + 1, 0);
@@ -60,8 +59,7 @@ DagResult simulateDag(const Schedule& sched, const PipelineCosts& costs,
       if (slot != kNone) throw std::logic_error("simulateDag: duplicate task in schedule");
       slot = v;
       r.vertices[v] = {s, t};
-      r.cost[v] = t.phase == Phase::Fwd ? costs.fwd[costs.at(vs, t.mb)]
-                                        : costs.bwd[costs.at(vs, t.mb)];
+      r.cost[v] = t.phase == Phase::Fwd ? costs.fwd[costs.at(vs, t.mb)] : costs.bwd[costs.at(vs, t.mb)];
     }
   }
   for (std::size_t k = 0; k < vid.size(); ++k)
@@ -73,28 +71,26 @@ DagResult simulateDag(const Schedule& sched, const PipelineCosts& costs,
     double delay;
   };
   std::vector<Edge> edges;
-  edges.reserve(nv * 2 + extra.size() * static_cast<std::size_t>(V));
+  edges.reserve(nv * 2 + (extra.size() + sched.deps.size()) * static_cast<std::size_t>(V));
   for (int s = 0; s < p; ++s)
-    for (std::size_t v = r.stage_offset[s] + 1; v < r.stage_offset[s + 1]; ++v)
-      edges.push_back({v - 1, v, 0.0});
+    for (std::size_t v = r.stage_offset[s] + 1; v < r.stage_offset[s + 1]; ++v) edges.push_back({v - 1, v, 0.0});
   for (int mb = 0; mb < M; ++mb) {
     const double d = costs.p2p[static_cast<std::size_t>(mb)];
+    const double db = costs.p2p_bwd.empty() ? d : costs.p2p_bwd[static_cast<std::size_t>(mb)];
     for (int vs = 0; vs + 1 < V; ++vs) {
       const bool cross = sched.stageOf(vs) != sched.stageOf(vs + 1);
-      edges.push_back({vid[key(vs, mb, Phase::Fwd)], vid[key(vs + 1, mb, Phase::Fwd)],
-                       cross ? d : 0.0});
-      edges.push_back({vid[key(vs + 1, mb, Phase::Bwd)], vid[key(vs, mb, Phase::Bwd)],
-                       cross ? d : 0.0});
+      edges.push_back({vid[key(vs, mb, Phase::Fwd)], vid[key(vs + 1, mb, Phase::Fwd)], cross ? d : 0.0});
+      edges.push_back({vid[key(vs + 1, mb, Phase::Bwd)], vid[key(vs, mb, Phase::Bwd)], cross ? db : 0.0});
     }
-    edges.push_back({vid[key(V - 1, mb, Phase::Fwd)], vid[key(V - 1, mb, Phase::Bwd)], 0.0});
+    if (sched.paired) edges.push_back({vid[key(V - 1, mb, Phase::Fwd)], vid[key(V - 1, mb, Phase::Bwd)], 0.0});
   }
-  for (const ExtraDep& e : extra) {
-    if (e.from_mb < 0 || e.from_mb >= M || e.to_mb < 0 || e.to_mb >= M)
-      throw std::logic_error("simulateDag: extra dependency out of range");
-    for (int vs = 0; vs < V; ++vs)
-      edges.push_back({vid[key(vs, e.from_mb, e.from_phase)], vid[key(vs, e.to_mb, e.to_phase)],
-                       0.0});
-  }
+  for (const auto* list : {&sched.deps, &extra})
+    for (const TaskDep& e : *list) {
+      if (e.from_mb < 0 || e.from_mb >= M || e.to_mb < 0 || e.to_mb >= M)
+        throw std::logic_error("simulateDag: dependency out of range");
+      for (int vs = 0; vs < V; ++vs)
+        edges.push_back({vid[key(vs, e.from_mb, e.from_phase)], vid[key(vs, e.to_mb, e.to_phase)], 0.0});
+    }
   std::vector<std::size_t> head(nv + 1, 0), indeg(nv, 0);
   for (const Edge& e : edges) {
     ++head[e.from + 1];
@@ -143,8 +139,7 @@ DagResult simulateDag(const Schedule& sched, const PipelineCosts& costs,
   r.memory_timeline.assign(static_cast<std::size_t>(p), {});
   std::size_t last = 0;
   for (int s = 0; s < p; ++s) {
-    const double base =
-        s < static_cast<int>(costs.static_bytes.size()) ? costs.static_bytes[s] : 0.0;
+    const double base = s < static_cast<int>(costs.static_bytes.size()) ? costs.static_bytes[s] : 0.0;
     double cur = 0, peak = 0;
     int live = 0, peak_live = 0;
     auto& tl = r.memory_timeline[static_cast<std::size_t>(s)];
@@ -152,9 +147,10 @@ DagResult simulateDag(const Schedule& sched, const PipelineCosts& costs,
     tl.push_back({0.0, base});
     for (std::size_t v = r.stage_offset[s]; v < r.stage_offset[s + 1]; ++v) {
       const Task& t = r.vertices[v].task;
-      const double a = costs.act_bytes.empty()
-                           ? 0.0
-                           : costs.act_bytes[costs.at(sched.virtualStage(s, t.chunk), t.mb)];
+      const std::size_t at = costs.at(sched.virtualStage(s, t.chunk), t.mb);
+      const std::vector<double>& bytes =
+          t.phase == Phase::Bwd && !costs.free_bytes.empty() ? costs.free_bytes : costs.act_bytes;
+      const double a = bytes.empty() ? 0.0 : bytes[at];
       r.busy[s] += r.cost[v];
       if (t.phase == Phase::Fwd) {
         cur += a;

@@ -1,9 +1,12 @@
 #include "pp/schedule.hpp"
 
 #include <algorithm>
+#include <map>
+#include <queue>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 #include "core/error.hpp"
 
@@ -13,7 +16,9 @@ ScheduleKind parseScheduleKind(const std::string& name) {
   if (name == "gpipe") return ScheduleKind::GPipe;
   if (name == "1f1b") return ScheduleKind::OneFOneB;
   if (name == "interleaved") return ScheduleKind::Interleaved;
-  throw InputError("pipeline.schedule: unknown schedule '" + name + "' (allowed: gpipe, 1f1b, interleaved)", true);
+  if (name == "packflow") return ScheduleKind::PackFlow;
+  throw InputError("pipeline.schedule: unknown schedule '" + name + "' (allowed: gpipe, 1f1b, interleaved, packflow)",
+                   true);
 }
 
 const char* scheduleKindName(ScheduleKind k) {
@@ -24,6 +29,8 @@ const char* scheduleKindName(ScheduleKind k) {
       return "1f1b";
     case ScheduleKind::Interleaved:
       return "interleaved";
+    case ScheduleKind::PackFlow:
+      return "packflow";
   }
   return "?";
 }
@@ -135,6 +142,146 @@ Schedule makeInterleaved(int stages, int micro_batches, int chunks) {
   return s;
 }
 
+// ---- PackFlow ----------------------------------------------------------------------------
+
+ReplicaSlices replicaSlices(const std::vector<MicroBatch>& fwd, const std::vector<std::int64_t>& bwd_cuts) {
+  ReplicaSlices r;
+  r.fwd_cuts.push_back(0);
+  for (std::size_t k = 0; k < fwd.size(); ++k) {
+    for (const auto& s : fwd[k].segments) {
+      r.segments.push_back(s);
+      r.fwd_pack.push_back(static_cast<int>(k));
+    }
+    r.fwd_cuts.push_back(static_cast<std::int64_t>(r.segments.size()));
+  }
+  const auto n = static_cast<std::int64_t>(r.segments.size());
+  r.bwd_cuts = bwd_cuts.empty() ? r.fwd_cuts : bwd_cuts;
+  bool ok = r.bwd_cuts.size() == r.fwd_cuts.size() && r.bwd_cuts.front() == 0 && r.bwd_cuts.back() == n;
+  for (std::size_t k = 1; ok && k < r.bwd_cuts.size(); ++k) ok = r.bwd_cuts[k - 1] <= r.bwd_cuts[k];
+  if (!ok)
+    throw InputError("plan: 'backward' of a replica must hold " + std::to_string(fwd.size() + 1) +
+                     " non-decreasing cut points from 0 to its " + std::to_string(n) +
+                     " segments (docs/plan-format.md)");
+  r.bwd_pack.resize(r.segments.size());
+  for (std::size_t k = 0; k + 1 < r.bwd_cuts.size(); ++k)
+    for (auto i = r.bwd_cuts[k]; i < r.bwd_cuts[k + 1]; ++i)
+      r.bwd_pack[static_cast<std::size_t>(i)] = static_cast<int>(k);
+  return r;
+}
+
+bool PackFlowDeps::trivial() const {
+  if (!before.empty()) return false;
+  for (std::size_t k = 0; k < needs.size(); ++k)
+    if (needs[k] != static_cast<int>(k)) return false;
+  return true;
+}
+
+PackFlowDeps packFlowDeps(const ReplicaSlices& r) {
+  const int M = r.microPacks();
+  PackFlowDeps d;
+  d.needs.assign(static_cast<std::size_t>(M), -1);
+  for (int k = 0; k < M; ++k) {
+    const auto b0 = r.bwd_cuts[static_cast<std::size_t>(k)], b1 = r.bwd_cuts[static_cast<std::size_t>(k) + 1];
+    for (auto i = b0; i < b1; ++i) d.needs[k] = std::max(d.needs[k], r.fwd_pack[static_cast<std::size_t>(i)]);
+  }
+  // A slice's keys are its document's tokens before it: it follows the segment of the same
+  // document that ends where it starts.
+  std::map<std::pair<DocId, std::int64_t>, std::size_t> ends;  // (doc, end offset) -> segment
+  for (std::size_t i = 0; i < r.segments.size(); ++i) {
+    const Segment& s = r.segments[i];
+    ends[{s.doc, s.offset + s.length}] = i;
+  }
+  std::vector<std::pair<int, int>> before;
+  for (std::size_t i = 0; i < r.segments.size(); ++i) {
+    const Segment& s = r.segments[i];
+    if (s.q_offset == 0) continue;
+    const auto it = ends.find({s.doc, s.offset});
+    if (it == ends.end()) continue;  // its prefix was trained in an earlier step
+    const std::size_t j = it->second;
+    if (r.fwd_pack[j] > r.fwd_pack[i])
+      throw InputError("plan: the slice of document " + std::to_string(s.doc) + " at offset " +
+                       std::to_string(s.offset) + " is in forward MicroPack " + std::to_string(r.fwd_pack[i]) +
+                       ", before the slice it continues (MicroPack " + std::to_string(r.fwd_pack[j]) +
+                       "): PackFlow runs forwards first-in-first-out");
+    if (r.bwd_pack[i] != r.bwd_pack[j]) before.push_back({r.bwd_pack[i], r.bwd_pack[j]});
+  }
+  std::sort(before.begin(), before.end());
+  before.erase(std::unique(before.begin(), before.end()), before.end());
+  d.before = std::move(before);
+  return d;
+}
+
+std::vector<int> packFlowBackwardOrder(int M, const PackFlowDeps& deps) {
+  std::vector<int> needs = deps.needs;
+  if (needs.empty())
+    for (int k = 0; k < M; ++k) needs.push_back(k);
+  if (static_cast<int>(needs.size()) != M)
+    throw std::logic_error("packFlowBackwardOrder: " + std::to_string(needs.size()) + " needs for " +
+                           std::to_string(M) + " MicroPacks");
+  std::vector<std::vector<int>> succ(static_cast<std::size_t>(M));
+  std::vector<int> indeg(static_cast<std::size_t>(M), 0);
+  for (const auto& [b, a] : deps.before) {
+    if (b < 0 || b >= M || a < 0 || a >= M || a == b)
+      throw std::logic_error("packFlowBackwardOrder: dependency out of range");
+    succ[static_cast<std::size_t>(b)].push_back(a);
+    ++indeg[static_cast<std::size_t>(a)];
+  }
+  // Of the backwards free to go, the one whose forward need comes first; empty ones last.
+  using Key = std::tuple<int, int>;
+  std::priority_queue<Key, std::vector<Key>, std::greater<>> ready;
+  auto key = [&](int k) {
+    return Key{needs[static_cast<std::size_t>(k)] < 0 ? M : needs[static_cast<std::size_t>(k)], k};
+  };
+  for (int k = 0; k < M; ++k)
+    if (indeg[static_cast<std::size_t>(k)] == 0) ready.push(key(k));
+  std::vector<int> order;
+  order.reserve(static_cast<std::size_t>(M));
+  while (!ready.empty()) {
+    const int k = std::get<1>(ready.top());
+    ready.pop();
+    order.push_back(k);
+    for (const int a : succ[static_cast<std::size_t>(k)])
+      if (--indeg[static_cast<std::size_t>(a)] == 0) ready.push(key(a));
+  }
+  if (static_cast<int>(order.size()) != M)
+    throw InputError(
+        "plan: the slices' backward order is cyclic (a sample's slices must run last-in-first-out in "
+        "the backward); pipeline.schedule = packflow cannot order this plan");
+  return order;
+}
+
+Schedule makePackFlow(int stages, int micro_batches, const PackFlowDeps& deps_in) {
+  checkShape(stages, micro_batches, 1);
+  PackFlowDeps deps = deps_in;
+  if (deps.needs.empty())
+    for (int k = 0; k < micro_batches; ++k) deps.needs.push_back(k);
+  for (const int n : deps.needs)
+    if (n >= micro_batches) throw std::logic_error("makePackFlow: a backward needs a forward out of range");
+  const std::vector<int> beta = packFlowBackwardOrder(micro_batches, deps);
+  Schedule s = blank(ScheduleKind::PackFlow, stages, micro_batches, 1);
+  s.paired = false;
+  for (int k = 0; k < micro_batches; ++k)
+    if (deps.needs[static_cast<std::size_t>(k)] >= 0)
+      s.deps.push_back({deps.needs[static_cast<std::size_t>(k)], Phase::Fwd, k, Phase::Bwd});
+  for (const auto& [b, a] : deps.before) s.deps.push_back({b, Phase::Bwd, a, Phase::Bwd});
+  // Stage s keeps 1F1B's p-s-1 forwards ahead of what the next backward needs (so it has
+  // forwards to run while that backward comes up the pipeline), one backward per forward.
+  // The forwards before the i-th backward never increase from one stage to the next, so
+  // the cross-stage transfers cannot close a cycle.
+  for (int st = 0; st < stages; ++st) {
+    auto& o = s.order[static_cast<std::size_t>(st)];
+    int nf = 0;
+    std::size_t i = 0;
+    const int ahead = stages - st - 1;
+    while (i < beta.size()) {
+      if (nf < micro_batches) o.push_back({Phase::Fwd, nf++, 0});
+      if (nf == micro_batches || deps.needs[static_cast<std::size_t>(beta[i])] + ahead < nf)
+        o.push_back({Phase::Bwd, beta[i++], 0});
+    }
+  }
+  return s;
+}
+
 Schedule makeSchedule(ScheduleKind kind, int stages, int micro_batches, int chunks) {
   switch (kind) {
     case ScheduleKind::GPipe:
@@ -143,6 +290,8 @@ Schedule makeSchedule(ScheduleKind kind, int stages, int micro_batches, int chun
       return makeOneFOneB(stages, micro_batches);
     case ScheduleKind::Interleaved:
       return makeInterleaved(stages, micro_batches, chunks);
+    case ScheduleKind::PackFlow:
+      return makePackFlow(stages, micro_batches);
   }
   throw std::logic_error("makeSchedule: bad kind");
 }
@@ -165,10 +314,31 @@ void validateSchedule(const Schedule& s) {
       if (t.phase == Phase::Fwd) {
         if (seen[key]++) throw std::logic_error("schedule: duplicate forward task");
       } else {
-        if (!seen[key])
+        if (s.paired && !seen[key])
           throw std::logic_error("schedule: stage " + std::to_string(st) + " runs B" + std::to_string(t.mb) + "." +
                                  std::to_string(t.chunk) + " before its forward");
         if (seen[per + key]++) throw std::logic_error("schedule: duplicate backward task");
+      }
+    }
+    // Dependencies hold in every stage's order (per chunk).
+    if (s.deps.empty()) continue;
+    std::vector<std::size_t> pos(2 * per, 0);
+    for (std::size_t i = 0; i < o.size(); ++i) {
+      const Task& t = o[i];
+      pos[(t.phase == Phase::Fwd ? 0 : per) + static_cast<std::size_t>(t.mb * s.chunks + t.chunk)] = i;
+    }
+    for (const TaskDep& d : s.deps) {
+      if (d.from_mb < 0 || d.from_mb >= s.micro_batches || d.to_mb < 0 || d.to_mb >= s.micro_batches)
+        throw std::logic_error("schedule: dependency out of range");
+      for (int c = 0; c < s.chunks; ++c) {
+        const auto at = [&](int mb, Phase ph) {
+          return pos[(ph == Phase::Fwd ? 0 : per) + static_cast<std::size_t>(mb * s.chunks + c)];
+        };
+        if (at(d.from_mb, d.from_phase) >= at(d.to_mb, d.to_phase))
+          throw std::logic_error("schedule: stage " + std::to_string(st) + " runs " +
+                                 (d.to_phase == Phase::Fwd ? "F" : "B") + std::to_string(d.to_mb) + " before " +
+                                 (d.from_phase == Phase::Fwd ? "F" : "B") + std::to_string(d.from_mb) +
+                                 ", which it depends on");
       }
     }
   }

@@ -9,6 +9,8 @@
 
 #include <fmt/format.h>
 
+#include "core/error.hpp"
+
 #include "data/length_source.hpp"
 #include "model/cost_model.hpp"
 #include "packing/packer.hpp"
@@ -16,6 +18,15 @@
 #include "trace/recorder.hpp"
 
 namespace wlb::pp {
+
+void checkPackerSchedule(const Deck& deck, const std::string& packer) {
+  if (packer == "slimpack" && deck.pipeline.schedule != "packflow")
+    throw InputError("pipeline.schedule = \"" + deck.pipeline.schedule +
+                         "\" cannot run slimpack plans (slices whose backward runs last-in-first-out, backward "
+                         "MicroPacks grouped apart from the forward ones): set pipeline.schedule = \"packflow\" "
+                         "(docs/simulator.md)",
+                     true);
+}
 
 std::vector<SimStrategyResult> simulateDeck(const Deck& deck_in, const SimulateOptions& opt) {
   Deck deck = deck_in;
@@ -25,6 +36,7 @@ std::vector<SimStrategyResult> simulateDeck(const Deck& deck_in, const SimulateO
   deck.run.strategies.clear();
   for (const auto& n : names) deck.run.strategies.push_back(n.second);
   const auto pairs = resolveStrategies(deck);
+  for (const auto& pr : pairs) checkPackerSchedule(deck, pr.packer);
   const std::int64_t steps = opt.steps > 0 ? opt.steps : deck.run.steps;
   const std::int64_t warmup = opt.warmup >= 0 ? opt.warmup : std::max<std::int64_t>(0, deck.run.warmup);
 

@@ -50,6 +50,11 @@ struct SimStrategyResult {
   bool fits = true;
 };
 
+/// A packer's plans need the deck's pipeline schedule to run them: `slimpack` plans hold
+/// slices and need `pipeline.schedule = "packflow"` (InputError naming the key otherwise).
+/// PackFlow takes every other packer's plans (it is then 1F1B's order).
+void checkPackerSchedule(const Deck& deck, const std::string& packer);
+
 /// Simulate every strategy of `deck`. InputError for bad decks, strategies or schedules.
 std::vector<SimStrategyResult> simulateDeck(const Deck& deck, const SimulateOptions& opt = {});
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
@@ -91,6 +92,58 @@ MicroBatchWork balancedMicroBatchWork(const std::vector<std::int64_t>& doc_lengt
   w.rank_kv_tokens.assign(static_cast<std::size_t>(cp), 0);
   w.sharding = "balanced";
   return w;
+}
+
+// ---- SlimPack work (PackFlow) ------------------------------------------------------------
+
+double AttnSecondsMemo::operator()(std::int64_t q0, std::int64_t q, Phase p) {
+  if (q0 < 0 || q < 0 || q0 >= (std::int64_t{1} << 31) || q >= (std::int64_t{1} << 31))
+    return cost_->attnSeconds(q0, q, p);
+  if (map_.size() > (1u << 18)) map_.clear();
+  const auto key = (static_cast<std::uint64_t>(q0) << 32) ^ static_cast<std::uint64_t>(q) ^
+                   (p == Phase::Bwd ? (std::uint64_t{1} << 63) : 0);
+  const auto [it, fresh] = map_.try_emplace(key, 0.0);
+  if (fresh) it->second = cost_->attnSeconds(q0, q, p);
+  return it->second;
+}
+
+bool isSlimPackPlan(const StepPlan& plan) {
+  if (!plan.backward.empty()) return true;
+  for (const auto& rep : plan.replicas)
+    for (const auto& mb : rep)
+      for (const auto& s : mb.segments)
+        if (s.q_offset != 0) return true;
+  return false;
+}
+
+MicroBatchWork packFlowWork(const ReplicaSlices& r, int k, int cp, const model::CostModel& cost,
+                            AttnSecondsMemo& attn) {
+  double af = 0, ab = 0;
+  std::int64_t tf = 0, tb = 0;
+  const auto ku = static_cast<std::size_t>(k);
+  for (auto i = r.fwd_cuts[ku]; i < r.fwd_cuts[ku + 1]; ++i) {
+    const Segment& s = r.segments[static_cast<std::size_t>(i)];
+    af += attn(s.q_offset, s.length, Phase::Fwd);
+    tf += s.length;
+  }
+  for (auto i = r.bwd_cuts[ku]; i < r.bwd_cuts[ku + 1]; ++i) {
+    const Segment& s = r.segments[static_cast<std::size_t>(i)];
+    ab += attn(s.q_offset, s.length, Phase::Bwd);
+    tb += s.length;
+  }
+  MicroBatchWork w = evenMicroBatchWork(tf, af, ab, cp, cost);
+  for (std::size_t c = 0; c < static_cast<std::size_t>(cp); ++c) w.rank_tokens_bwd.push_back(evenShare(tb, cp, c));
+  w.rank_kv_tokens = w.rank_tokens;
+  w.sharding = "even";
+  return w;
+}
+
+std::vector<MicroBatchWork> packFlowReplicaWork(const ReplicaSlices& r, int cp, const model::CostModel& cost,
+                                                AttnSecondsMemo& attn) {
+  std::vector<MicroBatchWork> out;
+  out.reserve(static_cast<std::size_t>(r.microPacks()));
+  for (int k = 0; k < r.microPacks(); ++k) out.push_back(packFlowWork(r, k, cp, cost, attn));
+  return out;
 }
 
 // ---- Network ---------------------------------------------------------------------------
@@ -268,10 +321,10 @@ double StepSimulator::headSeconds(std::int64_t tokens, Phase p) const {
   return (p == Phase::Fwd ? f : model::kLinearBwdFactor * f) / (cost_->hardware().linear_gflops * 1e9);
 }
 
-double StepSimulator::p2pSeconds(const MicroBatchWork& w) const {
-  if (cfg_.pp * cfg_.chunks <= 1 || w.tokens == 0) return 0.0;
+double StepSimulator::p2pSeconds(std::int64_t tokens, const std::vector<std::int64_t>& rank_tokens) const {
+  if (cfg_.pp * cfg_.chunks <= 1 || tokens == 0) return 0.0;
   std::int64_t tok = 0;
-  for (auto t : w.rank_tokens) tok = std::max(tok, t);
+  for (auto t : rank_tokens) tok = std::max(tok, t);
   const auto& d = cost_->dims();
   // Scatter-gather optimisation: each TP rank sends 1/tp of the activation.
   const double bytes = cfg_.executor_memory ? static_cast<double>(tok * d.hidden) * 4.0  // every TP rank, fp32
@@ -292,43 +345,61 @@ PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mb
   PipelineCosts c(V, M, cfg_.pp);
   const double act_tok = activationBytesPerToken();
   const auto& d = cost_->dims();
+  if (std::any_of(mbs.begin(), mbs.end(), [](const MicroBatchWork& w) { return !w.rank_tokens_bwd.empty(); })) {
+    c.free_bytes.assign(c.act_bytes.size(), 0.0);
+    c.p2p_bwd.assign(c.p2p.size(), 0.0);
+  }
   for (int m = 0; m < M; ++m) {
     const MicroBatchWork& w = mbs[static_cast<std::size_t>(m)];
     if (w.cp() != cfg_.cp)
       throw std::logic_error("simulator: micro-batch work has " + std::to_string(w.cp()) + " CP ranks, mesh has " +
                              std::to_string(cfg_.cp));
+    // The backward's tokens differ from the forward's under SlimPack's asymmetric partition.
+    const bool split = !w.rank_tokens_bwd.empty();
+    const auto& tokens_b = split ? w.rank_tokens_bwd : w.rank_tokens;
     std::vector<RankLayerCost> lc(static_cast<std::size_t>(cfg_.cp));
-    std::int64_t max_tok = 0;
+    std::int64_t max_tok = 0, max_tok_b = 0;
     for (int r = 0; r < cfg_.cp; ++r) {
       lc[static_cast<std::size_t>(r)] = layerCost(w, r);
       max_tok = std::max(max_tok, w.rank_tokens[static_cast<std::size_t>(r)]);
+      max_tok_b = std::max(max_tok_b, tokens_b[static_cast<std::size_t>(r)]);
     }
+    // Activation bytes a unit of `toks` tokens per CP rank holds on virtual stage vs.
+    auto actBytes = [&](const std::vector<std::int64_t>& toks, std::int64_t max_t, double l, bool last) {
+      double act = l * act_tok * static_cast<double>(max_t);
+      if (cfg_.executor_memory) {
+        std::int64_t worst = 0;
+        for (int r = 0; r < cfg_.cp; ++r) {
+          const std::size_t ri = static_cast<std::size_t>(r);
+          const std::int64_t kv = !split && ri < w.rank_kv_tokens.size() ? w.rank_kv_tokens[ri] : toks[ri];
+          worst = std::max(worst, model::executorLayerActivationBytes(d, cfg_.tp, toks[ri], kv));
+        }
+        act = l * static_cast<double>(worst);
+      }
+      if (last && cfg_.lm_head)  // fp32 logits of the vocab-parallel loss, held until the backward
+        act += static_cast<double>(max_t) * static_cast<double>(d.vocab) * 4.0 / cfg_.tp;
+      return act;
+    };
     for (int vs = 0; vs < V; ++vs) {
       const double l = layersOf(vs);
       const bool last = vs == V - 1;
       double f = 0, b = 0;
       for (int r = 0; r < cfg_.cp; ++r) {
-        const auto tok = w.rank_tokens[static_cast<std::size_t>(r)];
-        f = std::max(f, l * lc[static_cast<std::size_t>(r)].fwd + (last ? headSeconds(tok, Phase::Fwd) : 0.0));
-        b = std::max(b, l * lc[static_cast<std::size_t>(r)].bwd + (last ? headSeconds(tok, Phase::Bwd) : 0.0));
+        const auto ri = static_cast<std::size_t>(r);
+        f = std::max(f, l * lc[ri].fwd + (last ? headSeconds(w.rank_tokens[ri], Phase::Fwd) : 0.0));
+        b = std::max(b, l * lc[ri].bwd + (last ? headSeconds(tokens_b[ri], Phase::Bwd) : 0.0));
       }
       c.fwd[c.at(vs, m)] = f;
       c.bwd[c.at(vs, m)] = b;
-      double act = l * act_tok * static_cast<double>(max_tok);
-      if (cfg_.executor_memory) {
-        std::int64_t worst = 0;
-        for (int r = 0; r < cfg_.cp; ++r) {
-          const std::size_t ri = static_cast<std::size_t>(r);
-          const std::int64_t kv = ri < w.rank_kv_tokens.size() ? w.rank_kv_tokens[ri] : w.rank_tokens[ri];
-          worst = std::max(worst, model::executorLayerActivationBytes(d, cfg_.tp, w.rank_tokens[ri], kv));
-        }
-        act = l * static_cast<double>(worst);
-      }
-      if (last && cfg_.lm_head)  // fp32 logits of the vocab-parallel loss, held until the backward
-        act += static_cast<double>(max_tok) * static_cast<double>(d.vocab) * 4.0 / cfg_.tp;
-      c.act_bytes[c.at(vs, m)] = act;
+      c.act_bytes[c.at(vs, m)] = actBytes(w.rank_tokens, max_tok, l, last);
+      if (!c.free_bytes.empty())
+        c.free_bytes[c.at(vs, m)] = split ? actBytes(tokens_b, max_tok_b, l, last) : c.act_bytes[c.at(vs, m)];
     }
-    c.p2p[static_cast<std::size_t>(m)] = p2pSeconds(w);
+    c.p2p[static_cast<std::size_t>(m)] = p2pSeconds(w.tokens, w.rank_tokens);
+    if (!c.p2p_bwd.empty())
+      c.p2p_bwd[static_cast<std::size_t>(m)] =
+          split ? p2pSeconds(std::accumulate(tokens_b.begin(), tokens_b.end(), std::int64_t{0}), tokens_b)
+                : c.p2p[static_cast<std::size_t>(m)];
   }
   const double per_param = static_cast<double>(d.dtype_bytes) + cfg_.grad_bytes_per_param +
                            cfg_.optimizer_bytes_per_param / (cfg_.dp * cfg_.cp);
@@ -337,10 +408,31 @@ PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mb
 }
 
 StepResult StepSimulator::simulate(const std::vector<std::vector<MicroBatchWork>>& works, trace::Recorder* rec,
-                                   int step, double t0) const {
+                                   int step, double t0, const std::vector<PackFlowDeps>* flow) const {
   if (static_cast<int>(works.size()) != cfg_.dp)
     throw std::logic_error("simulator: plan has " + std::to_string(works.size()) +
                            " replicas, mesh has dp = " + std::to_string(cfg_.dp));
+  if (flow && !flow->empty() && flow->size() != works.size())
+    throw std::logic_error("simulator: slice dependencies for " + std::to_string(flow->size()) +
+                           " replicas, plan has " + std::to_string(works.size()));
+  // Each replica's schedule: the cached one, or PackFlow over that replica's slices.
+  std::vector<Schedule> own(works.size());
+  std::vector<const Schedule*> scheds(works.size());
+  for (std::size_t d = 0; d < works.size(); ++d) {
+    const int M = static_cast<int>(works[d].size());
+    const PackFlowDeps* deps = flow && !flow->empty() && !(*flow)[d].trivial() ? &(*flow)[d] : nullptr;
+    if (deps && cfg_.schedule != ScheduleKind::PackFlow)
+      throw InputError(std::string("pipeline.schedule = \"") + scheduleKindName(cfg_.schedule) +
+                           "\" cannot run a slimpack plan (slices whose backward runs last-in-first-out, backward "
+                           "MicroPacks grouped apart from the forward ones): use pipeline.schedule = \"packflow\"",
+                       true);
+    if (deps) {
+      own[d] = makePackFlow(cfg_.pp, M, *deps);
+      scheds[d] = &own[d];
+    } else {
+      scheds[d] = &schedule(M);
+    }
+  }
   const int P = cfg_.pp, C = cfg_.cp, D = cfg_.dp;
   StepResult res;
   res.replica_seconds.assign(static_cast<std::size_t>(D), 0.0);
@@ -356,8 +448,7 @@ StepResult StepSimulator::simulate(const std::vector<std::vector<MicroBatchWork>
   for (int d = 0; d < D; ++d) {
     const auto& mbs = works[static_cast<std::size_t>(d)];
     costs.push_back(pipelineCosts(mbs));
-    const Schedule& sched = schedule(static_cast<int>(mbs.size()));
-    dags.push_back(simulateDag(sched, costs.back()));
+    dags.push_back(simulateDag(*scheds[static_cast<std::size_t>(d)], costs.back()));
     const DagResult& r = dags.back();
     res.replica_seconds[d] = r.makespan;
     res.pipeline_seconds = std::max(res.pipeline_seconds, r.makespan);
@@ -401,7 +492,7 @@ StepResult StepSimulator::simulate(const std::vector<std::vector<MicroBatchWork>
   for (int d = 0; d < D; ++d) {
     const auto& mbs = works[static_cast<std::size_t>(d)];
     const DagResult& r = dags[static_cast<std::size_t>(d)];
-    const Schedule& sched = schedule(static_cast<int>(mbs.size()));
+    const Schedule& sched = *scheds[static_cast<std::size_t>(d)];
     for (int s = 0; s < P; ++s) {
       for (int c = 0; c < C; ++c) {
         double busy = grad[s];
@@ -412,7 +503,9 @@ StepResult StepSimulator::simulate(const std::vector<std::vector<MicroBatchWork>
           const RankLayerCost lc = layerCost(w, c);
           const double l = layersOf(vs);
           const bool last = vs == V - 1;
-          const auto tok = w.rank_tokens[static_cast<std::size_t>(c)];
+          const auto tok = t.phase == Phase::Bwd && !w.rank_tokens_bwd.empty()
+                               ? w.rank_tokens_bwd[static_cast<std::size_t>(c)]
+                               : w.rank_tokens[static_cast<std::size_t>(c)];
           const double own = l * (t.phase == Phase::Fwd ? lc.fwd : lc.bwd) + (last ? headSeconds(tok, t.phase) : 0.0);
           busy += own;
           if (!rec || own <= 0) continue;
@@ -488,6 +581,21 @@ StepResult StepSimulator::simulate(const std::vector<std::vector<MicroBatchWork>
 StepResult StepSimulator::simulatePlan(const StepPlan& plan, const std::string& sharding, const CpConfig& cfg,
                                        trace::Recorder* rec, int step, double t0) const {
   std::vector<std::vector<MicroBatchWork>> works(plan.replicas.size());
+  if (isSlimPackPlan(plan)) {
+    // Slices: each unit is a forward and a backward MicroPack, ordered by PackFlow.
+    if (!plan.backward.empty() && plan.backward.size() != plan.replicas.size())
+      throw InputError("plan: 'backward' holds " + std::to_string(plan.backward.size()) + " replicas, the step " +
+                       std::to_string(plan.replicas.size()));
+    AttnSecondsMemo attn(*cost_);
+    std::vector<PackFlowDeps> flow;
+    for (std::size_t d = 0; d < plan.replicas.size(); ++d) {
+      const ReplicaSlices r =
+          replicaSlices(plan.replicas[d], plan.backward.empty() ? std::vector<std::int64_t>{} : plan.backward[d]);
+      works[d] = packFlowReplicaWork(r, cfg_.cp, *cost_, attn);
+      flow.push_back(packFlowDeps(r));
+    }
+    return simulate(works, rec, step, t0, &flow);
+  }
   for (std::size_t d = 0; d < plan.replicas.size(); ++d) {
     const auto& rep = plan.replicas[d];
     const auto plans = cp::planReplicaShards(rep, sharding, cfg_.cp, *cost_, cfg);  // as `wlb run` plans them

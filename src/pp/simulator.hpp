@@ -11,7 +11,9 @@
 /// a 4096-rank step a matter of milliseconds after planning.
 
 #include <cstdint>
+#include <deque>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/deck.hpp"
@@ -70,6 +72,32 @@ MicroBatchWork evenMicroBatchWork(std::int64_t tokens, double attn_fwd, double a
 /// (for tests and quick what-ifs; `doc_lengths` are the micro-batch's documents).
 MicroBatchWork balancedMicroBatchWork(const std::vector<std::int64_t>& doc_lengths, int cp,
                                       const model::CostModel& cost);
+
+/// attnSeconds of a piece (a tile walk, O(length / tile)), memoised: whole samples and
+/// slices recur across a packer's candidates and a step's MicroPacks. Cleared when large.
+class AttnSecondsMemo {
+ public:
+  explicit AttnSecondsMemo(const model::CostModel& c) : cost_(&c) {}
+  double operator()(std::int64_t q0, std::int64_t q, Phase p);
+
+ private:
+  const model::CostModel* cost_;
+  std::unordered_map<std::uint64_t, double> map_;
+};
+
+/// A SlimPack plan: it holds slices (q_offset > 0) or a backward grouping of its own, so it
+/// is simulated under PackFlow with packFlowWork, not through the CP planners.
+bool isSlimPackPlan(const StepPlan& plan);
+
+/// Work of unit k of a SlimPack replica: forward MicroPack k's forward and backward
+/// MicroPack k's backward (the asymmetric partition). Every segment costs as the CP piece it
+/// is: queries [q_offset, q_offset + length) of its document against the key prefix,
+/// attnSeconds(q_offset, length). CP ranks share a MicroPack's work evenly (the CP planners
+/// do not shard slices); `rank_tokens_bwd` holds the backward MicroPack's tokens.
+MicroBatchWork packFlowWork(const ReplicaSlices& r, int k, int cp, const model::CostModel& cost, AttnSecondsMemo& attn);
+/// packFlowWork of every unit of the replica.
+std::vector<MicroBatchWork> packFlowReplicaWork(const ReplicaSlices& r, int cp, const model::CostModel& cost,
+                                                AttnSecondsMemo& attn);
 
 /// Link bandwidths (bytes/s) and latency (s) per mesh axis after topology resolution.
 struct Network {
@@ -139,10 +167,15 @@ class StepSimulator {
 
   /// Simulate one step: works[dp][m]. If `rec` is given, predicted events of every rank
   /// are recorded (times offset by t0_seconds, context step = `step`, current strategy).
+  /// `flow` (PackFlow only): each replica's slice dependencies (packFlowDeps); null or
+  /// empty = none (the schedule is then 1F1B's order). Non-trivial dependencies under
+  /// another schedule throw InputError naming `pipeline.schedule`.
   StepResult simulate(const std::vector<std::vector<MicroBatchWork>>& works, trace::Recorder* rec = nullptr,
-                      int step = 0, double t0_seconds = 0) const;
+                      int step = 0, double t0_seconds = 0, const std::vector<PackFlowDeps>* flow = nullptr) const;
 
-  /// Plan every micro-batch of a StepPlan (sharding per micro-batch) and simulate it.
+  /// Plan every micro-batch of a StepPlan (sharding per micro-batch) and simulate it. A
+  /// SlimPack plan (isSlimPackPlan) is costed by packFlowWork and ordered by PackFlow with
+  /// its slice dependencies (InputError naming `pipeline.schedule` under another schedule).
   StepResult simulatePlan(const StepPlan& plan, const std::string& sharding, const CpConfig& cfg,
                           trace::Recorder* rec = nullptr, int step = 0, double t0_seconds = 0) const;
 
@@ -158,12 +191,13 @@ class StepSimulator {
   RankLayerCost layerCost(const MicroBatchWork& w, int r) const;
   double headSeconds(std::int64_t tokens, Phase p) const;
   double commScale() const;  ///< comm_element_bytes / dtype_bytes (1 when unset)
-  double p2pSeconds(const MicroBatchWork& w) const;
+  /// One stage-to-stage transfer of a unit's activations (or their gradients).
+  double p2pSeconds(std::int64_t tokens, const std::vector<std::int64_t>& rank_tokens) const;
   double gradSyncSeconds(int stage) const;
 
   SimConfig cfg_;
   const model::CostModel* cost_;
-  mutable std::vector<std::pair<int, Schedule>> schedules_;
+  mutable std::deque<std::pair<int, Schedule>> schedules_;  // deque: references stay valid
 };
 
 }  // namespace wlb::pp

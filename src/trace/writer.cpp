@@ -107,7 +107,7 @@ Writer::~Writer() {
 
 std::string Writer::planToJson(const std::string& strategy, const StepPlan& plan) {
   // Same shape as a step line of the plan JSONL format (packing/plan_io.hpp):
-  // replicas[dp][mb] = [[doc, offset, length, arrival_step], ...].
+  // replicas[dp][mb] = [[doc, offset, length, arrival_step(, q_offset)], ...], "backward".
   nlohmann::json j;
   j["type"] = "step";
   j["step"] = plan.step;
@@ -117,13 +117,18 @@ std::string Writer::planToJson(const std::string& strategy, const StepPlan& plan
     nlohmann::json mbs = nlohmann::json::array();
     for (const auto& mb : rep) {
       nlohmann::json segs = nlohmann::json::array();
-      for (const auto& s : mb.segments) segs.push_back({s.doc, s.offset, s.length, s.arrival_step});
+      for (const auto& s : mb.segments) {
+        nlohmann::json e = {s.doc, s.offset, s.length, s.arrival_step};
+        if (s.q_offset != 0) e.push_back(s.q_offset);  // slimpack slices, as plan_io writes them
+        segs.push_back(std::move(e));
+      }
       mbs.push_back(segs);
     }
     reps.push_back(mbs);
   }
   j["replicas"] = reps;
   j["delayed"] = plan.delayed;
+  if (!plan.backward.empty()) j["backward"] = plan.backward;
   return j.dump();
 }
 

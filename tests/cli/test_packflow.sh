@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# PackFlow end to end (docs/simulator.md § PackFlow): `wlb plan --packer slimpack` writes
+# slices and the backward grouping; `wlb simulate` runs SlimPack plans under
+# pipeline.schedule = "packflow" beside other packers (which PackFlow runs in 1F1B's order);
+# a slimpack strategy under another schedule exits 2 naming the key, before any output.
+# Usage: test_packflow.sh WLB_BINARY SOURCE_DIR
+set -u
+WLB="$1"; SRC="$2"
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+DECK="$SRC/inputs/sim_small.toml"
+PF=(--set pipeline.schedule=packflow)
+
+# 1. The planner: every token once, slices (5th field) and the backward grouping in the file.
+"$WLB" plan "$DECK" "${PF[@]}" --packer slimpack --steps 4 --check --out "$T/plan.jsonl" > "$T/plan.txt" 2>&1 \
+  || { cat "$T/plan.txt"; fail "plan --packer slimpack"; }
+grep -q "check slimpack: OK — lost 0 tokens, duplicated 0" "$T/plan.txt" || { cat "$T/plan.txt"; fail "check line"; }
+/usr/bin/python3 - "$T/plan.jsonl" <<'PY' || fail "slimpack plan file"
+import json, sys
+steps = [json.loads(l) for l in open(sys.argv[1]) if '"type":"step"' in l]
+assert len(steps) == 4, len(steps)
+slices = sum(len(s) == 5 for st in steps for rep in st["replicas"] for mb in rep for s in mb)
+assert slices > 0, "no slice in 4 steps of the long-context deck"
+for st in steps:
+    assert len(st["backward"]) == len(st["replicas"])
+    for cuts, rep in zip(st["backward"], st["replicas"]):
+        assert len(cuts) == len(rep) + 1 and cuts[0] == 0 and cuts[-1] == sum(len(mb) for mb in rep)
+PY
+
+# 2. One table: plain and wlb (1F1B's order under packflow) and slimpack (PackFlow).
+"$WLB" simulate "$DECK" "${PF[@]}" --strategies plain,wlb,slimpack+per_document --steps 3 --warmup 0 \
+  --out "$T/o" --trace "$T/sim.h5" > "$T/sim.txt" 2>&1 || { cat "$T/sim.txt"; fail "simulate under packflow"; }
+for s in plain wlb slimpack+per_document; do
+  awk -v s="$s" '$1 == "sim_small" && $2 == "2x2x2x2" && $3 == s && $4 > 0 { ok = 1 } END { exit !ok }' "$T/sim.txt" \
+    || { cat "$T/sim.txt"; fail "missing row $s"; }
+done
+# plain alone under 1f1b: the same step times as under packflow.
+"$WLB" simulate "$DECK" --strategies plain --steps 3 --warmup 0 --out "$T/one" > "$T/one.txt" 2>&1 \
+  || { cat "$T/one.txt"; fail "simulate plain under 1f1b"; }
+/usr/bin/python3 - "$T/o/simulate.json" "$T/one/simulate.json" "$T/sim.h5" <<'PY' || fail "packflow results"
+import json, sys
+rows = {r["strategy"]: r for r in json.load(open(sys.argv[1]))}
+one = json.load(open(sys.argv[2]))[0]
+sp, plain = rows["slimpack+per_document"], rows["plain"]
+# no warm-up, nothing held back after the drain: the same documents
+assert abs(sp["tokens"] - plain["tokens"]) < 0.5, (sp["tokens"], plain["tokens"])
+assert sp["tokens_per_second"] > 0 and sp["useful_flops_per_second"] > 0 and sp["step_seconds"] > 0, sp
+# useful FLOPs count each slice against its key prefix: equal work, equal FLOPs per token
+fpt = lambda r: r["useful_flops_per_second"] / r["tokens_per_second"]
+assert abs(fpt(sp) / fpt(plain) - 1) < 1e-9, (fpt(sp), fpt(plain))
+assert 0 <= sp["bubble_fraction"] < 1, sp
+assert abs(one["step_seconds"] / plain["step_seconds"] - 1) < 1e-12, (one["step_seconds"], plain["step_seconds"])
+try:
+    import h5py
+except ImportError:
+    sys.exit(0)
+with h5py.File(sys.argv[3], "r") as f:
+    strategies = [s.decode() if isinstance(s, bytes) else s for s in f["meta/strategies"][()]] if "meta/strategies" in f else None
+    pj = [json.loads(s.decode() if isinstance(s, bytes) else s) for s in f["plan/packing_json"][()]]
+slim = [p for p in pj if p["strategy"] == "slimpack+per_document"]
+assert slim, "no slimpack plan in the trace"
+assert all("backward" in p for p in slim), "trace plan lacks the backward grouping"
+assert any(len(s) == 5 for p in slim for rep in p["replicas"] for mb in rep for s in mb), "trace plan lacks slices"
+PY
+
+# 3. slimpack under 1f1b: exit 2 naming pipeline.schedule, nothing written.
+"$WLB" simulate "$DECK" --strategies plain,slimpack+per_document --steps 2 --out "$T/bad" > "$T/bad.txt" 2>&1
+rc=$?
+[ $rc -eq 2 ] || { cat "$T/bad.txt"; fail "slimpack under 1f1b: exit $rc, expected 2"; }
+grep -q "pipeline.schedule" "$T/bad.txt" && grep -q "packflow" "$T/bad.txt" || { cat "$T/bad.txt"; fail "message names no key"; }
+[ -e "$T/bad" ] && fail "output written on error"
+"$WLB" simulate "$DECK" --set pipeline.schedule=packflw --steps 2 > "$T/bad2.txt" 2>&1
+[ $? -eq 2 ] && grep -q "pipeline.schedule" "$T/bad2.txt" || { cat "$T/bad2.txt"; fail "unknown schedule should exit 2"; }
+echo "test_packflow: OK"
