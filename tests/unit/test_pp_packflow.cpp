@@ -327,6 +327,17 @@ TEST(PackFlow, StepSimulatorRunsSlimPackPlans) {
     EXPECT_GE(r.bubble_fraction, 0);
     EXPECT_LT(r.bubble_fraction, 1);
     for (std::size_t s = 0; s < r.peak_activation_bytes.size(); ++s) EXPECT_GT(r.peak_activation_bytes[s], 0);
+    // A forward MicroPack allocates its slices' activations, a backward MicroPack frees its
+    // own: every stage ends at its static bytes (cp = 1: bytes are linear in tokens).
+    for (std::size_t k = 0; k < plan.replicas.size(); ++k) {
+      const ReplicaSlices rs = replicaSlices(plan.replicas[k], plan.backward[k]);
+      AttnSecondsMemo memo(cost);
+      const PipelineCosts c = sim.pipelineCosts(packFlowReplicaWork(rs, 1, cost, memo));
+      ASSERT_FALSE(c.free_bytes.empty());
+      const DagResult g = simulateDag(makePackFlow(2, rs.microPacks(), packFlowDeps(rs)), c);
+      for (std::size_t s = 0; s < 2; ++s)
+        EXPECT_NEAR(g.memory_timeline[s].back().second, c.static_bytes[s], 1e-9 * c.static_bytes[s]);
+    }
     // The step is at least its busiest stage's work.
     bool has_dep = false;
     for (std::size_t k = 0; k < plan.replicas.size(); ++k)
