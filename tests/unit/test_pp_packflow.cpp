@@ -219,6 +219,24 @@ TEST(PackFlow, HandBuiltSlicesOrderAndDependencies) {
   checkPackFlow(e, 3, "empty backward MicroPack");
 }
 
+TEST(PackFlow, ValidateScheduleChecksTheDependencies) {
+  std::vector<MicroBatch> g(3);
+  for (int k = 0; k < 3; ++k) g[static_cast<std::size_t>(k)].segments = {seg(9, 100 * k, 100, k > 0)};
+  Schedule s = makePackFlow(2, 3, packFlowDeps(replicaSlices(g)));
+  ASSERT_NO_THROW(validateSchedule(s));
+  // The backwards in forward order break last-in-first-out: rejected, and the DAG deadlocks.
+  Schedule bad = s;
+  for (auto& o : bad.order) {
+    std::vector<Task> f, b;
+    for (const Task& t : o) (t.phase == Phase::Fwd ? f : b).push_back(t);
+    std::reverse(b.begin(), b.end());
+    o = f;
+    o.insert(o.end(), b.begin(), b.end());
+  }
+  EXPECT_THROW(validateSchedule(bad), std::logic_error);
+  EXPECT_THROW(simulateDag(bad, PipelineCosts::uniformStages(2, 1, {1, 1, 1}, {2, 2, 2})), std::logic_error);
+}
+
 TEST(PackFlow, BadPlansAreInputErrors) {
   std::vector<MicroBatch> f(2);
   f[0].segments = {seg(1, 0, 10, false)};
