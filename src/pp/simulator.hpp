@@ -167,9 +167,10 @@ class StepSimulator {
 
   /// Simulate one step: works[dp][m]. If `rec` is given, predicted events of every rank
   /// are recorded (times offset by t0_seconds, context step = `step`, current strategy).
-  /// `flow` (PackFlow only): each replica's slice dependencies (packFlowDeps); null or
-  /// empty = none (the schedule is then 1F1B's order). Non-trivial dependencies under
-  /// another schedule throw InputError naming `pipeline.schedule`.
+  /// `flow`: each replica's slice dependencies (packFlowDeps); a replica with non-trivial
+  /// ones runs PackFlow over them, the others the configured schedule (PackFlow's is then
+  /// 1F1B's order). Non-trivial dependencies under another schedule throw InputError naming
+  /// `pipeline.schedule`.
   StepResult simulate(const std::vector<std::vector<MicroBatchWork>>& works, trace::Recorder* rec = nullptr,
                       int step = 0, double t0_seconds = 0, const std::vector<PackFlowDeps>* flow = nullptr) const;
 
