@@ -111,40 +111,54 @@ I64Array i64Vector(const std::vector<std::int64_t>& v) {
   return a;
 }
 
-/// Segments as an (n, 4) array of [doc, offset, length, arrival_step].
-I64Array segmentArray(const std::vector<wlb::Segment>& segs) {
-  I64Array a({static_cast<py::ssize_t>(segs.size()), py::ssize_t{4}});
+/// Segments as an (n, 4) array of [doc, offset, length, arrival_step]; when any segment is a
+/// SlimPack slice (q_offset > 0: it attends to the keys of its document before it), an
+/// (n, 5) array with q_offset last (0 for whole segments), as the plan JSON's 5-element rows.
+/// `wide`: 5 columns anyway (every array of a plan that holds a slice has the same width).
+I64Array segmentArray(const std::vector<wlb::Segment>& segs, bool wide = false) {
+  bool sliced = wide;
+  for (const auto& s : segs) sliced = sliced || s.q_offset != 0;
+  const py::ssize_t w = sliced ? 5 : 4;
+  I64Array a({static_cast<py::ssize_t>(segs.size()), w});
   auto* p = a.mutable_data();
   for (const auto& s : segs) {
     *p++ = s.doc;
     *p++ = s.offset;
     *p++ = s.length;
     *p++ = s.arrival_step;
+    if (sliced) *p++ = s.q_offset;
   }
   return a;
 }
 
-/// (n, 4) or (n, 3) [doc, offset, length(, arrival)] array -> segments; a 1-D array is
-/// read as lengths of whole documents 0..n-1.
+/// (n, 5), (n, 4) or (n, 3) [doc, offset, length(, arrival(, q_offset))] array -> segments; a
+/// 1-D array is read as lengths of whole documents 0..n-1.
 std::vector<wlb::Segment> segmentsFrom(const I64Array& a, const char* what) {
   std::vector<wlb::Segment> out;
   if (a.ndim() == 1) {
     const auto* p = a.data();
     for (py::ssize_t i = 0; i < a.shape(0); ++i) out.push_back({i, 0, p[i], 0});
-  } else if (a.ndim() == 2 && (a.shape(1) == 4 || a.shape(1) == 3)) {
+  } else if (a.ndim() == 2 && a.shape(1) >= 3 && a.shape(1) <= 5) {
     const auto* p = a.data();
     const auto w = a.shape(1);
-    for (py::ssize_t i = 0; i < a.shape(0); ++i, p += w) out.push_back({p[0], p[1], p[2], w == 4 ? p[3] : 0});
+    for (py::ssize_t i = 0; i < a.shape(0); ++i, p += w)
+      out.push_back({p[0], p[1], p[2], w >= 4 ? p[3] : 0, w == 5 ? p[4] : 0});
   } else {
     throw py::value_error(
         fmt::format("{}: expected lengths (1-D) or segments (n x 4: doc, offset, length, "
-                    "arrival_step; or n x 3)",
+                    "arrival_step; n x 5 with q_offset; or n x 3)",
                     what));
   }
-  for (const auto& s : out)
+  for (const auto& s : out) {
     if (s.length < 1 || s.offset < 0)
       throw py::value_error(fmt::format("{}: segment [{}, {}, {}, {}]: need offset >= 0 and length >= 1", what, s.doc,
                                         s.offset, s.length, s.arrival_step));
+    if (s.q_offset < 0 || s.q_offset > s.offset)
+      throw py::value_error(
+          fmt::format("{}: segment [{}, {}, {}, {}, {}]: need 0 <= q_offset <= offset (the keys "
+                      "of its document before the slice)",
+                      what, s.doc, s.offset, s.length, s.arrival_step, s.q_offset));
+  }
   return out;
 }
 
@@ -347,6 +361,14 @@ struct PyPlan {
   std::optional<json> stored_metrics;  // a plan read from JSON: its metrics as written
 
   bool hasMetrics() const { return cost || stored_metrics; }
+  /// Any SlimPack slice in the plan: then every segment array of it has the q_offset column.
+  bool sliced() const {
+    for (const auto& r : plan.replicas)
+      for (const auto& mb : r)
+        for (const auto& sg : mb.segments)
+          if (sg.q_offset != 0) return true;
+    return false;
+  }
   json metricsJson() const { return cost || !stored_metrics ? packing::toJson(stepMetrics()) : *stored_metrics; }
   json toJson() const {
     auto j = packing::stepToJson(plan, packing::StepMetrics{}, incoming);
@@ -904,7 +926,10 @@ a checkpoint records).)")
 
 `segments` is an (n, 4) int64 array [doc, offset, length, arrival_step] of every micro-batch
 back to back, in replica-major order; micro-batch (r, m) is segments[offsets[r*M+m] :
-offsets[r*M+m+1]] (also `micro_batch(r, m)`).)")
+offsets[r*M+m+1]] (also `micro_batch(r, m)`). Plans with SlimPack slices give (n, 5) arrays
+(every array of such a plan):
+a fifth column q_offset (= offset for a slice, which attends to its document's earlier
+keys; 0 for a whole segment).)")
       .def_property_readonly("step", [](const PyPlan& p) { return p.plan.step; })
       .def_property_readonly("dp", &PyPlan::dp)
       .def_property_readonly("micro_batches", &PyPlan::microBatches)
@@ -916,7 +941,7 @@ offsets[r*M+m+1]] (also `micro_batch(r, m)`).)")
                                std::vector<wlb::Segment> all;
                                for (const auto& r : p.plan.replicas)
                                  for (const auto& mb : r) all.insert(all.end(), mb.segments.begin(), mb.segments.end());
-                               return segmentArray(all);
+                               return segmentArray(all, p.sliced());
                              })
       .def_property_readonly("offsets",
                              [](const PyPlan& p) {
@@ -941,14 +966,17 @@ offsets[r*M+m+1]] (also `micro_batch(r, m)`).)")
           "The documents that arrived at this step (empty for a plan read from JSON).")
       .def(
           "micro_batch",
-          [](const PyPlan& p, std::int64_t r, std::int64_t mb) { return segmentArray(p.mb(r, mb).segments); },
+          [](const PyPlan& p, std::int64_t r, std::int64_t mb) {
+            return segmentArray(p.mb(r, mb).segments, p.sliced());
+          },
           py::arg("replica"), py::arg("index"))
       .def_property_readonly("replicas",
                              [](const PyPlan& p) {
                                py::list reps;
+                               const bool wide = p.sliced();
                                for (const auto& r : p.plan.replicas) {
                                  py::list mbs;
-                                 for (const auto& mb : r) mbs.append(segmentArray(mb.segments));
+                                 for (const auto& mb : r) mbs.append(segmentArray(mb.segments, wide));
                                  reps.append(mbs);
                                }
                                return reps;

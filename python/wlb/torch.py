@@ -141,7 +141,13 @@ class PackedBatchSampler(Sampler):
         n = self.documents_per_epoch or (1 << 62)
         info = MicroBatchInfo(plan.step, self.dp_rank, m, plan.step * self.micro_batches + m)
         new = tuple.__new__  # namedtuple's own __new__ costs a Python call per segment
-        return [info] + [new(Segment, (d % n, o, ln, d, a)) for d, o, ln, a in plan.micro_batch(self.dp_rank, m).tolist()]
+        segs = plan.micro_batch(self.dp_rank, m)
+        if segs.shape[1] == 5:
+            raise ValueError(f"PackedBatchSampler: packer '{self.packer.name}' cut documents into SlimPack slices, which "
+                             "attend to the keys of their document's earlier slices; pack_segments trains every "
+                             "segment as its own causal span, so these plans need an executor with a per-document KV "
+                             "cache")
+        return [info] + [new(Segment, (d % n, o, ln, d, a)) for d, o, ln, a in segs.tolist()]
 
     def state_dict(self, consumed=None):
         """The sampler's state after `consumed` micro-batches of this rank (default: all it

@@ -350,3 +350,33 @@ def test_deck_round_trip():
     more = deck.with_overrides({"mesh.dp": 3})
     assert more.dp == 3 and more["packing.outlier_thresholds"] == [1024, 2048] and deck.dp == 1
     assert wlb.Deck()["data.context_window"] == 131072  # the defaults
+
+
+def test_slimpack_slices_carry_q_offset():
+    """SlimPack slices come out as (n, 5) arrays whose last column is q_offset (the plan
+    JSON's 5-element rows), go back in through the same arrays, and whole-segment plans keep
+    (n, 4)."""
+    deck = wlb.Deck(SMOKE_DECK, {"packing.micro_batches": 4})
+    p = wlb.Packer(deck, "slimpack")
+    sliced = 0
+    for _ in range(6):
+        plan = p.pack()
+        j = plan.to_json()
+        segs = plan.segments
+        assert segs.shape[1] in (4, 5)
+        if segs.shape[1] == 5:
+            sliced += 1
+            q = segs[:, 4]
+            assert ((q == 0) | (q == segs[:, 1])).all()
+            M = plan.micro_batches
+            for r in range(plan.dp):
+                for m in range(M):
+                    mb = plan.micro_batch(r, m)
+                    want = [row + [0] * (5 - len(row)) for row in j["replicas"][r][m]]
+                    assert mb.reshape(-1, 5).tolist() == want
+        back = wlb.Plan.from_json(j, p.cost)
+        assert np.array_equal(back.segments, segs)
+    assert sliced > 0, "the smoke deck should make slimpack cut at least one document"
+    assert wlb.Packer(deck, "wlb").pack().segments.shape[1] == 4
+    with pytest.raises(ValueError, match="q_offset"):
+        wlb.ConservationChecker(p.capacity).add_held(np.array([[0, 4, 8, 0, 9]], dtype=np.int64))

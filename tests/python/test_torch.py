@@ -210,6 +210,13 @@ def test_sampler_over_lengths_and_a_generator_deck():
             assert x.index == x.doc % 500 and x.offset + x.length <= lengths[x.index]
 
 
+def test_sampler_refuses_slimpack_slices():
+    lengths = np.random.default_rng(5).integers(1, 30000, 500)
+    s = PackedBatchSampler(wlb.Deck(deck_path("plan_smoke.toml")), lengths=lengths, steps=20, packer="slimpack")
+    with pytest.raises(ValueError, match="SlimPack slices"):
+        run_sampler(s)
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_dataloader_restart(workers):
     deck = wlb.Deck(LENGTHS_DECK, {"mesh.cp": 2, "cp.strategy": "hybrid"})
