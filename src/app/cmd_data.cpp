@@ -100,11 +100,16 @@ int runPrepare(const Opts& o) {
   };
   const auto r = data::prepareDataset(opt);
   std::cout << fmt::format(
-      "source {}: {} regular files ({} shorter than --min-bytes {} skipped), {} symbolic "
+      "source {}: {} regular files ({} shorter than --min-bytes {} skipped{}), {} symbolic "
       "links or other entries skipped, {} files split by --max-bytes\n",
-      opt.source, r.regular_files, r.skipped_small, opt.min_bytes, r.skipped_other, r.cut_files);
-  std::cout << fmt::format("tokenizer {} (vocab {}), tokens uint16, valid fraction {:g}\n", data::ByteTokenizer::name(),
-                           data::ByteTokenizer::kVocabSize, opt.valid_fraction);
+      opt.source, r.regular_files, r.skipped_small, opt.min_bytes,
+      opt.max_file_bytes > 0
+          ? fmt::format(", {} longer than --max-file-bytes {} skipped", r.skipped_large, opt.max_file_bytes)
+          : std::string(),
+      r.skipped_other, r.cut_files);
+  std::cout << fmt::format("tokenizer {} (vocab {}), tokens uint16, valid fraction {:g}, order {}\n",
+                           data::ByteTokenizer::name(), data::ByteTokenizer::kVocabSize, opt.valid_fraction,
+                           opt.shuffle ? fmt::format("shuffled (seed {})", opt.shuffle_seed) : std::string("path"));
   std::cout << fmt::format("{:<6} {:>10} {:>10} {:>14}  {}\n", "split", "files", "documents", "tokens", "output");
   std::cout << fmt::format("{:<6} {:>10} {:>10} {:>14}  {}.{{bin,idx}}\n", "train", r.train.files, r.train.documents,
                            r.train.tokens, r.train_prefix);
@@ -143,6 +148,13 @@ const bool registered = wlb::app::registerCommand(
       prep->add_option("--max-bytes", o->prepare.max_bytes,
                        "Split longer files into consecutive documents of this many bytes (default 0: no cap)")
           ->check(wlb::app::intAtLeast(0));
+      prep->add_option("--max-file-bytes", o->prepare.max_file_bytes,
+                       "Skip files longer than this (default 0: keep every file; a deterministic subset)")
+          ->check(wlb::app::intAtLeast(0));
+      prep->add_option("--shuffle", o->prepare.shuffle_seed,
+                       "Write documents in a deterministic shuffled order keyed by SEED and the path "
+                       "(default: sorted path order)")
+          ->each([o](const std::string&) { o->prepare.shuffle = true; });
       return [o, prep]() { return prep->parsed() ? runPrepare(*o) : runStats(*o); };
     });
 

@@ -184,6 +184,14 @@ bool inValidSplit(std::string_view path, double fraction) {
   return static_cast<double>(documentHash(path) >> 11) * 0x1p-53 < fraction;
 }
 
+std::uint64_t shuffleKey(std::string_view path, std::int64_t piece, std::uint64_t seed) {
+  std::uint64_t h = documentHash(path) + 0x9e3779b97f4a7c15ULL * (seed + 1) +
+                    0xd1b54a32d192ed03ULL * static_cast<std::uint64_t>(piece);
+  h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  h = (h ^ (h >> 27)) * 0x94d049bb133111ebULL;
+  return h ^ (h >> 31);
+}
+
 // ---- Prepare -----------------------------------------------------------------------
 namespace {
 
@@ -274,22 +282,6 @@ std::vector<FileEntry> listFiles(const fs::path& root, const std::string& shown,
   return out;
 }
 
-std::string readAll(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) throw InputError(fmt::format("{}: cannot read ({})", p.string(), std::strerror(errno)));
-  std::string s;
-  f.seekg(0, std::ios::end);
-  const auto n = f.tellg();
-  f.seekg(0);
-  if (n > 0) {
-    s.resize(static_cast<std::size_t>(n));
-    f.read(s.data(), n);
-  }
-  if (f.bad() || (n > 0 && f.gcount() != n))
-    throw InputError(fmt::format("{}: read failed ({})", p.string(), std::strerror(errno)));
-  return s;
-}
-
 /// Registers a writer's temporaries with the caller for its lifetime.
 struct Tracked {
   const PrepareOptions& o;
@@ -311,6 +303,7 @@ PrepareResult prepareDataset(const PrepareOptions& o) {
     throw InputError(fmt::format("--valid-fraction: must be in [0, 1) (got {})", o.valid_fraction));
   if (o.min_bytes < 1) throw InputError(fmt::format("--min-bytes: must be >= 1 (got {})", o.min_bytes));
   if (o.max_bytes < 0) throw InputError(fmt::format("--max-bytes: must be >= 0 (got {})", o.max_bytes));
+  if (o.max_file_bytes < 0) throw InputError(fmt::format("--max-file-bytes: must be >= 0 (got {})", o.max_file_bytes));
   if (o.out_prefix.empty()) throw InputError("--out: an output prefix is required");
 
   std::error_code ec;
@@ -348,36 +341,75 @@ PrepareResult prepareDataset(const PrepareOptions& o) {
   r.regular_files = static_cast<std::int64_t>(files.size());
 
   const std::int64_t cap = o.max_bytes > 0 ? std::min(o.max_bytes, kMaxSequence) : kMaxSequence;
-  Progress progress("wlb data prepare", r.regular_files, "files", o.progress);
-  std::vector<Token> tokens;
+  // 1. Sizes, splits and pieces: a file of n bytes is ceil(n / cap) documents.
+  struct Piece {
+    std::uint64_t key;
+    std::size_t file;
+    std::int64_t index;
+  };
+  std::vector<std::int64_t> sizes(files.size(), 0);
+  std::vector<char> held(files.size(), 0);
+  std::vector<Piece> pieces;
   for (std::size_t i = 0; i < files.size(); ++i) {
-    progress.update(static_cast<std::int64_t>(i), files[i].rel);
-    const std::string text = readAll(files[i].path);
-    const auto n = static_cast<std::int64_t>(text.size());
+    std::error_code fe;
+    const auto n = static_cast<std::int64_t>(fs::file_size(files[i].path, fe));
+    if (fe) throw InputError(fmt::format("{}: cannot stat ({})", files[i].path.string(), fe.message()));
+    sizes[i] = n;
     if (n < o.min_bytes) {
       ++r.skipped_small;
       continue;
     }
-    // all pieces of a file go to one split: no text shared between train and valid
-    const bool held_out = inValidSplit(files[i].rel, o.valid_fraction);
-    auto& w = held_out ? valid : train;
-    auto& c = held_out ? r.valid : r.train;
-    ++c.files;
-    if (n > cap) ++r.cut_files;
-    for (std::int64_t off = 0; off < n; off += cap) {
-      tokens.clear();
-      ByteTokenizer::encode(std::string_view(text).substr(static_cast<std::size_t>(off), static_cast<std::size_t>(cap)),
-                            tokens);
-      w.add(tokens);
-      ++c.documents;
-      c.tokens += static_cast<std::int64_t>(tokens.size());
+    if (o.max_file_bytes > 0 && n > o.max_file_bytes) {
+      ++r.skipped_large;
+      continue;
     }
+    // all pieces of a file go to one split: no text shared between train and valid
+    held[i] = inValidSplit(files[i].rel, o.valid_fraction) ? 1 : 0;
+    ++(held[i] ? r.valid : r.train).files;
+    if (n > cap) ++r.cut_files;
+    for (std::int64_t k = 0; k * cap < n; ++k)
+      pieces.push_back({o.shuffle ? shuffleKey(files[i].rel, k, o.shuffle_seed) : 0, i, k});
+  }
+  // 2. Order: path order (the pieces of a file in sequence), or by the shuffle key (a tie
+  //    needs a 64-bit collision and keeps path order).
+  if (o.shuffle)
+    std::stable_sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) { return a.key < b.key; });
+  // 3. Tokens of every piece, read from its file.
+  Progress progress("wlb data prepare", static_cast<std::int64_t>(pieces.size()), "documents", o.progress);
+  std::vector<Token> tokens;
+  std::string text;
+  std::size_t open_file = files.size();
+  std::ifstream in;
+  for (std::size_t j = 0; j < pieces.size(); ++j) {
+    const Piece& pc = pieces[j];
+    const FileEntry& f = files[pc.file];
+    progress.update(static_cast<std::int64_t>(j), f.rel);
+    if (open_file != pc.file) {
+      in.close();
+      in.clear();
+      in.open(f.path, std::ios::binary);
+      if (!in) throw InputError(fmt::format("{}: cannot read ({})", f.path.string(), std::strerror(errno)));
+      open_file = pc.file;
+    }
+    const std::int64_t off = pc.index * cap, len = std::min(cap, sizes[pc.file] - off);
+    text.resize(static_cast<std::size_t>(len));
+    in.seekg(off);
+    in.read(text.data(), len);
+    if (!in || in.gcount() != len)
+      throw InputError(fmt::format("{}: read failed at byte {} (changed while reading?)", f.path.string(), off));
+    tokens.clear();
+    ByteTokenizer::encode(text, tokens);
+    auto& w = held[pc.file] ? valid : train;
+    auto& c = held[pc.file] ? r.valid : r.train;
+    w.add(tokens);
+    ++c.documents;
+    c.tokens += static_cast<std::int64_t>(tokens.size());
   }
   if (r.train.documents + r.valid.documents == 0)
     throw InputError(
-        fmt::format("{}: no documents ({} regular files, {} of them shorter than --min-bytes {}; {} "
-                    "symbolic links or other entries skipped)",
-                    o.source, r.regular_files, r.skipped_small, o.min_bytes, r.skipped_other));
+        fmt::format("{}: no documents ({} regular files, {} of them shorter than --min-bytes {}, {} longer "
+                    "than --max-file-bytes; {} symbolic links or other entries skipped)",
+                    o.source, r.regular_files, r.skipped_small, o.min_bytes, r.skipped_large, r.skipped_other));
   if (r.train.documents == 0)
     throw InputError(
         fmt::format("{}: every document fell into the held-out split (--valid-fraction {}); nothing to "

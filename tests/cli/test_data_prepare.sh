@@ -20,19 +20,25 @@ printf 'short\n' > "$C/sub/tiny.txt"
 ln -s GPL-3 "$C/link-to-gpl"
 
 # The decode check: every regular non-empty file appears once, in sorted path order, in the
-# split the documented hash picks; pieces of at most MAX bytes when MAX > 0.
+# split the documented hash picks; pieces of at most MAX bytes when MAX > 0; with a fifth
+# argument SEED, every piece in the order of the documented shuffle key.
 cat > "$T/check.py" <<'PYEOF'
 import os, sys
 import numpy as np
 corpus, prefix, frac, maxb = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+seed = int(sys.argv[5]) if len(sys.argv) > 5 else None
 M64 = (1 << 64) - 1
+def fin(h):
+    h = ((h ^ (h >> 30)) * 0xbf58476d1ce4e5b9) & M64
+    h = ((h ^ (h >> 27)) * 0x94d049bb133111eb) & M64
+    return h ^ (h >> 31)
 def doc_hash(path):
     h = 0xcbf29ce484222325
     for b in path.encode():
         h = ((h ^ b) * 0x100000001b3) & M64
-    h = ((h ^ (h >> 30)) * 0xbf58476d1ce4e5b9) & M64
-    h = ((h ^ (h >> 27)) * 0x94d049bb133111eb) & M64
-    return h ^ (h >> 31)
+    return fin(h)
+def shuffle_key(path, piece):
+    return fin((doc_hash(path) + 0x9e3779b97f4a7c15 * (seed + 1) + 0xd1b54a32d192ed03 * piece) & M64)
 def read_split(p):
     idx = open(p + ".idx", "rb").read()
     assert idx[:9] == b"MMIDIDX\x00\x00", "magic"
@@ -67,7 +73,9 @@ for f in files:
     data = open(os.path.join(corpus, f), "rb").read()
     pieces = [data[i:i + maxb] for i in range(0, len(data), maxb)] if maxb > 0 else [data]
     split = "valid" if (doc_hash(f) >> 11) * 2.0 ** -53 < frac else "train"
-    want[split] += pieces
+    want[split] += [(shuffle_key(f, k) if seed is not None else 0, p) for k, p in enumerate(pieces)]
+for split in want:  # a stable sort: path order without a seed
+    want[split] = [p for _, p in sorted(want[split], key=lambda kp: kp[0])]
 for split in ("train", "valid"):
     got = read_split(prefix + "_" + split)
     assert len(got) == len(want[split]), f"{split}: {len(got)} documents, expected {len(want[split])}"
@@ -107,6 +115,23 @@ rm -f "$C"/inside_*
 $PY "$T/check.py" "$C" "$T/cut" 0.3 4000 || fail "decode check --max-bytes"
 "$WLB" data prepare "$C" --out "$T/min" --min-bytes 100 > "$T/min.txt" 2>&1 || fail "prepare --min-bytes"
 grep -q "(2 shorter than --min-bytes 100 skipped)" "$T/min.txt" || { cat "$T/min.txt"; fail "--min-bytes count"; }
+# --max-file-bytes skips longer files: only sub/tiny.txt (6 bytes) is under 100
+n_big=$(find "$C" -type f -size +100c | wc -l)
+"$WLB" data prepare "$C" --out "$T/small" --max-file-bytes 100 > "$T/small.txt" 2>&1 || fail "prepare --max-file-bytes"
+grep -q ", $n_big longer than --max-file-bytes 100 skipped)" "$T/small.txt" || { cat "$T/small.txt"; fail "--max-file-bytes count"; }
+[ "$(awk '$1=="train"{print $3 " " $4}' "$T/small.txt")" = "1 6" ] || { cat "$T/small.txt"; fail "--max-file-bytes kept other files"; }
+
+# --shuffle SEED: every document (pieces of cut files included) in the order of the
+# documented key; the same documents as path order, another order for another seed.
+"$WLB" data prepare "$C" --out "$T/sh7" --valid-fraction 0.3 --max-bytes 4000 --shuffle 7 > "$T/sh.txt" 2>&1 \
+  || { cat "$T/sh.txt"; fail "prepare --shuffle"; }
+grep -q "order shuffled (seed 7)" "$T/sh.txt" || { cat "$T/sh.txt"; fail "--shuffle not reported"; }
+$PY "$T/check.py" "$C" "$T/sh7" 0.3 4000 7 || fail "decode check --shuffle 7"
+"$WLB" data prepare "$C" --out "$T/sh8" --valid-fraction 0.3 --max-bytes 4000 --shuffle 8 > /dev/null 2>&1 \
+  || fail "prepare --shuffle 8"
+$PY "$T/check.py" "$C" "$T/sh8" 0.3 4000 8 || fail "decode check --shuffle 8"
+cmp -s "$T/sh7_train.bin" "$T/sh8_train.bin" && fail "--shuffle 7 and 8 gave the same order"
+cmp -s "$T/sh7_train.bin" "$T/cut_train.bin" && fail "--shuffle 7 gave path order"
 
 # Tarballs (system tar): same documents as the directory, nothing left in TMPDIR.
 mkdir -p "$T/tmp"
