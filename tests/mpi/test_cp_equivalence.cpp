@@ -22,6 +22,7 @@
 #include "cp/distributed_attention.hpp"
 #include "cp/shard_plan.hpp"
 #include "model/cost_model.hpp"
+#include "mpi_world.hpp"
 #include "trace/clock_sync.hpp"
 #include "trace/recorder.hpp"
 
@@ -35,16 +36,8 @@ namespace {
 
 constexpr int kHeads = 4, kKvHeads = 2, kHeadDim = 32;
 
-int worldSize() {
-  int s = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
-int worldRank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
+using wlb::test::worldRank;
+using wlb::test::worldSize;
 
 model::CostModel testCost() {
   model::ModelDims d;

@@ -6,17 +6,15 @@
 #include <mpi.h>
 
 #include "core/error.hpp"
+#include "mpi_world.hpp"
 #include "parallel/mesh.hpp"
 
 using wlb::parallel::Mesh;
 using wlb::parallel::MeshShape;
 
 namespace {
-int worldSize() {
-  int s = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
+using wlb::test::worldRank;
+using wlb::test::worldSize;
 
 // All shapes with tp*cp*pp*dp == n.
 std::vector<MeshShape> shapesOf(int n) {
@@ -39,8 +37,8 @@ TEST(MeshMpi, GroupsMatchIndexMathAndCollectivesWork) {
       std::vector<wlb::parallel::Axis> axes;
     };
     using A = wlb::parallel::Axis;
-    for (const G& g : {G{&mesh.tp(), {A::TP}}, G{&mesh.cp(), {A::CP}}, G{&mesh.pp(), {A::PP}},
-                       G{&mesh.dp(), {A::DP}}, G{&mesh.cpTp(), {A::TP, A::CP}}}) {
+    for (const G& g : {G{&mesh.tp(), {A::TP}}, G{&mesh.cp(), {A::CP}}, G{&mesh.pp(), {A::PP}}, G{&mesh.dp(), {A::DP}},
+                       G{&mesh.cpTp(), {A::TP, A::CP}}}) {
       const auto expected = shape.groupOf(r, g.axes);
       ASSERT_EQ(g.comm->size(), static_cast<int>(expected.size())) << shape.describe();
       // Gather world ranks over the group: must be exactly the expected members in order.

@@ -14,6 +14,7 @@
 
 #include "core/deck.hpp"
 #include "core/error.hpp"
+#include "mpi_world.hpp"
 #include "runtime/run.hpp"
 
 using namespace wlb;
@@ -21,16 +22,8 @@ using namespace wlb::runtime;
 
 namespace {
 
-int worldSize() {
-  int s = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
-int worldRank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
+using wlb::test::worldRank;
+using wlb::test::worldSize;
 
 const char* kDeck = R"(
 [model]

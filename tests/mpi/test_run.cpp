@@ -20,6 +20,7 @@
 #include "cp/distributed_attention.hpp"
 #include "cp/shard_plan.hpp"
 #include "model/cost_model.hpp"
+#include "mpi_world.hpp"
 #include "runtime/layer.hpp"
 #include "runtime/run.hpp"
 
@@ -28,16 +29,8 @@ using namespace wlb::runtime;
 
 namespace {
 
-int worldSize() {
-  int s = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
-int worldRank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
+using wlb::test::worldRank;
+using wlb::test::worldSize;
 
 model::ModelDims dims() {
   model::ModelDims d;

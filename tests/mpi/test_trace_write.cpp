@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "mpi_world.hpp"
 #include "trace/clock_sync.hpp"
 #include "trace/reader.hpp"
 #include "trace/recorder.hpp"
@@ -28,16 +29,8 @@ std::string outDir() {
   return (d && *d) ? std::string(d) : std::string(".");
 }
 
-int worldRank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int worldSize() {
-  int s = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
+using wlb::test::worldRank;
+using wlb::test::worldSize;
 
 /// Mesh used by the test: cp = min(2, size), dp = size / cp.
 tr::RankCoord coordOf(int rank, int size) {

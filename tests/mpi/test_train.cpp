@@ -24,6 +24,7 @@
 #include "core/deck.hpp"
 #include "core/error.hpp"
 #include "data/prepare.hpp"
+#include "mpi_world.hpp"
 #include "trace/reader.hpp"
 #include "train/trainer.hpp"
 
@@ -31,16 +32,8 @@ using namespace wlb;
 
 namespace {
 
-int worldSize() {
-  int s = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
-int worldRank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
+using wlb::test::worldRank;
+using wlb::test::worldSize;
 
 std::string bcast(std::string s) {
   int len = static_cast<int>(s.size());
