@@ -21,9 +21,11 @@
 #include <string>
 
 #include "attention/cuda_hopper.hpp"
+#include "attention/cuda_ptx.hpp"
 
 namespace wlb::attention::hopper {
 namespace kern {
+using namespace cuda::ptx;  // cp.async, conversions, exp2, quad shuffles, reductions
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define WLB_HOPPER_DEVICE 1
@@ -31,19 +33,6 @@ namespace kern {
 
 // ---------------- PTX wrappers ----------------------------------------------------------
 
-__device__ __forceinline__ unsigned smemAddr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cpAsync16(void* smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smemAddr(smem)), "l"(gmem));
-}
-__device__ __forceinline__ void cpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N>
-__device__ __forceinline__ void cpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 /// Generic-proxy writes (cp.async, st.shared) -> visible to the MMA's async-proxy reads
 /// (each writer fences, then the block barrier).
 __device__ __forceinline__ void fenceProxyAsync() {
@@ -73,34 +62,6 @@ __device__ __forceinline__ std::uint64_t desc(const void* p, unsigned lbo, unsig
   const std::uint64_t a = smemAddr(p);
   return ((a & 0x3FFFFull) >> 4) | (static_cast<std::uint64_t>((lbo & 0x3FFFFu) >> 4) << 16) |
          (static_cast<std::uint64_t>((sbo & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ unsigned tf32(float x) {
-  unsigned r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-  return r;
-}
-__device__ __forceinline__ unsigned packBf16(float lo, float hi) {
-  unsigned r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-__device__ __forceinline__ float fastExp2(float x) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
-  return r;
-}
-/// dst[0..1] += v0, v1 (one vector reduction in L2).
-__device__ __forceinline__ void redAdd2(float* dst, float v0, float v1) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(v0), "f"(v1) : "memory");
-}
-__device__ __forceinline__ float quadMax(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quadSum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
 // wgmma: SS = both operands in shared memory; RS = A in registers. BF16 RS reads B

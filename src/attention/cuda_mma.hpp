@@ -94,19 +94,9 @@ __device__ __forceinline__ void stageTile(char* smem, const T* base, std::int64_
   }
 }
 
-template <int N>
-__device__ __forceinline__ void cpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ float quadMax(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quadSum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
+using ptx::cpAsyncWait;
+using ptx::quadMax;
+using ptx::quadSum;
 
 template <class T, int D>
 __device__ void forwardTeam(const Args& a, int item, int h, int tid, char* smem) {
