@@ -98,6 +98,20 @@ def _ratio(values):
     return float(v.max() / v.mean())
 
 
+def _unit_latency(coords, mb, rank, start, end):
+    """(dp, micro_batch) -> sum over PP stages of the max over the stage's ranks of the
+    union length of the rank's events of the unit (the events given)."""
+    per_rank = _grouped_union(np.stack([mb, rank], axis=1), start, end)
+    stage_max = defaultdict(int)  # (dp, mb, pp) -> max over the stage's ranks
+    for (m, r), u in per_rank.items():
+        k = (int(coords["dp"][r]), m, int(coords["pp"][r]))
+        stage_max[k] = max(stage_max[k], u)
+    lat = defaultdict(int)
+    for (dp, m, _pp), u in stage_max.items():
+        lat[(dp, m)] += u
+    return dict(lat)
+
+
 def strategy_events(trace: Trace, strategy: int):
     """Event columns of one strategy (dict of arrays)."""
     sel = trace.events["strategy"] == strategy
@@ -141,16 +155,7 @@ def step_metrics(trace: Trace, strategy: int):
         lat = {}
         for name, pm in (("all", mbw), ("fwd", mbw & (e["phase"] == PHASE_FWD)),
                          ("bwd", mbw & (e["phase"] == PHASE_BWD))):
-            keys = np.stack([e["micro_batch"][pm], rank[pm]], axis=1)
-            per_rank = _grouped_union(keys, e["start_ns"][pm], e["end_ns"][pm])
-            stage_max = defaultdict(int)  # (dp, mb, pp) -> max over the stage's ranks
-            for (mb, r), u in per_rank.items():
-                k = (int(coords["dp"][r]), mb, int(coords["pp"][r]))
-                stage_max[k] = max(stage_max[k], u)
-            mb_lat = defaultdict(int)
-            for (dp, mb, _pp), u in stage_max.items():
-                mb_lat[(dp, mb)] += u
-            lat[name] = dict(mb_lat)
+            lat[name] = _unit_latency(coords, e["micro_batch"][pm], rank[pm], e["start_ns"][pm], e["end_ns"][pm])
 
         # CP imbalance from attention time per CP rank.
         cp_ratios = {}
@@ -173,6 +178,7 @@ def step_metrics(trace: Trace, strategy: int):
         cpv = list(cp_ratios.values())
         results.append({
             "step": step,
+            "strategy": strategy,
             "step_time_ns": step_time,
             "micro_batches": len(lat["all"]),
             "imbalance": _ratio(lat["all"].values()),
@@ -372,6 +378,43 @@ def normalised_latencies(trace: Trace, steps):
                "degree": float(np.mean(cp_step)) if cp_step else nan,
                "worst": float(np.max(cp_all)) if cp_all else nan},
     }
+
+
+def micropack_latencies(trace: Trace, steps, strategy: int | None = None):
+    """SlimPack's Figs. 14-16 data of one strategy over its measured steps: the compute
+    latency of every forward and every backward unit (dp, micro_batch) — under PackFlow the
+    backward units are the asymmetric partition's MicroPacks — as the sum over PP stages of
+    the max over the stage's (tp, cp) ranks of the union of the unit's events without the
+    pipeline's pp_send / pp_recv (waiting for the neighbour stage is not the unit's work).
+    `steps`: step_metrics() rows of the strategy (its id from them when not given).
+    Returns {"fwd": {"ms": [...], "rel": [...], "cv": .., "max_over_mean": ..}, "bwd": ...};
+    rel = latency over its step's mean, cv = standard deviation / mean of rel (pooled)."""
+    use = counted_steps(trace, steps, drain=False)
+    out = {ph: {"ms": [], "rel": []} for ph in ("fwd", "bwd")}
+    if use and strategy is None:
+        strategy = steps[0].get("strategy")
+    if strategy is not None and use:
+        coords = trace.coords()
+        skip = [i for i, l in enumerate(trace.regions)
+                if l in CONTAINER_LABELS + IDLE_LABELS + ("pp_send", "pp_recv")]
+        ev = strategy_events(trace, strategy)
+        for s in use:
+            m = (ev["step"] == s["step"]) & (ev["micro_batch"] >= 0) & ~np.isin(ev["region"], skip)
+            for ph, code in (("fwd", PHASE_FWD), ("bwd", PHASE_BWD)):
+                pm = m & (ev["phase"] == code)
+                lat = _unit_latency(coords, ev["micro_batch"][pm], ev["rank"][pm], ev["start_ns"][pm],
+                                    ev["end_ns"][pm])
+                vals = [v for v in lat.values() if v > 0]
+                if not vals:
+                    continue
+                mean = float(np.mean(vals))
+                out[ph]["ms"].extend(v / 1e6 for v in vals)
+                out[ph]["rel"].extend(v / mean for v in vals)
+    for d in out.values():
+        r = np.asarray(d["rel"])
+        d["cv"] = float(r.std() / r.mean()) if r.size > 1 else float("nan")
+        d["max_over_mean"] = float(r.max()) if r.size else float("nan")
+    return out
 
 
 def rank_timeline(trace: Trace, strategy: int, step: int, rank: int):

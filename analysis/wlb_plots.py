@@ -14,7 +14,8 @@ import matplotlib.ticker  # noqa: E402,F401
 import numpy as np  # noqa: E402
 
 from wlb_metrics import (OP_KIND_NAMES, OP_KINDS, counted_steps, doc_lengths, mb_workload,  # noqa: E402
-                         micro_batch_runs, normalised_latencies, rank_timeline, step_kind)
+                         micro_batch_runs, micropack_latencies, normalised_latencies, rank_timeline,
+                         step_kind)
 from wlb_trace import PHASE_BWD, Trace  # noqa: E402
 
 DPI = 110
@@ -244,6 +245,40 @@ def workload_vs_latency(trace: Trace, metrics: dict, out_dir: str, prefix: str =
     ax.set_title(f"Micro-batch workload vs latency — {trace.name} [{trace.source}]", fontsize=10)
     ax.legend(fontsize=8, loc="upper left")
     return _save(fig, os.path.join(out_dir, f"{prefix}mb_workload_latency.png"))
+
+
+def micropack_violins(trace: Trace, metrics: dict, out_dir: str, prefix: str = "",
+                      colours: dict | None = None) -> str | None:
+    """SlimPack Figs. 14-16 style: per strategy, violins of the forward and the backward
+    latency of every unit (micro-batch / MicroPack) over the measured steps, each over its
+    step's mean (absolute ms in the summary); CV in the x labels."""
+    colours = colours or strategy_colours(metrics)
+    data = {s: micropack_latencies(trace, steps, trace.strategy_id(s)) for s, steps in metrics.items()}
+    names = [s for s, d in data.items() if len(d["fwd"]["rel"]) > 1 or len(d["bwd"]["rel"]) > 1]
+    if not names:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(max(6.0, 2.2 * len(names) + 2), 4.2), sharey=True)
+    for ax, phase in zip(axes, ("fwd", "bwd")):
+        pos, vals, labels = [], [], []
+        for i, n in enumerate(names):
+            v = data[n][phase]["rel"]
+            if len(v) > 1:
+                pos.append(i)
+                vals.append(v)
+            labels.append(f"{n}\nCV {data[n][phase]['cv']:.2f}")
+        if vals:
+            parts = ax.violinplot(vals, positions=pos, showmedians=True, showextrema=True)
+            for body, i in zip(parts["bodies"], pos):
+                body.set_facecolor(colours[names[i]])
+                body.set_alpha(0.6)
+        ax.axhline(1.0, color="0.5", lw=0.8, ls="--")
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels(labels, fontsize=8)
+        ax.set_title("forward" if phase == "fwd" else "backward", fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_ylabel("unit latency / step mean")
+    fig.suptitle(f"Per-micro-batch (MicroPack) latency spread — {trace.name} [{trace.source}]", fontsize=10)
+    return _save(fig, os.path.join(out_dir, f"{prefix}micropack_violins.png"))
 
 
 def doc_length_cdf(trace: Trace, out_dir: str) -> str | None:

@@ -105,7 +105,8 @@ def run_label(ti, traces):
 
 
 def report(paths, out_dir, baseline=None, gantt_steps=2, quiet=False):
-    from wlb_metrics import counted_steps, step_kind, summarize
+    import numpy as np
+    from wlb_metrics import counted_steps, micropack_latencies, step_kind, summarize
     import wlb_plots
 
     traces = [load(p) for p in paths]  # TraceError before any output is written
@@ -165,6 +166,13 @@ def report(paths, out_dir, baseline=None, gantt_steps=2, quiet=False):
             lines.append(f"    mean over {summ['steps']} measured step(s): time {_fmt_ms(summ['step_time_ns'])} ms, "
                          f"imbalance {_fmt_x(summ['imbalance'])}, CP imbalance {_fmt_x(summ['cp_imbalance'])}, "
                          f"busy {100 * summ['busy_frac']:.1f}%")
+            mp = micropack_latencies(tr, steps, tr.strategy_id(sname))
+            for ph, word in (("fwd", "forward"), ("bwd", "backward")):
+                d = mp[ph]
+                if d["ms"]:
+                    lines.append(f"    {word} unit latency: {len(d['ms'])} unit(s), mean {np.mean(d['ms']):.2f} ms, "
+                                 f"min {np.min(d['ms']):.2f}, max {np.max(d['ms']):.2f}; over the step mean: "
+                                 f"max {d['max_over_mean']:.2f}, CV {d['cv']:.2f}")
             # Per-rank busy/idle over the measured steps.
             use = counted_steps(tr, steps, drain=False)
             coords = tr.coords()
@@ -233,6 +241,8 @@ def report(paths, out_dir, baseline=None, gantt_steps=2, quiet=False):
                 p = wlb_plots.gantt(tr, tr.strategy_id(sname), s["step"], out_dir, prefix)
                 if p:
                     pngs.append(p)
+        p = wlb_plots.micropack_violins(tr, metrics, out_dir, prefix, colours)
+        pngs.append(p) if p else notes.append(f"{who}unit latency violins: fewer than two units per strategy")
         p = wlb_plots.workload_vs_latency(tr, metrics, out_dir, prefix, colours)
         pngs.append(p) if p else notes.append(f"{who}workload vs latency: no micro-batch events")
     p = wlb_plots.doc_length_cdf(traces[0], out_dir)

@@ -962,6 +962,14 @@ keys; 0 for a whole segment).)")
           "Tokens per micro-batch, replica-major (dp * M).")
       .def_property_readonly("delayed", [](const PyPlan& p) { return i64Vector(p.plan.delayed); })
       .def_property_readonly(
+          "merged",
+          [](const PyPlan& p) {
+            py::list out;
+            for (const auto& m : p.plan.merged) out.append(py::make_tuple(m.slot, i64Vector(m.group)));
+            return out;
+          },
+          "SlimPack's DP-Merge units: [(slot, group replicas)], the owner first (docs/plan-format.md).")
+      .def_property_readonly(
           "documents", [](const PyPlan& p) { return PyDocuments{p.docs}; },
           "The documents that arrived at this step (empty for a plan read from JSON).")
       .def(

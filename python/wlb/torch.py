@@ -142,6 +142,10 @@ class PackedBatchSampler(Sampler):
         info = MicroBatchInfo(plan.step, self.dp_rank, m, plan.step * self.micro_batches + m)
         new = tuple.__new__  # namedtuple's own __new__ costs a Python call per segment
         segs = plan.micro_batch(self.dp_rank, m)
+        if plan.merged:
+            raise ValueError(f"PackedBatchSampler: packer '{self.packer.name}' merged samples over DP replicas "
+                             "(SlimPack's DP-Merge: a sample sharded over a group of replicas as a CP group); "
+                             "set packing.slimpack_dp_merge = 0 for a per-replica sampler")
         if segs.shape[1] == 5:
             raise ValueError(f"PackedBatchSampler: packer '{self.packer.name}' cut documents into SlimPack slices, which "
                              "attend to the keys of their document's earlier slices; pack_segments trains every "

@@ -344,7 +344,7 @@ const bool registered = wlb::app::registerCommand(
                      "(FILE.<i>.h5 per case when there are several)")
           ->type_name("FILE");
       sub.add_option("--strategies", opts->strategies,
-                     "Strategies to compare (plain, fixed, wlb, pp-only, cp-only, PACKER+SHARDING); default: "
+                     "Strategies to compare (plain, fixed, wlb, slimpack, pp-only, cp-only, PACKER+SHARDING); default: "
                      "run.strategies, else plain, fixed, wlb, pp-only, cp-only")
           ->delimiter(',');
       return [opts]() -> int { return run(*opts); };

@@ -530,11 +530,13 @@ std::vector<StrategyPair> resolveStrategies(const Deck& deck) {
       out.push_back({s, "fixed_greedy", "per_document"});
     else if (s == "wlb")
       out.push_back({s, "wlb", "adaptive"});
+    else if (s == "slimpack")  // slices are sharded evenly (cp = 1 in `wlb run`)
+      out.push_back({s, "slimpack", "per_document"});
     else {
       const auto plus = s.find('+');
       if (plus == std::string::npos)
         throw InputError("key 'run.strategies': \"" + s +
-                         "\" is neither plain, fixed, wlb nor PACKER+SHARDING (e.g. best_fit+per_document)");
+                         "\" is neither plain, fixed, wlb, slimpack nor PACKER+SHARDING (e.g. best_fit+per_document)");
       const std::string p = s.substr(0, plus), c = s.substr(plus + 1);
       if (std::find(packers.begin(), packers.end(), p) == packers.end())
         throw InputError("key 'run.strategies': unknown packer \"" + p + "\" in \"" + s + "\" (did you mean \"" +

@@ -49,6 +49,7 @@ struct PackingConfig {
   std::int64_t max_queue_wait = 0;  ///< wlb: longest outlier-queue wait (steps); 0 -> max(2, ceil(4*budget))
   double milp_time_limit = 10.0;    ///< seconds per fixed_optimal solve
   std::int64_t slimpack_candidates = 6;  ///< slimpack: MicroPack counts scored per step
+  std::int64_t slimpack_dp_merge = 1;    ///< slimpack: DP-Merge of samples over a replica's share
   std::string checkpoint;           ///< packer state file ("" -> none)
 };
 

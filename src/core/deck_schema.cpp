@@ -91,6 +91,8 @@ const std::vector<KeySpec>& deckSchema() {
           "wlb: longest wait of an outlier in its queue (steps) before a forced release; 0 = max(2, ceil(5*delay_budget))."),
         I("packing", "slimpack_candidates", 1, 64, WLB_F(packing.slimpack_candidates),
           "slimpack: MicroPack counts m = i * pp scored per step by the simulator (i = i_min + 2^k - 1, k < this)."),
+        I("packing", "slimpack_dp_merge", 0, 1, WLB_F(packing.slimpack_dp_merge),
+          "slimpack: 1 = DP-Merge (a sample over one replica's forward-FLOPs share runs on a group of replicas as a CP group), 0 = off."),
         F("packing", "milp_time_limit", 0.01, 1e6, WLB_F(packing.milp_time_limit), "fixed_optimal: CBC time limit per solve (s)."),
         S("packing", "checkpoint", {}, WLB_F(packing.checkpoint), "Packer state file to restore from / save to (\"\" = none)."),
 
@@ -113,7 +115,7 @@ const std::vector<KeySpec>& deckSchema() {
         I("run", "steps", 1, big, WLB_F(run.steps), "Measured (or planned) steps."),
         I("run", "warmup", 0, big, WLB_F(run.warmup), "Warm-up steps before measuring (wlb run)."),
         KeySpec{"run", "strategies", Kind::StringList, -kInf, kInf, {},
-                "Strategies to compare: plain, fixed, wlb or PACKER+SHARDING; empty = [packing]+[cp].",
+                "Strategies to compare: plain, fixed, wlb, slimpack or PACKER+SHARDING; empty = [packing]+[cp].",
                 WLB_F(run.strategies)},
         S("run", "precision", {"fp32", "tf32", "bf16"}, WLB_F(run.precision),
           "Executor arithmetic (GEMMs + attention): fp32, tf32 or bf16 tensor cores on a GPU; host builds compute every mode in FP32."),

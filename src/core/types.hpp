@@ -55,6 +55,27 @@ struct StepPlan {
   /// MicroPack k is the run [backward[r][k], backward[r][k+1]). Empty = each micro-batch
   /// is its own backward unit (every other packer).
   std::vector<std::vector<std::int64_t>> backward;
+  /// SlimPack's DP-Merge: micro-batch `slot` of replica `group.front()` holds one sample
+  /// that the replicas of `group` (ascending DP indices, the owner first) run together,
+  /// sharded over them as a CP group; every other replica holds an empty micro-batch at
+  /// that slot, and the slot is its own backward unit. Empty for every other packer.
+  struct Merged {
+    std::int64_t slot = 0;
+    std::vector<std::int64_t> group;
+    /// Position of replica r in the group (its CP rank there), or -1.
+    int member(std::int64_t r) const {
+      for (std::size_t i = 0; i < group.size(); ++i)
+        if (group[i] == r) return static_cast<int>(i);
+      return -1;
+    }
+  };
+  std::vector<Merged> merged;
+  /// The merged unit at `slot`, or null.
+  const Merged* mergedAt(std::int64_t slot) const {
+    for (const auto& m : merged)
+      if (m.slot == slot) return &m;
+    return nullptr;
+  }
 };
 
 }  // namespace wlb

@@ -37,16 +37,7 @@ int toCount(std::int64_t n, const char* what) {
 constexpr int kTagKvFwd = 7301;
 constexpr int kTagKvBwd = 7302;
 
-// Optional recorder scope with a phase override; no-op without a recorder.
-struct MaybeScope {
-  std::optional<trace::Recorder::Scope> scope;
-  MaybeScope(trace::Recorder* rec, const char* label, const DistViews::Space& space, trace::Phase phase,
-             double flops = 0, double bytes = 0) {
-    if (!rec) return;
-    scope.emplace(*rec, label, space, flops, bytes);
-    scope->context().phase = phase;
-  }
-};
+using MaybeScope = trace::PhaseScope;  // no-op without a recorder
 
 }  // namespace
 

@@ -28,26 +28,34 @@ StepMetrics computeMetrics(const StepPlan& plan, const model::CostModel& cost) {
   m.delayed_docs = static_cast<std::int64_t>(plan.delayed.size());
   std::vector<double> af, ab, tf, tb, tot, toks;
   std::vector<std::pair<double, double>> delays;  // (delay, tokens)
-  for (const auto& rep : plan.replicas) {
-    for (const auto& mb : rep) {
+  for (std::size_t r = 0; r < plan.replicas.size(); ++r) {
+    const auto& rep = plan.replicas[r];
+    for (std::size_t k = 0; k < rep.size(); ++k) {
+      // A DP-Merge unit: every member of its group holds 1/g of the owner's sample.
+      const auto* mg = plan.mergedAt(static_cast<std::int64_t>(k));
+      const bool member = mg && mg->member(static_cast<std::int64_t>(r)) >= 0;
+      const auto& mb = member ? plan.replicas[static_cast<std::size_t>(mg->group.front())][k] : rep[k];
+      const double share = member ? 1.0 / static_cast<double>(mg->group.size()) : 1.0;
       double a_f = 0, a_b = 0;
       std::int64_t t = 0;
       for (const auto& s : mb.segments) {
         a_f += cost.attnSeconds(s.q_offset, s.length, Phase::Fwd);  // a slice costs as a CP piece
         a_b += cost.attnSeconds(s.q_offset, s.length, Phase::Bwd);
         t += s.length;
+      }
+      for (const auto& s : rep[k].segments) {  // counted once, in the owner
         delays.push_back({static_cast<double>(plan.step - s.arrival_step), static_cast<double>(s.length)});
         ++m.segments;
+        m.tokens += s.length;
       }
       const double l_f = t > 0 ? cost.linearSeconds(t, Phase::Fwd) : 0.0;
       const double l_b = t > 0 ? cost.linearSeconds(t, Phase::Bwd) : 0.0;
-      af.push_back(a_f);
-      ab.push_back(a_b);
-      tf.push_back(a_f + l_f);
-      tb.push_back(a_b + l_b);
-      tot.push_back(a_f + l_f + a_b + l_b);
-      toks.push_back(static_cast<double>(t));
-      m.tokens += t;
+      af.push_back(share * a_f);
+      ab.push_back(share * a_b);
+      tf.push_back(share * (a_f + l_f));
+      tb.push_back(share * (a_b + l_b));
+      tot.push_back(share * (a_f + l_f + a_b + l_b));
+      toks.push_back(share * static_cast<double>(t));
     }
   }
   m.micro_batches = static_cast<std::int64_t>(tot.size());
@@ -183,8 +191,12 @@ void ConservationChecker::addHeld(const std::vector<Segment>& held) {
 
 void ConservationChecker::addPlan(const StepPlan& plan) {
   for (const auto& rep : plan.replicas) {
-    for (const auto& mb : rep) {
-      if (mb.tokens() > capacity_) ++over_capacity_;
+    for (std::size_t k = 0; k < rep.size(); ++k) {
+      const auto& mb = rep[k];
+      // a DP-Merge unit is shared by its group: each replica holds 1/g of it
+      const auto* mg = plan.mergedAt(static_cast<std::int64_t>(k));
+      const std::int64_t g = mg ? static_cast<std::int64_t>(mg->group.size()) : 1;
+      if ((mb.tokens() + g - 1) / g > capacity_) ++over_capacity_;
       for (const auto& s : mb.segments) {
         auto it = open_.find(s.doc);
         if (it == open_.end()) {

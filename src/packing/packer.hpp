@@ -56,6 +56,9 @@ struct PackerOptions {
   std::int64_t pp = 1;  ///< pipeline stages (slimpack: MicroPack counts are multiples of it)
   /// slimpack: MicroPack counts m = i * pp tried per step (docs/packing.md).
   std::int64_t slimpack_candidates = 6;
+  /// slimpack: DP-Merge (docs/packing.md): a sample whose forward FLOPs exceed a replica's
+  /// share runs on a group of replicas as a CP group.
+  bool slimpack_dp_merge = true;
   /// slimpack: the step simulator's configuration that scores each count (set by
   /// makePacker from a deck; null = pp/dp of these options with the cost model's links).
   std::shared_ptr<const pp::SimConfig> sim;

@@ -34,6 +34,7 @@ PackerOptions PackerOptions::fromDeck(const Deck& deck) {
   o.milp_time_limit = deck.packing.milp_time_limit;
   o.pp = deck.mesh.pp;
   o.slimpack_candidates = deck.packing.slimpack_candidates;
+  o.slimpack_dp_merge = deck.packing.slimpack_dp_merge != 0;
   o.delay_budget = deck.packing.delay_budget;
   // Bound the outlier-queue wait: [packing] max_queue_wait, or by default derived from the
   // delay budget as max(2, ceil(5 * budget)) steps; the delay controller keeps the mean

@@ -99,6 +99,11 @@ nlohmann::json stepToJson(const StepPlan& plan, const StepMetrics& metrics, std:
   nlohmann::json j = {{"type", "step"},          {"step", plan.step},         {"replicas", std::move(reps)},
                       {"delayed", plan.delayed}, {"incoming", incoming_docs}, {"metrics", toJson(metrics)}};
   if (!plan.backward.empty()) j["backward"] = plan.backward;
+  if (!plan.merged.empty()) {
+    nlohmann::json mg = nlohmann::json::array();
+    for (const auto& m : plan.merged) mg.push_back({{"slot", m.slot}, {"group", m.group}});
+    j["merged"] = std::move(mg);
+  }
   return j;
 }
 
@@ -144,6 +149,34 @@ StepPlan stepFromJson(const nlohmann::json& j) {
                         "from 0 to the replica's {} segments",
                         r, segs));
       p.backward.push_back(std::move(cuts));
+    }
+  }
+  if (const auto it = j.find("merged"); it != j.end()) {
+    if (!it->is_array()) throw InputError("'merged' must be a list of {slot, group}");
+    const auto dp = static_cast<std::int64_t>(p.replicas.size());
+    for (const auto& e : *it) {
+      if (!e.is_object() || !e.contains("slot") || !e.contains("group") || !e.at("group").is_array())
+        throw InputError("'merged' entries must be {\"slot\": k, \"group\": [replicas]}");
+      StepPlan::Merged m;
+      m.slot = integer<std::int64_t>(e.at("slot"), "merged slot");
+      for (const auto& g : e.at("group")) m.group.push_back(integer<std::int64_t>(g, "merged group"));
+      bool ok = m.group.size() >= 2 && m.slot >= 0 && p.mergedAt(m.slot) == nullptr;
+      for (std::size_t i = 0; ok && i < m.group.size(); ++i)
+        ok = m.group[i] >= 0 && m.group[i] < dp && (i == 0 || m.group[i] > m.group[i - 1]) &&
+             m.slot < static_cast<std::int64_t>(p.replicas[static_cast<std::size_t>(m.group[i])].size());
+      for (std::int64_t r = 0; ok && r < dp; ++r) {
+        const auto& rep = p.replicas[static_cast<std::size_t>(r)];
+        const bool owner = r == m.group.front();
+        ok = m.slot < static_cast<std::int64_t>(rep.size()) &&
+             (owner ? rep[static_cast<std::size_t>(m.slot)].segments.size() == 1
+                    : rep[static_cast<std::size_t>(m.slot)].segments.empty());
+      }
+      if (!ok)
+        throw InputError(fmt::format(
+            "'merged' slot {}: need >= 2 increasing replicas of the step, one segment in the first one's "
+            "micro-batch at that slot and an empty one in every other replica, each slot once",
+            m.slot));
+      p.merged.push_back(std::move(m));
     }
   }
   return p;

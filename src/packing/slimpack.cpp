@@ -233,10 +233,22 @@ class SlimPackPacker final : public Packer {
   StepPlan pack(std::int64_t step, const std::vector<Document>& incoming) override {
     const auto dp = static_cast<std::size_t>(opt_.dp);
     const auto s_max = opt_.s_max;
+    // Every MicroPack holds at most s_max tokens and what the per-stage memory budget leaves
+    // for one in-flight MicroPack (pp::StepSimulator::microBatchTokenBudget); the chosen
+    // count's simulated peak is checked again below.
+    const std::int64_t s_fill = std::min(s_max, sim_.microBatchTokenBudget());
     // Phase 1: samples by decreasing forward FLOPs to the replica with the least so far.
+    // DP-Merge: a sample whose forward FLOPs exceed a replica's share (sum / dp) runs on the
+    // g least-loaded replicas together, sharded over them as a CP group: g = ceil(f / share),
+    // or more if each member's share of its tokens would exceed s_fill; a sample that would
+    // need more than dp replicas is slimmed on one replica instead.
     std::vector<double> f(incoming.size());
-    for (std::size_t i = 0; i < incoming.size(); ++i)
+    double total = 0;
+    for (std::size_t i = 0; i < incoming.size(); ++i) {
       f[i] = slimpack::sliceFlops(*cost_, 0, incoming[i].length, Phase::Fwd);
+      total += f[i];
+    }
+    const double share = total / static_cast<double>(dp);
     std::vector<std::size_t> order(incoming.size());
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
@@ -245,16 +257,38 @@ class SlimPackPacker final : public Packer {
     std::vector<std::vector<Document>> rep(dp);
     std::vector<double> load(dp, 0.0);
     std::vector<std::int64_t> rtok(dp, 0);
+    struct Group {
+      Document doc;
+      std::vector<std::int64_t> members;  // ascending; the owner first
+    };
+    std::vector<Group> groups;
     for (const auto i : order) {
+      const auto g = std::max<std::size_t>(static_cast<std::size_t>(std::ceil(f[i] / share - 1e-9)),
+                                           static_cast<std::size_t>((incoming[i].length + s_fill - 1) / s_fill));
+      if (opt_.slimpack_dp_merge && dp > 1 && f[i] > share * (1 + 1e-9) && g <= dp) {
+        std::vector<std::int64_t> by_load(dp);
+        std::iota(by_load.begin(), by_load.end(), 0);
+        std::stable_sort(by_load.begin(), by_load.end(), [&](std::int64_t a, std::int64_t b) {
+          return load[static_cast<std::size_t>(a)] < load[static_cast<std::size_t>(b)];
+        });
+        by_load.resize(g);
+        std::sort(by_load.begin(), by_load.end());
+        for (const auto r : by_load) load[static_cast<std::size_t>(r)] += f[i] / static_cast<double>(g);
+        groups.push_back({incoming[i], std::move(by_load)});
+        continue;
+      }
       const auto r = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
       rep[r].push_back(incoming[i]);
       load[r] += f[i];
       rtok[r] += incoming[i].length;
     }
-    // Phase 2 for every candidate MicroPack count; the simulator picks.
-    const std::int64_t unit = s_max * opt_.pp;
+    // Phase 2 for every candidate MicroPack count; the simulator picks. Merged samples take
+    // the leading slots (their own forward and backward units), the same on every replica
+    // (empty where a replica is no member).
+    const std::int64_t unit = s_fill * opt_.pp;
     const std::int64_t i_min =
         std::max<std::int64_t>(1, (*std::max_element(rtok.begin(), rtok.end()) + unit - 1) / unit);
+    const auto U = static_cast<std::int64_t>(groups.size());
     StepPlan best;
     pp::StepResult best_res;
     bool have = false;
@@ -264,10 +298,10 @@ class SlimPackPacker final : public Packer {
       StepPlan plan;
       plan.step = step;
       bool balanced = true;
-      std::vector<std::vector<pp::MicroBatchWork>> works(dp);
-      std::vector<pp::PackFlowDeps> flow(dp);
+      for (std::int64_t u = 0; u < U; ++u)
+        plan.merged.push_back({u, groups[static_cast<std::size_t>(u)].members});
       for (std::size_t r = 0; r < dp; ++r) {
-        auto rp = slimpack::packReplica(rep[r], m, s_max, *cost_);
+        auto rp = slimpack::packReplica(rep[r], m, s_fill, *cost_);
         balanced = balanced && rp.balanced;
         std::vector<double> bw;
         std::vector<std::int64_t> bt;
@@ -276,14 +310,27 @@ class SlimPackPacker final : public Packer {
             bw.push_back(slimpack::sliceFlops(*cost_, s.q_offset, s.length, Phase::Bwd));
             bt.push_back(s.length);
           }
-        auto cuts = slimpack::backwardPartition(bw, bt, m, s_max);
+        auto cuts = slimpack::backwardPartition(bw, bt, m, s_fill);
         // Empty only for a token-infeasible fill (never here): the forward grouping then.
-        const pp::ReplicaSlices slices = pp::replicaSlices(rp.packs, cuts);
-        works[r] = pp::packFlowReplicaWork(slices, sim_.config().cp, *cost_, attn_);
-        flow[r] = pp::packFlowDeps(slices);
-        plan.replicas.push_back(std::move(rp.packs));
-        plan.backward.push_back(slices.bwd_cuts);
+        if (cuts.empty()) cuts = pp::replicaSlices(rp.packs).fwd_cuts;
+        std::vector<MicroBatch> packs;
+        std::vector<std::int64_t> all_cuts{0};
+        for (const auto& gr : groups) {
+          MicroBatch mb;
+          if (gr.members.front() == static_cast<std::int64_t>(r))
+            mb.segments.push_back(Segment{gr.doc.id, 0, gr.doc.length, gr.doc.arrival_step, 0});
+          all_cuts.push_back(all_cuts.back() + static_cast<std::int64_t>(mb.segments.size()));
+          packs.push_back(std::move(mb));
+        }
+        const std::int64_t lead = all_cuts.back();
+        for (std::size_t k = 1; k < cuts.size(); ++k) all_cuts.push_back(lead + cuts[k]);
+        for (auto& mb : rp.packs) packs.push_back(std::move(mb));
+        plan.replicas.push_back(std::move(packs));
+        plan.backward.push_back(std::move(all_cuts));
       }
+      std::vector<pp::PackFlowDeps> flow;
+      const auto works =
+          pp::packFlowPlanWork(plan, "per_document", sim_.config().cp, *cost_, CpConfig{}, attn_, flow);
       const auto res = sim_.simulate(works, nullptr, 0, 0, &flow);
       cands.push_back({{"micropacks", m},
                        {"step_seconds", res.step_seconds},
@@ -299,6 +346,8 @@ class SlimPackPacker final : public Packer {
       }
     }
     info_ = {{"micropacks", static_cast<std::int64_t>(best.replicas.front().size())},
+             {"merged", U},
+             {"token_cap", s_fill},
              {"step_seconds", best_res.step_seconds},
              {"fits_memory", best_res.fits_memory},
              {"candidates", std::move(cands)}};

@@ -162,6 +162,15 @@ ReplicaSlices replicaSlices(const std::vector<MicroBatch>& fwd, const std::vecto
     throw InputError("plan: 'backward' of a replica must hold " + std::to_string(fwd.size() + 1) +
                      " non-decreasing cut points from 0 to its " + std::to_string(n) +
                      " segments (docs/plan-format.md)");
+  std::map<std::pair<DocId, std::int64_t>, std::int64_t> ends;  // (doc, end offset) -> segment
+  for (std::size_t i = 0; i < r.segments.size(); ++i)
+    ends[{r.segments[i].doc, r.segments[i].offset + r.segments[i].length}] = static_cast<std::int64_t>(i);
+  r.continued.assign(r.segments.size(), 0);
+  for (const auto& s : r.segments) {
+    const auto it = ends.find({s.doc, s.offset});
+    r.prev.push_back(it == ends.end() ? -1 : it->second);
+    if (s.q_offset > 0 && r.prev.back() >= 0) r.continued[static_cast<std::size_t>(r.prev.back())] = 1;
+  }
   r.bwd_pack.resize(r.segments.size());
   for (std::size_t k = 0; k + 1 < r.bwd_cuts.size(); ++k)
     for (auto i = r.bwd_cuts[k]; i < r.bwd_cuts[k + 1]; ++i)
@@ -186,18 +195,11 @@ PackFlowDeps packFlowDeps(const ReplicaSlices& r) {
   }
   // A slice's keys are its document's tokens before it: it follows the segment of the same
   // document that ends where it starts.
-  std::map<std::pair<DocId, std::int64_t>, std::size_t> ends;  // (doc, end offset) -> segment
-  for (std::size_t i = 0; i < r.segments.size(); ++i) {
-    const Segment& s = r.segments[i];
-    ends[{s.doc, s.offset + s.length}] = i;
-  }
   std::vector<std::pair<int, int>> before;
   for (std::size_t i = 0; i < r.segments.size(); ++i) {
     const Segment& s = r.segments[i];
-    if (s.q_offset == 0) continue;
-    const auto it = ends.find({s.doc, s.offset});
-    if (it == ends.end()) continue;  // its prefix was trained in an earlier step
-    const std::size_t j = it->second;
+    if (s.q_offset == 0 || r.prev[i] < 0) continue;  // no prefix, or trained in an earlier step
+    const auto j = static_cast<std::size_t>(r.prev[i]);
     if (r.fwd_pack[j] > r.fwd_pack[i])
       throw InputError("plan: the slice of document " + std::to_string(s.doc) + " at offset " +
                        std::to_string(s.offset) + " is in forward MicroPack " + std::to_string(r.fwd_pack[i]) +
@@ -209,6 +211,15 @@ PackFlowDeps packFlowDeps(const ReplicaSlices& r) {
   before.erase(std::unique(before.begin(), before.end()), before.end());
   d.before = std::move(before);
   return d;
+}
+
+PackFlowDeps planFlowDeps(const StepPlan& plan, std::size_t d, const ReplicaSlices& r) {
+  PackFlowDeps deps = packFlowDeps(r);
+  for (const auto& m : plan.merged)
+    if (m.member(static_cast<std::int64_t>(d)) >= 0 &&
+        m.slot < static_cast<std::int64_t>(deps.needs.size()))
+      deps.needs[static_cast<std::size_t>(m.slot)] = static_cast<int>(m.slot);
+  return deps;
 }
 
 std::vector<int> packFlowBackwardOrder(int M, const PackFlowDeps& deps) {

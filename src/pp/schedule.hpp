@@ -129,6 +129,11 @@ struct ReplicaSlices {
   std::vector<Segment> segments;
   std::vector<std::int64_t> fwd_cuts, bwd_cuts;  ///< M+1 each
   std::vector<int> fwd_pack, bwd_pack;           ///< per segment
+  /// Per segment: the segment of its document that ends where it starts, or -1.
+  std::vector<std::int64_t> prev;
+  /// Per segment: a slice of its document starts where it ends (its K/V are that slice's
+  /// keys, and it receives their gradient).
+  std::vector<char> continued;
   int microPacks() const { return static_cast<int>(fwd_cuts.size()) - 1; }
 };
 /// `bwd_cuts` empty: the backward grouping is the forward one. Throws InputError naming the
@@ -150,6 +155,11 @@ struct PackFlowDeps {
 /// its document that ends where it starts. InputError when a sample's later slice is in an
 /// earlier forward MicroPack than the slice before it (forwards run FIFO).
 PackFlowDeps packFlowDeps(const ReplicaSlices& r);
+
+/// PackFlow's dependencies of replica `d` of a plan (`r` = its slices): packFlowDeps, and
+/// every DP-Merge slot the replica is a member of needs its own forward, so every member
+/// orders the merged units by slot alike and their collectives match.
+PackFlowDeps planFlowDeps(const StepPlan& plan, std::size_t d, const ReplicaSlices& r);
 
 /// The backward MicroPack order of PackFlow: a topological order of `before` that takes,
 /// of the backwards free to go, the one whose forward need comes first (empty backward

@@ -1,6 +1,7 @@
 #include "pp/simulator.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -108,7 +109,7 @@ double AttnSecondsMemo::operator()(std::int64_t q0, std::int64_t q, Phase p) {
 }
 
 bool isSlimPackPlan(const StepPlan& plan) {
-  if (!plan.backward.empty()) return true;
+  if (!plan.backward.empty() || !plan.merged.empty()) return true;
   for (const auto& rep : plan.replicas)
     for (const auto& mb : rep)
       for (const auto& s : mb.segments)
@@ -121,19 +122,26 @@ MicroBatchWork packFlowWork(const ReplicaSlices& r, int k, int cp, const model::
   double af = 0, ab = 0;
   std::int64_t tf = 0, tb = 0;
   const auto ku = static_cast<std::size_t>(k);
+  std::int64_t cf = 0, cb = 0;  // tokens of continued slices
   for (auto i = r.fwd_cuts[ku]; i < r.fwd_cuts[ku + 1]; ++i) {
     const Segment& s = r.segments[static_cast<std::size_t>(i)];
     af += attn(s.q_offset, s.length, Phase::Fwd);
     tf += s.length;
+    if (r.continued[static_cast<std::size_t>(i)]) cf += s.length;
   }
   for (auto i = r.bwd_cuts[ku]; i < r.bwd_cuts[ku + 1]; ++i) {
     const Segment& s = r.segments[static_cast<std::size_t>(i)];
     ab += attn(s.q_offset, s.length, Phase::Bwd);
     tb += s.length;
+    if (r.continued[static_cast<std::size_t>(i)]) cb += s.length;
   }
   MicroBatchWork w = evenMicroBatchWork(tf, af, ab, cp, cost);
-  for (std::size_t c = 0; c < static_cast<std::size_t>(cp); ++c) w.rank_tokens_bwd.push_back(evenShare(tb, cp, c));
-  w.rank_kv_tokens = w.rank_tokens;
+  w.rank_kv_tokens.clear();
+  for (std::size_t c = 0; c < static_cast<std::size_t>(cp); ++c) {
+    w.rank_tokens_bwd.push_back(evenShare(tb, cp, c));
+    w.rank_kv_tokens.push_back(evenShare(cf, cp, c));
+    w.rank_kv_tokens_bwd.push_back(evenShare(cb, cp, c));
+  }
   w.sharding = "even";
   return w;
 }
@@ -144,6 +152,52 @@ std::vector<MicroBatchWork> packFlowReplicaWork(const ReplicaSlices& r, int cp, 
   out.reserve(static_cast<std::size_t>(r.microPacks()));
   for (int k = 0; k < r.microPacks(); ++k) out.push_back(packFlowWork(r, k, cp, cost, attn));
   return out;
+}
+
+MicroBatchWork mergedShareWork(const MicroBatch& mb, int g, int j, int cp, const std::string& sharding,
+                               const model::CostModel& cost, const CpConfig& cfg) {
+  const int n = g * cp;
+  const auto plans = cp::planReplicaShards({mb}, sharding, n, cost, cfg);
+  const MicroBatchWork all = microBatchWork(mb, plans.front(), sharding, n, cost);
+  MicroBatchWork w;
+  w.tokens = all.tokens;
+  w.sharding = all.sharding;
+  const auto take = [&](const auto& v, auto& out) {
+    out.assign(v.begin() + static_cast<std::ptrdiff_t>(j) * cp, v.begin() + static_cast<std::ptrdiff_t>(j + 1) * cp);
+  };
+  take(all.rank_tokens, w.rank_tokens);
+  take(all.rank_kv_tokens, w.rank_kv_tokens);
+  take(all.attn_fwd, w.attn_fwd);
+  take(all.attn_bwd, w.attn_bwd);
+  take(all.kv_fwd_bytes, w.kv_fwd_bytes);
+  take(all.kv_bwd_bytes, w.kv_bwd_bytes);
+  take(all.kv_peers, w.kv_peers);
+  return w;
+}
+
+std::vector<std::vector<MicroBatchWork>> packFlowPlanWork(const StepPlan& plan, const std::string& sharding, int cp,
+                                                          const model::CostModel& cost, const CpConfig& cfg,
+                                                          AttnSecondsMemo& attn, std::vector<PackFlowDeps>& flow) {
+  if (!plan.backward.empty() && plan.backward.size() != plan.replicas.size())
+    throw InputError("plan: 'backward' holds " + std::to_string(plan.backward.size()) + " replicas, the step " +
+                     std::to_string(plan.replicas.size()));
+  std::vector<std::vector<MicroBatchWork>> works(plan.replicas.size());
+  flow.clear();
+  for (std::size_t d = 0; d < plan.replicas.size(); ++d) {
+    const ReplicaSlices r =
+        replicaSlices(plan.replicas[d], plan.backward.empty() ? std::vector<std::int64_t>{} : plan.backward[d]);
+    works[d] = packFlowReplicaWork(r, cp, cost, attn);
+    flow.push_back(planFlowDeps(plan, d, r));
+  }
+  for (const auto& m : plan.merged) {
+    const auto g = static_cast<int>(m.group.size());
+    const MicroBatch& mb =
+        plan.replicas[static_cast<std::size_t>(m.group.front())][static_cast<std::size_t>(m.slot)];
+    for (int j = 0; j < g; ++j)
+      works[static_cast<std::size_t>(m.group[static_cast<std::size_t>(j)])][static_cast<std::size_t>(m.slot)] =
+          mergedShareWork(mb, g, j, cp, sharding, cost, cfg);
+  }
+  return works;
 }
 
 // ---- Network ---------------------------------------------------------------------------
@@ -364,17 +418,24 @@ PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mb
       max_tok = std::max(max_tok, w.rank_tokens[static_cast<std::size_t>(r)]);
       max_tok_b = std::max(max_tok_b, tokens_b[static_cast<std::size_t>(r)]);
     }
-    // Activation bytes a unit of `toks` tokens per CP rank holds on virtual stage vs.
-    auto actBytes = [&](const std::vector<std::int64_t>& toks, std::int64_t max_t, double l, bool last) {
+    // Activation bytes a unit of `toks` tokens per CP rank holds on virtual stage vs; `kvs`:
+    // the KV-buffer tokens (CP) or, for slices, the tokens of continued slices, which keep
+    // fp32 dK/dV accumulators (runtime/sliced.hpp).
+    auto actBytes = [&](const std::vector<std::int64_t>& toks, const std::vector<std::int64_t>& kvs,
+                        std::int64_t max_t, double l, bool last) {
       double act = l * act_tok * static_cast<double>(max_t);
+      const auto kvOf = [&](std::size_t ri) { return ri < kvs.size() ? kvs[ri] : toks[ri]; };
       if (cfg_.executor_memory) {
         std::int64_t worst = 0;
         for (int r = 0; r < cfg_.cp; ++r) {
           const std::size_t ri = static_cast<std::size_t>(r);
-          const std::int64_t kv = !split && ri < w.rank_kv_tokens.size() ? w.rank_kv_tokens[ri] : toks[ri];
-          worst = std::max(worst, model::executorLayerActivationBytes(d, cfg_.tp, toks[ri], kv));
+          worst = std::max(worst, model::executorLayerActivationBytes(d, cfg_.tp, toks[ri], kvOf(ri)));
         }
         act = l * static_cast<double>(worst);
+      } else if (split) {
+        std::int64_t kv = 0;
+        for (int r = 0; r < cfg_.cp; ++r) kv = std::max(kv, kvOf(static_cast<std::size_t>(r)));
+        act += l * static_cast<double>(kv) * 2.0 * static_cast<double>(d.kv_heads * d.head_dim) * 4.0 / cfg_.tp;
       }
       if (last && cfg_.lm_head)  // fp32 logits of the vocab-parallel loss, held until the backward
         act += static_cast<double>(max_t) * static_cast<double>(d.vocab) * 4.0 / cfg_.tp;
@@ -391,9 +452,10 @@ PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mb
       }
       c.fwd[c.at(vs, m)] = f;
       c.bwd[c.at(vs, m)] = b;
-      c.act_bytes[c.at(vs, m)] = actBytes(w.rank_tokens, max_tok, l, last);
+      c.act_bytes[c.at(vs, m)] = actBytes(w.rank_tokens, w.rank_kv_tokens, max_tok, l, last);
       if (!c.free_bytes.empty())
-        c.free_bytes[c.at(vs, m)] = split ? actBytes(tokens_b, max_tok_b, l, last) : c.act_bytes[c.at(vs, m)];
+        c.free_bytes[c.at(vs, m)] =
+            split ? actBytes(tokens_b, w.rank_kv_tokens_bwd, max_tok_b, l, last) : c.act_bytes[c.at(vs, m)];
     }
     c.p2p[static_cast<std::size_t>(m)] = p2pSeconds(w.tokens, w.rank_tokens);
     if (!c.p2p_bwd.empty())
@@ -405,6 +467,28 @@ PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mb
                            cfg_.optimizer_bytes_per_param / (cfg_.dp * cfg_.cp);
   for (int s = 0; s < cfg_.pp; ++s) c.static_bytes[static_cast<std::size_t>(s)] = stageParams(s) * per_param;
   return c;
+}
+
+std::int64_t StepSimulator::microBatchTokenBudget() const {
+  constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
+  if (cfg_.memory_bytes <= 0) return kNone;
+  const auto& d = cost_->dims();
+  const double per_param = static_cast<double>(d.dtype_bytes) + cfg_.grad_bytes_per_param +
+                           cfg_.optimizer_bytes_per_param / (cfg_.dp * cfg_.cp);
+  double best = static_cast<double>(kNone);
+  for (int s = 0; s < cfg_.pp; ++s) {
+    const double free_bytes = cfg_.memory_bytes - stageParams(s) * per_param;
+    if (free_bytes <= 0) return kNone;
+    double layers = 0;
+    for (int c = 0; c < cfg_.chunks; ++c) layers += layersOf(c * cfg_.pp + s);
+    double per_token = cfg_.executor_memory
+                           ? layers * static_cast<double>(model::executorLayerActivationBytes(d, cfg_.tp, 1, 0))
+                           : layers * activationBytesPerToken();
+    if (s == cfg_.pp - 1 && cfg_.lm_head) per_token += static_cast<double>(d.vocab) * 4.0 / cfg_.tp;
+    per_token /= cfg_.cp;
+    best = std::min(best, free_bytes / static_cast<double>(cfg_.pp - s) / per_token);
+  }
+  return best >= static_cast<double>(kNone) ? kNone : std::max<std::int64_t>(1, static_cast<std::int64_t>(best));
 }
 
 StepResult StepSimulator::simulate(const std::vector<std::vector<MicroBatchWork>>& works, trace::Recorder* rec,
@@ -583,17 +667,9 @@ StepResult StepSimulator::simulatePlan(const StepPlan& plan, const std::string& 
   std::vector<std::vector<MicroBatchWork>> works(plan.replicas.size());
   if (isSlimPackPlan(plan)) {
     // Slices: each unit is a forward and a backward MicroPack, ordered by PackFlow.
-    if (!plan.backward.empty() && plan.backward.size() != plan.replicas.size())
-      throw InputError("plan: 'backward' holds " + std::to_string(plan.backward.size()) + " replicas, the step " +
-                       std::to_string(plan.replicas.size()));
     AttnSecondsMemo attn(*cost_);
     std::vector<PackFlowDeps> flow;
-    for (std::size_t d = 0; d < plan.replicas.size(); ++d) {
-      const ReplicaSlices r =
-          replicaSlices(plan.replicas[d], plan.backward.empty() ? std::vector<std::int64_t>{} : plan.backward[d]);
-      works[d] = packFlowReplicaWork(r, cfg_.cp, *cost_, attn);
-      flow.push_back(packFlowDeps(r));
-    }
+    works = packFlowPlanWork(plan, sharding, cfg_.cp, *cost_, cfg, attn, flow);
     return simulate(works, rec, step, t0, &flow);
   }
   for (std::size_t d = 0; d < plan.replicas.size(); ++d) {

@@ -46,6 +46,9 @@ struct MicroBatchWork {
   /// [cp rank] tokens whose backward this task runs when the backward grouping differs from
   /// the forward one (SlimPack's asymmetric partition); empty = rank_tokens.
   std::vector<std::int64_t> rank_tokens_bwd;
+  /// SlimPack: [cp rank] tokens of the backward unit's slices that a later slice continues
+  /// (their dK/dV accumulators); rank_kv_tokens then counts the forward unit's.
+  std::vector<std::int64_t> rank_kv_tokens_bwd;
   int cp() const { return static_cast<int>(rank_tokens.size()); }
 };
 
@@ -98,6 +101,20 @@ MicroBatchWork packFlowWork(const ReplicaSlices& r, int k, int cp, const model::
 /// packFlowWork of every unit of the replica.
 std::vector<MicroBatchWork> packFlowReplicaWork(const ReplicaSlices& r, int cp, const model::CostModel& cost,
                                                 AttnSecondsMemo& attn);
+
+/// Work of member j (0 = the owner) of a DP-Merge group of g replicas running `mb`
+/// together: the CP planners shard it over g * cp ranks (`sharding`, as `wlb run` plans
+/// it) and member j takes ranks [j * cp, (j + 1) * cp). The KV exchange is costed on the
+/// CP links (the group spans DP replicas; docs/simulator.md).
+MicroBatchWork mergedShareWork(const MicroBatch& mb, int g, int j, int cp, const std::string& sharding,
+                               const model::CostModel& cost, const CpConfig& cfg);
+
+/// Every replica's unit work and PackFlow dependencies of a SlimPack plan: packFlowWork per
+/// unit, with each DP-Merge slot replaced by every member's mergedShareWork. The one
+/// function behind `wlb simulate` and the slimpack packer's count search.
+std::vector<std::vector<MicroBatchWork>> packFlowPlanWork(const StepPlan& plan, const std::string& sharding, int cp,
+                                                          const model::CostModel& cost, const CpConfig& cfg,
+                                                          AttnSecondsMemo& attn, std::vector<PackFlowDeps>& flow);
 
 /// Link bandwidths (bytes/s) and latency (s) per mesh axis after topology resolution.
 struct Network {
@@ -184,6 +201,12 @@ class StepSimulator {
   double stageParams(int stage) const;
   /// Activation bytes one layer holds per query token on one rank (given recompute).
   double activationBytesPerToken() const;
+  /// The most tokens one micro-batch (MicroPack) may hold so that every stage fits
+  /// `memory_bytes` with 1F1B's in-flight count (stage s keeps pp - s forwards): (memory -
+  /// static bytes) / (pp - s) / the stage's activation bytes per token (its layers, the
+  /// logits on the last stage, tokens split over CP). INT64_MAX when the memory is unknown
+  /// or the static bytes alone do not fit (then nothing a packer does helps).
+  std::int64_t microBatchTokenBudget() const;
 
  private:
   struct RankLayerCost {

@@ -19,16 +19,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Optional timed region (no-op without a recorder).
-struct Region {
-  std::optional<trace::Recorder::Scope> scope;
-  Region(trace::Recorder* rec, const char* label, const Space& space, trace::Phase phase, double flops = 0,
-         double bytes = 0) {
-    if (!rec) return;
-    scope.emplace(*rec, label, space, flops, bytes);
-    scope->context().phase = phase;
-  }
-};
+using Region = trace::PhaseScope;  // timed region, no-op without a recorder
 
 KOKKOS_INLINE_FUNCTION std::uint64_t mix64(std::uint64_t z) {
   z += 0x9e3779b97f4a7c15ULL;
@@ -171,16 +162,233 @@ Model::Model(const LayerShape& shape, std::vector<int> layer_ids, std::uint64_t 
 }
 
 std::int64_t LayerStep::savedBytes() const {
-  std::int64_t b = 0;
-  for (const Mat* m : {&x_, &h_, &a1_, &a3_, &s_}) b += static_cast<std::int64_t>(m->span());
-  for (const Act3* a : {&q_, &k_, &v_, &o_}) b += static_cast<std::int64_t>(a->span());
-  b += static_cast<std::int64_t>(lse_.span());
-  b += attn_ ? attn_->heldKvElements() : 0;
-  return 4 * b;
+  return acts_.bytes() + 4 * (attn_ ? attn_->heldKvElements() : 0);
 }
 
 void Model::zeroGrads(const Space& space) {
   Kokkos::deep_copy(space, grad_buf_, 0.0f);
+}
+
+// ---- activations ---------------------------------------------------------------------
+
+std::int64_t LayerActs::bytes() const {
+  std::int64_t b = 0;
+  for (const Mat* m : {&x, &h, &a1, &a3, &s}) b += static_cast<std::int64_t>(m->span());
+  for (const Act3* a : {&q, &k, &v, &o}) b += static_cast<std::int64_t>(a->span());
+  b += static_cast<std::int64_t>(lse.span());
+  return 4 * b;
+}
+
+namespace {
+// Rows [r0, r1) of a LayoutRight view: contiguous.
+template <class V>
+auto rowsOf(const V& v, std::int64_t r0, std::int64_t r1) {
+  if constexpr (V::rank == 2)
+    return Kokkos::subview(v, std::make_pair(r0, r1), Kokkos::ALL);
+  else
+    return Kokkos::subview(v, std::make_pair(r0, r1), Kokkos::ALL, Kokkos::ALL);
+}
+template <class V>
+V copyOf(const Space& space, const V& v, std::int64_t r0, std::int64_t r1, const char* label) {
+  if (v.extent(0) == 0) return V();
+  V out;
+  if constexpr (V::rank == 2)
+    out = V(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), r1 - r0, v.extent(1));
+  else
+    out = V(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), r1 - r0, v.extent(1), v.extent(2));
+  Kokkos::deep_copy(space, out, rowsOf(v, r0, r1));
+  return out;
+}
+template <class V>
+V concatOf(const Space& space, const std::vector<const LayerActs*>& parts, V LayerActs::*field, const char* label) {
+  std::int64_t n = 0;
+  const V& first = parts.front()->*field;
+  if (first.extent(0) == 0 && parts.front()->rows() > 0) return V();  // not kept
+  for (const LayerActs* p : parts) n += static_cast<std::int64_t>((p->*field).extent(0));
+  V out;
+  if constexpr (V::rank == 2)
+    out = V(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), n, first.extent(1));
+  else
+    out = V(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), n, first.extent(1), first.extent(2));
+  std::int64_t at = 0;
+  for (const LayerActs* p : parts) {
+    const V& src = p->*field;
+    const auto r = static_cast<std::int64_t>(src.extent(0));
+    if (r > 0) Kokkos::deep_copy(space, rowsOf(out, at, at + r), src);
+    at += r;
+  }
+  return out;
+}
+}  // namespace
+
+LayerActs LayerActs::copyRows(const Space& space, std::int64_t r0, std::int64_t r1) const {
+  LayerActs c;
+  c.x = copyOf(space, x, r0, r1, "wlb::runtime::x");
+  c.h = copyOf(space, h, r0, r1, "wlb::runtime::h");
+  c.a1 = copyOf(space, a1, r0, r1, "wlb::runtime::a1");
+  c.a3 = copyOf(space, a3, r0, r1, "wlb::runtime::a3");
+  c.s = copyOf(space, s, r0, r1, "wlb::runtime::s");
+  c.q = copyOf(space, q, r0, r1, "wlb::runtime::q");
+  c.k = copyOf(space, k, r0, r1, "wlb::runtime::k");
+  c.v = copyOf(space, v, r0, r1, "wlb::runtime::v");
+  c.o = copyOf(space, o, r0, r1, "wlb::runtime::o");
+  c.lse = copyOf(space, lse, r0, r1, "wlb::runtime::lse");
+  return c;
+}
+
+LayerActs LayerActs::concat(const Space& space, const std::vector<const LayerActs*>& parts) {
+  if (parts.empty()) return {};
+  if (parts.size() == 1) return *parts.front();
+  LayerActs c;
+  c.x = concatOf(space, parts, &LayerActs::x, "wlb::runtime::x");
+  c.h = concatOf(space, parts, &LayerActs::h, "wlb::runtime::h");
+  c.a1 = concatOf(space, parts, &LayerActs::a1, "wlb::runtime::a1");
+  c.a3 = concatOf(space, parts, &LayerActs::a3, "wlb::runtime::a3");
+  c.s = concatOf(space, parts, &LayerActs::s, "wlb::runtime::s");
+  c.q = concatOf(space, parts, &LayerActs::q, "wlb::runtime::q");
+  c.k = concatOf(space, parts, &LayerActs::k, "wlb::runtime::k");
+  c.v = concatOf(space, parts, &LayerActs::v, "wlb::runtime::v");
+  c.o = concatOf(space, parts, &LayerActs::o, "wlb::runtime::o");
+  c.lse = concatOf(space, parts, &LayerActs::lse, "wlb::runtime::lse");
+  return c;
+}
+
+// ---- the linear parts ------------------------------------------------------------------
+
+namespace {
+void tpAllreduce(const LayerEnv& env, const Mat& m, bool backward) {
+  if (env.tp <= 1 || env.tp_comm == MPI_COMM_NULL) return;
+  const Space& space = *env.space;
+  const double bytes = 4.0 * static_cast<double>(m.size());
+  Region r(env.recorder, trace::labels::kTpAllreduce, space, backward ? trace::Phase::Bwd : trace::Phase::Fwd, 0,
+           bytes);
+  if (env.tp_group)
+    env.tp_group->allreduceSum(space, m.data(), static_cast<std::int64_t>(m.size()));
+  else
+    parallel::makeGroupComm(env.tp_comm, parallel::CommBackend::Mpi)
+        ->allreduceSum(space, m.data(), static_cast<std::int64_t>(m.size()));
+}
+
+// a += b, elementwise
+void addInto(const Space& space, const Mat& a, const Mat& b) {
+  Kokkos::parallel_for(
+      "wlb::runtime::residual", Kokkos::RangePolicy<Space>(space, 0, static_cast<std::int64_t>(a.size())),
+      KOKKOS_LAMBDA(const std::int64_t i) { a.data()[i] += b.data()[i]; });
+}
+}  // namespace
+
+void qkvForward(const LayerEnv& env, const LayerShape& s, const LayerParams& w, LayerActs& a) {
+  const Space& space = *env.space;
+  const std::int64_t n = a.rows();
+  a.q = newAct3("wlb::runtime::q", n, s.heads, s.head_dim);
+  a.k = newAct3("wlb::runtime::k", n, s.kv_heads, s.head_dim);
+  a.v = newAct3("wlb::runtime::v", n, s.kv_heads, s.head_dim);
+  Region r(env.recorder, trace::labels::kQkvProj, space, trace::Phase::Fwd,
+           linearOpFlops(*env.cost, LinearOp::QkvProj, n, model::Phase::Fwd));
+  gemm(space, Trans::N, Trans::N, 1.0f, a.x, w.wq, 0.0f, flat(a.q), env.precision);
+  gemm(space, Trans::N, Trans::N, 1.0f, a.x, w.wk, 0.0f, flat(a.k), env.precision);
+  gemm(space, Trans::N, Trans::N, 1.0f, a.x, w.wv, 0.0f, flat(a.v), env.precision);
+}
+
+Mat outMlpForward(const LayerEnv& env, const LayerParams& w, LayerActs& a) {
+  const Space& space = *env.space;
+  trace::Recorder* rec = env.recorder;
+  const std::int64_t n = a.rows(), hidden = static_cast<std::int64_t>(w.wo.extent(1)),
+                     ffn = static_cast<std::int64_t>(w.w1.extent(1));
+  const auto F = model::Phase::Fwd;
+  const auto P = trace::Phase::Fwd;
+  // Output projection + residual: h = x + o Wo.
+  a.h = newMat("wlb::runtime::h", n, hidden);
+  {
+    Region r(rec, trace::labels::kOutProj, space, P, linearOpFlops(*env.cost, LinearOp::OutProj, n, F));
+    gemm(space, Trans::N, Trans::N, 1.0f, flat(a.o), w.wo, 0.0f, a.h, env.precision);
+  }
+  tpAllreduce(env, a.h, false);
+  Mat h = a.h;
+  addInto(space, h, a.x);
+  // SwiGLU MLP + residual: y = h + (silu(h W1) * (h W3)) W2.
+  Mat y = newMat("wlb::runtime::y", n, hidden);
+  {
+    Region r(rec, trace::labels::kMlp, space, P, linearOpFlops(*env.cost, LinearOp::Mlp, n, F));
+    a.a1 = newMat("wlb::runtime::a1", n, ffn);
+    a.a3 = newMat("wlb::runtime::a3", n, ffn);
+    a.s = newMat("wlb::runtime::s", n, ffn);
+    gemm(space, Trans::N, Trans::N, 1.0f, h, w.w1, 0.0f, a.a1, env.precision);
+    gemm(space, Trans::N, Trans::N, 1.0f, h, w.w3, 0.0f, a.a3, env.precision);
+    Mat a1 = a.a1, a3 = a.a3, sv = a.s;
+    Kokkos::parallel_for(
+        "wlb::runtime::swiglu", Kokkos::RangePolicy<Space>(space, 0, static_cast<std::int64_t>(sv.size())),
+        KOKKOS_LAMBDA(const std::int64_t i) {
+          const float v = a1.data()[i];
+          sv.data()[i] = v * sigmoid(v) * a3.data()[i];
+        });
+    gemm(space, Trans::N, Trans::N, 1.0f, sv, w.w2, 0.0f, y, env.precision);
+  }
+  tpAllreduce(env, y, false);
+  addInto(space, y, h);
+  return y;
+}
+
+Act3 outMlpBackward(const LayerEnv& env, const LayerParams& w, const LayerParams& g, LayerActs& a, const Mat& dy,
+                    Mat& dh) {
+  const Space& space = *env.space;
+  trace::Recorder* rec = env.recorder;
+  const std::int64_t n = a.rows(), hidden = static_cast<std::int64_t>(w.wo.extent(1)),
+                     ffn = static_cast<std::int64_t>(w.w1.extent(1));
+  const auto B = model::Phase::Bwd;
+  const auto P = trace::Phase::Bwd;
+  // MLP backward: dh = dy + d(MLP)/dh.
+  dh = newMat("wlb::runtime::dh", n, hidden);
+  {
+    Region r(rec, trace::labels::kMlp, space, P, linearOpFlops(*env.cost, LinearOp::Mlp, n, B));
+    Mat ds = newMat("wlb::runtime::ds", n, ffn);
+    gemm(space, Trans::T, Trans::N, 1.0f, a.s, dy, 1.0f, g.w2, env.precision);  // dW2 += s^T dy
+    gemm(space, Trans::N, Trans::T, 1.0f, dy, w.w2, 0.0f, ds, env.precision);   // ds = dy W2^T
+    Mat a1 = a.a1, a3 = a.a3, da1 = a.s;  // s no longer needed: reuse for d(a1)
+    Kokkos::parallel_for(
+        "wlb::runtime::swiglu_bwd", Kokkos::RangePolicy<Space>(space, 0, static_cast<std::int64_t>(ds.size())),
+        KOKKOS_LAMBDA(const std::int64_t i) {
+          const float v = a1.data()[i], sg = sigmoid(v), d = ds.data()[i];
+          da1.data()[i] = d * a3.data()[i] * sg * (1.0f + v * (1.0f - sg));
+          ds.data()[i] = d * v * sg;  // d(a3)
+        });
+    gemm(space, Trans::T, Trans::N, 1.0f, a.h, da1, 1.0f, g.w1, env.precision);  // dW1 += h^T da1
+    gemm(space, Trans::T, Trans::N, 1.0f, a.h, ds, 1.0f, g.w3, env.precision);   // dW3 += h^T da3
+    gemm(space, Trans::N, Trans::T, 1.0f, da1, w.w1, 0.0f, dh, env.precision);   // dh = da1 W1^T
+    gemm(space, Trans::N, Trans::T, 1.0f, ds, w.w3, 1.0f, dh, env.precision);    //    + da3 W3^T
+  }
+  a.a1 = a.a3 = a.s = Mat();
+  tpAllreduce(env, dh, true);
+  addInto(space, dh, dy);
+  // Output projection backward.
+  Act3 d_o = newAct3("wlb::runtime::dO", n, static_cast<int>(a.o.extent(1)), static_cast<int>(a.o.extent(2)));
+  {
+    Region r(rec, trace::labels::kOutProj, space, P, linearOpFlops(*env.cost, LinearOp::OutProj, n, B));
+    gemm(space, Trans::T, Trans::N, 1.0f, flat(a.o), dh, 1.0f, g.wo, env.precision);   // dWo += o^T dh
+    gemm(space, Trans::N, Trans::T, 1.0f, dh, w.wo, 0.0f, flat(d_o), env.precision);  // dO = dh Wo^T
+  }
+  return d_o;
+}
+
+Mat qkvBackward(const LayerEnv& env, const LayerParams& w, const LayerParams& g, const LayerActs& a, const Act3& dq,
+                const Act3& dk, const Act3& dv, const Mat& dh) {
+  const Space& space = *env.space;
+  const std::int64_t n = a.rows();
+  // QKV projection backward: dx = dh + dq Wq^T + dk Wk^T + dv Wv^T.
+  Mat dx = newMat("wlb::runtime::dx", n, static_cast<std::int64_t>(w.wq.extent(0)));
+  {
+    Region r(env.recorder, trace::labels::kQkvProj, space, trace::Phase::Bwd,
+             linearOpFlops(*env.cost, LinearOp::QkvProj, n, model::Phase::Bwd));
+    gemm(space, Trans::T, Trans::N, 1.0f, a.x, flat(dq), 1.0f, g.wq, env.precision);
+    gemm(space, Trans::T, Trans::N, 1.0f, a.x, flat(dk), 1.0f, g.wk, env.precision);
+    gemm(space, Trans::T, Trans::N, 1.0f, a.x, flat(dv), 1.0f, g.wv, env.precision);
+    gemm(space, Trans::N, Trans::T, 1.0f, flat(dq), w.wq, 0.0f, dx, env.precision);
+    gemm(space, Trans::N, Trans::T, 1.0f, flat(dk), w.wk, 1.0f, dx, env.precision);
+    gemm(space, Trans::N, Trans::T, 1.0f, flat(dv), w.wv, 1.0f, dx, env.precision);
+  }
+  tpAllreduce(env, dx, true);
+  addInto(space, dx, dh);
+  return dx;
 }
 
 // ---- layer step ----------------------------------------------------------------------
@@ -199,79 +407,19 @@ LayerStep::LayerStep(const LayerEnv& env, Model& model, int layer, const cp::Sha
   attn_ = std::make_unique<cp::DistributedAttention>(plan, comm, env.cp_comm, s.heads, s.kv_heads, s.head_dim, opt);
 }
 
-void LayerStep::tpAllreduce(const Mat& m, bool backward) {
-  if (env_.tp <= 1 || env_.tp_comm == MPI_COMM_NULL) return;
-  const Space& space = *env_.space;
-  const double bytes = 4.0 * static_cast<double>(m.size());
-  Region r(env_.recorder, trace::labels::kTpAllreduce, space, backward ? trace::Phase::Bwd : trace::Phase::Fwd, 0,
-           bytes);
-  if (env_.tp_group)
-    env_.tp_group->allreduceSum(space, m.data(), static_cast<std::int64_t>(m.size()));
-  else
-    parallel::makeGroupComm(env_.tp_comm, parallel::CommBackend::Mpi)
-        ->allreduceSum(space, m.data(), static_cast<std::int64_t>(m.size()));
-}
-
 Mat LayerStep::forward(const Mat& x) {
   const Space& space = *env_.space;
   const LayerShape& s = model_->shape();
   const LayerParams& w = model_->weights(layer_);
-  const std::int64_t n = n_;
-  trace::Recorder* rec = env_.recorder;
-  const auto F = model::Phase::Fwd;
-  const auto P = trace::Phase::Fwd;
-  x_ = x;
-  // QKV projection.
-  q_ = newAct3("wlb::runtime::q", n, s.heads, s.head_dim);
-  k_ = newAct3("wlb::runtime::k", n, s.kv_heads, s.head_dim);
-  v_ = newAct3("wlb::runtime::v", n, s.kv_heads, s.head_dim);
-  {
-    Region r(rec, trace::labels::kQkvProj, space, P, linearOpFlops(*env_.cost, LinearOp::QkvProj, n, F));
-    gemm(space, Trans::N, Trans::N, 1.0f, x, w.wq, 0.0f, flat(q_), env_.precision);
-    gemm(space, Trans::N, Trans::N, 1.0f, x, w.wk, 0.0f, flat(k_), env_.precision);
-    gemm(space, Trans::N, Trans::N, 1.0f, x, w.wv, 0.0f, flat(v_), env_.precision);
-  }
+  acts_.x = x;
+  qkvForward(env_, s, w, acts_);
   // Attention (KV exchange inside).
-  o_ = newAct3("wlb::runtime::o", n, s.heads, s.head_dim);
-  lse_ = Kokkos::View<float**, Kokkos::LayoutRight, Mem>(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::runtime::lse"), n, s.heads);
-  attn_->forward(space, q_, k_, v_, o_, lse_);
+  acts_.o = newAct3("wlb::runtime::o", n_, s.heads, s.head_dim);
+  acts_.lse = LayerActs::Lse(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::runtime::lse"), n_, s.heads);
+  attn_->forward(space, acts_.q, acts_.k, acts_.v, acts_.o, acts_.lse);
   attn_seconds_ = attn_->times().attn_fwd;
   kv_seconds_ = attn_->times().comm_fwd;
-  // Output projection + residual: h = x + o Wo.
-  h_ = newMat("wlb::runtime::h", n, s.hidden);
-  {
-    Region r(rec, trace::labels::kOutProj, space, P, linearOpFlops(*env_.cost, LinearOp::OutProj, n, F));
-    gemm(space, Trans::N, Trans::N, 1.0f, flat(o_), w.wo, 0.0f, h_, env_.precision);
-  }
-  tpAllreduce(h_, false);
-  Mat h = h_;
-  Kokkos::parallel_for(
-      "wlb::runtime::residual", Kokkos::RangePolicy<Space>(space, 0, static_cast<std::int64_t>(h.size())),
-      KOKKOS_LAMBDA(const std::int64_t i) { h.data()[i] += x.data()[i]; });
-  // SwiGLU MLP + residual: y = h + (silu(h W1) * (h W3)) W2.
-  Mat y = newMat("wlb::runtime::y", n, s.hidden);
-  {
-    Region r(rec, trace::labels::kMlp, space, P, linearOpFlops(*env_.cost, LinearOp::Mlp, n, F));
-    a1_ = newMat("wlb::runtime::a1", n, s.ffn);
-    a3_ = newMat("wlb::runtime::a3", n, s.ffn);
-    s_ = newMat("wlb::runtime::s", n, s.ffn);
-    gemm(space, Trans::N, Trans::N, 1.0f, h, w.w1, 0.0f, a1_, env_.precision);
-    gemm(space, Trans::N, Trans::N, 1.0f, h, w.w3, 0.0f, a3_, env_.precision);
-    Mat a1 = a1_, a3 = a3_, sv = s_;
-    Kokkos::parallel_for(
-        "wlb::runtime::swiglu", Kokkos::RangePolicy<Space>(space, 0, static_cast<std::int64_t>(sv.size())),
-        KOKKOS_LAMBDA(const std::int64_t i) {
-          const float a = a1.data()[i];
-          sv.data()[i] = a * sigmoid(a) * a3.data()[i];
-        });
-    gemm(space, Trans::N, Trans::N, 1.0f, sv, w.w2, 0.0f, y, env_.precision);
-  }
-  tpAllreduce(y, false);
-  Kokkos::parallel_for(
-      "wlb::runtime::residual", Kokkos::RangePolicy<Space>(space, 0, static_cast<std::int64_t>(y.size())),
-      KOKKOS_LAMBDA(const std::int64_t i) { y.data()[i] += h.data()[i]; });
-  return y;
+  return outMlpForward(env_, w, acts_);
 }
 
 Mat LayerStep::backward(const Mat& dy) {
@@ -279,69 +427,20 @@ Mat LayerStep::backward(const Mat& dy) {
   const LayerShape& s = model_->shape();
   const LayerParams& w = model_->weights(layer_);
   const LayerParams& g = model_->grads(layer_);
-  const std::int64_t n = n_;
-  trace::Recorder* rec = env_.recorder;
-  const auto B = model::Phase::Bwd;
-  const auto P = trace::Phase::Bwd;
-  // MLP backward: dh = dy + d(MLP)/dh.
-  Mat dh = newMat("wlb::runtime::dh", n, s.hidden);
-  {
-    Region r(rec, trace::labels::kMlp, space, P, linearOpFlops(*env_.cost, LinearOp::Mlp, n, B));
-    Mat ds = newMat("wlb::runtime::ds", n, s.ffn);
-    gemm(space, Trans::T, Trans::N, 1.0f, s_, dy, 1.0f, g.w2, env_.precision);  // dW2 += s^T dy
-    gemm(space, Trans::N, Trans::T, 1.0f, dy, w.w2, 0.0f, ds, env_.precision);  // ds = dy W2^T
-    Mat a1 = a1_, a3 = a3_, da1 = s_;                                           // s_ no longer needed: reuse for d(a1)
-    Kokkos::parallel_for(
-        "wlb::runtime::swiglu_bwd", Kokkos::RangePolicy<Space>(space, 0, static_cast<std::int64_t>(ds.size())),
-        KOKKOS_LAMBDA(const std::int64_t i) {
-          const float a = a1.data()[i], sg = sigmoid(a), d = ds.data()[i];
-          da1.data()[i] = d * a3.data()[i] * sg * (1.0f + a * (1.0f - sg));
-          ds.data()[i] = d * a * sg;  // d(a3)
-        });
-    gemm(space, Trans::T, Trans::N, 1.0f, h_, da1, 1.0f, g.w1, env_.precision);  // dW1 += h^T da1
-    gemm(space, Trans::T, Trans::N, 1.0f, h_, ds, 1.0f, g.w3, env_.precision);   // dW3 += h^T da3
-    gemm(space, Trans::N, Trans::T, 1.0f, da1, w.w1, 0.0f, dh, env_.precision);  // dh = da1 W1^T
-    gemm(space, Trans::N, Trans::T, 1.0f, ds, w.w3, 1.0f, dh, env_.precision);   //    + da3 W3^T
-  }
-  a1_ = a3_ = s_ = Mat();
-  tpAllreduce(dh, true);
-  Kokkos::parallel_for(
-      "wlb::runtime::residual_bwd", Kokkos::RangePolicy<Space>(space, 0, static_cast<std::int64_t>(dh.size())),
-      KOKKOS_LAMBDA(const std::int64_t i) { dh.data()[i] += dy.data()[i]; });
-  // Output projection backward.
-  Act3 d_o = newAct3("wlb::runtime::dO", n, s.heads, s.head_dim);
-  {
-    Region r(rec, trace::labels::kOutProj, space, P, linearOpFlops(*env_.cost, LinearOp::OutProj, n, B));
-    gemm(space, Trans::T, Trans::N, 1.0f, flat(o_), dh, 1.0f, g.wo, env_.precision);   // dWo += o^T dh
-    gemm(space, Trans::N, Trans::T, 1.0f, dh, w.wo, 0.0f, flat(d_o), env_.precision);  // dO = dh Wo^T
-  }
+  Mat dh;
+  const Act3 d_o = outMlpBackward(env_, w, g, acts_, dy, dh);
   // Attention backward (dK/dV return inside).
-  Act3 dq = newAct3("wlb::runtime::dq", n, s.heads, s.head_dim);
-  Act3 dk = newAct3("wlb::runtime::dk", n, s.kv_heads, s.head_dim);
-  Act3 dv = newAct3("wlb::runtime::dv", n, s.kv_heads, s.head_dim);
-  attn_->backward(space, q_, o_, lse_, d_o, dq, dk, dv);
+  Act3 dq = newAct3("wlb::runtime::dq", n_, s.heads, s.head_dim);
+  Act3 dk = newAct3("wlb::runtime::dk", n_, s.kv_heads, s.head_dim);
+  Act3 dv = newAct3("wlb::runtime::dv", n_, s.kv_heads, s.head_dim);
+  attn_->backward(space, acts_.q, acts_.o, acts_.lse, d_o, dq, dk, dv);
   attn_seconds_ += attn_->times().attn_bwd;
   kv_seconds_ += attn_->times().comm_bwd;
-  o_ = Act3();
-  lse_ = decltype(lse_)();
-  // QKV projection backward: dx = dh + dq Wq^T + dk Wk^T + dv Wv^T.
-  Mat dx = newMat("wlb::runtime::dx", n, s.hidden);
-  {
-    Region r(rec, trace::labels::kQkvProj, space, P, linearOpFlops(*env_.cost, LinearOp::QkvProj, n, B));
-    gemm(space, Trans::T, Trans::N, 1.0f, x_, flat(dq), 1.0f, g.wq, env_.precision);
-    gemm(space, Trans::T, Trans::N, 1.0f, x_, flat(dk), 1.0f, g.wk, env_.precision);
-    gemm(space, Trans::T, Trans::N, 1.0f, x_, flat(dv), 1.0f, g.wv, env_.precision);
-    gemm(space, Trans::N, Trans::T, 1.0f, flat(dq), w.wq, 0.0f, dx, env_.precision);
-    gemm(space, Trans::N, Trans::T, 1.0f, flat(dk), w.wk, 1.0f, dx, env_.precision);
-    gemm(space, Trans::N, Trans::T, 1.0f, flat(dv), w.wv, 1.0f, dx, env_.precision);
-  }
-  tpAllreduce(dx, true);
-  Kokkos::parallel_for(
-      "wlb::runtime::residual_bwd", Kokkos::RangePolicy<Space>(space, 0, static_cast<std::int64_t>(dx.size())),
-      KOKKOS_LAMBDA(const std::int64_t i) { dx.data()[i] += dh.data()[i]; });
+  acts_.o = Act3();
+  acts_.lse = LayerActs::Lse();
+  Mat dx = qkvBackward(env_, w, g, acts_, dq, dk, dv, dh);
   kk::fence(space, "wlb::runtime::layer::bwd");
-  x_ = h_ = Mat();
-  q_ = k_ = v_ = Act3();
+  acts_ = LayerActs();
   return dx;
 }
 

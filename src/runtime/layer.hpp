@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cp/distributed_attention.hpp"
+#include "core/types.hpp"
 #include "cp/shard_plan.hpp"
 #include "model/cost_model.hpp"
 #include "parallel/group_comm.hpp"
@@ -107,6 +108,37 @@ struct LayerEnv {
   parallel::GroupComm* tp_group = nullptr;
 };
 
+/// What one layer keeps from forward to backward for a run of tokens (rows in packed or
+/// local order): the input, the post-attention residual, Q/K/V/O and the LSE, the MLP's two
+/// projections and gated product. Its bytes are model::executorLayerActivationBytes with
+/// no KV buffer.
+struct LayerActs {
+  using Lse = Kokkos::View<float**, Kokkos::LayoutRight, Mem>;
+  Mat x, h, a1, a3, s;
+  Act3 q, k, v, o;
+  Lse lse;
+  std::int64_t rows() const { return static_cast<std::int64_t>(x.extent(0)); }
+  std::int64_t bytes() const;
+  /// A deep copy of rows [r0, r1) (a SlimPack slice's share of its forward MicroPack).
+  LayerActs copyRows(const Space& space, std::int64_t r0, std::int64_t r1) const;
+  /// The rows of `parts` one after another (deep copies; one part is returned as is).
+  static LayerActs concat(const Space& space, const std::vector<const LayerActs*>& parts);
+};
+
+/// The linear parts of a layer, shared by LayerStep and the sliced executor
+/// (runtime/sliced.hpp); each records its timed region and the TP all-reduces.
+/// QKV projection: a.q, a.k, a.v from a.x.
+void qkvForward(const LayerEnv& env, const LayerShape& s, const LayerParams& w, LayerActs& a);
+/// Given a.o (and a.x): h = x + o Wo, y = h + SwiGLU(h); keeps h and the MLP activations.
+Mat outMlpForward(const LayerEnv& env, const LayerParams& w, LayerActs& a);
+/// Backward of outMlpForward: accumulates dWo, dW1..3, sets dh (dL/dh incl. the residual)
+/// and returns dO. Drops the MLP activations (a.s is reused as scratch).
+Act3 outMlpBackward(const LayerEnv& env, const LayerParams& w, const LayerParams& g, LayerActs& a, const Mat& dy,
+                    Mat& dh);
+/// Backward of qkvForward: accumulates dWq/dWk/dWv and returns dx = dh + dq Wq^T + ...
+Mat qkvBackward(const LayerEnv& env, const LayerParams& w, const LayerParams& g, const LayerActs& a, const Act3& dq,
+                const Act3& dk, const Act3& dv, const Mat& dh);
+
 /// Forward/backward of one layer for one micro-batch (local tokens of this CP rank);
 /// keeps the activations of forward for backward.
 class LayerStep {
@@ -127,16 +159,12 @@ class LayerStep {
   std::int64_t savedBytes() const;
 
  private:
-  void tpAllreduce(const Mat& m, bool backward);
   LayerEnv env_;
   Model* model_;
   int layer_;
   std::int64_t n_;
   std::unique_ptr<cp::DistributedAttention> attn_;
-  // Saved activations.
-  Mat x_, h_, a1_, a3_, s_;
-  Act3 q_, k_, v_, o_;
-  Kokkos::View<float**, Kokkos::LayoutRight, Mem> lse_;
+  LayerActs acts_;  ///< saved activations
   double attn_seconds_ = 0, kv_seconds_ = 0;
 };
 
@@ -148,5 +176,11 @@ void fillRandom(const Space& space, const Mat& m, std::uint64_t seed, std::uint6
 /// filling the whole micro-batch.
 void fillRandomRows(const Space& space, const Mat& m, std::uint64_t seed, std::uint64_t stream, float scale,
                     const std::vector<std::int64_t>& rows);
+/// Key of a document token for fillRandomRows: its row values depend on (document,
+/// position in the document) only, so every packing, slicing, pipeline and CP sharding of
+/// the same documents sees the same inputs.
+inline std::int64_t tokenKey(DocId doc, std::int64_t pos) {
+  return static_cast<std::int64_t>((static_cast<std::uint64_t>(doc) << 32) ^ static_cast<std::uint64_t>(pos));
+}
 
 }  // namespace wlb::runtime

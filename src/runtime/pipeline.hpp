@@ -19,6 +19,12 @@
 /// * Empty micro-batches (no tokens in the replica) are skipped by every stage alike.
 /// * The rank accounts the bytes its LayerSteps keep from forward to backward
 ///   (LayerStep::savedBytes) and reports the peak.
+/// * Inputs and the loss projection R are pseudo-random per (document, position) token
+///   (tokenKey): the same documents give the same loss and gradients however they are
+///   packed, sliced, pipelined or sharded.
+/// * SlimPack plans (StageStepInput::slices): forward tasks name forward MicroPacks and
+///   backward tasks backward MicroPacks; messages carry that MicroPack's tokens, and the
+///   stage's layers run through a SlicedStage.
 
 #include <mpi.h>
 
@@ -26,6 +32,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/types.hpp"
 #include "cp/shard_plan.hpp"
 #include "pp/schedule.hpp"
 #include "runtime/layer.hpp"
@@ -36,10 +43,41 @@ namespace wlb::runtime {
 struct StageStepInput {
   std::int64_t step = 0;
   std::uint64_t seed = 0;               ///< data.seed: inputs and loss projection
+  std::vector<MicroBatch> mbs;          ///< [m] the micro-batches (input and loss rows are keyed by token)
   std::vector<std::int64_t> mb_tokens;  ///< [m] tokens of the whole micro-batch (0 = empty)
   std::vector<cp::ShardPlan> shards;    ///< [m] CP shard plan (unused when empty)
   std::vector<cp::CommPlan> comms;      ///< [m] KV communication plan
+  /// SlimPack plans (cp = 1, runtime/sliced.hpp): the replica's slices and the step's
+  /// PackFlow schedule, which replaces the stage's own; mbs/mb_tokens are the forward
+  /// MicroPacks, shards/comms are unused.
+  std::shared_ptr<const pp::ReplicaSlices> slices;
+  std::shared_ptr<const pp::Schedule> schedule;
+  /// SlimPack's DP-Merge units this replica takes part in: micro-batch `slot` is the
+  /// owner's sample (mbs[slot]), sharded by shards[slot] / comms[slot] over the group's
+  /// replicas, run by LayerSteps whose CP communicator is `comm` (this rank's index in it =
+  /// its replica's position in the group). The caller creates `comm` and `group`.
+  struct Merged {
+    int slot = 0;
+    int rank = 0;
+    MPI_Comm comm = MPI_COMM_NULL;
+    parallel::GroupComm* group = nullptr;  ///< null -> host-staged MPI over comm
+  };
+  std::vector<Merged> merged;
+  const Merged* mergedAt(std::size_t slot) const {
+    for (const auto& m : merged)
+      if (m.slot == static_cast<int>(slot)) return &m;
+    return nullptr;
+  }
 };
+
+/// The step input of replica `d` of a SlimPack plan: its slices and backward partition,
+/// the PackFlow schedule over `stages` from its slice dependencies (the one `wlb simulate`
+/// builds), and the CP plans of the DP-Merge units it is a member of (`strategy` / `mode`
+/// over the group; every member orders its merged units by slot, so their collectives
+/// match). InputError for slices PackFlow cannot order.
+StageStepInput slicedStepInput(std::int64_t step, std::uint64_t seed, const StepPlan& plan, std::size_t d, int stages,
+                               const model::CostModel& cost, cp::Strategy strategy, cp::CommMode mode,
+                               const CpConfig& cfg);
 
 /// What one rank measured in one step.
 struct StageStepResult {

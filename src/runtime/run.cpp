@@ -29,6 +29,8 @@
 #include "parallel/group_comm.hpp"
 #include "parallel/mesh.hpp"
 #include "pp/schedule.hpp"
+#include "pp/simulate_deck.hpp"
+#include "pp/simulator.hpp"
 #include "runtime/layer.hpp"
 #include "runtime/pipeline.hpp"
 #include "trace/clock_sync.hpp"
@@ -97,7 +99,15 @@ struct RunContext {
   std::int64_t M = 0;
   int layers = 0;
   pp::Schedule schedule;
-  int nrow() const { return kHead + kPerMb * static_cast<int>(M); }
+  static int nrow(std::int64_t m) { return kHead + kPerMb * static_cast<int>(m); }
+  /// Micro-batch slots of a step: data.micro_batches, or the MicroPack count a SlimPack
+  /// plan chose for the step.
+  std::int64_t slots(const StepPlan& plan) const {
+    if (!pp::isSlimPackPlan(plan)) return M;
+    std::size_t m = 0;
+    for (const auto& r : plan.replicas) m = std::max(m, r.size());
+    return static_cast<std::int64_t>(m);
+  }
 };
 
 // Per-strategy state. Strategies are interleaved step by step (step 0 of every strategy,
@@ -145,8 +155,13 @@ PlannedStep planStep(const RunContext& rc, StratState& st, std::int64_t step, bo
 }
 
 // ---- 2. shard: the CP plans of one replica (deterministic on every rank) ------------------
-StageStepInput shardReplica(const RunContext& rc, const std::vector<MicroBatch>& replica, const std::string& sharding,
+// SlimPack plans run sliced (cp = 1, runtime/sliced.hpp) under their own PackFlow schedule.
+StageStepInput shardReplica(const RunContext& rc, const StepPlan& plan, std::size_t d, const std::string& sharding,
                             std::int64_t step) {
+  const std::vector<MicroBatch>& replica = plan.replicas[d];
+  if (pp::isSlimPackPlan(plan))
+    return slicedStepInput(step, rc.deck.data.seed, plan, d, rc.shape.pp(), rc.cost, cp::parseStrategy(sharding),
+                           rc.comm_mode, rc.deck.cp);
   StageStepInput in;
   in.step = step;
   in.seed = rc.deck.data.seed;
@@ -154,12 +169,14 @@ StageStepInput shardReplica(const RunContext& rc, const std::vector<MicroBatch>&
   if (replica.size() > M)
     throw std::logic_error("wlb run: a replica has " + std::to_string(replica.size()) + " micro-batches, expected " +
                            std::to_string(M));
+  in.mbs.resize(M);
   in.mb_tokens.assign(M, 0);
   in.shards.resize(M);
   in.comms.resize(M);
   auto plans =
       cp::planReplicaShards(replica, cp::parseStrategy(sharding), rc.comm_mode, rc.shape.cp(), rc.cost, rc.deck.cp);
   for (std::size_t m = 0; m < replica.size(); ++m) {
+    in.mbs[m] = replica[m];
     in.mb_tokens[m] = replica[m].tokens();
     in.shards[m] = std::move(plans[m].shard);
     in.comms[m] = std::move(plans[m].comm);
@@ -167,11 +184,41 @@ StageStepInput shardReplica(const RunContext& rc, const std::vector<MicroBatch>&
   return in;
 }
 
+// The communicators of a step's DP-Merge units: for each unit, the ranks of its group's
+// replicas with the same (tp, cp, pp) coordinates (collective over the world: every rank
+// walks plan.merged alike). They live until the step ends.
+struct MergedComms {
+  std::vector<parallel::Comm> comms;
+  std::vector<std::unique_ptr<parallel::GroupComm>> groups;
+};
+MergedComms connectMerged(const RunContext& rc, const StepPlan& plan, StageStepInput& in,
+                          parallel::CommBackend backend) {
+  MergedComms mc;
+  const auto& c = rc.mesh.coord();
+  mc.comms.reserve(plan.merged.size());
+  for (const auto& m : plan.merged) {
+    const bool member = m.member(c.dp) >= 0;
+    const int color = member ? (c.pp * rc.shape.cp() + c.cp) * rc.shape.tp() + c.tp : MPI_UNDEFINED;
+    MPI_Comm raw = MPI_COMM_NULL;
+    MPI_Comm_split(rc.mesh.world(), color, c.dp, &raw);
+    if (!member) continue;
+    mc.comms.push_back(parallel::Comm::adopt(raw));
+    mc.groups.push_back(parallel::makeGroupComm(raw, backend));
+    for (auto& g : in.merged)
+      if (g.slot == static_cast<int>(m.slot)) {
+        g.comm = raw;
+        g.group = mc.groups.back().get();
+      }
+  }
+  return mc;
+}
+
 // The shard plans of every replica as the trace's /plan/shard_json.
 std::string shardJson(const RunContext& rc, const StepPlan& plan, const std::string& sharding) {
   nlohmann::json sj = nlohmann::json::array();
+  if (pp::isSlimPackPlan(plan)) return sj.dump();  // run sliced, without CP plans
   for (std::size_t d = 0; d < plan.replicas.size(); ++d) {
-    const StageStepInput in = shardReplica(rc, plan.replicas[d], sharding, 0);
+    const StageStepInput in = shardReplica(rc, plan, d, sharding, 0);
     for (std::size_t m = 0; m < plan.replicas[d].size(); ++m) {
       if (in.mb_tokens[m] == 0) continue;
       sj.push_back({{"dp", d},
@@ -185,9 +232,9 @@ std::string shardJson(const RunContext& rc, const StepPlan& plan, const std::str
 
 // ---- 3. execute: the schedule walk, the gradient reduction, the step's measurements -------
 std::vector<double> executeStep(const RunContext& rc, PipelineStage& stage, Model& model, parallel::GroupComm& dpcp,
-                                trace::Recorder& rec, const StageStepInput& in) {
+                                trace::Recorder& rec, const StageStepInput& in, std::int64_t slots) {
   const Space space;
-  std::vector<double> row(static_cast<std::size_t>(rc.nrow()), 0.0);
+  std::vector<double> row(static_cast<std::size_t>(RunContext::nrow(slots)), 0.0);
   const std::size_t first_event = rec.events().size();
   rc.mesh.world().barrier();
   const std::int64_t t0 = rec.now();
@@ -221,7 +268,7 @@ std::vector<double> executeStep(const RunContext& rc, PipelineStage& stage, Mode
   row[kPipeS] = sr.pipeline_seconds;
   row[kLoss] = sr.loss;
   row[kPeakBytes] = static_cast<double>(sr.peak_activation_bytes);
-  for (std::size_t m = 0; m < static_cast<std::size_t>(rc.M); ++m) {
+  for (std::size_t m = 0; m < sr.mb_attn.size(); ++m) {
     row[kHead + kPerMb * m] = sr.mb_attn[m];
     row[kHead + kPerMb * m + 1] = sr.mb_seconds[m];
     row[kHead + kPerMb * m + 2] = sr.mb_tokens[m];
@@ -232,7 +279,8 @@ std::vector<double> executeStep(const RunContext& rc, PipelineStage& stage, Mode
 // ---- 4. gather: every rank's row -> the step's record (rank 0) ----------------------------
 StepRecord gatherStep(const RunContext& rc, const std::vector<double>& row, const PlannedStep& ps, std::int64_t step,
                       bool drain) {
-  const int nrow = rc.nrow(), W = rc.shape.size();
+  const std::int64_t slots = rc.slots(ps.plan);
+  const int nrow = RunContext::nrow(slots), W = rc.shape.size();
   std::vector<double> all(rc.mesh.rank() == 0 ? static_cast<std::size_t>(nrow) * W : 0);
   MPI_Gather(row.data(), nrow, MPI_DOUBLE, all.data(), nrow, MPI_DOUBLE, 0, rc.mesh.world());
   StepRecord sr;
@@ -258,7 +306,7 @@ StepRecord gatherStep(const RunContext& rc, const std::vector<double>& row, cons
   // Micro-batch latency: over stages, the slowest (cp, tp) rank's task time.
   std::vector<double> latencies, cp_imb;
   for (int d = 0; d < shape.dp(); ++d)
-    for (int m = 0; m < static_cast<int>(rc.M); ++m) {
+    for (int m = 0; m < static_cast<int>(slots); ++m) {
       double lat = 0, toks = 0;
       for (int p = 0; p < shape.pp(); ++p) {
         double stage_lat = 0;
@@ -411,7 +459,15 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
     strategies = resolveStrategies(deck);
     comm_mode = cp::parseCommMode(deck.cp.comm);
     precision = parsePrecision(deck.run.precision);
-    for (const auto& s : strategies) (void)cp::parseStrategy(s.sharding);
+    for (const auto& s : strategies) {
+      (void)cp::parseStrategy(s.sharding);
+      pp::checkPackerSchedule(deck, s.packer);
+      if (s.packer == "slimpack" && shape.cp() > 1)
+        throw InputError("mesh.cp = " + std::to_string(shape.cp()) +
+                             ": `wlb run` executes slimpack plans with cp = 1 (the slices' per-sample KV cache is not "
+                             "CP-sharded; docs/runtime.md)",
+                         true);
+    }
     if (strategies.empty()) throw InputError("run.strategies resolves to no strategy");
     const pp::PipelineLayout layout = pp::pipelineLayout(deck);
     schedule = layout.schedule(static_cast<int>(M));  // the simulator's schedule, same function
@@ -555,13 +611,13 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
   const auto runStep = [&](StratState& st, std::int64_t step, bool drain) {
     rec.setStrategy(st.strat.name);
     const PlannedStep ps = planStep(rc, st, step, drain);
-    const StageStepInput in =
-        shardReplica(rc, ps.plan.replicas[static_cast<std::size_t>(coord.dp)], st.strat.sharding, step);
+    StageStepInput in = shardReplica(rc, ps.plan, static_cast<std::size_t>(coord.dp), st.strat.sharding, step);
+    const MergedComms merged_comms = connectMerged(rc, ps.plan, in, backend);
     if (writer && world_rank == 0) {
       writer->addPlan(st.strat.name, ps.plan, ps.text, shardJson(rc, ps.plan, st.strat.sharding));
       if (st.plan_out) st.plan_out << ps.text << "\n";
     }
-    const std::vector<double> row = executeStep(rc, stage, model, *dpcp_group, rec, in);
+    const std::vector<double> row = executeStep(rc, stage, model, *dpcp_group, rec, in, rc.slots(ps.plan));
     StepRecord sr = gatherStep(rc, row, ps, step, drain);
     if (opt.keep_gradients) st.res.gradients = gatherGradients(rc, model);
     if (world_rank != 0) return;

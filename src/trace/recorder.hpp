@@ -23,6 +23,7 @@
 /// \endcode
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -205,6 +206,19 @@ class Recorder {
   Context ctx_{};
   std::vector<Event> events_;
   std::vector<RankCoord> virtual_ranks_;
+};
+
+/// A fenced Recorder::Scope with its own phase when `rec` is given; nothing otherwise (the
+/// layers, the distributed attention and the sliced executor run with or without one).
+struct PhaseScope {
+  std::optional<Recorder::Scope> scope;
+  template <class ExecSpace>
+  PhaseScope(Recorder* rec, std::string_view label, const ExecSpace& space, Phase phase, double flops = 0,
+             double bytes = 0) {
+    if (!rec) return;
+    scope.emplace(*rec, label, space, flops, bytes);
+    scope->context().phase = phase;
+  }
 };
 
 }  // namespace wlb::trace

@@ -362,3 +362,28 @@ def test_cpp_traces_overlay_report(cxx_sim_trace, tmp_path):
     pngs = list(out.glob("*.png"))
     assert len(pngs) >= 5
     assert all(p.stat().st_size > 1000 for p in pngs)
+
+
+def test_micropack_latencies_exclude_pipeline_waits(tmp_path):
+    """Unit latency (SlimPack's violins): per phase, the sum over stages of the stage's
+    compute span of the unit, without pp_recv waits; each over its step's mean."""
+    ranks = [(0, 0, 0, 0), (0, 0, 1, 0)]
+    ev = []
+    # unit 0: stage 0 fwd 10..30 (qkv), stage 1 waits 30..100 (pp_recv) then mlp 100..140
+    ev.append(dict(rank=0, step=0, micro_batch=0, phase="fwd", label="qkv_proj", start_ns=10, end_ns=30))
+    ev.append(dict(rank=1, step=0, micro_batch=0, phase="fwd", label="pp_recv", start_ns=30, end_ns=100))
+    ev.append(dict(rank=1, step=0, micro_batch=0, phase="fwd", label="mlp", start_ns=100, end_ns=140))
+    # unit 1: 20 ns on each stage; backward of unit 0 only (the backward grouping differs)
+    ev.append(dict(rank=0, step=0, micro_batch=1, phase="fwd", label="mlp", start_ns=30, end_ns=50))
+    ev.append(dict(rank=1, step=0, micro_batch=1, phase="fwd", label="mlp", start_ns=140, end_ns=160))
+    ev.append(dict(rank=1, step=0, micro_batch=0, phase="bwd", label="mlp", start_ns=160, end_ns=250))
+    ev.append(dict(rank=0, step=0, micro_batch=0, phase="bwd", label="mlp", start_ns=250, end_ns=340))
+    p = write_trace(str(tmp_path / "mp.h5"), ranks=ranks, events=ev, strategies=["slimpack"])
+    t = wlb_trace.load(p)
+    steps = wlb_metrics.step_metrics(t, 0)
+    mp = wlb_metrics.micropack_latencies(t, steps, 0)
+    assert sorted(mp["fwd"]["ms"]) == pytest.approx([40e-6, 60e-6])
+    assert sorted(mp["fwd"]["rel"]) == pytest.approx([0.8, 1.2])
+    assert mp["fwd"]["cv"] == pytest.approx(0.2)
+    assert mp["bwd"]["ms"] == pytest.approx([180e-6])
+    assert math.isnan(mp["bwd"]["cv"])

@@ -71,4 +71,64 @@ grep -q "pipeline.schedule" "$T/bad.txt" && grep -q "packflow" "$T/bad.txt" || {
 [ -e "$T/bad" ] && fail "output written on error"
 "$WLB" simulate "$DECK" --set pipeline.schedule=packflw --steps 2 > "$T/bad2.txt" 2>&1
 [ $? -eq 2 ] && grep -q "pipeline.schedule" "$T/bad2.txt" || { cat "$T/bad2.txt"; fail "unknown schedule should exit 2"; }
+
+# 4. `wlb run` executes SlimPack plans on 2 stages (runtime/sliced.hpp) beside plain over the
+# same documents; the simulator's executor memory model (--as-run) predicts the measured
+# activation peak of every stage within 3%; slimpack with cp > 1 exits 2 naming mesh.cp.
+small=(--set model.hidden=64 --set model.heads=4 --set model.kv_heads=2 --set model.ffn=96 --set model.layers=3
+       --set data.context_window=1024 --set data.length_scale=0.0078125 --set mesh.cp=1 --set mesh.pp=2
+       --set packing.micro_batches=4 --set pipeline.schedule=packflow)
+mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set 'run.strategies=["plain","slimpack"]' \
+  --set "output.dir=\"$T/run\"" --steps 3 --warmup 0 > "$T/run.txt" 2>&1 || { cat "$T/run.txt"; fail "wlb run slimpack"; }
+grep -Eq "^slimpack +slimpack\+per_document +[0-9.]+" "$T/run.txt" || { cat "$T/run.txt"; fail "no slimpack row"; }
+"$WLB" simulate "$SRC/inputs/run_cp2.toml" "${small[@]}" --strategies plain,slimpack --steps 3 --warmup 0 --as-run \
+  --out "$T/runsim" > "$T/runsim.txt" 2>&1 || { cat "$T/runsim.txt"; fail "simulate --as-run slimpack"; }
+/usr/bin/python3 - "$T/run/summary.json" "$T/runsim/simulate.json" "$T/run/plan.slimpack.jsonl" <<'PY' || fail "slimpack run"
+import json, sys
+run = {s["strategy"]: s for s in json.load(open(sys.argv[1]))["strategies"]}
+sim = {r["strategy"]: r for r in json.load(open(sys.argv[2]))}
+# the same documents: equal tokens over the run (nothing held back by either)
+assert run["slimpack"]["tokens"] == run["plain"]["tokens"], (run["slimpack"]["tokens"], run["plain"]["tokens"])
+steps = [json.loads(l) for l in open(sys.argv[3]) if '"type":"step"' in l]
+assert any(len(s) == 5 for st in steps for rep in st["replicas"] for mb in rep for s in mb), "no slice was run"
+for name in ("plain", "slimpack"):
+    m, p = run[name]["stage_peak_activation_bytes"], sim[name]["peak_activation_bytes_per_stage"]
+    assert len(m) == 2 and all(x > 0 for x in m), m
+    for a, b in zip(m, p):
+        assert abs(b - a) <= 0.03 * a, (name, m, p)
+PY
+# 5. DP-Merge on dp = 2: a 3000-token sample with most of each step's forward FLOPs runs on
+# both replicas as a CP group; the same tokens as plain, memory predicted within 3%.
+/usr/bin/python3 - "$T/lengths.txt" <<'PY'
+import random, sys
+random.seed(3)
+with open(sys.argv[1], "w") as f:
+    for step in range(40):
+        f.write("3000\n" + "".join(f"{random.randint(20, 200)}\n" for _ in range(46)))
+PY
+merge=(--set model.hidden=64 --set model.heads=4 --set model.kv_heads=2 --set model.ffn=96 --set model.layers=2
+       --set data.context_window=1024 --set data.s_max=2048 --set mesh.cp=1 --set mesh.pp=1 --set mesh.dp=2
+       --set pipeline.schedule=packflow --set 'data.source="text"' --set "data.path=\"$T/lengths.txt\""
+       --set 'run.strategies=["plain","slimpack"]' --steps 3 --warmup 0)
+mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${merge[@]}" --set "output.dir=\"$T/merge\"" > "$T/merge.txt" 2>&1 \
+  || { cat "$T/merge.txt"; fail "wlb run slimpack with DP-Merge"; }
+"$WLB" simulate "$SRC/inputs/run_cp2.toml" "${merge[@]}" --as-run --out "$T/mergesim" > "$T/mergesim.txt" 2>&1 \
+  || { cat "$T/mergesim.txt"; fail "simulate DP-Merge"; }
+/usr/bin/python3 - "$T/merge/summary.json" "$T/mergesim/simulate.json" "$T/merge/plan.slimpack.jsonl" <<'PY' || fail "DP-Merge run"
+import json, sys
+run = {s["strategy"]: s for s in json.load(open(sys.argv[1]))["strategies"]}
+sim = {r["strategy"]: r for r in json.load(open(sys.argv[2]))}
+assert run["slimpack"]["tokens"] == run["plain"]["tokens"], (run["slimpack"]["tokens"], run["plain"]["tokens"])
+steps = [json.loads(l) for l in open(sys.argv[3]) if '"type":"step"' in l]
+merged = [st["merged"] for st in steps if "merged" in st]
+assert merged and all(m == [{"slot": 0, "group": [0, 1]}] for m in merged), [st.get("merged") for st in steps]
+for name in ("plain", "slimpack"):
+    m, p = run[name]["stage_peak_activation_bytes"], sim[name]["peak_activation_bytes_per_stage"]
+    for a, b in zip(m, p):
+        assert abs(b - a) <= 0.03 * a, (name, m, p)
+PY
+mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set mesh.cp=2 --set mesh.pp=1 \
+  --set 'run.strategies=["slimpack"]' --steps 1 --no-output > "$T/cp.txt" 2>&1
+rc=$?
+[ $rc -eq 2 ] && grep -q "mesh.cp" "$T/cp.txt" || { cat "$T/cp.txt"; fail "slimpack with cp=2: exit $rc"; }
 echo "test_packflow: OK"

@@ -17,6 +17,7 @@
 #include "packing/plan_io.hpp"
 #include "packing/runner.hpp"
 #include "packing/slimpack.hpp"
+#include "pp/simulator.hpp"
 
 using namespace wlb;
 using model::Phase;
@@ -341,12 +342,110 @@ TEST(SlimPack, EdgeCasesConserveTokens) {
         const auto plan = p->pack(t, docs);
         check.addPlan(plan);
         ASSERT_EQ(plan.replicas.size(), static_cast<std::size_t>(dp));
-        EXPECT_EQ(plan.replicas.front().size() % static_cast<std::size_t>(pp), 0u);
+        // m = i * pp MicroPacks after the DP-Merge slots
+        EXPECT_EQ((plan.replicas.front().size() - plan.merged.size()) % static_cast<std::size_t>(pp), 0u);
         for (const auto& rep : plan.replicas)
-          for (const auto& mb : rep) EXPECT_LE(mb.tokens(), d.data.s_max);
+          for (std::size_t k = 0; k < rep.size(); ++k) {
+            const auto* mg = plan.mergedAt(static_cast<std::int64_t>(k));
+            const auto g = mg ? static_cast<std::int64_t>(mg->group.size()) : 1;
+            EXPECT_LE((rep[k].tokens() + g - 1) / g, d.data.s_max);
+          }
       }
       EXPECT_TRUE(check.ok(p->pendingTokens()))
           << "dp " << dp << " pp " << pp << ": " << check.report(p->pendingTokens());
     }
   }
+}
+
+TEST(SlimPack, MicroPacksRespectThePerStageMemoryBudget) {
+  // A device so small that the per-stage budget, not s_max, limits a MicroPack's tokens.
+  Deck d = slimDeck("long_context_128k", 5);
+  d.model.hidden = 1024;
+  d.model.heads = 8;
+  d.model.kv_heads = 8;
+  d.model.ffn = 2816;
+  d.model.layers = 8;
+  const auto cost0 = model::CostModel::fromDeck(d);
+  pp::StepSimulator probe(pp::SimConfig::fromDeck(d, cost0.hardware()), cost0);
+  const double act = probe.activationBytesPerToken() * 4 + 32000.0 * 4;  // last stage: 4 layers + logits
+  const double fixed = (probe.stageParams(0) > probe.stageParams(1) ? probe.stageParams(0) : probe.stageParams(1)) *
+                       (2 + 4 + 12.0 / 2);
+  d.hardware.memory_gb = (fixed + 2 * act * 3000) / 1e9;  // ~3000 tokens per in-flight MicroPack on stage 0
+  const auto cost = model::CostModel::fromDeck(d);
+  pp::StepSimulator sim(pp::SimConfig::fromDeck(d, cost.hardware()), cost);
+  const std::int64_t cap = sim.microBatchTokenBudget();
+  ASSERT_LT(cap, d.data.s_max);
+  ASSERT_GT(cap, 1000);
+  auto src = data::makeLengthSource(d);
+  auto p = packing::makePacker("slimpack", d, cost);
+  for (std::int64_t t = 0; t < 20; ++t) {
+    const auto docs = src->next(t);
+    std::int64_t in = 0, out = 0;
+    for (const auto& doc : docs) in += doc.length;
+    const auto plan = p->pack(t, docs);
+    EXPECT_EQ(p->lastSolverInfo().at("token_cap").get<std::int64_t>(), cap);
+    for (const auto& rep : plan.replicas)
+      for (std::size_t k = 0; k < rep.size(); ++k) {
+        // a DP-Merge unit: each member holds its share
+        const auto* mg = plan.mergedAt(static_cast<std::int64_t>(k));
+        const auto g = mg ? static_cast<std::int64_t>(mg->group.size()) : 1;
+        EXPECT_LE((rep[k].tokens() + g - 1) / g, cap) << "step " << t;
+        out += rep[k].tokens();
+      }
+    EXPECT_EQ(in, out);
+  }
+}
+
+TEST(SlimPack, DpMergeRunsAnOversizedSampleOnAGroupOfReplicas) {
+  Deck d = slimDeck("pile", 3);
+  d.mesh.dp = 4;
+  const auto cost = model::CostModel::fromDeck(d);
+  // One sample with most of the step's forward FLOPs, and small ones.
+  std::vector<Document> docs{{0, 9000, 0}};
+  for (DocId i = 1; i < 40; ++i) docs.push_back({i, 300 + 37 * i, 0});
+  auto p = packing::makePacker("slimpack", d, cost);
+  const StepPlan plan = p->pack(0, docs);
+  ASSERT_EQ(plan.merged.size(), 1u);
+  const auto& mg = plan.merged.front();
+  EXPECT_EQ(mg.slot, 0);
+  ASSERT_GE(mg.group.size(), 2u);
+  EXPECT_TRUE(std::is_sorted(mg.group.begin(), mg.group.end()));
+  std::int64_t tokens = 0;
+  for (std::size_t r = 0; r < plan.replicas.size(); ++r) {
+    const auto& slot = plan.replicas[r][0];
+    if (static_cast<std::int64_t>(r) == mg.group.front()) {
+      ASSERT_EQ(slot.segments.size(), 1u);
+      EXPECT_EQ(slot.segments[0].doc, 0);
+      EXPECT_EQ(slot.segments[0].length, 9000);
+    } else {
+      EXPECT_TRUE(slot.segments.empty());
+    }
+    // the slot is its own backward unit
+    EXPECT_EQ(plan.backward[r][1], static_cast<std::int64_t>(slot.segments.size()));
+    for (const auto& mb : plan.replicas[r]) tokens += mb.tokens();
+  }
+  EXPECT_EQ(tokens, std::accumulate(docs.begin(), docs.end(), std::int64_t{0},
+                                    [](std::int64_t a, const Document& x) { return a + x.length; }));
+  // The plan file keeps the group; the simulator gives every member its share.
+  const StepPlan back = packing::stepFromJson(packing::stepToJson(plan, packing::computeMetrics(plan, cost), 40));
+  ASSERT_EQ(back.merged.size(), 1u);
+  EXPECT_EQ(back.merged[0].group, mg.group);
+  pp::AttnSecondsMemo attn(cost);
+  std::vector<pp::PackFlowDeps> flow;
+  const auto works = pp::packFlowPlanWork(plan, "per_document", 1, cost, CpConfig{}, attn, flow);
+  std::int64_t share = 0;
+  for (std::size_t r = 0; r < works.size(); ++r) {
+    const bool member = std::find(mg.group.begin(), mg.group.end(), static_cast<std::int64_t>(r)) != mg.group.end();
+    EXPECT_EQ(works[r][0].rank_tokens.front() > 0, member) << r;
+    share += works[r][0].rank_tokens.front();
+  }
+  EXPECT_EQ(share, 9000);
+  // A bad group is a plan error naming the key.
+  auto j = packing::stepToJson(plan, packing::computeMetrics(plan, cost), 40);
+  j["merged"][0]["group"] = {mg.group.back(), mg.group.front()};
+  EXPECT_THROW((void)packing::stepFromJson(j), InputError);
+  // Off: no merged units, the sample is slimmed on one replica.
+  d.packing.slimpack_dp_merge = 0;
+  auto q = packing::makePacker("slimpack", d, cost);
+  EXPECT_TRUE(q->pack(0, docs).merged.empty());
 }
