@@ -12,6 +12,7 @@
 #include "attention/attention.hpp"
 #include "core/kokkos_compat.hpp"
 #include "parallel/group_comm.hpp"
+#include "pp/schedule.hpp"
 #include "runtime/layer.hpp"
 #include "trace/recorder.hpp"
 
@@ -141,6 +142,10 @@ void LlamaConfig::validate() const {
   if (heads % tp != 0 || kv_heads % tp != 0 || ffn % tp != 0)
     throw std::invalid_argument("llama: tensor parallelism needs heads, kv_heads and ffn divisible by tp = " +
                                 std::to_string(tp));
+  if (pp < 1 || pp_rank < 0 || pp_rank >= pp) throw std::invalid_argument("llama: bad pp / pp_rank");
+  if (pp > layers)
+    throw std::invalid_argument("llama: pipeline parallelism needs at least one layer per stage (pp = " +
+                                std::to_string(pp) + ", layers = " + std::to_string(layers) + ")");
 }
 
 TokenBatch TokenBatch::fromSegments(const std::vector<std::vector<std::int32_t>>& segments, int vocab) {
@@ -191,36 +196,57 @@ TokenBatch TokenBatch::fromTokens(const std::vector<std::int32_t>& tok, const st
   return b;
 }
 
-Llama::Llama(const LlamaConfig& cfg, std::uint64_t seed, parallel::GroupComm* tp) : cfg_(cfg), tp_(tp) {
-  cfg.validate();
-  if (cfg.tp > 1 && tp == nullptr) throw std::invalid_argument("llama: tp > 1 needs the TP group");
-  if (cfg.tp == 1) tp_ = nullptr;
+std::vector<TensorInfo> Llama::layout(const LlamaConfig& cfg) {
   // This rank's widths (the whole model's without TP).
   const std::int64_t h = cfg.hidden, V = cfg.vocab, D = cfg.headDim(), T = cfg.tp,
                      qw = static_cast<std::int64_t>(cfg.localHeads()) * D,
                      kw = static_cast<std::int64_t>(cfg.localKvHeads()) * D, f = cfg.localFfn();
+  const pp::LayerBlock blk = pp::layerBlock(cfg.layers, cfg.pp, cfg.pp_rank);
+  std::vector<TensorInfo> out;
   std::int64_t off = 0;
+  int index = 0;  // every tensor of the whole model counts, held here or not
   // slice: 0 replicated, 1 column block, 2 row block of the whole [rows][cols] tensor
-  auto add = [&](const std::string& name, std::int64_t rows, std::int64_t cols, bool decay, int slice) {
-    const std::int64_t size = T > 1 && slice != 0 ? rows * cols / T : rows * cols;
-    tensors_.push_back(TensorInfo{name, off, size, decay, T > 1 ? slice : 0, rows, cols});
-    off += size;
+  auto add = [&](const std::string& name, std::int64_t rows, std::int64_t cols, bool decay, int slice, bool here) {
+    if (here) {
+      const std::int64_t size = T > 1 && slice != 0 ? rows * cols / T : rows * cols;
+      out.push_back(TensorInfo{name, off, size, decay, T > 1 ? slice : 0, rows, cols, index});
+      off += size;
+    }
+    ++index;
   };
-  add("embed", V, h, true, 0);
+  add("embed", V, h, true, 0, cfg.firstStage());
   for (int l = 0; l < cfg.layers; ++l) {
+    const bool here = l >= blk.first && l < blk.first + blk.count;
     const std::string p = "layer" + std::to_string(l) + ".";
-    add(p + "norm1", 1, h, false, 0);
-    add(p + "wq", h, qw * T, true, 1);
-    add(p + "wk", h, kw * T, true, 1);
-    add(p + "wv", h, kw * T, true, 1);
-    add(p + "wo", qw * T, h, true, 2);
-    add(p + "norm2", 1, h, false, 0);
-    add(p + "w1", h, f * T, true, 1);
-    add(p + "w3", h, f * T, true, 1);
-    add(p + "w2", f * T, h, true, 2);
+    add(p + "norm1", 1, h, false, 0, here);
+    add(p + "wq", h, qw * T, true, 1, here);
+    add(p + "wk", h, kw * T, true, 1, here);
+    add(p + "wv", h, kw * T, true, 1, here);
+    add(p + "wo", qw * T, h, true, 2, here);
+    add(p + "norm2", 1, h, false, 0, here);
+    add(p + "w1", h, f * T, true, 1, here);
+    add(p + "w3", h, f * T, true, 1, here);
+    add(p + "w2", f * T, h, true, 2, here);
   }
-  add("norm_f", 1, h, false, 0);
-  add("head", h, V, true, 0);
+  add("norm_f", 1, h, false, 0, cfg.lastStage());
+  add("head", h, V, true, 0, cfg.lastStage());
+  return out;
+}
+
+Llama::Llama(const LlamaConfig& cfg, std::uint64_t seed, parallel::GroupComm* tp, MPI_Comm pp)
+    : cfg_(cfg), tp_(tp), pp_(pp) {
+  cfg.validate();
+  if (cfg.tp > 1 && tp == nullptr) throw std::invalid_argument("llama: tp > 1 needs the TP group");
+  if (cfg.pp > 1 && pp == MPI_COMM_NULL) throw std::invalid_argument("llama: pp > 1 needs the pipeline group");
+  if (cfg.tp == 1) tp_ = nullptr;
+  if (cfg.pp == 1) pp_ = MPI_COMM_NULL;
+  const pp::LayerBlock blk = pp::layerBlock(cfg.layers, cfg.pp, cfg.pp_rank);
+  first_layer_ = blk.first;
+  const std::int64_t h = cfg.hidden, V = cfg.vocab, D = cfg.headDim(),
+                     qw = static_cast<std::int64_t>(cfg.localHeads()) * D,
+                     kw = static_cast<std::int64_t>(cfg.localKvHeads()) * D, f = cfg.localFfn();
+  tensors_ = layout(cfg);
+  const std::int64_t off = tensors_.empty() ? 0 : tensors_.back().offset + tensors_.back().size;
   w_buf_ = Vec("wlb::train::weights", off);
   g_buf_ = Vec("wlb::train::grads", off);
   for (int which = 0; which < 2; ++which) {
@@ -229,8 +255,8 @@ Llama::Llama(const LlamaConfig& cfg, std::uint64_t seed, parallel::GroupComm* tp
     auto mat = [&](std::int64_t r, std::int64_t c) { return Mat(base + tensors_[t++].offset, r, c); };
     auto vec = [&](std::int64_t n) { return Vec(base + tensors_[t++].offset, n); };
     LlamaParams& p = which == 0 ? w_ : g_;
-    p.embed = mat(V, h);
-    for (int l = 0; l < cfg.layers; ++l) {
+    if (cfg.firstStage()) p.embed = mat(V, h);
+    for (int l = 0; l < blk.count; ++l) {
       LlamaLayer L;
       L.norm1 = vec(h);
       L.wq = mat(h, qw);
@@ -243,8 +269,10 @@ Llama::Llama(const LlamaConfig& cfg, std::uint64_t seed, parallel::GroupComm* tp
       L.w2 = mat(f, h);
       p.layers.push_back(L);
     }
-    p.norm_f = vec(h);
-    p.head = mat(h, V);
+    if (cfg.lastStage()) {
+      p.norm_f = vec(h);
+      p.head = mat(h, V);
+    }
   }
   Space space;
   const float sh = 1.0f / std::sqrt(static_cast<float>(h)), sf = 1.0f / std::sqrt(static_cast<float>(cfg.ffn));
@@ -260,7 +288,7 @@ Llama::Llama(const LlamaConfig& cfg, std::uint64_t seed, parallel::GroupComm* tp
       scale = sh * depth;
     else if (n.size() > 2 && n.compare(n.size() - 2, 2, "w2") == 0)
       scale = sf * depth;
-    fillTensor(space, w_buf_, tensors_[i], seed, i + 1, scale, cfg.tp_rank);
+    fillTensor(space, w_buf_, tensors_[i], seed, static_cast<std::uint64_t>(tensors_[i].index) + 1, scale, cfg.tp_rank);
   }
   kk::fence(space, "wlb::train::Llama::init");
 }
@@ -277,80 +305,121 @@ double Llama::lossSum(const Space& space, const TokenBatch& batch) {
   return run(space, batch, false, 0.0f);
 }
 
-double Llama::run(const Space& space, const TokenBatch& batch, bool backward, float loss_scale, AttentionOp* attn) {
-  const LlamaConfig& c = cfg_;
-  const std::int64_t n = batch.n, h = c.hidden, V = c.vocab;
-  // This rank's heads and MLP width (its TP slice; the whole model's without TP).
-  const int D = c.headDim(), H = c.localHeads(), KV = c.localKvHeads(), half = D / 2;
-  const std::int64_t F = c.localFfn();
-  const bool residual_here = tp_ == nullptr || c.tp_rank == 0;  // TP: rank 0 adds the residual before the sum
-  // Without an op the attention is this rank's alone: nothing to do for no tokens. An op
-  // (CP) is collective, so a rank without tokens still walks every layer with it.
-  if (n == 0 && attn == nullptr) return 0.0;
-  const auto varlen = attn ? attention::VarlenBatch{} : attention::VarlenBatch::fromDocLengths(batch.segment_lengths);
+struct StagePass::State {
+  Llama* model = nullptr;
+  Space space;
+  TokenBatch batch;
+  AttentionOp* attn = nullptr;
+  attention::VarlenBatch varlen;  ///< without an op: the attention over the batch's segments
+  Mat cos_t, sin_t;               ///< RoPE tables up to the largest position
+  std::vector<LayerSaved> saved;  ///< per layer of the stage
+  // Last stage: the final norm's input and output, and the logits (dL/dlogits after a
+  // forward that keeps them).
+  Mat x_last, xf, logits;
+  Vec rstd_f;
+  double loss = 0;
+  bool forward_done = false, keep = false;
+};
+
+StagePass::StagePass(Llama& model, const Space& space, const TokenBatch& batch, AttentionOp* attn)
+    : s_(std::make_unique<State>()) {
+  State& S = *s_;
+  S.model = &model;
+  S.space = space;
+  S.batch = batch;
+  S.attn = attn;
+  const LlamaConfig& c = model.cfg_;
+  const int D = c.headDim(), half = D / 2;
+  if (!attn) S.varlen = attention::VarlenBatch::fromDocLengths(batch.segment_lengths);
   // RoPE table up to the largest position (host constants, uploaded once per batch).
   const std::int64_t max_len = std::max<std::int64_t>(1, batch.max_position + 1);
-  Mat cos_t = newMat("wlb::train::rope_cos", max_len, half), sin_t = newMat("wlb::train::rope_sin", max_len, half);
-  {
-    auto hc = Kokkos::create_mirror_view(cos_t);
-    auto hs = Kokkos::create_mirror_view(sin_t);
-    for (std::int64_t p = 0; p < max_len; ++p)
-      for (int d = 0; d < half; ++d) {
-        const double ang = static_cast<double>(p) * std::pow(static_cast<double>(c.rope_theta), -2.0 * d / D);
-        hc(p, d) = static_cast<float>(std::cos(ang));
-        hs(p, d) = static_cast<float>(std::sin(ang));
-      }
-    Kokkos::deep_copy(space, cos_t, hc);
-    Kokkos::deep_copy(space, sin_t, hs);
-    kk::fence(space, "wlb::train::rope_table");  // the host mirrors go out of scope
-  }
+  S.cos_t = newMat("wlb::train::rope_cos", max_len, half);
+  S.sin_t = newMat("wlb::train::rope_sin", max_len, half);
+  auto hc = Kokkos::create_mirror_view(S.cos_t);
+  auto hs = Kokkos::create_mirror_view(S.sin_t);
+  for (std::int64_t p = 0; p < max_len; ++p)
+    for (int d = 0; d < half; ++d) {
+      const double ang = static_cast<double>(p) * std::pow(static_cast<double>(c.rope_theta), -2.0 * d / D);
+      hc(p, d) = static_cast<float>(std::cos(ang));
+      hs(p, d) = static_cast<float>(std::sin(ang));
+    }
+  Kokkos::deep_copy(space, S.cos_t, hc);
+  Kokkos::deep_copy(space, S.sin_t, hs);
+  kk::fence(space, "wlb::train::rope_table");  // the host mirrors go out of scope
+}
+
+StagePass::~StagePass() = default;
+
+double StagePass::loss() const {
+  return s_->loss;
+}
+
+Mat StagePass::forward(Mat x, bool backward, float loss_scale) {
+  State& S = *s_;
+  if (S.forward_done) throw std::logic_error("StagePass::forward: called twice");
+  S.forward_done = true;
+  S.keep = backward;
+  const Llama& M = *S.model;
+  const LlamaConfig& c = M.cfg_;
+  const Space& space = S.space;
+  const TokenBatch& batch = S.batch;
+  const std::int64_t n = batch.n, h = c.hidden, V = c.vocab;
+  // This rank's heads and MLP width (its TP slice; the whole model's without TP).
+  const int D = c.headDim(), H = c.localHeads(), KV = c.localKvHeads();
+  const std::int64_t F = c.localFfn();
+  const bool residual_here = M.tp_ == nullptr || c.tp_rank == 0;  // TP: rank 0 adds the residual before the sum
+  Mat cos_t = S.cos_t, sin_t = S.sin_t;
   IVec tok = batch.tokens, tgt = batch.targets, pos = batch.positions;
 
-  // Embedding.
-  Mat x = newMat("wlb::train::x", n, h);
-  {
-    Mat E = w_.embed;
+  if (c.firstStage()) {  // embedding
+    x = newMat("wlb::train::x", n, h);
+    Mat E = M.w_.embed;
     Kokkos::parallel_for(
         "wlb::train::embed", Policy(space, 0, n * h),
         KOKKOS_LAMBDA(const std::int64_t i) { x(i / h, i % h) = E(tok(i / h), i % h); });
+  } else if (static_cast<std::int64_t>(x.extent(0)) != n || static_cast<std::int64_t>(x.extent(1)) != h) {
+    throw std::logic_error("StagePass::forward: input of " + std::to_string(x.extent(0)) + " rows for " +
+                           std::to_string(n) + " tokens");
   }
-  std::vector<LayerSaved> saved(static_cast<std::size_t>(c.layers));
-  for (int l = 0; l < c.layers; ++l) {
-    const LlamaLayer& w = w_.layers[static_cast<std::size_t>(l)];
-    LayerSaved& S = saved[static_cast<std::size_t>(l)];
-    S.x = x;
-    S.xn1 = newMat("wlb::train::xn1", n, h);
-    S.rstd1 = newVec("wlb::train::rstd1", n);
-    rmsnormFwd(space, x, w.norm1, c.norm_eps, S.xn1, S.rstd1);
-    S.q = newAct3("wlb::train::q", n, H, D);
-    S.k = newAct3("wlb::train::k", n, KV, D);
-    S.v = newAct3("wlb::train::v", n, KV, D);
-    runtime::gemm(space, Trans::N, Trans::N, 1.0f, S.xn1, w.wq, 0.0f, runtime::flat(S.q));
-    runtime::gemm(space, Trans::N, Trans::N, 1.0f, S.xn1, w.wk, 0.0f, runtime::flat(S.k));
-    runtime::gemm(space, Trans::N, Trans::N, 1.0f, S.xn1, w.wv, 0.0f, runtime::flat(S.v));
-    rope(space, S.q, pos, cos_t, sin_t, 1.0f);
-    rope(space, S.k, pos, cos_t, sin_t, 1.0f);
-    S.o = newAct3("wlb::train::o", n, H, D);
-    S.lse = Lse(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::train::lse"), n, H);
-    if (attn)
-      attn->forward(space, l, S.q, S.k, S.v, S.o, S.lse);
+  const int count = static_cast<int>(M.w_.layers.size());
+  S.saved.assign(static_cast<std::size_t>(count), LayerSaved());
+  for (int li = 0; li < count; ++li) {
+    const int l = M.first_layer_ + li;  // global layer: the op's and the trace's index
+    const LlamaLayer& w = M.w_.layers[static_cast<std::size_t>(li)];
+    LayerSaved& L = S.saved[static_cast<std::size_t>(li)];
+    L.x = x;
+    L.xn1 = newMat("wlb::train::xn1", n, h);
+    L.rstd1 = newVec("wlb::train::rstd1", n);
+    rmsnormFwd(space, x, w.norm1, c.norm_eps, L.xn1, L.rstd1);
+    L.q = newAct3("wlb::train::q", n, H, D);
+    L.k = newAct3("wlb::train::k", n, KV, D);
+    L.v = newAct3("wlb::train::v", n, KV, D);
+    runtime::gemm(space, Trans::N, Trans::N, 1.0f, L.xn1, w.wq, 0.0f, runtime::flat(L.q));
+    runtime::gemm(space, Trans::N, Trans::N, 1.0f, L.xn1, w.wk, 0.0f, runtime::flat(L.k));
+    runtime::gemm(space, Trans::N, Trans::N, 1.0f, L.xn1, w.wv, 0.0f, runtime::flat(L.v));
+    rope(space, L.q, pos, cos_t, sin_t, 1.0f);
+    rope(space, L.k, pos, cos_t, sin_t, 1.0f);
+    L.o = newAct3("wlb::train::o", n, H, D);
+    L.lse = Lse(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::train::lse"), n, H);
+    if (S.attn)
+      S.attn->forward(space, l, L.q, L.k, L.v, L.o, L.lse);
     else
-      attention::forward(space, S.q, S.k, S.v, varlen, S.o, S.lse);
-    S.h = newMat("wlb::train::h", n, h);
-    if (residual_here) Kokkos::deep_copy(space, S.h, x);
-    runtime::gemm(space, Trans::N, Trans::N, 1.0f, runtime::flat(S.o), w.wo, residual_here ? 1.0f : 0.0f,
-                  S.h);                      // h = x + o Wo
-    tpSum(tp_, rec_, space, S.h, l, false);  // TP: the heads' partial products summed
-    S.hn = newMat("wlb::train::hn", n, h);
-    S.rstd2 = newVec("wlb::train::rstd2", n);
-    rmsnormFwd(space, S.h, w.norm2, c.norm_eps, S.hn, S.rstd2);
-    S.a1 = newMat("wlb::train::a1", n, F);
-    S.a3 = newMat("wlb::train::a3", n, F);
-    S.s = newMat("wlb::train::s", n, F);
-    runtime::gemm(space, Trans::N, Trans::N, 1.0f, S.hn, w.w1, 0.0f, S.a1);
-    runtime::gemm(space, Trans::N, Trans::N, 1.0f, S.hn, w.w3, 0.0f, S.a3);
+      attention::forward(space, L.q, L.k, L.v, S.varlen, L.o, L.lse);
+    L.h = newMat("wlb::train::h", n, h);
+    if (residual_here) Kokkos::deep_copy(space, L.h, x);
+    runtime::gemm(space, Trans::N, Trans::N, 1.0f, runtime::flat(L.o), w.wo, residual_here ? 1.0f : 0.0f,
+                  L.h);                          // h = x + o Wo
+    tpSum(M.tp_, M.rec_, space, L.h, l, false);  // TP: the heads' partial products summed
+    L.hn = newMat("wlb::train::hn", n, h);
+    L.rstd2 = newVec("wlb::train::rstd2", n);
+    rmsnormFwd(space, L.h, w.norm2, c.norm_eps, L.hn, L.rstd2);
+    L.a1 = newMat("wlb::train::a1", n, F);
+    L.a3 = newMat("wlb::train::a3", n, F);
+    L.s = newMat("wlb::train::s", n, F);
+    runtime::gemm(space, Trans::N, Trans::N, 1.0f, L.hn, w.w1, 0.0f, L.a1);
+    runtime::gemm(space, Trans::N, Trans::N, 1.0f, L.hn, w.w3, 0.0f, L.a3);
     {
-      Mat a1 = S.a1, a3 = S.a3, sv = S.s;
+      Mat a1 = L.a1, a3 = L.a3, sv = L.s;
       Kokkos::parallel_for(
           "wlb::train::swiglu", Policy(space, 0, static_cast<std::int64_t>(sv.size())),
           KOKKOS_LAMBDA(const std::int64_t i) {
@@ -359,17 +428,22 @@ double Llama::run(const Space& space, const TokenBatch& batch, bool backward, fl
           });
     }
     Mat y = newMat("wlb::train::y", n, h);
-    if (residual_here) Kokkos::deep_copy(space, y, S.h);
-    runtime::gemm(space, Trans::N, Trans::N, 1.0f, S.s, w.w2, residual_here ? 1.0f : 0.0f, y);  // y = h + s W2
-    tpSum(tp_, rec_, space, y, l, false);
+    if (residual_here) Kokkos::deep_copy(space, y, L.h);
+    runtime::gemm(space, Trans::N, Trans::N, 1.0f, L.s, w.w2, residual_here ? 1.0f : 0.0f, y);  // y = h + s W2
+    tpSum(M.tp_, M.rec_, space, y, l, false);
     x = y;
   }
+  if (!c.lastStage()) {
+    kk::fence(space, "wlb::train::StagePass::forward");  // the output leaves the stage
+    return x;
+  }
   // Final norm, LM head, cross-entropy (rows without a target contribute nothing).
-  Mat xf = newMat("wlb::train::xf", n, h);
-  Vec rstd_f = newVec("wlb::train::rstd_f", n);
-  rmsnormFwd(space, x, w_.norm_f, c.norm_eps, xf, rstd_f);
-  Mat logits = newMat("wlb::train::logits", n, V);
-  runtime::gemm(space, Trans::N, Trans::N, 1.0f, xf, w_.head, 0.0f, logits);
+  S.x_last = x;
+  Mat xf = S.xf = newMat("wlb::train::xf", n, h);
+  S.rstd_f = newVec("wlb::train::rstd_f", n);
+  rmsnormFwd(space, x, M.w_.norm_f, c.norm_eps, xf, S.rstd_f);
+  Mat logits = S.logits = newMat("wlb::train::logits", n, V);
+  runtime::gemm(space, Trans::N, Trans::N, 1.0f, xf, M.w_.head, 0.0f, logits);
   Vec row_loss = newVec("wlb::train::row_loss", n);
   {
     const bool bwd = backward;
@@ -398,26 +472,49 @@ double Llama::run(const Space& space, const TokenBatch& batch, bool backward, fl
   Kokkos::parallel_reduce(
       "wlb::train::loss_sum", Policy(space, 0, n),
       KOKKOS_LAMBDA(const std::int64_t i, double& acc) { acc += static_cast<double>(row_loss(i)); }, loss);
-  if (!backward) return loss;
+  S.loss = loss;
+  return Mat();
+}
 
-  // ---- backward ----
-  Mat dlogits = logits;
-  runtime::gemm(space, Trans::T, Trans::N, 1.0f, xf, dlogits, 1.0f, g_.head);  // dHead += xf^T dlogits
-  Mat dxf = newMat("wlb::train::dxf", n, h);
-  runtime::gemm(space, Trans::N, Trans::T, 1.0f, dlogits, w_.head, 0.0f, dxf);
-  Mat dx = Mat("wlb::train::dx", n, h);
-  rmsnormBwd(space, x, w_.norm_f, rstd_f, dxf, dx, g_.norm_f);
-  for (int l = c.layers - 1; l >= 0; --l) {
-    const LlamaLayer& w = w_.layers[static_cast<std::size_t>(l)];
-    const LlamaLayer& g = g_.layers[static_cast<std::size_t>(l)];
-    LayerSaved& S = saved[static_cast<std::size_t>(l)];
+Mat StagePass::backward(Mat dy_out) {
+  State& S = *s_;
+  if (!S.forward_done || !S.keep) throw std::logic_error("StagePass::backward: no forward kept for it");
+  S.keep = false;
+  const Llama& M = *S.model;
+  const LlamaConfig& c = M.cfg_;
+  const Space& space = S.space;
+  const std::int64_t n = S.batch.n, h = c.hidden;
+  const int D = c.headDim(), H = c.localHeads(), KV = c.localKvHeads();
+  const std::int64_t F = c.localFfn();
+  Mat cos_t = S.cos_t, sin_t = S.sin_t;
+  IVec tok = S.batch.tokens, pos = S.batch.positions;
+  Mat dx;
+  if (c.lastStage()) {
+    Mat dlogits = S.logits;
+    runtime::gemm(space, Trans::T, Trans::N, 1.0f, S.xf, dlogits, 1.0f, M.g_.head);  // dHead += xf^T dlogits
+    Mat dxf = newMat("wlb::train::dxf", n, h);
+    runtime::gemm(space, Trans::N, Trans::T, 1.0f, dlogits, M.w_.head, 0.0f, dxf);
+    dx = Mat("wlb::train::dx", n, h);
+    rmsnormBwd(space, S.x_last, M.w_.norm_f, S.rstd_f, dxf, dx, M.g_.norm_f);
+    S.logits = S.xf = S.x_last = Mat();
+  } else {
+    if (static_cast<std::int64_t>(dy_out.extent(0)) != n || static_cast<std::int64_t>(dy_out.extent(1)) != h)
+      throw std::logic_error("StagePass::backward: output gradient of " + std::to_string(dy_out.extent(0)) +
+                             " rows for " + std::to_string(n) + " tokens");
+    dx = dy_out;
+  }
+  for (int li = static_cast<int>(M.w_.layers.size()) - 1; li >= 0; --li) {
+    const int l = M.first_layer_ + li;
+    const LlamaLayer& w = M.w_.layers[static_cast<std::size_t>(li)];
+    const LlamaLayer& g = M.g_.layers[static_cast<std::size_t>(li)];
+    LayerSaved& L = S.saved[static_cast<std::size_t>(li)];
     Mat dy = dx;  // gradient of the layer output y = h + MLP(h)
     // MLP.
     Mat ds = newMat("wlb::train::ds", n, F);
-    runtime::gemm(space, Trans::T, Trans::N, 1.0f, S.s, dy, 1.0f, g.w2);  // dW2 += s^T dy
+    runtime::gemm(space, Trans::T, Trans::N, 1.0f, L.s, dy, 1.0f, g.w2);  // dW2 += s^T dy
     runtime::gemm(space, Trans::N, Trans::T, 1.0f, dy, w.w2, 0.0f, ds);   // ds = dy W2^T
     {
-      Mat a1 = S.a1, a3 = S.a3, da1 = S.s;  // s no longer needed: holds d(a1)
+      Mat a1 = L.a1, a3 = L.a3, da1 = L.s;  // s no longer needed: holds d(a1)
       Kokkos::parallel_for(
           "wlb::train::swiglu_bwd", Policy(space, 0, static_cast<std::int64_t>(ds.size())),
           KOKKOS_LAMBDA(const std::int64_t i) {
@@ -426,50 +523,65 @@ double Llama::run(const Space& space, const TokenBatch& batch, bool backward, fl
             ds.data()[i] = d * a * sg;  // d(a3)
           });
     }
-    runtime::gemm(space, Trans::T, Trans::N, 1.0f, S.hn, S.s, 1.0f, g.w1);  // dW1 += hn^T da1
-    runtime::gemm(space, Trans::T, Trans::N, 1.0f, S.hn, ds, 1.0f, g.w3);   // dW3 += hn^T da3
+    runtime::gemm(space, Trans::T, Trans::N, 1.0f, L.hn, L.s, 1.0f, g.w1);  // dW1 += hn^T da1
+    runtime::gemm(space, Trans::T, Trans::N, 1.0f, L.hn, ds, 1.0f, g.w3);   // dW3 += hn^T da3
     Mat dhn = newMat("wlb::train::dhn", n, h);
-    runtime::gemm(space, Trans::N, Trans::T, 1.0f, S.s, w.w1, 0.0f, dhn);
+    runtime::gemm(space, Trans::N, Trans::T, 1.0f, L.s, w.w1, 0.0f, dhn);
     runtime::gemm(space, Trans::N, Trans::T, 1.0f, ds, w.w3, 1.0f, dhn);
-    tpSum(tp_, rec_, space, dhn, l, true);  // TP: the MLP slices' partial input gradients
+    tpSum(M.tp_, M.rec_, space, dhn, l, true);  // TP: the MLP slices' partial input gradients
     Mat dh = newMat("wlb::train::dh", n, h);
     Kokkos::deep_copy(space, dh, dy);  // residual
-    rmsnormBwd(space, S.h, w.norm2, S.rstd2, dhn, dh, g.norm2);
+    rmsnormBwd(space, L.h, w.norm2, L.rstd2, dhn, dh, g.norm2);
     // Out-proj and attention.
-    runtime::gemm(space, Trans::T, Trans::N, 1.0f, runtime::flat(S.o), dh, 1.0f, g.wo);  // dWo += o^T dh
+    runtime::gemm(space, Trans::T, Trans::N, 1.0f, runtime::flat(L.o), dh, 1.0f, g.wo);  // dWo += o^T dh
     Act3 d_o = newAct3("wlb::train::dO", n, H, D);
     runtime::gemm(space, Trans::N, Trans::T, 1.0f, dh, w.wo, 0.0f, runtime::flat(d_o));
     Act3 dq = Act3("wlb::train::dq", n, H, D), dk = Act3("wlb::train::dk", n, KV, D),
          dv = Act3("wlb::train::dv", n, KV, D);  // zeroed: backward accumulates
-    if (attn)
-      attn->backward(space, l, S.q, S.k, S.v, S.o, S.lse, d_o, dq, dk, dv);
+    if (S.attn)
+      S.attn->backward(space, l, L.q, L.k, L.v, L.o, L.lse, d_o, dq, dk, dv);
     else
-      attention::backward(space, S.q, S.k, S.v, S.o, S.lse, d_o, varlen, dq, dk, dv);
+      attention::backward(space, L.q, L.k, L.v, L.o, L.lse, d_o, S.varlen, dq, dk, dv);
     rope(space, dq, pos, cos_t, sin_t, -1.0f);
     rope(space, dk, pos, cos_t, sin_t, -1.0f);
-    runtime::gemm(space, Trans::T, Trans::N, 1.0f, S.xn1, runtime::flat(dq), 1.0f, g.wq);
-    runtime::gemm(space, Trans::T, Trans::N, 1.0f, S.xn1, runtime::flat(dk), 1.0f, g.wk);
-    runtime::gemm(space, Trans::T, Trans::N, 1.0f, S.xn1, runtime::flat(dv), 1.0f, g.wv);
+    runtime::gemm(space, Trans::T, Trans::N, 1.0f, L.xn1, runtime::flat(dq), 1.0f, g.wq);
+    runtime::gemm(space, Trans::T, Trans::N, 1.0f, L.xn1, runtime::flat(dk), 1.0f, g.wk);
+    runtime::gemm(space, Trans::T, Trans::N, 1.0f, L.xn1, runtime::flat(dv), 1.0f, g.wv);
     Mat dxn1 = newMat("wlb::train::dxn1", n, h);
     runtime::gemm(space, Trans::N, Trans::T, 1.0f, runtime::flat(dq), w.wq, 0.0f, dxn1);
     runtime::gemm(space, Trans::N, Trans::T, 1.0f, runtime::flat(dk), w.wk, 1.0f, dxn1);
     runtime::gemm(space, Trans::N, Trans::T, 1.0f, runtime::flat(dv), w.wv, 1.0f, dxn1);
-    tpSum(tp_, rec_, space, dxn1, l, true);  // TP: the heads' partial input gradients
+    tpSum(M.tp_, M.rec_, space, dxn1, l, true);  // TP: the heads' partial input gradients
     Mat dxl = newMat("wlb::train::dx", n, h);
     Kokkos::deep_copy(space, dxl, dh);  // residual
-    rmsnormBwd(space, S.x, w.norm1, S.rstd1, dxn1, dxl, g.norm1);
+    rmsnormBwd(space, L.x, w.norm1, L.rstd1, dxn1, dxl, g.norm1);
     dx = dxl;
-    S = LayerSaved();
+    L = LayerSaved();
+  }
+  if (!c.firstStage()) {
+    kk::fence(space, "wlb::train::StagePass::backward");  // the input gradient leaves the stage
+    return dx;
   }
   {
-    Mat dE = g_.embed;
+    Mat dE = M.g_.embed;
     Kokkos::parallel_for(
         "wlb::train::embed_bwd", Policy(space, 0, h), KOKKOS_LAMBDA(const std::int64_t j) {
           for (std::int64_t i = 0; i < n; ++i) dE(tok(i), j) += dx(i, j);  // rows in order: no atomics
         });
   }
   kk::fence(space, "wlb::train::Llama::backward");
-  return loss;
+  return Mat();
+}
+
+double Llama::run(const Space& space, const TokenBatch& batch, bool backward, float loss_scale, AttentionOp* attn) {
+  if (cfg_.pp != 1) throw std::logic_error("Llama::run: a pipeline stage runs through StagePass");
+  // Without an op the attention is this rank's alone: nothing to do for no tokens. An op
+  // (CP) is collective, so a rank without tokens still walks every layer with it.
+  if (batch.n == 0 && attn == nullptr) return 0.0;
+  StagePass pass(*this, space, batch, attn);
+  pass.forward(Mat(), backward, loss_scale);
+  if (backward) pass.backward(Mat());
+  return pass.loss();
 }
 
 // ---- AdamW ----------------------------------------------------------------------------
@@ -522,6 +634,8 @@ double AdamW::step(const Space& space, Llama& model, std::int64_t step) {
     MPI_Allreduce(&part, &all, 1, MPI_DOUBLE, MPI_SUM, model.tpGroup()->mpi());
     sq = rep + all;
   }
+  // PP: every stage holds other tensors; their squares add up (stage order, every rank alike).
+  if (model.ppComm() != MPI_COMM_NULL) MPI_Allreduce(MPI_IN_PLACE, &sq, 1, MPI_DOUBLE, MPI_SUM, model.ppComm());
   const double norm = std::sqrt(sq);
   const float coef = (cfg_.clip > 0 && norm > cfg_.clip) ? static_cast<float>(cfg_.clip / (norm + 1e-6)) : 1.0f;
   const float lr = static_cast<float>(cfg_.lrAt(step));

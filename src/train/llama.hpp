@@ -7,10 +7,15 @@
 /// the document-masked sequence. Full backward pass; AdamW with warm-up + cosine decay and
 /// global gradient-norm clipping. FP32, every tensor a Kokkos View on the default
 /// execution space, every op a labelled kernel (or runtime::gemm) on the instance passed in.
+/// Under pipeline parallelism a rank holds one stage (StagePass): its block of layers, the
+/// embedding on the first stage, the final norm and LM head on the last.
 
 #include <Kokkos_Core.hpp>
 
+#include <mpi.h>
+
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -46,12 +51,17 @@ struct LlamaConfig {
   /// kv_heads / tp KV heads and ffn / tp MLP columns (slice tp_rank); embedding, norms and
   /// LM head are replicated.
   int tp = 1, tp_rank = 0;
+  /// Pipeline parallelism: this rank holds stage pp_rank of pp, the layers
+  /// pp::layerBlock(layers, pp, pp_rank) gives (the executor's split).
+  int pp = 1, pp_rank = 0;
+  bool firstStage() const { return pp_rank == 0; }
+  bool lastStage() const { return pp_rank == pp - 1; }
   int headDim() const { return hidden / heads; }
   int localHeads() const { return heads / tp; }
   int localKvHeads() const { return kv_heads / tp; }
   int localFfn() const { return ffn / tp; }
   /// std::invalid_argument unless hidden = heads * head_dim with an even head_dim,
-  /// kv_heads divides heads, and tp divides heads, kv_heads and ffn.
+  /// kv_heads divides heads, tp divides heads, kv_heads and ffn, and pp <= layers.
   void validate() const;
 };
 
@@ -99,11 +109,41 @@ struct LlamaLayer {
   Mat w2;            ///< [ffn][hidden]
 };
 
+/// This rank's parameters: its stage's layers (layers[i] is global layer first_layer + i);
+/// embed only on the first stage, norm_f and head only on the last (empty views elsewhere).
 struct LlamaParams {
   Mat embed;  ///< [vocab][hidden]
   std::vector<LlamaLayer> layers;
   Vec norm_f;  ///< [hidden]
   Mat head;    ///< [hidden][vocab]
+};
+
+class Llama;
+
+/// One micro-batch through this rank's pipeline stage: forward keeps what backward needs.
+/// The first stage embeds the tokens, the last computes the cross-entropy (its dlogits,
+/// scaled by loss_scale, when forward is asked to keep them). Llama::run is a StagePass on
+/// a one-stage model; `wlb train` with mesh.pp > 1 moves forward's output and backward's
+/// input gradient between the stages. The batch and the attention op outlive the pass.
+class StagePass {
+ public:
+  StagePass(Llama& model, const Space& space, const TokenBatch& batch, AttentionOp* attn);
+  ~StagePass();
+  StagePass(const StagePass&) = delete;
+  StagePass& operator=(const StagePass&) = delete;
+  /// x: the previous stage's output [n][hidden] (ignored on the first stage). Returns this
+  /// stage's output, or an empty view on the last stage, whose loss() it sets.
+  Mat forward(Mat x, bool backward, float loss_scale);
+  /// Sum of the cross-entropies of the batch's predicted tokens (last stage; else 0).
+  double loss() const;
+  /// dy: the gradient of this stage's output (ignored on the last stage). Accumulates the
+  /// stage's weight gradients; returns the gradient of its input (empty on the first stage).
+  Mat backward(Mat dy);
+  /// Public only because nvcc's extended device lambdas may not live in a private type.
+  struct State;
+
+ private:
+  std::unique_ptr<State> s_;
 };
 
 /// A named tensor in the flat buffer (for tests, checkpoints and weight decay).
@@ -115,6 +155,7 @@ struct TensorInfo {
   /// rows of the [rows][cols] tensor (rows, cols: the whole tensor's).
   int slice = 0;
   std::int64_t rows = 0, cols = 0;
+  int index = 0;  ///< position in the whole model's tensor list (its initialisation stream)
 };
 
 class Llama {
@@ -124,8 +165,17 @@ class Llama {
   /// With cfg.tp > 1 a rank holds its slices of the same weights, and `tp` (the TP group,
   /// cfg.tp ranks in tp_rank order) sums the partial outputs of the out-projection and W2
   /// and the partial input gradients of the QKV and W1/W3 projections.
-  Llama(const LlamaConfig& cfg, std::uint64_t seed, parallel::GroupComm* tp = nullptr);
+  /// With cfg.pp > 1 the rank holds stage cfg.pp_rank's tensors, with the same numbers as
+  /// in the one-stage model, and `pp` (the pipeline group, ranks in stage order) sums the
+  /// gradient norm's squares.
+  Llama(const LlamaConfig& cfg, std::uint64_t seed, parallel::GroupComm* tp = nullptr, MPI_Comm pp = MPI_COMM_NULL);
+  /// The tensors of cfg's stage and TP rank, offsets in its flat buffer (what a Llama of
+  /// cfg holds; the checkpoint sizes every stage with it).
+  static std::vector<TensorInfo> layout(const LlamaConfig& cfg);
   parallel::GroupComm* tpGroup() const { return tp_; }
+  MPI_Comm ppComm() const { return pp_; }
+  /// Global index of this stage's first layer.
+  int firstLayer() const { return first_layer_; }
   /// Record the TP sums as `tp_allreduce` events (null: none; the recorder's step and
   /// micro-batch context are kept, layer and phase set per sum).
   void setRecorder(trace::Recorder* rec) { rec_ = rec; }
@@ -148,8 +198,11 @@ class Llama {
   double run(const Space& space, const TokenBatch& batch, bool backward, float loss_scale, AttentionOp* attn = nullptr);
 
  private:
+  friend class StagePass;
   LlamaConfig cfg_;
   parallel::GroupComm* tp_ = nullptr;
+  MPI_Comm pp_ = MPI_COMM_NULL;
+  int first_layer_ = 0;
   trace::Recorder* rec_ = nullptr;
   Vec w_buf_, g_buf_;
   LlamaParams w_, g_;
@@ -174,8 +227,9 @@ class AdamW {
  public:
   AdamW(const Llama& model, AdamWConfig cfg);
   /// One update with the model's current gradients; `step` is 0-based. Returns the
-  /// gradient norm before clipping (under TP: of the whole model, the slices' squares
-  /// summed over the TP group, the replicated tensors counted once).
+  /// gradient norm before clipping (of the whole model: under TP the slices' squares
+  /// summed over the TP group, the replicated tensors counted once; under PP the stages'
+  /// squares summed over the pipeline group).
   double step(const Space& space, Llama& model, std::int64_t step);
   Vec m() const { return m_; }
   Vec v() const { return v_; }

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -35,6 +36,7 @@
 #include "parallel/comm.hpp"
 #include "parallel/group_comm.hpp"
 #include "parallel/mesh.hpp"
+#include "pp/schedule.hpp"
 #include "runtime/gemm.hpp"
 #include "trace/clock_sync.hpp"
 #include "trace/recorder.hpp"
@@ -92,6 +94,7 @@ nlohmann::json fingerprint(const Deck& d, const std::string& prefix, std::int64_
           {"model.vocab", m.vocab},
           {"mesh.dp", d.mesh.dp},  // the packer's replicas (mesh.cp may change: same numbers up to rounding)
           {"mesh.tp", d.mesh.tp},  // the checkpoint's tensor layout (TP slices)
+          {"mesh.pp", d.mesh.pp},  // and its pipeline stages
           {"data.context_window", d.data.context_window},
           {"data.s_max", d.data.s_max},
           {"packing.strategy", d.packing.strategy},
@@ -145,9 +148,12 @@ void writeCheckpoint(const std::string& path, const nlohmann::json& header,
   if (opt.track_temporary) opt.track_temporary(tmp, false);
 }
 
-// Each tensor is stored whole: under TP the slices of the TP ranks back to back (tp order),
-// of which this rank (tp_rank of tp) loads its own.
-nlohmann::json readCheckpoint(const std::string& path, const std::vector<Vec>& tensors, int tp, int tp_rank) {
+// Each state tensor (weights, AdamW m, v) is stored whole: the flat buffers of the stages
+// in order, each stage's as its TP ranks' slices back to back (tp order). This rank (stage
+// pp_rank, TP rank tp_rank) loads its own; `stage_params` are the per-TP-rank sizes of
+// every stage of the deck's model (Llama::layout).
+nlohmann::json readCheckpoint(const std::string& path, const std::vector<Vec>& tensors, int tp, int tp_rank,
+                              const std::vector<std::int64_t>& stage_params, int pp_rank) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw InputError(fmt::format("{}: no checkpoint to resume from ({})", path, std::strerror(errno)));
   char magic[8];
@@ -167,12 +173,23 @@ nlohmann::json readCheckpoint(const std::string& path, const std::vector<Vec>& t
   if (header.value("tp", 1) != tp)
     throw InputError(fmt::format("{}: written with mesh.tp = {}, the deck says {} (resume needs the same run)", path,
                                  header.value("tp", 1), tp));
+  const int pp = static_cast<int>(stage_params.size());
+  if (header.value("pp", 1) != pp)
+    throw InputError(fmt::format("{}: written with mesh.pp = {}, the deck says {} (resume needs the same run)", path,
+                                 header.value("pp", 1), pp));
+  const std::int64_t mine = stage_params[static_cast<std::size_t>(pp_rank)];
+  std::int64_t total = 0, at = 0;
+  for (int s = 0; s < pp; ++s) {
+    if (s == pp_rank) at = total + mine * tp_rank;
+    total += stage_params[static_cast<std::size_t>(s)] * tp;
+  }
   for (const Vec& t : tensors) {
-    std::vector<float> v(t.extent(0) * static_cast<std::size_t>(tp));
+    if (static_cast<std::int64_t>(t.extent(0)) != mine)
+      throw std::logic_error("readCheckpoint: tensor size differs from the stage's layout");
+    std::vector<float> v(static_cast<std::size_t>(total));
     f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
     if (!f) throw InputError(path + ": truncated checkpoint (tensor data)");
-    fromHost(t, std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(t.extent(0)) * tp_rank,
-                                   v.begin() + static_cast<std::ptrdiff_t>(t.extent(0)) * (tp_rank + 1)));
+    fromHost(t, std::vector<float>(v.begin() + at, v.begin() + at + mine));
   }
   return header;
 }
@@ -309,6 +326,46 @@ std::uint64_t fnv1a(const std::vector<float>& v) {
   return h;
 }
 
+// Activations and their gradients between neighbouring pipeline stages (the ranks of one
+// pipeline group, in stage order), host-staged MPI: sends are non-blocking with their
+// buffers kept until flush(), so a stage never waits for its neighbour to receive;
+// receives block (traced as pp_recv, sends as pp_send).
+class StageLink {
+ public:
+  StageLink(MPI_Comm pp, trace::Recorder& rec) : comm_(pp), rec_(rec) {}
+  void send(const Space& space, const Mat& m, int to_stage, int tag) {
+    trace::Recorder::Scope s(rec_, trace::labels::kPpSend, space, 0, 4.0 * static_cast<double>(m.size()));
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), m);
+    bufs_.emplace_back(h.data(), h.data() + h.size());
+    reqs_.emplace_back();
+    MPI_Isend(bufs_.back().data(), static_cast<int>(bufs_.back().size()), MPI_FLOAT, to_stage, tag, comm_,
+              &reqs_.back());
+  }
+  Mat recv(const Space& space, std::int64_t rows, std::int64_t cols, int from_stage, int tag) {
+    trace::Recorder::Scope s(rec_, trace::labels::kPpRecv, space, 0, 4.0 * static_cast<double>(rows * cols));
+    Mat m(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::train::pp_recv"), rows, cols);
+    auto h = Kokkos::create_mirror_view(m);
+    MPI_Recv(h.data(), static_cast<int>(h.size()), MPI_FLOAT, from_stage, tag, comm_, MPI_STATUS_IGNORE);
+    Kokkos::deep_copy(space, m, h);
+    kk::fence(space, "wlb::train::pp_recv");  // the host buffer goes out of scope
+    return m;
+  }
+  void flush() {
+    if (!reqs_.empty()) MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
+    reqs_.clear();
+    bufs_.clear();
+  }
+  ~StageLink() { flush(); }
+  StageLink(const StageLink&) = delete;
+  StageLink& operator=(const StageLink&) = delete;
+
+ private:
+  MPI_Comm comm_;
+  trace::Recorder& rec_;
+  std::deque<std::vector<float>> bufs_;  // stable addresses while the sends are in flight
+  std::vector<MPI_Request> reqs_;
+};
+
 // Per-rank timings of a step, gathered to rank 0 for /train/ranks.
 enum RankCol : int {
   kStepS,
@@ -329,12 +386,23 @@ enum RankCol : int {
 TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   const auto& mc_deck = deck.mesh;
   // Deck-only checks: every rank sees the same deck, so every rank raises the same error.
-  if (mc_deck.pp != 1)
-    throw InputError(fmt::format("mesh.pp = {}: wlb train has no pipeline parallelism yet (set mesh.pp = 1; "
-                                 "mesh.tp, mesh.cp and mesh.dp are supported)",
-                                 mc_deck.pp),
-                     true);
   const auto& md = deck.model;
+  if (mc_deck.pp > md.layers)
+    throw InputError(fmt::format("mesh.pp = {}: pipeline parallelism needs at least one layer per stage, and "
+                                 "model.layers is {}",
+                                 mc_deck.pp, md.layers),
+                     true);
+  const pp::PipelineLayout pipe = pp::pipelineLayout(deck);  // InputError naming pipeline.schedule
+  if (mc_deck.pp > 1 && pipe.kind != pp::ScheduleKind::GPipe && pipe.kind != pp::ScheduleKind::OneFOneB)
+    throw InputError(fmt::format("pipeline.schedule = \"{}\": wlb train runs \"gpipe\" or \"1f1b\" (one layer "
+                                 "block per stage)",
+                                 deck.pipeline.schedule),
+                     true);
+  if (deck.packing.strategy == "slimpack")
+    throw InputError(
+        "packing.strategy = \"slimpack\": wlb train trains every segment as its own causal span, and SlimPack's "
+        "slices attend to their document's earlier slices (runs under `wlb run` only)",
+        true);
   if (mc_deck.tp > 1 && (md.heads % mc_deck.tp != 0 || md.kv_heads % mc_deck.tp != 0 || md.ffn % mc_deck.tp != 0))
     throw InputError(fmt::format("mesh.tp = {}: tensor parallelism splits the heads, KV heads and MLP columns, so "
                                  "it must divide model.heads ({}), model.kv_heads ({}) and model.ffn ({})",
@@ -401,6 +469,8 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
     mc.rope_theta = static_cast<float>(tc.rope_theta);
     mc.tp = shape.tp();
     mc.tp_rank = coord.tp;
+    mc.pp = shape.pp();
+    mc.pp_rank = coord.pp;
     try {
       mc.validate();
     } catch (const std::invalid_argument& e) {
@@ -414,12 +484,13 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
 
   const std::int64_t S = d.data.context_window;
   const std::int64_t M = data::microBatchesPerReplica(d);
+  std::int64_t sum_params_whole = 0;
   const std::int64_t per_step = shape.dp() * M * S;  // a step holds at most this many tokens
   const std::int64_t total_steps = tc.steps > 0 ? tc.steps : (tc.tokens + per_step - 1) / per_step;
 
-  // Gradient all-reduce over every rank holding the same weights: with pp = 1 the DP x CP
-  // ranks of one TP slice. The CP group moves K/V, the TP group sums partial activations
-  // and input gradients. All through parallel::GroupComm.
+  // Gradient all-reduce over every rank holding the same weights: the DP x CP ranks of one
+  // (TP slice, pipeline stage). The CP group moves K/V, the TP group sums partial
+  // activations and input gradients, the pipeline group passes activations (StageLink).
   err.clear();
   parallel::CommBackend backend = parallel::CommBackend::Mpi;
   try {
@@ -429,14 +500,38 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   }
   combine(err);
   MPI_Comm dpcp_raw = MPI_COMM_NULL;
-  MPI_Comm_split(world, coord.tp, rank, &dpcp_raw);
+  MPI_Comm_split(world, coord.pp * shape.tp() + coord.tp, rank, &dpcp_raw);
   const parallel::Comm dpcp = parallel::Comm::adopt(dpcp_raw);
   const auto cp_group = parallel::makeGroupComm(mesh.cp(), backend);
   const auto tp_group = parallel::makeGroupComm(mesh.tp(), backend);
   const auto dpcp_group = parallel::makeGroupComm(dpcp, backend);
+  // The checkpoint's writers: one replica's ranks (dp = cp = 0), in (stage, TP rank) order.
+  MPI_Comm ckpt_raw = MPI_COMM_NULL;
+  MPI_Comm_split(world, coord.dp == 0 && coord.cp == 0 ? 0 : MPI_UNDEFINED, coord.pp * shape.tp() + coord.tp,
+                 &ckpt_raw);
+  const parallel::Comm ckpt_comm = parallel::Comm::adopt(ckpt_raw);
+  {
+    int pr = 0;
+    MPI_Comm_rank(mesh.pp(), &pr);
+    if (pr != coord.pp) throw std::logic_error("wlb train: pipeline communicator not in stage order");
+  }
+  // Per-TP-rank parameters of every stage (the checkpoint's layout) and the whole model's.
+  std::vector<std::int64_t> stage_params;
+  std::int64_t stored_floats = 0;
+  for (int st = 0; st < shape.pp(); ++st) {
+    LlamaConfig c = mc;
+    c.pp_rank = st;
+    std::int64_t n = 0;
+    for (const TensorInfo& t : Llama::layout(c)) {
+      n += t.size;
+      sum_params_whole += t.slice != 0 ? t.rows * t.cols : t.size;
+    }
+    stage_params.push_back(n);
+    stored_floats += n * shape.tp();
+  }
 
   Space space;
-  Llama model(mc, tc.seed, tp_group.get());
+  Llama model(mc, tc.seed, tp_group.get(), shape.pp() > 1 ? mesh.pp().get() : MPI_COMM_NULL);
   AdamWConfig oc;
   oc.lr = static_cast<float>(tc.lr);
   oc.min_lr_ratio = static_cast<float>(tc.min_lr_ratio);
@@ -456,7 +551,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   const std::vector<Vec> state_tensors{model.weights(), adam.m(), adam.v()};
 
   TrainSummary sum;
-  for (const TensorInfo& t : model.tensors()) sum.params += t.slice != 0 ? t.rows * t.cols : t.size;  // whole model
+  sum.params = sum_params_whole;  // the whole model
   sum.log_path = log_path;
   sum.mesh = shape.describe();
   std::int64_t start = 0, tokens = 0;
@@ -473,10 +568,11 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
     if (opt.resume) {
       // Every rank loads the weights and moments (the replicas start equal); rank 0 the
       // data cursor and the packer (it plans every step).
-      const nlohmann::json h = readCheckpoint(ckpt_path, state_tensors, shape.tp(), coord.tp);
+      const nlohmann::json h = readCheckpoint(ckpt_path, state_tensors, shape.tp(), coord.tp, stage_params, coord.pp);
       for (const auto& [k, v] : fp.items()) {
         nlohmann::json was = h.at("fingerprint").value(k, nlohmann::json());
-        if (was.is_null() && (k == "mesh.dp" || k == "mesh.tp")) was = 1;  // written before multi-rank training
+        if (was.is_null() && (k == "mesh.dp" || k == "mesh.tp" || k == "mesh.pp"))
+          was = 1;  // written before multi-rank training
         if (was != v)
           throw InputError(fmt::format("{}: written with {} = {}, the deck says {} (resume needs the same run)",
                                        ckpt_path, k, was.dump(), v.dump()));
@@ -556,12 +652,25 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   const auto eval_host = valid_ds && valid_ds->documents() > 0 ? evalBatches(*valid_ds, S, tc.eval_tokens, entropy)
                                                                : std::vector<std::vector<std::vector<std::int32_t>>>{};
   sum.unigram_entropy = entropy;
-  // Every TP group holds the whole model: evaluation batches are dealt round-robin over
-  // the TP groups (every rank of the group runs the batch, its TP rank 0 reports it), each
-  // batch's loss sum travels alone (the others contribute exact zeros) and the sums are
-  // added in batch order, so the evaluation loss has the same bits on every DP x CP mesh
-  // for the same weights.
-  const int groups = W / shape.tp(), my_group = rank / shape.tp();  // TP is innermost
+  // Every TP x PP group (one pipeline of one replica's CP rank) holds the whole model:
+  // evaluation batches are dealt round-robin over these groups (every rank of the group
+  // runs the batch, the last stage's TP rank 0 reports it), each batch's loss sum travels
+  // alone (the others contribute exact zeros) and the sums are added in batch order, so
+  // the evaluation loss has the same bits on every DP x CP mesh for the same weights.
+  const int P = shape.pp(), stage = coord.pp;
+  const bool first_stage = stage == 0, last_stage = stage == P - 1;
+  const int groups = shape.dp() * shape.cp(), my_group = coord.dp * shape.cp() + coord.cp;
+  StageLink link(mesh.pp(), rec);
+  constexpr int kEvalTag = 0;  // one batch after another: MPI keeps their order
+  const auto stepTag = [](std::size_t i, bool bwd) { return 1 + 2 * static_cast<int>(i) + (bwd ? 1 : 0); };
+  auto stageLoss = [&](const TokenBatch& b) {
+    if (P == 1) return model.lossSum(space, b);
+    StagePass pass(model, space, b, nullptr);
+    const Mat x = first_stage ? Mat() : link.recv(space, b.n, mc.hidden, stage - 1, kEvalTag);
+    const Mat y = pass.forward(x, false, 1.0f);
+    if (!last_stage) link.send(space, y, stage + 1, kEvalTag);
+    return pass.loss();
+  };
   auto evaluate = [&]() {
     const std::size_t nb = eval_host.size();
     std::vector<double> part(nb, 0.0), all(nb, 0.0);
@@ -571,12 +680,13 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
       for (const auto& seg : eval_host[i]) predicted += static_cast<std::int64_t>(seg.size()) - 1;
       if (static_cast<int>(i % static_cast<std::size_t>(groups)) != my_group || !e.empty()) continue;
       try {
-        const double l = model.lossSum(space, makeBatch(eval_host[i], deck));
-        if (coord.tp == 0) part[i] = l;
+        const double l = stageLoss(makeBatch(eval_host[i], deck));
+        if (coord.tp == 0 && last_stage) part[i] = l;
       } catch (const InputError& x) {
         e = x.what();
       }
     }
+    link.flush();
     combine(e);
     if (nb > 0) MPI_Allreduce(part.data(), all.data(), static_cast<int>(nb), MPI_DOUBLE, MPI_SUM, world);
     double loss = 0;
@@ -664,20 +774,52 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
     const auto tc0 = Clock::now();
     row[kDataS] = std::chrono::duration<double>(tc0 - ts).count();
 
-    // 3. Forward and backward of each micro-batch, gradients accumulated.
+    // 3. Forward and backward of each micro-batch, gradients accumulated. Under PP the
+    //    stage walks its order of the schedule over the replica's non-empty micro-batches
+    //    (the same on every stage); the last stage computes the loss.
     model.zeroGrads(space);
     double loss_part = 0;
-    for (std::size_t i = 0; i < batches.size(); ++i) {
-      const int m = static_cast<int>(batch_mb[i]);
-      rec.setContext({static_cast<int>(step), m, trace::Phase::Fwd, -1});
+    const auto makeOp = [&](std::size_t i) -> std::unique_ptr<AttentionOp> {
       if (shape.cp() > 1) {
-        const auto& sh = shards.at(static_cast<std::size_t>(m));
-        CpAttention op(sh.shard, sh.comm, *cp_group, mc, *cost, rec);
-        loss_part += model.forwardBackward(space, batches[i], scale, &op);
-      } else {
-        LocalAttention op(batches[i], rec);
-        loss_part += model.forwardBackward(space, batches[i], scale, &op);
+        const auto& sh = shards.at(static_cast<std::size_t>(batch_mb[i]));
+        return std::make_unique<CpAttention>(sh.shard, sh.comm, *cp_group, mc, *cost, rec);
       }
+      return std::make_unique<LocalAttention>(batches[i], rec);
+    };
+    if (P == 1) {
+      for (std::size_t i = 0; i < batches.size(); ++i) {
+        rec.setContext({static_cast<int>(step), static_cast<int>(batch_mb[i]), trace::Phase::Fwd, -1});
+        const auto op = makeOp(i);
+        loss_part += model.forwardBackward(space, batches[i], scale, op.get());
+      }
+    } else if (!batches.empty()) {
+      const pp::Schedule sched = pipe.schedule(static_cast<int>(batches.size()));
+      std::map<std::size_t, std::unique_ptr<AttentionOp>> ops;
+      std::map<std::size_t, std::unique_ptr<StagePass>> live;
+      for (const pp::Task& t : sched.order[static_cast<std::size_t>(stage)]) {
+        const auto i = static_cast<std::size_t>(t.mb);
+        const TokenBatch& b = batches[i];
+        const bool bwd = t.phase == pp::Phase::Bwd;
+        rec.setContext(
+            {static_cast<int>(step), static_cast<int>(batch_mb[i]), bwd ? trace::Phase::Bwd : trace::Phase::Fwd, -1});
+        if (!bwd) {
+          ops[i] = makeOp(i);
+          auto& pass = live[i] = std::make_unique<StagePass>(model, space, b, ops[i].get());
+          const Mat x = first_stage ? Mat() : link.recv(space, b.n, mc.hidden, stage - 1, stepTag(i, false));
+          const Mat y = pass->forward(x, true, scale);
+          if (last_stage)
+            loss_part += pass->loss();
+          else
+            link.send(space, y, stage + 1, stepTag(i, false));
+        } else {
+          const Mat dy = last_stage ? Mat() : link.recv(space, b.n, mc.hidden, stage + 1, stepTag(i, true));
+          const Mat dx = live.at(i)->backward(dy);
+          if (!first_stage) link.send(space, dx, stage - 1, stepTag(i, true));
+          live.erase(i);
+          ops.erase(i);
+        }
+      }
+      link.flush();
     }
     kk::fence(space, "wlb::train::fwd_bwd");
     const auto tc1 = Clock::now();
@@ -695,6 +837,8 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
         MPI_Allreduce(&loss_part, &loss_sum, 1, MPI_DOUBLE, MPI_SUM, dpcp);
       }
     }
+    // PP: the last stage's sum to every stage (the others add exact zeros).
+    if (P > 1) MPI_Allreduce(MPI_IN_PLACE, &loss_sum, 1, MPI_DOUBLE, MPI_SUM, mesh.pp());
     const auto tc2 = Clock::now();
     row[kAllreduceS] = std::chrono::duration<double>(tc2 - tc1).count();
     // A step whose micro-batches are all empty (a packer that holds every document back)
@@ -764,20 +908,30 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
     run_tokens += step_tokens;
     tokens += step_tokens;
 
-    // The checkpoint's tensors: rank 0's, under TP every slice of rank 0's TP group
-    // gathered to it (slices back to back in TP order).
+    // The checkpoint's tensors: the replicas hold the same weights and moments, so replica
+    // 0's CP rank 0 ranks (every stage and TP slice) send theirs to rank 0, in (stage, TP
+    // rank) order: each stage's slices back to back, the stages in order.
     const bool ckpt_now = tc.checkpoint_interval > 0 && ((step + 1) % tc.checkpoint_interval == 0 || last);
     std::vector<std::vector<float>> ckpt_host;
-    if (ckpt_now && coord.dp == 0 && coord.cp == 0) {
+    if (ckpt_now && ckpt_comm.get() != MPI_COMM_NULL) {
+      const int writers = shape.tp() * P;
+      std::vector<int> counts(static_cast<std::size_t>(writers)), displs(static_cast<std::size_t>(writers), 0);
+      std::int64_t total = 0;
+      for (int w = 0; w < writers; ++w) {
+        counts[static_cast<std::size_t>(w)] = static_cast<int>(stage_params[static_cast<std::size_t>(w / shape.tp())]);
+        displs[static_cast<std::size_t>(w)] = static_cast<int>(total);
+        total += counts[static_cast<std::size_t>(w)];
+      }
       for (const Vec& t : state_tensors) {
-        const std::vector<float> mine = toHost(t);
-        std::vector<float> all_slices(coord.tp == 0 ? mine.size() * static_cast<std::size_t>(shape.tp()) : 0);
-        if (shape.tp() == 1)
-          all_slices = mine;
-        else
-          MPI_Gather(mine.data(), static_cast<int>(mine.size()), MPI_FLOAT, all_slices.data(),
-                     static_cast<int>(mine.size()), MPI_FLOAT, 0, mesh.tp());
-        ckpt_host.push_back(std::move(all_slices));
+        std::vector<float> mine = toHost(t);
+        if (writers == 1) {
+          ckpt_host.push_back(std::move(mine));
+          continue;
+        }
+        std::vector<float> all_parts(rank == 0 ? static_cast<std::size_t>(total) : 0);
+        MPI_Gatherv(mine.data(), static_cast<int>(mine.size()), MPI_FLOAT, all_parts.data(), counts.data(),
+                    displs.data(), MPI_FLOAT, 0, ckpt_comm);
+        ckpt_host.push_back(std::move(all_parts));
       }
     }
     err.clear();
@@ -821,8 +975,10 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
                               {"version", 1},
                               {"step", step + 1},
                               {"tokens", tokens},
-                              {"params", model.paramCount() * shape.tp()},
-                              {"tp", shape.tp()},  // tensors: the TP slices back to back
+                              {"params", stored_floats},  // per state tensor in the file
+                              {"tp", shape.tp()},         // tensors: per stage, the TP slices back to back
+                              {"pp", P},
+                              {"stage_params", stage_params},  // per TP rank
                               {"tensors", {"weights", "adam_m", "adam_v"}},
                               {"fingerprint", fp},
                               {"source", source->saveState()},

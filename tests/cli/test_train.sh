@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # wlb train end to end: a tiny dataset from /usr/share/common-licenses (always on Debian),
 # a tiny model whose training loss falls; a run killed between checkpoints and resumed
-# gives bit-identical losses to an uninterrupted one (one rank and dp = 2); dp = 2, cp = 2
-# and tp = 2 give the one-rank losses; bad input exits 2.
+# gives bit-identical losses to an uninterrupted one (one rank, dp = 2 and pp = 2); dp = 2,
+# cp = 2, tp = 2 and pp = 2 give the one-rank losses; bad input exits 2.
 set -u
 WLB="$1"; SRC="$2"
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
@@ -95,12 +95,17 @@ timeout 120 mpiexec -n 2 "$WLB" train deck.toml --set mesh.cp=2 --set output.dir
 "$WLB" train deck.toml --set model.kv_heads=2 --set output.dir=kv2 --quiet > /dev/null || fail "one-rank kv_heads=2 run"
 timeout 120 mpiexec -n 2 "$WLB" train deck.toml --set model.kv_heads=2 --set mesh.tp=2 --set output.dir=tp2 --quiet \
   > /dev/null 2> tp2.err || { cat tp2.err; fail "tp=2 run"; }
+# pp = 2: a layer per stage, activations and their gradients between the two ranks
+timeout 120 mpiexec -n 2 "$WLB" train deck.toml --set mesh.pp=2 --set output.dir=pp2 > pp2.txt 2> pp2.err ||
+  { cat pp2.err; fail "pp=2 run"; }
+grep -q "mesh             tp=1 cp=1 pp=2 dp=1" pp2.txt || fail "pp=2 summary: $(cat pp2.txt)"
+grep -q "$(grep parameters sum.txt)" pp2.txt || fail "pp=2 counts other parameters: $(cat pp2.txt)"
 $PY - out/train_log.jsonl cp2/train_log.jsonl one1/train_log.jsonl dp2/train_log.jsonl kv2/train_log.jsonl \
-  tp2/train_log.jsonl <<'PYEOF' || fail "multi-rank losses differ"
+  tp2/train_log.jsonl pp2/train_log.jsonl <<'PYEOF' || fail "multi-rank losses differ"
 import json, sys
 def load(p): return [json.loads(l) for l in open(p)]
 a = sys.argv
-for ref, got, what in ((a[1], a[2], "cp=2"), (a[3], a[4], "dp=2"), (a[5], a[6], "tp=2")):
+for ref, got, what in ((a[1], a[2], "cp=2"), (a[3], a[4], "dp=2"), (a[5], a[6], "tp=2"), (a[1], a[7], "pp=2")):
     a, b = load(ref), load(got)
     assert len(a) == len(b) == 40, (what, len(a), len(b))
     worst = 0.0
@@ -149,12 +154,36 @@ for x, y in zip(a, b):
         assert x.get(k) == y.get(k), (x["step"], k, x.get(k), y.get(k))
 print("dp=2: 30 steps bit-identical after kill + resume")
 PYEOF
+ckpp="$ck --set mesh.pp=2"
+timeout 120 mpiexec -n 2 "$WLB" train deck.toml $ckpp --set output.dir=fullpp --quiet > /dev/null 2>&1 || fail "pp=2 full run"
+WLB_TRAIN_KILL_AFTER_STEP=14 timeout 120 mpiexec -n 2 "$WLB" train deck.toml $ckpp --set output.dir=cutpp --quiet \
+  > /dev/null 2>&1 && fail "the killed pp=2 run exited 0"
+timeout 120 mpiexec -n 2 "$WLB" train deck.toml $ckpp --set output.dir=cutpp --resume > resumed.txt 2> resumed.err ||
+  { cat resumed.err; fail "pp=2 resume"; }
+$PY - fullpp/train_log.jsonl cutpp/train_log.jsonl <<'PYEOF' || fail "pp=2 resumed losses differ"
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert [r["step"] for r in b] == list(range(30)), [r["step"] for r in b]
+for x, y in zip(a, b):
+    for k in ("loss", "grad_norm", "lr", "tokens", "eval_loss"):
+        assert x.get(k) == y.get(k), (x["step"], k, x.get(k), y.get(k))
+print("pp=2: 30 steps bit-identical after kill + resume")
+PYEOF
+# A pp = 2 checkpoint does not resume on one rank (its layout is the stages').
+"$WLB" train deck.toml $ck --set output.dir=cutpp --resume > o.txt 2>&1; rc=$?
+[ "$rc" = 2 ] && grep -q "mesh.pp" o.txt || fail "pp=2 checkpoint on one rank: rc $rc $(cat o.txt)"
 
 # 4. Bad input exits 2 naming the key.
 "$WLB" train deck.toml --set mesh.tp=2 > o.txt 2>&1; rc=$?  # kv_heads = 1 cannot be split
 [ "$rc" = 2 ] && grep -q "mesh.tp" o.txt && grep -q "model.kv_heads" o.txt || fail "mesh.tp=2: rc $rc $(cat o.txt)"
-"$WLB" train deck.toml --set mesh.pp=2 > o.txt 2>&1; rc=$?
-[ "$rc" = 2 ] && grep -q "mesh.pp" o.txt && grep -q "pipeline parallelism" o.txt || fail "mesh.pp=2: rc $rc $(cat o.txt)"
+"$WLB" train deck.toml --set mesh.pp=3 > o.txt 2>&1; rc=$?  # 2 layers
+[ "$rc" = 2 ] && grep -q "model.layers" o.txt || fail "mesh.pp=3: rc $rc $(cat o.txt)"
+timeout 60 mpiexec -n 2 "$WLB" train deck.toml --set mesh.pp=2 --set pipeline.schedule='"interleaved"' > o.txt 2>&1
+rc=$?
+[ "$rc" = 2 ] && grep -q "pipeline.schedule" o.txt || fail "pp=2 interleaved: rc $rc $(cat o.txt)"
+"$WLB" train deck.toml --set packing.strategy='"slimpack"' > o.txt 2>&1; rc=$?
+[ "$rc" = 2 ] && grep -q "packing.strategy" o.txt || fail "slimpack: rc $rc $(cat o.txt)"
 timeout 60 mpiexec -n 2 "$WLB" train deck.toml --set mesh.cp=2 --set cp.strategy='"nope"' > o.txt 2>&1; rc=$?
 [ "$rc" = 2 ] && grep -q "cp.strategy" o.txt || fail "cp=2 with a bad cp.strategy: rc $rc $(cat o.txt)"
 "$WLB" train deck.toml --set train.dataset=nope > o.txt 2>&1; rc=$?
