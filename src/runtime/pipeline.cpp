@@ -15,6 +15,7 @@
 
 #include "core/error.hpp"
 #include "core/kokkos_compat.hpp"
+#include "parallel/progress_thread.hpp"
 #include "runtime/sliced.hpp"
 #include "trace/recorder.hpp"
 
@@ -81,41 +82,6 @@ struct Region {
   Region(trace::Recorder* rec, const char* label, const Space& space, double bytes = 0) {
     if (rec) scope.emplace(*rec, label, space, 0.0, bytes);
   }
-};
-
-// Drives MPI's progress engine while the rank computes. Without single-copy transports
-// a large message moves in fragments only while both sides are inside MPI; a rank deep in
-// a layer would hold its neighbour's receive until its next MPI call. MPI_Iprobe on a
-// private communicator makes progress without touching the executor's requests. Needs
-// MPI_THREAD_MULTIPLE; otherwise a no-op (the stage then polls between layers).
-class ProgressThread {
- public:
-  explicit ProgressThread(MPI_Comm comm) {
-    int level = MPI_THREAD_SINGLE;
-    MPI_Query_thread(&level);
-    if (level != MPI_THREAD_MULTIPLE) return;
-    MPI_Comm_dup(comm, &comm_);
-    thread_ = std::thread([this] {
-      int flag = 0;
-      while (!stop_.load(std::memory_order_relaxed)) {
-        MPI_Iprobe(MPI_ANY_SOURCE, 0, comm_, &flag, MPI_STATUS_IGNORE);
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-      }
-    });
-  }
-  ~ProgressThread() {
-    if (!thread_.joinable()) return;
-    stop_.store(true);
-    thread_.join();
-    MPI_Comm_free(&comm_);
-  }
-  ProgressThread(const ProgressThread&) = delete;
-  ProgressThread& operator=(const ProgressThread&) = delete;
-
- private:
-  MPI_Comm comm_ = MPI_COMM_NULL;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
 };
 
 }  // namespace
@@ -302,7 +268,7 @@ StageStepResult PipelineStage::run(const StageStepInput& in, std::int64_t t0_ns)
   };
 
   // ---- the schedule walk ----------------------------------------------------------------
-  std::optional<ProgressThread> progress_thread;
+  std::optional<parallel::ProgressThread> progress_thread;
   if (V > 1) progress_thread.emplace(pp_comm_);
   // live[(mb, chunk)]: the block's LayerSteps from forward to backward; dy of the loss.
   std::map<std::pair<int, int>, std::vector<std::unique_ptr<LayerStep>>> live;

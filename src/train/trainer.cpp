@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <memory>
 #include <sstream>
 #include <stdexcept>
@@ -36,6 +37,7 @@
 #include "parallel/comm.hpp"
 #include "parallel/group_comm.hpp"
 #include "parallel/mesh.hpp"
+#include "parallel/progress_thread.hpp"
 #include "pp/schedule.hpp"
 #include "runtime/gemm.hpp"
 #include "trace/clock_sync.hpp"
@@ -672,6 +674,8 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
     return pass.loss();
   };
   auto evaluate = [&]() {
+    std::optional<parallel::ProgressThread> progress;  // moves sends while the stage computes
+    if (P > 1) progress.emplace(mesh.pp());
     const std::size_t nb = eval_host.size();
     std::vector<double> part(nb, 0.0), all(nb, 0.0);
     std::int64_t predicted = 0;
@@ -794,6 +798,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
       }
     } else if (!batches.empty()) {
       const pp::Schedule sched = pipe.schedule(static_cast<int>(batches.size()));
+      const parallel::ProgressThread progress(mesh.pp());  // moves sends while the stage computes
       std::map<std::size_t, std::unique_ptr<AttentionOp>> ops;
       std::map<std::size_t, std::unique_ptr<StagePass>> live;
       for (const pp::Task& t : sched.order[static_cast<std::size_t>(stage)]) {

@@ -5,10 +5,11 @@
 /// (llama.hpp) trains on their tokens with AdamW; validation loss on the held-out split;
 /// atomic checkpoints (weights, AdamW moments, step, packer and data-source state) that a
 /// resumed run continues from with bit-identical losses; training metrics in the HDF5
-/// trace. Runs on a TP x CP x DP mesh (mesh.pp = 1): rank 0 packs every step and
-/// broadcasts the plan, DP rank d trains replica d, the CP ranks of a replica share each
-/// micro-batch through cp::DistributedAttention, the TP ranks split heads and MLP columns,
-/// and the gradients of each TP slice are summed over DP x CP.
+/// trace. Runs on a TP x CP x PP x DP mesh: rank 0 packs every step and broadcasts the
+/// plan, DP rank d trains replica d, the CP ranks of a replica share each micro-batch
+/// through cp::DistributedAttention, the TP ranks split heads and MLP columns, the PP
+/// stages hold consecutive layer blocks and walk pipeline.schedule (gpipe or 1f1b), and the
+/// gradients of each (TP slice, stage) are summed over DP x CP.
 
 #include <mpi.h>
 
@@ -34,7 +35,7 @@ struct TrainOptions {
   /// Called with (path, true) when a temporary file is created and (path, false) when it
   /// is renamed (the driver removes registered ones on SIGINT).
   std::function<void(const std::string&, bool)> track_temporary;
-  MPI_Comm comm = MPI_COMM_WORLD;  ///< the ranks of the mesh (mesh.tp x mesh.cp x mesh.dp of them)
+  MPI_Comm comm = MPI_COMM_WORLD;  ///< the ranks of the mesh (mesh.tp x mesh.cp x mesh.pp x mesh.dp of them)
   bool write_trace = true;         ///< output.dir/output.trace with the training metrics
   std::string command;             ///< command line stored in the trace metadata
 };
@@ -52,12 +53,12 @@ struct TrainSummary {
   /// Every step of this invocation (every rank has them): training loss (0 for a step
   /// without tokens) and evaluation loss (NaN where not evaluated).
   std::vector<double> losses, eval_losses;
-  std::uint64_t weights_hash = 0;  ///< FNV-1a of this rank's final weights (its TP slice; replicas must agree)
+  std::uint64_t weights_hash = 0;  ///< FNV-1a of this rank's final weights (its TP slice of its stage; replicas agree)
 };
 
 /// Train as the deck says. Collective over opt.comm. InputError naming the key or file on
-/// bad input, raised on every rank alike (mesh.pp must be 1; mesh.tp must divide the heads,
-/// KV heads and ffn).
+/// bad input, raised on every rank alike (mesh.tp must divide the heads, KV heads and ffn;
+/// mesh.pp at most model.layers; pipeline.schedule gpipe or 1f1b; no slimpack packer).
 TrainSummary train(const Deck& deck, const TrainOptions& opt);
 
 /// Human-readable summary table (stdout).
