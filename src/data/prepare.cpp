@@ -317,7 +317,15 @@ PrepareResult prepareDataset(const PrepareOptions& o) {
   PrepareResult r;
   r.train_prefix = o.out_prefix + "_train";
   r.valid_prefix = o.out_prefix + "_valid";
-  // Opened first so that an unwritable output fails before a long scan.
+  // The output's directory is made as needed; the writers are opened first so that an
+  // unwritable output fails before a long scan.
+  {
+    const fs::path parent = fs::path(o.out_prefix).parent_path();
+    std::error_code mk;
+    if (!parent.empty()) fs::create_directories(parent, mk);
+    if (mk)
+      throw InputError(fmt::format("--out: cannot create the directory {} ({})", parent.string(), mk.message()));
+  }
   IndexedDatasetWriter train(r.train_prefix), valid(r.valid_prefix);
   std::vector<std::string> tmps = train.temporaries();
   for (auto& t : valid.temporaries()) tmps.push_back(t);

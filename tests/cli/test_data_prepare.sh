@@ -145,6 +145,10 @@ done; done
 # (ompi.HOST.UID/pid.N) in TMPDIR on some machines.
 ! ls -d "$T/tmp"/wlb-prepare-* > /dev/null 2>&1 || fail "unpacked tarball left in TMPDIR"
 
+# --out in a directory that does not exist yet: made (one that cannot be: below).
+"$WLB" data prepare "$C" --out "$T/new/deeper/ds" --valid-fraction 0.3 > /dev/null 2>&1 || fail "--out in a new directory"
+cmp -s "$T/ds_train.bin" "$T/new/deeper/ds_train.bin" || fail "--out in a new directory: other tokens"
+
 # The project's reader takes the output: wlb data stats and wlb plan on a megatron deck.
 cat > "$T/deck.toml" <<'TOML'
 [data]
@@ -174,7 +178,7 @@ expect2() {  # expect2 WHAT PATTERN ARGS...
 }
 expect2 "missing source" "nope: source not found" "$T/nope" --out "$T/x"
 touch "$T/afile"
-expect2 "output under a file" "afile/x_train.bin.tmp: cannot write" "$C" --out "$T/afile/x"
+expect2 "output under a file" "--out: cannot create the directory $T/afile" "$C" --out "$T/afile/x"
 mkdir -p "$T/emptydir/sub"; : > "$T/emptydir/sub/zero"
 expect2 "no documents" "emptydir: no documents" "$T/emptydir" --out "$T/x"
 expect2 "valid fraction" "valid-fraction" "$C" --out "$T/x" --valid-fraction 1.5
