@@ -56,6 +56,20 @@ assert last < first - 1.0, (first, last)
 assert len(ev) == 2 and ev[1] < ev[0], ev
 PYEOF
 
+# same_30_steps FULL CUT WHAT: the two runs' logs agree bit for bit over 30 steps.
+same_30_steps() {
+  $PY - "$1/train_log.jsonl" "$2/train_log.jsonl" "$3" <<'PYEOF'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert [r["step"] for r in b] == list(range(30)), [r["step"] for r in b]
+for x, y in zip(a, b):
+    for k in ("loss", "grad_norm", "lr", "tokens", "eval_loss"):
+        assert x.get(k) == y.get(k), (x["step"], k, x.get(k), y.get(k))
+print(sys.argv[3])
+PYEOF
+}
+
 # 2. Resume: 30 steps straight vs. killed after step 14 (checkpoint at 10) + resume.
 ck="--set train.steps=30 --set train.checkpoint_interval=10"
 "$WLB" train deck.toml $ck --set output.dir=full --quiet > /dev/null || fail "full run"
@@ -67,16 +81,7 @@ ls cut/checkpoint | grep -q tmp && fail "a temporary checkpoint was left behind"
 "$WLB" train deck.toml $ck --set output.dir=cut --resume > resumed.txt 2> resumed.err ||
   { cat resumed.err; fail "resume"; }
 grep -q "steps            10 .. 30" resumed.txt || fail "resume did not start at step 10: $(cat resumed.txt)"
-$PY - full/train_log.jsonl cut/train_log.jsonl <<'PYEOF' || fail "resumed losses differ"
-import json, sys
-a = [json.loads(l) for l in open(sys.argv[1])]
-b = [json.loads(l) for l in open(sys.argv[2])]
-assert [r["step"] for r in b] == list(range(30)), [r["step"] for r in b]
-for x, y in zip(a, b):
-    for k in ("loss", "grad_norm", "lr", "tokens", "eval_loss"):
-        assert x.get(k) == y.get(k), (x["step"], k, x.get(k), y.get(k))
-print("30 steps bit-identical after kill + resume")
-PYEOF
+same_30_steps full cut "30 steps bit-identical after kill + resume" || fail "resumed losses differ"
 
 # 3. Two ranks (dp = 2, cp = 2, tp = 2): the one-rank losses within float reassociation, a
 #    trace with the training metrics, and a dp = 2 run killed between checkpoints and
@@ -144,32 +149,14 @@ WLB_TRAIN_KILL_AFTER_STEP=14 timeout 120 mpiexec -n 2 "$WLB" train deck.toml $ck
 timeout 120 mpiexec -n 2 "$WLB" train deck.toml $ckdp --set output.dir=cutdp --resume > resumed.txt 2> resumed.err ||
   { cat resumed.err; fail "dp=2 resume"; }
 grep -q "steps            10 .. 30" resumed.txt || fail "dp=2 resume did not start at step 10: $(cat resumed.txt)"
-$PY - fulldp/train_log.jsonl cutdp/train_log.jsonl <<'PYEOF' || fail "dp=2 resumed losses differ"
-import json, sys
-a = [json.loads(l) for l in open(sys.argv[1])]
-b = [json.loads(l) for l in open(sys.argv[2])]
-assert [r["step"] for r in b] == list(range(30)), [r["step"] for r in b]
-for x, y in zip(a, b):
-    for k in ("loss", "grad_norm", "lr", "tokens", "eval_loss"):
-        assert x.get(k) == y.get(k), (x["step"], k, x.get(k), y.get(k))
-print("dp=2: 30 steps bit-identical after kill + resume")
-PYEOF
+same_30_steps fulldp cutdp "dp=2: 30 steps bit-identical after kill + resume" || fail "dp=2 resumed losses differ"
 ckpp="$ck --set mesh.pp=2"
 timeout 120 mpiexec -n 2 "$WLB" train deck.toml $ckpp --set output.dir=fullpp --quiet > /dev/null 2>&1 || fail "pp=2 full run"
 WLB_TRAIN_KILL_AFTER_STEP=14 timeout 120 mpiexec -n 2 "$WLB" train deck.toml $ckpp --set output.dir=cutpp --quiet \
   > /dev/null 2>&1 && fail "the killed pp=2 run exited 0"
 timeout 120 mpiexec -n 2 "$WLB" train deck.toml $ckpp --set output.dir=cutpp --resume > resumed.txt 2> resumed.err ||
   { cat resumed.err; fail "pp=2 resume"; }
-$PY - fullpp/train_log.jsonl cutpp/train_log.jsonl <<'PYEOF' || fail "pp=2 resumed losses differ"
-import json, sys
-a = [json.loads(l) for l in open(sys.argv[1])]
-b = [json.loads(l) for l in open(sys.argv[2])]
-assert [r["step"] for r in b] == list(range(30)), [r["step"] for r in b]
-for x, y in zip(a, b):
-    for k in ("loss", "grad_norm", "lr", "tokens", "eval_loss"):
-        assert x.get(k) == y.get(k), (x["step"], k, x.get(k), y.get(k))
-print("pp=2: 30 steps bit-identical after kill + resume")
-PYEOF
+same_30_steps fullpp cutpp "pp=2: 30 steps bit-identical after kill + resume" || fail "pp=2 resumed losses differ"
 # A pp = 2 checkpoint does not resume on one rank (its layout is the stages').
 "$WLB" train deck.toml $ck --set output.dir=cutpp --resume > o.txt 2>&1; rc=$?
 [ "$rc" = 2 ] && grep -q "mesh.pp" o.txt || fail "pp=2 checkpoint on one rank: rc $rc $(cat o.txt)"

@@ -129,13 +129,17 @@ struct Ref {
   std::vector<double> losses, evals;
   std::int64_t tokens = 0;
 };
-Ref reference(const std::string& packer) {
+// `layers`: model.layers (0: the deck's).
+Ref reference(const std::string& packer, int layers = 0) {
   static std::map<std::string, Ref> cache;
-  if (cache.count(packer)) return cache[packer];
+  const std::string key = packer + (layers > 0 ? "-l" + std::to_string(layers) : "");
+  if (cache.count(key)) return cache[key];
   Ref r;
-  std::string out = dataset() + "-ref-" + packer;
+  std::string out = dataset() + "-ref-" + key;
+  std::vector<std::string> extra;
+  if (layers > 0) extra.push_back("model.layers=" + std::to_string(layers));
   if (worldRank() == 0) {
-    const auto s = train::train(makeDeck(packer, 1, 1, out), quiet(MPI_COMM_SELF));
+    const auto s = train::train(makeDeck(packer, 1, 1, out, extra), quiet(MPI_COMM_SELF));
     r.losses = s.losses;
     r.evals = s.eval_losses;
     r.tokens = s.tokens;
@@ -149,7 +153,7 @@ Ref reference(const std::string& packer) {
   long long t = r.tokens;
   MPI_Bcast(&t, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
   r.tokens = t;
-  return cache[packer] = r;
+  return cache[key] = r;
 }
 
 double relDiff(double a, double b) {
@@ -278,21 +282,7 @@ TEST(TrainMesh, PpMatchesOneRank) {
   expectMatches(b, ref, "pp=2 cp=2 gpipe", 1, 2, 2);
   const auto c =
       train::train(makeDeck("wlb", 1, 1, dataset() + "-pp4", {"model.layers=4"}, 1, 4), quiet(MPI_COMM_WORLD));
-  Ref ref4;
-  if (worldRank() == 0) {
-    const auto r = train::train(makeDeck("wlb", 1, 1, dataset() + "-ref-l4", {"model.layers=4"}), quiet(MPI_COMM_SELF));
-    ref4.losses = r.losses;
-    ref4.evals = r.eval_losses;
-    ref4.tokens = r.tokens;
-  }
-  int k = static_cast<int>(ref4.losses.size());
-  MPI_Bcast(&k, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  ref4.losses.resize(static_cast<std::size_t>(k));
-  ref4.evals.resize(static_cast<std::size_t>(k));
-  MPI_Bcast(ref4.losses.data(), k, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-  MPI_Bcast(ref4.evals.data(), k, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-  ref4.tokens = c.tokens;  // the same packer and stream: checked by the other meshes
-  expectMatches(c, ref4, "pp=4", 1, 1, 4);
+  expectMatches(c, reference("wlb", 4), "pp=4", 1, 1, 4);
 }
 
 static void expectResumed(const train::TrainSummary& a, const train::TrainSummary& b, const std::string& cut, int n,
