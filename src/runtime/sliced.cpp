@@ -86,6 +86,15 @@ std::int64_t SlicedStage::tokens(const std::vector<std::int64_t>& cuts, int k) c
   return t;
 }
 
+double SlicedStage::attnFlops(const std::vector<std::int64_t>& cuts, int k, model::Phase phase) const {
+  double flops = 0;
+  for (auto i = cuts[static_cast<std::size_t>(k)]; i < cuts[static_cast<std::size_t>(k) + 1]; ++i) {
+    const Segment& s = slices_->segments[static_cast<std::size_t>(i)];
+    flops += env_.cost->attnFlops(s.q_offset, s.length, phase);
+  }
+  return flops;
+}
+
 std::vector<std::int64_t> SlicedStage::rowKeys(bool bwd, int k) const {
   const auto& cuts = bwd ? slices_->bwd_cuts : slices_->fwd_cuts;
   std::vector<std::int64_t> keys;
@@ -191,11 +200,7 @@ Mat SlicedStage::forward(int k, int l, const Mat& x) {
   a.o = newAct3("wlb::runtime::o", n, sh.heads, sh.head_dim);
   a.lse = LayerActs::Lse(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::runtime::lse"), n, sh.heads);
   {
-    double flops = 0;
-    for (auto i = s0; i < s1; ++i) {
-      const Segment& s = slices_->segments[static_cast<std::size_t>(i)];
-      flops += env_.cost->attnFlops(s.q_offset, s.length, model::Phase::Fwd);
-    }
+    const double flops = attnFlops(fc, k, model::Phase::Fwd);
     const auto t = Clock::now();
     trace::PhaseScope r(env_.recorder, trace::labels::kAttn, space, trace::Phase::Fwd, flops);
     const auto batch = attention::VarlenBatch::fromRanges(keys.pieces);
@@ -263,11 +268,7 @@ Mat SlicedStage::backward(int j, int l, const Mat& dy) {
   Act3 dkb("wlb::runtime::sliced::dkv_k", keys.rows, sh.kv_heads, sh.head_dim);
   Act3 dvb("wlb::runtime::sliced::dkv_v", keys.rows, sh.kv_heads, sh.head_dim);
   {
-    double flops = 0;
-    for (auto i = s0; i < s1; ++i) {
-      const Segment& s = slices_->segments[static_cast<std::size_t>(i)];
-      flops += env_.cost->attnFlops(s.q_offset, s.length, model::Phase::Bwd);
-    }
+    const double flops = attnFlops(bc, j, model::Phase::Bwd);
     const auto t = Clock::now();
     trace::PhaseScope r(env_.recorder, trace::labels::kAttn, space, trace::Phase::Bwd, flops);
     const auto batch = attention::VarlenBatch::fromRanges(keys.pieces);

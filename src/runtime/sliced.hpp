@@ -73,6 +73,8 @@ class SlicedStage {
     bool own = true;  ///< no slice: the unit's own K/V are the keys
   };
   std::int64_t tokens(const std::vector<std::int64_t>& cuts, int k) const;
+  /// Useful attention FLOPs of unit k (cut points `cuts`): each slice against its key prefix.
+  double attnFlops(const std::vector<std::int64_t>& cuts, int k, model::Phase phase) const;
   Keys keyLayout(const std::vector<std::int64_t>& cuts, int k) const;
   /// K (or V) rows of segment i at layer l: from `cur` (the forward MicroPack being run,
   /// segments [cur_s0, cur_s1)) when it holds i, else from the saved runs.
