@@ -63,7 +63,7 @@ class SlicedStage {
     std::int64_t bytes = 0;
   };
   struct Saved {
-    std::map<std::int64_t, Run> runs;  ///< by first segment
+    std::map<std::int64_t, Run> runs;                   ///< by first segment
     std::map<std::int64_t, std::pair<Act3, Act3>> acc;  ///< segment -> dK, dV accumulators
   };
   /// The keys of a unit's segments: where each segment's K/V rows come from and the pieces.
@@ -78,18 +78,17 @@ class SlicedStage {
   Keys keyLayout(const std::vector<std::int64_t>& cuts, int k) const;
   /// K (or V) rows of segment i at layer l: from `cur` (the forward MicroPack being run,
   /// segments [cur_s0, cur_s1)) when it holds i, else from the saved runs.
-  Act3 kvRows(int l, std::int64_t i, bool value, const LayerActs* cur, std::int64_t cur_s0,
-              std::int64_t cur_s1) const;
+  Act3 kvRows(int l, std::int64_t i, bool value, const LayerActs* cur, std::int64_t cur_s0, std::int64_t cur_s1) const;
   /// The key buffers of unit k (cut points `cuts`) at layer l; `cur` as for kvRows.
-  void buildKv(const std::vector<std::int64_t>& cuts, int k, int l, const Keys& keys, const LayerActs* cur,
-               Act3& kbuf, Act3& vbuf) const;
+  void buildKv(const std::vector<std::int64_t>& cuts, int k, int l, const Keys& keys, const LayerActs* cur, Act3& kbuf,
+               Act3& vbuf) const;
 
   LayerEnv env_;
   Model* model_;
   const pp::ReplicaSlices* slices_;
-  std::vector<std::int64_t> fwd_row_, bwd_row_;  ///< per segment: first row in its MicroPack
+  std::vector<std::int64_t> fwd_row_, bwd_row_;   ///< per segment: first row in its MicroPack
   std::vector<std::vector<std::int64_t>> chain_;  ///< per segment: the chain, by offset
-  std::map<int, Saved> saved_;                   ///< per global layer
+  std::map<int, Saved> saved_;                    ///< per global layer
   std::int64_t held_ = 0;
   double attn_seconds_ = 0;
 };
