@@ -44,7 +44,10 @@
 #include "model/throughput.hpp"
 #include "packing/packer.hpp"
 #include "runtime/gemm.hpp"
+#include "runtime/head.hpp"
 #include "runtime/layer.hpp"
+#include "runtime/llama.hpp"
+#include "runtime/tokens.hpp"
 #include "trace/recorder.hpp"
 
 extern "C" void sgemm_(const char* ta, const char* tb, const int* m, const int* n, const int* k, const float* alpha,
@@ -348,22 +351,30 @@ std::vector<std::int64_t> geomGrid(std::int64_t lo, std::int64_t hi, int points)
 struct LinearCell {
   double op[wlb::model::kLinearOpCount][2];  ///< qkv_proj, out_proj, mlp events [phase]
   double elementwise[2];                     ///< construct + forward / backward + teardown minus op events
-  double fill[2];                            ///< random input (fwd), loss gradient (bwd)
+  double fill[2];                            ///< embedding + loss with its gradient (fwd), embedding (bwd)
 };
 
-/// One real `runtime::LayerStep` (one CP rank: MPI_COMM_SELF, cp = 1) on a micro-batch of
-/// `n` tokens in short documents (attention negligible, and timed separately anyway), with a
-/// serial trace recorder giving the ops' times, exactly as `wlb run` times them.
+/// One real `runtime::LayerStep` (one CP rank: MPI_COMM_SELF, cp = 1) of a one-layer model
+/// with its embedding and LM head on a micro-batch of `n` synthetic tokens in short
+/// documents (attention negligible, and timed separately anyway), with a serial trace
+/// recorder giving the ops' times, exactly as `wlb run` times them.
 class LinearBench {
  public:
   LinearBench(const wlb::model::ModelDims& dims, std::int64_t tp, std::int64_t n, const att::KernelConfig& kcfg)
       : shape_(wlb::runtime::LayerShape::fromDims(dims, static_cast<int>(tp))),
-        model_(shape_, 1, 1234, 0),
+        model_(llamaOf(dims, tp), 1234),
         cost_(dims, wlb::model::HardwareProfile::analytic(), tp),
+        rope_(static_cast<int>(dims.head_dim), 10000.0),
         n_(n) {
     wlb::MicroBatch mb;
-    for (std::int64_t t = 0, d = 0; t < n; t += 64, ++d)
+    std::vector<wlb::runtime::TokenRef> refs;
+    for (std::int64_t t = 0, d = 0; t < n; t += 64, ++d) {
       mb.segments.push_back({d, 0, std::min<std::int64_t>(64, n - t), 0});
+      wlb::runtime::appendSegmentRows(mb.segments.back(), false, refs);
+    }
+    rope_.ensure(space_, 64);
+    rows_ = wlb::runtime::TokenRows::make(space_, wlb::runtime::SyntheticTokens(1, static_cast<int>(dims.vocab)), refs,
+                                          static_cast<int>(dims.vocab));
     wlb::CpConfig cpc;
     cpc.comm = "sharding_aware";
     sp_ = wlb::cp::planShards(mb, "per_sequence", 1, cost_, cpc);
@@ -375,38 +386,58 @@ class LinearBench {
     env_.tp = 1;
     env_.cost = &cost_;
     env_.recorder = &rec_;
+    env_.rope = &rope_;
     env_.kernel = kcfg;
     env_.precision = kcfg.precision;  // GEMMs at the attention's precision (run.precision)
   }
 
-  /// One forward + backward with the fills around it, as a micro-batch of `wlb run`.
+  /// A one-layer model of these dims on one TP rank of `tp` (its heads and MLP columns).
+  static wlb::runtime::LlamaConfig llamaOf(const wlb::model::ModelDims& d, std::int64_t tp) {
+    wlb::runtime::LlamaConfig c;
+    c.vocab = static_cast<int>(std::max<std::int64_t>(1, d.vocab));
+    c.hidden = static_cast<int>(d.hidden);
+    c.heads = static_cast<int>(d.heads);
+    c.kv_heads = static_cast<int>(d.kv_heads);
+    c.ffn = static_cast<int>(d.ffn);
+    c.layers = 1;
+    c.tp = static_cast<int>(tp);
+    return c;
+  }
+
+  /// One forward + backward with the embedding and loss around it, as a micro-batch of
+  /// `wlb run`.
   LinearCell once(int it) {
     namespace rt = wlb::runtime;
     model_.zeroGrads(space_);
     rec_.clear();
     const double cpu0 = cpuSeconds();
     const std::int64_t t0 = rec_.now();
-    rt::Mat x(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::profile::x"), n_, shape_.hidden);
-    rt::fillRandom(space_, x, 1, static_cast<std::uint64_t>(it), 1.0f);
-    wlb::kk::fence(space_, "wlb::profile::fill");
+    (void)it;
+    rec_.setContext({0, 0, wlb::trace::Phase::Fwd, -1});
+    rt::Mat x = rt::embedForward(env_, model_, rows_);
+    wlb::kk::fence(space_, "wlb::profile::embed");
     const std::int64_t t1 = rec_.now();
     rec_.setContext({0, 0, wlb::trace::Phase::Fwd, 0});
     auto ls = std::make_unique<rt::LayerStep>(env_, model_, 0, sp_, cpl_);
-    rt::Mat y = ls->forward(x);
+    rt::Mat y = ls->forward(x, rows_.positions);
     wlb::kk::fence(space_, "wlb::profile::fwd");
     const std::int64_t t2 = rec_.now();
-    rt::Mat dy(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::profile::dy"), n_, shape_.hidden);
-    rt::fillRandom(space_, dy, 2, static_cast<std::uint64_t>(it), 1e-2f);
-    wlb::kk::fence(space_, "wlb::profile::fill");
+    rec_.setContext({0, 0, wlb::trace::Phase::Fwd, -1});
+    rt::Mat dy = rt::lossForward(env_, model_, rows_, y, true, 1.0f / static_cast<float>(n_)).dx;
+    wlb::kk::fence(space_, "wlb::profile::loss");
     const std::int64_t t3 = rec_.now();
     rec_.setContext({0, 0, wlb::trace::Phase::Bwd, 0});
-    rt::Mat dx = ls->backward(dy);
+    rt::Mat dx = ls->backward(dy, rows_.positions);
     ls.reset();
     wlb::kk::fence(space_, "wlb::profile::bwd");
     const std::int64_t t4 = rec_.now();
+    rec_.setContext({0, 0, wlb::trace::Phase::Bwd, -1});
+    rt::embedBackward(env_, model_, rows_, dx);
+    wlb::kk::fence(space_, "wlb::profile::embed_bwd");
+    const std::int64_t t5 = rec_.now();
     // Serial backend: the share of the core this process got (page faults included, as
     // system time) scales the wall-clock op times, so other jobs on the core do not count
-    const double wall = static_cast<double>(t4 - t0) * 1e-9;
+    const double wall = static_cast<double>(t5 - t0) * 1e-9;
     const double share = g_cpu_clock && wall > 0 ? std::min(1.0, (cpuSeconds() - cpu0) / wall) : 1.0;
     LinearCell c{};
     double inside[2] = {0, 0};
@@ -428,8 +459,8 @@ class LinearBench {
     }
     c.elementwise[0] = std::max(0.0, static_cast<double>(t2 - t1) * 1e-9 - inside[0]);
     c.elementwise[1] = std::max(0.0, static_cast<double>(t4 - t3) * 1e-9 - inside[1]);
-    c.fill[0] = static_cast<double>(t1 - t0) * 1e-9;
-    c.fill[1] = static_cast<double>(t3 - t2) * 1e-9;
+    c.fill[0] = static_cast<double>(t1 - t0 + t3 - t2) * 1e-9;
+    c.fill[1] = static_cast<double>(t5 - t4) * 1e-9;
     for (int ph = 0; ph < 2; ++ph) {
       for (auto& op : c.op) op[ph] *= share;
       c.elementwise[ph] *= share;
@@ -440,13 +471,15 @@ class LinearBench {
 
  private:
   wlb::runtime::LayerShape shape_;
-  wlb::runtime::Model model_;
+  wlb::runtime::Space space_;
+  wlb::runtime::Llama model_;
   wlb::model::CostModel cost_;
+  wlb::runtime::RopeTable rope_;
+  wlb::runtime::TokenRows rows_;
   std::int64_t n_;
   wlb::cp::ShardPlan sp_;
   wlb::cp::CommPlan cpl_;
   wlb::trace::Recorder rec_;
-  wlb::runtime::Space space_;
   wlb::runtime::LayerEnv env_;
 };
 

@@ -118,6 +118,9 @@ std::unique_ptr<LengthSource> makeLengthSource(const Deck& deck);
 std::int64_t microBatchesPerReplica(const Deck& deck);
 /// s_max resolved from the deck (data.s_max, or context_window when 0).
 std::int64_t resolvedSMax(const Deck& deck);
+/// A deck's relative data path: against the deck's directory when the file is there, else
+/// as given.
+std::string resolvePath(const Deck& deck, const std::string& path);
 
 // ---- Readers (each returns the document lengths of the file, in file order) ----------
 

@@ -17,7 +17,12 @@ double usefulFlops(const StepPlan& plan, const CostModel& cost, std::int64_t lay
         f += cost.attnFlops(s.q_offset, s.length, Phase::Fwd) + cost.attnFlops(s.q_offset, s.length, Phase::Bwd) +
              cost.linearFlops(s.length, Phase::Fwd) + cost.linearFlops(s.length, Phase::Bwd);
   // the cost model's FLOPs are per TP rank
-  return f * static_cast<double>(cost.tp()) * static_cast<double>(layers);
+  double tokens = 0;
+  for (const auto& rep : plan.replicas)
+    for (const auto& mb : rep) tokens += static_cast<double>(mb.tokens());
+  const auto& d = cost.dims();
+  const double head = 2.0 * static_cast<double>(d.hidden) * static_cast<double>(d.vocab) * (1.0 + kLinearBwdFactor);
+  return f * static_cast<double>(cost.tp()) * static_cast<double>(layers) + head * tokens;
 }
 
 Throughput total(const std::vector<StepWork>& steps) {

@@ -27,10 +27,11 @@ struct StepWork {
   double seconds = 0, tokens = 0, flops = 0;
 };
 
-/// Useful FLOPs of a step plan over `layers` transformer layers, forward + backward:
-/// attention over each segment's causal pairs (no tile padding, whole TP group) plus the
-/// linear ops of its tokens. Identical for every strategy that trains the same tokens
-/// in the same segments, so FLOP/s compares work, not tokens.
+/// Useful FLOPs of a step plan over `layers` transformer layers and the LM head, forward +
+/// backward: attention over each segment's causal pairs (no tile padding, whole TP group),
+/// the linear ops of its tokens, and the head's 2 * hidden * vocab per token (backward 2x;
+/// none when the dims have no vocabulary). Identical for every strategy that trains the
+/// same tokens in the same segments, so FLOP/s compares work, not tokens.
 double usefulFlops(const StepPlan& plan, const CostModel& cost, std::int64_t layers);
 
 /// Totals over a window of steps.

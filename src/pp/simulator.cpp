@@ -1,10 +1,10 @@
 #include "pp/simulator.hpp"
 
 #include <algorithm>
-#include <limits>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <numeric>
 #include <stdexcept>
 
@@ -191,8 +191,7 @@ std::vector<std::vector<MicroBatchWork>> packFlowPlanWork(const StepPlan& plan, 
   }
   for (const auto& m : plan.merged) {
     const auto g = static_cast<int>(m.group.size());
-    const MicroBatch& mb =
-        plan.replicas[static_cast<std::size_t>(m.group.front())][static_cast<std::size_t>(m.slot)];
+    const MicroBatch& mb = plan.replicas[static_cast<std::size_t>(m.group.front())][static_cast<std::size_t>(m.slot)];
     for (int j = 0; j < g; ++j)
       works[static_cast<std::size_t>(m.group[static_cast<std::size_t>(j)])][static_cast<std::size_t>(m.slot)] =
           mergedShareWork(mb, g, j, cp, sharding, cost, cfg);
@@ -421,17 +420,21 @@ PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mb
     // Activation bytes a unit of `toks` tokens per CP rank holds on virtual stage vs; `kvs`:
     // the KV-buffer tokens (CP) or, for slices, the tokens of continued slices, which keep
     // fp32 dK/dV accumulators (runtime/sliced.hpp).
-    auto actBytes = [&](const std::vector<std::int64_t>& toks, const std::vector<std::int64_t>& kvs,
-                        std::int64_t max_t, double l, bool last) {
+    auto actBytes = [&](const std::vector<std::int64_t>& toks, const std::vector<std::int64_t>& kvs, std::int64_t max_t,
+                        double l, bool last) {
       double act = l * act_tok * static_cast<double>(max_t);
       const auto kvOf = [&](std::size_t ri) { return ri < kvs.size() ? kvs[ri] : toks[ri]; };
       if (cfg_.executor_memory) {
-        std::int64_t worst = 0;
+        // the worst CP rank: its layers' activations and, on the last stage, the gradient of
+        // the loss's input that the executor keeps from the forward (model/memory.hpp)
+        double worst = 0;
         for (int r = 0; r < cfg_.cp; ++r) {
           const std::size_t ri = static_cast<std::size_t>(r);
-          worst = std::max(worst, model::executorLayerActivationBytes(d, cfg_.tp, toks[ri], kvOf(ri)));
+          worst = std::max(
+              worst, l * static_cast<double>(model::executorLayerActivationBytes(d, cfg_.tp, toks[ri], kvOf(ri))) +
+                         (last ? static_cast<double>(model::executorHeadBytes(d, toks[ri])) : 0.0));
         }
-        act = l * static_cast<double>(worst);
+        act = worst;
       } else if (split) {
         std::int64_t kv = 0;
         for (int r = 0; r < cfg_.cp; ++r) kv = std::max(kv, kvOf(static_cast<std::size_t>(r)));
@@ -485,6 +488,7 @@ std::int64_t StepSimulator::microBatchTokenBudget() const {
                            ? layers * static_cast<double>(model::executorLayerActivationBytes(d, cfg_.tp, 1, 0))
                            : layers * activationBytesPerToken();
     if (s == cfg_.pp - 1 && cfg_.lm_head) per_token += static_cast<double>(d.vocab) * 4.0 / cfg_.tp;
+    if (s == cfg_.pp - 1 && cfg_.executor_memory) per_token += static_cast<double>(model::executorHeadBytes(d, 1));
     per_token /= cfg_.cp;
     best = std::min(best, free_bytes / static_cast<double>(cfg_.pp - s) / per_token);
   }

@@ -136,16 +136,21 @@ struct SimConfig {
   double optimizer_bytes_per_param = 12;  ///< fp32 master + Adam m, v (sharded over dp*cp)
   double grad_bytes_per_param = 4;        ///< fp32 main gradients held per rank
   /// Embedding + LM head: head compute on the last virtual stage, embedding/head weights
-  /// in the gradient reduction and memory, fp32 logits. false = transformer layers only,
-  /// which is what `wlb run` executes (`wlb simulate --as-run`).
+  /// in the gradient reduction and memory, fp32 logits. `--as-run` sets false: the
+  /// executor's embedding and fused head + loss are timed through the deck-shaped
+  /// profile's per-micro-batch part (linear_ops fill_ns, measured by `wlb profile --deck`
+  /// around the same layer) and their memory through executor_memory; their weights are
+  /// left out of the gradient reduction (hidden * vocab per end, small beside the layers
+  /// on the decks `wlb run` measures).
   bool lm_head = true;
   /// Bytes per element moved by KV exchange and the gradient reduction (0 = the model's
   /// dtype_bytes). `wlb run` computes in fp32, so `--as-run` sets 4. Only communication
   /// is scaled; the cost model (and so every planner decision) is unchanged.
   double comm_element_bytes = 0;
   /// Activation memory and pipeline messages as the measured executor has them (fp32,
-  /// model::executorLayerActivationBytes per layer, whole activations between stages);
-  /// `--as-run` sets it. The recompute setting does not apply.
+  /// model::executorLayerActivationBytes per layer, model::executorHeadBytes on the last
+  /// stage, whole activations between stages); `--as-run` sets it. The recompute setting
+  /// does not apply.
   bool executor_memory = false;
   static SimConfig fromDeck(const Deck& deck, const model::HardwareProfile& hw);
   int ranks() const { return tp * cp * pp * dp; }

@@ -1,13 +1,11 @@
 /// \file layer.cpp
-/// \brief One transformer layer (attention block + SwiGLU MLP) forward/backward on one
-/// rank, see layer.hpp.
+/// \brief One layer of the model forward/backward on one rank (see layer.hpp).
 
 #include "runtime/layer.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <optional>
 #include <string>
 
 #include "core/error.hpp"
@@ -17,25 +15,21 @@
 namespace wlb::runtime {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
+using Policy = Kokkos::RangePolicy<Space>;
+using Team = Kokkos::TeamPolicy<Space>;
 using Region = trace::PhaseScope;  // timed region, no-op without a recorder
-
-KOKKOS_INLINE_FUNCTION std::uint64_t mix64(std::uint64_t z) {
-  z += 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 }  // namespace
 
-// ---- shape and FLOPs -------------------------------------------------------------------
+// ---- shape, FLOPs, RoPE table ----------------------------------------------------------
 
 LayerShape LayerShape::fromDims(const model::ModelDims& d, int tp) {
   if (tp < 1) throw InputError("mesh.tp must be >= 1");
   if (d.hidden != d.heads * d.head_dim)
     throw InputError("model.hidden (" + std::to_string(d.hidden) + ") must equal model.heads * head_dim");
+  if (d.head_dim % 2 != 0)
+    throw InputError("model.hidden / model.heads = " + std::to_string(d.head_dim) +
+                     ": the head dimension must be even (RoPE rotates pairs)");
   if (d.heads % tp != 0 || d.kv_heads % tp != 0)
     throw InputError("model.heads (" + std::to_string(d.heads) + ") and model.kv_heads (" + std::to_string(d.kv_heads) +
                      ") must be divisible by mesh.tp (" + std::to_string(tp) + ")");
@@ -51,211 +45,109 @@ LayerShape LayerShape::fromDims(const model::ModelDims& d, int tp) {
   return s;
 }
 
-std::int64_t LayerShape::paramCount() const {
-  const std::int64_t h = hidden;
-  return h * qWidth() + 2 * h * kvWidth() + qWidth() * h + 3 * h * ffn;
+LayerShape LayerShape::of(const LlamaConfig& c) {
+  LayerShape s;
+  s.hidden = c.hidden;
+  s.heads = c.localHeads();
+  s.kv_heads = c.localKvHeads();
+  s.head_dim = c.headDim();
+  s.ffn = c.localFfn();
+  return s;
 }
 
 double linearOpFlops(const model::CostModel& cost, LinearOp op, std::int64_t tokens, model::Phase phase) {
   return cost.linearOpFlops(op, tokens, phase);  // the cost model's formula, one place
 }
 
-// ---- model ---------------------------------------------------------------------------
-
-void fillRandom(const Space& space, const Mat& m, std::uint64_t seed, std::uint64_t stream, float scale) {
-  const std::int64_t cols = static_cast<std::int64_t>(m.extent(1));
-  const std::uint64_t base = mix64(seed ^ mix64(stream));
-  Kokkos::parallel_for(
-      "wlb::runtime::fillRandom", Kokkos::RangePolicy<Space>(space, 0, static_cast<std::int64_t>(m.size())),
-      KOKKOS_LAMBDA(const std::int64_t i) {
-        const std::uint64_t r = mix64(base + static_cast<std::uint64_t>(i));
-        const float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);  // [0, 1)
-        m(i / cols, i % cols) = scale * (2.0f * u - 1.0f);
-      });
-}
-
-namespace {
-std::vector<int> allLayers(int layers) {
-  std::vector<int> ids(static_cast<std::size_t>(std::max(layers, 0)));
-  for (int l = 0; l < layers; ++l) ids[static_cast<std::size_t>(l)] = l;
-  return ids;
-}
-}  // namespace
-
-void fillRandomRows(const Space& space, const Mat& m, std::uint64_t seed, std::uint64_t stream, float scale,
-                    const std::vector<std::int64_t>& rows) {
-  if (rows.size() != m.extent(0))
-    throw std::logic_error("fillRandomRows: " + std::to_string(rows.size()) + " row ids for " +
-                           std::to_string(m.extent(0)) + " rows");
-  Kokkos::View<std::int64_t*, Mem> ids(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::runtime::rows"),
-                                       rows.size());
-  Kokkos::deep_copy(space, ids, Kokkos::View<const std::int64_t*, Kokkos::HostSpace>(rows.data(), rows.size()));
-  const std::int64_t cols = static_cast<std::int64_t>(m.extent(1));
-  const std::uint64_t base = mix64(seed ^ mix64(stream));
-  Kokkos::parallel_for(
-      "wlb::runtime::fillRandomRows", Kokkos::RangePolicy<Space>(space, 0, static_cast<std::int64_t>(m.size())),
-      KOKKOS_LAMBDA(const std::int64_t i) {
-        const std::int64_t r = i / cols, c = i % cols;
-        const std::uint64_t h = mix64(base + static_cast<std::uint64_t>(ids(r) * cols + c));
-        const float u = static_cast<float>(h >> 40) * (1.0f / 16777216.0f);  // [0, 1)
-        m(r, c) = scale * (2.0f * u - 1.0f);
-      });
-  kk::fence(space, "wlb::runtime::fillRandomRows");  // `rows` may go out of scope
-}
-
-Model::Model(const LayerShape& shape, int layers, std::uint64_t seed, int tp_rank)
-    : Model(shape, allLayers(layers), seed, tp_rank) {}
-
-std::size_t Model::slot(int l) const {
-  const auto it = std::lower_bound(ids_.begin(), ids_.end(), l);
-  if (it == ids_.end() || *it != l)
-    throw std::logic_error("runtime::Model: layer " + std::to_string(l) + " is not held by this rank");
-  return static_cast<std::size_t>(it - ids_.begin());
-}
-
-Kokkos::View<float*, Mem> Model::layerGrads(int l) const {
-  const std::int64_t per = shape_.paramCount(), i = static_cast<std::int64_t>(slot(l));
-  return Kokkos::subview(grad_buf_, std::make_pair(per * i, per * (i + 1)));
-}
-
-Model::Model(const LayerShape& shape, std::vector<int> layer_ids, std::uint64_t seed, int tp_rank)
-    : shape_(shape), ids_(std::move(layer_ids)) {
-  if (!std::is_sorted(ids_.begin(), ids_.end())) throw std::logic_error("runtime::Model: layer ids must be ascending");
-  const std::int64_t per = shape.paramCount();
-  const std::int64_t layers = static_cast<std::int64_t>(ids_.size());
-  weight_buf_ = Kokkos::View<float*, Mem>("wlb::runtime::weights", per * layers);
-  grad_buf_ = Kokkos::View<float*, Mem>("wlb::runtime::grads", per * layers);
-  const std::int64_t h = shape.hidden, qw = shape.qWidth(), kw = shape.kvWidth(), f = shape.ffn;
-  Space space;
-  for (std::int64_t i = 0; i < layers; ++i) {
-    const int l = ids_[static_cast<std::size_t>(i)];
-    for (int which = 0; which < 2; ++which) {
-      float* p = (which == 0 ? weight_buf_ : grad_buf_).data() + per * i;
-      auto take = [&p](std::int64_t r, std::int64_t c) {
-        Mat m(p, r, c);
-        p += r * c;
-        return m;
-      };
-      LayerParams lp;
-      lp.wq = take(h, qw);
-      lp.wk = take(h, kw);
-      lp.wv = take(h, kw);
-      lp.wo = take(qw, h);
-      lp.w1 = take(h, f);
-      lp.w3 = take(h, f);
-      lp.w2 = take(f, h);
-      (which == 0 ? weights_ : grads_).push_back(lp);
+void RopeTable::ensure(const Space& space, std::int64_t n) {
+  if (static_cast<std::int64_t>(cos_.extent(0)) >= n) return;
+  const std::int64_t cap = std::max<std::int64_t>(n, 2 * static_cast<std::int64_t>(cos_.extent(0)));
+  cos_ = newMat("wlb::runtime::rope_cos", cap, half_);
+  sin_ = newMat("wlb::runtime::rope_sin", cap, half_);
+  auto hc = Kokkos::create_mirror_view(cos_);
+  auto hs = Kokkos::create_mirror_view(sin_);
+  for (int d = 0; d < half_; ++d) {
+    const double inv = std::pow(theta_, -2.0 * d / (2.0 * half_));
+    for (std::int64_t p = 0; p < cap; ++p) {
+      hc(p, d) = static_cast<float>(std::cos(static_cast<double>(p) * inv));
+      hs(p, d) = static_cast<float>(std::sin(static_cast<double>(p) * inv));
     }
-    const LayerParams& w = weights_.back();
-    const std::uint64_t s =
-        seed * 1000003ULL + static_cast<std::uint64_t>(l) * 131ULL + static_cast<std::uint64_t>(tp_rank) * 7919ULL;
-    const float sh = 1.0f / std::sqrt(static_cast<float>(h));
-    fillRandom(space, w.wq, s, 1, sh);
-    fillRandom(space, w.wk, s, 2, sh);
-    fillRandom(space, w.wv, s, 3, sh);
-    fillRandom(space, w.wo, s, 4, sh);  // fan-in of the full out-proj = hidden
-    fillRandom(space, w.w1, s, 5, sh);
-    fillRandom(space, w.w3, s, 6, sh);
-    fillRandom(space, w.w2, s, 7, 1.0f / std::sqrt(static_cast<float>(f)));
   }
-  kk::fence(space, "wlb::runtime::Model::init");
+  Kokkos::deep_copy(space, cos_, hc);
+  Kokkos::deep_copy(space, sin_, hs);
+  kk::fence(space, "wlb::runtime::rope_table");  // the host mirrors go out of scope
 }
 
-std::int64_t LayerStep::savedBytes() const {
-  return acts_.bytes() + 4 * (attn_ ? attn_->heldKvElements() : 0);
-}
-
-void Model::zeroGrads(const Space& space) {
-  Kokkos::deep_copy(space, grad_buf_, 0.0f);
-}
-
-// ---- activations ---------------------------------------------------------------------
-
-std::int64_t LayerActs::bytes() const {
-  std::int64_t b = 0;
-  for (const Mat* m : {&x, &h, &a1, &a3, &s}) b += static_cast<std::int64_t>(m->span());
-  for (const Act3* a : {&q, &k, &v, &o}) b += static_cast<std::int64_t>(a->span());
-  b += static_cast<std::int64_t>(lse.span());
-  return 4 * b;
-}
+// ---- elementwise kernels ---------------------------------------------------------------
 
 namespace {
-// Rows [r0, r1) of a LayoutRight view: contiguous.
-template <class V>
-auto rowsOf(const V& v, std::int64_t r0, std::int64_t r1) {
-  if constexpr (V::rank == 2)
-    return Kokkos::subview(v, std::make_pair(r0, r1), Kokkos::ALL);
-  else
-    return Kokkos::subview(v, std::make_pair(r0, r1), Kokkos::ALL, Kokkos::ALL);
-}
-template <class V>
-V copyOf(const Space& space, const V& v, std::int64_t r0, std::int64_t r1, const char* label) {
-  if (v.extent(0) == 0) return V();
-  V out;
-  if constexpr (V::rank == 2)
-    out = V(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), r1 - r0, v.extent(1));
-  else
-    out = V(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), r1 - r0, v.extent(1), v.extent(2));
-  Kokkos::deep_copy(space, out, rowsOf(v, r0, r1));
-  return out;
-}
-template <class V>
-V concatOf(const Space& space, const std::vector<const LayerActs*>& parts, V LayerActs::*field, const char* label) {
-  std::int64_t n = 0;
-  const V& first = parts.front()->*field;
-  if (first.extent(0) == 0 && parts.front()->rows() > 0) return V();  // not kept
-  for (const LayerActs* p : parts) n += static_cast<std::int64_t>((p->*field).extent(0));
-  V out;
-  if constexpr (V::rank == 2)
-    out = V(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), n, first.extent(1));
-  else
-    out = V(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), n, first.extent(1), first.extent(2));
-  std::int64_t at = 0;
-  for (const LayerActs* p : parts) {
-    const V& src = p->*field;
-    const auto r = static_cast<std::int64_t>(src.extent(0));
-    if (r > 0) Kokkos::deep_copy(space, rowsOf(out, at, at + r), src);
-    at += r;
-  }
-  return out;
-}
-}  // namespace
 
-LayerActs LayerActs::copyRows(const Space& space, std::int64_t r0, std::int64_t r1) const {
-  LayerActs c;
-  c.x = copyOf(space, x, r0, r1, "wlb::runtime::x");
-  c.h = copyOf(space, h, r0, r1, "wlb::runtime::h");
-  c.a1 = copyOf(space, a1, r0, r1, "wlb::runtime::a1");
-  c.a3 = copyOf(space, a3, r0, r1, "wlb::runtime::a3");
-  c.s = copyOf(space, s, r0, r1, "wlb::runtime::s");
-  c.q = copyOf(space, q, r0, r1, "wlb::runtime::q");
-  c.k = copyOf(space, k, r0, r1, "wlb::runtime::k");
-  c.v = copyOf(space, v, r0, r1, "wlb::runtime::v");
-  c.o = copyOf(space, o, r0, r1, "wlb::runtime::o");
-  c.lse = copyOf(space, lse, r0, r1, "wlb::runtime::lse");
-  return c;
+// y = x * rstd * g, rstd = 1/sqrt(mean(x^2) + eps); one team per row.
+void rmsnormFwd(const Space& space, const Mat& x, const Vec& g, float eps, const Mat& y, const Vec& rstd) {
+  const std::int64_t n = static_cast<std::int64_t>(x.extent(0)), h = static_cast<std::int64_t>(x.extent(1));
+  if (n == 0) return;
+  Kokkos::parallel_for(
+      "wlb::runtime::rmsnorm_fwd", Team(space, n, Kokkos::AUTO), KOKKOS_LAMBDA(const Team::member_type& t) {
+        const std::int64_t i = t.league_rank();
+        float ss = 0;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(t, h), [&](const std::int64_t j, float& acc) { acc += x(i, j) * x(i, j); }, ss);
+        const float r = 1.0f / kk::sqrt(ss / static_cast<float>(h) + eps);
+        Kokkos::single(Kokkos::PerTeam(t), [&]() { rstd(i) = r; });
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(t, h),
+                             [&](const std::int64_t j) { y(i, j) = x(i, j) * r * g(j); });
+      });
 }
 
-LayerActs LayerActs::concat(const Space& space, const std::vector<const LayerActs*>& parts) {
-  if (parts.empty()) return {};
-  if (parts.size() == 1) return *parts.front();
-  LayerActs c;
-  c.x = concatOf(space, parts, &LayerActs::x, "wlb::runtime::x");
-  c.h = concatOf(space, parts, &LayerActs::h, "wlb::runtime::h");
-  c.a1 = concatOf(space, parts, &LayerActs::a1, "wlb::runtime::a1");
-  c.a3 = concatOf(space, parts, &LayerActs::a3, "wlb::runtime::a3");
-  c.s = concatOf(space, parts, &LayerActs::s, "wlb::runtime::s");
-  c.q = concatOf(space, parts, &LayerActs::q, "wlb::runtime::q");
-  c.k = concatOf(space, parts, &LayerActs::k, "wlb::runtime::k");
-  c.v = concatOf(space, parts, &LayerActs::v, "wlb::runtime::v");
-  c.o = concatOf(space, parts, &LayerActs::o, "wlb::runtime::o");
-  c.lse = concatOf(space, parts, &LayerActs::lse, "wlb::runtime::lse");
-  return c;
+// dx += rstd * (g*dy - xhat * mean(g*dy*xhat)); dg += sum over rows of dy * xhat, summed
+// per column in row order (deterministic without atomics).
+void rmsnormBwd(const Space& space, const Mat& x, const Vec& g, const Vec& rstd, const Mat& dy, const Mat& dx,
+                const Vec& dg) {
+  const std::int64_t n = static_cast<std::int64_t>(x.extent(0)), h = static_cast<std::int64_t>(x.extent(1));
+  if (n == 0) return;
+  Kokkos::parallel_for(
+      "wlb::runtime::rmsnorm_bwd_x", Team(space, n, Kokkos::AUTO), KOKKOS_LAMBDA(const Team::member_type& t) {
+        const std::int64_t i = t.league_rank();
+        const float r = rstd(i);
+        float dot = 0;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(t, h),
+            [&](const std::int64_t j, float& acc) { acc += g(j) * dy(i, j) * x(i, j) * r; }, dot);
+        dot /= static_cast<float>(h);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(t, h),
+                             [&](const std::int64_t j) { dx(i, j) += r * (g(j) * dy(i, j) - x(i, j) * r * dot); });
+      });
+  Kokkos::parallel_for(
+      "wlb::runtime::rmsnorm_bwd_g", Policy(space, 0, h), KOKKOS_LAMBDA(const std::int64_t j) {
+        float s = 0;
+        for (std::int64_t i = 0; i < n; ++i) s += dy(i, j) * x(i, j) * rstd(i);
+        dg(j) += s;
+      });
 }
 
-// ---- the linear parts ------------------------------------------------------------------
+// Rotate pairs (d, d + D/2) of every head by +-angle(position, d) (sign -1: the transpose).
+void rope(const Space& space, const Act3& t, const IVec& pos, const RopeTable& table, float sign) {
+  const std::int64_t n = static_cast<std::int64_t>(t.extent(0));
+  const int H = static_cast<int>(t.extent(1)), half = static_cast<int>(t.extent(2)) / 2;
+  const Mat c = table.cos(), s = table.sin();
+  Kokkos::parallel_for(
+      "wlb::runtime::rope", Policy(space, 0, n * H * half), KOKKOS_LAMBDA(const std::int64_t idx) {
+        const std::int64_t i = idx / (H * half);
+        const int hh = static_cast<int>(idx / half % H), d = static_cast<int>(idx % half);
+        const float cv = c(pos(i), d), sv = sign * s(pos(i), d);
+        const float a = t(i, hh, d), b = t(i, hh, d + half);
+        t(i, hh, d) = a * cv - b * sv;
+        t(i, hh, d + half) = a * sv + b * cv;
+      });
+}
 
-namespace {
+// a += b, elementwise
+void addInto(const Space& space, const Mat& a, const Mat& b) {
+  Kokkos::parallel_for(
+      "wlb::runtime::residual", Policy(space, 0, static_cast<std::int64_t>(a.size())),
+      KOKKOS_LAMBDA(const std::int64_t i) { a.data()[i] += b.data()[i]; });
+}
+
 void tpAllreduce(const LayerEnv& env, const Mat& m, bool backward) {
   if (env.tp <= 1 || env.tp_comm == MPI_COMM_NULL) return;
   const Space& space = *env.space;
@@ -269,25 +161,119 @@ void tpAllreduce(const LayerEnv& env, const Mat& m, bool backward) {
         ->allreduceSum(space, m.data(), static_cast<std::int64_t>(m.size()));
 }
 
-// a += b, elementwise
-void addInto(const Space& space, const Mat& a, const Mat& b) {
-  Kokkos::parallel_for(
-      "wlb::runtime::residual", Kokkos::RangePolicy<Space>(space, 0, static_cast<std::int64_t>(a.size())),
-      KOKKOS_LAMBDA(const std::int64_t i) { a.data()[i] += b.data()[i]; });
+Vec newVec(const char* label, std::int64_t n) {
+  return Vec(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), n);
+}
+
+}  // namespace
+
+// ---- activations ---------------------------------------------------------------------
+
+std::int64_t LayerActs::bytes() const {
+  std::int64_t b = 0;
+  for (const Mat* m : {&x, &xn1, &h, &hn, &a1, &a3, &s}) b += static_cast<std::int64_t>(m->span());
+  for (const Vec* v : {&rstd1, &rstd2}) b += static_cast<std::int64_t>(v->span());
+  for (const Act3* a : {&q, &k, &v, &o}) b += static_cast<std::int64_t>(a->span());
+  b += static_cast<std::int64_t>(lse.span());
+  return 4 * b;
+}
+
+namespace {
+// Rows [r0, r1) of a LayoutRight view: contiguous.
+template <class V>
+auto rowsOf(const V& v, std::int64_t r0, std::int64_t r1) {
+  if constexpr (V::rank == 1)
+    return Kokkos::subview(v, std::make_pair(r0, r1));
+  else if constexpr (V::rank == 2)
+    return Kokkos::subview(v, std::make_pair(r0, r1), Kokkos::ALL);
+  else
+    return Kokkos::subview(v, std::make_pair(r0, r1), Kokkos::ALL, Kokkos::ALL);
+}
+template <class V>
+V alloc(const char* label, std::int64_t rows, const V& like) {
+  const auto a = Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label));
+  if constexpr (V::rank == 1)
+    return V(a, rows);
+  else if constexpr (V::rank == 2)
+    return V(a, rows, like.extent(1));
+  else
+    return V(a, rows, like.extent(1), like.extent(2));
+}
+template <class V>
+V copyOf(const Space& space, const V& v, std::int64_t r0, std::int64_t r1, const char* label) {
+  if (v.extent(0) == 0) return V();
+  V out = alloc(label, r1 - r0, v);
+  Kokkos::deep_copy(space, out, rowsOf(v, r0, r1));
+  return out;
+}
+template <class V>
+V concatOf(const Space& space, const std::vector<const LayerActs*>& parts, V LayerActs::*field, const char* label) {
+  std::int64_t n = 0;
+  const V& first = parts.front()->*field;
+  if (first.extent(0) == 0 && parts.front()->rows() > 0) return V();  // not kept
+  for (const LayerActs* p : parts) n += static_cast<std::int64_t>((p->*field).extent(0));
+  V out = alloc(label, n, first);
+  std::int64_t at = 0;
+  for (const LayerActs* p : parts) {
+    const V& src = p->*field;
+    const auto r = static_cast<std::int64_t>(src.extent(0));
+    if (r > 0) Kokkos::deep_copy(space, rowsOf(out, at, at + r), src);
+    at += r;
+  }
+  return out;
+}
+// Every field of LayerActs, once: copyRows and concat walk the same list.
+template <class F>
+void eachField(F&& f) {
+  f(&LayerActs::x, "wlb::runtime::x");
+  f(&LayerActs::xn1, "wlb::runtime::xn1");
+  f(&LayerActs::h, "wlb::runtime::h");
+  f(&LayerActs::hn, "wlb::runtime::hn");
+  f(&LayerActs::a1, "wlb::runtime::a1");
+  f(&LayerActs::a3, "wlb::runtime::a3");
+  f(&LayerActs::s, "wlb::runtime::s");
+  f(&LayerActs::rstd1, "wlb::runtime::rstd1");
+  f(&LayerActs::rstd2, "wlb::runtime::rstd2");
+  f(&LayerActs::q, "wlb::runtime::q");
+  f(&LayerActs::k, "wlb::runtime::k");
+  f(&LayerActs::v, "wlb::runtime::v");
+  f(&LayerActs::o, "wlb::runtime::o");
+  f(&LayerActs::lse, "wlb::runtime::lse");
 }
 }  // namespace
 
-void qkvForward(const LayerEnv& env, const LayerShape& s, const LayerParams& w, LayerActs& a) {
+LayerActs LayerActs::copyRows(const Space& space, std::int64_t r0, std::int64_t r1) const {
+  LayerActs c;
+  eachField([&](auto field, const char* label) { c.*field = copyOf(space, this->*field, r0, r1, label); });
+  return c;
+}
+
+LayerActs LayerActs::concat(const Space& space, const std::vector<const LayerActs*>& parts) {
+  if (parts.empty()) return {};
+  if (parts.size() == 1) return *parts.front();
+  LayerActs c;
+  eachField([&](auto field, const char* label) { c.*field = concatOf(space, parts, field, label); });
+  return c;
+}
+
+// ---- the parts around the attention ----------------------------------------------------
+
+void qkvForward(const LayerEnv& env, const LayerShape& s, const LayerParams& w, LayerActs& a, const IVec& pos) {
   const Space& space = *env.space;
   const std::int64_t n = a.rows();
+  a.xn1 = newMat("wlb::runtime::xn1", n, s.hidden);
+  a.rstd1 = newVec("wlb::runtime::rstd1", n);
   a.q = newAct3("wlb::runtime::q", n, s.heads, s.head_dim);
   a.k = newAct3("wlb::runtime::k", n, s.kv_heads, s.head_dim);
   a.v = newAct3("wlb::runtime::v", n, s.kv_heads, s.head_dim);
   Region r(env.recorder, trace::labels::kQkvProj, space, trace::Phase::Fwd,
            linearOpFlops(*env.cost, LinearOp::QkvProj, n, model::Phase::Fwd));
-  gemm(space, Trans::N, Trans::N, 1.0f, a.x, w.wq, 0.0f, flat(a.q), env.precision);
-  gemm(space, Trans::N, Trans::N, 1.0f, a.x, w.wk, 0.0f, flat(a.k), env.precision);
-  gemm(space, Trans::N, Trans::N, 1.0f, a.x, w.wv, 0.0f, flat(a.v), env.precision);
+  rmsnormFwd(space, a.x, w.norm1, env.norm_eps, a.xn1, a.rstd1);
+  gemm(space, Trans::N, Trans::N, 1.0f, a.xn1, w.wq, 0.0f, flat(a.q), env.precision);
+  gemm(space, Trans::N, Trans::N, 1.0f, a.xn1, w.wk, 0.0f, flat(a.k), env.precision);
+  gemm(space, Trans::N, Trans::N, 1.0f, a.xn1, w.wv, 0.0f, flat(a.v), env.precision);
+  rope(space, a.q, pos, *env.rope, 1.0f);
+  rope(space, a.k, pos, *env.rope, 1.0f);
 }
 
 Mat outMlpForward(const LayerEnv& env, const LayerParams& w, LayerActs& a) {
@@ -297,27 +283,29 @@ Mat outMlpForward(const LayerEnv& env, const LayerParams& w, LayerActs& a) {
                      ffn = static_cast<std::int64_t>(w.w1.extent(1));
   const auto F = model::Phase::Fwd;
   const auto P = trace::Phase::Fwd;
-  // Output projection + residual: h = x + o Wo.
+  // Output projection + residual: h = x + O Wo (the TP ranks' partial products summed).
   a.h = newMat("wlb::runtime::h", n, hidden);
   {
     Region r(rec, trace::labels::kOutProj, space, P, linearOpFlops(*env.cost, LinearOp::OutProj, n, F));
     gemm(space, Trans::N, Trans::N, 1.0f, flat(a.o), w.wo, 0.0f, a.h, env.precision);
   }
   tpAllreduce(env, a.h, false);
-  Mat h = a.h;
-  addInto(space, h, a.x);
-  // SwiGLU MLP + residual: y = h + (silu(h W1) * (h W3)) W2.
+  addInto(space, a.h, a.x);
+  // SwiGLU MLP + residual: y = h + (silu(hn W1) * (hn W3)) W2, hn = norm2(h).
   Mat y = newMat("wlb::runtime::y", n, hidden);
   {
     Region r(rec, trace::labels::kMlp, space, P, linearOpFlops(*env.cost, LinearOp::Mlp, n, F));
+    a.hn = newMat("wlb::runtime::hn", n, hidden);
+    a.rstd2 = newVec("wlb::runtime::rstd2", n);
+    rmsnormFwd(space, a.h, w.norm2, env.norm_eps, a.hn, a.rstd2);
     a.a1 = newMat("wlb::runtime::a1", n, ffn);
     a.a3 = newMat("wlb::runtime::a3", n, ffn);
     a.s = newMat("wlb::runtime::s", n, ffn);
-    gemm(space, Trans::N, Trans::N, 1.0f, h, w.w1, 0.0f, a.a1, env.precision);
-    gemm(space, Trans::N, Trans::N, 1.0f, h, w.w3, 0.0f, a.a3, env.precision);
+    gemm(space, Trans::N, Trans::N, 1.0f, a.hn, w.w1, 0.0f, a.a1, env.precision);
+    gemm(space, Trans::N, Trans::N, 1.0f, a.hn, w.w3, 0.0f, a.a3, env.precision);
     Mat a1 = a.a1, a3 = a.a3, sv = a.s;
     Kokkos::parallel_for(
-        "wlb::runtime::swiglu", Kokkos::RangePolicy<Space>(space, 0, static_cast<std::int64_t>(sv.size())),
+        "wlb::runtime::swiglu", Policy(space, 0, static_cast<std::int64_t>(sv.size())),
         KOKKOS_LAMBDA(const std::int64_t i) {
           const float v = a1.data()[i];
           sv.data()[i] = v * sigmoid(v) * a3.data()[i];
@@ -325,7 +313,7 @@ Mat outMlpForward(const LayerEnv& env, const LayerParams& w, LayerActs& a) {
     gemm(space, Trans::N, Trans::N, 1.0f, sv, w.w2, 0.0f, y, env.precision);
   }
   tpAllreduce(env, y, false);
-  addInto(space, y, h);
+  addInto(space, y, a.h);
   return y;
 }
 
@@ -337,63 +325,78 @@ Act3 outMlpBackward(const LayerEnv& env, const LayerParams& w, const LayerParams
                      ffn = static_cast<std::int64_t>(w.w1.extent(1));
   const auto B = model::Phase::Bwd;
   const auto P = trace::Phase::Bwd;
-  // MLP backward: dh = dy + d(MLP)/dh.
-  dh = newMat("wlb::runtime::dh", n, hidden);
+  // MLP backward: dhn = d(MLP)/dhn (summed over TP), then dh = dy + norm2'(dhn).
+  Mat dhn = newMat("wlb::runtime::dhn", n, hidden);
   {
     Region r(rec, trace::labels::kMlp, space, P, linearOpFlops(*env.cost, LinearOp::Mlp, n, B));
     Mat ds = newMat("wlb::runtime::ds", n, ffn);
     gemm(space, Trans::T, Trans::N, 1.0f, a.s, dy, 1.0f, g.w2, env.precision);  // dW2 += s^T dy
     gemm(space, Trans::N, Trans::T, 1.0f, dy, w.w2, 0.0f, ds, env.precision);   // ds = dy W2^T
-    Mat a1 = a.a1, a3 = a.a3, da1 = a.s;  // s no longer needed: reuse for d(a1)
+    Mat a1 = a.a1, a3 = a.a3, da1 = a.s;                                        // s no longer needed: reuse for d(a1)
     Kokkos::parallel_for(
-        "wlb::runtime::swiglu_bwd", Kokkos::RangePolicy<Space>(space, 0, static_cast<std::int64_t>(ds.size())),
+        "wlb::runtime::swiglu_bwd", Policy(space, 0, static_cast<std::int64_t>(ds.size())),
         KOKKOS_LAMBDA(const std::int64_t i) {
           const float v = a1.data()[i], sg = sigmoid(v), d = ds.data()[i];
           da1.data()[i] = d * a3.data()[i] * sg * (1.0f + v * (1.0f - sg));
           ds.data()[i] = d * v * sg;  // d(a3)
         });
-    gemm(space, Trans::T, Trans::N, 1.0f, a.h, da1, 1.0f, g.w1, env.precision);  // dW1 += h^T da1
-    gemm(space, Trans::T, Trans::N, 1.0f, a.h, ds, 1.0f, g.w3, env.precision);   // dW3 += h^T da3
-    gemm(space, Trans::N, Trans::T, 1.0f, da1, w.w1, 0.0f, dh, env.precision);   // dh = da1 W1^T
-    gemm(space, Trans::N, Trans::T, 1.0f, ds, w.w3, 1.0f, dh, env.precision);    //    + da3 W3^T
+    gemm(space, Trans::T, Trans::N, 1.0f, a.hn, da1, 1.0f, g.w1, env.precision);  // dW1 += hn^T da1
+    gemm(space, Trans::T, Trans::N, 1.0f, a.hn, ds, 1.0f, g.w3, env.precision);   // dW3 += hn^T da3
+    gemm(space, Trans::N, Trans::T, 1.0f, da1, w.w1, 0.0f, dhn, env.precision);   // dhn = da1 W1^T
+    gemm(space, Trans::N, Trans::T, 1.0f, ds, w.w3, 1.0f, dhn, env.precision);    //     + da3 W3^T
   }
   a.a1 = a.a3 = a.s = Mat();
-  tpAllreduce(env, dh, true);
-  addInto(space, dh, dy);
+  tpAllreduce(env, dhn, true);
+  dh = newMat("wlb::runtime::dh", n, hidden);
+  {
+    Region r(rec, trace::labels::kMlp, space, P);
+    Kokkos::deep_copy(space, dh, dy);  // residual
+    rmsnormBwd(space, a.h, w.norm2, a.rstd2, dhn, dh, g.norm2);
+  }
+  a.hn = Mat();
+  a.rstd2 = Vec();
   // Output projection backward.
   Act3 d_o = newAct3("wlb::runtime::dO", n, static_cast<int>(a.o.extent(1)), static_cast<int>(a.o.extent(2)));
   {
     Region r(rec, trace::labels::kOutProj, space, P, linearOpFlops(*env.cost, LinearOp::OutProj, n, B));
-    gemm(space, Trans::T, Trans::N, 1.0f, flat(a.o), dh, 1.0f, g.wo, env.precision);   // dWo += o^T dh
+    gemm(space, Trans::T, Trans::N, 1.0f, flat(a.o), dh, 1.0f, g.wo, env.precision);  // dWo += O^T dh
     gemm(space, Trans::N, Trans::T, 1.0f, dh, w.wo, 0.0f, flat(d_o), env.precision);  // dO = dh Wo^T
   }
   return d_o;
 }
 
 Mat qkvBackward(const LayerEnv& env, const LayerParams& w, const LayerParams& g, const LayerActs& a, const Act3& dq,
-                const Act3& dk, const Act3& dv, const Mat& dh) {
+                const Act3& dk, const Act3& dv, const Mat& dh, const IVec& pos) {
   const Space& space = *env.space;
-  const std::int64_t n = a.rows();
-  // QKV projection backward: dx = dh + dq Wq^T + dk Wk^T + dv Wv^T.
-  Mat dx = newMat("wlb::runtime::dx", n, static_cast<std::int64_t>(w.wq.extent(0)));
+  const std::int64_t n = a.rows(), hidden = static_cast<std::int64_t>(w.wq.extent(0));
+  // dx = dh + norm1'(dq Wq^T + dk Wk^T + dv Wv^T), with RoPE undone on dq and dk first.
+  Mat dxn = newMat("wlb::runtime::dxn1", n, hidden);
   {
     Region r(env.recorder, trace::labels::kQkvProj, space, trace::Phase::Bwd,
              linearOpFlops(*env.cost, LinearOp::QkvProj, n, model::Phase::Bwd));
-    gemm(space, Trans::T, Trans::N, 1.0f, a.x, flat(dq), 1.0f, g.wq, env.precision);
-    gemm(space, Trans::T, Trans::N, 1.0f, a.x, flat(dk), 1.0f, g.wk, env.precision);
-    gemm(space, Trans::T, Trans::N, 1.0f, a.x, flat(dv), 1.0f, g.wv, env.precision);
-    gemm(space, Trans::N, Trans::T, 1.0f, flat(dq), w.wq, 0.0f, dx, env.precision);
-    gemm(space, Trans::N, Trans::T, 1.0f, flat(dk), w.wk, 1.0f, dx, env.precision);
-    gemm(space, Trans::N, Trans::T, 1.0f, flat(dv), w.wv, 1.0f, dx, env.precision);
+    rope(space, dq, pos, *env.rope, -1.0f);
+    rope(space, dk, pos, *env.rope, -1.0f);
+    gemm(space, Trans::T, Trans::N, 1.0f, a.xn1, flat(dq), 1.0f, g.wq, env.precision);
+    gemm(space, Trans::T, Trans::N, 1.0f, a.xn1, flat(dk), 1.0f, g.wk, env.precision);
+    gemm(space, Trans::T, Trans::N, 1.0f, a.xn1, flat(dv), 1.0f, g.wv, env.precision);
+    gemm(space, Trans::N, Trans::T, 1.0f, flat(dq), w.wq, 0.0f, dxn, env.precision);
+    gemm(space, Trans::N, Trans::T, 1.0f, flat(dk), w.wk, 1.0f, dxn, env.precision);
+    gemm(space, Trans::N, Trans::T, 1.0f, flat(dv), w.wv, 1.0f, dxn, env.precision);
   }
-  tpAllreduce(env, dx, true);
-  addInto(space, dx, dh);
+  tpAllreduce(env, dxn, true);
+  Mat dx = newMat("wlb::runtime::dx", n, hidden);
+  {
+    Region r(env.recorder, trace::labels::kQkvProj, space, trace::Phase::Bwd);
+    Kokkos::deep_copy(space, dx, dh);  // residual
+    rmsnormBwd(space, a.x, w.norm1, a.rstd1, dxn, dx, g.norm1);
+  }
   return dx;
 }
 
 // ---- layer step ----------------------------------------------------------------------
 
-LayerStep::LayerStep(const LayerEnv& env, Model& model, int layer, const cp::ShardPlan& plan, const cp::CommPlan& comm)
+LayerStep::LayerStep(const LayerEnv& env, const Llama& model, int layer, const cp::ShardPlan& plan,
+                     const cp::CommPlan& comm)
     : env_(env), model_(&model), layer_(layer) {
   int cp_rank = 0;
   MPI_Comm_rank(env.cp_comm, &cp_rank);
@@ -403,28 +406,37 @@ LayerStep::LayerStep(const LayerEnv& env, Model& model, int layer, const cp::Sha
   opt.cost = env.cost;
   opt.recorder = env.recorder;
   opt.group = env.cp_group;
-  const LayerShape& s = model.shape();
+  const LayerShape s = LayerShape::of(model.config());
   attn_ = std::make_unique<cp::DistributedAttention>(plan, comm, env.cp_comm, s.heads, s.kv_heads, s.head_dim, opt);
 }
 
-Mat LayerStep::forward(const Mat& x) {
+std::int64_t LayerStep::savedBytes() const {
+  return acts_.bytes() + 4 * (attn_ ? attn_->heldKvElements() : 0);
+}
+
+Mat LayerStep::forward(const Mat& x, const IVec& pos, bool keep) {
   const Space& space = *env_.space;
-  const LayerShape& s = model_->shape();
+  const LayerShape s = LayerShape::of(model_->config());
   const LayerParams& w = model_->weights(layer_);
   acts_.x = x;
-  qkvForward(env_, s, w, acts_);
+  qkvForward(env_, s, w, acts_, pos);
   // Attention (KV exchange inside).
   acts_.o = newAct3("wlb::runtime::o", n_, s.heads, s.head_dim);
   acts_.lse = LayerActs::Lse(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::runtime::lse"), n_, s.heads);
   attn_->forward(space, acts_.q, acts_.k, acts_.v, acts_.o, acts_.lse);
   attn_seconds_ = attn_->times().attn_fwd;
-  kv_seconds_ = attn_->times().comm_fwd;
-  return outMlpForward(env_, w, acts_);
+  Mat y = outMlpForward(env_, w, acts_);
+  if (!keep) {
+    kk::fence(space, "wlb::runtime::layer::fwd");
+    acts_ = LayerActs();
+    attn_.reset();  // its KV buffer
+  }
+  return y;
 }
 
-Mat LayerStep::backward(const Mat& dy) {
+Mat LayerStep::backward(const Mat& dy, const IVec& pos) {
   const Space& space = *env_.space;
-  const LayerShape& s = model_->shape();
+  const LayerShape s = LayerShape::of(model_->config());
   const LayerParams& w = model_->weights(layer_);
   const LayerParams& g = model_->grads(layer_);
   Mat dh;
@@ -435,10 +447,9 @@ Mat LayerStep::backward(const Mat& dy) {
   Act3 dv = newAct3("wlb::runtime::dv", n_, s.kv_heads, s.head_dim);
   attn_->backward(space, acts_.q, acts_.o, acts_.lse, d_o, dq, dk, dv);
   attn_seconds_ += attn_->times().attn_bwd;
-  kv_seconds_ += attn_->times().comm_bwd;
   acts_.o = Act3();
   acts_.lse = LayerActs::Lse();
-  Mat dx = qkvBackward(env_, w, g, acts_, dq, dk, dv, dh);
+  Mat dx = qkvBackward(env_, w, g, acts_, dq, dk, dv, dh, pos);
   kk::fence(space, "wlb::runtime::layer::bwd");
   acts_ = LayerActs();
   return dx;

@@ -15,7 +15,10 @@
 
 #include "core/error.hpp"
 #include "core/kokkos_compat.hpp"
+#include "model/memory.hpp"
 #include "parallel/progress_thread.hpp"
+#include "pp/simulator.hpp"
+#include "runtime/head.hpp"
 #include "runtime/sliced.hpp"
 #include "trace/recorder.hpp"
 
@@ -30,26 +33,25 @@ double since(Clock::time_point t) {
 namespace labels = trace::labels;
 using HostMat = Mat::HostMirror;
 
-// Input and loss-projection streams: rows are keyed by document token (tokenKey).
-constexpr std::uint64_t kInputStream = 4;
-
-// Keys of a CP rank's local rows: packed positions -> (document, position) of the segment.
-std::vector<std::int64_t> tokenKeys(const MicroBatch& mb, const std::vector<std::int64_t>& packed) {
+// A CP rank's rows of a micro-batch: packed positions -> (document, position) of the segment.
+std::vector<TokenRef> shardRows(const MicroBatch& mb, const std::vector<std::int64_t>& packed) {
   std::vector<std::int64_t> seg_begin;
   std::int64_t at = 0;
   for (const auto& s : mb.segments) {
     seg_begin.push_back(at);
     at += s.length;
   }
-  std::vector<std::int64_t> keys;
-  keys.reserve(packed.size());
+  std::vector<TokenRef> rows;
+  rows.reserve(packed.size());
   for (const std::int64_t p : packed) {
     const auto it = std::upper_bound(seg_begin.begin(), seg_begin.end(), p);
     if (it == seg_begin.begin() || p >= at) throw std::logic_error("pipeline: packed position outside the micro-batch");
     const std::size_t i = static_cast<std::size_t>(it - seg_begin.begin()) - 1;
-    keys.push_back(tokenKey(mb.segments[i].doc, mb.segments[i].offset + (p - seg_begin[i])));
+    const Segment& s = mb.segments[i];
+    const std::int64_t j = p - seg_begin[i];
+    rows.push_back(TokenRef{s.doc, s.offset + j, static_cast<std::int32_t>(s.q_offset + j), j + 1 < s.length});
   }
-  return keys;
+  return rows;
 }
 
 void checkTags(MPI_Comm pp_comm, const pp::Schedule& schedule) {
@@ -65,17 +67,6 @@ void checkTags(MPI_Comm pp_comm, const pp::Schedule& schedule) {
                      true);
 }
 
-double dot(const Space& space, const Mat& a, const Mat& b) {
-  double s = 0;
-  Kokkos::parallel_reduce(
-      "wlb::runtime::loss", Kokkos::RangePolicy<Space>(space, 0, static_cast<std::int64_t>(a.size())),
-      KOKKOS_LAMBDA(const std::int64_t i, double& acc) {
-        acc += static_cast<double>(a.data()[i]) * static_cast<double>(b.data()[i]);
-      },
-      s);
-  return s;
-}
-
 // Optional timed region (the executor always has a recorder; tests may not).
 struct Region {
   std::optional<trace::Recorder::Scope> scope;
@@ -86,35 +77,32 @@ struct Region {
 
 }  // namespace
 
-std::vector<int> PipelineStage::stageLayers(int layers, int stages, int chunks, int stage) {
-  std::vector<int> ids;
-  for (int c = 0; c < chunks; ++c) {
-    const auto b = pp::layerBlock(layers, stages * chunks, c * stages + stage);
-    for (int l = b.first; l < b.first + b.count; ++l) ids.push_back(l);
-  }
-  return ids;
-}
-
-PipelineStage::PipelineStage(const LayerEnv& env, Model& model, const pp::Schedule& schedule, int stage, int layers,
-                             MPI_Comm pp_comm)
-    : env_(env), model_(&model), sched_(&schedule), stage_(stage), layers_(layers), pp_comm_(pp_comm) {
+PipelineStage::PipelineStage(const LayerEnv& env, Llama& model, const pp::Schedule& schedule, MPI_Comm pp_comm)
+    : env_(env),
+      model_(&model),
+      sched_(&schedule),
+      stage_(model.config().stage),
+      pp_comm_(pp_comm),
+      rope_(model.config().headDim(), model.config().rope_theta) {
   int r = 0, n = 0;
   MPI_Comm_rank(pp_comm, &r);
   MPI_Comm_size(pp_comm, &n);
-  if (r != stage || n != schedule.stages)
+  if (r != stage_ || n != schedule.stages || model.config().pp != schedule.stages ||
+      model.config().chunks != schedule.chunks)
     throw std::logic_error("PipelineStage: pipeline communicator rank " + std::to_string(r) + " of " +
-                           std::to_string(n) + " for stage " + std::to_string(stage) + " of " +
+                           std::to_string(n) + " for stage " + std::to_string(stage_) + " of " +
                            std::to_string(schedule.stages));
   checkTags(pp_comm, schedule);  // tags: (direction, destination virtual stage, micro-batch)
+  env_.rope = &rope_;
+  env_.norm_eps = model.config().norm_eps;
 }
 
-StageStepInput slicedStepInput(std::int64_t step, std::uint64_t seed, const StepPlan& plan, std::size_t d, int stages,
+StageStepInput slicedStepInput(std::int64_t step, const StepPlan& plan, std::size_t d, int stages,
                                const model::CostModel& cost, cp::Strategy strategy, cp::CommMode mode,
                                const CpConfig& cfg) {
   const std::vector<MicroBatch>& replica = plan.replicas[d];
   StageStepInput in;
   in.step = step;
-  in.seed = seed;
   in.mbs = replica;
   for (const auto& mb : replica) in.mb_tokens.push_back(mb.tokens());
   in.shards.resize(replica.size());
@@ -142,6 +130,102 @@ StageStepInput slicedStepInput(std::int64_t step, std::uint64_t seed, const Step
   return in;
 }
 
+StageStepInput replicaStepInput(std::int64_t step, const StepPlan& plan, std::size_t d, int stages, std::int64_t slots,
+                                int cp, const model::CostModel& cost, cp::Strategy strategy, cp::CommMode mode,
+                                const CpConfig& cfg) {
+  if (pp::isSlimPackPlan(plan)) return slicedStepInput(step, plan, d, stages, cost, strategy, mode, cfg);
+  const std::vector<MicroBatch>& replica = plan.replicas[d];
+  const std::size_t M = static_cast<std::size_t>(slots);
+  if (replica.size() > M)
+    throw std::logic_error("a replica has " + std::to_string(replica.size()) + " micro-batches, expected at most " +
+                           std::to_string(M));
+  StageStepInput in;
+  in.step = step;
+  in.mbs.resize(M);
+  in.mb_tokens.assign(M, 0);
+  in.shards.resize(M);
+  in.comms.resize(M);
+  auto plans = cp::planReplicaShards(replica, strategy, mode, cp, cost, cfg);
+  for (std::size_t m = 0; m < replica.size(); ++m) {
+    in.mbs[m] = replica[m];
+    in.mb_tokens[m] = replica[m].tokens();
+    in.shards[m] = std::move(plans[m].shard);
+    in.comms[m] = std::move(plans[m].comm);
+  }
+  return in;
+}
+
+MergedComms connectMerged(const parallel::Mesh& mesh, const StepPlan& plan, StageStepInput& in,
+                          parallel::CommBackend backend) {
+  MergedComms mc;
+  const auto& c = mesh.coord();
+  const auto& shape = mesh.shape();
+  mc.comms.reserve(plan.merged.size());
+  for (const auto& m : plan.merged) {
+    const bool member = m.member(c.dp) >= 0;
+    const int color = member ? (c.pp * shape.cp() + c.cp) * shape.tp() + c.tp : MPI_UNDEFINED;
+    MPI_Comm raw = MPI_COMM_NULL;
+    MPI_Comm_split(mesh.world(), color, c.dp, &raw);
+    if (!member) continue;
+    mc.comms.push_back(parallel::Comm::adopt(raw));
+    mc.groups.push_back(parallel::makeGroupComm(raw, backend));
+    for (auto& g : in.merged)
+      if (g.slot == static_cast<int>(m.slot)) {
+        g.comm = raw;
+        g.group = mc.groups.back().get();
+      }
+  }
+  return mc;
+}
+
+pp::Schedule forwardSchedule(int stages, int micro_batches, int chunks) {
+  pp::Schedule s;
+  s.kind = pp::ScheduleKind::GPipe;
+  s.stages = stages;
+  s.micro_batches = micro_batches;
+  s.chunks = chunks;
+  s.order.resize(static_cast<std::size_t>(stages));
+  for (auto& o : s.order)
+    for (int m = 0; m < micro_batches; ++m)
+      for (int c = 0; c < chunks; ++c) o.push_back(pp::Task{pp::Phase::Fwd, m, c});
+  return s;
+}
+
+double runLocal(Llama& model, const TokenSource& tokens, const std::vector<MicroBatch>& mbs, bool backward,
+                float loss_scale) {
+  const LlamaConfig& c = model.config();
+  if (c.pp != 1 || c.tp != 1 || c.chunks != 1) throw std::logic_error("runLocal: a one-rank model");
+  model::ModelDims d;
+  d.hidden = c.hidden;
+  d.heads = c.heads;
+  d.kv_heads = c.kv_heads;
+  d.head_dim = c.headDim();
+  d.ffn = c.ffn;
+  d.layers = c.layers;
+  d.vocab = c.vocab;
+  const model::CostModel cost(d, model::HardwareProfile::analytic(), 1);
+  const Space space;
+  LayerEnv env;
+  env.space = &space;
+  env.cp_comm = MPI_COMM_SELF;
+  env.cost = &cost;
+  const int M = static_cast<int>(mbs.size());
+  const pp::Schedule sched = backward ? pp::makeOneFOneB(1, M) : forwardSchedule(1, M, 1);
+  PipelineStage stage(env, model, sched, MPI_COMM_SELF);
+  StageStepInput in;
+  in.tokens = &tokens;
+  in.loss_scale = loss_scale;
+  in.forward_only = !backward;
+  in.mbs = mbs;
+  CpConfig cfg;
+  for (auto& pl : cp::planReplicaShards(mbs, cp::Strategy::PerSequence, cp::CommMode::AllGather, 1, cost, cfg)) {
+    in.shards.push_back(std::move(pl.shard));
+    in.comms.push_back(std::move(pl.comm));
+  }
+  for (const auto& mb : mbs) in.mb_tokens.push_back(mb.tokens());
+  return stage.run(in, 0).loss;
+}
+
 StageStepResult PipelineStage::run(const StageStepInput& in, std::int64_t t0_ns) {
   if (in.schedule) checkTags(pp_comm_, *in.schedule);
   const pp::Schedule& S = in.schedule ? *in.schedule : *sched_;
@@ -150,19 +234,24 @@ StageStepResult PipelineStage::run(const StageStepInput& in, std::int64_t t0_ns)
       in.comms.size() != in.mb_tokens.size() || in.mbs.size() != in.mb_tokens.size() || S.stages != sched_->stages)
     throw std::logic_error("PipelineStage::run: step input has " + std::to_string(in.mb_tokens.size()) +
                            " micro-batches, schedule " + std::to_string(M));
+  if (!in.tokens) throw std::logic_error("PipelineStage::run: no token source");
+  if (in.forward_only && in.slices) throw std::logic_error("PipelineStage::run: sliced plans are not evaluated");
   const Space& space = *env_.space;
   trace::Recorder* rec = env_.recorder;
-  const int hidden = model_->shape().hidden;
-  int cp_rank = 0, cp_size = 1;
+  const LlamaConfig& mc = model_->config();
+  const int hidden = mc.hidden;
+  const bool train = !in.forward_only;
+  int cp_rank = 0, cp_size = 1, tp_rank = 0;
   MPI_Comm_rank(env_.cp_comm, &cp_rank);
   MPI_Comm_size(env_.cp_comm, &cp_size);
+  if (env_.tp_comm != MPI_COMM_NULL) MPI_Comm_rank(env_.tp_comm, &tp_rank);
   std::optional<SlicedStage> sliced;
   if (in.slices) {
     if (cp_size != 1) throw std::logic_error("PipelineStage::run: sliced plans run with cp = 1");
     sliced.emplace(env_, *model_, *in.slices);
   }
-  // DP-Merge units run as paired LayerSteps over their group (the CP communicator); the
-  // other units of a sliced plan through the SlicedStage.
+  // DP-Merge units run as LayerSteps over their group (the CP communicator); the other
+  // units of a sliced plan through the SlicedStage.
   const auto mergedOf = [&](std::size_t m) { return sliced ? in.mergedAt(m) : nullptr; };
   const auto slicedUnit = [&](std::size_t m) { return sliced && !in.mergedAt(m); };
   const auto shardRank = [&](std::size_t m) {
@@ -180,10 +269,6 @@ StageStepResult PipelineStage::run(const StageStepInput& in, std::int64_t t0_ns)
     if (mergedOf(m)) return false;
     return sliced ? local(ph, m) == 0 : in.mb_tokens[m] == 0;
   };
-  const auto keysOf = [&](pp::Phase ph, std::size_t m) {
-    if (slicedUnit(m)) return sliced->rowKeys(ph == pp::Phase::Bwd, static_cast<int>(m));
-    return tokenKeys(in.mbs[m], cp::packedPositions(in.shards[m], shardRank(m)));
-  };
   const auto envOf = [&](std::size_t m) {
     LayerEnv e = env_;
     if (const auto* mg = mergedOf(m)) {
@@ -192,16 +277,40 @@ StageStepResult PipelineStage::run(const StageStepInput& in, std::int64_t t0_ns)
     }
     return e;
   };
+  // The rows of a unit, built once (an unsliced unit's backward uses its forward's).
+  std::map<std::pair<int, int>, TokenRows> unit_rows;
+  const auto rowsOf = [&](pp::Phase ph, std::size_t m) -> const TokenRows& {
+    const bool bwd = ph == pp::Phase::Bwd && slicedUnit(m);
+    auto it = unit_rows.find({bwd ? 1 : 0, static_cast<int>(m)});
+    if (it != unit_rows.end()) return it->second;
+    const std::vector<TokenRef> refs = slicedUnit(m)
+                                           ? sliced->rows(bwd, static_cast<int>(m))
+                                           : shardRows(in.mbs[m], cp::packedPositions(in.shards[m], shardRank(m)));
+    std::int64_t max_pos = 0;
+    for (const TokenRef& t : refs) max_pos = std::max<std::int64_t>(max_pos, t.rope + 1);
+    rope_.ensure(space, max_pos);
+    return unit_rows
+        .emplace(std::make_pair(bwd ? 1 : 0, static_cast<int>(m)), TokenRows::make(space, *in.tokens, refs, mc.vocab))
+        .first->second;
+  };
   const auto tagOf = [&](pp::Phase ph, int vs_dst, int m) { return ((ph == pp::Phase::Bwd ? V : 0) + vs_dst) * M + m; };
+  const auto runs = [&](const pp::Task& t) { return train || t.phase == pp::Phase::Fwd; };
 
   StageStepResult res;
   res.mb_attn.assign(static_cast<std::size_t>(M), 0.0);
   res.mb_seconds = res.mb_attn;
   res.mb_tokens = res.mb_attn;
+  res.mb_loss = res.mb_attn;
   for (int m = 0; m < M; ++m)
     if (!skip(pp::Phase::Fwd, static_cast<std::size_t>(m)))
       res.mb_tokens[static_cast<std::size_t>(m)] =
           static_cast<double>(local(pp::Phase::Fwd, static_cast<std::size_t>(m)));
+
+  // Every unit's rows before any message: bad token ids fail on every rank of the group
+  // alike (they read the same documents) instead of leaving a neighbour waiting.
+  for (const pp::Task& t : S.order[static_cast<std::size_t>(stage_)])
+    if (runs(t) && !skip(t.phase, static_cast<std::size_t>(t.mb)))
+      (void)rowsOf(t.phase, static_cast<std::size_t>(t.mb));
 
   // ---- post every receive of the step --------------------------------------------------
   struct Incoming {
@@ -212,7 +321,7 @@ StageStepResult PipelineStage::run(const StageStepInput& in, std::int64_t t0_ns)
   std::map<std::tuple<int, int, int>, Incoming> incoming;  // (bwd?, vstage, mb)
   for (const pp::Task& t : S.order[static_cast<std::size_t>(stage_)]) {
     const std::size_t m = static_cast<std::size_t>(t.mb);
-    if (skip(t.phase, m)) continue;
+    if (!runs(t) || skip(t.phase, m)) continue;
     const int vs = S.virtualStage(stage_, t.chunk);
     const bool fwd = t.phase == pp::Phase::Fwd;
     if ((fwd && vs == 0) || (!fwd && vs == V - 1)) continue;  // made here, not received
@@ -267,45 +376,62 @@ StageStepResult PipelineStage::run(const StageStepInput& in, std::int64_t t0_ns)
     outgoing.push_back(std::move(o));
   };
 
+  // The loss's input gradient, from the last virtual stage's forward to its backward: per
+  // unit, or (sliced) per forward MicroPack, cut into the backward MicroPacks' rows.
+  std::map<int, Mat> head_grad;
+  std::map<int, std::int64_t> head_rows_left;  // sliced: rows of a forward MicroPack not yet taken
+  model::ModelDims dims;
+  dims.hidden = hidden;
+  const std::int64_t head_row_bytes = model::executorHeadBytes(dims, 1);
+  const auto headGradOf = [&](std::size_t m) {
+    if (!slicedUnit(m)) {
+      Mat dy = head_grad.at(static_cast<int>(m));
+      head_grad.erase(static_cast<int>(m));
+      return dy;
+    }
+    const auto& sl = *in.slices;
+    const int j = static_cast<int>(m);
+    Mat dy = newMat("wlb::runtime::dy", sliced->bwdTokens(j), hidden);
+    for (auto i = sl.bwd_cuts[static_cast<std::size_t>(j)]; i < sl.bwd_cuts[static_cast<std::size_t>(j) + 1]; ++i) {
+      const int k = sl.fwd_pack[static_cast<std::size_t>(i)];
+      const std::int64_t len = sl.segments[static_cast<std::size_t>(i)].length, r0 = sliced->fwdRow(i),
+                         d0 = sliced->bwdRow(i);
+      Kokkos::deep_copy(space, Kokkos::subview(dy, std::make_pair(d0, d0 + len), Kokkos::ALL),
+                        Kokkos::subview(head_grad.at(k), std::make_pair(r0, r0 + len), Kokkos::ALL));
+      if ((head_rows_left[k] -= len) == 0) {
+        kk::fence(space, "wlb::runtime::head_grad");
+        head_grad.erase(k);
+        head_rows_left.erase(k);
+      }
+    }
+    return dy;
+  };
+
   // ---- the schedule walk ----------------------------------------------------------------
   std::optional<parallel::ProgressThread> progress_thread;
   if (V > 1) progress_thread.emplace(pp_comm_);
-  // live[(mb, chunk)]: the block's LayerSteps from forward to backward; dy of the loss.
+  // live[(mb, chunk)]: the block's LayerSteps from forward to backward.
   std::map<std::pair<int, int>, std::vector<std::unique_ptr<LayerStep>>> live;
-  std::map<int, Mat> loss_grad;
   std::int64_t held = 0;
   std::int64_t last_end = t0_ns;
   for (const pp::Task& t : S.order[static_cast<std::size_t>(stage_)]) {
     const std::size_t m = static_cast<std::size_t>(t.mb);
-    if (skip(t.phase, m)) continue;  // the whole replica skips it alike
+    if (!runs(t) || skip(t.phase, m)) continue;  // the whole replica skips it alike
     const int vs = S.virtualStage(stage_, t.chunk);
-    const auto blk = pp::layerBlock(layers_, V, vs);
-    const std::int64_t n = local(t.phase, m);
+    const auto blk = pp::layerBlock(mc.layers, V, vs);
     const bool fwd = t.phase == pp::Phase::Fwd;
     if (rec)
       rec->setContext({static_cast<int>(in.step), t.mb, fwd ? trace::Phase::Fwd : trace::Phase::Bwd, -1, t.chunk});
     const double wait0 = res.p2p_wait_seconds;
     const auto t_task = Clock::now();
     double attn = 0;
-    // dL/dy = R, pseudo-random per token
-    const auto lossGrad = [&]() {
-      Mat dy(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::runtime::dy"), n, hidden);
-      fillRandomRows(space, dy, in.seed + 1, kInputStream, 1e-2f, keysOf(t.phase, m));
-      return dy;
-    };
+    const TokenRows& rows = rowsOf(t.phase, m);
     if (fwd) {
-      Mat x;
-      if (vs == 0) {
-        x = Mat(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::runtime::x"), n, hidden);
-        Region r(rec, labels::kEmbed, space);
-        fillRandomRows(space, x, in.seed, kInputStream, 1.0f, keysOf(t.phase, m));
-      } else {
-        x = receive(t.phase, vs, t.mb);
-      }
+      Mat x = vs == 0 ? embedForward(env_, *model_, rows) : receive(t.phase, vs, t.mb);
       if (slicedUnit(m)) {
         for (int l = blk.first; l < blk.first + blk.count; ++l) {
           if (rec) rec->context().layer = l;
-          x = sliced->forward(t.mb, l, x);
+          x = sliced->forward(t.mb, l, x, rows.positions);
           attn += sliced->attnSeconds();
           progress();
         }
@@ -315,41 +441,42 @@ StageStepResult PipelineStage::run(const StageStepInput& in, std::int64_t t0_ns)
         for (int l = blk.first; l < blk.first + blk.count; ++l) {
           if (rec) rec->context().layer = l;
           steps.push_back(std::make_unique<LayerStep>(env, *model_, l, in.shards[m], in.comms[m]));
-          x = steps.back()->forward(x);
+          x = steps.back()->forward(x, rows.positions, train);
+          if (!train) attn += steps.back()->attnSeconds();  // else counted with the backward
           held += steps.back()->savedBytes();
           progress();
         }
+        if (!train) live.erase({t.mb, t.chunk});
       }
-      res.peak_activation_bytes = std::max(res.peak_activation_bytes, held + (sliced ? sliced->heldBytes() : 0));
       if (rec) rec->context().layer = -1;
       if (vs == V - 1) {
-        Region r(rec, labels::kLoss, space);
-        const Mat dy = lossGrad();
-        // only TP rank 0 counts the loss: every TP rank holds the full y
-        int tp_rank = 0;
-        if (env_.tp_comm != MPI_COMM_NULL) MPI_Comm_rank(env_.tp_comm, &tp_rank);
-        if (tp_rank == 0) res.loss += dot(space, x, dy);
-        if (!slicedUnit(m)) loss_grad[t.mb] = dy;  // sliced: the backward MicroPack makes its own
+        LossResult lr = lossForward(env_, *model_, rows, x, train, in.loss_scale);
+        if (tp_rank == 0) {  // every TP rank holds the whole output: one counts it
+          res.loss += lr.loss;
+          res.mb_loss[m] += lr.loss;
+          res.predicted += rows.predicted;
+        }
+        if (train) {
+          head_grad[t.mb] = lr.dx;
+          head_rows_left[t.mb] = rows.n;
+          held += head_row_bytes * rows.n;
+        }
       } else {
         send(t.phase, vs + 1, t.mb, x);
       }
+      res.peak_activation_bytes = std::max(res.peak_activation_bytes, held + (sliced ? sliced->heldBytes() : 0));
     } else {
       Mat dy;
       if (vs == V - 1) {
-        if (slicedUnit(m)) {
-          Region r(rec, labels::kLoss, space);
-          dy = lossGrad();
-        } else {
-          dy = loss_grad.at(t.mb);
-          loss_grad.erase(t.mb);
-        }
+        dy = headGradOf(m);
+        held -= head_row_bytes * static_cast<std::int64_t>(dy.extent(0));
       } else {
         dy = receive(t.phase, vs, t.mb);
       }
       if (slicedUnit(m)) {
         for (int l = blk.first + blk.count - 1; l >= blk.first; --l) {
           if (rec) rec->context().layer = l;
-          dy = sliced->backward(t.mb, l, dy);
+          dy = sliced->backward(t.mb, l, dy, rows.positions);
           attn += sliced->attnSeconds();
           progress();
         }
@@ -361,7 +488,7 @@ StageStepResult PipelineStage::run(const StageStepInput& in, std::int64_t t0_ns)
           LayerStep& ls = *steps[static_cast<std::size_t>(i)];
           if (rec) rec->context().layer = blk.first + i;
           const std::int64_t before = ls.savedBytes();
-          dy = ls.backward(dy);
+          dy = ls.backward(dy, rows.positions);
           held -= before - ls.savedBytes();
           progress();
           attn += ls.attnSeconds();  // forward + backward of the layer
@@ -369,17 +496,20 @@ StageStepResult PipelineStage::run(const StageStepInput& in, std::int64_t t0_ns)
         live.erase(it);
       }
       if (rec) rec->context().layer = -1;
-      if (vs > 0) send(t.phase, vs - 1, t.mb, dy);
+      if (vs > 0)
+        send(t.phase, vs - 1, t.mb, dy);
+      else
+        embedBackward(env_, *model_, rows, dy);
     }
     kk::fence(space, "wlb::runtime::pp_task");
     const double sec = since(t_task) - (res.p2p_wait_seconds - wait0);
     res.task_seconds += sec;
     res.mb_seconds[m] += sec;
-    if (!fwd || slicedUnit(m)) res.mb_attn[m] += attn;
+    res.mb_attn[m] += attn;
     if (rec) last_end = rec->now();
   }
   res.pipeline_seconds = static_cast<double>(last_end - t0_ns) * 1e-9;
-  if (!incoming.empty() || !live.empty() || (sliced && !sliced->empty()))
+  if (!incoming.empty() || !live.empty() || !head_grad.empty() || (sliced && !sliced->empty()))
     throw std::logic_error("PipelineStage: the schedule left messages or activations behind");
   {
     if (rec) rec->setContext({static_cast<int>(in.step), -1, trace::Phase::None, -1});

@@ -8,23 +8,25 @@
 ///
 /// Contract:
 /// * Stage s holds, for each model chunk c, the layers of virtual stage c*p + s
-///   (pp::layerBlock); virtual stage 0 also makes the input (embedding), the last one the
-///   loss: L = sum over tokens of <y, R> with R fixed pseudo-random, so dL/dy = R.
+///   (pp::layerBlock, runtime::stageLayers); virtual stage 0 embeds the unit's tokens, the
+///   last one computes the cross-entropy of its rows (head.hpp) and, with gradients, the
+///   gradient of its input at once, which it keeps for the unit's backward task.
+/// * A unit's rows (tokens.hpp) are the micro-batch's tokens on this CP rank in local order
+///   (cp/shard_plan.hpp), or a SlimPack MicroPack's segments in order; token ids come from
+///   the step input's TokenSource, so the same documents give the same loss and gradients
+///   however they are packed, sliced, pipelined or sharded.
 /// * Messages go over the pipeline communicator (its rank = stage) between ranks with the
-///   same TP, CP and DP coordinates; each carries the rank's CP shard of one micro-batch
-///   ([local tokens][hidden] fp32). Both sides know every micro-batch's token count from
-///   the plan, so there is no size handshake. Every receive of the step is posted before
-///   the first task, so a send never waits on the receiver's compute; sends complete
-///   before the gradient reduction.
+///   same TP, CP and DP coordinates; each carries the rank's rows of one unit
+///   ([rows][hidden] fp32). Both sides know every unit's rows from the plan, so there is no
+///   size handshake. Every receive of the step is posted before the first task, so a send
+///   never waits on the receiver's compute; sends complete before the step ends.
 /// * Empty micro-batches (no tokens in the replica) are skipped by every stage alike.
-/// * The rank accounts the bytes its LayerSteps keep from forward to backward
-///   (LayerStep::savedBytes) and reports the peak.
-/// * Inputs and the loss projection R are pseudo-random per (document, position) token
-///   (tokenKey): the same documents give the same loss and gradients however they are
-///   packed, sliced, pipelined or sharded.
+/// * The rank accounts the bytes kept from forward to backward (LayerStep::savedBytes, the
+///   sliced runs, the head's input gradient: model/memory.hpp) and reports the peak.
 /// * SlimPack plans (StageStepInput::slices): forward tasks name forward MicroPacks and
-///   backward tasks backward MicroPacks; messages carry that MicroPack's tokens, and the
+///   backward tasks backward MicroPacks; messages carry that MicroPack's rows, and the
 ///   stage's layers run through a SlicedStage.
+/// * Evaluation (forward_only): the forward tasks alone, nothing kept, the loss summed.
 
 #include <mpi.h>
 
@@ -34,16 +36,21 @@
 
 #include "core/types.hpp"
 #include "cp/shard_plan.hpp"
+#include "parallel/comm.hpp"
+#include "parallel/mesh.hpp"
 #include "pp/schedule.hpp"
 #include "runtime/layer.hpp"
+#include "runtime/tokens.hpp"
 
 namespace wlb::runtime {
 
 /// One replica's micro-batches as this rank sees them.
 struct StageStepInput {
   std::int64_t step = 0;
-  std::uint64_t seed = 0;               ///< data.seed: inputs and loss projection
-  std::vector<MicroBatch> mbs;          ///< [m] the micro-batches (input and loss rows are keyed by token)
+  const TokenSource* tokens = nullptr;  ///< the ids of every document token (required)
+  float loss_scale = 1.0f;              ///< gradients are those of loss_scale * (sum of the CE)
+  bool forward_only = false;            ///< evaluation: forward tasks only, no gradients
+  std::vector<MicroBatch> mbs;          ///< [m] the micro-batches
   std::vector<std::int64_t> mb_tokens;  ///< [m] tokens of the whole micro-batch (0 = empty)
   std::vector<cp::ShardPlan> shards;    ///< [m] CP shard plan (unused when empty)
   std::vector<cp::CommPlan> comms;      ///< [m] KV communication plan
@@ -75,32 +82,57 @@ struct StageStepInput {
 /// builds), and the CP plans of the DP-Merge units it is a member of (`strategy` / `mode`
 /// over the group; every member orders its merged units by slot, so their collectives
 /// match). InputError for slices PackFlow cannot order.
-StageStepInput slicedStepInput(std::int64_t step, std::uint64_t seed, const StepPlan& plan, std::size_t d, int stages,
+StageStepInput slicedStepInput(std::int64_t step, const StepPlan& plan, std::size_t d, int stages,
                                const model::CostModel& cost, cp::Strategy strategy, cp::CommMode mode,
                                const CpConfig& cfg);
+
+/// The step input of replica `d` of any plan: its micro-batches padded to `slots` (empty
+/// ones are skipped by every stage) with their CP shard plans over `cp` ranks, or, for a
+/// SlimPack plan, slicedStepInput. The caller sets tokens and loss_scale.
+StageStepInput replicaStepInput(std::int64_t step, const StepPlan& plan, std::size_t d, int stages, std::int64_t slots,
+                                int cp, const model::CostModel& cost, cp::Strategy strategy, cp::CommMode mode,
+                                const CpConfig& cfg);
+
+/// The communicators of a step's DP-Merge units: for each unit, the ranks of its group's
+/// replicas with the same (tp, cp, pp) coordinates, set into `in.merged` (collective over
+/// the mesh's world: every rank walks plan.merged alike). They live until the step ends.
+struct MergedComms {
+  std::vector<parallel::Comm> comms;
+  std::vector<std::unique_ptr<parallel::GroupComm>> groups;
+};
+MergedComms connectMerged(const parallel::Mesh& mesh, const StepPlan& plan, StageStepInput& in,
+                          parallel::CommBackend backend);
+
+/// Forward tasks only (evaluation): on every stage, for each micro-batch, each chunk.
+pp::Schedule forwardSchedule(int stages, int micro_batches, int chunks);
+
+/// One rank, no mesh (tests, tools): the units `mbs` through a one-stage `model` in 1F1B
+/// order (forward only without `backward`); returns the sum of the CE of their rows, and
+/// accumulates the gradients of loss_scale * that sum. Collective over nothing.
+double runLocal(Llama& model, const TokenSource& tokens, const std::vector<MicroBatch>& mbs, bool backward,
+                float loss_scale = 1.0f);
 
 /// What one rank measured in one step.
 struct StageStepResult {
   double task_seconds = 0;      ///< wall time inside tasks, excluding waits for pipeline messages
   double pipeline_seconds = 0;  ///< from the step start to the end of the rank's last task
   double p2p_wait_seconds = 0;  ///< waiting for activations / gradients from other stages
-  double loss = 0;              ///< sum of this rank's last-stage micro-batch losses
+  double loss = 0;              ///< sum of the CE of this rank's last-stage rows (TP rank 0; else 0)
+  std::int64_t predicted = 0;   ///< rows with a target counted in `loss`
   std::int64_t peak_activation_bytes = 0;
   std::vector<double> mb_attn;     ///< [m] attention kernel seconds on this rank
   std::vector<double> mb_seconds;  ///< [m] task seconds of the micro-batch on this rank
   std::vector<double> mb_tokens;   ///< [m] local query tokens
+  std::vector<double> mb_loss;     ///< [m] the micro-batch's share of `loss`
 };
 
 /// A rank's pipeline stage: its layer blocks and the schedule it walks.
 class PipelineStage {
  public:
-  /// `env.cp_comm`/`tp_comm` as for LayerStep; `pp_comm` the pipeline group (rank =
-  /// stage). `model` must hold the layers of this stage's blocks.
-  PipelineStage(const LayerEnv& env, Model& model, const pp::Schedule& schedule, int stage, int layers,
-                MPI_Comm pp_comm);
-
-  /// Global layer ids of this stage's blocks (chunk order, ascending within a chunk).
-  static std::vector<int> stageLayers(int layers, int stages, int chunks, int stage);
+  /// `env.cp_comm`/`tp_comm` as for LayerStep (env.rope is the stage's own); `pp_comm` the
+  /// pipeline group (rank = stage). `model` holds this stage (its config's stage, chunks =
+  /// the schedule's).
+  PipelineStage(const LayerEnv& env, Llama& model, const pp::Schedule& schedule, MPI_Comm pp_comm);
 
   /// Run every task of the step in schedule order. Weight gradients accumulate into the
   /// model (zero them before). `t0_ns` is the recorder time of the step start.
@@ -108,10 +140,11 @@ class PipelineStage {
 
  private:
   LayerEnv env_;
-  Model* model_;
+  Llama* model_;
   const pp::Schedule* sched_;
-  int stage_, layers_;
+  int stage_;
   MPI_Comm pp_comm_;
+  RopeTable rope_;
 };
 
 }  // namespace wlb::runtime

@@ -21,6 +21,7 @@
 #include "core/kokkos_compat.hpp"
 #include "cp/shard_plan.hpp"
 #include "data/length_source.hpp"
+#include "data/prepare.hpp"
 #include "model/cost_model.hpp"
 #include "model/throughput.hpp"
 #include "packing/packer.hpp"
@@ -32,7 +33,9 @@
 #include "pp/simulate_deck.hpp"
 #include "pp/simulator.hpp"
 #include "runtime/layer.hpp"
+#include "runtime/llama.hpp"
 #include "runtime/pipeline.hpp"
+#include "runtime/tokens.hpp"
 #include "trace/clock_sync.hpp"
 #include "trace/recorder.hpp"
 #include "trace/writer.hpp"
@@ -95,6 +98,7 @@ struct RunContext {
   parallel::MeshShape shape;
   parallel::Mesh& mesh;
   const model::CostModel& cost;
+  const TokenSource& tokens;
   cp::CommMode comm_mode;
   std::int64_t M = 0;
   int layers = 0;
@@ -127,6 +131,7 @@ struct PlannedStep {
   std::string text;  ///< the plan JSONL line
   double predicted = 1;
   std::int64_t tokens = 0;
+  std::int64_t predicted_rows = 0;  ///< rows with a target (the loss's normaliser)
 };
 
 PlannedStep planStep(const RunContext& rc, StratState& st, std::int64_t step, bool drain) {
@@ -151,6 +156,7 @@ PlannedStep planStep(const RunContext& rc, StratState& st, std::int64_t step, bo
                            " replicas for dp=" + std::to_string(rc.shape.dp()));
   for (const auto& rep : ps.plan.replicas)
     for (const auto& mb : rep) ps.tokens += mb.tokens();
+  ps.predicted_rows = predictedRows(ps.plan);
   return ps;
 }
 
@@ -158,59 +164,12 @@ PlannedStep planStep(const RunContext& rc, StratState& st, std::int64_t step, bo
 // SlimPack plans run sliced (cp = 1, runtime/sliced.hpp) under their own PackFlow schedule.
 StageStepInput shardReplica(const RunContext& rc, const StepPlan& plan, std::size_t d, const std::string& sharding,
                             std::int64_t step) {
-  const std::vector<MicroBatch>& replica = plan.replicas[d];
-  if (pp::isSlimPackPlan(plan))
-    return slicedStepInput(step, rc.deck.data.seed, plan, d, rc.shape.pp(), rc.cost, cp::parseStrategy(sharding),
-                           rc.comm_mode, rc.deck.cp);
-  StageStepInput in;
-  in.step = step;
-  in.seed = rc.deck.data.seed;
-  const std::size_t M = static_cast<std::size_t>(rc.M);
-  if (replica.size() > M)
-    throw std::logic_error("wlb run: a replica has " + std::to_string(replica.size()) + " micro-batches, expected " +
-                           std::to_string(M));
-  in.mbs.resize(M);
-  in.mb_tokens.assign(M, 0);
-  in.shards.resize(M);
-  in.comms.resize(M);
-  auto plans =
-      cp::planReplicaShards(replica, cp::parseStrategy(sharding), rc.comm_mode, rc.shape.cp(), rc.cost, rc.deck.cp);
-  for (std::size_t m = 0; m < replica.size(); ++m) {
-    in.mbs[m] = replica[m];
-    in.mb_tokens[m] = replica[m].tokens();
-    in.shards[m] = std::move(plans[m].shard);
-    in.comms[m] = std::move(plans[m].comm);
-  }
+  StageStepInput in = replicaStepInput(step, plan, d, rc.shape.pp(), rc.M, rc.shape.cp(), rc.cost,
+                                       cp::parseStrategy(sharding), rc.comm_mode, rc.deck.cp);
+  const std::int64_t predicted = predictedRows(plan);
+  in.tokens = &rc.tokens;
+  in.loss_scale = predicted > 0 ? 1.0f / static_cast<float>(predicted) : 0.0f;  // mean CE of the step
   return in;
-}
-
-// The communicators of a step's DP-Merge units: for each unit, the ranks of its group's
-// replicas with the same (tp, cp, pp) coordinates (collective over the world: every rank
-// walks plan.merged alike). They live until the step ends.
-struct MergedComms {
-  std::vector<parallel::Comm> comms;
-  std::vector<std::unique_ptr<parallel::GroupComm>> groups;
-};
-MergedComms connectMerged(const RunContext& rc, const StepPlan& plan, StageStepInput& in,
-                          parallel::CommBackend backend) {
-  MergedComms mc;
-  const auto& c = rc.mesh.coord();
-  mc.comms.reserve(plan.merged.size());
-  for (const auto& m : plan.merged) {
-    const bool member = m.member(c.dp) >= 0;
-    const int color = member ? (c.pp * rc.shape.cp() + c.cp) * rc.shape.tp() + c.tp : MPI_UNDEFINED;
-    MPI_Comm raw = MPI_COMM_NULL;
-    MPI_Comm_split(rc.mesh.world(), color, c.dp, &raw);
-    if (!member) continue;
-    mc.comms.push_back(parallel::Comm::adopt(raw));
-    mc.groups.push_back(parallel::makeGroupComm(raw, backend));
-    for (auto& g : in.merged)
-      if (g.slot == static_cast<int>(m.slot)) {
-        g.comm = raw;
-        g.group = mc.groups.back().get();
-      }
-  }
-  return mc;
 }
 
 // The shard plans of every replica as the trace's /plan/shard_json.
@@ -231,7 +190,7 @@ std::string shardJson(const RunContext& rc, const StepPlan& plan, const std::str
 }
 
 // ---- 3. execute: the schedule walk, the gradient reduction, the step's measurements -------
-std::vector<double> executeStep(const RunContext& rc, PipelineStage& stage, Model& model, parallel::GroupComm& dpcp,
+std::vector<double> executeStep(const RunContext& rc, PipelineStage& stage, Llama& model, parallel::GroupComm& dpcp,
                                 trace::Recorder& rec, const StageStepInput& in, std::int64_t slots) {
   const Space space;
   std::vector<double> row(static_cast<std::size_t>(RunContext::nrow(slots)), 0.0);
@@ -246,7 +205,7 @@ std::vector<double> executeStep(const RunContext& rc, PipelineStage& stage, Mode
   // DP x CP gradient all-reduce of this stage (one buffer: the stage's weight gradients).
   rec.setContext({static_cast<int>(in.step), -1, trace::Phase::Bwd, -1});
   if (dpcp.size() > 1) {
-    auto g = model.gradBuffer();
+    auto g = model.grads();
     trace::Recorder::Scope s(rec, labels::kGradAllreduce, space, 0, 4.0 * static_cast<double>(g.size()));
     dpcp.allreduceSum(space, g.data(), static_cast<std::int64_t>(g.size()));
   }
@@ -291,6 +250,7 @@ StepRecord gatherStep(const RunContext& rc, const std::vector<double>& row, cons
   sr.tokens = ps.tokens;
   sr.flops = model::usefulFlops(ps.plan, rc.cost, rc.layers);
   sr.predicted_imbalance = ps.predicted;
+  const double predicted_rows = static_cast<double>(ps.predicted_rows);
   const auto& shape = rc.shape;
   auto at = [&](int r, int k) { return all[static_cast<std::size_t>(r) * nrow + k]; };
   sr.stage_peak_bytes.assign(static_cast<std::size_t>(shape.pp()), 0.0);
@@ -340,40 +300,45 @@ StepRecord gatherStep(const RunContext& rc, const std::vector<double>& row, cons
       }
     if (span > 0) sr.bubble += (1.0 - busy / (n * span)) / shape.dp();
   }
+  sr.loss = predicted_rows > 0 ? sr.loss / predicted_rows : 0.0;
   return sr;
 }
 
-// Tests: every layer's gradients on rank 0, [layer][tp slice] (ranks cp = dp = 0 hold the
-// reduced ones).
-std::vector<float> gatherGradients(const RunContext& rc, Model& model) {
+// Tests: the whole model's gradients on rank 0, tensor by tensor in model order, each as
+// its TP slices in TP order (ranks cp = dp = 0 hold the reduced ones).
+std::vector<float> gatherGradients(const RunContext& rc, const Llama& model) {
   const auto& shape = rc.shape;
-  const int chunks = rc.schedule.chunks;
   std::vector<float> out;
   const int me = rc.mesh.rank();
   constexpr int kTag = 7301;
-  for (int l = 0; l < rc.layers; ++l) {
-    int owner_stage = 0;
-    for (int s = 0; s < shape.pp(); ++s) {
-      const auto ids = PipelineStage::stageLayers(rc.layers, shape.pp(), chunks, s);
-      if (std::find(ids.begin(), ids.end(), l) != ids.end()) owner_stage = s;
-    }
-    for (int t = 0; t < shape.tp(); ++t) {
-      const int src = shape.rankOf({t, 0, owner_stage, 0});
-      if (me == src) {
-        auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.layerGrads(l));
-        if (me == 0) {
-          out.insert(out.end(), h.data(), h.data() + h.size());
-        } else {
-          MPI_Send(h.data(), static_cast<int>(h.size()), MPI_FLOAT, 0, kTag, rc.mesh.world());
-        }
-      } else if (me == 0) {
-        const std::size_t n = static_cast<std::size_t>(model.shape().paramCount());
-        const std::size_t at = out.size();
-        out.resize(at + n);
-        MPI_Recv(out.data() + at, static_cast<int>(n), MPI_FLOAT, src, kTag, rc.mesh.world(), MPI_STATUS_IGNORE);
-      }
-    }
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.grads());
+  // Every stage's layout (each rank computes the same tables).
+  std::vector<std::vector<TensorInfo>> stages;
+  for (int s = 0; s < shape.pp(); ++s) {
+    LlamaConfig c = model.config();
+    c.stage = s;
+    c.tp_rank = 0;
+    stages.push_back(Llama::layout(c));
   }
+  const int tensors = 3 + 9 * static_cast<int>(model.config().layers);  // embed, 9 per layer, norm_f, head
+  for (int index = 0; index < tensors; ++index)
+    for (int s = 0; s < shape.pp(); ++s)
+      for (const TensorInfo& t : stages[static_cast<std::size_t>(s)]) {
+        if (t.index != index) continue;
+        for (int tp = 0; tp < shape.tp(); ++tp) {
+          const int src = shape.rankOf({tp, 0, s, 0});
+          const std::size_t at = out.size();
+          if (me == 0) out.resize(at + static_cast<std::size_t>(t.size));
+          if (me == src && me == 0) {
+            std::copy(h.data() + t.offset, h.data() + t.offset + t.size, out.begin() + static_cast<std::ptrdiff_t>(at));
+          } else if (me == src) {
+            MPI_Send(h.data() + t.offset, static_cast<int>(t.size), MPI_FLOAT, 0, kTag, rc.mesh.world());
+          } else if (me == 0) {
+            MPI_Recv(out.data() + at, static_cast<int>(t.size), MPI_FLOAT, src, kTag, rc.mesh.world(),
+                     MPI_STATUS_IGNORE);
+          }
+        }
+      }
   return out;
 }
 
@@ -446,11 +411,12 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
   std::string err;
   std::unique_ptr<model::CostModel> cost;
   LayerShape lshape;
+  LlamaConfig mc;
+  std::unique_ptr<TokenSource> tokens;
   std::vector<StrategyPair> strategies;
   cp::CommMode comm_mode = cp::CommMode::AllGather;
   Precision precision = Precision::Fp32;
   pp::Schedule schedule;
-  std::vector<int> my_layers;
   const std::int64_t M = data::microBatchesPerReplica(deck);
   const int layers = static_cast<int>(deck.model.layers);
   try {
@@ -471,13 +437,13 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
     if (strategies.empty()) throw InputError("run.strategies resolves to no strategy");
     const pp::PipelineLayout layout = pp::pipelineLayout(deck);
     schedule = layout.schedule(static_cast<int>(M));  // the simulator's schedule, same function
-    my_layers = PipelineStage::stageLayers(layers, shape.pp(), schedule.chunks, coord.pp);
-    std::sort(my_layers.begin(), my_layers.end());
+    mc = LlamaConfig::fromDeck(deck, shape.tp(), coord.tp, shape.pp(), coord.pp, schedule.chunks);
+    tokens = tokenSourceOf(deck);
   } catch (const InputError& e) {
     err = e.what();
   }
   parallel::throwIfAnyFailed(mesh.world(), err);
-  const RunContext rc{deck, opt, shape, mesh, *cost, comm_mode, M, layers, schedule};
+  const RunContext rc{deck, opt, shape, mesh, *cost, *tokens, comm_mode, M, layers, schedule};
 
   // Gradient all-reduce group: all ranks holding the same weights (same TP slice and
   // pipeline stage) = the DP x CP group.
@@ -498,11 +464,12 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
   const auto dpcp_group = parallel::makeGroupComm(dpcp, backend);
 
   Space space;
-  Model model(lshape, my_layers, deck.data.seed, coord.tp);
+  Llama model(mc, deck.data.seed);
   trace::Recorder rec = trace::alignedRecorder(mesh.world(), {coord.tp, coord.cp, coord.pp, coord.dp});
-  rec.reserve(static_cast<std::size_t>((steps + warmup) * M * (static_cast<std::int64_t>(my_layers.size()) * 16 + 8) *
-                                           static_cast<std::int64_t>(strategies.size()) +
-                                       64));
+  rec.reserve(
+      static_cast<std::size_t>((steps + warmup) * M * (static_cast<std::int64_t>(model.layerIds().size()) * 20 + 8) *
+                                   static_cast<std::int64_t>(strategies.size()) +
+                               64));
 
   if (opt.write_outputs && world_rank == 0) std::filesystem::create_directories(deck.output.dir);
   std::unique_ptr<trace::Writer> writer;
@@ -554,7 +521,7 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
   env.kernel.precision = precision;
   env.cp_group = cp_group.get();
   env.tp_group = tp_group.get();
-  PipelineStage stage(env, model, schedule, coord.pp, layers, mesh.pp());
+  PipelineStage stage(env, model, schedule, mesh.pp());
 
   std::vector<StratState> states(strategies.size());
   for (std::size_t si = 0; si < strategies.size(); ++si) {
@@ -612,7 +579,7 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
     rec.setStrategy(st.strat.name);
     const PlannedStep ps = planStep(rc, st, step, drain);
     StageStepInput in = shardReplica(rc, ps.plan, static_cast<std::size_t>(coord.dp), st.strat.sharding, step);
-    const MergedComms merged_comms = connectMerged(rc, ps.plan, in, backend);
+    const MergedComms merged_comms = connectMerged(mesh, ps.plan, in, backend);
     if (writer && world_rank == 0) {
       writer->addPlan(st.strat.name, ps.plan, ps.text, shardJson(rc, ps.plan, st.strat.sharding));
       if (st.plan_out) st.plan_out << ps.text << "\n";

@@ -39,7 +39,7 @@ void copyRows(const Space& space, const Act3& dst, const Act3& src, bool add) {
 
 }  // namespace
 
-SlicedStage::SlicedStage(const LayerEnv& env, Model& model, const pp::ReplicaSlices& slices)
+SlicedStage::SlicedStage(const LayerEnv& env, const Llama& model, const pp::ReplicaSlices& slices)
     : env_(env), model_(&model), slices_(&slices) {
   const auto n = static_cast<std::int64_t>(slices.segments.size());
   fwd_row_.assign(static_cast<std::size_t>(n), 0);
@@ -95,14 +95,13 @@ double SlicedStage::attnFlops(const std::vector<std::int64_t>& cuts, int k, mode
   return flops;
 }
 
-std::vector<std::int64_t> SlicedStage::rowKeys(bool bwd, int k) const {
+std::vector<TokenRef> SlicedStage::rows(bool bwd, int k) const {
   const auto& cuts = bwd ? slices_->bwd_cuts : slices_->fwd_cuts;
-  std::vector<std::int64_t> keys;
-  for (auto i = cuts[static_cast<std::size_t>(k)]; i < cuts[static_cast<std::size_t>(k) + 1]; ++i) {
-    const Segment& s = slices_->segments[static_cast<std::size_t>(i)];
-    for (std::int64_t t = 0; t < s.length; ++t) keys.push_back(tokenKey(s.doc, s.offset + t));
-  }
-  return keys;
+  std::vector<TokenRef> out;
+  for (auto i = cuts[static_cast<std::size_t>(k)]; i < cuts[static_cast<std::size_t>(k) + 1]; ++i)
+    appendSegmentRows(slices_->segments[static_cast<std::size_t>(i)], slices_->continued[static_cast<std::size_t>(i)],
+                      out);
+  return out;
 }
 
 bool SlicedStage::empty() const {
@@ -158,7 +157,7 @@ Act3 SlicedStage::kvRows(int l, std::int64_t i, bool value, const LayerActs* cur
 void SlicedStage::buildKv(const std::vector<std::int64_t>& cuts, int k, int l, const Keys& keys, const LayerActs* cur,
                           Act3& kbuf, Act3& vbuf) const {
   const Space& space = *env_.space;
-  const LayerShape& sh = model_->shape();
+  const LayerShape sh = LayerShape::of(model_->config());
   kbuf = newAct3("wlb::runtime::sliced::kv_k", keys.rows, sh.kv_heads, sh.head_dim);
   vbuf = newAct3("wlb::runtime::sliced::kv_v", keys.rows, sh.kv_heads, sh.head_dim);
   const auto s0 = cuts[static_cast<std::size_t>(k)];
@@ -180,9 +179,9 @@ void SlicedStage::buildKv(const std::vector<std::int64_t>& cuts, int k, int l, c
   }
 }
 
-Mat SlicedStage::forward(int k, int l, const Mat& x) {
+Mat SlicedStage::forward(int k, int l, const Mat& x, const IVec& pos) {
   const Space& space = *env_.space;
-  const LayerShape& sh = model_->shape();
+  const LayerShape sh = LayerShape::of(model_->config());
   const LayerParams& w = model_->weights(l);
   const auto& fc = slices_->fwd_cuts;
   const auto s0 = fc[static_cast<std::size_t>(k)], s1 = fc[static_cast<std::size_t>(k) + 1];
@@ -192,7 +191,7 @@ Mat SlicedStage::forward(int k, int l, const Mat& x) {
                            std::to_string(n));
   LayerActs a;
   a.x = x;
-  qkvForward(env_, sh, w, a);
+  qkvForward(env_, sh, w, a, pos);
   // Attention over each segment's chain and own keys.
   const Keys keys = keyLayout(fc, k);
   Act3 kbuf = a.k, vbuf = a.v;
@@ -241,9 +240,9 @@ Mat SlicedStage::forward(int k, int l, const Mat& x) {
   return y;
 }
 
-Mat SlicedStage::backward(int j, int l, const Mat& dy) {
+Mat SlicedStage::backward(int j, int l, const Mat& dy, const IVec& pos) {
   const Space& space = *env_.space;
-  const LayerShape& sh = model_->shape();
+  const LayerShape sh = LayerShape::of(model_->config());
   const LayerParams& w = model_->weights(l);
   const LayerParams& g = model_->grads(l);
   const auto& bc = slices_->bwd_cuts;
@@ -312,7 +311,7 @@ Mat SlicedStage::backward(int j, int l, const Mat& dy) {
     }
   }
   dkb = dvb = Act3();
-  Mat dx = qkvBackward(env_, w, g, A, dq, dk, dv, dh);
+  Mat dx = qkvBackward(env_, w, g, A, dq, dk, dv, dh, pos);
   kk::fence(space, "wlb::runtime::sliced::bwd");
   // Free the MicroPack's slices.
   for (auto it = sv.runs.lower_bound(s0); it != sv.runs.end() && it->first < s1;) {

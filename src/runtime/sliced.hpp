@@ -4,7 +4,8 @@
 /// forward of a forward MicroPack and the backward of a backward MicroPack (the asymmetric
 /// partition) through the stage's layers, with a per-sample KV cache.
 ///
-/// Contract (cp = 1; TP splits heads as LayerStep does):
+/// Contract (cp = 1; TP splits heads as LayerStep does; RoPE positions continue over a
+/// document's slices, tokens.hpp):
 /// * Segments are numbered in the replica's forward order (pp::ReplicaSlices). A slice
 ///   (q_offset > 0) continues the segments of its document that end where it starts: its
 ///   *chain*, which holds the document tokens [offset - q_offset, offset), all in this step.
@@ -31,6 +32,7 @@
 
 #include "pp/schedule.hpp"
 #include "runtime/layer.hpp"
+#include "runtime/tokens.hpp"
 
 namespace wlb::runtime {
 
@@ -38,17 +40,22 @@ class SlicedStage {
  public:
   /// `slices`: the replica's slices (outlives the object). InputError when a slice's chain
   /// is not in the step.
-  SlicedStage(const LayerEnv& env, Model& model, const pp::ReplicaSlices& slices);
+  SlicedStage(const LayerEnv& env, const Llama& model, const pp::ReplicaSlices& slices);
 
-  /// Forward of MicroPack k through global layer l: x [tokens of k][hidden] -> y.
-  Mat forward(int k, int l, const Mat& x);
+  /// Forward of MicroPack k through global layer l: x [tokens of k][hidden] -> y; `pos`:
+  /// the rows' RoPE positions.
+  Mat forward(int k, int l, const Mat& x, const IVec& pos);
   /// Backward of backward MicroPack j through layer l: dL/dy -> dL/dx; frees j's slices.
-  Mat backward(int j, int l, const Mat& dy);
+  Mat backward(int j, int l, const Mat& dy, const IVec& pos);
 
   std::int64_t fwdTokens(int k) const { return tokens(slices_->fwd_cuts, k); }
   std::int64_t bwdTokens(int j) const { return tokens(slices_->bwd_cuts, j); }
-  /// The tokenKey (layer.hpp) of every row of forward (bwd = false) or backward MicroPack k.
-  std::vector<std::int64_t> rowKeys(bool bwd, int k) const;
+  /// The rows (tokens.hpp) of forward (bwd = false) or backward MicroPack k.
+  std::vector<TokenRef> rows(bool bwd, int k) const;
+  /// First row of segment i in its forward / backward MicroPack.
+  std::int64_t fwdRow(std::int64_t i) const { return fwd_row_[static_cast<std::size_t>(i)]; }
+  std::int64_t bwdRow(std::int64_t i) const { return bwd_row_[static_cast<std::size_t>(i)]; }
+  const pp::ReplicaSlices& slices() const { return *slices_; }
   /// Bytes kept from forwards for backwards (see the file comment).
   std::int64_t heldBytes() const { return held_; }
   /// Attention kernel seconds of the last forward / backward call.
@@ -84,7 +91,7 @@ class SlicedStage {
                Act3& vbuf) const;
 
   LayerEnv env_;
-  Model* model_;
+  const Llama* model_;
   const pp::ReplicaSlices* slices_;
   std::vector<std::int64_t> fwd_row_, bwd_row_;   ///< per segment: first row in its MicroPack
   std::vector<std::vector<std::int64_t>> chain_;  ///< per segment: the chain, by offset

@@ -16,18 +16,16 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
-#include "attention/attention.hpp"
 #include "core/error.hpp"
 #include "core/kokkos_compat.hpp"
 #include "core/mesh_shape.hpp"
-#include "cp/distributed_attention.hpp"
 #include "cp/shard_plan.hpp"
 #include "data/length_source.hpp"
 #include "data/prepare.hpp"
@@ -39,17 +37,27 @@
 #include "parallel/mesh.hpp"
 #include "parallel/progress_thread.hpp"
 #include "pp/schedule.hpp"
+#include "pp/simulate_deck.hpp"
 #include "runtime/gemm.hpp"
+#include "runtime/llama.hpp"
+#include "runtime/pipeline.hpp"
+#include "runtime/tokens.hpp"
 #include "trace/clock_sync.hpp"
 #include "trace/recorder.hpp"
 #include "trace/writer.hpp"
-#include "train/llama.hpp"
+#include "train/optimizer.hpp"
 
 namespace wlb::train {
 namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+using runtime::Llama;
+using runtime::LlamaConfig;
+using runtime::Mat;
+using runtime::Space;
+using runtime::TensorInfo;
+using runtime::Vec;
 
 constexpr char kMagic[8] = {'W', 'L', 'B', 'C', 'K', 'P', 'T', '1'};
 
@@ -68,22 +76,6 @@ std::string resolvePrefix(const Deck& deck, const std::string& prefix) {
   return prefix;
 }
 
-std::vector<std::int32_t> segmentTokens(const data::IndexedDataset& ds, std::int64_t doc, std::int64_t offset,
-                                        std::int64_t length) {
-  const auto t = ds.document(doc);
-  if (offset + length > static_cast<std::int64_t>(t.size()))
-    throw std::logic_error("wlb train: segment past the end of document " + std::to_string(doc));
-  return std::vector<std::int32_t>(t.begin() + offset, t.begin() + offset + length);
-}
-
-TokenBatch makeBatch(const std::vector<std::vector<std::int32_t>>& segs, const Deck& deck) {
-  try {
-    return TokenBatch::fromSegments(segs, static_cast<int>(deck.model.vocab));
-  } catch (const std::invalid_argument& e) {
-    throw InputError(std::string("model.vocab: ") + e.what());
-  }
-}
-
 // What a checkpoint must agree with: the keys that change the numbers of a run.
 nlohmann::json fingerprint(const Deck& d, const std::string& prefix, std::int64_t total_steps) {
   const auto& m = d.model;
@@ -97,6 +89,7 @@ nlohmann::json fingerprint(const Deck& d, const std::string& prefix, std::int64_
           {"mesh.dp", d.mesh.dp},  // the packer's replicas (mesh.cp may change: same numbers up to rounding)
           {"mesh.tp", d.mesh.tp},  // the checkpoint's tensor layout (TP slices)
           {"mesh.pp", d.mesh.pp},  // and its pipeline stages
+          {"mesh.virtual_stages", pp::pipelineLayout(d).chunks},  // and the stages' layer blocks
           {"data.context_window", d.data.context_window},
           {"data.s_max", d.data.s_max},
           {"packing.strategy", d.packing.strategy},
@@ -197,11 +190,11 @@ nlohmann::json readCheckpoint(const std::string& path, const std::vector<Vec>& t
 }
 
 // The validation split as micro-batches of whole documents cut into S-token pieces, in
-// document order, up to `limit` tokens (0: all).
-std::vector<std::vector<std::vector<std::int32_t>>> evalBatches(const data::IndexedDataset& ds, std::int64_t S,
-                                                                std::int64_t limit, double& entropy) {
-  std::vector<std::vector<std::vector<std::int32_t>>> out;
-  std::vector<std::vector<std::int32_t>> cur;
+// document order, up to `limit` tokens (0: all), and the unigram entropy of those tokens.
+std::vector<MicroBatch> evalBatches(const data::IndexedDataset& ds, std::int64_t S, std::int64_t limit,
+                                    double& entropy) {
+  std::vector<MicroBatch> out;
+  MicroBatch cur;
   std::int64_t cur_tokens = 0, total = 0;
   std::map<std::int32_t, std::int64_t> counts;
   for (std::int64_t d = 0; d < ds.documents() && (limit == 0 || total < limit); ++d) {
@@ -211,18 +204,21 @@ std::vector<std::vector<std::vector<std::int32_t>>> evalBatches(const data::Inde
       if (limit > 0) len = std::min(len, limit - total);
       if (cur_tokens + len > S) {
         out.push_back(std::move(cur));
-        cur.clear();
+        cur = MicroBatch();
         cur_tokens = 0;
       }
-      cur.emplace_back(t.begin() + static_cast<std::ptrdiff_t>(off),
-                       t.begin() + static_cast<std::ptrdiff_t>(off + len));
+      Segment seg;
+      seg.doc = d;
+      seg.offset = static_cast<std::int64_t>(off);
+      seg.length = len;
+      cur.segments.push_back(seg);
       for (std::int64_t i = 0; i < len; ++i) ++counts[t[off + static_cast<std::size_t>(i)]];
       cur_tokens += len;
       total += len;
       off += static_cast<std::size_t>(len);
     }
   }
-  if (!cur.empty()) out.push_back(std::move(cur));
+  if (!cur.segments.empty()) out.push_back(std::move(cur));
   entropy = 0;
   for (const auto& [tok, c] : counts) {
     const double p = static_cast<double>(c) / static_cast<double>(total);
@@ -231,142 +227,12 @@ std::vector<std::vector<std::vector<std::int32_t>>> evalBatches(const data::Inde
   return out;
 }
 
-// The attention of one micro-batch on one rank without CP: the varlen kernels over its
-// segments, timed as `attn` events.
-class LocalAttention : public AttentionOp {
- public:
-  LocalAttention(const TokenBatch& b, trace::Recorder& rec)
-      : varlen_(attention::VarlenBatch::fromDocLengths(b.segment_lengths)), rec_(rec) {}
-  void forward(const Space& space, int layer, Act3 q, Act3 k, Act3 v, Act3 o, Lse lse) override {
-    setLayer(layer, trace::Phase::Fwd);
-    trace::Recorder::Scope s(rec_, trace::labels::kAttn, space);
-    attention::forward(space, q, k, v, varlen_, o, lse);
-  }
-  void backward(const Space& space, int layer, Act3 q, Act3 k, Act3 v, Act3 o, Lse lse, Act3 d_o, Act3 dq, Act3 dk,
-                Act3 dv) override {
-    setLayer(layer, trace::Phase::Bwd);
-    trace::Recorder::Scope s(rec_, trace::labels::kAttn, space);
-    attention::backward(space, q, k, v, o, lse, d_o, varlen_, dq, dk, dv);
-  }
-
- private:
-  void setLayer(int layer, trace::Phase ph) {
-    rec_.context().layer = layer;
-    rec_.context().phase = ph;
-  }
-  attention::VarlenBatch varlen_;
-  trace::Recorder& rec_;
-};
-
-// One micro-batch's attention under CP: cp::DistributedAttention over the CP group, one
-// object per layer (it keeps the layer's KV buffer from forward for backward). Its events
-// (kv_allgather / kv_exchange, attn) go to the recorder.
-class CpAttention : public AttentionOp {
- public:
-  CpAttention(const cp::ShardPlan& plan, const cp::CommPlan& comm, parallel::GroupComm& group, const LlamaConfig& mc,
-              const model::CostModel& cost, trace::Recorder& rec)
-      : plan_(plan), comm_(comm), group_(group), mc_(mc), rec_(rec) {
-    opt_.cost = &cost;
-    opt_.recorder = &rec;
-    opt_.group = &group;
-    layers_.resize(static_cast<std::size_t>(mc.layers));
-  }
-  void forward(const Space& space, int layer, Act3 q, Act3 k, Act3 v, Act3 o, Lse lse) override {
-    setLayer(layer, trace::Phase::Fwd);
-    auto& a = layers_.at(static_cast<std::size_t>(layer));
-    a = std::make_unique<cp::DistributedAttention>(plan_, comm_, group_.mpi(), mc_.localHeads(), mc_.localKvHeads(),
-                                                   mc_.headDim(), opt_);
-    a->forward(space, q, k, v, o, lse);
-  }
-  void backward(const Space& space, int layer, Act3 q, Act3, Act3, Act3 o, Lse lse, Act3 d_o, Act3 dq, Act3 dk,
-                Act3 dv) override {
-    setLayer(layer, trace::Phase::Bwd);
-    auto& a = layers_.at(static_cast<std::size_t>(layer));
-    a->backward(space, q, o, lse, d_o, dq, dk, dv);
-    a.reset();
-  }
-
- private:
-  void setLayer(int layer, trace::Phase ph) {
-    rec_.context().layer = layer;
-    rec_.context().phase = ph;
-  }
-  const cp::ShardPlan& plan_;
-  const cp::CommPlan& comm_;
-  parallel::GroupComm& group_;
-  const LlamaConfig& mc_;
-  trace::Recorder& rec_;
-  cp::DistAttentionOptions opt_;
-  std::vector<std::unique_ptr<cp::DistributedAttention>> layers_;
-};
-
-// This CP rank's share of a micro-batch (its tokens in local order, cp/shard_plan.hpp),
-// with each token's target and RoPE position taken from its segment.
-TokenBatch shardBatch(const std::vector<std::vector<std::int32_t>>& segs, const cp::ShardPlan& plan, int rank,
-                      const Deck& deck) {
-  std::vector<std::int32_t> tok, tgt, pos;
-  for (const std::int64_t p : cp::packedPositions(plan, rank)) {
-    const auto it = std::upper_bound(plan.seg_begin.begin(), plan.seg_begin.end(), p);
-    const std::size_t s = static_cast<std::size_t>(it - plan.seg_begin.begin()) - 1;
-    const std::int64_t i = p - plan.seg_begin[s];
-    const auto& t = segs.at(s);
-    tok.push_back(t.at(static_cast<std::size_t>(i)));
-    tgt.push_back(i + 1 < static_cast<std::int64_t>(t.size()) ? t[static_cast<std::size_t>(i + 1)] : -1);
-    pos.push_back(static_cast<std::int32_t>(i));
-  }
-  try {
-    return TokenBatch::fromTokens(tok, tgt, pos, static_cast<int>(deck.model.vocab));
-  } catch (const std::invalid_argument& e) {
-    throw InputError(std::string("model.vocab: ") + e.what());
-  }
-}
-
 std::uint64_t fnv1a(const std::vector<float>& v) {
   std::uint64_t h = 1469598103934665603ull;
   const auto* p = reinterpret_cast<const unsigned char*>(v.data());
   for (std::size_t i = 0; i < v.size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ull;
   return h;
 }
-
-// Activations and their gradients between neighbouring pipeline stages (the ranks of one
-// pipeline group, in stage order), host-staged MPI: sends are non-blocking with their
-// buffers kept until flush(), so a stage never waits for its neighbour to receive;
-// receives block (traced as pp_recv, sends as pp_send).
-class StageLink {
- public:
-  StageLink(MPI_Comm pp, trace::Recorder& rec) : comm_(pp), rec_(rec) {}
-  void send(const Space& space, const Mat& m, int to_stage, int tag) {
-    trace::Recorder::Scope s(rec_, trace::labels::kPpSend, space, 0, 4.0 * static_cast<double>(m.size()));
-    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), m);
-    bufs_.emplace_back(h.data(), h.data() + h.size());
-    reqs_.emplace_back();
-    MPI_Isend(bufs_.back().data(), static_cast<int>(bufs_.back().size()), MPI_FLOAT, to_stage, tag, comm_,
-              &reqs_.back());
-  }
-  Mat recv(const Space& space, std::int64_t rows, std::int64_t cols, int from_stage, int tag) {
-    trace::Recorder::Scope s(rec_, trace::labels::kPpRecv, space, 0, 4.0 * static_cast<double>(rows * cols));
-    Mat m(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::train::pp_recv"), rows, cols);
-    auto h = Kokkos::create_mirror_view(m);
-    MPI_Recv(h.data(), static_cast<int>(h.size()), MPI_FLOAT, from_stage, tag, comm_, MPI_STATUS_IGNORE);
-    Kokkos::deep_copy(space, m, h);
-    kk::fence(space, "wlb::train::pp_recv");  // the host buffer goes out of scope
-    return m;
-  }
-  void flush() {
-    if (!reqs_.empty()) MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
-    reqs_.clear();
-    bufs_.clear();
-  }
-  ~StageLink() { flush(); }
-  StageLink(const StageLink&) = delete;
-  StageLink& operator=(const StageLink&) = delete;
-
- private:
-  MPI_Comm comm_;
-  trace::Recorder& rec_;
-  std::deque<std::vector<float>> bufs_;  // stable addresses while the sends are in flight
-  std::vector<MPI_Request> reqs_;
-};
 
 // Per-rank timings of a step, gathered to rank 0 for /train/ranks.
 enum RankCol : int {
@@ -395,16 +261,12 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
                                  mc_deck.pp, md.layers),
                      true);
   const pp::PipelineLayout pipe = pp::pipelineLayout(deck);  // InputError naming pipeline.schedule
-  if (mc_deck.pp > 1 && pipe.kind != pp::ScheduleKind::GPipe && pipe.kind != pp::ScheduleKind::OneFOneB)
-    throw InputError(fmt::format("pipeline.schedule = \"{}\": wlb train runs \"gpipe\" or \"1f1b\" (one layer "
-                                 "block per stage)",
-                                 deck.pipeline.schedule),
+  pp::checkPackerSchedule(deck, deck.packing.strategy);      // packflow <-> slimpack
+  if (deck.packing.strategy == "slimpack" && mc_deck.cp > 1)
+    throw InputError(fmt::format("mesh.cp = {}: slimpack plans train with cp = 1 (the slices' per-sample KV cache "
+                                 "is not CP-sharded; docs/runtime.md)",
+                                 mc_deck.cp),
                      true);
-  if (deck.packing.strategy == "slimpack")
-    throw InputError(
-        "packing.strategy = \"slimpack\": wlb train trains every segment as its own causal span, and SlimPack's "
-        "slices attend to their document's earlier slices (runs under `wlb run` only)",
-        true);
   if (mc_deck.tp > 1 && (md.heads % mc_deck.tp != 0 || md.kv_heads % mc_deck.tp != 0 || md.ffn % mc_deck.tp != 0))
     throw InputError(fmt::format("mesh.tp = {}: tensor parallelism splits the heads, KV heads and MLP columns, so "
                                  "it must divide model.heads ({}), model.kv_heads ({}) and model.ffn ({})",
@@ -429,7 +291,9 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   // input (a dataset it cannot read) stops every rank with one message, no hang.
   std::string err;
   std::string prefix;
-  std::unique_ptr<data::IndexedDataset> train_ds, valid_ds;
+  std::shared_ptr<const data::IndexedDataset> train_ds, valid_ds;
+  std::unique_ptr<runtime::DatasetTokens> train_tokens, valid_tokens;
+  runtime::Precision precision = runtime::Precision::Fp32;
   Deck d = deck;
   std::unique_ptr<data::LengthSource> source;  // rank 0 only
   std::unique_ptr<packing::Packer> packer;     // rank 0 only
@@ -443,8 +307,8 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
           fmt::format("train.dataset: {}_train.idx does not exist (prepare it with `wlb data prepare "
                       "SRC --out {}`)",
                       prefix, tc.dataset));
-    train_ds = std::make_unique<data::IndexedDataset>(prefix + "_train");
-    if (fs::exists(prefix + "_valid.idx")) valid_ds = std::make_unique<data::IndexedDataset>(prefix + "_valid");
+    train_ds = std::make_shared<const data::IndexedDataset>(prefix + "_train");
+    if (fs::exists(prefix + "_valid.idx")) valid_ds = std::make_shared<const data::IndexedDataset>(prefix + "_valid");
     // The packers see the documents of the training split through the Megatron length source.
     d.data.source = "megatron";
     d.data.path = fs::absolute(prefix + "_train.idx").string();
@@ -462,23 +326,11 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
       (void)cp::parseStrategy(d.cp.strategy);
       (void)cp::parseCommMode(d.cp.comm);
     }
-    mc.vocab = static_cast<int>(deck.model.vocab);
-    mc.hidden = static_cast<int>(deck.model.hidden);
-    mc.heads = static_cast<int>(deck.model.heads);
-    mc.kv_heads = static_cast<int>(deck.model.kv_heads);
-    mc.ffn = static_cast<int>(deck.model.ffn);
-    mc.layers = static_cast<int>(deck.model.layers);
-    mc.rope_theta = static_cast<float>(tc.rope_theta);
-    mc.tp = shape.tp();
-    mc.tp_rank = coord.tp;
-    mc.pp = shape.pp();
-    mc.pp_rank = coord.pp;
-    try {
-      mc.validate();
-    } catch (const std::invalid_argument& e) {
-      throw InputError(fmt::format("model.hidden / model.heads / model.kv_heads ({} / {} / {}): {}", mc.hidden,
-                                   mc.heads, mc.kv_heads, e.what()));
-    }
+    mc = LlamaConfig::fromDeck(deck, shape.tp(), coord.tp, shape.pp(), coord.pp, pipe.chunks);
+    precision = runtime::parsePrecision(deck.run.precision);
+    train_tokens = std::make_unique<runtime::DatasetTokens>(train_ds, mc.vocab, prefix + "_train");
+    if (valid_ds && valid_ds->documents() > 0)
+      valid_tokens = std::make_unique<runtime::DatasetTokens>(valid_ds, mc.vocab, prefix + "_valid");
   } catch (const InputError& e) {
     err = e.what();
   }
@@ -492,7 +344,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
 
   // Gradient all-reduce over every rank holding the same weights: the DP x CP ranks of one
   // (TP slice, pipeline stage). The CP group moves K/V, the TP group sums partial
-  // activations and input gradients, the pipeline group passes activations (StageLink).
+  // activations and input gradients, the pipeline group passes activations (runtime/pipeline.hpp).
   err.clear();
   parallel::CommBackend backend = parallel::CommBackend::Mpi;
   try {
@@ -522,7 +374,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   std::int64_t stored_floats = 0;
   for (int st = 0; st < shape.pp(); ++st) {
     LlamaConfig c = mc;
-    c.pp_rank = st;
+    c.stage = st;
     std::int64_t n = 0;
     for (const TensorInfo& t : Llama::layout(c)) {
       n += t.size;
@@ -533,7 +385,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   }
 
   Space space;
-  Llama model(mc, tc.seed, tp_group.get(), shape.pp() > 1 ? mesh.pp().get() : MPI_COMM_NULL);
+  Llama model(mc, tc.seed);
   AdamWConfig oc;
   oc.lr = static_cast<float>(tc.lr);
   oc.min_lr_ratio = static_cast<float>(tc.min_lr_ratio);
@@ -543,7 +395,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   oc.beta2 = static_cast<float>(tc.beta2);
   oc.weight_decay = static_cast<float>(tc.weight_decay);
   oc.clip = static_cast<float>(tc.clip);
-  AdamW adam(model, oc);
+  AdamW adam(model, oc, tp_group.get(), mesh.pp().get());
 
   const fs::path out_dir = deck.output.dir;
   const fs::path ckpt_dir = tc.checkpoint_dir.empty() ? out_dir / "checkpoint" : fs::path(tc.checkpoint_dir);
@@ -625,7 +477,6 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   // the plans, and the training metrics (rank 0's tables).
   trace::Recorder rec = trace::alignedRecorder(world, coord);
   rec.setStrategy(d.packing.strategy);
-  model.setRecorder(&rec);
   std::unique_ptr<trace::Writer> writer;
   if (opt.write_trace) {
     trace::RunMeta meta;
@@ -650,47 +501,72 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
     writer->commit(rec);
   };
 
+  // The stage walker of every step (runtime/pipeline.hpp: the one `wlb run` measures) and
+  // of the evaluation, whose batches run whole on one pipeline (no CP group).
+  runtime::LayerEnv env;
+  env.space = &space;
+  env.cp_comm = mesh.cp();
+  env.tp_comm = mesh.tp();
+  env.tp = shape.tp();
+  env.cost = cost.get();
+  env.recorder = &rec;
+  env.precision = precision;
+  env.kernel.precision = precision;
+  env.cp_group = cp_group.get();
+  env.tp_group = tp_group.get();
+  const pp::Schedule sched = pipe.schedule(static_cast<int>(M));  // the simulator's schedule, same function
+  runtime::PipelineStage stage_walker(env, model, sched, mesh.pp());
+  runtime::LayerEnv eval_env = env;
+  eval_env.cp_comm = MPI_COMM_SELF;
+  eval_env.cp_group = nullptr;
+  runtime::PipelineStage eval_walker(eval_env, model, sched, mesh.pp());
+  const cp::Strategy cp_strategy = cp::parseStrategy(d.cp.strategy);
+  const cp::CommMode cp_mode = cp::parseCommMode(d.cp.comm);
+
   double entropy = 0;
-  const auto eval_host = valid_ds && valid_ds->documents() > 0 ? evalBatches(*valid_ds, S, tc.eval_tokens, entropy)
-                                                               : std::vector<std::vector<std::vector<std::int32_t>>>{};
+  const auto eval_batches =
+      valid_tokens ? evalBatches(*valid_ds, S, tc.eval_tokens, entropy) : std::vector<MicroBatch>{};
   sum.unigram_entropy = entropy;
   // Every TP x PP group (one pipeline of one replica's CP rank) holds the whole model:
   // evaluation batches are dealt round-robin over these groups (every rank of the group
   // runs the batch, the last stage's TP rank 0 reports it), each batch's loss sum travels
   // alone (the others contribute exact zeros) and the sums are added in batch order, so
   // the evaluation loss has the same bits on every DP x CP mesh for the same weights.
-  const int P = shape.pp(), stage = coord.pp;
-  const bool first_stage = stage == 0, last_stage = stage == P - 1;
+  const int P = shape.pp();
   const int groups = shape.dp() * shape.cp(), my_group = coord.dp * shape.cp() + coord.cp;
-  StageLink link(mesh.pp(), rec);
-  constexpr int kEvalTag = 0;  // one batch after another: MPI keeps their order
-  const auto stepTag = [](std::size_t i, bool bwd) { return 1 + 2 * static_cast<int>(i) + (bwd ? 1 : 0); };
-  auto stageLoss = [&](const TokenBatch& b) {
-    if (P == 1) return model.lossSum(space, b);
-    StagePass pass(model, space, b, nullptr);
-    const Mat x = first_stage ? Mat() : link.recv(space, b.n, mc.hidden, stage - 1, kEvalTag);
-    const Mat y = pass.forward(x, false, 1.0f);
-    if (!last_stage) link.send(space, y, stage + 1, kEvalTag);
-    return pass.loss();
-  };
   auto evaluate = [&]() {
-    std::optional<parallel::ProgressThread> progress;  // moves sends while the stage computes
-    if (P > 1) progress.emplace(mesh.pp());
-    const std::size_t nb = eval_host.size();
+    const std::size_t nb = eval_batches.size();
     std::vector<double> part(nb, 0.0), all(nb, 0.0);
     std::int64_t predicted = 0;
-    std::string e;
+    runtime::StageStepInput in;
+    in.step = -1;
+    in.tokens = valid_tokens.get();
+    in.forward_only = true;
+    std::vector<std::size_t> mine;
     for (std::size_t i = 0; i < nb; ++i) {
-      for (const auto& seg : eval_host[i]) predicted += static_cast<std::int64_t>(seg.size()) - 1;
-      if (static_cast<int>(i % static_cast<std::size_t>(groups)) != my_group || !e.empty()) continue;
+      for (const Segment& seg : eval_batches[i].segments) predicted += seg.length - 1;
+      if (static_cast<int>(i % static_cast<std::size_t>(groups)) == my_group) {
+        mine.push_back(i);
+        in.mbs.push_back(eval_batches[i]);
+        in.mb_tokens.push_back(eval_batches[i].tokens());
+      }
+    }
+    std::string e;
+    if (!mine.empty()) {
       try {
-        const double l = stageLoss(makeBatch(eval_host[i], deck));
-        if (coord.tp == 0 && last_stage) part[i] = l;
+        for (auto& pl :
+             cp::planReplicaShards(in.mbs, cp::Strategy::PerSequence, cp::CommMode::AllGather, 1, *cost, d.cp)) {
+          in.shards.push_back(std::move(pl.shard));
+          in.comms.push_back(std::move(pl.comm));
+        }
+        in.schedule =
+            std::make_shared<pp::Schedule>(runtime::forwardSchedule(P, static_cast<int>(mine.size()), sched.chunks));
+        const runtime::StageStepResult r = eval_walker.run(in, rec.now());
+        for (std::size_t k = 0; k < mine.size(); ++k) part[mine[k]] = r.mb_loss[k];
       } catch (const InputError& x) {
         e = x.what();
       }
     }
-    link.flush();
     combine(e);
     if (nb > 0) MPI_Allreduce(part.data(), all.data(), static_cast<int>(nb), MPI_DOUBLE, MPI_SUM, world);
     double loss = 0;
@@ -743,89 +619,42 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
     if (writer && rank == 0) writer->addPlan(d.packing.strategy, plan, text);
     // The loss is the mean over every predicted token of the step (all replicas), so each
     // rank scales its share by the same global count.
-    std::int64_t predicted = 0, step_tokens = 0;
+    const std::int64_t predicted = runtime::predictedRows(plan);
+    std::int64_t step_tokens = 0;
     for (const auto& rep : plan.replicas)
-      for (const MicroBatch& mb : rep)
-        for (const Segment& s : mb.segments) {
-          predicted += s.length - 1;
-          step_tokens += s.length;
-        }
-    const float scale = predicted > 0 ? 1.0f / static_cast<float>(predicted) : 0.0f;
+      for (const MicroBatch& mb : rep) step_tokens += mb.tokens();
 
-    // 2. This rank's micro-batches: its replica's, as its CP share.
-    const std::vector<MicroBatch>& replica = plan.replicas.at(static_cast<std::size_t>(coord.dp));
-    std::vector<cp::MicroBatchShards> shards;
-    std::vector<TokenBatch> batches;
-    std::vector<std::int64_t> batch_mb;  // micro-batch index of each batch
+    // 2. This rank's units: its replica's micro-batches as its CP share (or SlimPack's
+    //    MicroPacks), the DP-Merge groups' communicators.
+    runtime::StageStepInput in;
+    runtime::MergedComms merged;
     err.clear();
     try {
-      if (shape.cp() > 1) shards = cp::planReplicaShards(replica, d.cp.strategy, shape.cp(), *cost, d.cp);
-      for (std::size_t m = 0; m < replica.size(); ++m) {
-        const MicroBatch& mb = replica[m];
-        if (mb.segments.empty()) continue;  // every CP rank of the replica skips it alike
-        std::vector<std::vector<std::int32_t>> segs;
-        for (const Segment& s : mb.segments)
-          segs.push_back(segmentTokens(*train_ds, s.doc % train_ds->documents(), s.offset, s.length));
-        batches.push_back(shape.cp() > 1 ? shardBatch(segs, shards.at(m).shard, coord.cp, deck)
-                                         : makeBatch(segs, deck));
-        batch_mb.push_back(static_cast<std::int64_t>(m));
-        row[kTokens] += static_cast<double>(batches.back().n);
-      }
+      in = runtime::replicaStepInput(step, plan, static_cast<std::size_t>(coord.dp), P, M, shape.cp(), *cost,
+                                     cp_strategy, cp_mode, d.cp);
+      in.tokens = train_tokens.get();
+      in.loss_scale = predicted > 0 ? 1.0f / static_cast<float>(predicted) : 0.0f;
     } catch (const InputError& e) {
       err = e.what();
     }
     combine(err);
+    merged = runtime::connectMerged(mesh, plan, in, backend);
     const auto tc0 = Clock::now();
     row[kDataS] = std::chrono::duration<double>(tc0 - ts).count();
 
-    // 3. Forward and backward of each micro-batch, gradients accumulated. Under PP the
-    //    stage walks its order of the schedule over the replica's non-empty micro-batches
-    //    (the same on every stage); the last stage computes the loss.
+    // 3. Forward and backward of every unit: the stage walks its order of the schedule
+    //    (the last stage computes the loss); gradients accumulate.
     model.zeroGrads(space);
     double loss_part = 0;
-    const auto makeOp = [&](std::size_t i) -> std::unique_ptr<AttentionOp> {
-      if (shape.cp() > 1) {
-        const auto& sh = shards.at(static_cast<std::size_t>(batch_mb[i]));
-        return std::make_unique<CpAttention>(sh.shard, sh.comm, *cp_group, mc, *cost, rec);
-      }
-      return std::make_unique<LocalAttention>(batches[i], rec);
-    };
-    if (P == 1) {
-      for (std::size_t i = 0; i < batches.size(); ++i) {
-        rec.setContext({static_cast<int>(step), static_cast<int>(batch_mb[i]), trace::Phase::Fwd, -1});
-        const auto op = makeOp(i);
-        loss_part += model.forwardBackward(space, batches[i], scale, op.get());
-      }
-    } else if (!batches.empty()) {
-      const pp::Schedule sched = pipe.schedule(static_cast<int>(batches.size()));
-      const parallel::ProgressThread progress(mesh.pp());  // moves sends while the stage computes
-      std::map<std::size_t, std::unique_ptr<AttentionOp>> ops;
-      std::map<std::size_t, std::unique_ptr<StagePass>> live;
-      for (const pp::Task& t : sched.order[static_cast<std::size_t>(stage)]) {
-        const auto i = static_cast<std::size_t>(t.mb);
-        const TokenBatch& b = batches[i];
-        const bool bwd = t.phase == pp::Phase::Bwd;
-        rec.setContext(
-            {static_cast<int>(step), static_cast<int>(batch_mb[i]), bwd ? trace::Phase::Bwd : trace::Phase::Fwd, -1});
-        if (!bwd) {
-          ops[i] = makeOp(i);
-          auto& pass = live[i] = std::make_unique<StagePass>(model, space, b, ops[i].get());
-          const Mat x = first_stage ? Mat() : link.recv(space, b.n, mc.hidden, stage - 1, stepTag(i, false));
-          const Mat y = pass->forward(x, true, scale);
-          if (last_stage)
-            loss_part += pass->loss();
-          else
-            link.send(space, y, stage + 1, stepTag(i, false));
-        } else {
-          const Mat dy = last_stage ? Mat() : link.recv(space, b.n, mc.hidden, stage + 1, stepTag(i, true));
-          const Mat dx = live.at(i)->backward(dy);
-          if (!first_stage) link.send(space, dx, stage - 1, stepTag(i, true));
-          live.erase(i);
-          ops.erase(i);
-        }
-      }
-      link.flush();
+    err.clear();
+    try {
+      const runtime::StageStepResult r = stage_walker.run(in, rec.now());
+      loss_part = r.loss;
+      for (const double t : r.mb_tokens) row[kTokens] += t;
+    } catch (const InputError& e) {
+      err = e.what();
     }
+    combine(err);
     kk::fence(space, "wlb::train::fwd_bwd");
     const auto tc1 = Clock::now();
     row[kComputeS] = std::chrono::duration<double>(tc1 - tc0).count();
@@ -833,17 +662,15 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
     // 4. Sum the gradients over DP x CP (every rank then holds its TP slice's gradient) and
     //    the loss; then the same AdamW update on every rank.
     rec.setContext({static_cast<int>(step), -1, trace::Phase::Bwd, -1});
-    double loss_sum = loss_part;
     {
       auto g = model.grads();
       trace::Recorder::Scope s(rec, trace::labels::kGradAllreduce, space, 0, 4.0 * static_cast<double>(g.size()));
-      if (dpcp_group->size() > 1) {
-        dpcp_group->allreduceSum(space, g.data(), static_cast<std::int64_t>(g.size()));
-        MPI_Allreduce(&loss_part, &loss_sum, 1, MPI_DOUBLE, MPI_SUM, dpcp);
-      }
+      if (dpcp_group->size() > 1) dpcp_group->allreduceSum(space, g.data(), static_cast<std::int64_t>(g.size()));
     }
-    // PP: the last stage's sum to every stage (the others add exact zeros).
-    if (P > 1) MPI_Allreduce(MPI_IN_PLACE, &loss_sum, 1, MPI_DOUBLE, MPI_SUM, mesh.pp());
+    // The last stage's TP rank 0 of each replica's CP ranks hold the loss; the others add
+    // exact zeros.
+    double loss_sum = loss_part;
+    if (W > 1) MPI_Allreduce(&loss_part, &loss_sum, 1, MPI_DOUBLE, MPI_SUM, world);
     const auto tc2 = Clock::now();
     row[kAllreduceS] = std::chrono::duration<double>(tc2 - tc1).count();
     // A step whose micro-batches are all empty (a packer that holds every document back)

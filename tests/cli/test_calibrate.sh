@@ -23,6 +23,7 @@ kv_heads = 2
 ffn = 96
 layers = 1
 
+vocab = 256
 [mesh]
 cp = 2
 

@@ -18,6 +18,7 @@ grep -q "head_dim = 64" "$tmp/out" || fail "resolved deck lacks derived head_dim
 
 printf '[model]\nhidden = 256\n[mesh]\ncpp = 2\n' > "$tmp/typo.toml"
 "$WLB" validate "$tmp/typo.toml" > "$tmp/out" 2> "$tmp/err"; rc=$?
+vocab = 256
 [ "$rc" = 2 ] || fail "typo deck exit $rc, wanted 2"
 grep -q "typo.toml:4: unknown key 'cpp' in table \[mesh\] (did you mean 'cp'?)" "$tmp/err" || fail "typo message: $(cat "$tmp/err")"
 [ ! -s "$tmp/out" ] || fail "bad deck printed output"

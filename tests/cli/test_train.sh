@@ -166,11 +166,30 @@ same_30_steps fullpp cutpp "pp=2: 30 steps bit-identical after kill + resume" ||
 [ "$rc" = 2 ] && grep -q "mesh.tp" o.txt && grep -q "model.kv_heads" o.txt || fail "mesh.tp=2: rc $rc $(cat o.txt)"
 "$WLB" train deck.toml --set mesh.pp=3 > o.txt 2>&1; rc=$?  # 2 layers
 [ "$rc" = 2 ] && grep -q "model.layers" o.txt || fail "mesh.pp=3: rc $rc $(cat o.txt)"
-timeout 60 mpiexec -n 2 "$WLB" train deck.toml --set mesh.pp=2 --set pipeline.schedule='"interleaved"' > o.txt 2>&1
-rc=$?
-[ "$rc" = 2 ] && grep -q "pipeline.schedule" o.txt || fail "pp=2 interleaved: rc $rc $(cat o.txt)"
-"$WLB" train deck.toml --set packing.strategy='"slimpack"' > o.txt 2>&1; rc=$?
-[ "$rc" = 2 ] && grep -q "packing.strategy" o.txt || fail "slimpack: rc $rc $(cat o.txt)"
+# Every schedule trains through the one stage walker: interleaved 1F1B (2 chunks of 2 layers
+# per stage) and PackFlow with SlimPack's sliced plans, on pp = 2 against one rank.
+il="--set model.layers=4 --set train.steps=12 --quiet"
+"$WLB" train deck.toml $il --set output.dir=il1 > o.txt 2>&1 || fail "4-layer one-rank run: $(cat o.txt)"
+timeout 120 mpiexec -n 2 "$WLB" train deck.toml $il --set mesh.pp=2 --set pipeline.schedule='"interleaved"' \
+  --set mesh.virtual_stages=2 --set output.dir=il2 > o.txt 2>&1 || fail "pp=2 interleaved: $(cat o.txt)"
+sp="--set packing.strategy=\"slimpack\" --set pipeline.schedule=\"packflow\" --set train.steps=12 --quiet"
+"$WLB" train deck.toml $sp --set output.dir=sp1 > o.txt 2>&1 || fail "slimpack one-rank run: $(cat o.txt)"
+timeout 120 mpiexec -n 2 "$WLB" train deck.toml $sp --set mesh.pp=2 --set output.dir=sp2 > o.txt 2>&1 ||
+  fail "pp=2 packflow: $(cat o.txt)"
+$PY - il1/train_log.jsonl il2/train_log.jsonl sp1/train_log.jsonl sp2/train_log.jsonl <<'PYEOF' ||
+import json, sys
+def load(p): return [json.loads(l) for l in open(p)]
+a = sys.argv
+for ref, got, what in ((a[1], a[2], "pp=2 interleaved"), (a[3], a[4], "pp=2 packflow")):
+    x, y = load(ref), load(got)
+    assert len(x) == len(y) == 12, (what, len(x), len(y))
+    worst = max(abs(p["loss"] - q["loss"]) / abs(p["loss"]) for p, q in zip(x, y))
+    assert worst < 1e-5, (what, worst)
+    print(f"{what}: 12 steps, largest relative loss difference to one rank {worst:.1e}")
+PYEOF
+  fail "interleaved / packflow losses differ from one rank"
+timeout 60 mpiexec -n 2 "$WLB" train deck.toml $sp --set mesh.cp=2 > o.txt 2>&1; rc=$?
+[ "$rc" = 2 ] && grep -q "mesh.cp" o.txt || fail "slimpack with cp=2: rc $rc $(cat o.txt)"
 timeout 60 mpiexec -n 2 "$WLB" train deck.toml --set mesh.cp=2 --set cp.strategy='"nope"' > o.txt 2>&1; rc=$?
 [ "$rc" = 2 ] && grep -q "cp.strategy" o.txt || fail "cp=2 with a bad cp.strategy: rc $rc $(cat o.txt)"
 "$WLB" train deck.toml --set train.dataset=nope > o.txt 2>&1; rc=$?

@@ -32,6 +32,7 @@ heads = 4
 kv_heads = 2
 ffn = 96
 layers = 9
+vocab = 256
 [data]
 source = "generator"
 preset = "long_context_128k"
@@ -112,7 +113,8 @@ TEST(Pipeline, EveryScheduleMatchesPpOne) {
   if (worldRank() == 0) {
     ASSERT_EQ(ref.strategies.size(), 2u);
     for (const auto& s : ref.strategies)
-      EXPECT_EQ(s.gradients.size(), 9u * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 96));
+      EXPECT_EQ(s.gradients.size(),
+                256u * 64 + 9u * (64 + 64 * 64 + 2 * 64 * 32 + 64 * 64 + 64 + 3 * 64 * 96) + 64 + 64 * 256);
   }
   struct Case {
     int pp, cp;

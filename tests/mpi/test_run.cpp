@@ -22,7 +22,9 @@
 #include "model/cost_model.hpp"
 #include "mpi_world.hpp"
 #include "runtime/layer.hpp"
+#include "runtime/llama.hpp"
 #include "runtime/run.hpp"
+#include "runtime/tokens.hpp"
 
 using namespace wlb;
 using namespace wlb::runtime;
@@ -76,31 +78,52 @@ LayerOut runLayers(const MicroBatch& mb, const std::string& strategy, cp::CommMo
   MPI_Comm_rank(comm, &rank);
   const auto d = dims();
   model::CostModel cost(d, model::HardwareProfile::analytic(), 1);
-  const LayerShape shape = LayerShape::fromDims(d, 1);
-  Model model(shape, 2, 3, 0);
+  LlamaConfig mc;
+  mc.vocab = 100;
+  mc.hidden = 64;
+  mc.heads = 4;
+  mc.kv_heads = 2;
+  mc.ffn = 96;
+  mc.layers = 2;
+  Llama model(mc, 3);
   const cp::ShardPlan plan = cp::planShards(mb, strategy, cp, cost, CpConfig{});
   const cp::CommPlan cpl = cp::planComm(plan, mode, cost);
   const std::int64_t T = mb.tokens(), H = d.hidden;
   const auto x = randomVec(static_cast<std::size_t>(T * H), 5), g = randomVec(static_cast<std::size_t>(T * H), 6);
   std::vector<float> lx, lg;
+  // RoPE positions of the rank's rows: each token's index in its segment.
+  std::vector<std::int64_t> seg_begin;
+  std::int64_t at = 0;
+  for (const auto& s : mb.segments) {
+    seg_begin.push_back(at);
+    at += s.length;
+  }
+  std::vector<TokenRef> refs;
   for (std::int64_t p : cp::packedPositions(plan, rank)) {
     lx.insert(lx.end(), x.begin() + p * H, x.begin() + (p + 1) * H);
     lg.insert(lg.end(), g.begin() + p * H, g.begin() + (p + 1) * H);
+    const auto i =
+        static_cast<std::size_t>(std::upper_bound(seg_begin.begin(), seg_begin.end(), p) - seg_begin.begin()) - 1;
+    refs.push_back(TokenRef{mb.segments[i].doc, p - seg_begin[i], static_cast<std::int32_t>(p - seg_begin[i]), false});
   }
   const std::int64_t n = plan.ranks[rank].tokens;
   Space space;
+  RopeTable rope(mc.headDim(), 10000.0);
+  rope.ensure(space, 128);
+  const TokenRows rows = TokenRows::make(space, SyntheticTokens(1, mc.vocab), refs, mc.vocab);
   LayerEnv env;
   env.space = &space;
   env.cp_comm = comm;
   env.cost = &cost;
+  env.rope = &rope;
   model.zeroGrads(space);
   LayerStep l0(env, model, 0, plan, cpl), l1(env, model, 1, plan, cpl);
-  Mat y = l1.forward(l0.forward(fromHost(lx, n, H)));
-  Mat dx = l0.backward(l1.backward(fromHost(lg, n, H)));
+  Mat y = l1.forward(l0.forward(fromHost(lx, n, H), rows.positions), rows.positions);
+  Mat dx = l0.backward(l1.backward(fromHost(lg, n, H), rows.positions), rows.positions);
   LayerOut out;
   out.y = cp::gatherToPacked(plan, cpl, comm, host(y).data(), H);
   out.dx = cp::gatherToPacked(plan, cpl, comm, host(dx).data(), H);
-  auto gb = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.gradBuffer());
+  auto gb = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.grads());
   out.grads.assign(gb.data(), gb.data() + gb.size());
   MPI_Allreduce(MPI_IN_PLACE, out.grads.data(), static_cast<int>(out.grads.size()), MPI_FLOAT, MPI_SUM, comm);
   return out;
@@ -134,6 +157,7 @@ heads = 4
 kv_heads = 2
 ffn = 96
 layers = 1
+vocab = 256
 [data]
 source = "generator"
 preset = "long_context_128k"

@@ -37,6 +37,7 @@ heads = 4
 kv_heads = 2
 ffn = 96
 layers = 3
+vocab = 256
 [data]
 context_window = 512
 )";
@@ -59,9 +60,9 @@ MicroBatch mb(std::vector<Segment> s) {
 
 // Documents A (300 tokens), B (130), C (1), D (70), E (200); A and E sliced.
 std::vector<MicroBatch> slicedPacks() {
-  return {mb({seg(1, 0, 37), seg(2, 0, 130)}),                    // A[0,37) cut inside a tile
-          mb({seg(1, 37, 1), seg(1, 38, 112), seg(3, 0, 1)}),     // a 1-token slice, its successor
-          mb({seg(1, 150, 150), seg(4, 0, 70)}),                  //
+  return {mb({seg(1, 0, 37), seg(2, 0, 130)}),                     // A[0,37) cut inside a tile
+          mb({seg(1, 37, 1), seg(1, 38, 112), seg(3, 0, 1)}),      // a 1-token slice, its successor
+          mb({seg(1, 150, 150), seg(4, 0, 70)}),                   //
           mb({seg(5, 0, 100), seg(5, 100, 1), seg(5, 101, 99)})};  // three slices of E together
 }
 std::vector<MicroBatch> wholePacks() {
@@ -77,7 +78,7 @@ struct Outcome {
 struct Fixture {
   Deck deck = parseDeck(kDeck, "sliced-test-deck");
   model::CostModel cost = model::CostModel::fromDeck(deck);
-  LayerShape shape = LayerShape::fromDims(cost.dims(), 1);
+  SyntheticTokens tokens{11, 256};
   Space space;
   LayerEnv env() {
     LayerEnv e;
@@ -93,21 +94,21 @@ struct Fixture {
     MPI_Comm_size(pp_comm, &pp);
     MPI_Comm_rank(pp_comm, &stage_id);
     const pp::Schedule sched = pp::makeOneFOneB(pp, static_cast<int>(in.mb_tokens.size()));
-    const auto ids = PipelineStage::stageLayers(kLayers, pp, 1, stage_id);
-    Model model(shape, ids, 7, 0);
+    Llama model(LlamaConfig::fromDeck(deck, 1, 0, pp, stage_id, 1), 7);
     model.zeroGrads(space);
-    PipelineStage stage(env(), model, sched, stage_id, kLayers, pp_comm);
-    const StageStepResult r = stage.run(in, 0);
+    PipelineStage stage(env(), model, sched, pp_comm);
+    StageStepInput run_in = in;
+    run_in.tokens = &tokens;
+    const StageStepResult r = stage.run(run_in, 0);
     Outcome o;
     if (pp_comm == MPI_COMM_SELF && !dp_sum)
       o.loss = r.loss;
     else
       MPI_Allreduce(&r.loss, &o.loss, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.gradBuffer());
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.grads());
     o.grads.assign(h.data(), h.data() + h.size());
     if (dp_sum)
-      MPI_Allreduce(MPI_IN_PLACE, o.grads.data(), static_cast<int>(o.grads.size()), MPI_FLOAT, MPI_SUM,
-                    MPI_COMM_WORLD);
+      MPI_Allreduce(MPI_IN_PLACE, o.grads.data(), static_cast<int>(o.grads.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     o.peak = r.peak_activation_bytes;
     return o;
   }
@@ -116,13 +117,11 @@ struct Fixture {
     plan.step = 3;
     plan.replicas = {packs};
     if (!cuts.empty()) plan.backward = {cuts};
-    return slicedStepInput(3, 11, plan, 0, stages, cost, cp::Strategy::PerDocument, cp::CommMode::AllGather,
-                           CpConfig{});
+    return slicedStepInput(3, plan, 0, stages, cost, cp::Strategy::PerDocument, cp::CommMode::AllGather, CpConfig{});
   }
   StageStepInput whole(std::vector<MicroBatch> packs = wholePacks()) {
     StageStepInput in;
     in.step = 3;
-    in.seed = 11;
     in.mbs = std::move(packs);
     CpConfig cfg;
     auto plans = cp::planReplicaShards(in.mbs, cp::Strategy::PerDocument, cp::CommMode::AllGather, 1, cost, cfg);
@@ -184,7 +183,8 @@ TEST(Sliced, PeakIsTheMemoryModelOnOneStage) {
   const StageStepInput in = f.sliced(slicedPacks(), cuts, 1);
   const Outcome got = f.run(in);
   // Model: per layer, executorLayerActivationBytes(tokens, kv_tokens = continued tokens)
-  // of each forward MicroPack, freed per backward MicroPack, walked over the schedule.
+  // of each forward MicroPack, and the head's input gradient of its rows, freed per
+  // backward MicroPack, walked over the schedule.
   const auto& r = *in.slices;
   std::vector<char> continued(r.segments.size(), 0);
   for (std::size_t i = 0; i < r.segments.size(); ++i)
@@ -197,7 +197,9 @@ TEST(Sliced, PeakIsTheMemoryModelOnOneStage) {
       tok += r.segments[static_cast<std::size_t>(i)].length;
       if (continued[static_cast<std::size_t>(i)]) kv += r.segments[static_cast<std::size_t>(i)].length;
     }
-    return kLayers * model::executorLayerActivationBytes(f.cost.dims(), 1, tok, kv);
+    // the one stage is the last: it also keeps the loss's input gradient (model/memory.hpp)
+    return kLayers * model::executorLayerActivationBytes(f.cost.dims(), 1, tok, kv) +
+           model::executorHeadBytes(f.cost.dims(), tok);
   };
   std::int64_t held = 0, peak = 0;
   for (const pp::Task& t : in.schedule->order[0]) {
@@ -227,17 +229,16 @@ TEST(Sliced, DpMergeEqualsTheWholeDocuments) {
   // slot 0, owner replica 0), the rest sliced on each replica.
   if (worldSize() != 2) GTEST_SKIP() << "two DP replicas";
   Fixture f;
-  const Outcome ref =
-      f.run(f.whole({mb({seg(1, 0, 300), seg(2, 0, 130)}), mb({seg(3, 0, 1), seg(4, 0, 70)}), mb({seg(5, 0, 200)}),
-                     mb({seg(6, 0, 200)})}),
-            MPI_COMM_SELF);
+  const Outcome ref = f.run(f.whole({mb({seg(1, 0, 300), seg(2, 0, 130)}), mb({seg(3, 0, 1), seg(4, 0, 70)}),
+                                     mb({seg(5, 0, 200)}), mb({seg(6, 0, 200)})}),
+                            MPI_COMM_SELF);
   StepPlan plan;
   plan.step = 3;
   plan.replicas = {{mb({seg(1, 0, 300)}), mb({seg(2, 0, 130), seg(5, 0, 100)}), mb({seg(5, 100, 1), seg(5, 101, 99)})},
                    {mb({}), mb({seg(4, 0, 70), seg(6, 0, 50)}), mb({seg(3, 0, 1), seg(6, 50, 150)})}};
   plan.backward = {{0, 1, 3, 5}, {0, 0, 1, 4}};
   plan.merged = {{0, {0, 1}}};
-  StageStepInput in = slicedStepInput(3, 11, plan, static_cast<std::size_t>(worldRank()), 1, f.cost,
+  StageStepInput in = slicedStepInput(3, plan, static_cast<std::size_t>(worldRank()), 1, f.cost,
                                       cp::Strategy::PerDocument, cp::CommMode::AllGather, CpConfig{});
   ASSERT_EQ(in.merged.size(), 1u);
   EXPECT_EQ(in.merged[0].rank, worldRank());

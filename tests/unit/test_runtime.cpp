@@ -1,7 +1,7 @@
 // wlb-timeout: 120
 // Runtime building blocks: the GEMM wrapper against a naive product, per-op linear FLOPs
 // against the cost model, layer-shape validation, and the transformer layer's backward
-// against finite differences (single rank, cp = 1).
+// (RMSNorm, RoPE, GQA attention, SwiGLU) against finite differences (single rank, cp = 1).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -15,6 +15,8 @@
 #include "model/cost_model.hpp"
 #include "runtime/gemm.hpp"
 #include "runtime/layer.hpp"
+#include "runtime/llama.hpp"
+#include "runtime/tokens.hpp"
 
 using namespace wlb;
 using namespace wlb::runtime;
@@ -99,28 +101,41 @@ TEST(RuntimeLayerShape, SplitsOverTpAndRejectsIndivisible) {
   EXPECT_THROW(LayerShape::fromDims(dims(256, 4, 2, 702), 4), InputError);
 }
 
-// dL/dx and dL/dWq of L = sum(y * g) against central differences in a random direction.
+// dL/dx and dL/dw (every weight of the layer: norms, projections, MLP) of L = sum(y * g)
+// against central differences in random directions.
 TEST(RuntimeLayer, BackwardMatchesFiniteDifferences) {
   const auto d = dims(32, 2, 1, 48);
   model::CostModel cost(d, model::HardwareProfile::analytic(), 1);
-  const LayerShape shape = LayerShape::fromDims(d, 1);
-  Model model(shape, 1, 7, 0);
+  LlamaConfig mc;
+  mc.vocab = 100;
+  mc.hidden = 32;
+  mc.heads = 2;
+  mc.kv_heads = 1;
+  mc.ffn = 48;
+  mc.layers = 1;
+  Llama model(mc, 7);
   MicroBatch mb;
   mb.segments = {Segment{1, 0, 9, 0}, Segment{2, 0, 14, 0}};
   CpConfig cfg;
   const cp::ShardPlan plan = cp::planShards(mb, "per_document", 1, cost, cfg);
   const cp::CommPlan comm = cp::planComm(plan, cp::CommMode::AllGather, cost);
   Space space;
+  RopeTable rope(mc.headDim(), 10000.0);
+  rope.ensure(space, 16);
   LayerEnv env;
   env.space = &space;
   env.cp_comm = MPI_COMM_SELF;
   env.cost = &cost;
+  env.rope = &rope;
+  std::vector<TokenRef> refs;
+  for (const auto& s : mb.segments) appendSegmentRows(s, false, refs);
+  const TokenRows rows = TokenRows::make(space, SyntheticTokens(1, mc.vocab), refs, mc.vocab);
   const std::int64_t T = mb.tokens();
   Mat x = randomMat(T, d.hidden, 11), g = randomMat(T, d.hidden, 12), dir = randomMat(T, d.hidden, 13);
 
   auto loss = [&](const Mat& xin) {
     LayerStep st(env, model, 0, plan, comm);
-    const auto y = host(st.forward(xin));
+    const auto y = host(st.forward(xin, rows.positions));
     const auto hg = host(g);
     double l = 0;
     for (std::size_t i = 0; i < y.size(); ++i) l += static_cast<double>(y[i]) * hg[i];
@@ -128,8 +143,8 @@ TEST(RuntimeLayer, BackwardMatchesFiniteDifferences) {
   };
   model.zeroGrads(space);
   LayerStep st(env, model, 0, plan, comm);
-  st.forward(x);
-  const auto dx = host(st.backward(g));
+  st.forward(x, rows.positions);
+  const auto dx = host(st.backward(g, rows.positions));
   const auto hdir = host(dir);
   double analytic = 0;
   for (std::size_t i = 0; i < dx.size(); ++i) analytic += static_cast<double>(dx[i]) * hdir[i];
@@ -145,24 +160,29 @@ TEST(RuntimeLayer, BackwardMatchesFiniteDifferences) {
   const double numeric = (loss(shifted(eps)) - loss(shifted(-eps))) / (2.0 * eps);
   EXPECT_NEAR(analytic, numeric, 2e-2 * std::max(1.0, std::abs(numeric)));
 
-  // Weight gradient of wq in a random direction.
-  const auto gq = host(model.grads(0).wq);
-  Mat wq = model.weights(0).wq;
-  const auto wq0 = host(wq);
-  Mat wdir = randomMat(wq.extent(0), wq.extent(1), 14);
-  const auto hw = host(wdir);
-  double an_w = 0;
-  for (std::size_t i = 0; i < gq.size(); ++i) an_w += static_cast<double>(gq[i]) * hw[i];
-  auto setWq = [&](float s) {
-    auto h = Kokkos::create_mirror_view(wq);
-    for (std::size_t i = 0; i < h.size(); ++i) h.data()[i] = wq0[i] + s * hw[i];
-    Kokkos::deep_copy(wq, h);
-  };
-  setWq(eps);
-  const double lp = loss(x);
-  setWq(-eps);
-  const double lm = loss(x);
-  setWq(0);
-  const double num_w = (lp - lm) / (2.0 * eps);
-  EXPECT_NEAR(an_w, num_w, 2e-2 * std::max(1.0, std::abs(num_w)));
+  // Weight gradients, tensor by tensor, in a random direction.
+  const Mat wflat(model.weights().data(), 1, model.paramCount());
+  const auto w0 = host(Mat(wflat));
+  const Mat gflat(model.grads().data(), 1, model.paramCount());
+  const auto grad = host(gflat);
+  const auto wdir = host(randomMat(1, model.paramCount(), 14));
+  for (const auto& t : model.tensors()) {
+    if (t.name == "embed" || t.name == "norm_f" || t.name == "head") continue;  // not the layer's
+    double an_w = 0;
+    for (std::int64_t i = t.offset; i < t.offset + t.size; ++i)
+      an_w += static_cast<double>(grad[static_cast<std::size_t>(i)]) * wdir[static_cast<std::size_t>(i)];
+    auto setW = [&](float s) {
+      auto h = Kokkos::create_mirror_view(wflat);
+      for (std::size_t i = 0; i < h.size(); ++i) h.data()[i] = w0[i];
+      for (std::int64_t i = t.offset; i < t.offset + t.size; ++i) h.data()[i] += s * wdir[static_cast<std::size_t>(i)];
+      Kokkos::deep_copy(wflat, h);
+    };
+    setW(eps);
+    const double lp = loss(x);
+    setW(-eps);
+    const double lm = loss(x);
+    setW(0);
+    const double num_w = (lp - lm) / (2.0 * eps);
+    EXPECT_NEAR(an_w, num_w, 2e-2 * std::max(1.0, std::abs(num_w))) << t.name;
+  }
 }

@@ -1,6 +1,7 @@
-// The trainable LLaMA-style model (src/train/llama.hpp): whole-model gradients against
-// central finite differences, document masking with restarting positions, the learning-rate
-// schedule, and AdamW lowering the loss on a fixed batch.
+// The one model (src/runtime/llama.hpp) through the stage walker on one rank
+// (runtime::runLocal): whole-model gradients against central finite differences, document
+// masking with restarting positions, the learning-rate schedule, and AdamW lowering the loss
+// on a fixed batch.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,13 +11,26 @@
 #include <numeric>
 #include <vector>
 
-#include "train/llama.hpp"
+#include "runtime/llama.hpp"
+#include "runtime/pipeline.hpp"
+#include "runtime/tokens.hpp"
+#include "train/optimizer.hpp"
 
 namespace {
 
-using wlb::train::Llama;
-using wlb::train::LlamaConfig;
-using wlb::train::TokenBatch;
+using wlb::MicroBatch;
+using wlb::Segment;
+using wlb::runtime::ListTokens;
+using wlb::runtime::Llama;
+using wlb::runtime::LlamaConfig;
+using wlb::runtime::runLocal;
+
+// Predicted rows of whole documents: every token but the last.
+std::int64_t predicted(const MicroBatch& mb) {
+  std::int64_t n = 0;
+  for (const auto& s : mb.segments) n += s.length - 1;
+  return n;
+}
 
 LlamaConfig tinyConfig() {
   LlamaConfig c;
@@ -44,14 +58,15 @@ void setW(const Llama& m, std::int64_t i, float v) {
   Kokkos::deep_copy(Kokkos::subview(m.weights(), i), Kokkos::View<const float, Kokkos::HostSpace>(&v));
 }
 
-TEST(TrainLlama, GradientsMatchFiniteDifferences) {
+TEST(Llama, GradientsMatchFiniteDifferences) {
   const LlamaConfig cfg = tinyConfig();
   Llama model(cfg, 7);
-  wlb::train::Space space;
-  const TokenBatch batch = TokenBatch::fromSegments({doc(5, 1), doc(9, 2)}, cfg.vocab);
-  EXPECT_EQ(batch.predicted, 4 + 8);
+  wlb::runtime::Space space;
+  const ListTokens tokens({doc(5, 1), doc(9, 2)});
+  const MicroBatch batch = tokens.wholeDocuments();
+  EXPECT_EQ(predicted(batch), 4 + 8);
   model.zeroGrads(space);
-  model.forwardBackward(space, batch, 1.0f);
+  runLocal(model, tokens, {batch}, true, 1.0f);
   auto g = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.grads());
   const float eps = 1e-2f;
   int checked = 0;
@@ -67,9 +82,9 @@ TEST(TrainLlama, GradientsMatchFiniteDifferences) {
       const std::int64_t i = idx[static_cast<std::size_t>(k)];
       const float w0 = getW(model, i);
       setW(model, i, w0 + eps);
-      const double lp = model.lossSum(space, batch);
+      const double lp = runLocal(model, tokens, {batch}, false);
       setW(model, i, w0 - eps);
-      const double lm = model.lossSum(space, batch);
+      const double lm = runLocal(model, tokens, {batch}, false);
       setW(model, i, w0);
       const double fd = (lp - lm) / (2.0 * eps);
       const double an = g(i);
@@ -83,23 +98,28 @@ TEST(TrainLlama, GradientsMatchFiniteDifferences) {
   EXPECT_EQ(checked, 3 * static_cast<int>(model.tensors().size()));
 }
 
-TEST(TrainLlama, DocumentsDoNotSeeEachOther) {
+TEST(Llama, DocumentsDoNotSeeEachOther) {
   // Attention is document-masked and positions restart per document: packing two documents
   // together gives the sum of their separate losses.
   const LlamaConfig cfg = tinyConfig();
   Llama model(cfg, 3);
-  wlb::train::Space space;
-  const auto a = doc(5, 1), b = doc(9, 2);
-  const double both = model.lossSum(space, TokenBatch::fromSegments({a, b}, cfg.vocab));
-  const double sep = model.lossSum(space, TokenBatch::fromSegments({a}, cfg.vocab)) +
-                     model.lossSum(space, TokenBatch::fromSegments({b}, cfg.vocab));
-  EXPECT_NEAR(both, sep, 1e-4 * std::fabs(sep));
+  const ListTokens tokens({doc(5, 1), doc(9, 2), {42}, {300}});
+  const MicroBatch all = tokens.wholeDocuments();
+  MicroBatch both, a, b, one, bad;
+  both.segments = {all.segments[0], all.segments[1]};
+  a.segments = {all.segments[0]};
+  b.segments = {all.segments[1]};
+  one.segments = {all.segments[2]};
+  bad.segments = {all.segments[3]};
+  const double sep = runLocal(model, tokens, {a}, false) + runLocal(model, tokens, {b}, false);
+  EXPECT_NEAR(runLocal(model, tokens, {both}, false), sep, 1e-4 * std::fabs(sep));
+  EXPECT_NEAR(runLocal(model, tokens, {a, b}, false), sep, 1e-4 * std::fabs(sep));  // two micro-batches
   // A 1-token document predicts nothing.
-  EXPECT_EQ(model.lossSum(space, TokenBatch::fromSegments({{42}}, cfg.vocab)), 0.0);
-  EXPECT_THROW(TokenBatch::fromSegments({{300}}, cfg.vocab), std::invalid_argument);
+  EXPECT_EQ(runLocal(model, tokens, {one}, false), 0.0);
+  EXPECT_THROW(runLocal(model, tokens, {bad}, false), std::invalid_argument);
 }
 
-TEST(TrainLlama, LearningRateSchedule) {
+TEST(Llama, LearningRateSchedule) {
   wlb::train::AdamWConfig c;
   c.lr = 1.0f;
   c.min_lr_ratio = 0.1f;
@@ -113,11 +133,12 @@ TEST(TrainLlama, LearningRateSchedule) {
   EXPECT_NEAR(c.lrAt(100), 0.1, 1e-6);
 }
 
-TEST(TrainLlama, AdamWLowersTheLoss) {
+TEST(Llama, AdamWLowersTheLoss) {
   const LlamaConfig cfg = tinyConfig();
   Llama model(cfg, 11);
-  wlb::train::Space space;
-  const TokenBatch batch = TokenBatch::fromSegments({doc(5, 1), doc(9, 2)}, cfg.vocab);
+  wlb::runtime::Space space;
+  const ListTokens tokens({doc(5, 1), doc(9, 2)});
+  const MicroBatch batch = tokens.wholeDocuments();
   wlb::train::AdamWConfig oc;
   oc.lr = 1e-2f;
   oc.warmup_steps = 3;
@@ -127,8 +148,8 @@ TEST(TrainLlama, AdamWLowersTheLoss) {
   std::vector<double> losses;
   for (int s = 0; s < 30; ++s) {
     model.zeroGrads(space);
-    const float scale = 1.0f / static_cast<float>(batch.predicted);
-    losses.push_back(model.forwardBackward(space, batch, scale) / static_cast<double>(batch.predicted));
+    const float scale = 1.0f / static_cast<float>(predicted(batch));
+    losses.push_back(runLocal(model, tokens, {batch}, true, scale) / static_cast<double>(predicted(batch)));
     const double norm = opt.step(space, model, s);
     EXPECT_TRUE(std::isfinite(norm));
   }

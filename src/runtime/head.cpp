@@ -1,0 +1,156 @@
+/// \file head.cpp
+/// \brief Embedding, final norm, LM head and cross-entropy (see head.hpp).
+
+#include "runtime/head.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "core/kokkos_compat.hpp"
+#include "trace/recorder.hpp"
+
+namespace wlb::runtime {
+namespace {
+
+using Policy = Kokkos::RangePolicy<Space>;
+using Team = Kokkos::TeamPolicy<Space>;
+using Region = trace::PhaseScope;
+
+}  // namespace
+
+double headFlops(const model::ModelDims& d, std::int64_t tokens, model::Phase phase) {
+  const double f = 2.0 * static_cast<double>(tokens) * static_cast<double>(d.hidden) * static_cast<double>(d.vocab);
+  return phase == model::Phase::Fwd ? f : model::kLinearBwdFactor * f;
+}
+
+Mat embedForward(const LayerEnv& env, const Llama& model, const TokenRows& rows) {
+  const Space& space = *env.space;
+  const std::int64_t n = rows.n, h = model.config().hidden;
+  Mat x = newMat("wlb::runtime::x", n, h);
+  Region r(env.recorder, trace::labels::kEmbed, space, trace::Phase::Fwd);
+  const Mat E = model.embed();
+  const IVec tok = rows.tokens;
+  Kokkos::parallel_for(
+      "wlb::runtime::embed", Policy(space, 0, n * h),
+      KOKKOS_LAMBDA(const std::int64_t i) { x(i / h, i % h) = E(tok(i / h), i % h); });
+  return x;
+}
+
+void embedBackward(const LayerEnv& env, const Llama& model, const TokenRows& rows, const Mat& dx) {
+  const Space& space = *env.space;
+  const std::int64_t n = rows.n, h = model.config().hidden;
+  Region r(env.recorder, trace::labels::kEmbed, space, trace::Phase::Bwd);
+  const Mat dE = model.embedGrad();
+  const IVec tok = rows.tokens;
+  Kokkos::parallel_for(
+      "wlb::runtime::embed_bwd", Policy(space, 0, h), KOKKOS_LAMBDA(const std::int64_t j) {
+        for (std::int64_t i = 0; i < n; ++i) dE(tok(i), j) += dx(i, j);
+      });
+}
+
+LossResult lossForward(const LayerEnv& env, const Llama& model, const TokenRows& rows, const Mat& x, bool backward,
+                       float scale) {
+  const Space& space = *env.space;
+  const LlamaConfig& c = model.config();
+  const std::int64_t n = rows.n, h = c.hidden, V = c.vocab;
+  model::ModelDims dims;
+  dims.hidden = h;
+  dims.vocab = V;
+  const double flops = headFlops(dims, n, model::Phase::Fwd) + (backward ? headFlops(dims, n, model::Phase::Bwd) : 0.0);
+  Region r(env.recorder, trace::labels::kLoss, space, trace::Phase::Fwd, flops);
+  LossResult out;
+  if (backward) out.dx = Mat("wlb::runtime::dx_head", n, h);  // zeroed: the norm's backward adds
+  if (n == 0) return out;
+  const std::int64_t C = std::min(n, kLossChunkRows);
+  Mat xf = newMat("wlb::runtime::xf", C, h), logits = newMat("wlb::runtime::logits", C, V);
+  Mat dxf = backward ? newMat("wlb::runtime::dxf", C, h) : Mat();
+  Vec rstd(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("wlb::runtime::rstd_f")), C);
+  Vec row_loss("wlb::runtime::row_loss", C);
+  const Vec g = model.normF(), dg = model.normFGrad();
+  const Mat W = model.head(), dW = model.headGrad();
+  const float eps = env.norm_eps;
+  double total = 0;
+  for (std::int64_t c0 = 0; c0 < n; c0 += C) {
+    const std::int64_t m = std::min(C, n - c0);
+    const auto rr = std::make_pair(c0, c0 + m);
+    const auto first = std::make_pair(std::int64_t{0}, m);
+    const Mat xc = Kokkos::subview(x, rr, Kokkos::ALL);
+    const Mat xfc = Kokkos::subview(xf, first, Kokkos::ALL), lc = Kokkos::subview(logits, first, Kokkos::ALL);
+    const Vec rc = Kokkos::subview(rstd, first);
+    const auto tgt = Kokkos::subview(rows.targets, rr);
+    // final norm (one team per row)
+    Kokkos::parallel_for(
+        "wlb::runtime::norm_f", Team(space, m, Kokkos::AUTO), KOKKOS_LAMBDA(const Team::member_type& t) {
+          const std::int64_t i = t.league_rank();
+          float ss = 0;
+          Kokkos::parallel_reduce(
+              Kokkos::TeamThreadRange(t, h), [&](const std::int64_t j, float& acc) { acc += xc(i, j) * xc(i, j); }, ss);
+          const float rs = 1.0f / kk::sqrt(ss / static_cast<float>(h) + eps);
+          Kokkos::single(Kokkos::PerTeam(t), [&]() { rc(i) = rs; });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, h),
+                               [&](const std::int64_t j) { xfc(i, j) = xc(i, j) * rs * g(j); });
+        });
+    gemm(space, Trans::N, Trans::N, 1.0f, xfc, W, 0.0f, lc, env.precision);
+    // cross-entropy per row; with backward the logits become scale * dL/dlogits
+    const bool bwd = backward;
+    Kokkos::parallel_for(
+        "wlb::runtime::cross_entropy", Team(space, m, Kokkos::AUTO), KOKKOS_LAMBDA(const Team::member_type& t) {
+          const std::int64_t i = t.league_rank();
+          const int target = tgt(i);
+          if (target < 0) {
+            Kokkos::single(Kokkos::PerTeam(t), [&]() { row_loss(i) = 0; });
+            if (bwd) Kokkos::parallel_for(Kokkos::TeamThreadRange(t, V), [&](const std::int64_t j) { lc(i, j) = 0; });
+            return;
+          }
+          float mx = lc(i, 0);
+          Kokkos::parallel_reduce(
+              Kokkos::TeamThreadRange(t, V), [&](const std::int64_t j, float& acc) { acc = kk::max(acc, lc(i, j)); },
+              Kokkos::Max<float>(mx));
+          float s = 0;
+          Kokkos::parallel_reduce(
+              Kokkos::TeamThreadRange(t, V), [&](const std::int64_t j, float& acc) { acc += kk::exp(lc(i, j) - mx); },
+              s);
+          const float lse = mx + kk::log(s);
+          const float lt = lc(i, target);
+          t.team_barrier();  // every thread has read the logits before they are overwritten
+          Kokkos::single(Kokkos::PerTeam(t), [&]() { row_loss(i) = lse - lt; });
+          if (bwd)
+            Kokkos::parallel_for(Kokkos::TeamThreadRange(t, V), [&](const std::int64_t j) {
+              lc(i, j) = (kk::exp(lc(i, j) - lse) - (j == target ? 1.0f : 0.0f)) * scale;
+            });
+        });
+    double part = 0;
+    Kokkos::parallel_reduce(
+        "wlb::runtime::loss_sum", Policy(space, 0, m),
+        KOKKOS_LAMBDA(const std::int64_t i, double& acc) { acc += static_cast<double>(row_loss(i)); }, part);
+    total += part;
+    if (!backward) continue;
+    const Mat dxfc = Kokkos::subview(dxf, first, Kokkos::ALL), dxc = Kokkos::subview(out.dx, rr, Kokkos::ALL);
+    gemm(space, Trans::T, Trans::N, 1.0f, xfc, lc, 1.0f, dW, env.precision);  // dHead += xf^T dlogits
+    gemm(space, Trans::N, Trans::T, 1.0f, lc, W, 0.0f, dxfc, env.precision);  // dxf = dlogits Head^T
+    Kokkos::parallel_for(
+        "wlb::runtime::norm_f_bwd_x", Team(space, m, Kokkos::AUTO), KOKKOS_LAMBDA(const Team::member_type& t) {
+          const std::int64_t i = t.league_rank();
+          const float rs = rc(i);
+          float dot = 0;
+          Kokkos::parallel_reduce(
+              Kokkos::TeamThreadRange(t, h),
+              [&](const std::int64_t j, float& acc) { acc += g(j) * dxfc(i, j) * xc(i, j) * rs; }, dot);
+          dot /= static_cast<float>(h);
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, h), [&](const std::int64_t j) {
+            dxc(i, j) += rs * (g(j) * dxfc(i, j) - xc(i, j) * rs * dot);
+          });
+        });
+    Kokkos::parallel_for(
+        "wlb::runtime::norm_f_bwd_g", Policy(space, 0, h), KOKKOS_LAMBDA(const std::int64_t j) {
+          float s = 0;
+          for (std::int64_t i = 0; i < m; ++i) s += dxfc(i, j) * xc(i, j) * rc(i);
+          dg(j) += s;
+        });
+  }
+  kk::fence(space, "wlb::runtime::loss");  // the chunk buffers go out of scope
+  out.loss = total;
+  return out;
+}
+
+}  // namespace wlb::runtime
