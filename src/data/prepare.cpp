@@ -323,19 +323,18 @@ PrepareResult prepareDataset(const PrepareOptions& o) {
     const fs::path parent = fs::path(o.out_prefix).parent_path();
     std::error_code mk;
     if (!parent.empty()) fs::create_directories(parent, mk);
-    if (mk)
-      throw InputError(fmt::format("--out: cannot create the directory {} ({})", parent.string(), mk.message()));
+    if (mk) throw InputError(fmt::format("--out: cannot create the directory {} ({})", parent.string(), mk.message()));
   }
-  IndexedDatasetWriter train(r.train_prefix), valid(r.valid_prefix);
-  std::vector<std::string> tmps = train.temporaries();
-  for (auto& t : valid.temporaries()) tmps.push_back(t);
+  IndexedDatasetWriter train_out(r.train_prefix), valid_out(r.valid_prefix);
+  std::vector<std::string> tmps = train_out.temporaries();
+  for (auto& t : valid_out.temporaries()) tmps.push_back(t);
   Tracked tracked(o, tmps);
 
   std::vector<FileEntry> files;
   std::unique_ptr<TempDir> unpacked;
   if (dir) {
     std::set<std::string> exclude;
-    for (const auto* w : {&train, &valid}) {
+    for (const auto* w : {&train_out, &valid_out}) {
       for (const auto& t : w->temporaries()) exclude.insert(canonicalOf(t));
       exclude.insert(canonicalOf(w->binPath()));
       exclude.insert(canonicalOf(w->idxPath()));
@@ -407,7 +406,7 @@ PrepareResult prepareDataset(const PrepareOptions& o) {
       throw InputError(fmt::format("{}: read failed at byte {} (changed while reading?)", f.path.string(), off));
     tokens.clear();
     ByteTokenizer::encode(text, tokens);
-    auto& w = held[pc.file] ? valid : train;
+    auto& w = held[pc.file] ? valid_out : train_out;
     auto& c = held[pc.file] ? r.valid : r.train;
     w.add(tokens);
     ++c.documents;
@@ -423,10 +422,10 @@ PrepareResult prepareDataset(const PrepareOptions& o) {
         fmt::format("{}: every document fell into the held-out split (--valid-fraction {}); nothing to "
                     "train on",
                     o.source, o.valid_fraction));
-  train.finish();
-  valid.finish();
-  train.commit();
-  valid.commit();
+  train_out.finish();
+  valid_out.finish();
+  train_out.commit();
+  valid_out.commit();
   return r;
 }
 
