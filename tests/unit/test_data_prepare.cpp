@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "data/indexed_dataset.hpp"
 #include "data/length_source.hpp"
 #include "data/prepare.hpp"
 #include "data/tokenizer.hpp"
