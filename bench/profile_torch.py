@@ -14,7 +14,7 @@ attention (fields attention.fwd / attention.bwd)
     from the deck (hidden / heads) or --head-dim. One cell per (q, k) of the grid: a
     *piece* of q queries whose keys are the k >= q tokens of its document prefix, causal
     aligned bottom-right (query j of the piece sees keys [0, k - q + j]), exactly the
-    pieces `wlb profile` times (src/app/cmd_profile.cpp) and the cost model prices
+    pieces `wlb profile` times (src/profile/profiler.cpp) and the cost model prices
     (CostModel::attnSeconds looks the table up at (q, q0 + q)). Forward and backward are
     timed separately; the backward is autograd's backward of the attention output for a
     fixed random output gradient (graph retained, forward not timed).
