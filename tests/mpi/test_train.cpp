@@ -399,14 +399,22 @@ TEST(TrainMesh, OneRanksBadInputStopsEveryRank) {
     EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
     EXPECT_TRUE(e.collective());
   }
-  // TP must divide the heads, and SlimPack's slices do not train: errors naming the key.
-  for (const char* key : {"mesh.tp=3", "packing.strategy=\"slimpack\""}) {
+  // TP must divide the heads, SlimPack's slices need the PackFlow schedule and cp = 1:
+  // errors naming the key.
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{"mesh.tp=3"}, "mesh.tp"},
+      {{"packing.strategy=\"slimpack\""}, "pipeline.schedule"},
+      {{"packing.strategy=\"slimpack\"", "pipeline.schedule=\"packflow\"", "mesh.cp=" + std::to_string(n), "mesh.dp=1",
+        "packing.micro_batches=4"},
+       "mesh.cp"}};
+  for (const auto& [sets, key] : bad) {
+    std::vector<std::string> o = sets;
+    o.push_back("train.dataset=\"" + dataset() + "\"");
     try {
-      (void)train::train(parseDeck(deckText("wlb"), "t", {key, "train.dataset=\"" + dataset() + "\""}),
-                         quiet(MPI_COMM_WORLD));
+      (void)train::train(parseDeck(deckText("wlb"), "t", o), quiet(MPI_COMM_WORLD));
       ADD_FAILURE() << key;
     } catch (const InputError& e) {
-      EXPECT_NE(std::string(e.what()).find(std::string(key).substr(0, 7)), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
     }
   }
   MPI_Barrier(MPI_COMM_WORLD);

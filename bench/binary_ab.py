@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Two `wlb` binaries on the same deck, interleaved: the throughput ratio new / old.
+
+    /usr/bin/python3 bench/binary_ab.py --old OLD/wlb --new build/bin/wlb \
+        --deck inputs/run_cp2.toml --ranks 2 --rounds 3 [--set KEY=VALUE ...]
+
+Each round runs `mpirun -n RANKS BIN run DECK --quiet` with the old binary, then the new
+one (A B A B ...: a slow drift of the machine hits both alike), each into its own output
+directory, and reads every strategy's tokens/s and useful FLOP/s from the run's
+summary.json (docs/runtime.md). Per strategy it prints the median of the per-round ratios
+new / old and their range, for tokens/s and for useful FLOP/s (the second differs from the
+first when the binaries count different work, e.g. a model with more ops). Raw per-round
+figures go to --json. Needs OpenMPI's mpirun (`source run/mpienv` as root).
+"""
+import argparse
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+
+
+def run_once(binary, deck, ranks, sets, out_dir):
+    cmd = ["mpirun", "-n", str(ranks), binary, "run", deck, "--quiet", "--set", f'output.dir="{out_dir}"']
+    for s in sets:
+        cmd += ["--set", s]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+    summary = json.loads((pathlib.Path(out_dir) / "summary.json").read_text())
+    return {s["strategy"]: {"tokens_per_second": s["tokens_per_second"],
+                            "flops_per_second": s["useful_flops_per_second"]} for s in summary["strategies"]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--old", required=True)
+    ap.add_argument("--new", required=True)
+    ap.add_argument("--deck", required=True)
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--set", action="append", default=[], help="deck override for both binaries")
+    ap.add_argument("--json", type=pathlib.Path, help="raw per-round figures")
+    a = ap.parse_args()
+    rounds = []
+    with tempfile.TemporaryDirectory(prefix="wlb-ab-") as tmp:
+        for r in range(a.rounds):
+            row = {}
+            for tag, binary in (("old", a.old), ("new", a.new)):
+                row[tag] = run_once(binary, a.deck, a.ranks, a.set, f"{tmp}/{tag}{r}")
+            rounds.append(row)
+            print(f"round {r + 1}/{a.rounds} done", file=sys.stderr, flush=True)
+    print(f"{'strategy':<10} {'old ktok/s':>11} {'new ktok/s':>11} {'tok/s new/old':>14} {'[range]':>15} "
+          f"{'FLOP/s new/old':>15} {'[range]':>15}")
+    result = {}
+    for name in rounds[0]["old"]:
+        tok = [r["new"][name]["tokens_per_second"] / r["old"][name]["tokens_per_second"] for r in rounds]
+        flo = [r["new"][name]["flops_per_second"] / r["old"][name]["flops_per_second"] for r in rounds]
+        old_k = statistics.median(r["old"][name]["tokens_per_second"] for r in rounds) / 1e3
+        new_k = statistics.median(r["new"][name]["tokens_per_second"] for r in rounds) / 1e3
+        result[name] = {"tokens_ratio_median": statistics.median(tok), "tokens_ratio_range": [min(tok), max(tok)],
+                        "flops_ratio_median": statistics.median(flo), "flops_ratio_range": [min(flo), max(flo)]}
+        print(f"{name:<10} {old_k:11.2f} {new_k:11.2f} {statistics.median(tok):13.3f}x "
+              f"{'[%.3f-%.3f]' % (min(tok), max(tok)):>15} {statistics.median(flo):14.3f}x "
+              f"{'[%.3f-%.3f]' % (min(flo), max(flo)):>15}")
+    if a.json:
+        a.json.write_text(json.dumps({"deck": a.deck, "ranks": a.ranks, "sets": a.set, "rounds": rounds,
+                                      "ratios": result}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
