@@ -33,22 +33,17 @@ double since(Clock::time_point t) {
 namespace labels = trace::labels;
 using HostMat = Mat::HostMirror;
 
-// A CP rank's rows of a micro-batch: packed positions -> (document, position) of the segment.
-std::vector<TokenRef> shardRows(const MicroBatch& mb, const std::vector<std::int64_t>& packed) {
-  std::vector<std::int64_t> seg_begin;
-  std::int64_t at = 0;
-  for (const auto& s : mb.segments) {
-    seg_begin.push_back(at);
-    at += s.length;
-  }
+// A CP rank's rows of a micro-batch in its local order: packed positions -> (segment,
+// index in it) through the shard plan's segment starts (cp/shard_plan.hpp).
+std::vector<TokenRef> shardRows(const MicroBatch& mb, const cp::ShardPlan& plan, int rank) {
   std::vector<TokenRef> rows;
-  rows.reserve(packed.size());
-  for (const std::int64_t p : packed) {
-    const auto it = std::upper_bound(seg_begin.begin(), seg_begin.end(), p);
-    if (it == seg_begin.begin() || p >= at) throw std::logic_error("pipeline: packed position outside the micro-batch");
-    const std::size_t i = static_cast<std::size_t>(it - seg_begin.begin()) - 1;
-    const Segment& s = mb.segments[i];
-    const std::int64_t j = p - seg_begin[i];
+  for (const std::int64_t p : cp::packedPositions(plan, rank)) {
+    const auto it = std::upper_bound(plan.seg_begin.begin(), plan.seg_begin.end(), p);
+    if (it == plan.seg_begin.begin()) throw std::logic_error("pipeline: packed position outside the micro-batch");
+    const std::size_t i = static_cast<std::size_t>(it - plan.seg_begin.begin()) - 1;
+    const Segment& s = mb.segments.at(i);
+    const std::int64_t j = p - plan.seg_begin[i];
+    if (j >= s.length) throw std::logic_error("pipeline: packed position outside its segment");
     rows.push_back(TokenRef{s.doc, s.offset + j, static_cast<std::int32_t>(s.q_offset + j), j + 1 < s.length});
   }
   return rows;
@@ -283,9 +278,8 @@ StageStepResult PipelineStage::run(const StageStepInput& in, std::int64_t t0_ns)
     const bool bwd = ph == pp::Phase::Bwd && slicedUnit(m);
     auto it = unit_rows.find({bwd ? 1 : 0, static_cast<int>(m)});
     if (it != unit_rows.end()) return it->second;
-    const std::vector<TokenRef> refs = slicedUnit(m)
-                                           ? sliced->rows(bwd, static_cast<int>(m))
-                                           : shardRows(in.mbs[m], cp::packedPositions(in.shards[m], shardRank(m)));
+    const std::vector<TokenRef> refs =
+        slicedUnit(m) ? sliced->rows(bwd, static_cast<int>(m)) : shardRows(in.mbs[m], in.shards[m], shardRank(m));
     std::int64_t max_pos = 0;
     for (const TokenRef& t : refs) max_pos = std::max<std::int64_t>(max_pos, t.rope + 1);
     rope_.ensure(space, max_pos);

@@ -258,6 +258,7 @@ StepRecord gatherStep(const RunContext& rc, const std::vector<double>& row, cons
     sr.seconds = std::max(sr.seconds, at(r, kStepS));
     sr.rank_busy.push_back(at(r, kBusyS));
     sr.rank_comm.push_back(at(r, kCommS));
+    if (at(r, kStepS) > 0) sr.unrecorded += std::max(0.0, 1.0 - (at(r, kBusyS) + at(r, kCommS)) / at(r, kStepS)) / W;
     sr.rank_attn.push_back(at(r, kAttnS));
     sr.loss += at(r, kLoss);
     auto& peak = sr.stage_peak_bytes[static_cast<std::size_t>(shape.coordOf(r).pp)];
@@ -345,7 +346,7 @@ std::vector<float> gatherGradients(const RunContext& rc, const Llama& model) {
 // ---- 5. summarise: the strategy's steps -> its result (rank 0) ----------------------------
 void summarise(StrategyResult& res, int world_size) {
   std::vector<double> times;
-  double tok = 0, cpi = 0, mbi = 0, pri = 0, bub = 0;
+  double tok = 0, cpi = 0, mbi = 0, pri = 0, bub = 0, unr = 0;
   res.rank_busy.assign(static_cast<std::size_t>(world_size), 0.0);
   res.rank_comm = res.rank_attn = res.rank_busy;
   std::vector<model::StepWork> work;
@@ -366,6 +367,7 @@ void summarise(StrategyResult& res, int world_size) {
     mbi += s.mb_imbalance;
     pri += s.predicted_imbalance;
     bub += s.bubble;
+    unr += s.unrecorded;
     for (int r = 0; r < world_size; ++r) {
       res.rank_busy[static_cast<std::size_t>(r)] += s.rank_busy[static_cast<std::size_t>(r)];
       res.rank_comm[static_cast<std::size_t>(r)] += s.rank_comm[static_cast<std::size_t>(r)];
@@ -388,6 +390,7 @@ void summarise(StrategyResult& res, int world_size) {
   res.mb_imbalance = mbi / n;
   res.predicted_imbalance = pri / n;
   res.bubble = bub / n;
+  res.unrecorded = unr / n;
   for (auto* v : {&res.rank_busy, &res.rank_comm, &res.rank_attn})
     for (auto& x : *v) x /= n;
 }
@@ -696,6 +699,7 @@ nlohmann::json toJson(const RunReport& rep) {
                   {"mb_imbalance", s.mb_imbalance},
                   {"predicted_imbalance", s.predicted_imbalance},
                   {"bubble_fraction", s.bubble},
+                  {"unrecorded_fraction", s.unrecorded},
                   {"stage_peak_activation_bytes", s.stage_peak_bytes}});
   return {{"format", "wlb-run-summary"},
           {"version", 1},
@@ -738,10 +742,12 @@ std::string formatReport(const RunReport& rep) {
         "until nothing is held (their time and tokens count), so every strategy trains its whole stream; GFLOP/s = "
         "useful FLOPs of the layers run (causal attention + linear, fwd+bwd); step-x = step-time ratio (flatters "
         "deferral)\n";
-  os << "\nPer-rank time per step [s]: busy = compute (GEMMs, attention), comm = KV/TP/gradient "
-        "communication incl. waiting for peers\n";
+  os << "\nPer-rank time per step [s]: busy = compute (GEMMs, attention, norms, head), comm = KV/TP/gradient "
+        "communication incl. waiting for peers; unrecorded = share of the step outside every recorded region, "
+        "mean over ranks\n";
   for (const auto& s : rep.strategies) {
-    os << "  " << s.name << ":";
+    std::snprintf(buf, sizeof buf, "  %s (unrecorded %.1f%%):", s.name.c_str(), 100.0 * s.unrecorded);
+    os << buf;
     for (std::size_t r = 0; r < s.rank_busy.size(); ++r) {
       std::snprintf(buf, sizeof buf, "  r%zu busy %.3f (attn %.3f) comm %.3f", r, s.rank_busy[r], s.rank_attn[r],
                     s.rank_comm[r]);

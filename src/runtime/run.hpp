@@ -42,15 +42,18 @@ struct RunOptions {
 struct StepRecord {
   std::int64_t step = 0;
   bool warmup = false;
-  bool drain = false;                    ///< after the measured steps: no new documents (throughput.hpp)
-  double seconds = 0;                    ///< max over ranks of the step's wall time
-  std::int64_t tokens = 0;               ///< tokens trained in the step (all replicas)
-  double flops = 0;                      ///< useful FLOPs of the layers run (model::usefulFlops)
-  double mb_imbalance = 1;               ///< max/mean micro-batch latency over dp*M micro-batches
-  double cp_imbalance = 1;               ///< mean over micro-batches of max/mean attention time over CP ranks
-  double predicted_imbalance = 1;        ///< packing metrics (cost model), W_a + W_l
-  std::vector<double> rank_busy;         ///< per world rank: compute seconds (GEMMs, attention, fills)
-  std::vector<double> rank_comm;         ///< per world rank: KV, TP and gradient communication incl. waits
+  bool drain = false;              ///< after the measured steps: no new documents (throughput.hpp)
+  double seconds = 0;              ///< max over ranks of the step's wall time
+  std::int64_t tokens = 0;         ///< tokens trained in the step (all replicas)
+  double flops = 0;                ///< useful FLOPs of the layers run (model::usefulFlops)
+  double mb_imbalance = 1;         ///< max/mean micro-batch latency over dp*M micro-batches
+  double cp_imbalance = 1;         ///< mean over micro-batches of max/mean attention time over CP ranks
+  double predicted_imbalance = 1;  ///< packing metrics (cost model), W_a + W_l
+  std::vector<double> rank_busy;   ///< per world rank: compute seconds (GEMMs, attention, fills)
+  std::vector<double> rank_comm;   ///< per world rank: KV, TP and gradient communication incl. waits
+  /// Mean over ranks of the step's time outside every recorded region (allocation, host
+  /// work between kernels, fences), as a fraction of the rank's step time.
+  double unrecorded = 0;
   std::vector<double> rank_attn;         ///< per world rank: attention kernel seconds
   double loss = 0;                       ///< sum of every micro-batch's loss (pipeline.hpp)
   double bubble = 0;                     ///< mean over replicas of 1 - stage task time / pipeline span
@@ -71,6 +74,7 @@ struct StrategyResult {
   std::vector<model::StepWork> work;                   ///< per measured step, drain folded into the last
   double cp_imbalance = 1, mb_imbalance = 1, predicted_imbalance = 1;
   double bubble = 0;                                    ///< mean over the measured steps
+  double unrecorded = 0;                                ///< StepRecord::unrecorded, mean over the measured steps
   std::vector<double> stage_peak_bytes;                 ///< [pp] max over every step
   std::vector<double> rank_busy, rank_comm, rank_attn;  ///< per world rank, mean per step
   std::vector<float> gradients;  ///< RunOptions::keep_gradients: last step, [layer][tp slice][param]
