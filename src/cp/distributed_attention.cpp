@@ -42,7 +42,8 @@ using MaybeScope = trace::PhaseScope;  // no-op without a recorder
 }  // namespace
 
 DistributedAttention::DistributedAttention(const ShardPlan& plan, const CommPlan& comm_plan, MPI_Comm comm, int heads,
-                                           int kv_heads, int head_dim, DistAttentionOptions opt)
+                                           int kv_heads, int head_dim, DistAttentionOptions opt,
+                                           const DistributedAttention* like)
     : plan_(&plan),
       comm_plan_(&comm_plan),
       comm_(comm),
@@ -62,11 +63,16 @@ DistributedAttention::DistributedAttention(const ShardPlan& plan, const CommPlan
   const RankShard& rs = plan.ranks[rank_];
   local_tokens_ = rs.tokens;
   kv_tokens_ = rs.kv_tokens;
-  std::vector<attention::PieceRange> ranges;
-  ranges.reserve(rs.pieces.size());
-  for (const Piece& p : rs.pieces)
-    ranges.push_back({p.local_begin, p.local_begin + p.q_len, p.kv_begin, p.kv_begin + p.kv_len});
-  batch_ = attention::VarlenBatch::fromRanges(std::move(ranges));
+  const bool share = like && like->plan_ == &plan && like->comm_plan_ == &comm_plan && like->rank_ == rank_;
+  if (share) {
+    batch_ = like->batch_;
+  } else {
+    std::vector<attention::PieceRange> ranges;
+    ranges.reserve(rs.pieces.size());
+    for (const Piece& p : rs.pieces)
+      ranges.push_back({p.local_begin, p.local_begin + p.q_len, p.kv_begin, p.kv_begin + p.kv_len});
+    batch_ = std::make_shared<const attention::VarlenBatch>(attention::VarlenBatch::fromRanges(std::move(ranges)));
+  }
   if (opt_.group) {
     if (opt_.group->size() != plan.cp)
       throw std::invalid_argument("wlb::cp::DistributedAttention: group communicator size differs from the plan's cp");
@@ -75,7 +81,10 @@ DistributedAttention::DistributedAttention(const ShardPlan& plan, const CommPlan
     own_group_ = parallel::makeGroupComm(comm, parallel::CommBackend::Mpi);
     group_ = own_group_.get();
   }
-  buildMaps();
+  if (share)
+    maps_ = like->maps_;
+  else
+    buildMaps();
 }
 
 DistributedAttention::~DistributedAttention() = default;
@@ -87,7 +96,7 @@ double DistributedAttention::attnFlops(bool backward) const {
     const auto ph = backward ? model::Phase::Bwd : model::Phase::Fwd;
     for (const Piece& p : rs.pieces) f += opt_.cost->attnFlops(p.q_offset, p.q_len, ph);
   } else {
-    f = attention::forwardFlops(batch_.usefulPairs(), heads_, head_dim_);
+    f = attention::forwardFlops(batch_->usefulPairs(), heads_, head_dim_);
     if (backward) f *= model::kAttnBwdFactor;
   }
   return f;
@@ -153,8 +162,9 @@ struct DistributedAttention::Maps {
 };
 
 void DistributedAttention::buildMaps() {
-  maps_ = std::make_unique<Maps>();
-  Maps& m = *maps_;
+  auto built = std::make_shared<Maps>();
+  maps_ = built;
+  Maps& m = *built;
   const RowMap own = ownRunRows(*plan_, rank_);
   m.own_dst = upload(own.dst);
   m.own_src = upload(own.src);
@@ -250,8 +260,8 @@ void DistributedAttention::forward(const Space& space, Const3 q, Const3 k, Const
   t0 = Clock::now();
   {
     MaybeScope sc(opt_.recorder, trace::labels::kAttn, space, trace::Phase::Fwd, attnFlops(false));
-    if (!batch_.pieces.empty())
-      attention::forward<Space>(space, q, kv_k_, kv_v_, batch_, o, lse, opt_.kernel, opt_.softmax_scale);
+    if (!batch_->pieces.empty())
+      attention::forward<Space>(space, q, kv_k_, kv_v_, *batch_, o, lse, opt_.kernel, opt_.softmax_scale);
     kk::fence(space, "wlb::cp::dist_attn::fwd::attn");
   }
   times_.attn_fwd = since(t0);
@@ -342,8 +352,8 @@ void DistributedAttention::backward(const Space& space, Const3 q, Const3 o, Cons
   Kokkos::deep_copy(space, dq, 0.0f);
   {
     MaybeScope sc(opt_.recorder, trace::labels::kAttn, space, trace::Phase::Bwd, attnFlops(true));
-    if (!batch_.pieces.empty())
-      attention::backward<Space>(space, q, kv_k_, kv_v_, o, lse, dO, batch_, dq, dkv_k, dkv_v, opt_.kernel,
+    if (!batch_->pieces.empty())
+      attention::backward<Space>(space, q, kv_k_, kv_v_, o, lse, dO, *batch_, dq, dkv_k, dkv_v, opt_.kernel,
                                  opt_.softmax_scale);
     kk::fence(space, "wlb::cp::dist_attn::bwd::attn");
   }

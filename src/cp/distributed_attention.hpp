@@ -97,8 +97,11 @@ class DistributedAttention {
 
   /// `comm` has plan.cp ranks; this rank's index in it selects its shard. Throws
   /// std::invalid_argument on a size mismatch or bad head counts.
+  /// `like`: another object of the same plan, comm plan and communicator (a micro-batch's
+  /// other layer) whose varlen batch and device row maps this one shares instead of
+  /// building and uploading its own (they depend on the plan alone).
   DistributedAttention(const ShardPlan& plan, const CommPlan& comm_plan, MPI_Comm comm, int heads, int kv_heads,
-                       int head_dim, DistAttentionOptions opt = {});
+                       int head_dim, DistAttentionOptions opt = {}, const DistributedAttention* like = nullptr);
   ~DistributedAttention();
   DistributedAttention(const DistributedAttention&) = delete;
   DistributedAttention& operator=(const DistributedAttention&) = delete;
@@ -106,7 +109,7 @@ class DistributedAttention {
   int rank() const { return rank_; }
   std::int64_t localTokens() const { return local_tokens_; }
   std::int64_t kvTokens() const { return kv_tokens_; }
-  const attention::VarlenBatch& batch() const { return batch_; }
+  const attention::VarlenBatch& batch() const { return *batch_; }
 
   /// Exchange KV and run the attention forward. o/lse are overwritten. Collective over
   /// the CP communicator.
@@ -140,13 +143,13 @@ class DistributedAttention {
   int heads_, kv_heads_, head_dim_;
   DistAttentionOptions opt_;
   std::int64_t local_tokens_ = 0, kv_tokens_ = 0;
-  attention::VarlenBatch batch_;
+  std::shared_ptr<const attention::VarlenBatch> batch_;
   View3 kv_k_, kv_v_;  ///< KV buffer (kept from forward for backward)
   bool have_kv_ = false;
   DistAttentionTimes times_;
   std::unique_ptr<parallel::GroupComm> own_group_;
   parallel::GroupComm* group_ = nullptr;
-  std::unique_ptr<Maps> maps_;
+  std::shared_ptr<const Maps> maps_;
 };
 
 /// Gather a rank-local buffer ([local tokens][width] floats, local order) of every CP

@@ -396,7 +396,7 @@ Mat qkvBackward(const LayerEnv& env, const LayerParams& w, const LayerParams& g,
 // ---- layer step ----------------------------------------------------------------------
 
 LayerStep::LayerStep(const LayerEnv& env, const Llama& model, int layer, const cp::ShardPlan& plan,
-                     const cp::CommPlan& comm)
+                     const cp::CommPlan& comm, const LayerStep* like)
     : env_(env), model_(&model), layer_(layer) {
   int cp_rank = 0;
   MPI_Comm_rank(env.cp_comm, &cp_rank);
@@ -407,7 +407,8 @@ LayerStep::LayerStep(const LayerEnv& env, const Llama& model, int layer, const c
   opt.recorder = env.recorder;
   opt.group = env.cp_group;
   const LayerShape s = LayerShape::of(model.config());
-  attn_ = std::make_unique<cp::DistributedAttention>(plan, comm, env.cp_comm, s.heads, s.kv_heads, s.head_dim, opt);
+  attn_ = std::make_unique<cp::DistributedAttention>(plan, comm, env.cp_comm, s.heads, s.kv_heads, s.head_dim, opt,
+                                                     like && like->attn_ ? like->attn_.get() : nullptr);
 }
 
 std::int64_t LayerStep::savedBytes() const {
@@ -429,7 +430,7 @@ Mat LayerStep::forward(const Mat& x, const IVec& pos, bool keep) {
   if (!keep) {
     kk::fence(space, "wlb::runtime::layer::fwd");
     acts_ = LayerActs();
-    attn_.reset();  // its KV buffer
+    attn_->releaseKv();  // keeps only the maps a later layer may share
   }
   return y;
 }

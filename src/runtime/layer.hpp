@@ -122,7 +122,10 @@ Mat qkvBackward(const LayerEnv& env, const LayerParams& w, const LayerParams& g,
 /// keeps the activations of forward for backward.
 class LayerStep {
  public:
-  LayerStep(const LayerEnv& env, const Llama& model, int layer, const cp::ShardPlan& plan, const cp::CommPlan& comm);
+  /// `like`: another layer's step of the same unit, whose attention maps (varlen batch,
+  /// KV row maps) this one shares: they are built once per unit, not per layer.
+  LayerStep(const LayerEnv& env, const Llama& model, int layer, const cp::ShardPlan& plan, const cp::CommPlan& comm,
+            const LayerStep* like = nullptr);
   /// y for x [local rows][hidden]; `keep` = false (evaluation) drops every activation.
   Mat forward(const Mat& x, const IVec& pos, bool keep = true);
   /// Given dL/dy, accumulate weight gradients and return dL/dx. Frees the activations.

@@ -434,7 +434,8 @@ StageStepResult PipelineStage::run(const StageStepInput& in, std::int64_t t0_ns)
         auto& steps = live[{t.mb, t.chunk}];
         for (int l = blk.first; l < blk.first + blk.count; ++l) {
           if (rec) rec->context().layer = l;
-          steps.push_back(std::make_unique<LayerStep>(env, *model_, l, in.shards[m], in.comms[m]));
+          const LayerStep* like = steps.empty() ? nullptr : steps.front().get();  // the unit's maps, once
+          steps.push_back(std::make_unique<LayerStep>(env, *model_, l, in.shards[m], in.comms[m], like));
           x = steps.back()->forward(x, rows.positions, train);
           if (!train) attn += steps.back()->attnSeconds();  // else counted with the backward
           held += steps.back()->savedBytes();
