@@ -26,7 +26,7 @@ double headFlops(const model::ModelDims& d, std::int64_t tokens, model::Phase ph
 Mat embedForward(const LayerEnv& env, const Llama& model, const TokenRows& rows) {
   const Space& space = *env.space;
   const std::int64_t n = rows.n, h = model.config().hidden;
-  Mat x = newMat("wlb::runtime::x", n, h);
+  Mat x = newMat(env.pool, "wlb::runtime::x", n, h);
   Region r(env.recorder, trace::labels::kEmbed, space, trace::Phase::Fwd);
   const Mat E = model.embed();
   const IVec tok = rows.tokens;
@@ -59,13 +59,13 @@ LossResult lossForward(const LayerEnv& env, const Llama& model, const TokenRows&
   const double flops = headFlops(dims, n, model::Phase::Fwd) + (backward ? headFlops(dims, n, model::Phase::Bwd) : 0.0);
   Region r(env.recorder, trace::labels::kLoss, space, trace::Phase::Fwd, flops);
   LossResult out;
-  if (backward) out.dx = Mat("wlb::runtime::dx_head", n, h);  // zeroed: the norm's backward adds
+  if (backward) out.dx = newMat(env.pool, "wlb::runtime::dx_head", n, h, true);  // zeroed: the norm's backward adds
   if (n == 0) return out;
   const std::int64_t C = std::min(n, kLossChunkRows);
-  Mat xf = newMat("wlb::runtime::xf", C, h), logits = newMat("wlb::runtime::logits", C, V);
-  Mat dxf = backward ? newMat("wlb::runtime::dxf", C, h) : Mat();
-  Vec rstd(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("wlb::runtime::rstd_f")), C);
-  Vec row_loss("wlb::runtime::row_loss", C);
+  Mat xf = newMat(env.pool, "wlb::runtime::xf", C, h), logits = newMat(env.pool, "wlb::runtime::logits", C, V);
+  Mat dxf = backward ? newMat(env.pool, "wlb::runtime::dxf", C, h) : Mat();
+  Vec rstd = newVec(env.pool, "wlb::runtime::rstd_f", C);
+  Vec row_loss = newVec(env.pool, "wlb::runtime::row_loss", C);
   const Vec g = model.normF(), dg = model.normFGrad();
   const Mat W = model.head(), dW = model.headGrad();
   const float eps = env.norm_eps;

@@ -161,10 +161,6 @@ void tpAllreduce(const LayerEnv& env, const Mat& m, bool backward) {
         ->allreduceSum(space, m.data(), static_cast<std::int64_t>(m.size()));
 }
 
-Vec newVec(const char* label, std::int64_t n) {
-  return Vec(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), n);
-}
-
 }  // namespace
 
 // ---- activations ---------------------------------------------------------------------
@@ -261,11 +257,11 @@ LayerActs LayerActs::concat(const Space& space, const std::vector<const LayerAct
 void qkvForward(const LayerEnv& env, const LayerShape& s, const LayerParams& w, LayerActs& a, const IVec& pos) {
   const Space& space = *env.space;
   const std::int64_t n = a.rows();
-  a.xn1 = newMat("wlb::runtime::xn1", n, s.hidden);
-  a.rstd1 = newVec("wlb::runtime::rstd1", n);
-  a.q = newAct3("wlb::runtime::q", n, s.heads, s.head_dim);
-  a.k = newAct3("wlb::runtime::k", n, s.kv_heads, s.head_dim);
-  a.v = newAct3("wlb::runtime::v", n, s.kv_heads, s.head_dim);
+  a.xn1 = newMat(env.pool, "wlb::runtime::xn1", n, s.hidden);
+  a.rstd1 = newVec(env.pool, "wlb::runtime::rstd1", n);
+  a.q = newAct3(env.pool, "wlb::runtime::q", n, s.heads, s.head_dim);
+  a.k = newAct3(env.pool, "wlb::runtime::k", n, s.kv_heads, s.head_dim);
+  a.v = newAct3(env.pool, "wlb::runtime::v", n, s.kv_heads, s.head_dim);
   Region r(env.recorder, trace::labels::kQkvProj, space, trace::Phase::Fwd,
            linearOpFlops(*env.cost, LinearOp::QkvProj, n, model::Phase::Fwd));
   rmsnormFwd(space, a.x, w.norm1, env.norm_eps, a.xn1, a.rstd1);
@@ -284,7 +280,7 @@ Mat outMlpForward(const LayerEnv& env, const LayerParams& w, LayerActs& a) {
   const auto F = model::Phase::Fwd;
   const auto P = trace::Phase::Fwd;
   // Output projection + residual: h = x + O Wo (the TP ranks' partial products summed).
-  a.h = newMat("wlb::runtime::h", n, hidden);
+  a.h = newMat(env.pool, "wlb::runtime::h", n, hidden);
   {
     Region r(rec, trace::labels::kOutProj, space, P, linearOpFlops(*env.cost, LinearOp::OutProj, n, F));
     gemm(space, Trans::N, Trans::N, 1.0f, flat(a.o), w.wo, 0.0f, a.h, env.precision);
@@ -292,15 +288,15 @@ Mat outMlpForward(const LayerEnv& env, const LayerParams& w, LayerActs& a) {
   tpAllreduce(env, a.h, false);
   addInto(space, a.h, a.x);
   // SwiGLU MLP + residual: y = h + (silu(hn W1) * (hn W3)) W2, hn = norm2(h).
-  Mat y = newMat("wlb::runtime::y", n, hidden);
+  Mat y = newMat(env.pool, "wlb::runtime::y", n, hidden);
   {
     Region r(rec, trace::labels::kMlp, space, P, linearOpFlops(*env.cost, LinearOp::Mlp, n, F));
-    a.hn = newMat("wlb::runtime::hn", n, hidden);
-    a.rstd2 = newVec("wlb::runtime::rstd2", n);
+    a.hn = newMat(env.pool, "wlb::runtime::hn", n, hidden);
+    a.rstd2 = newVec(env.pool, "wlb::runtime::rstd2", n);
     rmsnormFwd(space, a.h, w.norm2, env.norm_eps, a.hn, a.rstd2);
-    a.a1 = newMat("wlb::runtime::a1", n, ffn);
-    a.a3 = newMat("wlb::runtime::a3", n, ffn);
-    a.s = newMat("wlb::runtime::s", n, ffn);
+    a.a1 = newMat(env.pool, "wlb::runtime::a1", n, ffn);
+    a.a3 = newMat(env.pool, "wlb::runtime::a3", n, ffn);
+    a.s = newMat(env.pool, "wlb::runtime::s", n, ffn);
     gemm(space, Trans::N, Trans::N, 1.0f, a.hn, w.w1, 0.0f, a.a1, env.precision);
     gemm(space, Trans::N, Trans::N, 1.0f, a.hn, w.w3, 0.0f, a.a3, env.precision);
     Mat a1 = a.a1, a3 = a.a3, sv = a.s;
@@ -326,10 +322,10 @@ Act3 outMlpBackward(const LayerEnv& env, const LayerParams& w, const LayerParams
   const auto B = model::Phase::Bwd;
   const auto P = trace::Phase::Bwd;
   // MLP backward: dhn = d(MLP)/dhn (summed over TP), then dh = dy + norm2'(dhn).
-  Mat dhn = newMat("wlb::runtime::dhn", n, hidden);
+  Mat dhn = newMat(env.pool, "wlb::runtime::dhn", n, hidden);
   {
     Region r(rec, trace::labels::kMlp, space, P, linearOpFlops(*env.cost, LinearOp::Mlp, n, B));
-    Mat ds = newMat("wlb::runtime::ds", n, ffn);
+    Mat ds = newMat(env.pool, "wlb::runtime::ds", n, ffn);
     gemm(space, Trans::T, Trans::N, 1.0f, a.s, dy, 1.0f, g.w2, env.precision);  // dW2 += s^T dy
     gemm(space, Trans::N, Trans::T, 1.0f, dy, w.w2, 0.0f, ds, env.precision);   // ds = dy W2^T
     Mat a1 = a.a1, a3 = a.a3, da1 = a.s;                                        // s no longer needed: reuse for d(a1)
@@ -347,7 +343,7 @@ Act3 outMlpBackward(const LayerEnv& env, const LayerParams& w, const LayerParams
   }
   a.a1 = a.a3 = a.s = Mat();
   tpAllreduce(env, dhn, true);
-  dh = newMat("wlb::runtime::dh", n, hidden);
+  dh = newMat(env.pool, "wlb::runtime::dh", n, hidden);
   {
     Region r(rec, trace::labels::kMlp, space, P);
     Kokkos::deep_copy(space, dh, dy);  // residual
@@ -356,7 +352,7 @@ Act3 outMlpBackward(const LayerEnv& env, const LayerParams& w, const LayerParams
   a.hn = Mat();
   a.rstd2 = Vec();
   // Output projection backward.
-  Act3 d_o = newAct3("wlb::runtime::dO", n, static_cast<int>(a.o.extent(1)), static_cast<int>(a.o.extent(2)));
+  Act3 d_o = newAct3(env.pool, "wlb::runtime::dO", n, static_cast<int>(a.o.extent(1)), static_cast<int>(a.o.extent(2)));
   {
     Region r(rec, trace::labels::kOutProj, space, P, linearOpFlops(*env.cost, LinearOp::OutProj, n, B));
     gemm(space, Trans::T, Trans::N, 1.0f, flat(a.o), dh, 1.0f, g.wo, env.precision);  // dWo += O^T dh
@@ -370,7 +366,7 @@ Mat qkvBackward(const LayerEnv& env, const LayerParams& w, const LayerParams& g,
   const Space& space = *env.space;
   const std::int64_t n = a.rows(), hidden = static_cast<std::int64_t>(w.wq.extent(0));
   // dx = dh + norm1'(dq Wq^T + dk Wk^T + dv Wv^T), with RoPE undone on dq and dk first.
-  Mat dxn = newMat("wlb::runtime::dxn1", n, hidden);
+  Mat dxn = newMat(env.pool, "wlb::runtime::dxn1", n, hidden);
   {
     Region r(env.recorder, trace::labels::kQkvProj, space, trace::Phase::Bwd,
              linearOpFlops(*env.cost, LinearOp::QkvProj, n, model::Phase::Bwd));
@@ -384,7 +380,7 @@ Mat qkvBackward(const LayerEnv& env, const LayerParams& w, const LayerParams& g,
     gemm(space, Trans::N, Trans::T, 1.0f, flat(dv), w.wv, 1.0f, dxn, env.precision);
   }
   tpAllreduce(env, dxn, true);
-  Mat dx = newMat("wlb::runtime::dx", n, hidden);
+  Mat dx = newMat(env.pool, "wlb::runtime::dx", n, hidden);
   {
     Region r(env.recorder, trace::labels::kQkvProj, space, trace::Phase::Bwd);
     Kokkos::deep_copy(space, dx, dh);  // residual
@@ -422,8 +418,8 @@ Mat LayerStep::forward(const Mat& x, const IVec& pos, bool keep) {
   acts_.x = x;
   qkvForward(env_, s, w, acts_, pos);
   // Attention (KV exchange inside).
-  acts_.o = newAct3("wlb::runtime::o", n_, s.heads, s.head_dim);
-  acts_.lse = LayerActs::Lse(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::runtime::lse"), n_, s.heads);
+  acts_.o = newAct3(env_.pool, "wlb::runtime::o", n_, s.heads, s.head_dim);
+  acts_.lse = newMat(env_.pool, "wlb::runtime::lse", n_, s.heads);
   attn_->forward(space, acts_.q, acts_.k, acts_.v, acts_.o, acts_.lse);
   attn_seconds_ = attn_->times().attn_fwd;
   Mat y = outMlpForward(env_, w, acts_);
@@ -443,9 +439,9 @@ Mat LayerStep::backward(const Mat& dy, const IVec& pos) {
   Mat dh;
   const Act3 d_o = outMlpBackward(env_, w, g, acts_, dy, dh);
   // Attention backward (dK/dV return inside).
-  Act3 dq = newAct3("wlb::runtime::dq", n_, s.heads, s.head_dim);
-  Act3 dk = newAct3("wlb::runtime::dk", n_, s.kv_heads, s.head_dim);
-  Act3 dv = newAct3("wlb::runtime::dv", n_, s.kv_heads, s.head_dim);
+  Act3 dq = newAct3(env_.pool, "wlb::runtime::dq", n_, s.heads, s.head_dim);
+  Act3 dk = newAct3(env_.pool, "wlb::runtime::dk", n_, s.kv_heads, s.head_dim);
+  Act3 dv = newAct3(env_.pool, "wlb::runtime::dv", n_, s.kv_heads, s.head_dim);
   attn_->backward(space, acts_.q, acts_.o, acts_.lse, d_o, dq, dk, dv);
   attn_seconds_ += attn_->times().attn_bwd;
   acts_.o = Act3();

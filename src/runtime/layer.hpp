@@ -25,6 +25,7 @@
 #include "parallel/group_comm.hpp"
 #include "runtime/gemm.hpp"
 #include "runtime/llama.hpp"
+#include "runtime/pool.hpp"
 
 namespace wlb::trace {
 class Recorder;
@@ -83,6 +84,8 @@ struct LayerEnv {
   /// cp_comm / tp_comm.
   parallel::GroupComm* cp_group = nullptr;
   parallel::GroupComm* tp_group = nullptr;
+  /// Activations and temporaries come from here (pool.hpp); null -> fresh allocations.
+  BufferPool* pool = nullptr;
 };
 
 /// What one layer keeps from forward to backward for a run of rows (in packed or local

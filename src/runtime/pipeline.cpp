@@ -78,7 +78,8 @@ PipelineStage::PipelineStage(const LayerEnv& env, Llama& model, const pp::Schedu
       sched_(&schedule),
       stage_(model.config().stage),
       pp_comm_(pp_comm),
-      rope_(model.config().headDim(), model.config().rope_theta) {
+      rope_(model.config().headDim(), model.config().rope_theta),
+      pool_(*env.space) {
   int r = 0, n = 0;
   MPI_Comm_rank(pp_comm, &r);
   MPI_Comm_size(pp_comm, &n);
@@ -89,6 +90,7 @@ PipelineStage::PipelineStage(const LayerEnv& env, Llama& model, const pp::Schedu
                            std::to_string(schedule.stages));
   checkTags(pp_comm, schedule);  // tags: (direction, destination virtual stage, micro-batch)
   env_.rope = &rope_;
+  env_.pool = &pool_;
   env_.norm_eps = model.config().norm_eps;
 }
 
@@ -234,6 +236,7 @@ StageStepResult PipelineStage::run(const StageStepInput& in, std::int64_t t0_ns)
   const Space& space = *env_.space;
   trace::Recorder* rec = env_.recorder;
   const LlamaConfig& mc = model_->config();
+  const std::int64_t misses0 = pool_.misses();
   const int hidden = mc.hidden;
   const bool train = !in.forward_only;
   int cp_rank = 0, cp_size = 1, tp_rank = 0;
@@ -321,9 +324,7 @@ StageStepResult PipelineStage::run(const StageStepInput& in, std::int64_t t0_ns)
     if ((fwd && vs == 0) || (!fwd && vs == V - 1)) continue;  // made here, not received
     const int src = S.stageOf(fwd ? vs - 1 : vs + 1);
     Incoming& inc = incoming[{fwd ? 0 : 1, vs, t.mb}];
-    inc.dev = Mat(Kokkos::view_alloc(Kokkos::WithoutInitializing,
-                                     std::string(fwd ? "wlb::runtime::pp_act" : "wlb::runtime::pp_grad")),
-                  local(t.phase, m), hidden);
+    inc.dev = newMat(env_.pool, fwd ? "wlb::runtime::pp_act" : "wlb::runtime::pp_grad", local(t.phase, m), hidden);
     inc.host = Kokkos::create_mirror_view(inc.dev);  // the same view on host backends
     MPI_Irecv(inc.host.data(), static_cast<int>(inc.host.size()), MPI_FLOAT, src, tagOf(t.phase, vs, t.mb), pp_comm_,
               &inc.req);
@@ -385,7 +386,7 @@ StageStepResult PipelineStage::run(const StageStepInput& in, std::int64_t t0_ns)
     }
     const auto& sl = *in.slices;
     const int j = static_cast<int>(m);
-    Mat dy = newMat("wlb::runtime::dy", sliced->bwdTokens(j), hidden);
+    Mat dy = newMat(env_.pool, "wlb::runtime::dy", sliced->bwdTokens(j), hidden);
     for (auto i = sl.bwd_cuts[static_cast<std::size_t>(j)]; i < sl.bwd_cuts[static_cast<std::size_t>(j) + 1]; ++i) {
       const int k = sl.fwd_pack[static_cast<std::size_t>(i)];
       const std::int64_t len = sl.segments[static_cast<std::size_t>(i)].length, r0 = sliced->fwdRow(i),
@@ -511,6 +512,8 @@ StageStepResult PipelineStage::run(const StageStepInput& in, std::int64_t t0_ns)
     Region r(rec, labels::kPpSend, space);
     for (auto& o : outgoing) MPI_Wait(&o.req, MPI_STATUS_IGNORE);
   }
+  res.allocations = pool_.misses() - misses0;
+  pool_.endStep();
   return res;
 }
 

@@ -124,12 +124,15 @@ struct StageStepResult {
   std::vector<double> mb_seconds;  ///< [m] task seconds of the micro-batch on this rank
   std::vector<double> mb_tokens;   ///< [m] local query tokens
   std::vector<double> mb_loss;     ///< [m] the micro-batch's share of `loss`
+  /// Buffers the step had to allocate (the pool's misses): 0 once the pool holds a step's
+  /// working set and the shapes repeat (pool.hpp).
+  std::int64_t allocations = 0;
 };
 
 /// A rank's pipeline stage: its layer blocks and the schedule it walks.
 class PipelineStage {
  public:
-  /// `env.cp_comm`/`tp_comm` as for LayerStep (env.rope is the stage's own); `pp_comm` the
+  /// `env.cp_comm`/`tp_comm` as for LayerStep (env.rope and env.pool are the stage's own); `pp_comm` the
   /// pipeline group (rank = stage). `model` holds this stage (its config's stage, chunks =
   /// the schedule's).
   PipelineStage(const LayerEnv& env, Llama& model, const pp::Schedule& schedule, MPI_Comm pp_comm);
@@ -145,6 +148,7 @@ class PipelineStage {
   int stage_;
   MPI_Comm pp_comm_;
   RopeTable rope_;
+  BufferPool pool_;  ///< every step's activations, temporaries and messages
 };
 
 }  // namespace wlb::runtime

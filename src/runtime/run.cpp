@@ -88,7 +88,7 @@ std::string planPath(const Deck& deck, const std::string& strategy, std::size_t 
 
 // Per-rank, per-step measurements shipped to rank 0 (gatherStep): a head, then per
 // micro-batch m: attention s, task s, local tokens.
-enum Head : int { kStepS, kBusyS, kCommS, kAttnS, kTaskS, kPipeS, kLoss, kPeakBytes, kHead };
+enum Head : int { kStepS, kBusyS, kCommS, kAttnS, kTaskS, kPipeS, kLoss, kPeakBytes, kAllocs, kHead };
 constexpr int kPerMb = 3;
 
 // Everything about the run that is fixed on this rank.
@@ -227,6 +227,7 @@ std::vector<double> executeStep(const RunContext& rc, PipelineStage& stage, Llam
   row[kPipeS] = sr.pipeline_seconds;
   row[kLoss] = sr.loss;
   row[kPeakBytes] = static_cast<double>(sr.peak_activation_bytes);
+  row[kAllocs] = static_cast<double>(sr.allocations);
   for (std::size_t m = 0; m < sr.mb_attn.size(); ++m) {
     row[kHead + kPerMb * m] = sr.mb_attn[m];
     row[kHead + kPerMb * m + 1] = sr.mb_seconds[m];
@@ -261,6 +262,7 @@ StepRecord gatherStep(const RunContext& rc, const std::vector<double>& row, cons
     if (at(r, kStepS) > 0) sr.unrecorded += std::max(0.0, 1.0 - (at(r, kBusyS) + at(r, kCommS)) / at(r, kStepS)) / W;
     sr.rank_attn.push_back(at(r, kAttnS));
     sr.loss += at(r, kLoss);
+    sr.allocations += static_cast<std::int64_t>(at(r, kAllocs));
     auto& peak = sr.stage_peak_bytes[static_cast<std::size_t>(shape.coordOf(r).pp)];
     peak = std::max(peak, at(r, kPeakBytes));
   }
@@ -346,7 +348,7 @@ std::vector<float> gatherGradients(const RunContext& rc, const Llama& model) {
 // ---- 5. summarise: the strategy's steps -> its result (rank 0) ----------------------------
 void summarise(StrategyResult& res, int world_size) {
   std::vector<double> times;
-  double tok = 0, cpi = 0, mbi = 0, pri = 0, bub = 0, unr = 0;
+  double tok = 0, cpi = 0, mbi = 0, pri = 0, bub = 0, unr = 0, alloc = 0;
   res.rank_busy.assign(static_cast<std::size_t>(world_size), 0.0);
   res.rank_comm = res.rank_attn = res.rank_busy;
   std::vector<model::StepWork> work;
@@ -368,6 +370,7 @@ void summarise(StrategyResult& res, int world_size) {
     pri += s.predicted_imbalance;
     bub += s.bubble;
     unr += s.unrecorded;
+    alloc += static_cast<double>(s.allocations);
     for (int r = 0; r < world_size; ++r) {
       res.rank_busy[static_cast<std::size_t>(r)] += s.rank_busy[static_cast<std::size_t>(r)];
       res.rank_comm[static_cast<std::size_t>(r)] += s.rank_comm[static_cast<std::size_t>(r)];
@@ -391,6 +394,7 @@ void summarise(StrategyResult& res, int world_size) {
   res.predicted_imbalance = pri / n;
   res.bubble = bub / n;
   res.unrecorded = unr / n;
+  res.allocations = alloc / n;
   for (auto* v : {&res.rank_busy, &res.rank_comm, &res.rank_attn})
     for (auto& x : *v) x /= n;
 }
@@ -700,6 +704,7 @@ nlohmann::json toJson(const RunReport& rep) {
                   {"predicted_imbalance", s.predicted_imbalance},
                   {"bubble_fraction", s.bubble},
                   {"unrecorded_fraction", s.unrecorded},
+                  {"allocations_per_step", s.allocations},
                   {"stage_peak_activation_bytes", s.stage_peak_bytes}});
   return {{"format", "wlb-run-summary"},
           {"version", 1},
@@ -744,9 +749,10 @@ std::string formatReport(const RunReport& rep) {
         "deferral)\n";
   os << "\nPer-rank time per step [s]: busy = compute (GEMMs, attention, norms, head), comm = KV/TP/gradient "
         "communication incl. waiting for peers; unrecorded = share of the step outside every recorded region, "
-        "mean over ranks\n";
+        "mean over ranks; buffer allocations = blocks the ranks' activation pools had to allocate (runtime/pool.hpp)\n";
   for (const auto& s : rep.strategies) {
-    std::snprintf(buf, sizeof buf, "  %s (unrecorded %.1f%%):", s.name.c_str(), 100.0 * s.unrecorded);
+    std::snprintf(buf, sizeof buf, "  %s (unrecorded %.1f%%, %.1f buffer allocations per step):", s.name.c_str(),
+                  100.0 * s.unrecorded, s.allocations);
     os << buf;
     for (std::size_t r = 0; r < s.rank_busy.size(); ++r) {
       std::snprintf(buf, sizeof buf, "  r%zu busy %.3f (attn %.3f) comm %.3f", r, s.rank_busy[r], s.rank_attn[r],

@@ -54,6 +54,7 @@ struct StepRecord {
   /// Mean over ranks of the step's time outside every recorded region (allocation, host
   /// work between kernels, fences), as a fraction of the rank's step time.
   double unrecorded = 0;
+  std::int64_t allocations = 0;          ///< buffers the ranks' activation pools allocated in the step
   std::vector<double> rank_attn;         ///< per world rank: attention kernel seconds
   double loss = 0;                       ///< sum of every micro-batch's loss (pipeline.hpp)
   double bubble = 0;                     ///< mean over replicas of 1 - stage task time / pipeline span
@@ -75,6 +76,7 @@ struct StrategyResult {
   double cp_imbalance = 1, mb_imbalance = 1, predicted_imbalance = 1;
   double bubble = 0;                                    ///< mean over the measured steps
   double unrecorded = 0;                                ///< StepRecord::unrecorded, mean over the measured steps
+  double allocations = 0;                               ///< StepRecord::allocations, mean over the measured steps
   std::vector<double> stage_peak_bytes;                 ///< [pp] max over every step
   std::vector<double> rank_busy, rank_comm, rank_attn;  ///< per world rank, mean per step
   std::vector<float> gradients;  ///< RunOptions::keep_gradients: last step, [layer][tp slice][param]

@@ -13,9 +13,12 @@
 #include "core/types.hpp"
 #include "cp/shard_plan.hpp"
 #include "model/cost_model.hpp"
+#include "pp/schedule.hpp"
 #include "runtime/gemm.hpp"
 #include "runtime/layer.hpp"
 #include "runtime/llama.hpp"
+#include "runtime/pipeline.hpp"
+#include "runtime/pool.hpp"
 #include "runtime/tokens.hpp"
 
 using namespace wlb;
@@ -185,4 +188,83 @@ TEST(RuntimeLayer, BackwardMatchesFiniteDifferences) {
     const double num_w = (lp - lm) / (2.0 * eps);
     EXPECT_NEAR(an_w, num_w, 2e-2 * std::max(1.0, std::abs(num_w))) << t.name;
   }
+}
+
+// The activation pool: a block comes back once no view of it is alive, requests of the
+// same row bucket share it, zeroing on request, endStep() drops what kKeepSteps steps did
+// not take.
+TEST(RuntimePool, ReusesFreedBlocksByRowBucket) {
+  Space space;
+  BufferPool pool(space);
+  EXPECT_EQ(BufferPool::bucketRows(1), 64);
+  EXPECT_EQ(BufferPool::bucketRows(1000), 1024);
+  EXPECT_EQ(BufferPool::bucketRows(1025), 1280);  // granularity 2048 / 8
+  const float* first = nullptr;
+  {
+    Mat a = pool.mat("a", 1000, 16);
+    EXPECT_EQ(a.extent(0), 1000u);
+    first = a.data();
+    Mat b = pool.mat("b", 1000, 16);  // a is alive: a second block
+    EXPECT_NE(b.data(), first);
+    EXPECT_EQ(pool.misses(), 2);
+  }
+  Mat c = pool.mat("c", 990, 16, true);  // same bucket, both free again
+  EXPECT_EQ(pool.misses(), 2);
+  EXPECT_EQ(pool.hits(), 1);
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), c);
+  for (std::size_t i = 0; i < h.size(); ++i) ASSERT_EQ(h.data()[i], 0.0f);
+  EXPECT_EQ(pool.mat("d", 1000, 17).extent(1), 17u);  // other trailing extent: a miss
+  EXPECT_EQ(pool.misses(), 3);
+  const std::int64_t all = pool.cachedBytes();
+  for (int i = 0; i < BufferPool::kKeepSteps; ++i) pool.endStep();
+  EXPECT_EQ(pool.cachedBytes(), all);  // kept while idle for kKeepSteps steps
+  pool.endStep();                      // then the free ones go; c's block is still held
+  EXPECT_EQ(pool.cachedBytes(), 4 * 1024 * 16);
+  EXPECT_EQ(pool.act3("e", 0, 2, 4).extent(0), 0u);
+}
+
+// A step walked twice over the same units allocates nothing the second time.
+TEST(RuntimePool, RepeatedStepAllocatesNothing) {
+  LlamaConfig mc;
+  mc.vocab = 50;
+  mc.hidden = 32;
+  mc.heads = 2;
+  mc.kv_heads = 1;
+  mc.ffn = 48;
+  mc.layers = 2;
+  Llama model(mc, 5);
+  model::CostModel cost(dims(32, 2, 1, 48), model::HardwareProfile::analytic(), 1);
+  Space space;
+  LayerEnv env;
+  env.space = &space;
+  env.cp_comm = MPI_COMM_SELF;
+  env.cost = &cost;
+  const pp::Schedule sched = pp::makeOneFOneB(1, 2);
+  PipelineStage stage(env, model, sched, MPI_COMM_SELF);
+  StageStepInput in;
+  const SyntheticTokens tokens(3, mc.vocab);
+  in.tokens = &tokens;
+  MicroBatch a, b;
+  a.segments = {Segment{1, 0, 90, 0}, Segment{2, 0, 17, 0}};
+  b.segments = {Segment{3, 0, 40, 0}};
+  in.mbs = {a, b};
+  for (auto& pl :
+       cp::planReplicaShards(in.mbs, cp::Strategy::PerSequence, cp::CommMode::AllGather, 1, cost, CpConfig{})) {
+    in.shards.push_back(pl.shard);
+    in.comms.push_back(pl.comm);
+  }
+  in.mb_tokens = {a.tokens(), b.tokens()};
+  const StageStepResult r1 = stage.run(in, 0);
+  const StageStepResult r2 = stage.run(in, 0);
+  EXPECT_GT(r1.allocations, 0);
+  EXPECT_EQ(r2.allocations, 0);
+  EXPECT_EQ(r1.loss, r2.loss);  // the gradients accumulate, the weights do not move
+}
+
+// The synthetic token ids of generated length streams (tokens.hpp), pinned: the PyTorch
+// peer (bench/torch_step.py) computes the same numbers.
+TEST(RuntimeTokens, SyntheticIdsArePinned) {
+  EXPECT_EQ(SyntheticTokens(2026, 128256).token(0, 0), 91126);
+  EXPECT_EQ(SyntheticTokens(1234, 256).token(7, 100), 76);
+  EXPECT_EQ(SyntheticTokens((std::uint64_t{1} << 40) + 3, 32000).token((DocId{1} << 31) + 5, 123456), 3095);
 }

@@ -1,0 +1,126 @@
+/// \file pool.cpp
+/// \brief The caching activation pool (see pool.hpp).
+
+#include "runtime/pool.hpp"
+
+#include <algorithm>
+#include <string>
+
+namespace wlb::runtime {
+namespace {
+
+template <class V>
+V allocate(const char* label, std::int64_t rows, std::int64_t e1, std::int64_t e2) {
+  const auto a = Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label));
+  if constexpr (V::rank == 1)
+    return V(a, rows);
+  else if constexpr (V::rank == 2)
+    return V(a, rows, e1);
+  else
+    return V(a, rows, e1, e2);
+}
+
+template <class V>
+V leading(const V& block, std::int64_t rows) {
+  const auto r = std::make_pair(std::int64_t{0}, rows);
+  if constexpr (V::rank == 1)
+    return Kokkos::subview(block, r);
+  else if constexpr (V::rank == 2)
+    return Kokkos::subview(block, r, Kokkos::ALL);
+  else
+    return Kokkos::subview(block, r, Kokkos::ALL, Kokkos::ALL);
+}
+
+template <class V>
+bool sameTrailing(const V& block, std::int64_t e1, std::int64_t e2) {
+  if constexpr (V::rank == 1)
+    return true;
+  else if constexpr (V::rank == 2)
+    return static_cast<std::int64_t>(block.extent(1)) == e1;
+  else
+    return static_cast<std::int64_t>(block.extent(1)) == e1 && static_cast<std::int64_t>(block.extent(2)) == e2;
+}
+
+}  // namespace
+
+std::int64_t BufferPool::bucketRows(std::int64_t rows) {
+  if (rows <= 64) return 64;
+  std::int64_t p = 1;
+  while (p < rows) p <<= 1;
+  const std::int64_t g = std::max<std::int64_t>(8, p / 8);
+  return (rows + g - 1) / g * g;
+}
+
+template <class V>
+V BufferPool::take(std::vector<Entry<V>>& list, const char* label, std::int64_t rows, std::int64_t e1, std::int64_t e2,
+                   bool zero) {
+  if (rows == 0) return allocate<V>(label, 0, e1, e2);
+  const std::int64_t cap = bucketRows(rows);
+  V out;
+  for (auto& e : list)
+    // use_count 1: only the pool holds the block, every view handed out of it is gone
+    if (e.block.use_count() == 1 && static_cast<std::int64_t>(e.block.extent(0)) == cap &&
+        sameTrailing(e.block, e1, e2)) {
+      e.idle = 0;
+      out = leading(e.block, rows);
+      ++hits_;
+      break;
+    }
+  if (!out.data()) {
+    list.push_back({allocate<V>(label, cap, e1, e2), 0});
+    out = leading(list.back().block, rows);
+    ++misses_;
+  }
+  if (zero) Kokkos::deep_copy(space_, out, 0.0f);
+  return out;
+}
+
+Vec BufferPool::vec(const char* label, std::int64_t n, bool zero) {
+  return take(vecs_, label, n, 0, 0, zero);
+}
+
+Mat BufferPool::mat(const char* label, std::int64_t rows, std::int64_t cols, bool zero) {
+  return take(mats_, label, rows, cols, 0, zero);
+}
+
+Act3 BufferPool::act3(const char* label, std::int64_t rows, int heads, int dim, bool zero) {
+  return take(acts_, label, rows, heads, dim, zero);
+}
+
+void BufferPool::endStep() {
+  const auto trim = [](auto& list) {
+    for (auto& e : list) ++e.idle;
+    list.erase(std::remove_if(list.begin(), list.end(),
+                              [](const auto& e) { return e.idle > kKeepSteps && e.block.use_count() == 1; }),
+               list.end());
+  };
+  trim(vecs_);
+  trim(mats_);
+  trim(acts_);
+}
+
+std::int64_t BufferPool::cachedBytes() const {
+  std::int64_t b = 0;
+  for (const auto& e : vecs_) b += static_cast<std::int64_t>(e.block.span());
+  for (const auto& e : mats_) b += static_cast<std::int64_t>(e.block.span());
+  for (const auto& e : acts_) b += static_cast<std::int64_t>(e.block.span());
+  return 4 * b;
+}
+
+Vec newVec(BufferPool* pool, const char* label, std::int64_t n, bool zero) {
+  if (pool) return pool->vec(label, n, zero);
+  return zero ? Vec(std::string(label), n)
+              : Vec(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), n);
+}
+
+Mat newMat(BufferPool* pool, const char* label, std::int64_t rows, std::int64_t cols, bool zero) {
+  if (pool) return pool->mat(label, rows, cols, zero);
+  return zero ? Mat(std::string(label), rows, cols) : newMat(label, rows, cols);
+}
+
+Act3 newAct3(BufferPool* pool, const char* label, std::int64_t rows, int heads, int dim, bool zero) {
+  if (pool) return pool->act3(label, rows, heads, dim, zero);
+  return zero ? Act3(std::string(label), rows, heads, dim) : newAct3(label, rows, heads, dim);
+}
+
+}  // namespace wlb::runtime

@@ -1,0 +1,65 @@
+#pragma once
+/// \file pool.hpp
+/// \brief The step's activation buffers without allocation inside a step (docs/runtime.md,
+/// "Buffers"): a caching pool of device buffers that the layer, the loss and the stage
+/// walker take their activations and temporaries from.
+///
+/// Contract:
+/// * A request for [rows][...] is served by a cached block of the same trailing extents and
+///   the same row bucket (rows rounded up to a granularity of 1/8 of their power of two, at
+///   least 64 rows), and handed out as the block's leading `rows` rows: a managed subview,
+///   so the block is free again as soon as no view of it is alive (its use count is the
+///   pool's own). Nothing has to be returned by hand.
+/// * A miss allocates a new block (counted: misses()); the same shapes in the next step are
+///   then hits. endStep() drops the free blocks no request took in the last kKeepSteps
+///   steps, so the pool holds the working set of the steps that repeat (`wlb run`
+///   interleaves its strategies step by step), not every shape ever seen.
+/// * Uninitialised unless `zero` is asked for (zeroed on the pool's execution space).
+/// * One pool per rank and execution-space instance; not thread-safe.
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/gemm.hpp"
+#include "runtime/llama.hpp"
+
+namespace wlb::runtime {
+
+class BufferPool {
+ public:
+  explicit BufferPool(const Space& space) : space_(space) {}
+  Vec vec(const char* label, std::int64_t n, bool zero = false);
+  Mat mat(const char* label, std::int64_t rows, std::int64_t cols, bool zero = false);
+  Act3 act3(const char* label, std::int64_t rows, int heads, int dim, bool zero = false);
+  /// Steps a free block is kept without being taken.
+  static constexpr int kKeepSteps = 4;
+  /// A step boundary: drop the free blocks not taken in the last kKeepSteps steps.
+  void endStep();
+  std::int64_t misses() const { return misses_; }  ///< blocks allocated so far
+  std::int64_t hits() const { return hits_; }      ///< requests served from the cache
+  std::int64_t cachedBytes() const;                ///< bytes of every block held
+  /// Rows a request of `rows` is served with.
+  static std::int64_t bucketRows(std::int64_t rows);
+
+ private:
+  template <class V>
+  struct Entry {
+    V block;
+    int idle = 0;  ///< endStep() calls since it was last handed out
+  };
+  template <class V>
+  V take(std::vector<Entry<V>>& list, const char* label, std::int64_t rows, std::int64_t e1, std::int64_t e2,
+         bool zero);
+  Space space_;
+  std::vector<Entry<Vec>> vecs_;
+  std::vector<Entry<Mat>> mats_;
+  std::vector<Entry<Act3>> acts_;
+  std::int64_t misses_ = 0, hits_ = 0;
+};
+
+/// From `pool` when given, else a fresh allocation (tests and tools without a pool).
+Vec newVec(BufferPool* pool, const char* label, std::int64_t n, bool zero = false);
+Mat newMat(BufferPool* pool, const char* label, std::int64_t rows, std::int64_t cols, bool zero = false);
+Act3 newAct3(BufferPool* pool, const char* label, std::int64_t rows, int heads, int dim, bool zero = false);
+
+}  // namespace wlb::runtime
