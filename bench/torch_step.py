@@ -49,10 +49,11 @@ AdamW state, so 2 + 4 + 4 + 8 = 18 bytes per parameter as in the deck's memory e
 Activations are BF16 (the residual stream too); RMSNorm, softmax statistics and the
 cross-entropy are computed in FP32. --dtype fp32: plain FP32 everywhere (TF32 off).
 
-Memory: in eager mode RMSNorm and SwiGLU are autograd Functions that keep exactly what
-wlb keeps (x, xn1, h, hn, q, k, v, o, a1, a3, s and the FP32 rstd and softmax LSE per
-layer), and the LM head + cross-entropy never holds the whole [tokens][vocab] logits: it
-runs in --loss-chunk-token chunks and computes its input and weight gradients chunk by
+Memory: in eager mode RMSNorm and SwiGLU are autograd Functions, so with varlen_attn a
+layer keeps exactly what wlb keeps (x, xn1, h, hn, q, k, v, o, a1, a3, s and the FP32 rstd
+and softmax LSE; the per-segment SDPA path also keeps each segment's output and any
+expanded K/V), and the LM head + cross-entropy never holds the whole [tokens][vocab] logits: it
+runs in chunks of --loss-chunk tokens and computes its input and weight gradients chunk by
 chunk during the forward (no recomputation; the FLOPs are the same 3 GEMMs). With
 --compile the per-token parts of a layer (norms, projections, RoPE, MLP) go through
 torch.compile(dynamic=True) written with plain ops, so Inductor fuses them and chooses
@@ -646,7 +647,8 @@ class Attention:
             qs, ks, vs = (t[a:b].transpose(0, 1) for t in (q, k, v))  # [heads, L, D]
             ks = ks.repeat_interleave(self.group, dim=0)
             vs = vs.repeat_interleave(self.group, dim=0)
-            s = (qs @ ks.transpose(1, 2)).float() * self.scale
+            s = qs @ ks.transpose(1, 2)
+            s = (s.float() if s.dtype in (torch.bfloat16, torch.float16) else s) * self.scale  # FP32 or FP64
             mask = torch.ones((b - a, b - a), dtype=torch.bool, device=q.device).triu(1)
             p = torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1).to(vs.dtype)
             outs.append((p @ vs).transpose(0, 1))
@@ -856,7 +858,10 @@ def run(args):
         mbs = [MicroBatch(segs, cfg.seed, cfg.vocab) for segs in replica_segments(args.plan, rec, args.replica)]
         host.append((rec, mbs))
 
-    import torch
+    try:
+        import torch
+    except ImportError as exc:
+        raise InputError(f"needs PyTorch ({exc})") from None
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
