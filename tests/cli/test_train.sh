@@ -188,6 +188,15 @@ for ref, got, what in ((a[1], a[2], "pp=2 interleaved"), (a[3], a[4], "pp=2 pack
     print(f"{what}: 12 steps, largest relative loss difference to one rank {worst:.1e}")
 PYEOF
   fail "interleaved / packflow losses differ from one rank"
+# wlb run measures the same model on a prepared dataset's real tokens (data.source =
+# "megatron" with the .bin beside the .idx); ids outside model.vocab exit 2.
+rd="--set data.source=\"megatron\" --set data.path=\"data/lic_train.idx\" --steps 2 --warmup 0"
+"$WLB" run deck.toml $rd --set 'run.strategies=["plain"]' --set output.dir=runds > o.txt 2>&1 ||
+  fail "wlb run on the dataset: $(cat o.txt)"
+grep -q "loss [0-9]" o.txt || fail "wlb run prints no loss: $(cat o.txt)"
+"$WLB" run deck.toml $rd --set 'run.strategies=["plain"]' --set model.vocab=100 --set output.dir=runds2 > o.txt 2>&1
+rc=$?
+[ "$rc" = 2 ] && grep -q "model.vocab" o.txt || fail "wlb run, dataset ids >= vocab: rc $rc $(cat o.txt)"
 timeout 60 mpiexec -n 2 "$WLB" train deck.toml $sp --set mesh.cp=2 > o.txt 2>&1; rc=$?
 [ "$rc" = 2 ] && grep -q "mesh.cp" o.txt || fail "slimpack with cp=2: rc $rc $(cat o.txt)"
 timeout 60 mpiexec -n 2 "$WLB" train deck.toml --set mesh.cp=2 --set cp.strategy='"nope"' > o.txt 2>&1; rc=$?
