@@ -60,10 +60,12 @@ struct LinearOpsTable {
   /// [op][phase][i]: GFLOP/s of the op (its CostModel::linearOpFlops over its time).
   std::array<std::array<std::vector<double>, 2>, kLinearOpCount> gflops;
   /// [phase][i]: ns per token per layer of the layer's work outside the three ops
-  /// (residual adds, allocations), the executor's unlabelled time.
+  /// (allocations, host work between kernels), the executor's unlabelled time.
   std::array<std::vector<double>, 2> elementwise_ns;
-  /// [phase][i]: ns per token per micro-batch of the input (fwd) / loss-gradient (bwd) fills
-  /// (`embed` / `loss` events); the cost model charges 1/layers of it to each layer.
+  /// [phase][i]: ns per token per micro-batch of the model's ends: the embedding and the
+  /// fused loss (final norm, LM head, cross-entropy and their backward) in the forward, the
+  /// embedding's backward in the backward (`embed` / `loss` events); the cost model charges
+  /// 1/layers of it to each layer.
   std::array<std::vector<double>, 2> fill_ns;
   bool empty() const { return tokens.empty(); }
   /// True when the table was measured at these model dims and TP degree.
@@ -153,7 +155,7 @@ class CostModel {
   /// linearReferenceTokens() (or linear_gflops without a matching table), / its factor.
   double linearOpSeconds(LinearOp op, std::int64_t tokens, Phase p) const;
   /// Seconds of one layer's elementwise work outside the ops (plus 1/layers of the
-  /// micro-batch's input/gradient fill) from the deck-shaped table at
+  /// micro-batch's embedding and loss, fill_ns) from the deck-shaped table at
   /// linearReferenceTokens() per token; 0 without a table.
   double elementwiseSeconds(std::int64_t tokens, Phase p) const;
   /// Whether linear work is timed from a deck-shaped table (its shape matches dims and tp).

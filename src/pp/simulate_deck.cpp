@@ -43,8 +43,9 @@ std::vector<SimStrategyResult> simulateDeck(const Deck& deck_in, const SimulateO
   const model::CostModel cost = model::CostModel::fromDeck(deck);
   SimConfig sim_cfg = SimConfig::fromDeck(deck, cost.hardware());
   if (opt.as_run) {
-    // What `wlb run` executes (docs/runtime.md): transformer layers only (no embedding /
-    // LM-head compute, gradients or logits), fp32 tensors on the wire and in memory. The
+    // What `wlb run` executes (docs/runtime.md): the embedding and the fused loss are timed
+    // through the deck-shaped profile's per-micro-batch part (fill_ns), not as an LM head
+    // of its own; fp32 tensors on the wire and in memory, the executor's memory model. The
     // cost model, packers and shard planners are unchanged.
     sim_cfg.lm_head = false;
     sim_cfg.comm_element_bytes = 4;

@@ -340,7 +340,7 @@ std::vector<std::int64_t> geomGrid(std::int64_t lo, std::int64_t hi, int points)
 struct LinearCell {
   double op[wlb::model::kLinearOpCount][2];  ///< qkv_proj, out_proj, mlp events [phase]
   double elementwise[2];                     ///< construct + forward / backward + teardown minus op events
-  double fill[2];                            ///< random input (fwd), loss gradient (bwd)
+  double fill[2];                            ///< embedding + fused loss (fwd), embedding backward (bwd)
 };
 
 /// Recorder clock (ns) at the steps of one layer pass, and the process CPU time it took.
@@ -394,6 +394,8 @@ void runLayerPasses(const model::ModelDims& dims, std::int64_t tp, std::int64_t 
   env.cost = &cost;
   env.recorder = &rec;
   env.rope = &rope;
+  rt::BufferPool pool(space);  // as a run's stage walker: the passes repeat its shapes
+  env.pool = &pool;
   env.kernel = kcfg;
   env.precision = kcfg.precision;  // GEMMs at the attention's precision (run.precision)
   rec.reserve(64);
@@ -426,6 +428,8 @@ void runLayerPasses(const model::ModelDims& dims, std::int64_t tp, std::int64_t 
     kk::fence(space, "wlb::profile::embed_bwd");
     t.embed_bwd = rec.now();
     t.cpu_seconds = cpuSeconds() - cpu0;
+    x = y = dy = dx = rt::Mat();
+    pool.endStep();
     on_pass(it, t);
   }
 }

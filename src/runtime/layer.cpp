@@ -55,6 +55,23 @@ LayerShape LayerShape::of(const LlamaConfig& c) {
   return s;
 }
 
+LayerEnv LayerEnv::onMesh(const Space& space, const parallel::Mesh& mesh, const model::CostModel& cost,
+                          trace::Recorder* recorder, Precision precision, parallel::GroupComm* cp_group,
+                          parallel::GroupComm* tp_group) {
+  LayerEnv env;
+  env.space = &space;
+  env.cp_comm = mesh.cp();
+  env.tp_comm = mesh.tp();
+  env.tp = mesh.shape().tp();
+  env.cost = &cost;
+  env.recorder = recorder;
+  env.precision = precision;
+  env.kernel.precision = precision;
+  env.cp_group = cp_group;
+  env.tp_group = tp_group;
+  return env;
+}
+
 double linearOpFlops(const model::CostModel& cost, LinearOp op, std::int64_t tokens, model::Phase phase) {
   return cost.linearOpFlops(op, tokens, phase);  // the cost model's formula, one place
 }
@@ -286,7 +303,10 @@ Mat outMlpForward(const LayerEnv& env, const LayerParams& w, LayerActs& a) {
     gemm(space, Trans::N, Trans::N, 1.0f, flat(a.o), w.wo, 0.0f, a.h, env.precision);
   }
   tpAllreduce(env, a.h, false);
-  addInto(space, a.h, a.x);
+  {
+    Region r(rec, trace::labels::kOutProj, space, P);  // the residual, after the TP sum
+    addInto(space, a.h, a.x);
+  }
   // SwiGLU MLP + residual: y = h + (silu(hn W1) * (hn W3)) W2, hn = norm2(h).
   Mat y = newMat(env.pool, "wlb::runtime::y", n, hidden);
   {
@@ -309,7 +329,10 @@ Mat outMlpForward(const LayerEnv& env, const LayerParams& w, LayerActs& a) {
     gemm(space, Trans::N, Trans::N, 1.0f, sv, w.w2, 0.0f, y, env.precision);
   }
   tpAllreduce(env, y, false);
-  addInto(space, y, a.h);
+  {
+    Region r(rec, trace::labels::kMlp, space, P);  // the residual, after the TP sum
+    addInto(space, y, a.h);
+  }
   return y;
 }
 

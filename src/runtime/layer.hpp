@@ -23,6 +23,7 @@
 #include "cp/shard_plan.hpp"
 #include "model/cost_model.hpp"
 #include "parallel/group_comm.hpp"
+#include "parallel/mesh.hpp"
 #include "runtime/gemm.hpp"
 #include "runtime/llama.hpp"
 #include "runtime/pool.hpp"
@@ -86,6 +87,11 @@ struct LayerEnv {
   parallel::GroupComm* tp_group = nullptr;
   /// Activations and temporaries come from here (pool.hpp); null -> fresh allocations.
   BufferPool* pool = nullptr;
+  /// A rank of `mesh`: its CP and TP groups (with their collectives), GEMMs and attention at
+  /// `precision` (`wlb run` and `wlb train` alike).
+  static LayerEnv onMesh(const Space& space, const parallel::Mesh& mesh, const model::CostModel& cost,
+                         trace::Recorder* recorder, Precision precision, parallel::GroupComm* cp_group,
+                         parallel::GroupComm* tp_group);
 };
 
 /// What one layer keeps from forward to backward for a run of rows (in packed or local

@@ -517,17 +517,7 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
     std::fflush(opt.out);
   }
 
-  LayerEnv env;
-  env.space = &space;
-  env.cp_comm = mesh.cp();
-  env.tp_comm = mesh.tp();
-  env.tp = shape.tp();
-  env.cost = cost.get();
-  env.recorder = &rec;
-  env.precision = precision;
-  env.kernel.precision = precision;
-  env.cp_group = cp_group.get();
-  env.tp_group = tp_group.get();
+  const LayerEnv env = LayerEnv::onMesh(space, mesh, *cost, &rec, precision, cp_group.get(), tp_group.get());
   PipelineStage stage(env, model, schedule, mesh.pp());
 
   std::vector<StratState> states(strategies.size());
@@ -586,6 +576,16 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
     rec.setStrategy(st.strat.name);
     const PlannedStep ps = planStep(rc, st, step, drain);
     StageStepInput in = shardReplica(rc, ps.plan, static_cast<std::size_t>(coord.dp), st.strat.sharding, step);
+    {
+      // a dataset's bad token ids stop every rank together, before the step's collectives
+      std::string terr;
+      try {
+        touchTokens(rc.tokens, in.mbs);
+      } catch (const InputError& e) {
+        terr = e.what();
+      }
+      parallel::throwIfAnyFailed(mesh.world(), terr);
+    }
     const MergedComms merged_comms = connectMerged(mesh, ps.plan, in, backend);
     if (writer && world_rank == 0) {
       writer->addPlan(st.strat.name, ps.plan, ps.text, shardJson(rc, ps.plan, st.strat.sharding));
@@ -593,6 +593,7 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
     }
     const std::vector<double> row = executeStep(rc, stage, model, *dpcp_group, rec, in, rc.slots(ps.plan));
     StepRecord sr = gatherStep(rc, row, ps, step, drain);
+    rc.tokens.forget();
     if (opt.keep_gradients) st.res.gradients = gatherGradients(rc, model);
     if (world_rank != 0) return;
     if (!drain) ++done_steps;

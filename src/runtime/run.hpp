@@ -56,7 +56,7 @@ struct StepRecord {
   double unrecorded = 0;
   std::int64_t allocations = 0;          ///< buffers the ranks' activation pools allocated in the step
   std::vector<double> rank_attn;         ///< per world rank: attention kernel seconds
-  double loss = 0;                       ///< sum of every micro-batch's loss (pipeline.hpp)
+  double loss = 0;                       ///< mean cross-entropy over the step's predicted rows (tokens.hpp)
   double bubble = 0;                     ///< mean over replicas of 1 - stage task time / pipeline span
   std::vector<double> stage_peak_bytes;  ///< [pp] max over the stage's ranks of saved activations
 };
@@ -79,7 +79,8 @@ struct StrategyResult {
   double allocations = 0;                               ///< StepRecord::allocations, mean over the measured steps
   std::vector<double> stage_peak_bytes;                 ///< [pp] max over every step
   std::vector<double> rank_busy, rank_comm, rank_attn;  ///< per world rank, mean per step
-  std::vector<float> gradients;  ///< RunOptions::keep_gradients: last step, [layer][tp slice][param]
+  std::vector<float> gradients;  ///< RunOptions::keep_gradients: last step, tensor by tensor in model order
+                                 ///< (runtime::Llama::layout), each as its TP slices
 };
 
 struct RunReport {

@@ -95,6 +95,12 @@ void appendSegmentRows(const Segment& s, bool continued, std::vector<TokenRef>& 
         TokenRef{s.doc, s.offset + i, static_cast<std::int32_t>(s.q_offset + i), i + 1 < s.length || continued});
 }
 
+void touchTokens(const TokenSource& src, const std::vector<MicroBatch>& mbs) {
+  for (const auto& mb : mbs)
+    for (const auto& s : mb.segments)
+      if (s.length > 0) (void)src.token(s.doc, s.offset);
+}
+
 std::int64_t predictedRows(const StepPlan& plan) {
   std::int64_t n = 0;
   for (const auto& replica : plan.replicas) {

@@ -35,6 +35,8 @@ class TokenSource {
   virtual ~TokenSource() = default;
   /// Token `pos` of document `doc` (within the document's length).
   virtual std::int32_t token(DocId doc, std::int64_t pos) const = 0;
+  /// Drop what was cached for the documents read so far (a step boundary).
+  virtual void forget() const {}
 };
 
 /// mix64(mix64(seed ^ 0x746f6b656e73) + ((doc << 32) ^ pos)) mod vocab (unsigned 64-bit
@@ -58,7 +60,7 @@ class DatasetTokens : public TokenSource {
   /// InputError naming the dataset when a document holds a token >= vocab.
   DatasetTokens(std::shared_ptr<const data::IndexedDataset> ds, int vocab, std::string name);
   std::int32_t token(DocId doc, std::int64_t pos) const override;
-  void forget() const { cache_.clear(); }
+  void forget() const override { cache_.clear(); }
 
  private:
   std::shared_ptr<const data::IndexedDataset> ds_;
@@ -98,6 +100,10 @@ struct TokenRef {
 /// The rows of segment `s` in order; `continued`: a slice of its document starts where it
 /// ends (its last token then has a target).
 void appendSegmentRows(const Segment& s, bool continued, std::vector<TokenRef>& out);
+
+/// Read (and so check) the first token of every segment of `mbs`: a dataset's bad ids
+/// raise here, before any collective of the step.
+void touchTokens(const TokenSource& src, const std::vector<MicroBatch>& mbs);
 
 /// Rows with a target in a step: per replica, every segment's length - 1, plus one for each
 /// segment a slice of its document continues (the loss's normaliser).

@@ -1,6 +1,6 @@
 /// \file trainer.cpp
 /// \brief `wlb train`: packer-driven batches of real tokens, the training loop on a TP x CP
-/// x DP mesh, evaluation, checkpoints and resume, training metrics in the trace (trainer.hpp,
+/// x PP x DP mesh, evaluation, checkpoints and resume, training metrics in the trace (trainer.hpp,
 /// docs/training.md).
 
 #include "train/trainer.hpp"
@@ -425,8 +425,8 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
       const nlohmann::json h = readCheckpoint(ckpt_path, state_tensors, shape.tp(), coord.tp, stage_params, coord.pp);
       for (const auto& [k, v] : fp.items()) {
         nlohmann::json was = h.at("fingerprint").value(k, nlohmann::json());
-        if (was.is_null() && (k == "mesh.dp" || k == "mesh.tp" || k == "mesh.pp"))
-          was = 1;  // written before multi-rank training
+        if (was.is_null() && (k == "mesh.dp" || k == "mesh.tp" || k == "mesh.pp" || k == "mesh.virtual_stages"))
+          was = 1;  // written before multi-rank training / interleaved stages
         if (was != v)
           throw InputError(fmt::format("{}: written with {} = {}, the deck says {} (resume needs the same run)",
                                        ckpt_path, k, was.dump(), v.dump()));
@@ -503,17 +503,8 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
 
   // The stage walker of every step (runtime/pipeline.hpp: the one `wlb run` measures) and
   // of the evaluation, whose batches run whole on one pipeline (no CP group).
-  runtime::LayerEnv env;
-  env.space = &space;
-  env.cp_comm = mesh.cp();
-  env.tp_comm = mesh.tp();
-  env.tp = shape.tp();
-  env.cost = cost.get();
-  env.recorder = &rec;
-  env.precision = precision;
-  env.kernel.precision = precision;
-  env.cp_group = cp_group.get();
-  env.tp_group = tp_group.get();
+  const runtime::LayerEnv env =
+      runtime::LayerEnv::onMesh(space, mesh, *cost, &rec, precision, cp_group.get(), tp_group.get());
   const pp::Schedule sched = pipe.schedule(static_cast<int>(M));  // the simulator's schedule, same function
   runtime::PipelineStage stage_walker(env, model, sched, mesh.pp());
   runtime::LayerEnv eval_env = env;
@@ -634,6 +625,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
                                      cp_strategy, cp_mode, d.cp);
       in.tokens = train_tokens.get();
       in.loss_scale = predicted > 0 ? 1.0f / static_cast<float>(predicted) : 0.0f;
+      runtime::touchTokens(*train_tokens, in.mbs);  // bad ids stop every rank here, together
     } catch (const InputError& e) {
       err = e.what();
     }
@@ -655,6 +647,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
       err = e.what();
     }
     combine(err);
+    train_tokens->forget();
     kk::fence(space, "wlb::train::fwd_bwd");
     const auto tc1 = Clock::now();
     row[kComputeS] = std::chrono::duration<double>(tc1 - tc0).count();

@@ -1,15 +1,15 @@
 #pragma once
 /// \file trainer.hpp
 /// \brief `wlb train DECK` (docs/training.md): the deck's packer chooses which documents of
-/// a `wlb data prepare` dataset train together each step; the LLaMA-style model
-/// (llama.hpp) trains on their tokens with AdamW; validation loss on the held-out split;
-/// atomic checkpoints (weights, AdamW moments, step, packer and data-source state) that a
-/// resumed run continues from with bit-identical losses; training metrics in the HDF5
-/// trace. Runs on a TP x CP x PP x DP mesh: rank 0 packs every step and broadcasts the
-/// plan, DP rank d trains replica d, the CP ranks of a replica share each micro-batch
+/// a `wlb data prepare` dataset train together each step; the one model (runtime/llama.hpp,
+/// the one `wlb run` measures) trains on their tokens with AdamW (optimizer.hpp); validation loss on the held-out
+/// split; atomic checkpoints (weights, AdamW moments, step, packer and data-source state) that a resumed run continues
+/// from with bit-identical losses; training metrics in the HDF5 trace. Runs on a TP x CP x PP x DP mesh: rank 0 packs
+/// every step and broadcasts the plan, DP rank d trains replica d, the CP ranks of a replica share each micro-batch
 /// through cp::DistributedAttention, the TP ranks split heads and MLP columns, the PP
-/// stages hold consecutive layer blocks and walk pipeline.schedule (gpipe or 1f1b), and the
-/// gradients of each (TP slice, stage) are summed over DP x CP.
+/// stages hold their layer blocks and walk pipeline.schedule (gpipe, 1f1b, interleaved, or
+/// packflow for SlimPack plans) through runtime::PipelineStage, and the gradients of each
+/// (TP slice, stage) are summed over DP x CP.
 
 #include <mpi.h>
 
@@ -58,7 +58,7 @@ struct TrainSummary {
 
 /// Train as the deck says. Collective over opt.comm. InputError naming the key or file on
 /// bad input, raised on every rank alike (mesh.tp must divide the heads, KV heads and ffn;
-/// mesh.pp at most model.layers; pipeline.schedule gpipe or 1f1b; no slimpack packer).
+/// a layer per virtual stage; slimpack plans need pipeline.schedule = "packflow" and cp = 1).
 TrainSummary train(const Deck& deck, const TrainOptions& opt);
 
 /// Human-readable summary table (stdout).
