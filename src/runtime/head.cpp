@@ -141,12 +141,7 @@ LossResult lossForward(const LayerEnv& env, const Llama& model, const TokenRows&
             dxc(i, j) += rs * (g(j) * dxfc(i, j) - xc(i, j) * rs * dot);
           });
         });
-    Kokkos::parallel_for(
-        "wlb::runtime::norm_f_bwd_g", Policy(space, 0, h), KOKKOS_LAMBDA(const std::int64_t j) {
-          float s = 0;
-          for (std::int64_t i = 0; i < m; ++i) s += dxfc(i, j) * xc(i, j) * rc(i);
-          dg(j) += s;
-        });
+    rmsNormGainGrad(space, env.pool, xc, rc, dxfc, dg);
   }
   kk::fence(space, "wlb::runtime::loss");  // the chunk buffers go out of scope
   out.loss = total;

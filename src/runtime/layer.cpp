@@ -118,8 +118,8 @@ void rmsnormFwd(const Space& space, const Mat& x, const Vec& g, float eps, const
 
 // dx += rstd * (g*dy - xhat * mean(g*dy*xhat)); dg += sum over rows of dy * xhat, summed
 // per column in row order (deterministic without atomics).
-void rmsnormBwd(const Space& space, const Mat& x, const Vec& g, const Vec& rstd, const Mat& dy, const Mat& dx,
-                const Vec& dg) {
+void rmsnormBwd(const Space& space, BufferPool* pool, const Mat& x, const Vec& g, const Vec& rstd, const Mat& dy,
+                const Mat& dx, const Vec& dg) {
   const std::int64_t n = static_cast<std::int64_t>(x.extent(0)), h = static_cast<std::int64_t>(x.extent(1));
   if (n == 0) return;
   Kokkos::parallel_for(
@@ -134,13 +134,34 @@ void rmsnormBwd(const Space& space, const Mat& x, const Vec& g, const Vec& rstd,
         Kokkos::parallel_for(Kokkos::TeamThreadRange(t, h),
                              [&](const std::int64_t j) { dx(i, j) += r * (g(j) * dy(i, j) - x(i, j) * r * dot); });
       });
+  rmsNormGainGrad(space, pool, x, rstd, dy, dg);
+}
+
+}  // namespace
+
+void rmsNormGainGrad(const Space& space, BufferPool* pool, const Mat& x, const Vec& rstd, const Mat& dy,
+                     const Vec& dg) {
+  const std::int64_t n = static_cast<std::int64_t>(x.extent(0)), h = static_cast<std::int64_t>(x.extent(1));
+  if (n == 0) return;
+  const std::int64_t R = kGainGradRows, B = (n + R - 1) / R;
+  const Mat part = newMat(pool, "wlb::runtime::gain_grad_part", B, h);
   Kokkos::parallel_for(
-      "wlb::runtime::rmsnorm_bwd_g", Policy(space, 0, h), KOKKOS_LAMBDA(const std::int64_t j) {
+      "wlb::runtime::rmsnorm_gain_part", Policy(space, 0, B * h), KOKKOS_LAMBDA(const std::int64_t idx) {
+        const std::int64_t b = idx / h, j = idx % h;
+        const std::int64_t i1 = kk::min(n, (b + 1) * R);
         float s = 0;
-        for (std::int64_t i = 0; i < n; ++i) s += dy(i, j) * x(i, j) * rstd(i);
+        for (std::int64_t i = b * R; i < i1; ++i) s += dy(i, j) * x(i, j) * rstd(i);
+        part(b, j) = s;
+      });
+  Kokkos::parallel_for(
+      "wlb::runtime::rmsnorm_gain_sum", Policy(space, 0, h), KOKKOS_LAMBDA(const std::int64_t j) {
+        float s = 0;
+        for (std::int64_t b = 0; b < B; ++b) s += part(b, j);
         dg(j) += s;
       });
 }
+
+namespace {
 
 // Rotate pairs (d, d + D/2) of every head by +-angle(position, d) (sign -1: the transpose).
 void rope(const Space& space, const Act3& t, const IVec& pos, const RopeTable& table, float sign) {
@@ -370,7 +391,7 @@ Act3 outMlpBackward(const LayerEnv& env, const LayerParams& w, const LayerParams
   {
     Region r(rec, trace::labels::kMlp, space, P);
     Kokkos::deep_copy(space, dh, dy);  // residual
-    rmsnormBwd(space, a.h, w.norm2, a.rstd2, dhn, dh, g.norm2);
+    rmsnormBwd(space, env.pool, a.h, w.norm2, a.rstd2, dhn, dh, g.norm2);
   }
   a.hn = Mat();
   a.rstd2 = Vec();
@@ -407,7 +428,7 @@ Mat qkvBackward(const LayerEnv& env, const LayerParams& w, const LayerParams& g,
   {
     Region r(env.recorder, trace::labels::kQkvProj, space, trace::Phase::Bwd);
     Kokkos::deep_copy(space, dx, dh);  // residual
-    rmsnormBwd(space, a.x, w.norm1, a.rstd1, dxn, dx, g.norm1);
+    rmsnormBwd(space, env.pool, a.x, w.norm1, a.rstd1, dxn, dx, g.norm1);
   }
   return dx;
 }

@@ -112,6 +112,13 @@ struct LayerActs {
   static LayerActs concat(const Space& space, const std::vector<const LayerActs*>& parts);
 };
 
+/// An RMSNorm gain's gradient: dg(j) += sum over rows i of dy(i, j) * x(i, j) * rstd(i).
+/// Partial sums over blocks of kGainGradRows rows (parallel over blocks and columns), then
+/// the blocks' sums in block order: deterministic without atomics, and a GPU is not left
+/// with one thread per column walking every row. Scratch from `pool` (null: allocated).
+inline constexpr std::int64_t kGainGradRows = 256;
+void rmsNormGainGrad(const Space& space, BufferPool* pool, const Mat& x, const Vec& rstd, const Mat& dy, const Vec& dg);
+
 /// The parts of a layer around its attention, shared by LayerStep and the sliced executor
 /// (sliced.hpp). `pos`: the rows' RoPE positions.
 /// norm1, Q/K/V, RoPE: a.xn1, a.rstd1, a.q, a.k, a.v from a.x.
