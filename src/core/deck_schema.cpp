@@ -59,9 +59,12 @@ const std::vector<KeySpec>& deckSchema() {
         I("model", "heads", 1, 4096, WLB_F(model.heads), "Attention (query) heads; must divide hidden."),
         I("model", "kv_heads", 1, 4096, WLB_F(model.kv_heads), "Key/value heads (GQA); must divide heads."),
         I("model", "ffn", 1, 1 << 22, WLB_F(model.ffn), "SwiGLU MLP intermediate size."),
-        I("model", "layers", 1, 100000, WLB_F(model.layers), "Transformer layers; pp*virtual_stages must divide it."),
+        I("model", "layers", 1, 100000, WLB_F(model.layers),
+          "Transformer layers; at least one per virtual stage (pp*virtual_stages), the first stages take the "
+          "remainder."),
         I("model", "vocab", 1, 1 << 24, WLB_F(model.vocab), "Vocabulary size."),
-        I("model", "dtype_bytes", 1, 8, WLB_F(model.dtype_bytes), "Bytes per element for memory/communication models (2 = bf16)."),
+        I("model", "dtype_bytes", 1, 8, WLB_F(model.dtype_bytes),
+          "Bytes per element for memory/communication models (2 = bf16)."),
         I("model", "head_dim", 1, 1 << 20, WLB_F(model.head_dim), "Derived: hidden / heads."),
 
         I("mesh", "tp", 1, 1 << 16, WLB_F(mesh.tp), "Tensor-parallel size (innermost)."),
@@ -76,69 +79,108 @@ const std::vector<KeySpec>& deckSchema() {
         S("data", "path", {}, WLB_F(data.path), "Length file for text/jsonl/megatron sources."),
         S("data", "jsonl_field", {}, WLB_F(data.jsonl_field), "JSONL field holding the token count."),
         KeySpec{"data", "seed", Kind::UInt, 0, 9.2e18, {}, "Random seed of the generator.", WLB_F(data.seed)},
-        I("data", "context_window", 16, 1 << 26, WLB_F(data.context_window), "Context window S (tokens per fixed-length sequence)."),
-        I("data", "s_max", 0, 1 << 28, WLB_F(data.s_max), "Variable-length micro-batch limit S_max; 0 = context_window."),
-        F("data", "length_scale", 1e-6, 1e6, WLB_F(data.length_scale), "Multiply generated lengths (scaled-down runs keep the skew)."),
+        I("data", "context_window", 16, 1 << 26, WLB_F(data.context_window),
+          "Context window S (tokens per fixed-length sequence)."),
+        I("data", "s_max", 0, 1 << 28, WLB_F(data.s_max),
+          "Variable-length micro-batch limit S_max; 0 = context_window."),
+        F("data", "length_scale", 1e-6, 1e6, WLB_F(data.length_scale),
+          "Multiply generated lengths (scaled-down runs keep the skew)."),
 
         S("packing", "strategy", packerNames(), WLB_F(packing.strategy), "Packer (docs/packing.md)."),
-        I("packing", "micro_batches", 0, 1 << 20, WLB_F(packing.micro_batches), "Micro-batches per DP replica M; 0 = pp."),
-        I("packing", "window", 1, 1024, WLB_F(packing.window), "fixed_greedy: global batches per packing window k (1 = repack within one global batch, the paper's Fixed-4D, preserving data order; larger k trades order for balance)."),
-        KeySpec{"packing", "outlier_thresholds", Kind::IntList, 1, big, {},
+        I("packing", "micro_batches", 0, 1 << 20, WLB_F(packing.micro_batches),
+          "Micro-batches per DP replica M; 0 = pp."),
+        I("packing", "window", 1, 1024, WLB_F(packing.window),
+          "fixed_greedy: global batches per packing window k (1 = repack within one global batch, the paper's "
+          "Fixed-4D, preserving data order; larger k trades order for balance)."),
+        KeySpec{"packing",
+                "outlier_thresholds",
+                Kind::IntList,
+                1,
+                big,
+                {},
                 "wlb: outlier queue thresholds L_1 < ... < L_n (tokens); empty = defaults (docs/packing.md).",
                 WLB_F(packing.outlier_thresholds)},
-        F("packing", "delay_budget", 0, 1e6, WLB_F(packing.delay_budget), "Mean per-token delay budget in steps (wlb tune)."),
+        F("packing", "delay_budget", 0, 1e6, WLB_F(packing.delay_budget),
+          "Mean per-token delay budget in steps (wlb tune)."),
         I("packing", "max_queue_wait", 0, 1 << 20, WLB_F(packing.max_queue_wait),
-          "wlb: longest wait of an outlier in its queue (steps) before a forced release; 0 = max(2, ceil(5*delay_budget))."),
+          "wlb: longest wait of an outlier in its queue (steps) before a forced release; 0 = max(2, "
+          "ceil(5*delay_budget))."),
         I("packing", "slimpack_candidates", 1, 64, WLB_F(packing.slimpack_candidates),
           "slimpack: MicroPack counts m = i * pp scored per step by the simulator (i = i_min + 2^k - 1, k < this)."),
         I("packing", "slimpack_dp_merge", 0, 1, WLB_F(packing.slimpack_dp_merge),
-          "slimpack: 1 = DP-Merge (a sample over one replica's forward-FLOPs share runs on a group of replicas as a CP group), 0 = off."),
-        F("packing", "milp_time_limit", 0.01, 1e6, WLB_F(packing.milp_time_limit), "fixed_optimal: CBC time limit per solve (s)."),
-        S("packing", "checkpoint", {}, WLB_F(packing.checkpoint), "Packer state file to restore from / save to (\"\" = none)."),
+          "slimpack: 1 = DP-Merge (a sample over one replica's forward-FLOPs share runs on a group of replicas as a CP "
+          "group), 0 = off."),
+        F("packing", "milp_time_limit", 0.01, 1e6, WLB_F(packing.milp_time_limit),
+          "fixed_optimal: CBC time limit per solve (s)."),
+        S("packing", "checkpoint", {}, WLB_F(packing.checkpoint),
+          "Packer state file to restore from / save to (\"\" = none)."),
 
         S("cp", "strategy", shardingNames(), WLB_F(cp.strategy), "CP sharding (docs/cp.md)."),
         S("cp", "comm", {"allgather", "sharding_aware"}, WLB_F(cp.comm), "KV communication mode."),
-        F("cp", "capacity_factor", 1.0, 100.0, WLB_F(cp.capacity_factor), "whole_document: per-rank token cap as a multiple of tokens/cp."),
+        F("cp", "capacity_factor", 1.0, 100.0, WLB_F(cp.capacity_factor),
+          "whole_document: per-rank token cap as a multiple of tokens/cp."),
 
         S("pipeline", "schedule", {"gpipe", "1f1b", "interleaved", "packflow"}, WLB_F(pipeline.schedule),
           "Pipeline schedule (`packflow`: SlimPack plans; 1F1B order for the other packers)."),
-        S("pipeline", "recompute", {"none", "selective", "full"}, WLB_F(pipeline.recompute), "Activation recomputation."),
+        S("pipeline", "recompute", {"none", "selective", "full"}, WLB_F(pipeline.recompute),
+          "Activation recomputation."),
 
-        S("hardware", "profile", {}, WLB_F(hardware.profile), "Hardware/kernel profile JSON (docs/profile-format.md) or \"analytic\"."),
-        F("hardware", "tp_bandwidth_gbps", 0, 1e6, WLB_F(hardware.tp_bandwidth_gbps), "TP link GB/s; 0 = from profile."),
-        F("hardware", "cp_bandwidth_gbps", 0, 1e6, WLB_F(hardware.cp_bandwidth_gbps), "CP link GB/s; 0 = from profile."),
-        F("hardware", "pp_bandwidth_gbps", 0, 1e6, WLB_F(hardware.pp_bandwidth_gbps), "PP link GB/s; 0 = from profile."),
-        F("hardware", "dp_bandwidth_gbps", 0, 1e6, WLB_F(hardware.dp_bandwidth_gbps), "DP link GB/s; 0 = from profile."),
-        F("hardware", "link_latency_us", 0, 1e6, WLB_F(hardware.link_latency_us), "Per-message latency (us); 0 = from profile."),
+        S("hardware", "profile", {}, WLB_F(hardware.profile),
+          "Hardware/kernel profile JSON (docs/profile-format.md) or \"analytic\"."),
+        F("hardware", "tp_bandwidth_gbps", 0, 1e6, WLB_F(hardware.tp_bandwidth_gbps),
+          "TP link GB/s; 0 = from profile."),
+        F("hardware", "cp_bandwidth_gbps", 0, 1e6, WLB_F(hardware.cp_bandwidth_gbps),
+          "CP link GB/s; 0 = from profile."),
+        F("hardware", "pp_bandwidth_gbps", 0, 1e6, WLB_F(hardware.pp_bandwidth_gbps),
+          "PP link GB/s; 0 = from profile."),
+        F("hardware", "dp_bandwidth_gbps", 0, 1e6, WLB_F(hardware.dp_bandwidth_gbps),
+          "DP link GB/s; 0 = from profile."),
+        F("hardware", "link_latency_us", 0, 1e6, WLB_F(hardware.link_latency_us),
+          "Per-message latency (us); 0 = from profile."),
         F("hardware", "memory_gb", 0, 1e6, WLB_F(hardware.memory_gb), "Device memory (GB); 0 = from profile."),
 
         I("run", "steps", 1, big, WLB_F(run.steps), "Measured (or planned) steps."),
         I("run", "warmup", 0, big, WLB_F(run.warmup), "Warm-up steps before measuring (wlb run)."),
-        KeySpec{"run", "strategies", Kind::StringList, -kInf, kInf, {},
+        KeySpec{"run",
+                "strategies",
+                Kind::StringList,
+                -kInf,
+                kInf,
+                {},
                 "Strategies to compare: plain, fixed, wlb, slimpack or PACKER+SHARDING; empty = [packing]+[cp].",
                 WLB_F(run.strategies)},
         S("run", "precision", {"fp32", "tf32", "bf16"}, WLB_F(run.precision),
-          "Executor arithmetic (GEMMs + attention): fp32, tf32 or bf16 tensor cores on a GPU; host builds compute every mode in FP32."),
+          "Executor arithmetic (GEMMs + attention): fp32, tf32 or bf16 tensor cores on a GPU; host builds compute "
+          "every mode in FP32."),
         S("run", "comm_backend", {"auto", "mpi", "nccl"}, WLB_F(run.comm_backend),
           "Executor collectives: host-staged mpi, nccl (CUDA build, one GPU per rank) or auto (nccl when it can run)."),
 
-        S("train", "dataset", {}, WLB_F(train.dataset), "wlb train: dataset PREFIX from `wlb data prepare` (reads PREFIX_train and PREFIX_valid .bin/.idx; relative to the deck's directory first)."),
-        I("train", "tokens", 1, big, WLB_F(train.tokens), "Token budget: steps = ceil(tokens / (dp * micro_batches * context_window))."),
+        S("train", "dataset", {}, WLB_F(train.dataset),
+          "wlb train: dataset PREFIX from `wlb data prepare` (reads PREFIX_train and PREFIX_valid .bin/.idx; relative "
+          "to the deck's directory first)."),
+        I("train", "tokens", 1, big, WLB_F(train.tokens),
+          "Token budget: steps = ceil(tokens / (dp * micro_batches * context_window))."),
         I("train", "steps", 0, big, WLB_F(train.steps), "Optimizer steps; 0 = from train.tokens."),
         F("train", "lr", 0, 10, WLB_F(train.lr), "Peak learning rate (AdamW)."),
-        F("train", "min_lr_ratio", 0, 1, WLB_F(train.min_lr_ratio), "The cosine decays to lr * min_lr_ratio at the last step."),
+        F("train", "min_lr_ratio", 0, 1, WLB_F(train.min_lr_ratio),
+          "The cosine decays to lr * min_lr_ratio at the last step."),
         I("train", "warmup_steps", 0, big, WLB_F(train.warmup_steps), "Linear warm-up steps."),
-        F("train", "weight_decay", 0, 10, WLB_F(train.weight_decay), "AdamW decoupled weight decay (matrices and embedding; not norm gains)."),
+        F("train", "weight_decay", 0, 10, WLB_F(train.weight_decay),
+          "AdamW decoupled weight decay (matrices and embedding; not norm gains)."),
         F("train", "beta1", 0, 0.999999, WLB_F(train.beta1), "AdamW first-moment decay."),
         F("train", "beta2", 0, 0.999999, WLB_F(train.beta2), "AdamW second-moment decay."),
         F("train", "clip", 0, 1e6, WLB_F(train.clip), "Global gradient-norm clipping limit; 0 = none."),
         KeySpec{"train", "seed", Kind::UInt, 0, 9.2e18, {}, "Weight initialisation seed.", WLB_F(train.seed)},
         F("train", "rope_theta", 1, 1e9, WLB_F(train.rope_theta), "RoPE base."),
         I("train", "log_interval", 1, big, WLB_F(train.log_interval), "Progress line every N steps."),
-        I("train", "eval_interval", 0, big, WLB_F(train.eval_interval), "Validation loss every N steps; 0 = at the end only."),
-        I("train", "eval_tokens", 0, big, WLB_F(train.eval_tokens), "Validation tokens per evaluation (documents in order); 0 = the whole split."),
-        I("train", "checkpoint_interval", 0, big, WLB_F(train.checkpoint_interval), "Checkpoint every N steps; 0 = none."),
-        S("train", "checkpoint_dir", {}, WLB_F(train.checkpoint_dir), "Checkpoint directory; \"\" = output.dir/checkpoint."),
+        I("train", "eval_interval", 0, big, WLB_F(train.eval_interval),
+          "Validation loss every N steps; 0 = at the end only."),
+        I("train", "eval_tokens", 0, big, WLB_F(train.eval_tokens),
+          "Validation tokens per evaluation (documents in order); 0 = the whole split."),
+        I("train", "checkpoint_interval", 0, big, WLB_F(train.checkpoint_interval),
+          "Checkpoint every N steps; 0 = none."),
+        S("train", "checkpoint_dir", {}, WLB_F(train.checkpoint_dir),
+          "Checkpoint directory; \"\" = output.dir/checkpoint."),
 
         S("output", "dir", {}, WLB_F(output.dir), "Output directory."),
         S("output", "trace", {}, WLB_F(output.trace), "Trace file name (HDF5) inside dir."),
@@ -164,17 +206,37 @@ std::string deckReferenceMarkdown() {
     std::string def, allowed;
     void* p = k.ptr(defaults);
     switch (k.kind) {
-      case Kind::Int: type = "integer"; def = std::to_string(*static_cast<std::int64_t*>(p)); allowed = k.rangeText(); break;
-      case Kind::UInt: type = "integer"; def = std::to_string(*static_cast<std::uint64_t*>(p)); allowed = k.rangeText(); break;
-      case Kind::Float: type = "float"; def = num(*static_cast<double*>(p)); allowed = k.rangeText(); break;
+      case Kind::Int:
+        type = "integer";
+        def = std::to_string(*static_cast<std::int64_t*>(p));
+        allowed = k.rangeText();
+        break;
+      case Kind::UInt:
+        type = "integer";
+        def = std::to_string(*static_cast<std::uint64_t*>(p));
+        allowed = k.rangeText();
+        break;
+      case Kind::Float:
+        type = "float";
+        def = num(*static_cast<double*>(p));
+        allowed = k.rangeText();
+        break;
       case Kind::String:
         type = "string";
         def = "\"" + *static_cast<std::string*>(p) + "\"";
         for (const auto& c : k.choices) allowed += (allowed.empty() ? "" : ", ") + std::string("`") + c + "`";
         if (allowed.empty()) allowed = "any";
         break;
-      case Kind::IntList: type = "integer array"; def = "[]"; allowed = "each " + k.rangeText(); break;
-      case Kind::StringList: type = "string array"; def = "[]"; allowed = "see meaning"; break;
+      case Kind::IntList:
+        type = "integer array";
+        def = "[]";
+        allowed = "each " + k.rangeText();
+        break;
+      case Kind::StringList:
+        type = "string array";
+        def = "[]";
+        allowed = "see meaning";
+        break;
     }
     os << "| `" << k.key << "` | " << type << " | " << allowed << " | `" << def << "` | " << k.help << " |\n";
   }

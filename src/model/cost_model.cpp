@@ -136,6 +136,7 @@ LinearOpsTable readLinearOps(const nlohmann::json& j, const std::string& file) {
   dim("head_dim", t.head_dim);
   dim("ffn", t.ffn);
   dim("tp", t.tp);
+  if (sh.contains("vocab")) dim("vocab", t.vocab);  // profiles written before the model's head: absent
   if (!j.contains("tokens") || !j["tokens"].is_array() || j["tokens"].empty())
     bad(file, k + ".tokens", "must be a non-empty array of positive numbers");
   for (const auto& x : j["tokens"]) {
@@ -213,7 +214,7 @@ const char* linearOpName(LinearOp op) {
 
 bool LinearOpsTable::matches(const ModelDims& d, std::int64_t tp_) const {
   return !empty() && hidden == d.hidden && heads == d.heads && kv_heads == d.kv_heads && head_dim == d.head_dim &&
-         ffn == d.ffn && tp == std::max<std::int64_t>(tp_, 1);
+         ffn == d.ffn && tp == std::max<std::int64_t>(tp_, 1) && (vocab == 0 || vocab == d.vocab);
 }
 
 double LinearOpsTable::gflopsAt(LinearOp op, Phase p, double n) const {

@@ -56,7 +56,8 @@ const char* linearOpName(LinearOp op);
 /// cost model reads them at one reference token count (CostModel::linearReferenceTokens).
 struct LinearOpsTable {
   std::int64_t hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn = 0, tp = 1;  ///< shape measured
-  std::vector<double> tokens;                                                       ///< ascending per-rank token counts
+  std::int64_t vocab = 0;      ///< the LM head's vocabulary in fill_ns (0: not recorded, any matches)
+  std::vector<double> tokens;  ///< ascending per-rank token counts
   /// [op][phase][i]: GFLOP/s of the op (its CostModel::linearOpFlops over its time).
   std::array<std::array<std::vector<double>, 2>, kLinearOpCount> gflops;
   /// [phase][i]: ns per token per layer of the layer's work outside the three ops

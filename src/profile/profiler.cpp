@@ -272,11 +272,9 @@ DeckPlans planDecks(const ProfileOptions& o) {
     } else {
       const auto& d0 = out.dims;
       const std::pair<const char*, std::pair<std::int64_t, std::int64_t>> keys[] = {
-          {"model.hidden", {d0.hidden, dims.hidden}},
-          {"model.heads", {d0.heads, dims.heads}},
-          {"model.kv_heads", {d0.kv_heads, dims.kv_heads}},
-          {"model.ffn", {d0.ffn, dims.ffn}},
-          {"mesh.tp", {out.tp, deck.mesh.tp}}};
+          {"model.hidden", {d0.hidden, dims.hidden}},       {"model.heads", {d0.heads, dims.heads}},
+          {"model.kv_heads", {d0.kv_heads, dims.kv_heads}}, {"model.ffn", {d0.ffn, dims.ffn}},
+          {"model.vocab", {d0.vocab, dims.vocab}},          {"mesh.tp", {out.tp, deck.mesh.tp}}};
       for (const auto& [key, v] : keys)
         if (v.first != v.second)
           throw wlb::InputError(path + ": " + key + " = " + std::to_string(v.second) + " differs from " +
@@ -601,7 +599,8 @@ void addDeckShaped(const Ctx& ctx, const DeckPlans& plans, nlohmann::json& j) {
                        {"kv_heads", plans.dims.kv_heads},
                        {"head_dim", plans.dims.head_dim},
                        {"ffn", plans.dims.ffn},
-                       {"tp", plans.tp}}},
+                       {"tp", plans.tp},
+                       {"vocab", plans.dims.vocab}}},
                      {"tokens", grid},
                      {"gflops", gf},
                      {"elementwise_ns_per_token", el},

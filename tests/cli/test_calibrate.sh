@@ -56,7 +56,7 @@ import json, sys
 j = json.load(open(sys.argv[1]))
 assert j["version"] == 2 and j["head_dim"] == 16, j.get("version")
 lo = j["linear_ops"]
-assert lo["shape"] == {"hidden": 64, "heads": 4, "kv_heads": 2, "head_dim": 16, "ffn": 96, "tp": 1}, lo["shape"]
+assert lo["shape"] == {"hidden": 64, "heads": 4, "kv_heads": 2, "head_dim": 16, "ffn": 96, "tp": 1, "vocab": 256}, lo["shape"]
 assert 512 in lo["tokens"], lo["tokens"]  # context_window / cp, where the cost model reads it
 for op in ("qkv_proj", "out_proj", "mlp"):
     for ph in ("fwd", "bwd"):

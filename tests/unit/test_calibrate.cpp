@@ -125,6 +125,17 @@ TEST(ProfileV2, LinearTableAtTheReferenceTokensLinearInTokens) {
   EXPECT_FALSE(other.linearTableUsed());
   EXPECT_EQ(other.linearSeconds(100, Phase::Fwd), other.linearFlops(100, Phase::Fwd) / (50.0 * 1e9));
   EXPECT_FALSE(model::CostModel(dims(), p, 2).linearTableUsed());
+  // a table that records its vocabulary (the LM head is inside fill_ns) matches that one only;
+  // one without (written before the head) matches any
+  auto jv = v2();
+  jv["linear_ops"]["shape"]["vocab"] = 256;
+  const auto pv = model::HardwareProfile::load(write("vocab.json", jv));
+  auto d256 = dims(), d32k = dims();
+  d256.vocab = 256;
+  d32k.vocab = 32000;
+  EXPECT_TRUE(model::CostModel(d256, pv).linearTableUsed());
+  EXPECT_FALSE(model::CostModel(d32k, pv).linearTableUsed());
+  EXPECT_TRUE(model::CostModel(d32k, p).linearTableUsed());
 }
 
 TEST(ProfileV2, FromDeckReadsTheTableAtARanksShareOfAMicroBatch) {
