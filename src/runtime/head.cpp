@@ -38,13 +38,19 @@ Mat embedForward(const LayerEnv& env, const Llama& model, const TokenRows& rows)
 
 void embedBackward(const LayerEnv& env, const Llama& model, const TokenRows& rows, const Mat& dx) {
   const Space& space = *env.space;
-  const std::int64_t n = rows.n, h = model.config().hidden;
+  const std::int64_t h = model.config().hidden;
   Region r(env.recorder, trace::labels::kEmbed, space, trace::Phase::Bwd);
   const Mat dE = model.embedGrad();
-  const IVec tok = rows.tokens;
+  // per (distinct token, column): its rows' gradients in row order, parallel over both and
+  // deterministic without atomics (each token's row of dE has one writer)
+  const IVec by = rows.by_token, begin = rows.token_begin, uniq = rows.unique_tokens;
+  const std::int64_t U = static_cast<std::int64_t>(uniq.extent(0));
   Kokkos::parallel_for(
-      "wlb::runtime::embed_bwd", Policy(space, 0, h), KOKKOS_LAMBDA(const std::int64_t j) {
-        for (std::int64_t i = 0; i < n; ++i) dE(tok(i), j) += dx(i, j);
+      "wlb::runtime::embed_bwd", Policy(space, 0, U * h), KOKKOS_LAMBDA(const std::int64_t idx) {
+        const std::int64_t u = idx / h, j = idx % h;
+        float s = 0;
+        for (std::int32_t k = begin(u); k < begin(u + 1); ++k) s += dx(by(k), j);
+        dE(uniq(u), j) += s;
       });
 }
 

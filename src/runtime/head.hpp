@@ -23,7 +23,8 @@ inline constexpr std::int64_t kLossChunkRows = 2048;
 
 /// x [rows][hidden] = embedding rows of the tokens (an `embed` event).
 Mat embedForward(const LayerEnv& env, const Llama& model, const TokenRows& rows);
-/// dE[token] += dx[row], rows in order (deterministic without atomics; an `embed` event).
+/// dE[token] += dx[row]: per distinct token and column, its rows summed in row order
+/// (TokenRows::by_token; deterministic without atomics; an `embed` event).
 void embedBackward(const LayerEnv& env, const Llama& model, const TokenRows& rows, const Mat& dx);
 
 struct LossResult {

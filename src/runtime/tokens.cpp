@@ -3,6 +3,7 @@
 
 #include "runtime/tokens.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 #include <stdexcept>
@@ -130,10 +131,24 @@ TokenRows TokenRows::make(const Space& space, const TokenSource& src, const std:
     if (t.target) ++r.predicted;
   }
   auto up = [&](const std::vector<std::int32_t>& v, const char* label) {
-    IVec d(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), n);
-    Kokkos::deep_copy(space, d, Kokkos::View<const std::int32_t*, Kokkos::HostSpace>(v.data(), n));
+    IVec d(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), v.size());
+    Kokkos::deep_copy(space, d, Kokkos::View<const std::int32_t*, Kokkos::HostSpace>(v.data(), v.size()));
     return d;
   };
+  std::vector<std::int32_t> order(n), begin, uniq;
+  for (std::size_t i = 0; i < n; ++i) order[i] = static_cast<std::int32_t>(i);
+  std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
+    return tok[static_cast<std::size_t>(a)] < tok[static_cast<std::size_t>(b)];
+  });
+  for (std::size_t i = 0; i < n; ++i)
+    if (i == 0 || tok[static_cast<std::size_t>(order[i])] != tok[static_cast<std::size_t>(order[i - 1])]) {
+      begin.push_back(static_cast<std::int32_t>(i));
+      uniq.push_back(tok[static_cast<std::size_t>(order[i])]);
+    }
+  begin.push_back(static_cast<std::int32_t>(n));
+  r.by_token = up(order, "wlb::runtime::rows_by_token");
+  r.token_begin = up(begin, "wlb::runtime::token_begin");
+  r.unique_tokens = up(uniq, "wlb::runtime::unique_tokens");
   r.tokens = up(tok, "wlb::runtime::tokens");
   r.targets = up(tgt, "wlb::runtime::targets");
   r.positions = up(pos, "wlb::runtime::positions");

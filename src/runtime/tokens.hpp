@@ -112,6 +112,10 @@ std::int64_t predictedRows(const StepPlan& plan);
 /// A unit's rows on the device.
 struct TokenRows {
   IVec tokens, targets, positions;
+  /// The rows grouped by token id (for the embedding's backward): by_token holds the row
+  /// indices sorted by (token, row); rows by_token[token_begin[u] .. token_begin[u+1]) have
+  /// id unique_tokens[u].
+  IVec by_token, token_begin, unique_tokens;
   std::int64_t n = 0;
   std::int64_t predicted = 0;  ///< rows with a target
   /// Ids from `src`; std::invalid_argument for an id outside [0, vocab).
