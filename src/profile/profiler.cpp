@@ -360,14 +360,9 @@ struct LayerPassTimes {
 void runLayerPasses(const model::ModelDims& dims, std::int64_t tp, std::int64_t n, const att::KernelConfig& kcfg,
                     int passes, trace::Recorder& rec, const std::function<void(int, const LayerPassTimes&)>& on_pass) {
   namespace rt = wlb::runtime;
-  rt::LlamaConfig mc;  // one layer with the model's ends, this rank's TP slice of it
-  mc.vocab = static_cast<int>(std::max<std::int64_t>(1, dims.vocab));
-  mc.hidden = static_cast<int>(dims.hidden);
-  mc.heads = static_cast<int>(dims.heads);
-  mc.kv_heads = static_cast<int>(dims.kv_heads);
-  mc.ffn = static_cast<int>(dims.ffn);
+  rt::LlamaConfig mc = rt::LlamaConfig::of(dims, static_cast<int>(tp));  // this rank's TP slice of
+  mc.vocab = std::max(1, mc.vocab);                                      // one layer with the model's ends
   mc.layers = 1;
-  mc.tp = static_cast<int>(tp);
   rt::Llama model(mc, 1234);
   const model::CostModel cost(dims, model::HardwareProfile::analytic(), tp);  // FLOPs of the events
   MicroBatch mb;

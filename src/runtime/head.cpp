@@ -59,9 +59,7 @@ LossResult lossForward(const LayerEnv& env, const Llama& model, const TokenRows&
   const Space& space = *env.space;
   const LlamaConfig& c = model.config();
   const std::int64_t n = rows.n, h = c.hidden, V = c.vocab;
-  model::ModelDims dims;
-  dims.hidden = h;
-  dims.vocab = V;
+  const model::ModelDims dims = c.dims();
   const double flops = headFlops(dims, n, model::Phase::Fwd) + (backward ? headFlops(dims, n, model::Phase::Bwd) : 0.0);
   Region r(env.recorder, trace::labels::kLoss, space, trace::Phase::Fwd, flops);
   LossResult out;
@@ -84,18 +82,7 @@ LossResult lossForward(const LayerEnv& env, const Llama& model, const TokenRows&
     const Mat xfc = Kokkos::subview(xf, first, Kokkos::ALL), lc = Kokkos::subview(logits, first, Kokkos::ALL);
     const Vec rc = Kokkos::subview(rstd, first);
     const auto tgt = Kokkos::subview(rows.targets, rr);
-    // final norm (one team per row)
-    Kokkos::parallel_for(
-        "wlb::runtime::norm_f", Team(space, m, Kokkos::AUTO), KOKKOS_LAMBDA(const Team::member_type& t) {
-          const std::int64_t i = t.league_rank();
-          float ss = 0;
-          Kokkos::parallel_reduce(
-              Kokkos::TeamThreadRange(t, h), [&](const std::int64_t j, float& acc) { acc += xc(i, j) * xc(i, j); }, ss);
-          const float rs = 1.0f / kk::sqrt(ss / static_cast<float>(h) + eps);
-          Kokkos::single(Kokkos::PerTeam(t), [&]() { rc(i) = rs; });
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, h),
-                               [&](const std::int64_t j) { xfc(i, j) = xc(i, j) * rs * g(j); });
-        });
+    rmsNorm(space, xc, g, eps, xfc, rc);  // final norm
     gemm(space, Trans::N, Trans::N, 1.0f, xfc, W, 0.0f, lc, env.precision);
     // cross-entropy per row; with backward the logits become scale * dL/dlogits
     const bool bwd = backward;
@@ -134,20 +121,7 @@ LossResult lossForward(const LayerEnv& env, const Llama& model, const TokenRows&
     const Mat dxfc = Kokkos::subview(dxf, first, Kokkos::ALL), dxc = Kokkos::subview(out.dx, rr, Kokkos::ALL);
     gemm(space, Trans::T, Trans::N, 1.0f, xfc, lc, 1.0f, dW, env.precision);  // dHead += xf^T dlogits
     gemm(space, Trans::N, Trans::T, 1.0f, lc, W, 0.0f, dxfc, env.precision);  // dxf = dlogits Head^T
-    Kokkos::parallel_for(
-        "wlb::runtime::norm_f_bwd_x", Team(space, m, Kokkos::AUTO), KOKKOS_LAMBDA(const Team::member_type& t) {
-          const std::int64_t i = t.league_rank();
-          const float rs = rc(i);
-          float dot = 0;
-          Kokkos::parallel_reduce(
-              Kokkos::TeamThreadRange(t, h),
-              [&](const std::int64_t j, float& acc) { acc += g(j) * dxfc(i, j) * xc(i, j) * rs; }, dot);
-          dot /= static_cast<float>(h);
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, h), [&](const std::int64_t j) {
-            dxc(i, j) += rs * (g(j) * dxfc(i, j) - xc(i, j) * rs * dot);
-          });
-        });
-    rmsNormGainGrad(space, env.pool, xc, rc, dxfc, dg);
+    rmsNormBackward(space, env.pool, xc, g, rc, dxfc, dxc, dg);
   }
   kk::fence(space, "wlb::runtime::loss");  // the chunk buffers go out of scope
   out.loss = total;

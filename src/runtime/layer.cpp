@@ -99,48 +99,12 @@ void RopeTable::ensure(const Space& space, std::int64_t n) {
 
 namespace {
 
-// y = x * rstd * g, rstd = 1/sqrt(mean(x^2) + eps); one team per row.
-void rmsnormFwd(const Space& space, const Mat& x, const Vec& g, float eps, const Mat& y, const Vec& rstd) {
-  const std::int64_t n = static_cast<std::int64_t>(x.extent(0)), h = static_cast<std::int64_t>(x.extent(1));
-  if (n == 0) return;
-  Kokkos::parallel_for(
-      "wlb::runtime::rmsnorm_fwd", Team(space, n, Kokkos::AUTO), KOKKOS_LAMBDA(const Team::member_type& t) {
-        const std::int64_t i = t.league_rank();
-        float ss = 0;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(t, h), [&](const std::int64_t j, float& acc) { acc += x(i, j) * x(i, j); }, ss);
-        const float r = 1.0f / kk::sqrt(ss / static_cast<float>(h) + eps);
-        Kokkos::single(Kokkos::PerTeam(t), [&]() { rstd(i) = r; });
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(t, h),
-                             [&](const std::int64_t j) { y(i, j) = x(i, j) * r * g(j); });
-      });
-}
-
-// dx += rstd * (g*dy - xhat * mean(g*dy*xhat)); dg += sum over rows of dy * xhat, summed
-// per column in row order (deterministic without atomics).
-void rmsnormBwd(const Space& space, BufferPool* pool, const Mat& x, const Vec& g, const Vec& rstd, const Mat& dy,
-                const Mat& dx, const Vec& dg) {
-  const std::int64_t n = static_cast<std::int64_t>(x.extent(0)), h = static_cast<std::int64_t>(x.extent(1));
-  if (n == 0) return;
-  Kokkos::parallel_for(
-      "wlb::runtime::rmsnorm_bwd_x", Team(space, n, Kokkos::AUTO), KOKKOS_LAMBDA(const Team::member_type& t) {
-        const std::int64_t i = t.league_rank();
-        const float r = rstd(i);
-        float dot = 0;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(t, h),
-            [&](const std::int64_t j, float& acc) { acc += g(j) * dy(i, j) * x(i, j) * r; }, dot);
-        dot /= static_cast<float>(h);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(t, h),
-                             [&](const std::int64_t j) { dx(i, j) += r * (g(j) * dy(i, j) - x(i, j) * r * dot); });
-      });
-  rmsNormGainGrad(space, pool, x, rstd, dy, dg);
-}
-
-}  // namespace
-
-void rmsNormGainGrad(const Space& space, BufferPool* pool, const Mat& x, const Vec& rstd, const Mat& dy,
-                     const Vec& dg) {
+// An RMSNorm gain's gradient, dg(j) += sum over rows i of dy(i, j) * x(i, j) * rstd(i):
+// partial sums over blocks of kGainGradRows rows (parallel over blocks and columns), then
+// the blocks' sums in block order. Deterministic without atomics, and a GPU is not left
+// with one thread per column walking every row.
+constexpr std::int64_t kGainGradRows = 256;
+void gainGrad(const Space& space, BufferPool* pool, const Mat& x, const Vec& rstd, const Mat& dy, const Vec& dg) {
   const std::int64_t n = static_cast<std::int64_t>(x.extent(0)), h = static_cast<std::int64_t>(x.extent(1));
   if (n == 0) return;
   const std::int64_t R = kGainGradRows, B = (n + R - 1) / R;
@@ -159,6 +123,45 @@ void rmsNormGainGrad(const Space& space, BufferPool* pool, const Mat& x, const V
         for (std::int64_t b = 0; b < B; ++b) s += part(b, j);
         dg(j) += s;
       });
+}
+
+}  // namespace
+
+// y = x * rstd * g, rstd = 1/sqrt(mean(x^2) + eps); one team per row.
+void rmsNorm(const Space& space, const Mat& x, const Vec& g, float eps, const Mat& y, const Vec& rstd) {
+  const std::int64_t n = static_cast<std::int64_t>(x.extent(0)), h = static_cast<std::int64_t>(x.extent(1));
+  if (n == 0) return;
+  Kokkos::parallel_for(
+      "wlb::runtime::rmsnorm_fwd", Team(space, n, Kokkos::AUTO), KOKKOS_LAMBDA(const Team::member_type& t) {
+        const std::int64_t i = t.league_rank();
+        float ss = 0;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(t, h), [&](const std::int64_t j, float& acc) { acc += x(i, j) * x(i, j); }, ss);
+        const float r = 1.0f / kk::sqrt(ss / static_cast<float>(h) + eps);
+        Kokkos::single(Kokkos::PerTeam(t), [&]() { rstd(i) = r; });
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(t, h),
+                             [&](const std::int64_t j) { y(i, j) = x(i, j) * r * g(j); });
+      });
+}
+
+// dx += rstd * (g*dy - xhat * mean(g*dy*xhat)); dg += sum over rows of dy * xhat.
+void rmsNormBackward(const Space& space, BufferPool* pool, const Mat& x, const Vec& g, const Vec& rstd, const Mat& dy,
+                     const Mat& dx, const Vec& dg) {
+  const std::int64_t n = static_cast<std::int64_t>(x.extent(0)), h = static_cast<std::int64_t>(x.extent(1));
+  if (n == 0) return;
+  Kokkos::parallel_for(
+      "wlb::runtime::rmsnorm_bwd_x", Team(space, n, Kokkos::AUTO), KOKKOS_LAMBDA(const Team::member_type& t) {
+        const std::int64_t i = t.league_rank();
+        const float r = rstd(i);
+        float dot = 0;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(t, h),
+            [&](const std::int64_t j, float& acc) { acc += g(j) * dy(i, j) * x(i, j) * r; }, dot);
+        dot /= static_cast<float>(h);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(t, h),
+                             [&](const std::int64_t j) { dx(i, j) += r * (g(j) * dy(i, j) - x(i, j) * r * dot); });
+      });
+  gainGrad(space, pool, x, rstd, dy, dg);
 }
 
 namespace {
@@ -302,7 +305,7 @@ void qkvForward(const LayerEnv& env, const LayerShape& s, const LayerParams& w, 
   a.v = newAct3(env.pool, "wlb::runtime::v", n, s.kv_heads, s.head_dim);
   Region r(env.recorder, trace::labels::kQkvProj, space, trace::Phase::Fwd,
            linearOpFlops(*env.cost, LinearOp::QkvProj, n, model::Phase::Fwd));
-  rmsnormFwd(space, a.x, w.norm1, env.norm_eps, a.xn1, a.rstd1);
+  rmsNorm(space, a.x, w.norm1, env.norm_eps, a.xn1, a.rstd1);
   gemm(space, Trans::N, Trans::N, 1.0f, a.xn1, w.wq, 0.0f, flat(a.q), env.precision);
   gemm(space, Trans::N, Trans::N, 1.0f, a.xn1, w.wk, 0.0f, flat(a.k), env.precision);
   gemm(space, Trans::N, Trans::N, 1.0f, a.xn1, w.wv, 0.0f, flat(a.v), env.precision);
@@ -334,7 +337,7 @@ Mat outMlpForward(const LayerEnv& env, const LayerParams& w, LayerActs& a) {
     Region r(rec, trace::labels::kMlp, space, P, linearOpFlops(*env.cost, LinearOp::Mlp, n, F));
     a.hn = newMat(env.pool, "wlb::runtime::hn", n, hidden);
     a.rstd2 = newVec(env.pool, "wlb::runtime::rstd2", n);
-    rmsnormFwd(space, a.h, w.norm2, env.norm_eps, a.hn, a.rstd2);
+    rmsNorm(space, a.h, w.norm2, env.norm_eps, a.hn, a.rstd2);
     a.a1 = newMat(env.pool, "wlb::runtime::a1", n, ffn);
     a.a3 = newMat(env.pool, "wlb::runtime::a3", n, ffn);
     a.s = newMat(env.pool, "wlb::runtime::s", n, ffn);
@@ -391,7 +394,7 @@ Act3 outMlpBackward(const LayerEnv& env, const LayerParams& w, const LayerParams
   {
     Region r(rec, trace::labels::kMlp, space, P);
     Kokkos::deep_copy(space, dh, dy);  // residual
-    rmsnormBwd(space, env.pool, a.h, w.norm2, a.rstd2, dhn, dh, g.norm2);
+    rmsNormBackward(space, env.pool, a.h, w.norm2, a.rstd2, dhn, dh, g.norm2);
   }
   a.hn = Mat();
   a.rstd2 = Vec();
@@ -428,7 +431,7 @@ Mat qkvBackward(const LayerEnv& env, const LayerParams& w, const LayerParams& g,
   {
     Region r(env.recorder, trace::labels::kQkvProj, space, trace::Phase::Bwd);
     Kokkos::deep_copy(space, dx, dh);  // residual
-    rmsnormBwd(space, env.pool, a.x, w.norm1, a.rstd1, dxn, dx, g.norm1);
+    rmsNormBackward(space, env.pool, a.x, w.norm1, a.rstd1, dxn, dx, g.norm1);
   }
   return dx;
 }

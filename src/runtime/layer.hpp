@@ -112,12 +112,14 @@ struct LayerActs {
   static LayerActs concat(const Space& space, const std::vector<const LayerActs*>& parts);
 };
 
-/// An RMSNorm gain's gradient: dg(j) += sum over rows i of dy(i, j) * x(i, j) * rstd(i).
-/// Partial sums over blocks of kGainGradRows rows (parallel over blocks and columns), then
-/// the blocks' sums in block order: deterministic without atomics, and a GPU is not left
-/// with one thread per column walking every row. Scratch from `pool` (null: allocated).
-inline constexpr std::int64_t kGainGradRows = 256;
-void rmsNormGainGrad(const Space& space, BufferPool* pool, const Mat& x, const Vec& rstd, const Mat& dy, const Vec& dg);
+/// RMSNorm of every row (one team per row): y = x * rstd * g, rstd = 1/sqrt(mean(x^2) + eps).
+void rmsNorm(const Space& space, const Mat& x, const Vec& g, float eps, const Mat& y, const Vec& rstd);
+/// Its backward: dx += rstd * (g*dy - xhat * mean(g*dy*xhat)) and dg += the gain's gradient
+/// (block partial sums, then their ordered sum: deterministic without atomics, and a GPU is
+/// not left with one thread per column walking every row). Scratch from `pool` (null:
+/// allocated).
+void rmsNormBackward(const Space& space, BufferPool* pool, const Mat& x, const Vec& g, const Vec& rstd, const Mat& dy,
+                     const Mat& dx, const Vec& dg);
 
 /// The parts of a layer around its attention, shared by LayerStep and the sliced executor
 /// (sliced.hpp). `pos`: the rows' RoPE positions.

@@ -16,13 +16,6 @@ namespace {
 
 using Policy = Kokkos::RangePolicy<Space>;
 
-KOKKOS_INLINE_FUNCTION std::uint64_t mix64(std::uint64_t z) {
-  z += 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
 // Uniform in [-scale, scale] (scale 0: constant 1, the norm gains) over the tensor's slice
 // of the buffer. A TP slice holds the same numbers as that block of the whole tensor.
 void fillTensor(const Space& space, Vec buf, const TensorInfo& t, std::uint64_t seed, float scale, int tp_rank) {
@@ -126,6 +119,30 @@ LlamaConfig LlamaConfig::fromDeck(const Deck& deck, int tp, int tp_rank, int pp,
                      ") with mesh.tp = " + std::to_string(tp) + ", mesh.pp = " + std::to_string(pp) + ": " + e.what());
   }
   return c;
+}
+
+LlamaConfig LlamaConfig::of(const model::ModelDims& d, int tp) {
+  LlamaConfig c;
+  c.vocab = static_cast<int>(d.vocab);
+  c.hidden = static_cast<int>(d.hidden);
+  c.heads = static_cast<int>(d.heads);
+  c.kv_heads = static_cast<int>(d.kv_heads);
+  c.ffn = static_cast<int>(d.ffn);
+  c.layers = static_cast<int>(d.layers);
+  c.tp = tp;
+  return c;
+}
+
+model::ModelDims LlamaConfig::dims() const {
+  model::ModelDims d;
+  d.hidden = hidden;
+  d.heads = heads;
+  d.kv_heads = kv_heads;
+  d.head_dim = headDim();
+  d.ffn = ffn;
+  d.layers = layers;
+  d.vocab = vocab;
+  return d;
 }
 
 std::vector<TensorInfo> Llama::layout(const LlamaConfig& cfg) {

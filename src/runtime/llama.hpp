@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "core/deck.hpp"
+#include "model/cost_model.hpp"
 #include "runtime/gemm.hpp"
 
 namespace wlb::runtime {
@@ -56,6 +57,10 @@ struct LlamaConfig {
   /// From the deck's [model] (and train.rope_theta) for this rank; InputError naming the
   /// keys when the shape cannot be built (validate()'s conditions).
   static LlamaConfig fromDeck(const Deck& deck, int tp, int tp_rank, int pp, int stage, int chunks);
+  /// The whole model of `d` (head_dim = hidden / heads) on TP rank 0 of `tp`, one stage.
+  static LlamaConfig of(const model::ModelDims& d, int tp = 1);
+  /// The cost model's dims of this model (the whole model's, not this rank's slice).
+  model::ModelDims dims() const;
   /// std::invalid_argument unless hidden = heads * an even head_dim, kv_heads divides
   /// heads, tp divides heads, kv_heads and ffn, and every virtual stage has a layer.
   void validate() const;
@@ -121,6 +126,15 @@ class Llama {
   Vec w_norm_f_, g_norm_f_;
   std::vector<TensorInfo> tensors_;
 };
+
+/// The splitmix64 finaliser: the counter-based hash behind the weights (fillRandom) and the
+/// synthetic token ids (tokens.hpp), on the host and in kernels.
+KOKKOS_INLINE_FUNCTION std::uint64_t mix64(std::uint64_t z) {
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
 
 /// Fill a matrix with deterministic pseudo-random values in [-scale, scale] from
 /// (seed, stream, index).

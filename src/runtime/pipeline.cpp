@@ -192,15 +192,7 @@ double runLocal(Llama& model, const TokenSource& tokens, const std::vector<Micro
                 float loss_scale) {
   const LlamaConfig& c = model.config();
   if (c.pp != 1 || c.tp != 1 || c.chunks != 1) throw std::logic_error("runLocal: a one-rank model");
-  model::ModelDims d;
-  d.hidden = c.hidden;
-  d.heads = c.heads;
-  d.kv_heads = c.kv_heads;
-  d.head_dim = c.headDim();
-  d.ffn = c.ffn;
-  d.layers = c.layers;
-  d.vocab = c.vocab;
-  const model::CostModel cost(d, model::HardwareProfile::analytic(), 1);
+  const model::CostModel cost(c.dims(), model::HardwareProfile::analytic(), 1);
   const Space space;
   LayerEnv env;
   env.space = &space;
@@ -209,17 +201,13 @@ double runLocal(Llama& model, const TokenSource& tokens, const std::vector<Micro
   const int M = static_cast<int>(mbs.size());
   const pp::Schedule sched = backward ? pp::makeOneFOneB(1, M) : forwardSchedule(1, M, 1);
   PipelineStage stage(env, model, sched, MPI_COMM_SELF);
-  StageStepInput in;
+  StepPlan plan;
+  plan.replicas = {mbs};
+  StageStepInput in =
+      replicaStepInput(0, plan, 0, 1, M, 1, cost, cp::Strategy::PerSequence, cp::CommMode::AllGather, CpConfig{});
   in.tokens = &tokens;
   in.loss_scale = loss_scale;
   in.forward_only = !backward;
-  in.mbs = mbs;
-  CpConfig cfg;
-  for (auto& pl : cp::planReplicaShards(mbs, cp::Strategy::PerSequence, cp::CommMode::AllGather, 1, cost, cfg)) {
-    in.shards.push_back(std::move(pl.shard));
-    in.comms.push_back(std::move(pl.comm));
-  }
-  for (const auto& mb : mbs) in.mb_tokens.push_back(mb.tokens());
   return stage.run(in, 0).loss;
 }
 
@@ -375,9 +363,7 @@ StageStepResult PipelineStage::run(const StageStepInput& in, std::int64_t t0_ns)
   // unit, or (sliced) per forward MicroPack, cut into the backward MicroPacks' rows.
   std::map<int, Mat> head_grad;
   std::map<int, std::int64_t> head_rows_left;  // sliced: rows of a forward MicroPack not yet taken
-  model::ModelDims dims;
-  dims.hidden = hidden;
-  const std::int64_t head_row_bytes = model::executorHeadBytes(dims, 1);
+  const std::int64_t head_row_bytes = model::executorHeadBytes(mc.dims(), 1);
   const auto headGradOf = [&](std::size_t m) {
     if (!slicedUnit(m)) {
       Mat dy = head_grad.at(static_cast<int>(m));

@@ -15,17 +15,6 @@
 #include "data/prepare.hpp"
 
 namespace wlb::runtime {
-namespace {
-
-std::uint64_t mix64(std::uint64_t z) {
-  z += 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-}  // namespace
-
 SyntheticTokens::SyntheticTokens(std::uint64_t seed, int vocab)
     : base_(mix64(seed ^ 0x746f6b656e73ULL)), vocab_(static_cast<std::uint64_t>(vocab)) {
   if (vocab < 1) throw std::invalid_argument("SyntheticTokens: vocabulary must be >= 1");

@@ -529,27 +529,24 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
     const std::size_t nb = eval_batches.size();
     std::vector<double> part(nb, 0.0), all(nb, 0.0);
     std::int64_t predicted = 0;
-    runtime::StageStepInput in;
-    in.step = -1;
-    in.tokens = valid_tokens.get();
-    in.forward_only = true;
+    StepPlan plan;  // this group's batches, run whole (cp = 1)
+    plan.replicas.resize(1);
     std::vector<std::size_t> mine;
     for (std::size_t i = 0; i < nb; ++i) {
       for (const Segment& seg : eval_batches[i].segments) predicted += seg.length - 1;
       if (static_cast<int>(i % static_cast<std::size_t>(groups)) == my_group) {
         mine.push_back(i);
-        in.mbs.push_back(eval_batches[i]);
-        in.mb_tokens.push_back(eval_batches[i].tokens());
+        plan.replicas[0].push_back(eval_batches[i]);
       }
     }
     std::string e;
     if (!mine.empty()) {
       try {
-        for (auto& pl :
-             cp::planReplicaShards(in.mbs, cp::Strategy::PerSequence, cp::CommMode::AllGather, 1, *cost, d.cp)) {
-          in.shards.push_back(std::move(pl.shard));
-          in.comms.push_back(std::move(pl.comm));
-        }
+        runtime::StageStepInput in =
+            runtime::replicaStepInput(-1, plan, 0, P, static_cast<std::int64_t>(mine.size()), 1, *cost,
+                                      cp::Strategy::PerSequence, cp::CommMode::AllGather, d.cp);
+        in.tokens = valid_tokens.get();
+        in.forward_only = true;
         in.schedule =
             std::make_shared<pp::Schedule>(runtime::forwardSchedule(P, static_cast<int>(mine.size()), sched.chunks));
         const runtime::StageStepResult r = eval_walker.run(in, rec.now());

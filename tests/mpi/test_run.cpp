@@ -78,13 +78,7 @@ LayerOut runLayers(const MicroBatch& mb, const std::string& strategy, cp::CommMo
   MPI_Comm_rank(comm, &rank);
   const auto d = dims();
   model::CostModel cost(d, model::HardwareProfile::analytic(), 1);
-  LlamaConfig mc;
-  mc.vocab = 100;
-  mc.hidden = 64;
-  mc.heads = 4;
-  mc.kv_heads = 2;
-  mc.ffn = 96;
-  mc.layers = 2;
+  const LlamaConfig mc = LlamaConfig::of(d);
   Llama model(mc, 3);
   const cp::ShardPlan plan = cp::planShards(mb, strategy, cp, cost, CpConfig{});
   const cp::CommPlan cpl = cp::planComm(plan, mode, cost);

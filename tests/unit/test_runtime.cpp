@@ -109,13 +109,7 @@ TEST(RuntimeLayerShape, SplitsOverTpAndRejectsIndivisible) {
 TEST(RuntimeLayer, BackwardMatchesFiniteDifferences) {
   const auto d = dims(32, 2, 1, 48);
   model::CostModel cost(d, model::HardwareProfile::analytic(), 1);
-  LlamaConfig mc;
-  mc.vocab = 100;
-  mc.hidden = 32;
-  mc.heads = 2;
-  mc.kv_heads = 1;
-  mc.ffn = 48;
-  mc.layers = 1;
+  const LlamaConfig mc = LlamaConfig::of(d);
   Llama model(mc, 7);
   MicroBatch mb;
   mb.segments = {Segment{1, 0, 9, 0}, Segment{2, 0, 14, 0}};
@@ -225,15 +219,12 @@ TEST(RuntimePool, ReusesFreedBlocksByRowBucket) {
 
 // A step walked twice over the same units allocates nothing the second time.
 TEST(RuntimePool, RepeatedStepAllocatesNothing) {
-  LlamaConfig mc;
-  mc.vocab = 50;
-  mc.hidden = 32;
-  mc.heads = 2;
-  mc.kv_heads = 1;
-  mc.ffn = 48;
-  mc.layers = 2;
+  model::ModelDims d = dims(32, 2, 1, 48);
+  d.vocab = 50;
+  d.layers = 2;
+  const LlamaConfig mc = LlamaConfig::of(d);
   Llama model(mc, 5);
-  model::CostModel cost(dims(32, 2, 1, 48), model::HardwareProfile::analytic(), 1);
+  model::CostModel cost(d, model::HardwareProfile::analytic(), 1);
   Space space;
   LayerEnv env;
   env.space = &space;
