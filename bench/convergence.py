@@ -34,6 +34,9 @@ CURVES = [
     ("fixed_k8", "fixed-length greedy, 8 global batches", ['packing.strategy="fixed_greedy"', "packing.window=8"]),
     ("wlb", "wlb, delay budget 1 (default)", ['packing.strategy="wlb"']),
     ("wlb_d8", "wlb, delay budget 8", ['packing.strategy="wlb"', "packing.delay_budget=8"]),
+    # precision, not packing: fixed k=1 with BF16 storage (docs/training.md, "Precision")
+    ("fixed_k1_bf16", "fixed-length greedy, 1 global batch, run.precision bf16",
+     ['packing.strategy="fixed_greedy"', "packing.window=1", 'run.precision="bf16"']),
 ]
 TARBALL = "/usr/src/linux-source-6.1.tar.xz"  # installed by Debian's linux-source-6.1
 PREPARE = ["--valid-fraction", "0.02", "--max-file-bytes", "2048", "--shuffle", "1"]
@@ -231,8 +234,8 @@ def main():
     ap.add_argument("--work", required=True, help="dataset, runs and summary (outside the repository)")
     ap.add_argument("--data", help="dataset PREFIX already prepared (default: prepare into --work)")
     ap.add_argument("--seeds", default="1,2,3")
-    ap.add_argument("--curves", default="all", help="comma-separated subset of " +
-                    ",".join(c[0] for c in CURVES))
+    ap.add_argument("--curves", default="packings", help="'packings' (the five packings, default), 'all', or a "
+                    "comma-separated subset of " + ",".join(c[0] for c in CURVES))
     ap.add_argument("--set", action="append", default=[], help="extra deck override for every run")
     ap.add_argument("--nice", type=int, default=10)
     ap.add_argument("--smooth", type=int, default=16, help="moving-mean window of the training loss (steps)")
@@ -241,7 +244,7 @@ def main():
     ap.add_argument("--plot", help="PNG to write")
     args = ap.parse_args()
     if args.curves != "all":
-        keep = args.curves.split(",")
+        keep = [c[0] for c in CURVES[:5]] if args.curves == "packings" else args.curves.split(",")
         CURVES = [c for c in CURVES if c[0] in keep]
     os.makedirs(args.work, exist_ok=True)
     args.work = os.path.abspath(args.work)

@@ -150,8 +150,9 @@ const std::vector<KeySpec>& deckSchema() {
                 "Strategies to compare: plain, fixed, wlb, slimpack or PACKER+SHARDING; empty = [packing]+[cp].",
                 WLB_F(run.strategies)},
         S("run", "precision", {"fp32", "tf32", "bf16"}, WLB_F(run.precision),
-          "Executor arithmetic (GEMMs + attention): fp32, tf32 or bf16 tensor cores on a GPU; host builds compute "
-          "every mode in FP32."),
+          "Executor arithmetic and storage: fp32; tf32 (FP32 storage, TF32 tensor cores on a GPU); bf16 (activations "
+          "and working weights stored in BF16, FP32 master weights, gradients, optimizer state and accumulation; "
+          "host builds widen BF16 to FP32 to compute)."),
         S("run", "comm_backend", {"auto", "mpi", "nccl"}, WLB_F(run.comm_backend),
           "Executor collectives: host-staged mpi, nccl (CUDA build, one GPU per rank) or auto (nccl when it can run)."),
 

@@ -10,6 +10,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "attention/flops.hpp"
@@ -105,6 +106,8 @@ double DistributedAttention::attnFlops(bool backward) const {
 void DistributedAttention::releaseKv() {
   kv_k_ = View3();
   kv_v_ = View3();
+  kv_kb_ = BView3();
+  kv_vb_ = BView3();
   have_kv_ = false;
 }
 
@@ -127,8 +130,9 @@ Buf newBuf(const char* label, std::int64_t n) {
   return Buf(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), static_cast<std::size_t>(n));
 }
 
-// dst row dmap[i] (or i) = / += src row smap[i] (or i), for i < n; `width` floats a row.
-void moveRows(const DistViews::Space& space, float* dst, const IdxView& dmap, const float* src, const IdxView& smap,
+// dst row dmap[i] (or i) = / += src row smap[i] (or i), for i < n; `width` elements a row.
+template <class E>
+void moveRows(const DistViews::Space& space, E* dst, const IdxView& dmap, const E* src, const IdxView& smap,
               std::int64_t n, std::int64_t width, bool add) {
   if (n == 0 || width == 0) return;
   const bool hd = dmap.extent(0) > 0, hs = smap.extent(0) > 0;
@@ -137,11 +141,36 @@ void moveRows(const DistViews::Space& space, float* dst, const IdxView& dmap, co
       KOKKOS_LAMBDA(const std::int64_t e) {
         const std::int64_t i = e / width, c = e % width;
         const std::int64_t d = (hd ? dmap(i) : i) * width + c, s = (hs ? smap(i) : i) * width + c;
-        if (add)
-          dst[d] += src[s];
-        else
-          dst[d] = src[s];
+        if constexpr (std::is_same_v<E, float>) {
+          if (add)
+            dst[d] += src[s];
+          else
+            dst[d] = src[s];
+        } else {
+          dst[d] = src[s];  // BF16 rows are only moved (gradients are FP32)
+        }
       });
+}
+
+// Element buffers on the wire: GroupComm moves floats, so BF16 rows travel as pairs in
+// 32-bit words (bit-exact; the row width is even).
+template <class E>
+using EBuf = Kokkos::View<E*, Mem>;
+template <class E>
+EBuf<E> newEBuf(const char* label, std::int64_t n) {
+  return EBuf<E>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), static_cast<std::size_t>(n));
+}
+template <class E>
+float* words(E* p) {
+  return reinterpret_cast<float*>(p);
+}
+template <class E>
+const float* words(const E* p) {
+  return reinterpret_cast<const float*>(p);
+}
+template <class E>
+std::int64_t wordCount(std::int64_t elements) {
+  return elements * static_cast<std::int64_t>(sizeof(E)) / 4;
 }
 
 std::vector<std::int64_t> scaled(const std::vector<std::int64_t>& v, std::int64_t f) {
@@ -181,33 +210,31 @@ void DistributedAttention::buildMaps() {
 
 // ---- forward -------------------------------------------------------------------------
 
-void DistributedAttention::exchangeKvForward(const Space& space, Const3 k, Const3 v) {
+template <class T>
+void DistributedAttention::exchangeKvForward(const Space& space, const T* k, const T* v, T* kv_k, T* kv_v) {
   const ShardPlan& plan = *plan_;
   const CommPlan& cpl = *comm_plan_;
   const Maps& m = *maps_;
   const std::int64_t width = static_cast<std::int64_t>(kv_heads_) * head_dim_;
-  kv_k_ = View3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::cp::dist_attn::kv_k"), kv_tokens_, kv_heads_,
-                head_dim_);
-  kv_v_ = View3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::cp::dist_attn::kv_v"), kv_tokens_, kv_heads_,
-                head_dim_);
   const IdxView none;
   double bytes = 0;
-  const double eb = opt_.bytes_per_element;
+  const double eb = static_cast<double>(sizeof(T));
   if (cpl.mode == CommMode::AllGather) {
     const std::int64_t total = plan.total_tokens;
     MaybeScope sc(opt_.recorder, trace::labels::kKvAllgather, space, trace::Phase::Fwd, 0,
                   2.0 * eb * static_cast<double>((total - local_tokens_) * width));
     if (plan.cp > 1) {
-      const auto counts = scaled(cpl.gather_counts, width), displs = scaled(cpl.gather_displs, width);
-      Buf gk = newBuf("wlb::cp::dist_attn::gathered_k", total * width);
-      Buf gv = newBuf("wlb::cp::dist_attn::gathered_v", total * width);
-      group_->allgatherv(space, k.data(), gk.data(), counts, displs);
-      group_->allgatherv(space, v.data(), gv.data(), counts, displs);
-      moveRows(space, kv_k_.data(), none, gk.data(), m.ag_index, kv_tokens_, width, false);
-      moveRows(space, kv_v_.data(), none, gv.data(), m.ag_index, kv_tokens_, width, false);
+      const std::int64_t ww = wordCount<T>(width);
+      const auto counts = scaled(cpl.gather_counts, ww), displs = scaled(cpl.gather_displs, ww);
+      EBuf<T> gk = newEBuf<T>("wlb::cp::dist_attn::gathered_k", total * width);
+      EBuf<T> gv = newEBuf<T>("wlb::cp::dist_attn::gathered_v", total * width);
+      group_->allgatherv(space, words(k), words(gk.data()), counts, displs);
+      group_->allgatherv(space, words(v), words(gv.data()), counts, displs);
+      moveRows(space, kv_k, none, gk.data(), m.ag_index, kv_tokens_, width, false);
+      moveRows(space, kv_v, none, gv.data(), m.ag_index, kv_tokens_, width, false);
     } else {
-      moveRows(space, kv_k_.data(), m.own_dst, k.data(), m.own_src, m.own_rows, width, false);
-      moveRows(space, kv_v_.data(), m.own_dst, v.data(), m.own_src, m.own_rows, width, false);
+      moveRows(space, kv_k, m.own_dst, k, m.own_src, m.own_rows, width, false);
+      moveRows(space, kv_v, m.own_dst, v, m.own_src, m.own_rows, width, false);
     }
     bytes = 2.0 * eb * static_cast<double>((total - local_tokens_) * width);
   } else {
@@ -216,27 +243,27 @@ void DistributedAttention::exchangeKvForward(const Space& space, Const3 k, Const
     MaybeScope sc(opt_.recorder, trace::labels::kKvExchange, space, trace::Phase::Fwd, 0,
                   2.0 * eb * static_cast<double>(recv_tokens * width));
     // Messages: K rows of the transfer's runs, then V rows.
-    std::vector<Buf> rbuf, sbuf;
+    std::vector<EBuf<T>> rbuf, sbuf;
     std::vector<parallel::GroupComm::Msg> recvs, sends;
     for (std::size_t j = 0; j < m.to.size(); ++j) {
       const Transfer& t = cpl.transfers[m.to[j]];
-      rbuf.push_back(newBuf("wlb::cp::dist_attn::recv", 2 * t.tokens * width));
-      recvs.push_back({t.src, rbuf.back().data(), 2 * t.tokens * width});
+      rbuf.push_back(newEBuf<T>("wlb::cp::dist_attn::recv", 2 * t.tokens * width));
+      recvs.push_back({t.src, words(rbuf.back().data()), wordCount<T>(2 * t.tokens * width)});
     }
     for (std::size_t j = 0; j < m.from.size(); ++j) {
       const Transfer& t = cpl.transfers[m.from[j]];
-      sbuf.push_back(newBuf("wlb::cp::dist_attn::send", 2 * t.tokens * width));
-      moveRows(space, sbuf.back().data(), none, k.data(), m.from_local[j], t.tokens, width, false);
-      moveRows(space, sbuf.back().data() + t.tokens * width, none, v.data(), m.from_local[j], t.tokens, width, false);
-      sends.push_back({t.dst, sbuf.back().data(), 2 * t.tokens * width});
+      sbuf.push_back(newEBuf<T>("wlb::cp::dist_attn::send", 2 * t.tokens * width));
+      moveRows(space, sbuf.back().data(), none, k, m.from_local[j], t.tokens, width, false);
+      moveRows(space, sbuf.back().data() + t.tokens * width, none, v, m.from_local[j], t.tokens, width, false);
+      sends.push_back({t.dst, words(sbuf.back().data()), wordCount<T>(2 * t.tokens * width)});
     }
-    moveRows(space, kv_k_.data(), m.own_dst, k.data(), m.own_src, m.own_rows, width, false);
-    moveRows(space, kv_v_.data(), m.own_dst, v.data(), m.own_src, m.own_rows, width, false);
+    moveRows(space, kv_k, m.own_dst, k, m.own_src, m.own_rows, width, false);
+    moveRows(space, kv_v, m.own_dst, v, m.own_src, m.own_rows, width, false);
     group_->exchange(space, sends, recvs, kTagKvFwd);
     for (std::size_t j = 0; j < m.to.size(); ++j) {
       const Transfer& t = cpl.transfers[m.to[j]];
-      moveRows(space, kv_k_.data(), m.to_slots[j], rbuf[j].data(), none, t.tokens, width, false);
-      moveRows(space, kv_v_.data(), m.to_slots[j], rbuf[j].data() + t.tokens * width, none, t.tokens, width, false);
+      moveRows(space, kv_k, m.to_slots[j], rbuf[j].data(), none, t.tokens, width, false);
+      moveRows(space, kv_v, m.to_slots[j], rbuf[j].data() + t.tokens * width, none, t.tokens, width, false);
     }
     bytes = 2.0 * eb * static_cast<double>(recv_tokens * width);
   }
@@ -245,7 +272,11 @@ void DistributedAttention::exchangeKvForward(const Space& space, Const3 k, Const
   have_kv_ = true;
 }
 
-void DistributedAttention::forward(const Space& space, Const3 q, Const3 k, Const3 v, View3 o, View2 lse) {
+template <class T>
+void DistributedAttention::forwardT(const Space& space, Kokkos::View<const T***, Kokkos::LayoutRight, DistViews::mem> q,
+                                    Kokkos::View<const T***, Kokkos::LayoutRight, DistViews::mem> k,
+                                    Kokkos::View<const T***, Kokkos::LayoutRight, DistViews::mem> v,
+                                    Kokkos::View<T***, Kokkos::LayoutRight, DistViews::mem> o, View2 lse) {
   if (static_cast<std::int64_t>(q.extent(0)) != local_tokens_ ||
       static_cast<std::int64_t>(k.extent(0)) != local_tokens_ ||
       static_cast<std::int64_t>(v.extent(0)) != local_tokens_ ||
@@ -253,18 +284,41 @@ void DistributedAttention::forward(const Space& space, Const3 q, Const3 k, Const
       static_cast<std::int64_t>(lse.extent(0)) != local_tokens_)
     throw std::invalid_argument("wlb::cp::DistributedAttention::forward: buffers must have the rank's " +
                                 std::to_string(local_tokens_) + " local tokens");
+  if ((static_cast<std::int64_t>(kv_heads_) * head_dim_ * static_cast<std::int64_t>(sizeof(T))) % 4 != 0)
+    throw std::invalid_argument("wlb::cp::DistributedAttention: BF16 K/V need an even kv_heads * head_dim");
   times_ = DistAttentionTimes{};
+  releaseKv();
+  using V3 = Kokkos::View<T***, Kokkos::LayoutRight, DistViews::mem>;
+  const V3 kv_k(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::cp::dist_attn::kv_k"), kv_tokens_, kv_heads_,
+                head_dim_);
+  const V3 kv_v(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::cp::dist_attn::kv_v"), kv_tokens_, kv_heads_,
+                head_dim_);
+  if constexpr (std::is_same_v<T, float>) {
+    kv_k_ = kv_k;
+    kv_v_ = kv_v;
+  } else {
+    kv_kb_ = kv_k;
+    kv_vb_ = kv_v;
+  }
   auto t0 = Clock::now();
-  exchangeKvForward(space, k, v);
+  exchangeKvForward<T>(space, k.data(), v.data(), kv_k.data(), kv_v.data());
   times_.comm_fwd = since(t0);
   t0 = Clock::now();
   {
     MaybeScope sc(opt_.recorder, trace::labels::kAttn, space, trace::Phase::Fwd, attnFlops(false));
     if (!batch_->pieces.empty())
-      attention::forward<Space>(space, q, kv_k_, kv_v_, *batch_, o, lse, opt_.kernel, opt_.softmax_scale);
+      attention::forward<Space>(space, q, kv_k, kv_v, *batch_, o, lse, opt_.kernel, opt_.softmax_scale);
     kk::fence(space, "wlb::cp::dist_attn::fwd::attn");
   }
   times_.attn_fwd = since(t0);
+}
+
+void DistributedAttention::forward(const Space& space, Const3 q, Const3 k, Const3 v, View3 o, View2 lse) {
+  forwardT<float>(space, q, k, v, o, lse);
+}
+
+void DistributedAttention::forward(const Space& space, BConst3 q, BConst3 k, BConst3 v, BView3 o, View2 lse) {
+  forwardT<attention::bf16>(space, q, k, v, o, lse);
 }
 
 // ---- backward ------------------------------------------------------------------------
@@ -276,7 +330,7 @@ void DistributedAttention::returnKvGradBackward(const Space& space, View3 dk, Vi
   const std::int64_t width = static_cast<std::int64_t>(kv_heads_) * head_dim_;
   // kv_k_/kv_v_ hold dK/dV of the KV buffer at this point (see backward()).
   const IdxView none;
-  const double eb = opt_.bytes_per_element;
+  const double eb = 4.0;  // dK/dV travel in FP32
   double bytes = 0;
   if (cpl.mode == CommMode::AllGather) {
     const std::int64_t total = plan.total_tokens;
@@ -336,9 +390,24 @@ void DistributedAttention::returnKvGradBackward(const Space& space, View3 dk, Vi
   times_.bytes_bwd = bytes;
 }
 
-void DistributedAttention::backward(const Space& space, Const3 q, Const3 o, Const2 lse, Const3 dO, View3 dq, View3 dk,
-                                    View3 dv) {
+template <class T>
+void DistributedAttention::backwardT(const Space& space,
+                                     Kokkos::View<const T***, Kokkos::LayoutRight, DistViews::mem> q,
+                                     Kokkos::View<const T***, Kokkos::LayoutRight, DistViews::mem> o, Const2 lse,
+                                     Kokkos::View<const T***, Kokkos::LayoutRight, DistViews::mem> dO, View3 dq,
+                                     View3 dk, View3 dv) {
   if (!have_kv_) throw std::logic_error("wlb::cp::DistributedAttention::backward: no KV buffer (forward() first)");
+  using V3 = Kokkos::View<T***, Kokkos::LayoutRight, DistViews::mem>;
+  V3 kv_k, kv_v;
+  if constexpr (std::is_same_v<T, float>) {
+    kv_k = kv_k_;
+    kv_v = kv_v_;
+  } else {
+    kv_k = kv_kb_;
+    kv_v = kv_vb_;
+  }
+  if (kv_k.extent(0) != static_cast<std::size_t>(kv_tokens_))
+    throw std::logic_error("wlb::cp::DistributedAttention::backward: the forward ran in another storage type");
   if (static_cast<std::int64_t>(dq.extent(0)) != local_tokens_ ||
       static_cast<std::int64_t>(dk.extent(0)) != local_tokens_ ||
       static_cast<std::int64_t>(dv.extent(0)) != local_tokens_ ||
@@ -353,18 +422,30 @@ void DistributedAttention::backward(const Space& space, Const3 q, Const3 o, Cons
   {
     MaybeScope sc(opt_.recorder, trace::labels::kAttn, space, trace::Phase::Bwd, attnFlops(true));
     if (!batch_->pieces.empty())
-      attention::backward<Space>(space, q, kv_k_, kv_v_, o, lse, dO, *batch_, dq, dkv_k, dkv_v, opt_.kernel,
+      attention::backward<Space>(space, q, kv_k, kv_v, o, lse, dO, *batch_, dq, dkv_k, dkv_v, opt_.kernel,
                                  opt_.softmax_scale);
     kk::fence(space, "wlb::cp::dist_attn::bwd::attn");
   }
   times_.attn_bwd = since(t0);
   t0 = Clock::now();
-  // The KV buffer is no longer needed: reuse its slots for the gradients.
+  // The KV buffer is no longer needed: its FP32 slots carry the gradients back.
+  kv_kb_ = BView3();
+  kv_vb_ = BView3();
   kv_k_ = dkv_k;
   kv_v_ = dkv_v;
   returnKvGradBackward(space, dk, dv);
   releaseKv();
   times_.comm_bwd = since(t0);
+}
+
+void DistributedAttention::backward(const Space& space, Const3 q, Const3 o, Const2 lse, Const3 dO, View3 dq, View3 dk,
+                                    View3 dv) {
+  backwardT<float>(space, q, o, lse, dO, dq, dk, dv);
+}
+
+void DistributedAttention::backward(const Space& space, BConst3 q, BConst3 o, Const2 lse, BConst3 dO, View3 dq,
+                                    View3 dk, View3 dv) {
+  backwardT<attention::bf16>(space, q, o, lse, dO, dq, dk, dv);
 }
 
 // ---- diagnostics ---------------------------------------------------------------------

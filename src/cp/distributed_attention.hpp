@@ -61,6 +61,8 @@ struct DistViews {
   using View2 = Kokkos::View<float**, Kokkos::LayoutRight, mem>;
   using Const3 = Kokkos::View<const float***, Kokkos::LayoutRight, mem>;
   using Const2 = Kokkos::View<const float**, Kokkos::LayoutRight, mem>;
+  using BView3 = Kokkos::View<attention::bf16***, Kokkos::LayoutRight, mem>;  ///< BF16 storage
+  using BConst3 = Kokkos::View<const attention::bf16***, Kokkos::LayoutRight, mem>;
 };
 
 struct DistAttentionOptions {
@@ -70,10 +72,9 @@ struct DistAttentionOptions {
   /// kernel's own useful-FLOP count (attention/flops.hpp).
   const model::CostModel* cost = nullptr;
   /// Events are recorded here when non-null (labels kv_allgather / kv_exchange, attn;
-  /// phase fwd/bwd; step, micro-batch and layer from the recorder's current context).
+  /// phase fwd/bwd; step, micro-batch and layer from the recorder's current context). Their
+  /// bytes: K/V in their storage type forward (FP32 4, BF16 2 per element), dK/dV in FP32.
   trace::Recorder* recorder = nullptr;
-  /// Element size of K/V on the wire for recorded bytes (we move FP32: 4).
-  int bytes_per_element = 4;
   /// Moves the bytes (mpi host-staged or nccl); must be over the same ranks as `comm`.
   /// Null -> a host-staged MPI group over `comm`.
   parallel::GroupComm* group = nullptr;
@@ -94,6 +95,8 @@ class DistributedAttention {
   using View2 = DistViews::View2;
   using Const3 = DistViews::Const3;
   using Const2 = DistViews::Const2;
+  using BView3 = DistViews::BView3;
+  using BConst3 = DistViews::BConst3;
 
   /// `comm` has plan.cp ranks; this rank's index in it selects its shard. Throws
   /// std::invalid_argument on a size mismatch or bad head counts.
@@ -114,16 +117,25 @@ class DistributedAttention {
   /// Exchange KV and run the attention forward. o/lse are overwritten. Collective over
   /// the CP communicator.
   void forward(const Space& space, Const3 q, Const3 k, Const3 v, View3 o, View2 lse);
+  /// BF16 storage of q, k, v, o (and of the KV buffer and the K/V on the wire: half the
+  /// bytes); lse FP32. (kv_heads * head_dim must be even: BF16 pairs travel as words.)
+  void forward(const Space& space, BConst3 q, BConst3 k, BConst3 v, BView3 o, View2 lse);
 
   /// Attention backward and dK/dV return. Needs the preceding forward() of this object
   /// (its KV buffer); o/lse are that forward's outputs. dq/dk/dv are overwritten.
   /// Collective over the CP communicator.
   void backward(const Space& space, Const3 q, Const3 o, Const2 lse, Const3 dO, View3 dq, View3 dk, View3 dv);
+  /// BF16 storage of q, o, dO (a BF16 forward's); the gradients are FP32.
+  void backward(const Space& space, BConst3 q, BConst3 o, Const2 lse, BConst3 dO, View3 dq, View3 dk, View3 dv);
 
   /// Drop the KV buffer kept for backward.
   void releaseKv();
-  /// Elements of the KV buffer (K and V) kept from forward for backward; 0 once released.
-  std::int64_t heldKvElements() const { return have_kv_ ? static_cast<std::int64_t>(kv_k_.span() + kv_v_.span()) : 0; }
+  /// Bytes of the KV buffer (K and V, in their storage type) kept from forward for
+  /// backward; 0 once released.
+  std::int64_t heldKvBytes() const {
+    return have_kv_ ? static_cast<std::int64_t>(4 * (kv_k_.span() + kv_v_.span()) + 2 * (kv_kb_.span() + kv_vb_.span()))
+                    : 0;
+  }
 
   const DistAttentionTimes& times() const { return times_; }
 
@@ -131,7 +143,17 @@ class DistributedAttention {
   double attnFlops(bool backward) const;
 
  private:
-  void exchangeKvForward(const Space& space, Const3 k, Const3 v);
+  template <class T>
+  void forwardT(const Space& space, Kokkos::View<const T***, Kokkos::LayoutRight, DistViews::mem> q,
+                Kokkos::View<const T***, Kokkos::LayoutRight, DistViews::mem> k,
+                Kokkos::View<const T***, Kokkos::LayoutRight, DistViews::mem> v,
+                Kokkos::View<T***, Kokkos::LayoutRight, DistViews::mem> o, View2 lse);
+  template <class T>
+  void backwardT(const Space& space, Kokkos::View<const T***, Kokkos::LayoutRight, DistViews::mem> q,
+                 Kokkos::View<const T***, Kokkos::LayoutRight, DistViews::mem> o, Const2 lse,
+                 Kokkos::View<const T***, Kokkos::LayoutRight, DistViews::mem> dO, View3 dq, View3 dk, View3 dv);
+  template <class T>
+  void exchangeKvForward(const Space& space, const T* k, const T* v, T* kv_k, T* kv_v);
   void returnKvGradBackward(const Space& space, View3 dk, View3 dv);
   void buildMaps();
   struct Maps;  // the plan's row maps in device memory (built once per object)
@@ -144,7 +166,8 @@ class DistributedAttention {
   DistAttentionOptions opt_;
   std::int64_t local_tokens_ = 0, kv_tokens_ = 0;
   std::shared_ptr<const attention::VarlenBatch> batch_;
-  View3 kv_k_, kv_v_;  ///< KV buffer (kept from forward for backward)
+  View3 kv_k_, kv_v_;     ///< KV buffer (kept from forward for backward), FP32 storage
+  BView3 kv_kb_, kv_vb_;  ///< the same, BF16 storage
   bool have_kv_ = false;
   DistAttentionTimes times_;
   std::unique_ptr<parallel::GroupComm> own_group_;

@@ -15,13 +15,19 @@ namespace wlb::model {
 /// `tokens` query tokens and a KV buffer of `kv_tokens` tokens: the layer input, the
 /// post-attention residual and their RMSNorms [hidden], the norms' reciprocal RMS [1 each],
 /// Q and O [heads*d], K and V [kv*d], the LSE [heads], the MLP's two projections and gated
-/// product [ffn], and the KV buffer (K and V).
+/// product [ffn], and the KV buffer (K and V). `storage`: bytes per element of what the
+/// GEMMs and the attention read (the norms' outputs, Q/K/V/O, the MLP's three; FP32 4, BF16
+/// 2), the residual stream, RMS and LSE being FP32; `kv_bytes`: per element of the KV
+/// buffer (its storage type; FP32 dK/dV accumulators for SlimPack slices).
 inline std::int64_t executorLayerActivationBytes(const ModelDims& d, std::int64_t tp, std::int64_t tokens,
-                                                 std::int64_t kv_tokens) {
+                                                 std::int64_t kv_tokens, std::int64_t storage = 4,
+                                                 std::int64_t kv_bytes = -1) {
   const std::int64_t heads = d.heads / tp, kvw = d.kv_heads / tp * d.head_dim, qw = heads * d.head_dim,
                      ffn = d.ffn / tp;
-  const std::int64_t per_token = 4 * d.hidden + 2 + 2 * qw + 2 * kvw + heads + 3 * ffn;
-  return 4 * (tokens * per_token + kv_tokens * 2 * kvw);
+  const std::int64_t fp32_per_token = 2 * d.hidden + 2 + heads;
+  const std::int64_t stored_per_token = 2 * d.hidden + 2 * qw + 2 * kvw + 3 * ffn;
+  if (kv_bytes < 0) kv_bytes = storage;
+  return tokens * (4 * fp32_per_token + storage * stored_per_token) + kv_bytes * kv_tokens * 2 * kvw;
 }
 
 /// What the last stage keeps of one unit of `tokens` rows from its forward to its backward:

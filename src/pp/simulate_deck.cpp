@@ -50,6 +50,7 @@ std::vector<SimStrategyResult> simulateDeck(const Deck& deck_in, const SimulateO
     sim_cfg.lm_head = false;
     sim_cfg.comm_element_bytes = 4;
     sim_cfg.executor_memory = true;
+    sim_cfg.executor_storage_bytes = deck.run.precision == "bf16" ? 2 : 4;
   }
   const StepSimulator sim(sim_cfg, cost);
   trace::Recorder* rec = opt.recorder;

@@ -420,6 +420,7 @@ PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mb
     // Activation bytes a unit of `toks` tokens per CP rank holds on virtual stage vs; `kvs`:
     // the KV-buffer tokens (CP) or, for slices, the tokens of continued slices, which keep
     // fp32 dK/dV accumulators (runtime/sliced.hpp).
+    const std::int64_t kv_elem = split ? 4 : cfg_.executor_storage_bytes;  // slices: FP32 accumulators
     auto actBytes = [&](const std::vector<std::int64_t>& toks, const std::vector<std::int64_t>& kvs, std::int64_t max_t,
                         double l, bool last) {
       double act = l * act_tok * static_cast<double>(max_t);
@@ -430,9 +431,9 @@ PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mb
         double worst = 0;
         for (int r = 0; r < cfg_.cp; ++r) {
           const std::size_t ri = static_cast<std::size_t>(r);
-          worst = std::max(
-              worst, l * static_cast<double>(model::executorLayerActivationBytes(d, cfg_.tp, toks[ri], kvOf(ri))) +
-                         (last ? static_cast<double>(model::executorHeadBytes(d, toks[ri])) : 0.0));
+          worst = std::max(worst, l * static_cast<double>(model::executorLayerActivationBytes(
+                                          d, cfg_.tp, toks[ri], kvOf(ri), cfg_.executor_storage_bytes, kv_elem)) +
+                                      (last ? static_cast<double>(model::executorHeadBytes(d, toks[ri])) : 0.0));
         }
         act = worst;
       } else if (split) {
@@ -484,9 +485,9 @@ std::int64_t StepSimulator::microBatchTokenBudget() const {
     if (free_bytes <= 0) return kNone;
     double layers = 0;
     for (int c = 0; c < cfg_.chunks; ++c) layers += layersOf(c * cfg_.pp + s);
-    double per_token = cfg_.executor_memory
-                           ? layers * static_cast<double>(model::executorLayerActivationBytes(d, cfg_.tp, 1, 0))
-                           : layers * activationBytesPerToken();
+    double per_token = cfg_.executor_memory ? layers * static_cast<double>(model::executorLayerActivationBytes(
+                                                           d, cfg_.tp, 1, 0, cfg_.executor_storage_bytes))
+                                            : layers * activationBytesPerToken();
     if (s == cfg_.pp - 1 && cfg_.lm_head) per_token += static_cast<double>(d.vocab) * 4.0 / cfg_.tp;
     if (s == cfg_.pp - 1 && cfg_.executor_memory) per_token += static_cast<double>(model::executorHeadBytes(d, 1));
     per_token /= cfg_.cp;

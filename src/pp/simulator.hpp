@@ -152,6 +152,9 @@ struct SimConfig {
   /// stage, whole activations between stages); `--as-run` sets it. The recompute setting
   /// does not apply.
   bool executor_memory = false;
+  /// With executor_memory: bytes per element of the activations the executor stores in
+  /// run.precision's type (4, or 2 for bf16; model::executorLayerActivationBytes).
+  int executor_storage_bytes = 4;
   static SimConfig fromDeck(const Deck& deck, const model::HardwareProfile& hw);
   int ranks() const { return tp * cp * pp * dp; }
   /// The mesh's shape (rank <-> coordinate math, core/mesh_shape.hpp).

@@ -363,7 +363,7 @@ void runLayerPasses(const model::ModelDims& dims, std::int64_t tp, std::int64_t 
   rt::LlamaConfig mc = rt::LlamaConfig::of(dims, static_cast<int>(tp));  // this rank's TP slice of
   mc.vocab = std::max(1, mc.vocab);                                      // one layer with the model's ends
   mc.layers = 1;
-  rt::Llama model(mc, 1234);
+  rt::Llama model(mc, 1234, kcfg.precision);
   const model::CostModel cost(dims, model::HardwareProfile::analytic(), tp);  // FLOPs of the events
   MicroBatch mb;
   std::vector<rt::TokenRef> refs;

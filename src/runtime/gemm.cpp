@@ -6,6 +6,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <type_traits>
+#include <vector>
 
 #include "core/error.hpp"
 #include "core/kokkos_compat.hpp"
@@ -80,7 +81,60 @@ void cublasReduced(const Space& space, Trans ta, Trans tb, float alpha, const CM
   if (st != CUBLAS_STATUS_SUCCESS)
     throw std::runtime_error(std::string("wlb::runtime::gemm: cublasGemmEx failed: ") + cublasGetStatusString(st));
 }
+// BF16 A and B, FP32 accumulation, C in FP32 or BF16 (ctype).
+void cublasBf16(const Space& space, Trans ta, Trans tb, float alpha, const CBMat& a, const CBMat& b, float beta,
+                void* c, cudaDataType_t ctype, std::int64_t ldc, std::int64_t m, std::int64_t n, std::int64_t k) {
+  auto& s = KokkosBlas::Impl::CudaBlasSingleton::singleton();
+  const cublasOperation_t opa = ta == Trans::N ? CUBLAS_OP_N : CUBLAS_OP_T;
+  const cublasOperation_t opb = tb == Trans::N ? CUBLAS_OP_N : CUBLAS_OP_T;
+  cublasStatus_t st = cublasSetStream(s.handle, space.cuda_stream());
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasGemmEx(s.handle, opb, opa, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha,
+                      b.data(), CUDA_R_16BF, static_cast<int>(b.extent(1)), a.data(), CUDA_R_16BF,
+                      static_cast<int>(a.extent(1)), &beta, c, ctype, static_cast<int>(ldc), CUBLAS_COMPUTE_32F,
+                      CUBLAS_GEMM_DEFAULT);
+  cublasSetStream(s.handle, nullptr);
+  if (st != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error(std::string("wlb::runtime::gemm: cublasGemmEx (bf16) failed: ") +
+                             cublasGetStatusString(st));
+}
 #endif
+
+void checkShapes(std::int64_t m, std::int64_t k, std::int64_t kb, std::int64_t n, std::int64_t cm, std::int64_t cn) {
+  if (kb != k || cm != m || cn != n)
+    throw std::invalid_argument("wlb::runtime::gemm: shape mismatch (" + std::to_string(m) + "x" + std::to_string(k) +
+                                " * " + std::to_string(kb) + "x" + std::to_string(n) + " -> " + std::to_string(cm) +
+                                "x" + std::to_string(cn) + ")");
+}
+
+// Host scratch of the widened BF16 operands (grow-only, per thread: one core per rank).
+std::vector<float>& scratch(int which) {
+  thread_local std::vector<float> buf[3];
+  return buf[which];
+}
+Mat widenedHost(const CBMat& v, int which) {
+  auto& buf = scratch(which);
+  const std::size_t n = v.size();
+  if (buf.size() < n) buf.resize(n);
+  const bf16* src = v.data();
+  for (std::size_t i = 0; i < n; ++i) buf[i] = attention::toFloat(src[i]);
+  return Mat(buf.data(), v.extent(0), v.extent(1));
+}
+
+// Portable kernel for BF16 operands (device backends without cuBLAS).
+template <class C>
+void portableBf16(const Space& space, bool at, bool bt, float alpha, const CBMat& a, const CBMat& b, float beta,
+                  const C& c, std::int64_t m, std::int64_t n, std::int64_t k) {
+  Kokkos::parallel_for(
+      "wlb::runtime::gemm_bf16", Kokkos::MDRangePolicy<Space, Kokkos::Rank<2>>(space, {0, 0}, {m, n}),
+      KOKKOS_LAMBDA(const std::int64_t i, const std::int64_t j) {
+        float s = 0.0f;
+        for (std::int64_t l = 0; l < k; ++l)
+          s += attention::toFloat(at ? a(l, i) : a(i, l)) * attention::toFloat(bt ? b(j, l) : b(l, j));
+        const float old = beta == 0.0f ? 0.0f : beta * attention::toFloat(c(i, j));
+        c(i, j) = attention::fromFloat<typename C::non_const_value_type>(alpha * s + old);
+      });
+}
 
 }  // namespace
 
@@ -158,8 +212,74 @@ void gemm(const Space& space, Trans ta, Trans tb, float alpha, CMat a, CMat b, f
   }
 }
 
-Mat flat(const Act3& v) {
-  return Mat(v.data(), v.extent(0), v.extent(1) * v.extent(2));
+namespace {
+
+// BF16 operands into C of element type E (float or bf16).
+template <class E>
+void gemmBf16(const Space& space, Trans ta, Trans tb, float alpha, const CBMat& a, const CBMat& b, float beta,
+              const MatT<E>& c) {
+  const std::int64_t m = rowsOf(a, ta), k = colsOf(a, ta), n = colsOf(b, tb);
+  checkShapes(m, k, rowsOf(b, tb), n, static_cast<std::int64_t>(c.extent(0)), static_cast<std::int64_t>(c.extent(1)));
+  if (m == 0 || n == 0) return;
+  if constexpr (kHostMem) {
+    kk::fence(space, "wlb::runtime::gemm_bf16");
+    if constexpr (std::is_same_v<E, float>) {
+      gemm(space, ta, tb, alpha, widenedHost(a, 0), widenedHost(b, 1), beta, c, Precision::Fp32);
+    } else {
+      // an FP32 C in scratch, rounded once at the end
+      auto& buf = scratch(2);
+      const std::size_t sz = c.size();
+      if (buf.size() < sz) buf.resize(sz);
+      bf16* cd = c.data();
+      if (beta != 0.0f)
+        for (std::size_t i = 0; i < sz; ++i) buf[i] = attention::toFloat(cd[i]);
+      const Mat cf(buf.data(), c.extent(0), c.extent(1));
+      gemm(space, ta, tb, alpha, widenedHost(a, 0), widenedHost(b, 1), beta, cf, Precision::Fp32);
+      for (std::size_t i = 0; i < sz; ++i) cd[i] = attention::toBf16(buf[i]);
+    }
+  } else {
+#if WLB_GEMM_CUBLAS_EX
+    if (k > 0) {
+      cublasBf16(space, ta, tb, alpha, a, b, beta, c.data(), std::is_same_v<E, float> ? CUDA_R_32F : CUDA_R_16BF,
+                 static_cast<std::int64_t>(c.extent(1)), m, n, k);
+      return;
+    }
+#endif
+    portableBf16(space, ta == Trans::T, tb == Trans::T, alpha, a, b, beta, c, m, n, k);
+  }
+}
+
+}  // namespace
+
+void gemm(const Space& space, Trans ta, Trans tb, float alpha, CBMat a, CBMat b, float beta, Mat c, Precision) {
+  gemmBf16<float>(space, ta, tb, alpha, a, b, beta, c);
+}
+
+void gemm(const Space& space, Trans ta, Trans tb, float alpha, CBMat a, CBMat b, float beta, BMat c, Precision) {
+  gemmBf16<bf16>(space, ta, tb, alpha, a, b, beta, c);
+}
+
+template <class T>
+void convert(const Space& space, const Mat& src, const MatT<T>& dst) {
+  if (src.extent(0) != dst.extent(0) || src.extent(1) != dst.extent(1))
+    throw std::invalid_argument("wlb::runtime::convert: extents differ");
+  const float* s = src.data();
+  T* d = dst.data();
+  Kokkos::parallel_for(
+      "wlb::runtime::to_storage", Kokkos::RangePolicy<Space>(space, 0, static_cast<std::int64_t>(src.size())),
+      KOKKOS_LAMBDA(const std::int64_t i) { d[i] = attention::fromFloat<T>(s[i]); });
+}
+template void convert<float>(const Space&, const Mat&, const MatT<float>&);
+template void convert<bf16>(const Space&, const Mat&, const MatT<bf16>&);
+
+void widen(const Space& space, const CBMat& src, const Mat& dst) {
+  if (src.extent(0) != dst.extent(0) || src.extent(1) != dst.extent(1))
+    throw std::invalid_argument("wlb::runtime::widen: extents differ");
+  const bf16* s = src.data();
+  float* d = dst.data();
+  Kokkos::parallel_for(
+      "wlb::runtime::widen", Kokkos::RangePolicy<Space>(space, 0, static_cast<std::int64_t>(src.size())),
+      KOKKOS_LAMBDA(const std::int64_t i) { d[i] = attention::toFloat(s[i]); });
 }
 
 std::string gemmBackend() {

@@ -9,6 +9,7 @@
 
 #include <string>
 
+#include "attention/bf16.hpp"
 #include "attention/flops.hpp"
 #include "core/kokkos_compat.hpp"
 
@@ -21,6 +22,17 @@ using Mat = Kokkos::View<float**, Kokkos::LayoutRight, Mem>;
 using CMat = Kokkos::View<const float**, Kokkos::LayoutRight, Mem>;
 /// [tokens][heads][head_dim] activations (attention layout).
 using Act3 = Kokkos::View<float***, Kokkos::LayoutRight, Mem>;
+
+/// BF16 storage (run.precision = "bf16"): 16 raw bits, rounded to nearest even.
+using attention::bf16;
+/// Matrices and attention-layout activations of storage type T (float or bf16).
+template <class T>
+using MatT = Kokkos::View<T**, Kokkos::LayoutRight, Mem>;
+template <class T>
+using Act3T = Kokkos::View<T***, Kokkos::LayoutRight, Mem>;
+using BMat = MatT<bf16>;
+using CBMat = Kokkos::View<const bf16**, Kokkos::LayoutRight, Mem>;
+using BAct3 = Act3T<bf16>;
 
 enum class Trans : int { N, T };
 
@@ -41,8 +53,26 @@ Precision parsePrecision(const std::string& name, const std::string& key = "run.
 void gemm(const Space& space, Trans ta, Trans tb, float alpha, CMat a, CMat b, float beta, Mat c,
           Precision precision = Precision::Fp32);
 
+/// BF16 operands, FP32 accumulation, C in FP32 or BF16 (cublasGemmEx with CUDA_R_16BF
+/// on CUDA; elsewhere the operands are widened to FP32 scratch and multiplied by the FP32
+/// path, which is exact for BF16 inputs). A BF16 C is read (beta != 0) and written once,
+/// rounded. `precision` is ignored: BF16 storage means BF16 products.
+void gemm(const Space& space, Trans ta, Trans tb, float alpha, CBMat a, CBMat b, float beta, Mat c,
+          Precision precision = Precision::Bf16);
+void gemm(const Space& space, Trans ta, Trans tb, float alpha, CBMat a, CBMat b, float beta, BMat c,
+          Precision precision = Precision::Bf16);
+
 /// The same storage viewed as [tokens][heads*head_dim] (unmanaged, no copy).
-Mat flat(const Act3& v);
+template <class T>
+MatT<T> flat(const Act3T<T>& v) {
+  return MatT<T>(v.data(), v.extent(0), v.extent(1) * v.extent(2));
+}
+
+/// `src` rounded into `dst` (same extents; FP32 -> BF16 or a copy).
+template <class T>
+void convert(const Space& space, const Mat& src, const MatT<T>& dst);
+/// `src` widened into `dst` (BF16 -> FP32).
+void widen(const Space& space, const CBMat& src, const Mat& dst);
 
 /// Uninitialised activations, for outputs a kernel writes in full.
 inline Mat newMat(const char* label, std::int64_t rows, std::int64_t cols) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "core/kokkos_compat.hpp"
 #include "trace/recorder.hpp"
@@ -23,17 +24,27 @@ double headFlops(const model::ModelDims& d, std::int64_t tokens, model::Phase ph
   return phase == model::Phase::Fwd ? f : model::kLinearBwdFactor * f;
 }
 
-Mat embedForward(const LayerEnv& env, const Llama& model, const TokenRows& rows) {
+namespace {
+
+// The embedding rows of the working copy (storage T) into the FP32 residual stream.
+template <class T>
+Mat embedRows(const LayerEnv& env, const Llama& model, const TokenRows& rows) {
   const Space& space = *env.space;
   const std::int64_t n = rows.n, h = model.config().hidden;
   Mat x = newMat(env.pool, "wlb::runtime::x", n, h);
   Region r(env.recorder, trace::labels::kEmbed, space, trace::Phase::Fwd);
-  const Mat E = model.embed();
+  const MatT<T> E = model.embedWorking<T>();
   const IVec tok = rows.tokens;
   Kokkos::parallel_for(
       "wlb::runtime::embed", Policy(space, 0, n * h),
-      KOKKOS_LAMBDA(const std::int64_t i) { x(i / h, i % h) = E(tok(i / h), i % h); });
+      KOKKOS_LAMBDA(const std::int64_t i) { x(i / h, i % h) = attention::toFloat(E(tok(i / h), i % h)); });
   return x;
+}
+
+}  // namespace
+
+Mat embedForward(const LayerEnv& env, const Llama& model, const TokenRows& rows) {
+  return env.bf16Storage() ? embedRows<bf16>(env, model, rows) : embedRows<float>(env, model, rows);
 }
 
 void embedBackward(const LayerEnv& env, const Llama& model, const TokenRows& rows, const Mat& dx) {
@@ -54,8 +65,12 @@ void embedBackward(const LayerEnv& env, const Llama& model, const TokenRows& row
       });
 }
 
-LossResult lossForward(const LayerEnv& env, const Llama& model, const TokenRows& rows, const Mat& x, bool backward,
-                       float scale) {
+namespace {
+
+// The final norm's output and the head in storage T; logits, loss and gradients in FP32.
+template <class T>
+LossResult lossRows(const LayerEnv& env, const Llama& model, const TokenRows& rows, const Mat& x, bool backward,
+                    float scale) {
   const Space& space = *env.space;
   const LlamaConfig& c = model.config();
   const std::int64_t n = rows.n, h = c.hidden, V = c.vocab;
@@ -66,12 +81,17 @@ LossResult lossForward(const LayerEnv& env, const Llama& model, const TokenRows&
   if (backward) out.dx = newMat(env.pool, "wlb::runtime::dx_head", n, h, true);  // zeroed: the norm's backward adds
   if (n == 0) return out;
   const std::int64_t C = std::min(n, kLossChunkRows);
-  Mat xf = newMat(env.pool, "wlb::runtime::xf", C, h), logits = newMat(env.pool, "wlb::runtime::logits", C, V);
+  MatT<T> xf = newMatT<T>(env.pool, "wlb::runtime::xf", C, h);
+  Mat logits = newMat(env.pool, "wlb::runtime::logits", C, V);
+  // BF16: the logits' gradient rounded for the two GEMMs (FP32: the logits themselves)
+  MatT<T> dlogits =
+      std::is_same_v<T, float> || !backward ? MatT<T>() : newMatT<T>(env.pool, "wlb::runtime::dlogits", C, V);
   Mat dxf = backward ? newMat(env.pool, "wlb::runtime::dxf", C, h) : Mat();
   Vec rstd = newVec(env.pool, "wlb::runtime::rstd_f", C);
   Vec row_loss = newVec(env.pool, "wlb::runtime::row_loss", C);
   const Vec g = model.normF(), dg = model.normFGrad();
-  const Mat W = model.head(), dW = model.headGrad();
+  const MatT<T> W = model.headWorking<T>();
+  const Mat dW = model.headGrad();
   const float eps = env.norm_eps;
   double total = 0;
   for (std::int64_t c0 = 0; c0 < n; c0 += C) {
@@ -79,10 +99,11 @@ LossResult lossForward(const LayerEnv& env, const Llama& model, const TokenRows&
     const auto rr = std::make_pair(c0, c0 + m);
     const auto first = std::make_pair(std::int64_t{0}, m);
     const Mat xc = Kokkos::subview(x, rr, Kokkos::ALL);
-    const Mat xfc = Kokkos::subview(xf, first, Kokkos::ALL), lc = Kokkos::subview(logits, first, Kokkos::ALL);
+    const MatT<T> xfc = Kokkos::subview(xf, first, Kokkos::ALL);
+    const Mat lc = Kokkos::subview(logits, first, Kokkos::ALL);
     const Vec rc = Kokkos::subview(rstd, first);
     const auto tgt = Kokkos::subview(rows.targets, rr);
-    rmsNorm(space, xc, g, eps, xfc, rc);  // final norm
+    rmsNorm<T>(space, xc, g, eps, xfc, rc);  // final norm
     gemm(space, Trans::N, Trans::N, 1.0f, xfc, W, 0.0f, lc, env.precision);
     // cross-entropy per row; with backward the logits become scale * dL/dlogits
     const bool bwd = backward;
@@ -119,13 +140,28 @@ LossResult lossForward(const LayerEnv& env, const Llama& model, const TokenRows&
     total += part;
     if (!backward) continue;
     const Mat dxfc = Kokkos::subview(dxf, first, Kokkos::ALL), dxc = Kokkos::subview(out.dx, rr, Kokkos::ALL);
-    gemm(space, Trans::T, Trans::N, 1.0f, xfc, lc, 1.0f, dW, env.precision);  // dHead += xf^T dlogits
-    gemm(space, Trans::N, Trans::T, 1.0f, lc, W, 0.0f, dxfc, env.precision);  // dxf = dlogits Head^T
+    MatT<T> dlc;
+    if constexpr (std::is_same_v<T, float>) {
+      dlc = lc;
+    } else {
+      dlc = Kokkos::subview(dlogits, first, Kokkos::ALL);
+      convert<T>(space, lc, dlc);
+    }
+    gemm(space, Trans::T, Trans::N, 1.0f, xfc, dlc, 1.0f, dW, env.precision);  // dHead += xf^T dlogits
+    gemm(space, Trans::N, Trans::T, 1.0f, dlc, W, 0.0f, dxfc, env.precision);  // dxf = dlogits Head^T
     rmsNormBackward(space, env.pool, xc, g, rc, dxfc, dxc, dg);
   }
   kk::fence(space, "wlb::runtime::loss");  // the chunk buffers go out of scope
   out.loss = total;
   return out;
+}
+
+}  // namespace
+
+LossResult lossForward(const LayerEnv& env, const Llama& model, const TokenRows& rows, const Mat& x, bool backward,
+                       float scale) {
+  return env.bf16Storage() ? lossRows<bf16>(env, model, rows, x, backward, scale)
+                           : lossRows<float>(env, model, rows, x, backward, scale);
 }
 
 }  // namespace wlb::runtime

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "core/error.hpp"
 #include "core/kokkos_compat.hpp"
@@ -127,8 +128,9 @@ void gainGrad(const Space& space, BufferPool* pool, const Mat& x, const Vec& rst
 
 }  // namespace
 
-// y = x * rstd * g, rstd = 1/sqrt(mean(x^2) + eps); one team per row.
-void rmsNorm(const Space& space, const Mat& x, const Vec& g, float eps, const Mat& y, const Vec& rstd) {
+// y = x * rstd * g, rstd = 1/sqrt(mean(x^2) + eps); one team per row. y in its storage type.
+template <class T>
+void rmsNorm(const Space& space, const Mat& x, const Vec& g, float eps, const MatT<T>& y, const Vec& rstd) {
   const std::int64_t n = static_cast<std::int64_t>(x.extent(0)), h = static_cast<std::int64_t>(x.extent(1));
   if (n == 0) return;
   Kokkos::parallel_for(
@@ -140,9 +142,11 @@ void rmsNorm(const Space& space, const Mat& x, const Vec& g, float eps, const Ma
         const float r = 1.0f / kk::sqrt(ss / static_cast<float>(h) + eps);
         Kokkos::single(Kokkos::PerTeam(t), [&]() { rstd(i) = r; });
         Kokkos::parallel_for(Kokkos::TeamThreadRange(t, h),
-                             [&](const std::int64_t j) { y(i, j) = x(i, j) * r * g(j); });
+                             [&](const std::int64_t j) { y(i, j) = attention::fromFloat<T>(x(i, j) * r * g(j)); });
       });
 }
+template void rmsNorm<float>(const Space&, const Mat&, const Vec&, float, const MatT<float>&, const Vec&);
+template void rmsNorm<bf16>(const Space&, const Mat&, const Vec&, float, const MatT<bf16>&, const Vec&);
 
 // dx += rstd * (g*dy - xhat * mean(g*dy*xhat)); dg += sum over rows of dy * xhat.
 void rmsNormBackward(const Space& space, BufferPool* pool, const Mat& x, const Vec& g, const Vec& rstd, const Mat& dy,
@@ -166,8 +170,10 @@ void rmsNormBackward(const Space& space, BufferPool* pool, const Mat& x, const V
 
 namespace {
 
-// Rotate pairs (d, d + D/2) of every head by +-angle(position, d) (sign -1: the transpose).
-void rope(const Space& space, const Act3& t, const IVec& pos, const RopeTable& table, float sign) {
+// Rotate pairs (d, d + D/2) of every head by +-angle(position, d) (sign -1: the transpose),
+// in place, computing in FP32 whatever the storage.
+template <class T>
+void rope(const Space& space, const Act3T<T>& t, const IVec& pos, const RopeTable& table, float sign) {
   const std::int64_t n = static_cast<std::int64_t>(t.extent(0));
   const int H = static_cast<int>(t.extent(1)), half = static_cast<int>(t.extent(2)) / 2;
   const Mat c = table.cos(), s = table.sin();
@@ -176,9 +182,9 @@ void rope(const Space& space, const Act3& t, const IVec& pos, const RopeTable& t
         const std::int64_t i = idx / (H * half);
         const int hh = static_cast<int>(idx / half % H), d = static_cast<int>(idx % half);
         const float cv = c(pos(i), d), sv = sign * s(pos(i), d);
-        const float a = t(i, hh, d), b = t(i, hh, d + half);
-        t(i, hh, d) = a * cv - b * sv;
-        t(i, hh, d + half) = a * sv + b * cv;
+        const float a = attention::toFloat(t(i, hh, d)), b = attention::toFloat(t(i, hh, d + half));
+        t(i, hh, d) = attention::fromFloat<T>(a * cv - b * sv);
+        t(i, hh, d + half) = attention::fromFloat<T>(a * sv + b * cv);
       });
 }
 
@@ -187,6 +193,32 @@ void addInto(const Space& space, const Mat& a, const Mat& b) {
   Kokkos::parallel_for(
       "wlb::runtime::residual", Policy(space, 0, static_cast<std::int64_t>(a.size())),
       KOKKOS_LAMBDA(const std::int64_t i) { a.data()[i] += b.data()[i]; });
+}
+
+// `m` in storage type T: `m` itself when T is float, else a rounded copy from the pool.
+template <class T>
+MatT<T> stored(const LayerEnv& env, const Mat& m, const char* label) {
+  if constexpr (std::is_same_v<T, float>) {
+    (void)label;
+    return m;
+  } else {
+    MatT<T> out =
+        newMatT<T>(env.pool, label, static_cast<std::int64_t>(m.extent(0)), static_cast<std::int64_t>(m.extent(1)));
+    convert<T>(*env.space, m, out);
+    return out;
+  }
+}
+template <class T>
+Act3T<T> stored(const LayerEnv& env, const Act3& m, const char* label) {
+  if constexpr (std::is_same_v<T, float>) {
+    (void)label;
+    return m;
+  } else {
+    Act3T<T> out = newAct3T<T>(env.pool, label, static_cast<std::int64_t>(m.extent(0)), static_cast<int>(m.extent(1)),
+                               static_cast<int>(m.extent(2)));
+    convert<T>(*env.space, flat(m), flat(out));
+    return out;
+  }
 }
 
 void tpAllreduce(const LayerEnv& env, const Mat& m, bool backward) {
@@ -206,13 +238,15 @@ void tpAllreduce(const LayerEnv& env, const Mat& m, bool backward) {
 
 // ---- activations ---------------------------------------------------------------------
 
-std::int64_t LayerActs::bytes() const {
-  std::int64_t b = 0;
-  for (const Mat* m : {&x, &xn1, &h, &hn, &a1, &a3, &s}) b += static_cast<std::int64_t>(m->span());
-  for (const Vec* v : {&rstd1, &rstd2}) b += static_cast<std::int64_t>(v->span());
-  for (const Act3* a : {&q, &k, &v, &o}) b += static_cast<std::int64_t>(a->span());
-  b += static_cast<std::int64_t>(lse.span());
-  return 4 * b;
+template <class T>
+std::int64_t LayerActsT<T>::bytes() const {
+  std::int64_t f = 0, t = 0;
+  for (const Mat* m : {&x, &h}) f += static_cast<std::int64_t>(m->span());
+  for (const MatT<T>* m : {&xn1, &hn, &a1, &a3, &s}) t += static_cast<std::int64_t>(m->span());
+  for (const Vec* v : {&rstd1, &rstd2}) f += static_cast<std::int64_t>(v->span());
+  for (const Act3T<T>* a : {&q, &k, &v, &o}) t += static_cast<std::int64_t>(a->span());
+  f += static_cast<std::int64_t>(lse.span());
+  return 4 * f + static_cast<std::int64_t>(sizeof(T)) * t;
 }
 
 namespace {
@@ -243,15 +277,15 @@ V copyOf(const Space& space, const V& v, std::int64_t r0, std::int64_t r1, const
   Kokkos::deep_copy(space, out, rowsOf(v, r0, r1));
   return out;
 }
-template <class V>
-V concatOf(const Space& space, const std::vector<const LayerActs*>& parts, V LayerActs::*field, const char* label) {
+template <class A, class V>
+V concatOf(const Space& space, const std::vector<const A*>& parts, V A::*field, const char* label) {
   std::int64_t n = 0;
   const V& first = parts.front()->*field;
   if (first.extent(0) == 0 && parts.front()->rows() > 0) return V();  // not kept
-  for (const LayerActs* p : parts) n += static_cast<std::int64_t>((p->*field).extent(0));
+  for (const A* p : parts) n += static_cast<std::int64_t>((p->*field).extent(0));
   V out = alloc(label, n, first);
   std::int64_t at = 0;
-  for (const LayerActs* p : parts) {
+  for (const A* p : parts) {
     const V& src = p->*field;
     const auto r = static_cast<std::int64_t>(src.extent(0));
     if (r > 0) Kokkos::deep_copy(space, rowsOf(out, at, at + r), src);
@@ -259,61 +293,72 @@ V concatOf(const Space& space, const std::vector<const LayerActs*>& parts, V Lay
   }
   return out;
 }
-// Every field of LayerActs, once: copyRows and concat walk the same list.
-template <class F>
+// Every field of LayerActsT, once: copyRows and concat walk the same list.
+template <class T, class F>
 void eachField(F&& f) {
-  f(&LayerActs::x, "wlb::runtime::x");
-  f(&LayerActs::xn1, "wlb::runtime::xn1");
-  f(&LayerActs::h, "wlb::runtime::h");
-  f(&LayerActs::hn, "wlb::runtime::hn");
-  f(&LayerActs::a1, "wlb::runtime::a1");
-  f(&LayerActs::a3, "wlb::runtime::a3");
-  f(&LayerActs::s, "wlb::runtime::s");
-  f(&LayerActs::rstd1, "wlb::runtime::rstd1");
-  f(&LayerActs::rstd2, "wlb::runtime::rstd2");
-  f(&LayerActs::q, "wlb::runtime::q");
-  f(&LayerActs::k, "wlb::runtime::k");
-  f(&LayerActs::v, "wlb::runtime::v");
-  f(&LayerActs::o, "wlb::runtime::o");
-  f(&LayerActs::lse, "wlb::runtime::lse");
+  using A = LayerActsT<T>;
+  f(&A::x, "wlb::runtime::x");
+  f(&A::xn1, "wlb::runtime::xn1");
+  f(&A::h, "wlb::runtime::h");
+  f(&A::hn, "wlb::runtime::hn");
+  f(&A::a1, "wlb::runtime::a1");
+  f(&A::a3, "wlb::runtime::a3");
+  f(&A::s, "wlb::runtime::s");
+  f(&A::rstd1, "wlb::runtime::rstd1");
+  f(&A::rstd2, "wlb::runtime::rstd2");
+  f(&A::q, "wlb::runtime::q");
+  f(&A::k, "wlb::runtime::k");
+  f(&A::v, "wlb::runtime::v");
+  f(&A::o, "wlb::runtime::o");
+  f(&A::lse, "wlb::runtime::lse");
 }
 }  // namespace
 
-LayerActs LayerActs::copyRows(const Space& space, std::int64_t r0, std::int64_t r1) const {
-  LayerActs c;
-  eachField([&](auto field, const char* label) { c.*field = copyOf(space, this->*field, r0, r1, label); });
+template <class T>
+LayerActsT<T> LayerActsT<T>::copyRows(const Space& space, std::int64_t r0, std::int64_t r1) const {
+  LayerActsT c;
+  eachField<T>([&](auto field, const char* label) { c.*field = copyOf(space, this->*field, r0, r1, label); });
   return c;
 }
 
-LayerActs LayerActs::concat(const Space& space, const std::vector<const LayerActs*>& parts) {
+template <class T>
+LayerActsT<T> LayerActsT<T>::concat(const Space& space, const std::vector<const LayerActsT*>& parts) {
   if (parts.empty()) return {};
   if (parts.size() == 1) return *parts.front();
-  LayerActs c;
-  eachField([&](auto field, const char* label) { c.*field = concatOf(space, parts, field, label); });
+  LayerActsT c;
+  eachField<T>([&](auto field, const char* label) { c.*field = concatOf(space, parts, field, label); });
   return c;
 }
 
-// ---- the parts around the attention ----------------------------------------------------
+template struct LayerActsT<float>;
+template struct LayerActsT<bf16>;
 
-void qkvForward(const LayerEnv& env, const LayerShape& s, const LayerParams& w, LayerActs& a, const IVec& pos) {
+// ---- the parts around the attention ----------------------------------------------------
+// With BF16 storage the residual stream (x, h, y) and every gradient stay FP32; what the
+// GEMMs and the attention read is BF16 (norm outputs, Q/K/V/O, the MLP's activations, and
+// rounded copies of dy, dh, dQ/dK/dV), their products accumulate in FP32.
+
+template <class T>
+void qkvForward(const LayerEnv& env, const LayerShape& s, const LayerParamsT<T>& w, LayerActsT<T>& a, const IVec& pos) {
   const Space& space = *env.space;
   const std::int64_t n = a.rows();
-  a.xn1 = newMat(env.pool, "wlb::runtime::xn1", n, s.hidden);
+  a.xn1 = newMatT<T>(env.pool, "wlb::runtime::xn1", n, s.hidden);
   a.rstd1 = newVec(env.pool, "wlb::runtime::rstd1", n);
-  a.q = newAct3(env.pool, "wlb::runtime::q", n, s.heads, s.head_dim);
-  a.k = newAct3(env.pool, "wlb::runtime::k", n, s.kv_heads, s.head_dim);
-  a.v = newAct3(env.pool, "wlb::runtime::v", n, s.kv_heads, s.head_dim);
+  a.q = newAct3T<T>(env.pool, "wlb::runtime::q", n, s.heads, s.head_dim);
+  a.k = newAct3T<T>(env.pool, "wlb::runtime::k", n, s.kv_heads, s.head_dim);
+  a.v = newAct3T<T>(env.pool, "wlb::runtime::v", n, s.kv_heads, s.head_dim);
   Region r(env.recorder, trace::labels::kQkvProj, space, trace::Phase::Fwd,
            linearOpFlops(*env.cost, LinearOp::QkvProj, n, model::Phase::Fwd));
-  rmsNorm(space, a.x, w.norm1, env.norm_eps, a.xn1, a.rstd1);
+  rmsNorm<T>(space, a.x, w.norm1, env.norm_eps, a.xn1, a.rstd1);
   gemm(space, Trans::N, Trans::N, 1.0f, a.xn1, w.wq, 0.0f, flat(a.q), env.precision);
   gemm(space, Trans::N, Trans::N, 1.0f, a.xn1, w.wk, 0.0f, flat(a.k), env.precision);
   gemm(space, Trans::N, Trans::N, 1.0f, a.xn1, w.wv, 0.0f, flat(a.v), env.precision);
-  rope(space, a.q, pos, *env.rope, 1.0f);
-  rope(space, a.k, pos, *env.rope, 1.0f);
+  rope<T>(space, a.q, pos, *env.rope, 1.0f);
+  rope<T>(space, a.k, pos, *env.rope, 1.0f);
 }
 
-Mat outMlpForward(const LayerEnv& env, const LayerParams& w, LayerActs& a) {
+template <class T>
+Mat outMlpForward(const LayerEnv& env, const LayerParamsT<T>& w, LayerActsT<T>& a) {
   const Space& space = *env.space;
   trace::Recorder* rec = env.recorder;
   const std::int64_t n = a.rows(), hidden = static_cast<std::int64_t>(w.wo.extent(1)),
@@ -335,20 +380,20 @@ Mat outMlpForward(const LayerEnv& env, const LayerParams& w, LayerActs& a) {
   Mat y = newMat(env.pool, "wlb::runtime::y", n, hidden);
   {
     Region r(rec, trace::labels::kMlp, space, P, linearOpFlops(*env.cost, LinearOp::Mlp, n, F));
-    a.hn = newMat(env.pool, "wlb::runtime::hn", n, hidden);
+    a.hn = newMatT<T>(env.pool, "wlb::runtime::hn", n, hidden);
     a.rstd2 = newVec(env.pool, "wlb::runtime::rstd2", n);
-    rmsNorm(space, a.h, w.norm2, env.norm_eps, a.hn, a.rstd2);
-    a.a1 = newMat(env.pool, "wlb::runtime::a1", n, ffn);
-    a.a3 = newMat(env.pool, "wlb::runtime::a3", n, ffn);
-    a.s = newMat(env.pool, "wlb::runtime::s", n, ffn);
+    rmsNorm<T>(space, a.h, w.norm2, env.norm_eps, a.hn, a.rstd2);
+    a.a1 = newMatT<T>(env.pool, "wlb::runtime::a1", n, ffn);
+    a.a3 = newMatT<T>(env.pool, "wlb::runtime::a3", n, ffn);
+    a.s = newMatT<T>(env.pool, "wlb::runtime::s", n, ffn);
     gemm(space, Trans::N, Trans::N, 1.0f, a.hn, w.w1, 0.0f, a.a1, env.precision);
     gemm(space, Trans::N, Trans::N, 1.0f, a.hn, w.w3, 0.0f, a.a3, env.precision);
-    Mat a1 = a.a1, a3 = a.a3, sv = a.s;
+    MatT<T> a1 = a.a1, a3 = a.a3, sv = a.s;
     Kokkos::parallel_for(
         "wlb::runtime::swiglu", Policy(space, 0, static_cast<std::int64_t>(sv.size())),
         KOKKOS_LAMBDA(const std::int64_t i) {
-          const float v = a1.data()[i];
-          sv.data()[i] = v * sigmoid(v) * a3.data()[i];
+          const float v = attention::toFloat(a1.data()[i]);
+          sv.data()[i] = attention::fromFloat<T>(v * sigmoid(v) * attention::toFloat(a3.data()[i]));
         });
     gemm(space, Trans::N, Trans::N, 1.0f, sv, w.w2, 0.0f, y, env.precision);
   }
@@ -360,8 +405,9 @@ Mat outMlpForward(const LayerEnv& env, const LayerParams& w, LayerActs& a) {
   return y;
 }
 
-Act3 outMlpBackward(const LayerEnv& env, const LayerParams& w, const LayerParams& g, LayerActs& a, const Mat& dy,
-                    Mat& dh) {
+template <class T>
+Act3T<T> outMlpBackward(const LayerEnv& env, const LayerParamsT<T>& w, const LayerParams& g, LayerActsT<T>& a,
+                        const Mat& dy, Mat& dh) {
   const Space& space = *env.space;
   trace::Recorder* rec = env.recorder;
   const std::int64_t n = a.rows(), hidden = static_cast<std::int64_t>(w.wo.extent(1)),
@@ -372,23 +418,26 @@ Act3 outMlpBackward(const LayerEnv& env, const LayerParams& w, const LayerParams
   Mat dhn = newMat(env.pool, "wlb::runtime::dhn", n, hidden);
   {
     Region r(rec, trace::labels::kMlp, space, P, linearOpFlops(*env.cost, LinearOp::Mlp, n, B));
+    const MatT<T> dyt = stored<T>(env, dy, "wlb::runtime::dy_bf16");
     Mat ds = newMat(env.pool, "wlb::runtime::ds", n, ffn);
-    gemm(space, Trans::T, Trans::N, 1.0f, a.s, dy, 1.0f, g.w2, env.precision);  // dW2 += s^T dy
-    gemm(space, Trans::N, Trans::T, 1.0f, dy, w.w2, 0.0f, ds, env.precision);   // ds = dy W2^T
-    Mat a1 = a.a1, a3 = a.a3, da1 = a.s;                                        // s no longer needed: reuse for d(a1)
+    gemm(space, Trans::T, Trans::N, 1.0f, a.s, dyt, 1.0f, g.w2, env.precision);  // dW2 += s^T dy
+    gemm(space, Trans::N, Trans::T, 1.0f, dyt, w.w2, 0.0f, ds, env.precision);   // ds = dy W2^T
+    // s and a3 are read here for the last time: their storage takes d(a1) and d(a3)
+    MatT<T> a1 = a.a1, da3 = a.a3, da1 = a.s;
     Kokkos::parallel_for(
         "wlb::runtime::swiglu_bwd", Policy(space, 0, static_cast<std::int64_t>(ds.size())),
         KOKKOS_LAMBDA(const std::int64_t i) {
-          const float v = a1.data()[i], sg = sigmoid(v), d = ds.data()[i];
-          da1.data()[i] = d * a3.data()[i] * sg * (1.0f + v * (1.0f - sg));
-          ds.data()[i] = d * v * sg;  // d(a3)
+          const float v = attention::toFloat(a1.data()[i]), sg = sigmoid(v), d = ds.data()[i];
+          const float a3v = attention::toFloat(da3.data()[i]);
+          da1.data()[i] = attention::fromFloat<T>(d * a3v * sg * (1.0f + v * (1.0f - sg)));
+          da3.data()[i] = attention::fromFloat<T>(d * v * sg);
         });
     gemm(space, Trans::T, Trans::N, 1.0f, a.hn, da1, 1.0f, g.w1, env.precision);  // dW1 += hn^T da1
-    gemm(space, Trans::T, Trans::N, 1.0f, a.hn, ds, 1.0f, g.w3, env.precision);   // dW3 += hn^T da3
+    gemm(space, Trans::T, Trans::N, 1.0f, a.hn, da3, 1.0f, g.w3, env.precision);  // dW3 += hn^T da3
     gemm(space, Trans::N, Trans::T, 1.0f, da1, w.w1, 0.0f, dhn, env.precision);   // dhn = da1 W1^T
-    gemm(space, Trans::N, Trans::T, 1.0f, ds, w.w3, 1.0f, dhn, env.precision);    //     + da3 W3^T
+    gemm(space, Trans::N, Trans::T, 1.0f, da3, w.w3, 1.0f, dhn, env.precision);   //     + da3 W3^T
   }
-  a.a1 = a.a3 = a.s = Mat();
+  a.a1 = a.a3 = a.s = MatT<T>();
   tpAllreduce(env, dhn, true);
   dh = newMat(env.pool, "wlb::runtime::dh", n, hidden);
   {
@@ -396,20 +445,23 @@ Act3 outMlpBackward(const LayerEnv& env, const LayerParams& w, const LayerParams
     Kokkos::deep_copy(space, dh, dy);  // residual
     rmsNormBackward(space, env.pool, a.h, w.norm2, a.rstd2, dhn, dh, g.norm2);
   }
-  a.hn = Mat();
+  a.hn = MatT<T>();
   a.rstd2 = Vec();
   // Output projection backward.
-  Act3 d_o = newAct3(env.pool, "wlb::runtime::dO", n, static_cast<int>(a.o.extent(1)), static_cast<int>(a.o.extent(2)));
+  Act3T<T> d_o =
+      newAct3T<T>(env.pool, "wlb::runtime::dO", n, static_cast<int>(a.o.extent(1)), static_cast<int>(a.o.extent(2)));
   {
     Region r(rec, trace::labels::kOutProj, space, P, linearOpFlops(*env.cost, LinearOp::OutProj, n, B));
-    gemm(space, Trans::T, Trans::N, 1.0f, flat(a.o), dh, 1.0f, g.wo, env.precision);  // dWo += O^T dh
-    gemm(space, Trans::N, Trans::T, 1.0f, dh, w.wo, 0.0f, flat(d_o), env.precision);  // dO = dh Wo^T
+    const MatT<T> dht = stored<T>(env, dh, "wlb::runtime::dh_bf16");
+    gemm(space, Trans::T, Trans::N, 1.0f, flat(a.o), dht, 1.0f, g.wo, env.precision);  // dWo += O^T dh
+    gemm(space, Trans::N, Trans::T, 1.0f, dht, w.wo, 0.0f, flat(d_o), env.precision);  // dO = dh Wo^T
   }
   return d_o;
 }
 
-Mat qkvBackward(const LayerEnv& env, const LayerParams& w, const LayerParams& g, const LayerActs& a, const Act3& dq,
-                const Act3& dk, const Act3& dv, const Mat& dh, const IVec& pos) {
+template <class T>
+Mat qkvBackward(const LayerEnv& env, const LayerParamsT<T>& w, const LayerParams& g, const LayerActsT<T>& a,
+                const Act3& dq, const Act3& dk, const Act3& dv, const Mat& dh, const IVec& pos) {
   const Space& space = *env.space;
   const std::int64_t n = a.rows(), hidden = static_cast<std::int64_t>(w.wq.extent(0));
   // dx = dh + norm1'(dq Wq^T + dk Wk^T + dv Wv^T), with RoPE undone on dq and dk first.
@@ -417,14 +469,16 @@ Mat qkvBackward(const LayerEnv& env, const LayerParams& w, const LayerParams& g,
   {
     Region r(env.recorder, trace::labels::kQkvProj, space, trace::Phase::Bwd,
              linearOpFlops(*env.cost, LinearOp::QkvProj, n, model::Phase::Bwd));
-    rope(space, dq, pos, *env.rope, -1.0f);
-    rope(space, dk, pos, *env.rope, -1.0f);
-    gemm(space, Trans::T, Trans::N, 1.0f, a.xn1, flat(dq), 1.0f, g.wq, env.precision);
-    gemm(space, Trans::T, Trans::N, 1.0f, a.xn1, flat(dk), 1.0f, g.wk, env.precision);
-    gemm(space, Trans::T, Trans::N, 1.0f, a.xn1, flat(dv), 1.0f, g.wv, env.precision);
-    gemm(space, Trans::N, Trans::T, 1.0f, flat(dq), w.wq, 0.0f, dxn, env.precision);
-    gemm(space, Trans::N, Trans::T, 1.0f, flat(dk), w.wk, 1.0f, dxn, env.precision);
-    gemm(space, Trans::N, Trans::T, 1.0f, flat(dv), w.wv, 1.0f, dxn, env.precision);
+    rope<float>(space, dq, pos, *env.rope, -1.0f);
+    rope<float>(space, dk, pos, *env.rope, -1.0f);
+    const Act3T<T> dqt = stored<T>(env, dq, "wlb::runtime::dq_bf16"), dkt = stored<T>(env, dk, "wlb::runtime::dk_bf16"),
+                   dvt = stored<T>(env, dv, "wlb::runtime::dv_bf16");
+    gemm(space, Trans::T, Trans::N, 1.0f, a.xn1, flat(dqt), 1.0f, g.wq, env.precision);
+    gemm(space, Trans::T, Trans::N, 1.0f, a.xn1, flat(dkt), 1.0f, g.wk, env.precision);
+    gemm(space, Trans::T, Trans::N, 1.0f, a.xn1, flat(dvt), 1.0f, g.wv, env.precision);
+    gemm(space, Trans::N, Trans::T, 1.0f, flat(dqt), w.wq, 0.0f, dxn, env.precision);
+    gemm(space, Trans::N, Trans::T, 1.0f, flat(dkt), w.wk, 1.0f, dxn, env.precision);
+    gemm(space, Trans::N, Trans::T, 1.0f, flat(dvt), w.wv, 1.0f, dxn, env.precision);
   }
   tpAllreduce(env, dxn, true);
   Mat dx = newMat(env.pool, "wlb::runtime::dx", n, hidden);
@@ -436,11 +490,25 @@ Mat qkvBackward(const LayerEnv& env, const LayerParams& w, const LayerParams& g,
   return dx;
 }
 
+#define WLB_LAYER_PARTS(T)                                                                                         \
+  template void qkvForward<T>(const LayerEnv&, const LayerShape&, const LayerParamsT<T>&, LayerActsT<T>&,          \
+                              const IVec&);                                                                        \
+  template Mat outMlpForward<T>(const LayerEnv&, const LayerParamsT<T>&, LayerActsT<T>&);                          \
+  template Act3T<T> outMlpBackward<T>(const LayerEnv&, const LayerParamsT<T>&, const LayerParams&, LayerActsT<T>&, \
+                                      const Mat&, Mat&);                                                           \
+  template Mat qkvBackward<T>(const LayerEnv&, const LayerParamsT<T>&, const LayerParams&, const LayerActsT<T>&,   \
+                              const Act3&, const Act3&, const Act3&, const Mat&, const IVec&);
+WLB_LAYER_PARTS(float)
+WLB_LAYER_PARTS(bf16)
+#undef WLB_LAYER_PARTS
+
 // ---- layer step ----------------------------------------------------------------------
 
 LayerStep::LayerStep(const LayerEnv& env, const Llama& model, int layer, const cp::ShardPlan& plan,
                      const cp::CommPlan& comm, const LayerStep* like)
     : env_(env), model_(&model), layer_(layer) {
+  if (env.bf16Storage() && !model.hasWorkingCopy())
+    throw std::logic_error("runtime::LayerStep: BF16 storage needs a model with a BF16 working copy");
   int cp_rank = 0;
   MPI_Comm_rank(env.cp_comm, &cp_rank);
   n_ = plan.ranks[static_cast<std::size_t>(cp_rank)].tokens;
@@ -455,47 +523,67 @@ LayerStep::LayerStep(const LayerEnv& env, const Llama& model, int layer, const c
 }
 
 std::int64_t LayerStep::savedBytes() const {
-  return acts_.bytes() + 4 * (attn_ ? attn_->heldKvElements() : 0);
+  return acts_.bytes() + bacts_.bytes() + (attn_ ? attn_->heldKvBytes() : 0);
+}
+
+template <class T>
+LayerActsT<T>& LayerStep::acts() {
+  if constexpr (std::is_same_v<T, bf16>)
+    return bacts_;
+  else
+    return acts_;
 }
 
 Mat LayerStep::forward(const Mat& x, const IVec& pos, bool keep) {
+  return env_.bf16Storage() ? forwardT<bf16>(x, pos, keep) : forwardT<float>(x, pos, keep);
+}
+
+Mat LayerStep::backward(const Mat& dy, const IVec& pos) {
+  return env_.bf16Storage() ? backwardT<bf16>(dy, pos) : backwardT<float>(dy, pos);
+}
+
+template <class T>
+Mat LayerStep::forwardT(const Mat& x, const IVec& pos, bool keep) {
   const Space& space = *env_.space;
   const LayerShape s = LayerShape::of(model_->config());
-  const LayerParams& w = model_->weights(layer_);
-  acts_.x = x;
-  qkvForward(env_, s, w, acts_, pos);
+  const LayerParamsT<T>& w = model_->working<T>(layer_);
+  LayerActsT<T>& a = acts<T>();
+  a.x = x;
+  qkvForward(env_, s, w, a, pos);
   // Attention (KV exchange inside).
-  acts_.o = newAct3(env_.pool, "wlb::runtime::o", n_, s.heads, s.head_dim);
-  acts_.lse = newMat(env_.pool, "wlb::runtime::lse", n_, s.heads);
-  attn_->forward(space, acts_.q, acts_.k, acts_.v, acts_.o, acts_.lse);
+  a.o = newAct3T<T>(env_.pool, "wlb::runtime::o", n_, s.heads, s.head_dim);
+  a.lse = newMat(env_.pool, "wlb::runtime::lse", n_, s.heads);
+  attn_->forward(space, a.q, a.k, a.v, a.o, a.lse);
   attn_seconds_ = attn_->times().attn_fwd;
-  Mat y = outMlpForward(env_, w, acts_);
+  Mat y = outMlpForward(env_, w, a);
   if (!keep) {
     kk::fence(space, "wlb::runtime::layer::fwd");
-    acts_ = LayerActs();
+    a = LayerActsT<T>();
     attn_->releaseKv();  // keeps only the maps a later layer may share
   }
   return y;
 }
 
-Mat LayerStep::backward(const Mat& dy, const IVec& pos) {
+template <class T>
+Mat LayerStep::backwardT(const Mat& dy, const IVec& pos) {
   const Space& space = *env_.space;
   const LayerShape s = LayerShape::of(model_->config());
-  const LayerParams& w = model_->weights(layer_);
+  const LayerParamsT<T>& w = model_->working<T>(layer_);
   const LayerParams& g = model_->grads(layer_);
+  LayerActsT<T>& a = acts<T>();
   Mat dh;
-  const Act3 d_o = outMlpBackward(env_, w, g, acts_, dy, dh);
+  const Act3T<T> d_o = outMlpBackward(env_, w, g, a, dy, dh);
   // Attention backward (dK/dV return inside).
   Act3 dq = newAct3(env_.pool, "wlb::runtime::dq", n_, s.heads, s.head_dim);
   Act3 dk = newAct3(env_.pool, "wlb::runtime::dk", n_, s.kv_heads, s.head_dim);
   Act3 dv = newAct3(env_.pool, "wlb::runtime::dv", n_, s.kv_heads, s.head_dim);
-  attn_->backward(space, acts_.q, acts_.o, acts_.lse, d_o, dq, dk, dv);
+  attn_->backward(space, a.q, a.o, a.lse, d_o, dq, dk, dv);
   attn_seconds_ += attn_->times().attn_bwd;
-  acts_.o = Act3();
-  acts_.lse = LayerActs::Lse();
-  Mat dx = qkvBackward(env_, w, g, acts_, dq, dk, dv, dh, pos);
+  a.o = Act3T<T>();
+  a.lse = typename LayerActsT<T>::Lse();
+  Mat dx = qkvBackward(env_, w, g, a, dq, dk, dv, dh, pos);
   kk::fence(space, "wlb::runtime::layer::bwd");
-  acts_ = LayerActs();
+  a = LayerActsT<T>();
   return dx;
 }
 

@@ -79,8 +79,10 @@ struct LayerEnv {
   trace::Recorder* recorder = nullptr;     ///< optional
   const RopeTable* rope = nullptr;         ///< required; covers every position of the rows
   float norm_eps = 1e-5f;
-  attention::KernelConfig kernel{};       ///< its precision is the attention's
-  Precision precision = Precision::Fp32;  ///< the GEMMs' (run.precision)
+  attention::KernelConfig kernel{};  ///< its precision is the attention's
+  /// run.precision: the GEMMs' arithmetic; Bf16 also means BF16 storage of what the GEMMs
+  /// and the attention read (activations kept for backward, the weights' working copy).
+  Precision precision = Precision::Fp32;
   /// Collectives of the CP / TP groups (run.comm_backend); null -> host-staged MPI over
   /// cp_comm / tp_comm.
   parallel::GroupComm* cp_group = nullptr;
@@ -89,6 +91,7 @@ struct LayerEnv {
   BufferPool* pool = nullptr;
   /// A rank of `mesh`: its CP and TP groups (with their collectives), GEMMs and attention at
   /// `precision` (`wlb run` and `wlb train` alike).
+  bool bf16Storage() const { return precision == Precision::Bf16; }
   static LayerEnv onMesh(const Space& space, const parallel::Mesh& mesh, const model::CostModel& cost,
                          trace::Recorder* recorder, Precision precision, parallel::GroupComm* cp_group,
                          parallel::GroupComm* tp_group);
@@ -96,24 +99,31 @@ struct LayerEnv {
 
 /// What one layer keeps from forward to backward for a run of rows (in packed or local
 /// order): the input and its norm, the post-attention residual and its norm, the two norms'
-/// reciprocal RMS, Q/K/V/O and the LSE, the MLP's two projections and gated product. Its
-/// bytes are model::executorLayerActivationBytes with no KV buffer.
-struct LayerActs {
+/// reciprocal RMS, Q/K/V/O and the LSE, the MLP's two projections and gated product. The
+/// residual stream (x, h), the RMS and the LSE are FP32; the rest has storage type T (float,
+/// or bf16 with run.precision = "bf16"). Its bytes are model::executorLayerActivationBytes
+/// with no KV buffer.
+template <class T>
+struct LayerActsT {
   using Lse = Kokkos::View<float**, Kokkos::LayoutRight, Mem>;
-  Mat x, xn1, h, hn, a1, a3, s;
+  Mat x, h;
+  MatT<T> xn1, hn, a1, a3, s;
   Vec rstd1, rstd2;
-  Act3 q, k, v, o;
+  Act3T<T> q, k, v, o;
   Lse lse;
   std::int64_t rows() const { return static_cast<std::int64_t>(x.extent(0)); }
   std::int64_t bytes() const;
   /// A deep copy of rows [r0, r1) (a SlimPack slice's share of its forward MicroPack).
-  LayerActs copyRows(const Space& space, std::int64_t r0, std::int64_t r1) const;
+  LayerActsT copyRows(const Space& space, std::int64_t r0, std::int64_t r1) const;
   /// The rows of `parts` one after another (deep copies; one part is returned as is).
-  static LayerActs concat(const Space& space, const std::vector<const LayerActs*>& parts);
+  static LayerActsT concat(const Space& space, const std::vector<const LayerActsT*>& parts);
 };
+using LayerActs = LayerActsT<float>;
 
-/// RMSNorm of every row (one team per row): y = x * rstd * g, rstd = 1/sqrt(mean(x^2) + eps).
-void rmsNorm(const Space& space, const Mat& x, const Vec& g, float eps, const Mat& y, const Vec& rstd);
+/// RMSNorm of every row (one team per row): y = x * rstd * g, rstd = 1/sqrt(mean(x^2) + eps);
+/// y in its storage type (float or bf16).
+template <class T>
+void rmsNorm(const Space& space, const Mat& x, const Vec& g, float eps, const MatT<T>& y, const Vec& rstd);
 /// Its backward: dx += rstd * (g*dy - xhat * mean(g*dy*xhat)) and dg += the gain's gradient
 /// (block partial sums, then their ordered sum: deterministic without atomics, and a GPU is
 /// not left with one thread per column walking every row). Scratch from `pool` (null:
@@ -123,18 +133,23 @@ void rmsNormBackward(const Space& space, BufferPool* pool, const Mat& x, const V
 
 /// The parts of a layer around its attention, shared by LayerStep and the sliced executor
 /// (sliced.hpp). `pos`: the rows' RoPE positions.
+/// `w`: the weights the kernels read (Llama::working<T>), `g`: the FP32 gradients.
 /// norm1, Q/K/V, RoPE: a.xn1, a.rstd1, a.q, a.k, a.v from a.x.
-void qkvForward(const LayerEnv& env, const LayerShape& s, const LayerParams& w, LayerActs& a, const IVec& pos);
+template <class T>
+void qkvForward(const LayerEnv& env, const LayerShape& s, const LayerParamsT<T>& w, LayerActsT<T>& a, const IVec& pos);
 /// Given a.o (and a.x): h = x + O Wo, y = h + SwiGLU(norm2(h)); keeps what backward needs.
-Mat outMlpForward(const LayerEnv& env, const LayerParams& w, LayerActs& a);
+template <class T>
+Mat outMlpForward(const LayerEnv& env, const LayerParamsT<T>& w, LayerActsT<T>& a);
 /// Backward of outMlpForward: accumulates dWo, dW1..3, dg2, sets dh (dL/dh incl. the
-/// residual) and returns dO. Drops the MLP activations.
-Act3 outMlpBackward(const LayerEnv& env, const LayerParams& w, const LayerParams& g, LayerActs& a, const Mat& dy,
-                    Mat& dh);
+/// residual) and returns dO (storage type T). Drops the MLP activations.
+template <class T>
+Act3T<T> outMlpBackward(const LayerEnv& env, const LayerParamsT<T>& w, const LayerParams& g, LayerActsT<T>& a,
+                        const Mat& dy, Mat& dh);
 /// Backward of qkvForward: RoPE's transpose on dq/dk, accumulates dWq/dWk/dWv and dg1,
 /// returns dx = dh + norm1'(dq Wq^T + dk Wk^T + dv Wv^T). dq and dk are rotated in place.
-Mat qkvBackward(const LayerEnv& env, const LayerParams& w, const LayerParams& g, const LayerActs& a, const Act3& dq,
-                const Act3& dk, const Act3& dv, const Mat& dh, const IVec& pos);
+template <class T>
+Mat qkvBackward(const LayerEnv& env, const LayerParamsT<T>& w, const LayerParams& g, const LayerActsT<T>& a,
+                const Act3& dq, const Act3& dk, const Act3& dv, const Mat& dh, const IVec& pos);
 
 /// Forward/backward of one layer for one unit (this CP rank's rows of a micro-batch);
 /// keeps the activations of forward for backward.
@@ -156,12 +171,19 @@ class LayerStep {
   std::int64_t savedBytes() const;
 
  private:
+  template <class T>
+  Mat forwardT(const Mat& x, const IVec& pos, bool keep);
+  template <class T>
+  Mat backwardT(const Mat& dy, const IVec& pos);
+  template <class T>
+  LayerActsT<T>& acts();
   LayerEnv env_;
   const Llama* model_;
   int layer_;
   std::int64_t n_;
   std::unique_ptr<cp::DistributedAttention> attn_;
-  LayerActs acts_;
+  LayerActsT<float> acts_;
+  LayerActsT<bf16> bacts_;  ///< with BF16 storage
   double attn_seconds_ = 0;
 };
 

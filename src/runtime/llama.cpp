@@ -181,7 +181,8 @@ std::vector<TensorInfo> Llama::layout(const LlamaConfig& cfg) {
   return out;
 }
 
-Llama::Llama(const LlamaConfig& cfg, std::uint64_t seed) : cfg_(cfg), ids_(cfg.layerIds()) {
+Llama::Llama(const LlamaConfig& cfg, std::uint64_t seed, Precision working)
+    : cfg_(cfg), ids_(cfg.layerIds()), bf16_(working == Precision::Bf16) {
   cfg.validate();
   const std::int64_t h = cfg.hidden, V = cfg.vocab, D = cfg.headDim(),
                      qw = static_cast<std::int64_t>(cfg.localHeads()) * D,
@@ -230,7 +231,45 @@ Llama::Llama(const LlamaConfig& cfg, std::uint64_t seed) : cfg_(cfg), ids_(cfg.l
       scale = sf * depth;
     fillTensor(space, w_buf_, t, seed, scale, cfg.tp_rank);
   }
+  if (bf16_) {
+    // The working copy: the same layout as the masters, matrices in BF16.
+    b_buf_ = Kokkos::View<bf16*, Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::runtime::weights_bf16"), n);
+    bf16* base = b_buf_.data();
+    std::size_t t = 0;
+    auto mat = [&](std::int64_t r, std::int64_t c) { return BMat(base + tensors_[t++].offset, r, c); };
+    if (cfg.holdsEmbedding()) b_embed_ = mat(V, h);
+    for (std::size_t i = 0; i < ids_.size(); ++i) {
+      const LayerParams& M = w_layers_[i];
+      LayerParamsT<bf16> L;
+      L.norm1 = M.norm1;
+      ++t;
+      L.wq = mat(h, qw);
+      L.wk = mat(h, kw);
+      L.wv = mat(h, kw);
+      L.wo = mat(qw, h);
+      L.norm2 = M.norm2;
+      ++t;
+      L.w1 = mat(h, f);
+      L.w3 = mat(h, f);
+      L.w2 = mat(f, h);
+      b_layers_.push_back(L);
+    }
+    if (cfg.holdsHead()) {
+      ++t;  // norm_f: the master
+      b_head_ = mat(h, V);
+    }
+    refreshWorking(space);
+  }
   kk::fence(space, "wlb::runtime::Llama::init");
+}
+
+void Llama::refreshWorking(const Space& space) {
+  if (!bf16_) return;
+  const float* src = w_buf_.data();
+  bf16* dst = b_buf_.data();
+  Kokkos::parallel_for(
+      "wlb::runtime::refresh_working", Policy(space, 0, static_cast<std::int64_t>(b_buf_.extent(0))),
+      KOKKOS_LAMBDA(const std::int64_t i) { dst[i] = attention::toBf16(src[i]); });
 }
 
 bool Llama::holds(int l) const {

@@ -16,12 +16,16 @@
 /// * Weights come from a counter-based hash of (seed, the tensor's index in the whole
 ///   model): every mesh, pipeline split and TP slicing starts from the same numbers.
 /// * Weights and gradients are two flat FP32 buffers (the gradient buffer is what the
-///   DP x CP all-reduce sums, the checkpoint stores, the optimizer walks).
+///   DP x CP all-reduce sums, the checkpoint stores, the optimizer walks). With BF16
+///   storage (run.precision = "bf16") a third flat buffer holds the working copy the
+///   kernels read: the FP32 master weights rounded to BF16, refreshed by refreshWorking()
+///   whenever the masters change (initialisation, optimizer step, checkpoint load).
 
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/deck.hpp"
@@ -69,14 +73,18 @@ struct LlamaConfig {
 /// Global ids of the layers of `stage`: the blocks of virtual stages c*stages + stage.
 std::vector<int> stageLayers(int layers, int stages, int chunks, int stage);
 
-/// Parameter tensors of one layer (views into a flat buffer).
-struct LayerParams {
-  Vec norm1, norm2;  ///< RMSNorm gains [hidden]
-  Mat wq, wk, wv;    ///< [hidden][q / kv width]
-  Mat wo;            ///< [q width][hidden]
-  Mat w1, w3;        ///< [hidden][ffn]
-  Mat w2;            ///< [ffn][hidden]
+/// Parameter tensors of one layer (views into a flat buffer), matrices of storage type T:
+/// FP32 for the master weights and gradients, BF16 for the working copy (whose norm gains
+/// are the masters': the norms compute in FP32).
+template <class T>
+struct LayerParamsT {
+  Vec norm1, norm2;    ///< RMSNorm gains [hidden]
+  MatT<T> wq, wk, wv;  ///< [hidden][q / kv width]
+  MatT<T> wo;          ///< [q width][hidden]
+  MatT<T> w1, w3;      ///< [hidden][ffn]
+  MatT<T> w2;          ///< [ffn][hidden]
 };
+using LayerParams = LayerParamsT<float>;
 
 /// A named tensor in the flat buffer (checkpoints, weight decay, tests).
 struct TensorInfo {
@@ -94,7 +102,8 @@ class Llama {
  public:
   /// Weights from (seed, tensor index): embedding uniform in +-1, projections
   /// +-1/sqrt(fan_in) (Wo and W2 further / sqrt(2 layers): residual branches add up), gains 1.
-  Llama(const LlamaConfig& cfg, std::uint64_t seed);
+  /// `working`: Bf16 keeps a BF16 working copy of the weights (other values: none).
+  Llama(const LlamaConfig& cfg, std::uint64_t seed, Precision working = Precision::Fp32);
   /// The tensors of cfg's stage and TP rank, with their offsets in its flat buffer.
   static std::vector<TensorInfo> layout(const LlamaConfig& cfg);
   const LlamaConfig& config() const { return cfg_; }
@@ -103,6 +112,34 @@ class Llama {
   /// Weights / gradients of global layer `l` (held by this rank).
   const LayerParams& weights(int l) const { return w_layers_[slot(l)]; }
   const LayerParams& grads(int l) const { return g_layers_[slot(l)]; }
+  /// The weights the kernels read at storage type T: the masters (float) or the BF16
+  /// working copy (bf16; needs a model built with working = Bf16).
+  template <class T>
+  const LayerParamsT<T>& working(int l) const {
+    if constexpr (std::is_same_v<T, bf16>)
+      return b_layers_.at(slot(l));
+    else
+      return w_layers_[slot(l)];
+  }
+  template <class T>
+  MatT<T> embedWorking() const {
+    if constexpr (std::is_same_v<T, bf16>)
+      return b_embed_;
+    else
+      return w_embed_;
+  }
+  template <class T>
+  MatT<T> headWorking() const {
+    if constexpr (std::is_same_v<T, bf16>)
+      return b_head_;
+    else
+      return w_head_;
+  }
+  /// Whether a BF16 working copy is kept.
+  bool hasWorkingCopy() const { return bf16_; }
+  /// Round the masters into the working copy (no-op without one). Call after every change
+  /// of the masters.
+  void refreshWorking(const Space& space);
   /// Stage 0: [vocab][hidden]; last stage: gain [hidden] and head [hidden][vocab].
   Mat embed() const { return w_embed_; }
   Mat embedGrad() const { return g_embed_; }
@@ -123,6 +160,10 @@ class Llama {
   Vec w_buf_, g_buf_;
   std::vector<LayerParams> w_layers_, g_layers_;
   Mat w_embed_, g_embed_, w_head_, g_head_;
+  bool bf16_ = false;
+  Kokkos::View<bf16*, Mem> b_buf_;
+  std::vector<LayerParamsT<bf16>> b_layers_;
+  BMat b_embed_, b_head_;
   Vec w_norm_f_, g_norm_f_;
   std::vector<TensorInfo> tensors_;
 };

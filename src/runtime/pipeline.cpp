@@ -198,6 +198,7 @@ double runLocal(Llama& model, const TokenSource& tokens, const std::vector<Micro
   env.space = &space;
   env.cp_comm = MPI_COMM_SELF;
   env.cost = &cost;
+  if (model.hasWorkingCopy()) env.precision = env.kernel.precision = Precision::Bf16;  // the model's storage
   const int M = static_cast<int>(mbs.size());
   const pp::Schedule sched = backward ? pp::makeOneFOneB(1, M) : forwardSchedule(1, M, 1);
   PipelineStage stage(env, model, sched, MPI_COMM_SELF);

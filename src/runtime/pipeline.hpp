@@ -108,7 +108,8 @@ pp::Schedule forwardSchedule(int stages, int micro_batches, int chunks);
 
 /// One rank, no mesh (tests, tools): the units `mbs` through a one-stage `model` in 1F1B
 /// order (forward only without `backward`); returns the sum of the CE of their rows, and
-/// accumulates the gradients of loss_scale * that sum. Collective over nothing.
+/// accumulates the gradients of loss_scale * that sum. Collective over nothing. A model with
+/// a BF16 working copy runs with BF16 storage, else FP32.
 double runLocal(Llama& model, const TokenSource& tokens, const std::vector<MicroBatch>& mbs, bool backward,
                 float loss_scale = 1.0f);
 

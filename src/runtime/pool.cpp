@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 namespace wlb::runtime {
 namespace {
@@ -71,7 +72,7 @@ V BufferPool::take(std::vector<Entry<V>>& list, const char* label, std::int64_t 
     out = leading(list.back().block, rows);
     ++misses_;
   }
-  if (zero) Kokkos::deep_copy(space_, out, 0.0f);
+  if (zero) Kokkos::deep_copy(space_, out, typename V::non_const_value_type{});
   return out;
 }
 
@@ -87,6 +88,14 @@ Act3 BufferPool::act3(const char* label, std::int64_t rows, int heads, int dim, 
   return take(acts_, label, rows, heads, dim, zero);
 }
 
+BMat BufferPool::bmat(const char* label, std::int64_t rows, std::int64_t cols) {
+  return take(bmats_, label, rows, cols, 0, false);
+}
+
+BAct3 BufferPool::bact3(const char* label, std::int64_t rows, int heads, int dim) {
+  return take(bacts_, label, rows, heads, dim, false);
+}
+
 void BufferPool::endStep() {
   const auto trim = [](auto& list) {
     for (auto& e : list) ++e.idle;
@@ -97,6 +106,8 @@ void BufferPool::endStep() {
   trim(vecs_);
   trim(mats_);
   trim(acts_);
+  trim(bmats_);
+  trim(bacts_);
 }
 
 std::int64_t BufferPool::cachedBytes() const {
@@ -104,7 +115,10 @@ std::int64_t BufferPool::cachedBytes() const {
   for (const auto& e : vecs_) b += static_cast<std::int64_t>(e.block.span());
   for (const auto& e : mats_) b += static_cast<std::int64_t>(e.block.span());
   for (const auto& e : acts_) b += static_cast<std::int64_t>(e.block.span());
-  return 4 * b;
+  b *= 4;
+  for (const auto& e : bmats_) b += 2 * static_cast<std::int64_t>(e.block.span());
+  for (const auto& e : bacts_) b += 2 * static_cast<std::int64_t>(e.block.span());
+  return b;
 }
 
 Vec newVec(BufferPool* pool, const char* label, std::int64_t n, bool zero) {
@@ -122,5 +136,26 @@ Act3 newAct3(BufferPool* pool, const char* label, std::int64_t rows, int heads, 
   if (pool) return pool->act3(label, rows, heads, dim, zero);
   return zero ? Act3(std::string(label), rows, heads, dim) : newAct3(label, rows, heads, dim);
 }
+
+template <class T>
+MatT<T> newMatT(BufferPool* pool, const char* label, std::int64_t rows, std::int64_t cols) {
+  if constexpr (std::is_same_v<T, bf16>)
+    return pool ? pool->bmat(label, rows, cols)
+                : BMat(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), rows, cols);
+  else
+    return newMat(pool, label, rows, cols);
+}
+template <class T>
+Act3T<T> newAct3T(BufferPool* pool, const char* label, std::int64_t rows, int heads, int dim) {
+  if constexpr (std::is_same_v<T, bf16>)
+    return pool ? pool->bact3(label, rows, heads, dim)
+                : BAct3(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), rows, heads, dim);
+  else
+    return newAct3(pool, label, rows, heads, dim);
+}
+template MatT<float> newMatT<float>(BufferPool*, const char*, std::int64_t, std::int64_t);
+template MatT<bf16> newMatT<bf16>(BufferPool*, const char*, std::int64_t, std::int64_t);
+template Act3T<float> newAct3T<float>(BufferPool*, const char*, std::int64_t, int, int);
+template Act3T<bf16> newAct3T<bf16>(BufferPool*, const char*, std::int64_t, int, int);
 
 }  // namespace wlb::runtime

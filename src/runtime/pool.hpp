@@ -31,6 +31,8 @@ class BufferPool {
   Vec vec(const char* label, std::int64_t n, bool zero = false);
   Mat mat(const char* label, std::int64_t rows, std::int64_t cols, bool zero = false);
   Act3 act3(const char* label, std::int64_t rows, int heads, int dim, bool zero = false);
+  BMat bmat(const char* label, std::int64_t rows, std::int64_t cols);
+  BAct3 bact3(const char* label, std::int64_t rows, int heads, int dim);
   /// Steps a free block is kept without being taken.
   static constexpr int kKeepSteps = 4;
   /// A step boundary: drop the free blocks not taken in the last kKeepSteps steps.
@@ -54,6 +56,8 @@ class BufferPool {
   std::vector<Entry<Vec>> vecs_;
   std::vector<Entry<Mat>> mats_;
   std::vector<Entry<Act3>> acts_;
+  std::vector<Entry<BMat>> bmats_;
+  std::vector<Entry<BAct3>> bacts_;
   std::int64_t misses_ = 0, hits_ = 0;
 };
 
@@ -61,5 +65,10 @@ class BufferPool {
 Vec newVec(BufferPool* pool, const char* label, std::int64_t n, bool zero = false);
 Mat newMat(BufferPool* pool, const char* label, std::int64_t rows, std::int64_t cols, bool zero = false);
 Act3 newAct3(BufferPool* pool, const char* label, std::int64_t rows, int heads, int dim, bool zero = false);
+/// Uninitialised [rows][cols] / [rows][heads][dim] of storage type T (float or bf16).
+template <class T>
+MatT<T> newMatT(BufferPool* pool, const char* label, std::int64_t rows, std::int64_t cols);
+template <class T>
+Act3T<T> newAct3T(BufferPool* pool, const char* label, std::int64_t rows, int heads, int dim);
 
 }  // namespace wlb::runtime

@@ -471,7 +471,7 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
   const auto dpcp_group = parallel::makeGroupComm(dpcp, backend);
 
   Space space;
-  Llama model(mc, deck.data.seed);
+  Llama model(mc, deck.data.seed, precision);
   trace::Recorder rec = trace::alignedRecorder(mesh.world(), {coord.tp, coord.cp, coord.pp, coord.dp});
   rec.reserve(
       static_cast<std::size_t>((steps + warmup) * M * (static_cast<std::int64_t>(model.layerIds().size()) * 20 + 8) *

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "core/error.hpp"
 #include "core/kokkos_compat.hpp"
@@ -18,22 +19,29 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-Act3 rowsOf(const Act3& a, std::int64_t r0, std::int64_t r1) {
+template <class T>
+Act3T<T> rowsOf(const Act3T<T>& a, std::int64_t r0, std::int64_t r1) {
   return Kokkos::subview(a, std::make_pair(r0, r1), Kokkos::ALL, Kokkos::ALL);
 }
 
-// dst (+)= src over rows of the same shape (contiguous LayoutRight row ranges).
-void copyRows(const Space& space, const Act3& dst, const Act3& src, bool add) {
+// dst (+)= src over rows of the same shape (contiguous LayoutRight row ranges); sums are
+// FP32 (gradients), BF16 rows are only copied.
+template <class T>
+void copyRows(const Space& space, const Act3T<T>& dst, const Act3T<T>& src, bool add) {
   if (dst.size() != src.size()) throw std::logic_error("SlicedStage: row copy of different sizes");
-  float* d = dst.data();
-  const float* s = src.data();
+  T* d = dst.data();
+  const T* s = src.data();
   Kokkos::parallel_for(
       add ? "wlb::runtime::sliced::add_rows" : "wlb::runtime::sliced::copy_rows",
       Kokkos::RangePolicy<Space>(space, 0, static_cast<std::int64_t>(dst.size())), KOKKOS_LAMBDA(const std::int64_t e) {
-        if (add)
-          d[e] += s[e];
-        else
+        if constexpr (std::is_same_v<T, float>) {
+          if (add)
+            d[e] += s[e];
+          else
+            d[e] = s[e];
+        } else {
           d[e] = s[e];
+        }
       });
 }
 
@@ -107,7 +115,32 @@ std::vector<TokenRef> SlicedStage::rows(bool bwd, int k) const {
 bool SlicedStage::empty() const {
   for (const auto& [l, sv] : saved_)
     if (!sv.runs.empty() || !sv.acc.empty()) return false;
+  for (const auto& [l, sv] : bsaved_)
+    if (!sv.runs.empty() || !sv.acc.empty()) return false;
   return true;
+}
+
+template <class T>
+std::map<int, SlicedStage::Saved<T>>& SlicedStage::saved() {
+  if constexpr (std::is_same_v<T, bf16>)
+    return bsaved_;
+  else
+    return saved_;
+}
+template <class T>
+const std::map<int, SlicedStage::Saved<T>>& SlicedStage::saved() const {
+  if constexpr (std::is_same_v<T, bf16>)
+    return bsaved_;
+  else
+    return saved_;
+}
+
+Mat SlicedStage::forward(int k, int l, const Mat& x, const IVec& pos) {
+  return env_.bf16Storage() ? forwardT<bf16>(k, l, x, pos) : forwardT<float>(k, l, x, pos);
+}
+
+Mat SlicedStage::backward(int j, int l, const Mat& dy, const IVec& pos) {
+  return env_.bf16Storage() ? backwardT<bf16>(j, l, dy, pos) : backwardT<float>(j, l, dy, pos);
 }
 
 SlicedStage::Keys SlicedStage::keyLayout(const std::vector<std::int64_t>& cuts, int k) const {
@@ -131,22 +164,24 @@ SlicedStage::Keys SlicedStage::keyLayout(const std::vector<std::int64_t>& cuts, 
   return keys;
 }
 
-Act3 SlicedStage::kvRows(int l, std::int64_t i, bool value, const LayerActs* cur, std::int64_t cur_s0,
-                         std::int64_t cur_s1) const {
+template <class T>
+Act3T<T> SlicedStage::kvRows(int l, std::int64_t i, bool value, const LayerActsT<T>* cur, std::int64_t cur_s0,
+                             std::int64_t cur_s1) const {
   const auto len = slices_->segments[static_cast<std::size_t>(i)].length;
   if (cur && i >= cur_s0 && i < cur_s1) {
     const std::int64_t r = fwd_row_[static_cast<std::size_t>(i)];
-    return rowsOf(value ? cur->v : cur->k, r, r + len);
+    return rowsOf<T>(value ? cur->v : cur->k, r, r + len);
   }
-  const auto sv = saved_.find(l);
-  if (sv != saved_.end()) {
+  const auto& all = saved<T>();
+  const auto sv = all.find(l);
+  if (sv != all.end()) {
     auto it = sv->second.runs.upper_bound(i);
     if (it != sv->second.runs.begin()) {
       --it;
-      const Run& run = it->second;
+      const Run<T>& run = it->second;
       if (i < run.s1) {
         const std::int64_t r = fwd_row_[static_cast<std::size_t>(i)] - fwd_row_[static_cast<std::size_t>(run.s0)];
-        return rowsOf(value ? run.acts.v : run.acts.k, r, r + len);
+        return rowsOf<T>(value ? run.acts.v : run.acts.k, r, r + len);
       }
     }
   }
@@ -154,12 +189,13 @@ Act3 SlicedStage::kvRows(int l, std::int64_t i, bool value, const LayerActs* cur
                          " are gone (backward out of order)");
 }
 
-void SlicedStage::buildKv(const std::vector<std::int64_t>& cuts, int k, int l, const Keys& keys, const LayerActs* cur,
-                          Act3& kbuf, Act3& vbuf) const {
+template <class T>
+void SlicedStage::buildKv(const std::vector<std::int64_t>& cuts, int k, int l, const Keys& keys,
+                          const LayerActsT<T>* cur, Act3T<T>& kbuf, Act3T<T>& vbuf) const {
   const Space& space = *env_.space;
   const LayerShape sh = LayerShape::of(model_->config());
-  kbuf = newAct3("wlb::runtime::sliced::kv_k", keys.rows, sh.kv_heads, sh.head_dim);
-  vbuf = newAct3("wlb::runtime::sliced::kv_v", keys.rows, sh.kv_heads, sh.head_dim);
+  kbuf = newAct3T<T>(env_.pool, "wlb::runtime::sliced::kv_k", keys.rows, sh.kv_heads, sh.head_dim);
+  vbuf = newAct3T<T>(env_.pool, "wlb::runtime::sliced::kv_v", keys.rows, sh.kv_heads, sh.head_dim);
   const auto s0 = cuts[static_cast<std::size_t>(k)];
   const std::int64_t cs0 = cur ? slices_->fwd_cuts[static_cast<std::size_t>(k)] : 0;
   const std::int64_t cs1 = cur ? slices_->fwd_cuts[static_cast<std::size_t>(k) + 1] : 0;
@@ -169,35 +205,36 @@ void SlicedStage::buildKv(const std::vector<std::int64_t>& cuts, int k, int l, c
     std::vector<std::int64_t> parts = chain_[static_cast<std::size_t>(i)];
     parts.push_back(i);
     for (const std::int64_t j : parts) {
-      const Act3 ks = kvRows(l, j, false, cur, cs0, cs1), vs = kvRows(l, j, true, cur, cs0, cs1);
+      const Act3T<T> ks = kvRows<T>(l, j, false, cur, cs0, cs1), vs = kvRows<T>(l, j, true, cur, cs0, cs1);
       const auto len = static_cast<std::int64_t>(ks.extent(0));
-      copyRows(space, rowsOf(kbuf, at, at + len), ks, false);
-      copyRows(space, rowsOf(vbuf, at, at + len), vs, false);
+      copyRows<T>(space, rowsOf<T>(kbuf, at, at + len), ks, false);
+      copyRows<T>(space, rowsOf<T>(vbuf, at, at + len), vs, false);
       at += len;
     }
     if (at != keys.pieces[p].k_end) throw std::logic_error("SlicedStage: key layout mismatch");
   }
 }
 
-Mat SlicedStage::forward(int k, int l, const Mat& x, const IVec& pos) {
+template <class T>
+Mat SlicedStage::forwardT(int k, int l, const Mat& x, const IVec& pos) {
   const Space& space = *env_.space;
   const LayerShape sh = LayerShape::of(model_->config());
-  const LayerParams& w = model_->weights(l);
+  const LayerParamsT<T>& w = model_->working<T>(l);
   const auto& fc = slices_->fwd_cuts;
   const auto s0 = fc[static_cast<std::size_t>(k)], s1 = fc[static_cast<std::size_t>(k) + 1];
   const std::int64_t n = fwdTokens(k);
   if (static_cast<std::int64_t>(x.extent(0)) != n)
     throw std::logic_error("SlicedStage::forward: input rows " + std::to_string(x.extent(0)) + ", MicroPack tokens " +
                            std::to_string(n));
-  LayerActs a;
+  LayerActsT<T> a;
   a.x = x;
   qkvForward(env_, sh, w, a, pos);
   // Attention over each segment's chain and own keys.
   const Keys keys = keyLayout(fc, k);
-  Act3 kbuf = a.k, vbuf = a.v;
-  if (!keys.own) buildKv(fc, k, l, keys, &a, kbuf, vbuf);
-  a.o = newAct3("wlb::runtime::o", n, sh.heads, sh.head_dim);
-  a.lse = LayerActs::Lse(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::runtime::lse"), n, sh.heads);
+  Act3T<T> kbuf = a.k, vbuf = a.v;
+  if (!keys.own) buildKv<T>(fc, k, l, keys, &a, kbuf, vbuf);
+  a.o = newAct3T<T>(env_.pool, "wlb::runtime::o", n, sh.heads, sh.head_dim);
+  a.lse = newMat(env_.pool, "wlb::runtime::lse", n, sh.heads);
   {
     const double flops = attnFlops(fc, k, model::Phase::Fwd);
     const auto t = Clock::now();
@@ -207,15 +244,15 @@ Mat SlicedStage::forward(int k, int l, const Mat& x, const IVec& pos) {
     kk::fence(space, "wlb::runtime::sliced::attn_fwd");
     attn_seconds_ = std::chrono::duration<double>(Clock::now() - t).count();
   }
-  kbuf = vbuf = Act3();
+  kbuf = vbuf = Act3T<T>();
   const Mat y = outMlpForward(env_, w, a);
   // Save: one run per backward MicroPack the forward MicroPack feeds.
-  Saved& sv = saved_[l];
+  Saved<T>& sv = saved<T>()[l];
   const auto& bc = slices_->bwd_cuts;
   for (std::size_t j = 0; j + 1 < bc.size(); ++j) {
     const auto r0 = std::max(s0, bc[j]), r1 = std::min(s1, bc[j + 1]);
     if (r0 >= r1) continue;
-    Run run;
+    Run<T> run;
     run.s0 = r0;
     run.s1 = r1;
     if (r0 == s0 && r1 == s1) {
@@ -240,10 +277,11 @@ Mat SlicedStage::forward(int k, int l, const Mat& x, const IVec& pos) {
   return y;
 }
 
-Mat SlicedStage::backward(int j, int l, const Mat& dy, const IVec& pos) {
+template <class T>
+Mat SlicedStage::backwardT(int j, int l, const Mat& dy, const IVec& pos) {
   const Space& space = *env_.space;
   const LayerShape sh = LayerShape::of(model_->config());
-  const LayerParams& w = model_->weights(l);
+  const LayerParamsT<T>& w = model_->working<T>(l);
   const LayerParams& g = model_->grads(l);
   const auto& bc = slices_->bwd_cuts;
   const auto s0 = bc[static_cast<std::size_t>(j)], s1 = bc[static_cast<std::size_t>(j) + 1];
@@ -251,18 +289,18 @@ Mat SlicedStage::backward(int j, int l, const Mat& dy, const IVec& pos) {
   if (static_cast<std::int64_t>(dy.extent(0)) != n)
     throw std::logic_error("SlicedStage::backward: gradient rows " + std::to_string(dy.extent(0)) +
                            ", MicroPack tokens " + std::to_string(n));
-  Saved& sv = saved_.at(l);
-  std::vector<const LayerActs*> parts;
+  Saved<T>& sv = saved<T>().at(l);
+  std::vector<const LayerActsT<T>*> parts;
   for (auto it = sv.runs.lower_bound(s0); it != sv.runs.end() && it->first < s1; ++it)
     parts.push_back(&it->second.acts);
-  LayerActs A = LayerActs::concat(space, parts);
+  LayerActsT<T> A = LayerActsT<T>::concat(space, parts);
   if (A.rows() != n) throw std::logic_error("SlicedStage::backward: saved rows do not cover the MicroPack");
   Mat dh;
-  const Act3 d_o = outMlpBackward(env_, w, g, A, dy, dh);
+  const Act3T<T> d_o = outMlpBackward(env_, w, g, A, dy, dh);
   // Attention backward into a key-gradient buffer of the forward's layout.
   const Keys keys = keyLayout(bc, j);
-  Act3 kbuf = A.k, vbuf = A.v;
-  if (!keys.own) buildKv(bc, j, l, keys, nullptr, kbuf, vbuf);
+  Act3T<T> kbuf = A.k, vbuf = A.v;
+  if (!keys.own) buildKv<T>(bc, j, l, keys, static_cast<const LayerActsT<T>*>(nullptr), kbuf, vbuf);
   Act3 dq("wlb::runtime::dq", n, sh.heads, sh.head_dim);
   Act3 dkb("wlb::runtime::sliced::dkv_k", keys.rows, sh.kv_heads, sh.head_dim);
   Act3 dvb("wlb::runtime::sliced::dkv_v", keys.rows, sh.kv_heads, sh.head_dim);
@@ -275,9 +313,9 @@ Mat SlicedStage::backward(int j, int l, const Mat& dy, const IVec& pos) {
     kk::fence(space, "wlb::runtime::sliced::attn_bwd");
     attn_seconds_ = std::chrono::duration<double>(Clock::now() - t).count();
   }
-  kbuf = vbuf = Act3();
-  A.o = Act3();
-  A.lse = LayerActs::Lse();
+  kbuf = vbuf = Act3T<T>();
+  A.o = Act3T<T>();
+  A.lse = typename LayerActsT<T>::Lse();
   // Finish the slices latest first: own rows + accumulator; the prefix rows go to the chain.
   Act3 dk = keys.own ? dkb : newAct3("wlb::runtime::dk", n, sh.kv_heads, sh.head_dim);
   Act3 dv = keys.own ? dvb : newAct3("wlb::runtime::dv", n, sh.kv_heads, sh.head_dim);
@@ -293,20 +331,20 @@ Mat SlicedStage::backward(int j, int l, const Mat& dy, const IVec& pos) {
     const std::int64_t r = bwd_row_[static_cast<std::size_t>(i)];
     const std::int64_t own = piece.k_end - s.length;  // own key rows in the buffer
     if (!keys.own) {
-      copyRows(space, rowsOf(dk, r, r + s.length), rowsOf(dkb, own, own + s.length), false);
-      copyRows(space, rowsOf(dv, r, r + s.length), rowsOf(dvb, own, own + s.length), false);
+      copyRows<float>(space, rowsOf<float>(dk, r, r + s.length), rowsOf<float>(dkb, own, own + s.length), false);
+      copyRows<float>(space, rowsOf<float>(dv, r, r + s.length), rowsOf<float>(dvb, own, own + s.length), false);
     }
     const auto acc = sv.acc.find(i);
     if (acc != sv.acc.end()) {
-      copyRows(space, rowsOf(dk, r, r + s.length), acc->second.first, true);
-      copyRows(space, rowsOf(dv, r, r + s.length), acc->second.second, true);
+      copyRows<float>(space, rowsOf<float>(dk, r, r + s.length), acc->second.first, true);
+      copyRows<float>(space, rowsOf<float>(dv, r, r + s.length), acc->second.second, true);
     }
     std::int64_t at = piece.k_begin;
     for (const std::int64_t c : chain_[static_cast<std::size_t>(i)]) {
       const auto len = slices_->segments[static_cast<std::size_t>(c)].length;
       auto& ca = sv.acc.at(c);
-      copyRows(space, ca.first, rowsOf(dkb, at, at + len), true);
-      copyRows(space, ca.second, rowsOf(dvb, at, at + len), true);
+      copyRows<float>(space, ca.first, rowsOf<float>(dkb, at, at + len), true);
+      copyRows<float>(space, ca.second, rowsOf<float>(dvb, at, at + len), true);
       at += len;
     }
   }

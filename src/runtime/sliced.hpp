@@ -64,15 +64,25 @@ class SlicedStage {
   bool empty() const;
 
  private:
+  template <class T>
   struct Run {
     std::int64_t s0 = 0, s1 = 0;  ///< segments [s0, s1)
-    LayerActs acts;
+    LayerActsT<T> acts;
     std::int64_t bytes = 0;
   };
+  template <class T>
   struct Saved {
-    std::map<std::int64_t, Run> runs;                   ///< by first segment
-    std::map<std::int64_t, std::pair<Act3, Act3>> acc;  ///< segment -> dK, dV accumulators
+    std::map<std::int64_t, Run<T>> runs;                ///< by first segment
+    std::map<std::int64_t, std::pair<Act3, Act3>> acc;  ///< segment -> dK, dV accumulators (FP32)
   };
+  template <class T>
+  std::map<int, Saved<T>>& saved();
+  template <class T>
+  const std::map<int, Saved<T>>& saved() const;
+  template <class T>
+  Mat forwardT(int k, int l, const Mat& x, const IVec& pos);
+  template <class T>
+  Mat backwardT(int j, int l, const Mat& dy, const IVec& pos);
   /// The keys of a unit's segments: where each segment's K/V rows come from and the pieces.
   struct Keys {
     std::vector<attention::PieceRange> pieces;
@@ -85,17 +95,21 @@ class SlicedStage {
   Keys keyLayout(const std::vector<std::int64_t>& cuts, int k) const;
   /// K (or V) rows of segment i at layer l: from `cur` (the forward MicroPack being run,
   /// segments [cur_s0, cur_s1)) when it holds i, else from the saved runs.
-  Act3 kvRows(int l, std::int64_t i, bool value, const LayerActs* cur, std::int64_t cur_s0, std::int64_t cur_s1) const;
+  template <class T>
+  Act3T<T> kvRows(int l, std::int64_t i, bool value, const LayerActsT<T>* cur, std::int64_t cur_s0,
+                  std::int64_t cur_s1) const;
   /// The key buffers of unit k (cut points `cuts`) at layer l; `cur` as for kvRows.
-  void buildKv(const std::vector<std::int64_t>& cuts, int k, int l, const Keys& keys, const LayerActs* cur, Act3& kbuf,
-               Act3& vbuf) const;
+  template <class T>
+  void buildKv(const std::vector<std::int64_t>& cuts, int k, int l, const Keys& keys, const LayerActsT<T>* cur,
+               Act3T<T>& kbuf, Act3T<T>& vbuf) const;
 
   LayerEnv env_;
   const Llama* model_;
   const pp::ReplicaSlices* slices_;
   std::vector<std::int64_t> fwd_row_, bwd_row_;   ///< per segment: first row in its MicroPack
   std::vector<std::vector<std::int64_t>> chain_;  ///< per segment: the chain, by offset
-  std::map<int, Saved> saved_;                    ///< per global layer
+  std::map<int, Saved<float>> saved_;             ///< per global layer
+  std::map<int, Saved<bf16>> bsaved_;             ///< the same with BF16 storage
   std::int64_t held_ = 0;
   double attn_seconds_ = 0;
 };

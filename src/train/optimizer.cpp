@@ -83,6 +83,7 @@ double AdamW::step(const Space& space, runtime::Llama& model, std::int64_t step)
         v(i) = vi;
         w(i) -= lr * ((mi / c1) / (kk::sqrt(vi / c2) + eps) + wd * mask(i) * w(i));
       });
+  model.refreshWorking(space);  // the kernels read the new weights (BF16 storage)
   kk::fence(space, "wlb::train::adamw");
   return norm;
 }

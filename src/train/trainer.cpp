@@ -385,7 +385,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   }
 
   Space space;
-  Llama model(mc, tc.seed);
+  Llama model(mc, tc.seed, precision);
   AdamWConfig oc;
   oc.lr = static_cast<float>(tc.lr);
   oc.min_lr_ratio = static_cast<float>(tc.min_lr_ratio);
@@ -423,6 +423,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
       // Every rank loads the weights and moments (the replicas start equal); rank 0 the
       // data cursor and the packer (it plans every step).
       const nlohmann::json h = readCheckpoint(ckpt_path, state_tensors, shape.tp(), coord.tp, stage_params, coord.pp);
+      model.refreshWorking(space);  // the loaded masters into the BF16 working copy
       for (const auto& [k, v] : fp.items()) {
         nlohmann::json was = h.at("fingerprint").value(k, nlohmann::json());
         if (was.is_null() && (k == "mesh.dp" || k == "mesh.tp" || k == "mesh.pp" || k == "mesh.virtual_stages"))

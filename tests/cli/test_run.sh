@@ -85,14 +85,24 @@ EOF
 
 # --gradients: the last step's weight gradients and every loss, identical (to FP32
 # rounding) on one rank and on cp = 2 (the CP exchange and dK/dV return are exact moves);
-# bf16/tf32 run in FP32 on a host build; nccl on a host build is a deck error naming the key.
-"$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set mesh.cp=1 --set run.precision='"bf16"' --steps 1 \
+# tf32 runs in FP32 on a host build; nccl on a host build is a deck error naming the key.
+"$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set mesh.cp=1 --set run.precision='"tf32"' --steps 1 \
   --warmup 0 --quiet --no-output --gradients "$tmp/g1" > "$tmp/log" 2> "$tmp/err" || fail "gradients cp=1: $(cat "$tmp/err")"
 mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set run.comm_backend='"mpi"' --steps 1 --warmup 0 \
   --quiet --no-output --gradients "$tmp/g2" > "$tmp/log" 2> "$tmp/err" || fail "gradients cp=2: $(cat "$tmp/err")"
 for s in plain fixed wlb; do [ -s "$tmp/g2/$s.npy" ] || fail "no gradients for $s"; done
 /usr/bin/python3 "$SRC/bench/compare_runs.py" "$tmp/g1" "$tmp/g2" --tol 1e-4 > "$tmp/cmp" || fail "cp=1 vs cp=2: $(cat "$tmp/cmp")"
 grep -q PASS "$tmp/cmp" || fail "compare_runs: $(cat "$tmp/cmp")"
+# bf16 = BF16 storage of activations and working weights: within BF16's precision of FP32
+# (and not equal to it), on one rank and on cp = 2 (BF16 K/V on the wire).
+"$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set mesh.cp=1 --set run.precision='"bf16"' --steps 1 \
+  --warmup 0 --quiet --no-output --gradients "$tmp/g3" > "$tmp/log" 2> "$tmp/err" || fail "bf16 cp=1: $(cat "$tmp/err")"
+mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set run.comm_backend='"mpi"' \
+  --set run.precision='"bf16"' --steps 1 --warmup 0 --quiet --no-output --gradients "$tmp/g4" > "$tmp/log" 2> "$tmp/err" \
+  || fail "bf16 cp=2: $(cat "$tmp/err")"
+/usr/bin/python3 "$SRC/bench/compare_runs.py" "$tmp/g1" "$tmp/g3" --tol 3e-2 > "$tmp/cmp" || fail "bf16 vs fp32: $(cat "$tmp/cmp")"
+grep -q "worst 0.000e+00" "$tmp/cmp" && fail "bf16 gradients equal fp32's: $(cat "$tmp/cmp")"
+/usr/bin/python3 "$SRC/bench/compare_runs.py" "$tmp/g3" "$tmp/g4" --tol 3e-2 > "$tmp/cmp" || fail "bf16 cp=1 vs cp=2: $(cat "$tmp/cmp")"
 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set mesh.cp=1 --set run.comm_backend='"nccl"' --steps 1 \
   --no-output > "$tmp/log" 2> "$tmp/err"; rc=$?
 if "$WLB" --version 2>/dev/null | grep -q "NCCL *yes"; then :; else

@@ -161,4 +161,47 @@ TEST(Llama, AdamWLowersTheLoss) {
   EXPECT_LE(up, 5);
 }
 
+// BF16 storage (run.precision = "bf16"): the same model with its activations and working
+// weights rounded to BF16 gives the FP32 loss and gradients to within BF16's precision, and
+// AdamW updates the FP32 masters, which reach the kernels through the working copy.
+TEST(Llama, Bf16StorageTracksFp32) {
+  const LlamaConfig cfg = tinyConfig();
+  Llama m32(cfg, 7);
+  Llama m16(cfg, 7, wlb::runtime::Precision::Bf16);
+  ASSERT_TRUE(m16.hasWorkingCopy());
+  ASSERT_FALSE(m32.hasWorkingCopy());
+  wlb::runtime::Space space;
+  const ListTokens tokens({doc(5, 1), doc(9, 2), doc(23, 3)});
+  const MicroBatch batch = tokens.wholeDocuments();
+  m32.zeroGrads(space);
+  m16.zeroGrads(space);
+  const double l32 = runLocal(m32, tokens, {batch}, true, 1.0f);
+  const double l16 = runLocal(m16, tokens, {batch}, true, 1.0f);
+  EXPECT_NE(l32, l16);  // BF16 storage is not FP32
+  EXPECT_NEAR(l16, l32, 1e-2 * std::fabs(l32));
+  auto g32 = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), m32.grads());
+  auto g16 = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), m16.grads());
+  for (const auto& t : m32.tensors()) {
+    double dot = 0, n32 = 0, n16 = 0;
+    for (std::int64_t i = t.offset; i < t.offset + t.size; ++i) {
+      dot += static_cast<double>(g32(i)) * g16(i);
+      n32 += static_cast<double>(g32(i)) * g32(i);
+      n16 += static_cast<double>(g16(i)) * g16(i);
+    }
+    EXPECT_GT(dot / std::sqrt(n32 * n16), 0.999) << t.name;
+    EXPECT_NEAR(std::sqrt(n16), std::sqrt(n32), 0.02 * std::sqrt(n32)) << t.name;
+  }
+  // One AdamW step: the masters move, and the next forward sees it.
+  wlb::train::AdamWConfig oc;
+  oc.lr = 1e-2f;
+  wlb::train::AdamW opt(m16, oc);
+  opt.step(space, m16, 0);
+  EXPECT_NE(runLocal(m16, tokens, {batch}, false), l16);
+  // Master weights stay FP32: not every one of them is a BF16 value after a step.
+  auto w = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), m16.weights());
+  std::int64_t off_grid = 0;
+  for (std::size_t i = 0; i < w.size(); ++i) off_grid += wlb::attention::roundBf16(w(i)) != w(i);
+  EXPECT_GT(off_grid, static_cast<std::int64_t>(w.size()) / 2);
+}
+
 }  // namespace

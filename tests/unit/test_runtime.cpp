@@ -13,6 +13,7 @@
 #include "core/types.hpp"
 #include "cp/shard_plan.hpp"
 #include "model/cost_model.hpp"
+#include "model/memory.hpp"
 #include "pp/schedule.hpp"
 #include "runtime/gemm.hpp"
 #include "runtime/layer.hpp"
@@ -81,6 +82,40 @@ TEST(RuntimeGemm, AllTransposeCombinationsMatchNaive) {
   Mat bad("bad", 3, 3);
   EXPECT_THROW(gemm(space, Trans::N, Trans::N, 1, randomMat(2, 4, 1), randomMat(3, 3, 1), 0, bad),
                std::invalid_argument);
+}
+
+// BF16 storage: the products of BF16 operands equal the FP32 products of the rounded
+// operands (the host widens them; cuBLAS accumulates in FP32), a BF16 C is that result
+// rounded once.
+TEST(RuntimeGemm, Bf16OperandsMatchTheirFp32Products) {
+  Space space;
+  const int m = 9, n = 11, k = 37;
+  auto rounded = [&](const Mat& f) {
+    BMat b("b", f.extent(0), f.extent(1));
+    convert<bf16>(space, f, b);
+    Mat w("w", f.extent(0), f.extent(1));
+    widen(space, b, w);
+    return std::make_pair(b, w);
+  };
+  for (Trans ta : {Trans::N, Trans::T})
+    for (Trans tb : {Trans::N, Trans::T}) {
+      const auto [ab, af] = rounded(ta == Trans::N ? randomMat(m, k, 4) : randomMat(k, m, 4));
+      const auto [bb, bf] = rounded(tb == Trans::N ? randomMat(k, n, 5) : randomMat(n, k, 5));
+      Mat c32 = randomMat(m, n, 6), c = randomMat(m, n, 6);
+      gemm(space, ta, tb, 0.5f, af, bf, 2.0f, c32);
+      gemm(space, ta, tb, 0.5f, ab, bb, 2.0f, c);
+      EXPECT_EQ(host(c), host(c32));
+      // BF16 C, beta = 0: the FP32 result rounded once.
+      BMat cb("cb", m, n);
+      gemm(space, ta, tb, 1.0f, ab, bb, 0.0f, cb);
+      Mat ref("ref", m, n), back("back", m, n);
+      gemm(space, ta, tb, 1.0f, af, bf, 0.0f, ref);
+      widen(space, cb, back);
+      const auto hr = host(ref), hb = host(back);
+      for (std::size_t i = 0; i < hr.size(); ++i) EXPECT_EQ(hb[i], attention::roundBf16(hr[i])) << i;
+    }
+  BMat bad("bad", 3, 3);
+  EXPECT_THROW(gemm(space, Trans::N, Trans::N, 1, BMat("a", 2, 4), BMat("b", 3, 3), 0, bad), std::invalid_argument);
 }
 
 TEST(RuntimeFlops, LinearOpsSumToCostModel) {
@@ -250,6 +285,51 @@ TEST(RuntimePool, RepeatedStepAllocatesNothing) {
   EXPECT_GT(r1.allocations, 0);
   EXPECT_EQ(r2.allocations, 0);
   EXPECT_EQ(r1.loss, r2.loss);  // the gradients accumulate, the weights do not move
+}
+
+// BF16 storage through the stage walker: no allocation in a repeated step either, and the
+// activations kept from forward to backward are what the memory model says for 2-byte
+// storage (about half of FP32's).
+TEST(RuntimePool, Bf16StepAllocatesNothingAndHalvesTheActivations) {
+  model::ModelDims d = dims(32, 2, 1, 48);
+  d.vocab = 50;
+  d.layers = 2;
+  const LlamaConfig mc = LlamaConfig::of(d);
+  model::CostModel cost(d, model::HardwareProfile::analytic(), 1);
+  Space space;
+  const SyntheticTokens tokens(3, mc.vocab);
+  MicroBatch a;
+  a.segments = {Segment{1, 0, 90, 0}, Segment{2, 0, 17, 0}};
+  std::int64_t peak[2] = {0, 0};
+  for (int bf = 0; bf < 2; ++bf) {
+    Llama model(mc, 5, bf ? Precision::Bf16 : Precision::Fp32);
+    LayerEnv env;
+    env.space = &space;
+    env.cp_comm = MPI_COMM_SELF;
+    env.cost = &cost;
+    env.precision = env.kernel.precision = bf ? Precision::Bf16 : Precision::Fp32;
+    const pp::Schedule sched = pp::makeOneFOneB(1, 1);
+    PipelineStage stage(env, model, sched, MPI_COMM_SELF);
+    StageStepInput in;
+    in.tokens = &tokens;
+    in.mbs = {a};
+    for (auto& pl :
+         cp::planReplicaShards(in.mbs, cp::Strategy::PerSequence, cp::CommMode::AllGather, 1, cost, CpConfig{})) {
+      in.shards.push_back(pl.shard);
+      in.comms.push_back(pl.comm);
+    }
+    in.mb_tokens = {a.tokens()};
+    const StageStepResult r1 = stage.run(in, 0);
+    const StageStepResult r2 = stage.run(in, 0);
+    EXPECT_GT(r1.allocations, 0);
+    EXPECT_EQ(r2.allocations, 0);
+    EXPECT_EQ(r1.loss, r2.loss);
+    peak[bf] = r1.peak_activation_bytes;
+    const std::int64_t layers =
+        d.layers * model::executorLayerActivationBytes(d, 1, a.tokens(), a.tokens(), bf ? 2 : 4);
+    EXPECT_EQ(r1.peak_activation_bytes, layers + model::executorHeadBytes(d, a.tokens())) << (bf ? "bf16" : "fp32");
+  }
+  EXPECT_LT(peak[1], 0.65 * peak[0]);
 }
 
 // The synthetic token ids of generated length streams (tokens.hpp), pinned: the PyTorch
