@@ -82,6 +82,24 @@ ls cut/checkpoint | grep -q tmp && fail "a temporary checkpoint was left behind"
   { cat resumed.err; fail "resume"; }
 grep -q "steps            10 .. 30" resumed.txt || fail "resume did not start at step 10: $(cat resumed.txt)"
 same_30_steps full cut "30 steps bit-identical after kill + resume" || fail "resumed losses differ"
+# The same with BF16 storage (the resumed run rebuilds the working copy from the masters);
+# its losses follow FP32's within BF16's precision.
+bf="--set run.precision=\"bf16\""
+"$WLB" train deck.toml $ck $bf --set output.dir=fullbf --quiet > /dev/null || fail "bf16 full run"
+WLB_TRAIN_KILL_AFTER_STEP=14 "$WLB" train deck.toml $ck $bf --set output.dir=cutbf --quiet > /dev/null 2>&1
+[ -f cutbf/checkpoint/checkpoint.wlb ] || fail "no bf16 checkpoint"
+"$WLB" train deck.toml $ck $bf --set output.dir=cutbf --resume > resumed.txt 2> resumed.err ||
+  { cat resumed.err; fail "bf16 resume"; }
+same_30_steps fullbf cutbf "bf16: 30 steps bit-identical after kill + resume" || fail "bf16 resumed losses differ"
+$PY - full/train_log.jsonl fullbf/train_log.jsonl <<'PYEOF' || fail "bf16 losses vs fp32"
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert any(x["loss"] != y["loss"] for x, y in zip(a, b)), "bf16 losses equal fp32's"
+for x, y in zip(a, b):
+    assert abs(x["loss"] - y["loss"]) <= 0.03 * x["loss"], (x["step"], x["loss"], y["loss"])
+print("bf16 losses within 3% of fp32's at every step")
+PYEOF
 
 # 3. Two ranks (dp = 2, cp = 2, tp = 2): the one-rank losses within float reassociation, a
 #    trace with the training metrics, and a dp = 2 run killed between checkpoints and
