@@ -21,6 +21,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from . import _wlb
+from .cp_attention import (  # noqa: F401
+    ContextParallelAttention,
+    CPAttentionPlan,
+    CPCommStats,
+    CPPlanError,
+    cp_attention,
+    document_attention,
+)
 from .megatron import MegatronDataset, write_megatron_dataset  # noqa: F401
 
 SAMPLER_FORMAT = "wlb-sampler-state"
