@@ -183,6 +183,7 @@ def write_idx_from(root, path):
             if os.path.isfile(p) and not os.path.islink(p) and os.path.getsize(p) > 0:
                 sizes.append(min(os.path.getsize(p), 2**31 - 1))
     lengths = np.array(sizes, dtype=np.int64)[np.random.default_rng(1).permutation(len(sizes))]
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     wlb.write_megatron_idx(path, lengths)
     return len(lengths)
 
