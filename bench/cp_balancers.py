@@ -18,8 +18,9 @@ time over that Megatron .idx (data.source = "megatron"). Every micro-batch is sh
             ptrr            process-time round-robin over query blocks of --ptrr-block
                             tokens: a token's work is its position in its document + 1, a
                             block's the sum; blocks sorted by work, descending, dealt to
-                            the ranks in zig-zag order (PyTorch PRs 163617 and 181079,
-                            TorchTitan PRs 3411 and 3972)
+                            the ranks in zig-zag order (PyTorch PR 163617 for block masks,
+                            PyTorch PR 181079 and TorchTitan PR 3411 for varlen attention,
+                            TorchTitan PR 3972)
 
 reimplemented here from those descriptions. PyTorch asks for documents (per-document
 head-tail) or the sequence (head-tail) padded to a multiple of 2C and for a multiple of C

@@ -10,7 +10,9 @@
 
 The sampler yields, per micro-batch, a list whose first element is a MicroBatchInfo and
 whose others are Segments (dataset index, offset, length); SegmentDataset fetches each
-segment's tokens and PackedCollate builds the packed tensors (THD layout). docs/python.md.
+segment's tokens and PackedCollate builds the packed tensors (THD layout). With CP, the
+ranks of a torch.distributed group run their attention with cp_attention (cp_attention.py),
+which exchanges K/V by the micro-batch's shard plan. docs/python.md.
 """
 
 import collections
