@@ -1196,6 +1196,35 @@ are packed[token_index(r)]); kv_index(r): packed position of each slot of its KV
             s->metrics = json::parse(t[3].cast<std::string>());
             return s;
           }))
+      .def_static(
+          "from_ranges",
+          [](const I64Array& segs, const I64Array& ranges, int cp_degree, const PyCostPtr& cost,
+             const std::string& comm, const std::string& name) {
+            if (!cost) throw py::value_error("from_ranges: cost: a wlb.CostModel is required");
+            if (ranges.ndim() != 2 || ranges.shape(1) != 4)
+              throw py::value_error("from_ranges: ranges: expected an (n, 4) array [rank, segment, q_offset, q_len]");
+            std::vector<cp::QueryRange> qr(static_cast<std::size_t>(ranges.shape(0)));
+            const auto* p = ranges.data();
+            for (auto& q : qr) {
+              q = {p[0], p[1], p[2], p[3]};
+              p += 4;
+            }
+            const cp::CommMode mode = cp::parseCommMode(comm);
+            auto out = std::make_shared<PyShardPlan>();
+            out->mb.segments = segmentsFrom(segs, "segments");
+            out->cost = cost->cost;
+            out->comm = std::make_shared<PyCommPlan>();
+            {
+              py::gil_scoped_release nogil;
+              out->plan = cp::planFromRanges(out->mb, qr, cp_degree, name);
+              out->comm->comm = cp::planComm(out->plan, mode, *out->cost);
+            }
+            return out;
+          },
+          py::arg("segments"), py::arg("ranges"), py::arg("cp"), py::arg("cost"), py::arg("comm") = "allgather",
+          py::arg("name") = "custom",
+          "The plan of an assignment made elsewhere: ranges (n, 4) [rank, segment, q_offset, q_len] put every token "
+          "of every segment on one rank; laid out, comm-planned and costed like the planner's plans (docs/cp.md).")
       .def(
           "validate", [](const PyShardPlan& s) { cp::validatePlan(s.plan, s.mb); },
           "Check every invariant of the plan (RuntimeError on a violation).")

@@ -14,7 +14,8 @@ ValueError with the message the `wlb` command prints.
     shard = wlb.ShardPlanner(deck, cp=2).plan(plan.micro_batch(0, 1))
     shard.token_index(1)                           # packed positions of CP rank 1's tokens
 
-PyTorch integration: `wlb.torch` (BatchSampler, collate, Megatron dataset).
+PyTorch integration: `wlb.torch` (BatchSampler, collate, Megatron dataset, context-parallel
+attention over torch.distributed).
 """
 
 from ._wlb import (  # noqa: F401

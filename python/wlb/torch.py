@@ -10,7 +10,9 @@
 
 The sampler yields, per micro-batch, a list whose first element is a MicroBatchInfo and
 whose others are Segments (dataset index, offset, length); SegmentDataset fetches each
-segment's tokens and PackedCollate builds the packed tensors (THD layout). docs/python.md.
+segment's tokens and PackedCollate builds the packed tensors (THD layout). With CP, the
+ranks of a torch.distributed group run their attention with cp_attention (cp_attention.py),
+which exchanges K/V by the micro-batch's shard plan. docs/python.md.
 """
 
 import collections
@@ -21,6 +23,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from . import _wlb
+from .cp_attention import (  # noqa: F401
+    ContextParallelAttention,
+    CPAttentionPlan,
+    CPCommStats,
+    CPPlanError,
+    cp_attention,
+    document_attention,
+)
 from .megatron import MegatronDataset, write_megatron_dataset  # noqa: F401
 
 SAMPLER_FORMAT = "wlb-sampler-state"

@@ -204,6 +204,17 @@ ShardPlan planShards(const MicroBatch& mb, Strategy strategy, int cp, const mode
 ShardPlan planShards(const MicroBatch& mb, const std::string& strategy, int cp, const model::CostModel& cost,
                      const CpConfig& cfg);
 
+/// A query range {rank, segment, q_offset, q_len} of an assignment planned elsewhere.
+struct QueryRange {
+  std::int64_t rank = 0, segment = 0, q_offset = 0, q_len = 0;
+};
+/// The plan of an explicit assignment (another balancer's, e.g. PyTorch's head-tail in
+/// bench/cp_balancers.py), laid out exactly as the strategies' plans are: ranges merged
+/// into pieces in packed order, KV blocks and runs, owner maps. `strategy` and `requested`
+/// are `name`. Throws InputError naming the range or the token when the ranges do not put
+/// every token of every segment on exactly one rank.
+ShardPlan planFromRanges(const MicroBatch& mb, const std::vector<QueryRange>& ranges, int cp, const std::string& name);
+
 /// The KV communication plan of a shard plan (bytes via CostModel::kvBytes).
 CommPlan planComm(const ShardPlan& plan, CommMode mode, const model::CostModel& cost);
 

@@ -544,6 +544,51 @@ ShardPlan planShards(const MicroBatch& mb, const std::string& strategy, int cp, 
   return planShards(mb, parseStrategy(strategy), cp, cost, cfg);
 }
 
+ShardPlan planFromRanges(const MicroBatch& mb, const std::vector<QueryRange>& ranges, int cp, const std::string& name) {
+  if (cp < 1) throw InputError("CP degree must be >= 1 (got " + std::to_string(cp) + ")");
+  for (const auto& s : mb.segments)
+    if (s.q_offset != 0)
+      throw InputError("document " + std::to_string(s.doc) +
+                       " is a slimpack slice (q_offset > 0): CP plans take "
+                       "whole causal spans (docs/cp.md)");
+  const SegInfo si = segInfo(mb);
+  const auto nseg = static_cast<std::int64_t>(si.len.size());
+  std::vector<Raw> raws;
+  raws.reserve(ranges.size());
+  for (std::size_t i = 0; i < ranges.size(); ++i) {
+    const QueryRange& q = ranges[i];
+    const std::string at = "ranges[" + std::to_string(i) + "]: ";
+    if (q.rank < 0 || q.rank >= cp)
+      throw InputError(at + "rank " + std::to_string(q.rank) + " is out of range [0, " + std::to_string(cp) + ")");
+    if (q.segment < 0 || q.segment >= nseg)
+      throw InputError(at + "segment " + std::to_string(q.segment) + " is out of range [0, " + std::to_string(nseg) +
+                       ")");
+    if (q.q_len <= 0 || q.q_offset < 0 || q.q_offset + q.q_len > si.len[q.segment])
+      throw InputError(at + "queries [" + std::to_string(q.q_offset) + ", " + std::to_string(q.q_offset + q.q_len) +
+                       ") are empty or outside segment " + std::to_string(q.segment) + " of " +
+                       std::to_string(si.len[q.segment]) + " tokens");
+    raws.push_back({static_cast<int>(q.rank), static_cast<std::int32_t>(q.segment), q.q_offset, q.q_len});
+  }
+  // Every token on exactly one rank: per segment, the ranges sorted by offset tile [0, len).
+  std::vector<Raw> by = raws;
+  std::sort(by.begin(), by.end(),
+            [](const Raw& a, const Raw& b) { return a.seg != b.seg ? a.seg < b.seg : a.q_offset < b.q_offset; });
+  std::size_t k = 0;
+  for (std::int32_t s = 0; s < static_cast<std::int32_t>(nseg); ++s) {
+    std::int64_t next = 0;
+    for (; k < by.size() && by[k].seg == s; ++k) {
+      if (by[k].q_offset != next)
+        throw InputError("ranges: segment " + std::to_string(s) + " token " +
+                         std::to_string(std::min(next, by[k].q_offset)) +
+                         (by[k].q_offset > next ? " is on no rank" : " is on two ranks"));
+      next += by[k].q_len;
+    }
+    if (next != si.len[s])
+      throw InputError("ranges: segment " + std::to_string(s) + " token " + std::to_string(next) + " is on no rank");
+  }
+  return finalize(mb, si, std::move(raws), cp, name, name, true);
+}
+
 // ---- validation and layout helpers ------------------------------------------------------
 
 namespace {
