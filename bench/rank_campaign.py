@@ -52,6 +52,7 @@ import platform
 import re
 import resource
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -220,6 +221,7 @@ def campaign(a, decks, stages, out, cores):
     if not a.no_calibrate:
         for d in decks:
             run_dir = out / "calibration" / d["name"]
+            shutil.rmtree(run_dir, ignore_errors=True)  # no plan file of an earlier campaign
             launcher, _ = mpirun_for(a.mpirun_words, d["ranks"], cores)
             args = launcher + [wlb, "run", d["path"], "--quiet"] + set_args + [
                 "--set", f'hardware.profile="{d["profile"]}"', "--set", f"data.seed={d['seed']}",
@@ -236,13 +238,15 @@ def campaign(a, decks, stages, out, cores):
         for d in decks:
             seed = d["seed"] + a.seed_offset
             run_dir = out / "runs" / f"{d['name']}-r{r + 1}"
+            sim_dir = out / "replay" / f"{d['name']}-r{r + 1}"
+            for x in (run_dir, sim_dir):
+                shutil.rmtree(x, ignore_errors=True)  # a replay takes every plan file of the directory
             launcher, d["oversubscribed"] = mpirun_for(a.mpirun_words, d["ranks"], cores)
             args = launcher + [wlb, "run", d["path"], "--quiet"] + set_args + [
                 "--set", f'hardware.profile="{d["profile"]}"', "--set", f"data.seed={seed}",
                 "--set", f'output.dir="{run_dir}"', "--set", 'output.trace="trace.h5"'] + steps_args
             rec = stages.run(f"measured run: {d['name']} (data.seed = {seed}, {d['ranks']} ranks, round {r + 1}/"
                              f"{a.rounds})", args, f"run-{d['name']}-r{r + 1}.log", ranks=d["ranks"])
-            sim_dir = out / "replay" / f"{d['name']}-r{r + 1}"
             stages.run(f"replay: {d['name']} round {r + 1}, the run's plans in the simulator",
                        [wlb, "simulate", d["path"], "--as-run", "--plans", str(run_dir)] + set_args + [
                            "--set", f'hardware.profile="{d["profile"]}"', "--set", f"data.seed={seed}",
@@ -332,8 +336,11 @@ def fmt_table(a, rows, deck_rows, worst, cores):
         lo, hi = r["measured_interval"]
         slo, shi = r["speedup_interval"]
         mark = "" if r["replay_same_tokens"] else " (replay trained other tokens!)"
-        lines.append(f"| {r['deck']} | {r['strategy']} | {r['measured_tokens_per_second']:.1f} [{lo:.1f}–{hi:.1f}] | "
-                     f"{r['speedup']:.3f} [{slo:.3f}–{shi:.3f}] | {r['predicted_tokens_per_second']:.1f} | "
+        one = len(r["measured_tokens_per_second_rounds"]) < 2  # no interval from one round
+        mi = "[one round]" if one else f"[{lo:.1f}–{hi:.1f}]"
+        si = "[one round]" if one else f"[{slo:.3f}–{shi:.3f}]"
+        lines.append(f"| {r['deck']} | {r['strategy']} | {r['measured_tokens_per_second']:.1f} {mi} | "
+                     f"{r['speedup']:.3f} {si} | {r['predicted_tokens_per_second']:.1f} | "
                      f"{r['error_percent']:+.1f}% | {r['predicted_speedup']:.3f} | "
                      f"{r['drain_steps_measured']}/{r['drain_steps_predicted']}{mark} |")
     lines.append("")
