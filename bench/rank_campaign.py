@@ -398,10 +398,11 @@ def failure_checks(a, deck, stages, out, cores):
     stages.run("failure: a small dataset for wlb train", [wlb, "data", "prepare", str(corpus), "--out",
                str(data / "lic"), "--valid-fraction", "0.25", "--max-bytes", "4096"], "failure-data.log")
     deck_toml = fdir / "train.toml"
+    heads = max(2, mesh["tp"])  # whole heads and KV heads per TP rank
     deck_toml.write_text(f"""[model]
-hidden = 32
-heads = 2
-kv_heads = 2
+hidden = {16 * heads}
+heads = {heads}
+kv_heads = {heads}
 ffn = 64
 layers = {max(2, mesh['pp'])}
 vocab = 256
