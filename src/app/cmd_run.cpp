@@ -91,12 +91,17 @@ const bool registered = wlb::app::registerCommand(
         for (const auto& s : o->deck.overrides) ro.command += " --set " + s;
         if (o->steps >= 0) ro.command += " --steps " + std::to_string(o->steps);
         if (o->warmup >= 0) ro.command += " --warmup " + std::to_string(o->warmup);
-        // Failure-handling tests: WLB_INJECT_FAILURE=RANK:STEP makes that rank throw mid-step.
+        // Failure-handling tests: WLB_INJECT_FAILURE=RANK:STEP makes that rank throw mid-step,
+        // RANK:STEP:kill makes it die there (SIGKILL).
         if (const char* f = std::getenv("WLB_INJECT_FAILURE")) {
           long long step = -1;
-          if (std::sscanf(f, "%d:%lld", &ro.fail_rank, &step) != 2)
-            throw wlb::InputError("WLB_INJECT_FAILURE must be RANK:STEP, got '" + std::string(f) + "'", true);
+          int used = 0;
+          if (std::sscanf(f, "%d:%lld%n", &ro.fail_rank, &step, &used) != 2 ||
+              !(f[used] == '\0' || std::string(f + used) == ":kill"))
+            throw wlb::InputError(
+                "WLB_INJECT_FAILURE must be RANK:STEP or RANK:STEP:kill, got '" + std::string(f) + "'", true);
           ro.fail_step = step;
+          ro.fail_kill = f[used] != '\0';
         }
         const auto report = wlb::runtime::runDeck(deck, ro);
         if (wlb::app::worldRank() == 0) {

@@ -1,8 +1,9 @@
-// `wlb simulate DECK... [--steps N] [--out DIR] [--trace FILE]`: predict 4D training steps
-// with the DAG simulator (docs/simulator.md) for every case of every deck ([sweep] lists
-// expand to cases; a `.list` file names decks, one per line) and compare strategies on the
-// same length stream: plain, fixed, wlb and the PP-only / CP-only breakdown. Every rank
-// computes the same (cheap, deterministic) result; only rank 0 prints and writes.
+// `wlb simulate DECK... [--steps N] [--out DIR] [--trace FILE] [--plans RUN]`: predict 4D
+// training steps with the DAG simulator (docs/simulator.md) for every case of every deck
+// ([sweep] lists expand to cases; a `.list` file names decks, one per line) and compare
+// strategies on the same length stream: plain, fixed, wlb and the PP-only / CP-only
+// breakdown; or, with --plans, replay the plans a `wlb run` wrote. Every rank computes the
+// same (cheap, deterministic) result; only rank 0 prints and writes.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -38,7 +39,7 @@ struct Opts {
   std::vector<std::string> more_decks;
   std::int64_t steps = -1, warmup = -1;
   bool as_run = false;
-  std::string out, trace;
+  std::string out, trace, plans;
   std::vector<std::string> strategies;
 };
 
@@ -139,9 +140,54 @@ int run(const Opts& o) {
   }
   if (o.steps == 0 || o.steps < -1) throw wlb::InputError("--steps must be >= 1", true);
   if (o.warmup < -1) throw wlb::InputError("--warmup must be >= 0", true);
+  // --plans: the plans one run wrote, replayed on its one deck (model, mesh, profile).
+  std::vector<wlb::packing::RunPlans::Strategy> replay;
+  std::int64_t replay_steps = -1, replay_warmup = -1;
+  if (!o.plans.empty()) {
+    if (cases.size() != 1)
+      throw wlb::InputError("--plans replays one run: give the one deck it ran (no [sweep], no more decks); got " +
+                                std::to_string(cases.size()) + " cases",
+                            true);
+    auto rp = wlb::packing::readRunPlans(o.plans);
+    replay_steps = rp.steps;
+    replay_warmup = rp.warmup;
+    if (o.strategies.empty()) {
+      replay = std::move(rp.strategies);
+    } else {
+      for (const auto& want : o.strategies) {
+        std::string have;
+        for (const auto& st : rp.strategies) {
+          if (st.strategy == want) replay.push_back(st);
+          have += (have.empty() ? "" : ", ") + st.strategy;
+        }
+        if (replay.empty() || replay.back().strategy != want)
+          throw wlb::InputError("--strategies: '" + want + "' has no plans in " + o.plans + " (it has " + have + ")",
+                                true);
+      }
+    }
+  }
   // Validate every case (profile, schedule, strategies) before any output is written.
+  // Same step accounting as `wlb run`: `warmup` unmeasured steps, then `steps` measured
+  // (a replay: the run's own, from its summary.json, unless given).
+  const auto stepCounts = [&](const wlb::Deck& deck) {
+    const std::int64_t steps = o.steps > 0 ? o.steps : replay_steps > 0 ? replay_steps : deck.run.steps;
+    const std::int64_t warmup = o.warmup >= 0        ? o.warmup
+                                : replay_warmup >= 0 ? replay_warmup
+                                                     : std::max<std::int64_t>(0, deck.run.warmup);
+    return std::pair<std::int64_t, std::int64_t>{steps, warmup};
+  };
   for (const Case& cs : cases) {
     wlb::Deck deck = cs.deck;
+    if (!replay.empty()) {
+      const wlb::model::CostModel cost = wlb::model::CostModel::fromDeck(deck);
+      const wlb::pp::StepSimulator sim(deck, cost);
+      const auto [steps, warmup] = stepCounts(deck);
+      for (const auto& r : replay) {
+        wlb::pp::checkReplay(deck, r, steps + warmup);
+        wlb::pp::checkPackerSchedule(deck, r.file.header.packer);
+      }
+      continue;
+    }
     if (!o.strategies.empty()) {
       deck.run.strategies.clear();
       for (const auto& st : o.strategies) deck.run.strategies.push_back(specOf(st));
@@ -163,7 +209,9 @@ int run(const Opts& o) {
   // Strategy list: --strategies, else the deck's run.strategies, else the default five.
   const auto strategyNames = [&](const wlb::Deck& deck) {
     std::vector<std::pair<std::string, std::string>> names;
-    if (!o.strategies.empty()) {
+    if (!replay.empty()) {
+      for (const auto& r : replay) names.push_back({r.strategy, r.strategy});
+    } else if (!o.strategies.empty()) {
       for (const auto& s : o.strategies) names.push_back({displayName(specOf(s)), specOf(s)});
     } else if (!deck.run.strategies.empty()) {
       for (const auto& s : deck.run.strategies) names.push_back({displayName(s), s});
@@ -171,11 +219,6 @@ int run(const Opts& o) {
       names = kDefault;
     }
     return names;
-  };
-  // Same step accounting as `wlb run`: `warmup` unmeasured steps, then `steps` measured.
-  const auto stepCounts = [&](const wlb::Deck& deck) {
-    return std::pair<std::int64_t, std::int64_t>{o.steps > 0 ? o.steps : deck.run.steps,
-                                                 o.warmup >= 0 ? o.warmup : std::max<std::int64_t>(0, deck.run.warmup)};
   };
   std::int64_t total_steps = 0, done_steps = 0;
   for (const Case& cs : cases) {
@@ -218,6 +261,7 @@ int run(const Opts& o) {
     so.warmup = warmup;
     so.as_run = o.as_run;
     so.recorder = rec.get();
+    so.replay = replay;
     so.on_plan = [&](const std::string& strategy, const wlb::StepPlan& plan) {
       if (writer) writer->addPlan(strategy, plan);
     };
@@ -264,6 +308,11 @@ int run(const Opts& o) {
       "step-time ratio (flatters deferral); pp-only = wlb packing + per_sequence CP, cp-only = original packing + "
       "adaptive CP; simulated in {:.2f} s\n",
       cases.size(), rows.empty() ? std::string("plain") : rows.front().baseline, wall);
+  if (!replay.empty()) {
+    os << "# replayed the plans of " << o.plans << " (";
+    for (std::size_t i = 0; i < replay.size(); ++i) os << (i ? ", " : "") << replay[i].path;
+    os << "): the run's documents and micro-batches, its warm-up and drain steps\n";
+  }
   if (o.as_run) {
     // The quantity `wlb run` measures (its summary's stage_peak_activation_bytes).
     os << "# activation peak per stage [MiB], executor's memory model:";
@@ -343,6 +392,10 @@ const bool registered = wlb::app::registerCommand(
                      "Write predicted events (trace schema, /meta/source = simulated) to FILE "
                      "(FILE.<i>.h5 per case when there are several)")
           ->type_name("FILE");
+      sub.add_option("--plans", opts->plans,
+                     "Replay the plans a `wlb run` wrote (its output directory, or one plan file) instead of "
+                     "planning: exactly those documents and micro-batches, on the deck's model, mesh and profile")
+          ->type_name("RUN");
       sub.add_option("--strategies", opts->strategies,
                      "Strategies to compare (plain, fixed, wlb, slimpack, pp-only, cp-only, PACKER+SHARDING); default: "
                      "run.strategies, else plain, fixed, wlb, pp-only, cp-only")

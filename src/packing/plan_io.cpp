@@ -1,8 +1,11 @@
 // JSONL plan format (docs/plan-format.md).
 #include "packing/plan_io.hpp"
 
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <type_traits>
 
 #include <fmt/format.h>
@@ -12,18 +15,21 @@
 namespace wlb::packing {
 
 nlohmann::json toJson(const PlanHeader& h) {
-  return {{"type", "header"},
-          {"format", h.format},
-          {"version", h.version},
-          {"packer", h.packer},
-          {"dp", h.dp},
-          {"micro_batches", h.micro_batches},
-          {"context_window", h.context_window},
-          {"s_max", h.s_max},
-          {"source", h.source},
-          {"documents_per_epoch", h.documents_per_epoch},
-          {"seed", h.seed},
-          {"first_step", h.first_step}};
+  nlohmann::json j = {{"type", "header"},
+                      {"format", h.format},
+                      {"version", h.version},
+                      {"packer", h.packer},
+                      {"dp", h.dp},
+                      {"micro_batches", h.micro_batches},
+                      {"context_window", h.context_window},
+                      {"s_max", h.s_max},
+                      {"source", h.source},
+                      {"documents_per_epoch", h.documents_per_epoch},
+                      {"seed", h.seed},
+                      {"first_step", h.first_step}};
+  if (!h.strategy.empty()) j["strategy"] = h.strategy;
+  if (!h.sharding.empty()) j["sharding"] = h.sharding;
+  return j;
 }
 
 namespace {
@@ -73,6 +79,8 @@ PlanHeader headerFromJson(const nlohmann::json& j) {
   h.documents_per_epoch = integerOr<std::int64_t>(j, "documents_per_epoch", 0);
   h.seed = integerOr<std::uint64_t>(j, "seed", 0);
   h.first_step = integerOr<std::int64_t>(j, "first_step", 0);
+  h.strategy = j.value("strategy", std::string());
+  h.sharding = j.value("sharding", std::string());
   if (h.dp < 1 || h.micro_batches < 1 || h.context_window < 1 || h.s_max < h.context_window)
     throw InputError(
         fmt::format("header: need dp >= 1, micro_batches >= 1, 1 <= context_window <= s_max (got {}, {}, "
@@ -172,10 +180,10 @@ StepPlan stepFromJson(const nlohmann::json& j) {
                     : rep[static_cast<std::size_t>(m.slot)].segments.empty());
       }
       if (!ok)
-        throw InputError(fmt::format(
-            "'merged' slot {}: need >= 2 increasing replicas of the step, one segment in the first one's "
-            "micro-batch at that slot and an empty one in every other replica, each slot once",
-            m.slot));
+        throw InputError(
+            fmt::format("'merged' slot {}: need >= 2 increasing replicas of the step, one segment in the first one's "
+                        "micro-batch at that slot and an empty one in every other replica, each slot once",
+                        m.slot));
       p.merged.push_back(std::move(m));
     }
   }
@@ -204,6 +212,7 @@ PlanFile readPlanFile(const std::string& path) {
       } else if (type == "step") {
         if (!have_header) throw InputError(fmt::format("{}:{}: step before header", path, lineno));
         pf.steps.push_back(stepFromJson(j));
+        pf.step_lines.push_back(lineno);
         const auto& reps = pf.steps.back().replicas;
         // slimpack chooses its MicroPack count per step (the same on every replica).
         const bool per_step = pf.header.packer == "slimpack";
@@ -227,6 +236,70 @@ PlanFile readPlanFile(const std::string& path) {
   }
   if (!have_header) throw InputError(fmt::format("{}: empty plan file (no header line)", path));
   return pf;
+}
+
+RunPlans readRunPlans(const std::string& path) {
+  namespace fs = std::filesystem;
+  RunPlans rp;
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) {
+    if (!fs::exists(path, ec)) throw InputError(fmt::format("{}: no such plan file or run directory", path));
+    RunPlans::Strategy st;
+    st.path = path;
+    st.file = readPlanFile(path);
+    st.strategy = st.file.header.strategy.empty() ? st.file.header.packer : st.file.header.strategy;
+    st.sharding = st.file.header.sharding;
+    rp.strategies.push_back(std::move(st));
+    return rp;
+  }
+  // A run directory: its complete plan files (a killed run leaves only `*.partial` ones).
+  std::vector<std::string> files;
+  bool partial = false;
+  for (const auto& e : fs::directory_iterator(path, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_regular_file()) continue;
+    if (name.size() > 6 && name.substr(name.size() - 6) == ".jsonl") files.push_back(e.path().string());
+    if (name.size() > 14 && name.substr(name.size() - 14) == ".jsonl.partial") partial = true;
+  }
+  if (ec) throw InputError(fmt::format("{}: cannot list the directory: {}", path, ec.message()));
+  if (files.empty())
+    throw InputError(fmt::format("{}: no plan files (*.jsonl){}", path,
+                                 partial ? "; only *.partial ones: the run did not finish" : ""));
+  std::sort(files.begin(), files.end());
+  std::set<std::string> seen;
+  for (const auto& f : files) {
+    RunPlans::Strategy st;
+    st.path = f;
+    st.file = readPlanFile(f);
+    st.strategy = st.file.header.strategy.empty() ? st.file.header.packer : st.file.header.strategy;
+    st.sharding = st.file.header.sharding;
+    if (!seen.insert(st.strategy).second)
+      throw InputError(fmt::format("{}:1: a second plan file of strategy '{}' in {}", f, st.strategy, path));
+    rp.strategies.push_back(std::move(st));
+  }
+  // summary.json: the run's strategy order and its step accounting (warm-up, measured steps).
+  const fs::path summary = fs::path(path) / "summary.json";
+  if (fs::exists(summary, ec)) {
+    std::ifstream in(summary);
+    try {
+      const auto j = nlohmann::json::parse(in);
+      if (j.value("format", std::string()) != "wlb-run-summary") throw InputError("not a wlb-run-summary (\"format\")");
+      rp.steps = integerAt<std::int64_t>(j, "steps");
+      rp.warmup = integerAt<std::int64_t>(j, "warmup");
+      std::vector<std::string> order;
+      for (const auto& s : j.at("strategies")) order.push_back(s.at("strategy").get<std::string>());
+      const auto rank = [&](const RunPlans::Strategy& s) {
+        return std::find(order.begin(), order.end(), s.strategy) - order.begin();
+      };
+      std::stable_sort(rp.strategies.begin(), rp.strategies.end(),
+                       [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
+    } catch (const nlohmann::json::exception& e) {
+      throw InputError(fmt::format("{}: {}", summary.string(), e.what()));
+    } catch (const InputError& e) {
+      throw InputError(fmt::format("{}: {}", summary.string(), e.what()));
+    }
+  }
+  return rp;
 }
 
 }  // namespace wlb::packing

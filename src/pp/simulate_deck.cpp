@@ -11,6 +11,7 @@
 
 #include "core/error.hpp"
 
+#include "cp/shard_plan.hpp"
 #include "data/length_source.hpp"
 #include "model/cost_model.hpp"
 #include "packing/packer.hpp"
@@ -28,17 +29,59 @@ void checkPackerSchedule(const Deck& deck, const std::string& packer) {
                      true);
 }
 
+void checkReplay(const Deck& deck, const packing::RunPlans::Strategy& r, std::int64_t needed) {
+  const auto& h = r.file.header;
+  const auto fail = [&](std::int64_t line, const std::string& what) {
+    throw InputError(fmt::format("{}:{}: {}", r.path, line, what), true);
+  };
+  if (h.dp != deck.mesh.dp)
+    fail(1, fmt::format("the plans have dp = {} replicas; the deck's mesh.dp = {}", h.dp, deck.mesh.dp));
+  if (h.packer != "slimpack" && h.micro_batches != data::microBatchesPerReplica(deck))
+    fail(1, fmt::format("the plans have {} micro-batches per replica; the deck's packing.micro_batches gives {}",
+                        h.micro_batches, data::microBatchesPerReplica(deck)));
+  if (h.context_window != deck.data.context_window)
+    fail(1, fmt::format("the plans' context_window = {}; the deck's data.context_window = {}", h.context_window,
+                        deck.data.context_window));
+  const auto& st = r.file.steps;
+  for (std::size_t i = 0; i < st.size(); ++i)
+    if (st[i].step != h.first_step + static_cast<std::int64_t>(i))
+      fail(r.file.step_lines[i], fmt::format("step {} where step {} was expected (a run writes its steps in order)",
+                                             st[i].step, h.first_step + static_cast<std::int64_t>(i)));
+  if (static_cast<std::int64_t>(st.size()) < needed)
+    throw InputError(fmt::format("{}: holds {} step(s), fewer than the {} warm-up and measured steps to simulate "
+                                 "(--warmup / --steps, else the run's summary.json, else run.warmup / run.steps)",
+                                 r.path, st.size(), needed),
+                     true);
+  try {
+    (void)cp::parseStrategy(r.sharding.empty() ? deck.cp.strategy : r.sharding);
+  } catch (const InputError& e) {
+    fail(1, e.what());
+  }
+}
+
 std::vector<SimStrategyResult> simulateDeck(const Deck& deck_in, const SimulateOptions& opt) {
   Deck deck = deck_in;
   std::vector<std::pair<std::string, std::string>> names = opt.strategies;
   if (names.empty())
     for (const auto& s : deck.run.strategies) names.push_back({s, s});
-  deck.run.strategies.clear();
-  for (const auto& n : names) deck.run.strategies.push_back(n.second);
-  const auto pairs = resolveStrategies(deck);
-  for (const auto& pr : pairs) checkPackerSchedule(deck, pr.packer);
+  std::vector<StrategyPair> pairs;
   const std::int64_t steps = opt.steps > 0 ? opt.steps : deck.run.steps;
   const std::int64_t warmup = opt.warmup >= 0 ? opt.warmup : std::max<std::int64_t>(0, deck.run.warmup);
+  if (opt.replay.empty()) {
+    deck.run.strategies.clear();
+    for (const auto& n : names) deck.run.strategies.push_back(n.second);
+    pairs = resolveStrategies(deck);
+  } else {
+    // Replay: the strategies are the files', each checked against the deck before anything runs.
+    names.clear();
+    for (const auto& r : opt.replay) {
+      checkReplay(deck, r, warmup + steps);
+      const std::string sharding = r.sharding.empty() ? deck.cp.strategy : r.sharding;
+      pairs.push_back({r.strategy, r.file.header.packer, sharding});
+      names.push_back({r.strategy, r.file.header.packer + "+" + sharding});
+    }
+  }
+  for (const auto& pr : pairs) checkPackerSchedule(deck, pr.packer);
 
   const model::CostModel cost = model::CostModel::fromDeck(deck);
   SimConfig sim_cfg = SimConfig::fromDeck(deck, cost.hardware());
@@ -59,8 +102,13 @@ std::vector<SimStrategyResult> simulateDeck(const Deck& deck_in, const SimulateO
   for (std::size_t si = 0; si < pairs.size(); ++si) {
     const auto& pr = pairs[si];
     const std::string& name = si < names.size() ? names[si].first : pr.name;
-    auto src = data::makeLengthSource(deck);
-    auto packer = packing::makePacker(pr.packer, deck, cost);
+    const packing::RunPlans::Strategy* replay = opt.replay.empty() ? nullptr : &opt.replay[si];
+    std::unique_ptr<data::LengthSource> src;
+    std::unique_ptr<packing::Packer> packer;
+    if (!replay) {
+      src = data::makeLengthSource(deck);
+      packer = packing::makePacker(pr.packer, deck, cost);
+    }
     if (rec) rec->setStrategy(name);
     SimStrategyResult row;
     row.strategy = name;
@@ -74,13 +122,28 @@ std::vector<SimStrategyResult> simulateDeck(const Deck& deck_in, const SimulateO
     // nothing: every strategy trains the whole stream of the window (throughput.hpp).
     for (std::int64_t step = 0;; ++step) {
       const bool drain = step >= warmup + steps;
-      if (drain && packer->pendingTokens() == 0) break;
-      if (drain && step - warmup - steps >= model::kMaxDrainSteps)
-        throw std::logic_error(fmt::format("wlb simulate: {} still holds {} tokens after {} drain steps", pr.packer,
-                                           packer->pendingTokens(), model::kMaxDrainSteps));
-      const auto docs = drain ? std::vector<Document>{} : src->next(step);
-      const StepPlan plan = packer->pack(step, docs);
-      const auto r = sim.simulatePlan(plan, pr.sharding, deck.cp, rec, static_cast<int>(step), t);
+      StepPlan plan;
+      StepResult r;
+      if (replay) {
+        // the run's steps, its drain included: they end where the file does
+        const auto& pf = replay->file;
+        if (step >= static_cast<std::int64_t>(pf.steps.size())) break;
+        const auto i = static_cast<std::size_t>(step);
+        plan = pf.steps[i];
+        try {
+          r = sim.simulatePlan(plan, pr.sharding, deck.cp, rec, static_cast<int>(step), t);
+        } catch (const InputError& e) {
+          throw InputError(fmt::format("{}:{}: {}", replay->path, pf.step_lines[i], e.what()), true);
+        }
+      } else {
+        if (drain && packer->pendingTokens() == 0) break;
+        if (drain && step - warmup - steps >= model::kMaxDrainSteps)
+          throw std::logic_error(fmt::format("wlb simulate: {} still holds {} tokens after {} drain steps", pr.packer,
+                                             packer->pendingTokens(), model::kMaxDrainSteps));
+        const auto docs = drain ? std::vector<Document>{} : src->next(step);
+        plan = packer->pack(step, docs);
+        r = sim.simulatePlan(plan, pr.sharding, deck.cp, rec, static_cast<int>(step), t);
+      }
       if (opt.on_plan) opt.on_plan(name, plan);
       t += r.step_seconds;
       for (std::size_t s = 0; s < r.peak_bytes.size(); ++s)

@@ -15,6 +15,7 @@
 #include "core/deck.hpp"
 #include "core/types.hpp"
 #include "model/throughput.hpp"
+#include "packing/plan_io.hpp"
 
 namespace wlb::trace {
 class Recorder;
@@ -34,6 +35,11 @@ struct SimulateOptions {
   std::function<void(const std::string& strategy, const StepPlan& plan)> on_plan;
   /// Called after each warm-up or measured step (progress).
   std::function<void(const std::string& strategy)> on_step;
+  /// Replay (`wlb simulate --plans`): simulate exactly these plans, one entry per strategy,
+  /// instead of planning the deck's length stream. Each file's steps are the warm-up, the
+  /// measured steps and then drain steps, as `wlb run` wrote them; its sharding (else the
+  /// deck's cp.strategy) shards them. `strategies` is ignored when this is set.
+  std::vector<packing::RunPlans::Strategy> replay;
 };
 
 /// One strategy's predicted comparison numbers (the `wlb simulate` table row).
@@ -55,7 +61,13 @@ struct SimStrategyResult {
 /// PackFlow takes every other packer's plans (it is then 1F1B's order).
 void checkPackerSchedule(const Deck& deck, const std::string& packer);
 
-/// Simulate every strategy of `deck`. InputError for bad decks, strategies or schedules.
+/// A replayed plan file must be the deck's: its replicas, micro-batches per replica and
+/// window, its steps numbered in order, at least `needed` (warm-up + measured) steps, a
+/// known sharding. InputError naming the file and line otherwise.
+void checkReplay(const Deck& deck, const packing::RunPlans::Strategy& plans, std::int64_t needed);
+
+/// Simulate every strategy of `deck`. InputError for bad decks, strategies or schedules, and
+/// for replayed plans that do not fit the deck (naming the file and line).
 std::vector<SimStrategyResult> simulateDeck(const Deck& deck, const SimulateOptions& opt = {});
 
 }  // namespace wlb::pp

@@ -300,9 +300,24 @@ DeckPlans planDecks(const ProfileOptions& o) {
         const wlb::StepPlan plan = packer->pack(step, docs);
         ++out.steps;
         for (const auto& rep : plan.replicas)
-          for (const auto& mb : rep) {
+          for (std::size_t m = 0; m < rep.size(); ++m) {
+            const auto& mb = rep[m];
             if (mb.tokens() == 0) continue;
-            const auto sp = wlb::cp::planShards(mb, pr.sharding, static_cast<int>(deck.mesh.cp), cost, deck.cp);
+            const auto* merged = plan.mergedAt(static_cast<std::int64_t>(m));
+            if (pr.packer == "slimpack" && !merged) {
+              // run sliced on one rank (runtime/sliced.hpp): a piece per slice, its queries
+              // after the keys of the document's earlier slices
+              RankBatch b;
+              b.tokens = mb.tokens();
+              for (std::size_t i = 0; i < mb.segments.size(); ++i)
+                b.pieces.push_back({static_cast<std::int64_t>(i), mb.segments[i].q_offset, mb.segments[i].length});
+              out.pieces += b.pieces.size();
+              out.batches.push_back(std::move(b));
+              continue;
+            }
+            // a DP-Merge unit is sharded over its group of replicas as a CP group
+            const int ranks = merged ? static_cast<int>(merged->group.size()) : static_cast<int>(deck.mesh.cp);
+            const auto sp = wlb::cp::planShards(mb, pr.sharding, ranks, cost, deck.cp);
             for (const auto& r : sp.ranks) {
               if (r.tokens == 0) continue;
               RankBatch b;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -198,9 +199,11 @@ std::vector<double> executeStep(const RunContext& rc, PipelineStage& stage, Llam
   rc.mesh.world().barrier();
   const std::int64_t t0 = rec.now();
   model.zeroGrads(space);
-  if (rc.mesh.rank() == rc.opt.fail_rank && in.step == rc.opt.fail_step)
+  if (rc.mesh.rank() == rc.opt.fail_rank && in.step == rc.opt.fail_step) {
+    if (rc.opt.fail_kill) std::raise(SIGKILL);
     throw std::runtime_error("injected failure on rank " + std::to_string(rc.mesh.rank()) + " at step " +
                              std::to_string(in.step) + " (RunOptions::fail_rank)");
+  }
   const StageStepResult sr = stage.run(in, t0);
   // DP x CP gradient all-reduce of this stage (one buffer: the stage's weight gradients).
   rec.setContext({static_cast<int>(in.step), -1, trace::Phase::Bwd, -1});

@@ -36,6 +36,8 @@ struct RunOptions {
   /// `fail_step`'s schedule walk (after its receives are posted). -1 = never.
   int fail_rank = -1;
   std::int64_t fail_step = -1;
+  /// ... and instead of throwing, kills itself (SIGKILL): a rank that dies without a word.
+  bool fail_kill = false;
 };
 
 /// Measured numbers of one step (rank 0's view after gathering every rank).

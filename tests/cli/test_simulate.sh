@@ -91,4 +91,17 @@ rc=$?
 [ -e "$TMP/bad2" ] && fail "trace directory created on error"
 "$WLB" simulate "$TMP/missing.toml" > /dev/null 2>&1
 [ $? -eq 2 ] || fail "missing deck should exit 2"
+
+# 5. The 16-rank decks (inputs/run16_*.toml, docs/performance.md "16-rank campaign") validate,
+#    plan and simulate as `wlb run` would execute them, every strategy they list.
+n16=0
+for d in "$SRC"/inputs/run16_*.toml; do
+  name=$(basename "$d" .toml)
+  "$WLB" validate "$d" > "$TMP/v16.txt" 2>&1 || fail "$name does not validate: $(cat "$TMP/v16.txt")"
+  "$WLB" simulate "$d" --as-run --steps 1 --warmup 0 > "$TMP/s16.txt" 2>&1 || fail "$name: $(cat "$TMP/s16.txt")"
+  want=$(/usr/bin/python3 -c 'import sys, tomllib; print(len(tomllib.load(open(sys.argv[1], "rb"))["run"]["strategies"]))' "$d")
+  [ "$(grep -c "^$name " "$TMP/s16.txt")" = "$want" ] || fail "$name: expected $want rows: $(cat "$TMP/s16.txt")"
+  n16=$((n16 + 1))
+done
+[ $n16 -eq 5 ] || fail "expected 5 run16 decks, found $n16"
 echo "PASS"

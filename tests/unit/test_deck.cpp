@@ -1,6 +1,7 @@
 // Deck parsing: good decks resolve, every kind of bad deck is rejected naming the key.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 
 #include "core/deck.hpp"
@@ -194,9 +195,23 @@ TEST(Deck, ReferenceCoversEveryKey) {
 }
 
 TEST(Deck, ShippedDecksValidate) {
-  for (const char* f : {"quickstart.toml"}) {
-    EXPECT_NO_THROW((void)wlb::loadDeck(std::string(WLB_SOURCE_DIR) + "/inputs/" + f)) << f;
+  // every deck under inputs/ (the paper grid and its lists included) loads and expands
+  int n = 0, run16 = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(std::string(WLB_SOURCE_DIR) + "/inputs")) {
+    if (e.path().extension() != ".toml") continue;
+    ++n;
+    const std::string f = e.path().string();
+    wlb::Deck d;
+    EXPECT_NO_THROW(d = wlb::loadDeck(f)) << f;
+    EXPECT_NO_THROW((void)wlb::expandSweep(d)) << f;
+    EXPECT_NO_THROW((void)wlb::resolveStrategies(d)) << f;
+    if (e.path().filename().string().rfind("run16_", 0) == 0) {
+      ++run16;
+      EXPECT_EQ(d.mesh.tp * d.mesh.cp * d.mesh.pp * d.mesh.dp, 16) << f;  // one rank per core of a 16-core host
+    }
   }
+  EXPECT_GE(n, 20);
+  EXPECT_EQ(run16, 5);
 }
 
 }  // namespace

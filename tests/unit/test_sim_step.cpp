@@ -9,6 +9,7 @@
 #include <set>
 
 #include "core/deck.hpp"
+#include "core/error.hpp"
 #include "cp/shard_plan.hpp"
 #include "data/length_source.hpp"
 #include "model/cost_model.hpp"
@@ -266,4 +267,87 @@ warmup = 0
     EXPECT_GT(r.bubble, 0.0);
   }
   EXPECT_GT(rows[2].drain_steps, 0);  // wlb deferred outliers and drained them
+}
+
+// A replay of the plans a simulation made predicts exactly what that simulation did (same
+// profile), step accounting and drain included; plans that do not fit the deck are refused
+// naming the file and line.
+TEST(SimulateDeck, ReplayOfItsOwnPlansPredictsTheSame) {
+  const Deck deck = parseDeck(R"(
+[model]
+hidden = 256
+heads = 4
+kv_heads = 2
+ffn = 704
+layers = 4
+[mesh]
+pp = 2
+dp = 2
+[data]
+preset = "long_context_128k"
+seed = 5
+context_window = 4096
+length_scale = 0.03125
+[packing]
+micro_batches = 4
+[run]
+steps = 4
+warmup = 1
+)",
+                              "replay-test");
+  pp::SimulateOptions opt;
+  opt.strategies = {{"plain", "plain"}, {"wlb", "wlb"}};
+  opt.as_run = true;
+  std::vector<packing::RunPlans::Strategy> replay(2);
+  opt.on_plan = [&](const std::string& strategy, const StepPlan& plan) {
+    auto& r = replay[strategy == "plain" ? 0 : 1];
+    r.file.steps.push_back(plan);
+    r.file.step_lines.push_back(static_cast<std::int64_t>(r.file.steps.size()) + 1);
+  };
+  const auto planned = pp::simulateDeck(deck, opt);
+  const std::string shardings[] = {"per_sequence", "adaptive"};
+  for (int i = 0; i < 2; ++i) {
+    auto& r = replay[static_cast<std::size_t>(i)];
+    r.path = "plan." + planned[static_cast<std::size_t>(i)].strategy + ".jsonl";
+    r.strategy = planned[static_cast<std::size_t>(i)].strategy;
+    r.sharding = shardings[i];
+    r.file.header.packer = planned[static_cast<std::size_t>(i)].packer;
+    r.file.header.dp = 2;
+    r.file.header.micro_batches = 4;
+    r.file.header.context_window = 4096;
+  }
+  pp::SimulateOptions ro;
+  ro.as_run = true;
+  ro.replay = replay;
+  const auto replayed = pp::simulateDeck(deck, ro);
+  ASSERT_EQ(replayed.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(replayed[i].strategy, planned[i].strategy);
+    EXPECT_EQ(replayed[i].steps, planned[i].steps);
+    EXPECT_EQ(replayed[i].drain_steps, planned[i].drain_steps);
+    EXPECT_DOUBLE_EQ(replayed[i].tokens, planned[i].tokens);
+    EXPECT_DOUBLE_EQ(replayed[i].tokens_per_s, planned[i].tokens_per_s);
+    EXPECT_DOUBLE_EQ(replayed[i].speedup, planned[i].speedup);
+  }
+  EXPECT_GT(replayed[1].drain_steps, 0);
+  // plans of another mesh, or fewer steps than warm-up + measured: refused, naming the file
+  pp::SimulateOptions bad = ro;
+  bad.replay[1].file.header.dp = 4;
+  try {
+    (void)pp::simulateDeck(deck, bad);
+    ADD_FAILURE() << "dp mismatch accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("plan.wlb.jsonl:1:"), std::string::npos) << e.what();
+  }
+  bad = ro;
+  bad.steps = 100;
+  EXPECT_THROW((void)pp::simulateDeck(deck, bad), InputError);
+  bad = ro;
+  bad.replay[0].file.steps[2].step = 7;
+  try {
+    (void)pp::simulateDeck(deck, bad);
+    ADD_FAILURE() << "steps out of order accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("plan.plain.jsonl:4: step 7 where step 2"), std::string::npos) << e.what();
+  }
 }
