@@ -609,9 +609,29 @@ bool usesHostKernels(int head_dim, const KernelConfig& cfg) {
 }
 
 namespace detail {
+#if WLB_ATTN_HOST_SIMD
+/// BF16 storage on a host space: the operands widened to FP32 (exact), for the host SIMD
+/// kernels; the BF16 results are rounded back once.
+template <class ExecSpace, class V>
+typename Views<ExecSpace>::Out3 widenedHost(const V& x) {
+  typename Views<ExecSpace>::Out3 y(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::attention::host_widened"),
+                                    x.extent(0), x.extent(1), x.extent(2));
+  for (std::size_t t = 0; t < x.extent(0); ++t)
+    for (std::size_t h = 0; h < x.extent(1); ++h)
+      for (std::size_t d = 0; d < x.extent(2); ++d) y(t, h, d) = toFloat(x(t, h, d));
+  return y;
+}
+template <class V, class W>
+void narrowHost(const V& from, const W& to) {
+  for (std::size_t t = 0; t < to.extent(0); ++t)
+    for (std::size_t h = 0; h < to.extent(1); ++h)
+      for (std::size_t d = 0; d < to.extent(2); ++d) to(t, h, d) = toBf16(from(t, h, d));
+}
+#endif
+
 /// forward/backward for either storage type (QV: float or bf16 views): shape checks, then
-/// the fastest path that applies (host SIMD for float on host spaces, CUDA kernels on a
-/// Cuda instance), else the portable path.
+/// the fastest path that applies (host SIMD on host spaces — BF16 storage widened to FP32
+/// around it —, CUDA kernels on a Cuda instance), else the portable path.
 template <class ExecSpace, class QV, class OV>
 void forwardAny(const ExecSpace& space, QV q, QV k, QV v, const VarlenBatch& batch, OV o,
                 typename Views<ExecSpace>::Out2 lse, const KernelConfig& cfg, float softmax_scale) {
@@ -626,6 +646,16 @@ void forwardAny(const ExecSpace& space, QV q, QV k, QV v, const VarlenBatch& bat
         innerContiguous(k, s.head_dim) && innerContiguous(v, s.head_dim) && innerContiguous(o, s.head_dim) &&
         innerContiguous(lse, s.head_dim)) {
       forwardHost(space, q, k, v, batch, o, lse, cfg, s);
+      return;
+    }
+  }
+  if constexpr (!fp32 && hostAccessible<ExecSpace>()) {
+    if (usesHostKernels<ExecSpace>(s.head_dim, cfg) && innerContiguous(lse, s.head_dim)) {
+      wlb::kk::fence(space, "wlb::attention::fwd::widen");
+      const auto of = widenedHost<ExecSpace>(o);  // rows outside the pieces stay as they were
+      forwardHost(space, widenedHost<ExecSpace>(q), widenedHost<ExecSpace>(k), widenedHost<ExecSpace>(v), batch, of,
+                  lse, cfg, s);
+      narrowHost(of, o);
       return;
     }
   }
@@ -660,6 +690,16 @@ void backwardAny(const ExecSpace& space, QV q, QV k, QV v, QV o, typename Views<
         innerContiguous(o, D) && innerContiguous(dO, D) && innerContiguous(dq, D) && innerContiguous(dk, D) &&
         innerContiguous(dv, D) && innerContiguous(lse, D)) {
       backwardHost(space, q, k, v, o, lse, dO, batch, dq, dk, dv, cfg, s);
+      return;
+    }
+  }
+  if constexpr (!fp32 && hostAccessible<ExecSpace>()) {
+    const int D = s.head_dim;
+    if (usesHostKernels<ExecSpace>(D, cfg) && innerContiguous(dq, D) && innerContiguous(dk, D) &&
+        innerContiguous(dv, D) && innerContiguous(lse, D)) {
+      wlb::kk::fence(space, "wlb::attention::bwd::widen");
+      backwardHost(space, widenedHost<ExecSpace>(q), widenedHost<ExecSpace>(k), widenedHost<ExecSpace>(v),
+                   widenedHost<ExecSpace>(o), lse, widenedHost<ExecSpace>(dO), batch, dq, dk, dv, cfg, s);
       return;
     }
   }
@@ -713,7 +753,7 @@ const char* kernelName(int head_dim, const KernelConfig& cfg, bool bf16_storage)
   if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value)
     return detail::cudaKernelName(head_dim, cfg, bf16_storage);
 #endif
-  if (!bf16_storage && usesHostKernels<ExecSpace>(head_dim, cfg)) return "host-simd";
+  if (usesHostKernels<ExecSpace>(head_dim, cfg)) return "host-simd";  // BF16 storage widened around it
   return "portable";
 }
 
