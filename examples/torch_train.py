@@ -14,6 +14,10 @@ cu_seqlens, and the model attends within each document only. With --cp 2 every m
 is also CP-sharded and the loss is gathered from each CP rank's tokens (cp_index), as the
 ranks of a context-parallel group would compute it. The checkpoint holds the sampler state,
 so --resume continues with the next micro-batch: no document is lost or repeated.
+With --packer slimpack the step's MicroPack count varies and long documents are cut into
+slices whose queries attend to their document's earlier slices: the model keeps each
+document's keys and values for the step (forward_cached), and a slice's backward reaches
+the earlier slices through them.
 See docs/python.md.
 """
 
@@ -85,6 +89,37 @@ class TinyLM(torch.nn.Module):
         return self.head(x)
 
 
+def forward_cached(model, batch, cache):
+    """TinyLM's forward over a micro-batch whose segments may be SlimPack slices: each
+    segment's queries attend to its document's keys k_range, the prefix [k_begin, q_begin)
+    from `cache` (the keys and values its document's earlier slices computed this step, kept
+    with their autograd graph), then its own (causal bottom-right). Clear `cache` after the
+    step's last backward. On unsliced micro-batches it equals model(...)."""
+    x = model.tok(batch["input_ids"]) + model.pos(batch["position_ids"])
+    cu_q = batch["cu_seqlens_q"].tolist()
+    for li, b in enumerate(model.blocks):
+        T, D = x.shape
+        q, k, v = b.qkv(b.ln1(x)).view(T, 3, b.heads, D // b.heads).unbind(1)
+        outs = []
+        for i, s in enumerate(batch["segments"]):
+            a, e = cu_q[i], cu_q[i + 1]
+            ks, vs = k[a:e], v[a:e]
+            if s.q_offset:
+                pk, pv = cache.get((s.doc, li), (k[:0], v[:0]))
+                if pk.shape[0] != s.q_offset:
+                    raise RuntimeError(f"document {s.doc}: slice at {s.offset} before the {s.q_offset} tokens it "
+                                       "attends to were computed this step")
+                ks, vs = torch.cat((pk, ks)), torch.cat((pv, vs))
+            cache[(s.doc, li)] = (ks, vs)
+            nq, nk = e - a, ks.shape[0]
+            mask = torch.arange(nk)[None, :] <= (nk - nq + torch.arange(nq))[:, None]
+            sc = torch.einsum("qhd,khd->hqk", q[a:e], ks) / math.sqrt(D // b.heads)
+            outs.append(torch.einsum("hqk,khd->qhd", sc.masked_fill(~mask, float("-inf")).softmax(-1), vs))
+        x = x + b.out(torch.cat(outs).reshape(T, D) if outs else x.new_zeros(0, D))
+        x = x + b.mlp(b.ln2(x))
+    return model.head(x)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--data", help="Megatron dataset prefix (PREFIX.idx, PREFIX.bin); default: a synthetic one")
@@ -99,6 +134,8 @@ def main(argv=None):
     ap.add_argument("--resume", action="store_true", help="continue from WORKDIR/checkpoint.pt")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args(argv)
+    if args.packer == "slimpack" and args.cp > 1:
+        ap.error("--packer slimpack: CP sharding of slices is not supported here; use --cp 1")
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
@@ -126,7 +163,9 @@ def main(argv=None):
     if args.cp > 1:
         planner = wlb.ShardPlanner(deck)
         collates = [PackedCollate(planner, r) for r in range(args.cp)]  # one per CP rank of the group
-    model = TinyLM(vocab, 64, 4, 2, deck.s_max)
+    # slimpack slices keep their document's positions (a whole document of any length)
+    max_pos = deck.s_max if args.packer != "slimpack" else max(deck.s_max, max(len(d) for d in dataset))
+    model = TinyLM(vocab, 64, 4, 2, max_pos)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     ckpt = os.path.join(args.workdir, "checkpoint.pt")
     if args.resume:
@@ -140,12 +179,23 @@ def main(argv=None):
     # step and the other ranks' views are built from the same items.
     loader = make_loader(dataset, sampler, lambda items: [c(items) for c in collates], num_workers=args.workers)
     M = sampler.micro_batches
+    cache = {}  # slimpack: each document's keys and values of the step (forward_cached)
     step_loss = step_tokens = 0.0
     t0 = time.time()
     last = None
     for views in loader:
         batch = views[0]
-        if batch["num_tokens"]:  # an empty micro-batch still takes its slot
+        if sampler.variable:
+            M = sampler.micro_batches_of(batch["step"])
+        if batch["num_tokens"] and sampler.variable:
+            # slices: a later slice's backward reaches the earlier ones through the cache
+            logits = forward_cached(model, batch, cache)
+            loss = F.cross_entropy(logits, batch["labels"], ignore_index=-100, reduction="sum")
+            trained = int((batch["labels"] != -100).sum())
+            (loss / max(trained, 1) / M).backward(retain_graph=True)
+            step_loss += float(loss)
+            step_tokens += trained
+        elif batch["num_tokens"]:  # an empty micro-batch still takes its slot
             if args.cp == 1:
                 logits = model(batch["input_ids"], batch["position_ids"], batch["cu_seqlens"])
                 loss = F.cross_entropy(logits, batch["labels"], ignore_index=-100, reduction="sum")
@@ -163,6 +213,7 @@ def main(argv=None):
         if batch["micro_batch"] == M - 1:  # the step's last micro-batch: one optimizer step
             opt.step()
             opt.zero_grad()
+            cache.clear()
             m = sampler.metrics(batch["step"])
             print(f"step {batch['step']:4d}  loss {step_loss / max(step_tokens, 1):.3f}  tokens {int(step_tokens):6d}  "
                   f"imbalance {m.get('imbalance', float('nan')):.3f}  delayed docs {m.get('delayed_docs', 0)}  "

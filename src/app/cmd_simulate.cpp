@@ -264,6 +264,13 @@ int run(const Opts& o) {
       "step-time ratio (flatters deferral); pp-only = wlb packing + per_sequence CP, cp-only = original packing + "
       "adaptive CP; simulated in {:.2f} s\n",
       cases.size(), rows.empty() ? std::string("plain") : rows.front().baseline, wall);
+  // How slimpack fitted each step into memory (docs/packing.md § slimpack).
+  for (const auto& r : rows) {
+    if (r.partitions.empty()) continue;
+    os << fmt::format("# {} {} memory partition, steps:", r.case_name, r.strategy);
+    for (const auto& [k, n] : r.partitions) os << fmt::format(" {} {}", k, n);
+    os << fmt::format("; samples held back {}\n", r.held);
+  }
   if (o.as_run) {
     // The quantity `wlb run` measures (its summary's stage_peak_activation_bytes).
     os << "# activation peak per stage [MiB], executor's memory model:";
@@ -319,6 +326,10 @@ int run(const Opts& o) {
                    {"peak_gb_per_stage", r.peak_gb},
                    {"fits_memory", r.fits},
                    {"peak_activation_bytes_per_stage", r.peak_act_bytes}});
+      if (!r.partitions.empty()) {
+        j.back()["memory_partitions"] = r.partitions;
+        j.back()["held_samples"] = r.held;
+      }
     }
     writeAtomic(fs::path(o.out) / "simulate.csv", csv.str());
     writeAtomic(fs::path(o.out) / "simulate.json", j.dump(2) + "\n");
