@@ -269,7 +269,7 @@ int run(const Opts& o) {
     if (r.partitions.empty()) continue;
     os << fmt::format("# {} {} memory partition, steps:", r.case_name, r.strategy);
     for (const auto& [k, n] : r.partitions) os << fmt::format(" {} {}", k, n);
-    os << fmt::format("; samples held back {}\n", r.held);
+    os << fmt::format("; samples held back {}; DP-Merge units {}\n", r.held, r.merged);
   }
   if (o.as_run) {
     // The quantity `wlb run` measures (its summary's stage_peak_activation_bytes).
@@ -329,6 +329,7 @@ int run(const Opts& o) {
       if (!r.partitions.empty()) {
         j.back()["memory_partitions"] = r.partitions;
         j.back()["held_samples"] = r.held;
+        j.back()["dp_merge_units"] = r.merged;
       }
     }
     writeAtomic(fs::path(o.out) / "simulate.csv", csv.str());

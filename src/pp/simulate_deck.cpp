@@ -89,6 +89,7 @@ std::vector<SimStrategyResult> simulateDeck(const Deck& deck_in, const SimulateO
       row.fits = row.fits && r.fits_memory;
       if (!plan.memory.partition.empty()) ++row.partitions[plan.memory.partition];
       row.held += static_cast<std::int64_t>(plan.memory.held.size());
+      row.merged += static_cast<std::int64_t>(plan.merged.size());
       if (!drain && opt.on_step) opt.on_step(name);
       if (step < warmup) continue;
       double tokens = 0;
