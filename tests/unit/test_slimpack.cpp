@@ -623,3 +623,48 @@ TEST(SlimPackMemory, HoldsSamplesBackWhenOnlyThatFits) {
   EXPECT_EQ(q->pendingTokens(), 0);
   EXPECT_TRUE(check.ok(0)) << check.report(0);
 }
+
+TEST(SlimPack, DpMergeFiresOnTheLongTailedDeck) {
+  // inputs/run_slimpack_dpmerge.toml: 4 replicas, one window per replica and step, so a long
+  // sample holds more than a replica's share of the step's forward FLOPs.
+  Deck d = loadDeck(std::string(WLB_SOURCE_DIR) + "/inputs/run_slimpack_dpmerge.toml");
+  const auto cost = model::CostModel::fromDeck(d);
+  const pp::StepSimulator sim(d, cost);
+  const auto run = [&](bool merge) {
+    d.packing.slimpack_dp_merge = merge;
+    auto src = data::makeLengthSource(d);
+    auto p = packing::makePacker("slimpack", d, cost);
+    std::vector<std::pair<StepPlan, pp::StepResult>> out;
+    for (std::int64_t t = 0; t < 5; ++t) {
+      auto plan = p->pack(t, src->next(t));
+      const auto res = sim.simulatePlan(plan, "per_document", d.cp);
+      out.emplace_back(std::move(plan), res);
+    }
+    return out;
+  };
+  const auto on = run(true), off = run(false);
+  int merged_steps = 0;
+  double t_on = 0, t_off = 0;
+  for (std::size_t t = 0; t < on.size(); ++t) {
+    const auto& plan = on[t].first;
+    EXPECT_TRUE(off[t].first.merged.empty());
+    t_on += on[t].second.step_seconds;
+    t_off += off[t].second.step_seconds;
+    if (plan.merged.empty()) continue;
+    ++merged_steps;
+    // Each merged sample is whole in its owner's slot and exceeds a replica's share.
+    double total = 0;
+    for (const auto& rep : plan.replicas)
+      for (const auto& mb : rep)
+        for (const auto& s : mb.segments) total += sp::sliceFlops(cost, s.q_offset, s.length, Phase::Fwd);
+    for (const auto& mg : plan.merged) {
+      const auto& mb = plan.replicas[static_cast<std::size_t>(mg.group.front())][static_cast<std::size_t>(mg.slot)];
+      ASSERT_EQ(mb.segments.size(), 1u);
+      EXPECT_EQ(mb.segments[0].offset, 0);
+      EXPECT_GT(sp::sliceFlops(cost, 0, mb.segments[0].length, Phase::Fwd), total / 4);
+    }
+  }
+  EXPECT_GE(merged_steps, 2);
+  // Its effect: the sample no longer holds one replica back (the simulator's step).
+  EXPECT_LT(t_on, t_off);
+}
