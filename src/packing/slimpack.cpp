@@ -6,6 +6,7 @@
 #include <limits>
 #include <numeric>
 #include <optional>
+#include <set>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -110,18 +111,30 @@ ReplicaPacks packReplica(const std::vector<Document>& docs, std::int64_t m, std:
   // overshoots of all packs together stay under 0.1% of tau, since what they take is
   // missing from the other packs.
   double slack = 1e-3 * tau;
+  // Best fit = the pack with the most FLOPs that still takes the sample, the first among
+  // equals: packs ordered by (used, -k), searched down from the budget (O(log m) per sample
+  // instead of a scan of every pack; hundreds of packs at long windows).
+  std::set<std::pair<double, std::int64_t>> by_used;
+  for (std::size_t k = 0; fit && k < M; ++k) by_used.insert({used[k], -static_cast<std::int64_t>(k)});
   for (const auto i : shorts) {
     if (!fit) break;
+    const double limit = tau + std::max(0.0, slack);
     std::size_t best = M;
-    for (std::size_t k = 0; k < M; ++k) {
-      if (tok[k] + docs[i].length > s_max || used[k] + f[i] > tau + std::max(0.0, slack)) continue;
-      if (best == M || used[k] > used[best]) best = k;
+    // a little above the threshold: the exact test below decides at the boundary
+    auto it = by_used.upper_bound(
+        {limit - f[i] + 1e-9 * (std::abs(limit) + f[i]), std::numeric_limits<std::int64_t>::max()});
+    while (best == M && it != by_used.begin()) {
+      --it;
+      const auto k = static_cast<std::size_t>(-it->second);
+      if (tok[k] + docs[i].length <= s_max && used[k] + f[i] <= limit) best = k;
     }
     if (best == M) {
       leftovers.push_back(i);
     } else {
       slack -= std::max(0.0, used[best] + f[i] - std::max(tau, used[best]));
+      by_used.erase(it);
       add(best, docs[i], 0, docs[i].length);
+      by_used.insert({used[best], -static_cast<std::int64_t>(best)});
     }
   }
   // Mix: what fits nowhere whole fills the remaining budgets as slices, in pack order. Whole
