@@ -121,8 +121,8 @@ ReplicaPacks packReplica(const std::vector<Document>& docs, std::int64_t m, std:
     const double limit = tau + std::max(0.0, slack);
     std::size_t best = M;
     // a little above the threshold: the exact test below decides at the boundary
-    auto it = by_used.upper_bound(
-        {limit - f[i] + 1e-9 * (std::abs(limit) + f[i]), std::numeric_limits<std::int64_t>::max()});
+    auto it =
+        by_used.upper_bound({limit - f[i] + 1e-9 * (std::abs(limit) + f[i]), std::numeric_limits<std::int64_t>::max()});
     while (best == M && it != by_used.begin()) {
       --it;
       const auto k = static_cast<std::size_t>(-it->second);
