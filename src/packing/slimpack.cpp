@@ -114,8 +114,9 @@ ReplicaPacks packReplica(const std::vector<Document>& docs, std::int64_t m, std:
   // Best fit = the pack with the most FLOPs that still takes the sample, the first among
   // equals: packs ordered by (used, -k), searched down from the budget (O(log m) per sample
   // instead of a scan of every pack; hundreds of packs at long windows).
-  std::set<std::pair<double, std::int64_t>> by_used;
-  for (std::size_t k = 0; fit && k < M; ++k) by_used.insert({used[k], -static_cast<std::int64_t>(k)});
+  std::set<std::pair<double, std::int64_t>> by_used;  // packs with token room left
+  for (std::size_t k = 0; fit && k < M; ++k)
+    if (tok[k] < s_max) by_used.insert({used[k], -static_cast<std::int64_t>(k)});
   for (const auto i : shorts) {
     if (!fit) break;
     const double limit = tau + std::max(0.0, slack);
@@ -134,7 +135,7 @@ ReplicaPacks packReplica(const std::vector<Document>& docs, std::int64_t m, std:
       slack -= std::max(0.0, used[best] + f[i] - std::max(tau, used[best]));
       by_used.erase(it);
       add(best, docs[i], 0, docs[i].length);
-      by_used.insert({used[best], -static_cast<std::int64_t>(best)});
+      if (tok[best] < s_max) by_used.insert({used[best], -static_cast<std::int64_t>(best)});
     }
   }
   // Mix: what fits nowhere whole fills the remaining budgets as slices, in pack order. Whole
