@@ -82,6 +82,7 @@ def test_sampler_yields_slices_with_a_varying_count_and_resumes():
     for t in range(6):
         plan = ref.pack()
         counts.add(plan.micro_batches)
+        assert plan.memory["partition"] == "flops" and plan.memory["held"].size == 0  # ample memory here
         for m in range(plan.micro_batches):
             info, *segs = items[pos]
             assert info == MicroBatchInfo(t, 0, m, pos)
