@@ -17,13 +17,16 @@ CP-sharded by the planner, each process embeds, projects and scores only its own
 and attention runs through wlb.torch.cp_attention, which moves K/V by the shard plan's
 comm plan (--comm) and returns dK/dV to their owners; parameter gradients are summed over
 the group before the optimizer step. The checkpoint holds the sampler state, so --resume
-continues with the next micro-batch: no document is lost or repeated. See docs/python.md.
+continues with the next micro-batch: no document is lost or repeated.
+With --packer slimpack the step's MicroPack count varies and long documents are cut into
+slices whose queries attend to their document's earlier slices: the model keeps each
+document's keys and values for the step (sliced_attention), and a slice's backward reaches
+the earlier slices through them. See docs/python.md.
 """
 
 import argparse
-
-import argparse
 import datetime
+import math
 import os
 import socket
 import sys
@@ -74,6 +77,46 @@ class Block(torch.nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+def sliced_attention(batch, cache):
+    """The `attention` of one micro-batch whose segments may be SlimPack slices: each
+    segment's queries attend to its document's keys k_range, the prefix [k_begin, q_begin)
+    from `cache` (the keys and values its document's earlier slices computed this step, kept
+    with their autograd graph, per layer), then its own (causal bottom-right, GQA). Clear
+    `cache` after the step's last backward. On unsliced micro-batches it equals
+    document_attention. The model calls it once per layer, in order."""
+    cu_q = batch["cu_seqlens_q"].tolist()
+    layers = iter(range(1 << 30))
+
+    def attention(q, k, v):
+        li = next(layers)
+        T, H, d = q.shape
+        g = H // k.shape[1]
+        outs = []
+        for i, s in enumerate(batch["segments"]):
+            a, e = cu_q[i], cu_q[i + 1]
+            ks, vs = k[a:e], v[a:e]
+            if s.q_offset:
+                pk, pv = cache.get((s.doc, li), (k[:0], v[:0]))
+                if pk.shape[0] != s.q_offset:
+                    raise RuntimeError(f"document {s.doc}: slice at {s.offset} before the {s.q_offset} tokens it "
+                                       "attends to were computed this step")
+                ks, vs = torch.cat((pk, ks)), torch.cat((pv, vs))
+            cache[(s.doc, li)] = (ks, vs)
+            nq, nk = e - a, ks.shape[0]
+            mask = torch.arange(nk)[None, :] <= (nk - nq + torch.arange(nq))[:, None]
+            kh, vh = ks.repeat_interleave(g, 1), vs.repeat_interleave(g, 1)
+            sc = torch.einsum("qhd,khd->hqk", q[a:e], kh) / math.sqrt(d)
+            outs.append(torch.einsum("hqk,khd->qhd", sc.masked_fill(~mask, float("-inf")).softmax(-1), vh))
+        return (torch.cat(outs) if outs else q.new_zeros(0, H, d)), None
+
+    return attention
+
+
+def forward_cached(model, batch, cache):
+    """The model over a micro-batch of SlimPack slices (sliced_attention)."""
+    return model(batch["input_ids"], batch["position_ids"], sliced_attention(batch, cache))
+
+
 class TinyLM(torch.nn.Module):
     """Packed (THD) causal LM: one sequence of documents, attention inside each document.
     `attention(q, k, v) -> (o, lse)` is document_attention over the whole micro-batch, or
@@ -110,6 +153,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.cp < 1:
         ap.error("--cp: must be >= 1")
+    if args.packer == "slimpack" and args.cp > 1:
+        ap.error("--packer slimpack: CP sharding of slices is not supported here; use --cp 1")
 
     os.makedirs(args.workdir, exist_ok=True)
     prefix = args.data or os.path.join(args.workdir, "corpus")
@@ -153,7 +198,9 @@ def train(rank, args, port):
     # every rank runs the same sampler: the same plan, its own CP view of each micro-batch
     sampler = PackedBatchSampler(deck, dp_rank=0, steps=args.steps)
     collate = PackedCollate(wlb.ShardPlanner(deck), rank) if cp > 1 else PackedCollate()
-    model = TinyLM(vocab, 64, 4, 2, 2, deck.s_max)
+    # slimpack slices keep their document's positions (a whole document of any length)
+    max_pos = deck.s_max if args.packer != "slimpack" else max(deck.s_max, max(len(d) for d in dataset))
+    model = TinyLM(vocab, 64, 4, 2, 2, max_pos)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     ckpt = os.path.join(args.workdir, "checkpoint.pt")
     if args.resume:
@@ -167,11 +214,18 @@ def train(rank, args, port):
     M = sampler.micro_batches
     step_loss = step_tokens = 0.0
     stats = CPCommStats()
+    cache = {}  # slimpack: each document's keys and values of the step (sliced_attention)
     t0 = time.time()
     last = None
     for batch in loader:
+        if sampler.variable:
+            M = sampler.micro_batches_of(batch["step"])
         if batch["num_tokens"]:  # an empty micro-batch still takes its slot (on every rank)
-            if cp == 1:
+            if sampler.variable:
+                # slices: a later slice's backward reaches the earlier ones through the cache
+                ids, pos, labels = batch["input_ids"], batch["position_ids"], batch["labels"]
+                attention = sliced_attention(batch, cache)
+            elif cp == 1:
                 ids, pos, labels = batch["input_ids"], batch["position_ids"], batch["labels"]
 
                 def attention(q, k, v):
@@ -186,7 +240,7 @@ def train(rank, args, port):
             logits = model(ids, pos, attention)
             loss = F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")
             trained = int((batch["labels"] != -100).sum())  # of the whole micro-batch
-            (loss / max(trained, 1) / M).backward()
+            (loss / max(trained, 1) / M).backward(retain_graph=sampler.variable)
             step_loss += float(loss)
             step_tokens += trained
         last = batch
@@ -201,6 +255,7 @@ def train(rank, args, port):
                     p.grad = g.view_as(p).clone()
             opt.step()
             opt.zero_grad()
+            cache.clear()
             m = sampler.metrics(batch["step"])
             kv = f"  KV {(stats.fwd_bytes_recv + stats.bwd_bytes_recv) / 1e6:.2f} MB recv" if cp > 1 else ""
             log(f"step {batch['step']:4d}  loss {step_loss / max(step_tokens, 1):.6f}  tokens {int(step_tokens):6d}  "

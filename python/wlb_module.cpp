@@ -970,6 +970,21 @@ keys; 0 for a whole segment).)")
           },
           "SlimPack's DP-Merge units: [(slot, group replicas)], the owner first (docs/plan-format.md).")
       .def_property_readonly(
+          "memory",
+          [](const PyPlan& p) -> py::object {
+            const auto& m = p.plan.memory;
+            if (m.partition.empty()) return py::none();
+            py::dict d;
+            d["partition"] = m.partition;
+            d["held"] = i64Vector(m.held);
+            std::vector<double> gb;
+            for (const auto b : m.peak_bytes) gb.push_back(b / 1e9);
+            d["peak_gb"] = gb;
+            d["budget_gb"] = m.budget_bytes / 1e9;
+            return d;
+          },
+          "SlimPack: how the step fits the per-stage memory budget (the plan JSON's 'memory'); None otherwise.")
+      .def_property_readonly(
           "documents", [](const PyPlan& p) { return PyDocuments{p.docs}; },
           "The documents that arrived at this step (empty for a plan read from JSON).")
       .def(

@@ -37,13 +37,17 @@ SAMPLER_FORMAT = "wlb-sampler-state"
 
 
 class Segment(NamedTuple):
-    """Tokens [offset, offset + length) of dataset item `index` (one causal attention span)."""
+    """Tokens [offset, offset + length) of dataset item `index` (one causal attention span),
+    or, with q_offset > 0, a SlimPack slice: those tokens are the queries and attend to the
+    keys [offset - q_offset, offset + length) of their document, the earlier part computed
+    by the document's earlier slices in earlier micro-batches of the step."""
 
     index: int  # dataset index: doc % documents_per_epoch
     offset: int
     length: int
     doc: int  # stream document id (unique across epochs)
     arrival: int  # step at which the document arrived (delay = step - arrival)
+    q_offset: int = 0  # keys before the first query (a slice: = offset)
 
 
 class MicroBatchInfo(NamedTuple):
@@ -60,6 +64,7 @@ class _Entry(NamedTuple):
     step: int  # the packer's state is the one after this step
     checkpoint: object  # wlb.PackerCheckpoint
     plan: object  # wlb.Plan of `step` (None for the state before the first packed step)
+    end: int  # the rank's position after `step`
 
 
 class PackedBatchSampler(Sampler):
@@ -77,6 +82,10 @@ class PackedBatchSampler(Sampler):
     Each item is [MicroBatchInfo, Segment, ...]: M items per step, empty micro-batches
     included (then the list holds the MicroBatchInfo only), so every rank sees the same
     number of items. Documents wrap around at the end of the dataset (ids keep growing).
+    `slimpack` chooses M per step (micro_batches_of(step)) and cuts long documents into
+    slices (Segment.q_offset > 0) that PackedCollate describes for a per-document KV cache;
+    its DP-Merge groups (samples sharded over several replicas) are refused here, set
+    packing.slimpack_dp_merge = 0.
     """
 
     def __init__(self, deck, *, dp_rank=0, lengths=None, packer=None, steps=None, cost=None, history=4,
@@ -99,21 +108,34 @@ class PackedBatchSampler(Sampler):
         self.packer = _wlb.Packer(deck, packer, cost, lengths, source_name)
         self.micro_batches = self.packer.micro_batches
         self.documents_per_epoch = self.packer.documents_per_epoch
+        # slimpack chooses its MicroPack count per step: positions then count micro-batches
+        # as yielded instead of step * M + m
+        self.variable = self.packer.name == "slimpack"
         self._history = collections.deque(maxlen=max(1, int(history)) + 1)
-        self._reset(None, self.micro_batches)
+        self._reset(None, self.micro_batches, self.packer.next_step * self.micro_batches)
 
-    def _reset(self, plan, next_mb):
-        self._plan, self._next_mb = plan, next_mb
+    def _reset(self, plan, next_mb, base):
+        """`base`: the position at the start of `plan`'s step (after the last step without one)."""
+        self._plan, self._next_mb, self._base = plan, next_mb, base
         after = plan.step if plan is not None else self.packer.next_step - 1
         self._history.clear()
-        self._history.append(_Entry(after, self.packer.checkpoint(), plan))
+        self._history.append(_Entry(after, self.packer.checkpoint(), plan,
+                                    base + (plan.micro_batches if plan is not None else 0)))
 
     @property
     def position(self):
-        """Micro-batches this rank has been given so far, counted from step 0."""
+        """Micro-batches this rank has been given so far, counted from step 0 (for
+        slimpack, from the first step this sampler or the state it resumed counted)."""
         if self._plan is None:
-            return self.packer.next_step * self.micro_batches
-        return self._plan.step * self.micro_batches + self._next_mb
+            return self._base
+        return self._base + self._next_mb
+
+    def micro_batches_of(self, step):
+        """Micro-batches of a recently packed step (M; slimpack's count of that step)."""
+        for e in self._history:
+            if e.plan is not None and e.plan.step == step:
+                return e.plan.micro_batches
+        raise KeyError(f"step {step} is not among the sampler's recent steps")
 
     @property
     def plan(self):
@@ -131,17 +153,20 @@ class PackedBatchSampler(Sampler):
     def __len__(self):
         if self.steps is None:
             raise TypeError("PackedBatchSampler without steps= is endless")
+        if self.variable:
+            raise TypeError(f"PackedBatchSampler: packer '{self.packer.name}' chooses its micro-batch count per step")
         return max(0, self.steps * self.micro_batches - self.position)
 
     def __iter__(self):
-        M = self.micro_batches
         while True:
-            if self._plan is None or self._next_mb >= M:
+            if self._plan is None or self._next_mb >= self._plan.micro_batches:
                 if self.steps is not None and self.packer.next_step >= self.steps:
                     return
+                base = self.position
                 self._plan = self.packer.pack()
-                self._next_mb = 0
-                self._history.append(_Entry(self._plan.step, self.packer.checkpoint(), self._plan))
+                self._next_mb, self._base = 0, base
+                self._history.append(_Entry(self._plan.step, self.packer.checkpoint(), self._plan,
+                                            base + self._plan.micro_batches))
             m = self._next_mb
             self._next_mb += 1
             yield self.micro_batch(self._plan, m)
@@ -149,19 +174,17 @@ class PackedBatchSampler(Sampler):
     def micro_batch(self, plan, m):
         """[MicroBatchInfo, Segment, ...] of this rank's micro-batch m of `plan`."""
         n = self.documents_per_epoch or (1 << 62)
-        info = MicroBatchInfo(plan.step, self.dp_rank, m, plan.step * self.micro_batches + m)
+        start = self._base if plan is self._plan else plan.step * self.micro_batches
+        info = MicroBatchInfo(plan.step, self.dp_rank, m, start + m)
         new = tuple.__new__  # namedtuple's own __new__ costs a Python call per segment
         segs = plan.micro_batch(self.dp_rank, m)
         if plan.merged:
             raise ValueError(f"PackedBatchSampler: packer '{self.packer.name}' merged samples over DP replicas "
                              "(SlimPack's DP-Merge: a sample sharded over a group of replicas as a CP group); "
                              "set packing.slimpack_dp_merge = 0 for a per-replica sampler")
-        if segs.shape[1] == 5:
-            raise ValueError(f"PackedBatchSampler: packer '{self.packer.name}' cut documents into SlimPack slices, which "
-                             "attend to the keys of their document's earlier slices; pack_segments trains every "
-                             "segment as its own causal span, so these plans need an executor with a per-document KV "
-                             "cache")
-        return [info] + [new(Segment, (d % n, o, ln, d, a)) for d, o, ln, a in segs.tolist()]
+        if segs.shape[1] == 5:  # SlimPack slices: q_offset last
+            return [info] + [new(Segment, (d % n, o, ln, d, a, q)) for d, o, ln, a, q in segs.tolist()]
+        return [info] + [new(Segment, (d % n, o, ln, d, a, 0)) for d, o, ln, a in segs.tolist()]
 
     def state_dict(self, consumed=None):
         """The sampler's state after `consumed` micro-batches of this rank (default: all it
@@ -172,11 +195,16 @@ class PackedBatchSampler(Sampler):
         p = self.position if consumed is None else int(consumed)
         if p > self.position:
             raise ValueError(f"consumed: {p} micro-batches, but the sampler has yielded only {self.position}")
-        step, m = divmod(p, M)
-        want = step if m else step - 1
-        entry = next((e for e in self._history if e.step == want and (m == 0 or e.plan is not None)), None)
+        # the step whose end is p, or the step p is inside of
+        entry, step, m = None, None, 0
+        for e in self._history:
+            start = e.end - (e.plan.micro_batches if e.plan is not None else 0)
+            if e.end == p:
+                entry, step, m = e, e.step + 1, 0
+            elif e.plan is not None and start < p < e.end:
+                entry, step, m = e, e.step, p - start
         if entry is None:
-            raise ValueError(f"consumed: position {p} (step {step}) is older than the sampler's history of "
+            raise ValueError(f"consumed: position {p} is older than the sampler's history of "
                              f"{self._history.maxlen - 1} steps; create the sampler with a larger history=")
         return {
             "format": SAMPLER_FORMAT,
@@ -186,6 +214,8 @@ class PackedBatchSampler(Sampler):
             "dp_rank": self.dp_rank,
             "micro_batches": M,
             "position": p,
+            "step": step,
+            "micro_batch": m,
             "checkpoint": entry.checkpoint.to_dict(),
             "plan": entry.plan.to_json() if m else None,
         }
@@ -200,20 +230,21 @@ class PackedBatchSampler(Sampler):
             if state.get(key) != have:
                 raise ValueError(f"sampler state: saved with {key} = {state.get(key)!r}, this sampler has {have!r}")
         p = int(state["position"])
-        step, m = divmod(p, M)
+        step, m = (int(state["step"]), int(state["micro_batch"])) if "step" in state else divmod(p, M)
         plan = None
         if m:
             if state.get("plan") is None:
                 raise ValueError(f"sampler state: position {p} is inside step {step} but no plan was saved")
             plan = _wlb.Plan.from_json(state["plan"], self.packer.cost)
-            if plan.step != step or plan.dp != self.deck.dp or plan.micro_batches != M:
+            if plan.step != step or plan.dp != self.deck.dp or not (plan.micro_batches == M or
+                                                                   self.variable and plan.micro_batches > m):
                 raise ValueError(f"sampler state: the saved plan is step {plan.step} ({plan.dp} x {plan.micro_batches}),"
                                  f" expected step {step} ({self.deck.dp} x {M})")
         self.packer.load_state_dict(state["checkpoint"])
         if self.packer.next_step != (step + 1 if m else step):
             raise ValueError(f"sampler state: the checkpoint continues at step {self.packer.next_step}, "
                              f"position {p} needs step {step + 1 if m else step}")
-        self._reset(plan, m if m else M)
+        self._reset(plan, m if m else M, p - m)
 
 
 class SegmentDataset(Dataset):
@@ -245,10 +276,20 @@ class SegmentDataset(Dataset):
 def pack_segments(segments, tokens, ignore_index=-100):
     """Packed tensors of segments laid back to back (THD layout, no padding):
     input_ids, labels (the next token of the same document, ignore_index after a
-    document's last token), position_ids (restarting at 0 in every segment), cu_seqlens
-    (int32, k + 1 entries, FlashAttention / TransformerEngine varlen convention) and
-    max_seqlen. `tokens[i]` holds segment i's tokens, optionally one more (its label)."""
+    document's last token), position_ids (restarting at 0 in every segment; a slice's
+    continue its keys' positions: q_offset, q_offset + 1, ...), cu_seqlens (int32, k + 1
+    entries, FlashAttention / TransformerEngine varlen convention) and max_seqlen.
+    `tokens[i]` holds segment i's tokens, optionally one more (its label).
+
+    For SlimPack slices (Segment.q_offset > 0) the varlen pairs of a per-document KV cache:
+    cu_seqlens_q (= cu_seqlens, the queries) and cu_seqlens_k (each segment's keys: its
+    q_offset cached tokens, then its own), max_seqlen_q / max_seqlen_k, and per segment
+    q_range / k_range ([k, 2] int64, document token ranges [begin, end) of its queries and
+    of its keys, the key prefix being [k_begin, q_begin)). Causal bottom-right: query i of
+    a segment sees its first q_offset + i + 1 keys. `sliced` says whether any segment is a
+    slice; without slices the pairs equal cu_seqlens."""
     lengths = torch.tensor([s.length for s in segments], dtype=torch.long)
+    q_off = torch.tensor([getattr(s, "q_offset", 0) for s in segments], dtype=torch.long)
     cu = torch.zeros(len(segments) + 1, dtype=torch.int32)
     if len(segments):
         cu[1:] = torch.cumsum(lengths, 0)
@@ -260,7 +301,11 @@ def pack_segments(segments, tokens, ignore_index=-100):
         ids = torch.zeros(0, dtype=torch.long)
         labels = torch.zeros(0, dtype=torch.long)
     total = int(cu[-1])
-    positions = torch.arange(total, dtype=torch.long) - torch.repeat_interleave(cu[:-1].long(), lengths)
+    positions = torch.arange(total, dtype=torch.long) - torch.repeat_interleave(cu[:-1].long() - q_off, lengths)
+    cu_k = torch.zeros(len(segments) + 1, dtype=torch.int32)
+    if len(segments):
+        cu_k[1:] = torch.cumsum(lengths + q_off, 0)
+    offsets = torch.tensor([s.offset for s in segments], dtype=torch.long)
     return {
         "input_ids": ids,
         "labels": labels,
@@ -268,6 +313,13 @@ def pack_segments(segments, tokens, ignore_index=-100):
         "cu_seqlens": cu,
         "max_seqlen": int(lengths.max()) if len(segments) else 0,
         "num_tokens": total,
+        "cu_seqlens_q": cu,
+        "cu_seqlens_k": cu_k,
+        "max_seqlen_q": int(lengths.max()) if len(segments) else 0,
+        "max_seqlen_k": int((lengths + q_off).max()) if len(segments) else 0,
+        "q_range": torch.stack((offsets, offsets + lengths), 1).reshape(-1, 2),
+        "k_range": torch.stack((offsets - q_off, offsets + lengths), 1).reshape(-1, 2),
+        "sliced": bool((q_off > 0).any()),
     }
 
 
@@ -300,6 +352,9 @@ class PackedCollate:
             else:
                 segments.append(it[0])
                 tokens.append(it[1])
+        if self.planner is not None and any(getattr(s, "q_offset", 0) for s in segments):
+            raise ValueError("PackedCollate: CP sharding of SlimPack slices is not supported (their queries attend to "
+                             "keys of earlier micro-batches); use it without shard_planner")
         batch = pack_segments(segments, tokens, self.ignore_index)
         batch["segments"] = segments
         for k in MicroBatchInfo._fields:

@@ -313,6 +313,13 @@ int run(const Opts& o) {
     for (std::size_t i = 0; i < replay.size(); ++i) os << (i ? ", " : "") << replay[i].path;
     os << "): the run's documents and micro-batches, its warm-up and drain steps\n";
   }
+  // How slimpack fitted each step into memory (docs/packing.md § slimpack).
+  for (const auto& r : rows) {
+    if (r.partitions.empty()) continue;
+    os << fmt::format("# {} {} memory partition, steps:", r.case_name, r.strategy);
+    for (const auto& [k, n] : r.partitions) os << fmt::format(" {} {}", k, n);
+    os << fmt::format("; samples held back {}; DP-Merge units {}\n", r.held, r.merged);
+  }
   if (o.as_run) {
     // The quantity `wlb run` measures (its summary's stage_peak_activation_bytes).
     os << "# activation peak per stage [MiB], executor's memory model:";
@@ -368,6 +375,11 @@ int run(const Opts& o) {
                    {"peak_gb_per_stage", r.peak_gb},
                    {"fits_memory", r.fits},
                    {"peak_activation_bytes_per_stage", r.peak_act_bytes}});
+      if (!r.partitions.empty()) {
+        j.back()["memory_partitions"] = r.partitions;
+        j.back()["held_samples"] = r.held;
+        j.back()["dp_merge_units"] = r.merged;
+      }
     }
     writeAtomic(fs::path(o.out) / "simulate.csv", csv.str());
     writeAtomic(fs::path(o.out) / "simulate.json", j.dump(2) + "\n");

@@ -4,6 +4,7 @@
 /// per-step packing plan shared by packers, shard planners, executor, simulator and trace.
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace wlb {
@@ -70,6 +71,19 @@ struct StepPlan {
     }
   };
   std::vector<Merged> merged;
+  /// SlimPack: how the step was fitted into the per-stage memory budget (docs/packing.md
+  /// § slimpack). `partition`: "flops" (the FLOP-balanced backward cuts fit), "sample_ends"
+  /// (backward cuts moved to sample ends), "whole_samples" (fewer slices: samples whole
+  /// unless longer than a MicroPack holds, one grouping), "over" (nothing fits: the fastest
+  /// plan), empty for every other packer. `held`: samples held back to the next step so
+  /// that the step fits (they are in `delayed` too).
+  struct MemoryFit {
+    std::string partition;
+    std::vector<DocId> held;
+    std::vector<double> peak_bytes;  ///< [pp] predicted peak per stage: static + activations
+    double budget_bytes = 0;         ///< the device memory the peaks are held to (0 = unknown)
+  };
+  MemoryFit memory;
   /// The merged unit at `slot`, or null.
   const Merged* mergedAt(std::int64_t slot) const {
     for (const auto& m : merged)

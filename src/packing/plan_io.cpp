@@ -112,6 +112,14 @@ nlohmann::json stepToJson(const StepPlan& plan, const StepMetrics& metrics, std:
     for (const auto& m : plan.merged) mg.push_back({{"slot", m.slot}, {"group", m.group}});
     j["merged"] = std::move(mg);
   }
+  if (!plan.memory.partition.empty()) {
+    std::vector<double> gb;
+    for (const auto b : plan.memory.peak_bytes) gb.push_back(b / 1e9);
+    j["memory"] = {{"partition", plan.memory.partition},
+                   {"held", plan.memory.held},
+                   {"peak_gb", gb},
+                   {"budget_gb", plan.memory.budget_bytes / 1e9}};
+  }
   return j;
 }
 
@@ -186,6 +194,25 @@ StepPlan stepFromJson(const nlohmann::json& j) {
                         m.slot));
       p.merged.push_back(std::move(m));
     }
+  }
+  if (const auto it = j.find("memory"); it != j.end()) {
+    static const std::vector<std::string> kinds{"flops", "sample_ends", "whole_samples", "over"};
+    if (!it->is_object() || !it->contains("partition") || !it->at("partition").is_string() ||
+        std::find(kinds.begin(), kinds.end(), it->at("partition").get<std::string>()) == kinds.end())
+      throw InputError("'memory.partition' must be one of \"flops\", \"sample_ends\", \"whole_samples\", \"over\"");
+    p.memory.partition = it->at("partition").get<std::string>();
+    for (const auto& d : it->value("held", nlohmann::json::array()))
+      p.memory.held.push_back(integer<DocId>(d, "memory.held"));
+    for (const auto& g : it->value("peak_gb", nlohmann::json::array())) {
+      if (!g.is_number() || g.get<double>() < 0) throw InputError("'memory.peak_gb' must hold numbers >= 0");
+      p.memory.peak_bytes.push_back(g.get<double>() * 1e9);
+    }
+    const auto& b = it->value("budget_gb", nlohmann::json(0.0));
+    if (!b.is_number() || b.get<double>() < 0) throw InputError("'memory.budget_gb' must be a number >= 0");
+    p.memory.budget_bytes = b.get<double>() * 1e9;
+    for (const auto d : p.memory.held)
+      if (std::find(p.delayed.begin(), p.delayed.end(), d) == p.delayed.end())
+        throw InputError(fmt::format("'memory.held' lists document {} that 'delayed' does not", d));
   }
   return p;
 }

@@ -5,6 +5,9 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <optional>
+#include <set>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -108,18 +111,31 @@ ReplicaPacks packReplica(const std::vector<Document>& docs, std::int64_t m, std:
   // overshoots of all packs together stay under 0.1% of tau, since what they take is
   // missing from the other packs.
   double slack = 1e-3 * tau;
+  // Best fit = the pack with the most FLOPs that still takes the sample, the first among
+  // equals: packs ordered by (used, -k), searched down from the budget (O(log m) per sample
+  // instead of a scan of every pack; hundreds of packs at long windows).
+  std::set<std::pair<double, std::int64_t>> by_used;  // packs with token room left
+  for (std::size_t k = 0; fit && k < M; ++k)
+    if (tok[k] < s_max) by_used.insert({used[k], -static_cast<std::int64_t>(k)});
   for (const auto i : shorts) {
     if (!fit) break;
+    const double limit = tau + std::max(0.0, slack);
     std::size_t best = M;
-    for (std::size_t k = 0; k < M; ++k) {
-      if (tok[k] + docs[i].length > s_max || used[k] + f[i] > tau + std::max(0.0, slack)) continue;
-      if (best == M || used[k] > used[best]) best = k;
+    // a little above the threshold: the exact test below decides at the boundary
+    auto it =
+        by_used.upper_bound({limit - f[i] + 1e-9 * (std::abs(limit) + f[i]), std::numeric_limits<std::int64_t>::max()});
+    while (best == M && it != by_used.begin()) {
+      --it;
+      const auto k = static_cast<std::size_t>(-it->second);
+      if (tok[k] + docs[i].length <= s_max && used[k] + f[i] <= limit) best = k;
     }
     if (best == M) {
       leftovers.push_back(i);
     } else {
       slack -= std::max(0.0, used[best] + f[i] - std::max(tau, used[best]));
+      by_used.erase(it);
       add(best, docs[i], 0, docs[i].length);
+      if (tok[best] < s_max) by_used.insert({used[best], -static_cast<std::int64_t>(best)});
     }
   }
   // Mix: what fits nowhere whole fills the remaining budgets as slices, in pack order. Whole
@@ -150,23 +166,83 @@ ReplicaPacks packReplica(const std::vector<Document>& docs, std::int64_t m, std:
   return out;
 }
 
+ReplicaPacks packReplicaWhole(const std::vector<Document>& docs, std::int64_t m, std::int64_t s_max,
+                              const model::CostModel& cost) {
+  ReplicaPacks out;
+  const auto M = static_cast<std::size_t>(m);
+  out.packs.resize(M);
+  std::vector<double> f(docs.size()), used(M, 0.0);
+  std::vector<std::int64_t> tok(M, 0);
+  double total = 0;
+  for (std::size_t i = 0; i < docs.size(); ++i) {
+    f[i] = sliceFlops(cost, 0, docs[i].length, Phase::Fwd);
+    total += f[i];
+  }
+  out.tau = total / static_cast<double>(m);
+  std::vector<std::size_t> order(docs.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return f[a] != f[b] ? f[a] > f[b] : docs[a].id < docs[b].id; });
+  auto add = [&](std::size_t k, const Document& d, std::int64_t o, std::int64_t q) {
+    out.packs[k].segments.push_back(Segment{d.id, o, q, d.arrival_step, o});
+    used[k] += sliceFlops(cost, o, q, Phase::Fwd);
+    tok[k] += q;
+  };
+  std::size_t k = 0;
+  for (const auto i : order) {
+    const Document& d = docs[i];
+    for (std::int64_t o = 0; d.length > s_max && o < d.length;) {
+      if (k >= M) {
+        out.ok = false;
+        return out;
+      }
+      const std::int64_t q = std::min(s_max - tok[k], d.length - o);
+      if (q <= 0) {
+        ++k;
+        continue;
+      }
+      add(k, d, o, q);
+      o += q;
+      if (o < d.length) ++k;
+    }
+  }
+  for (const auto i : order) {
+    if (docs[i].length > s_max) continue;
+    std::size_t best = M;
+    for (std::size_t j = 0; j < M; ++j)
+      if (tok[j] + docs[i].length <= s_max && (best == M || used[j] < used[best])) best = j;
+    if (best == M) {
+      out.ok = false;
+      return out;
+    }
+    add(best, docs[i], 0, docs[i].length);
+  }
+  return out;
+}
+
 std::vector<std::int64_t> backwardPartition(const std::vector<double>& bwd, const std::vector<std::int64_t>& tokens,
-                                            std::int64_t m, std::int64_t s_max) {
+                                            std::int64_t m, std::int64_t s_max,
+                                            const std::vector<std::int64_t>* chain) {
   const std::size_t n = bwd.size();
-  // Greedy groups under a FLOPs cap: the fewest groups for that cap (cuts optional).
+  // Greedy groups under a FLOPs cap: the fewest groups for that cap (cuts optional). A
+  // slice of a second sliced sample forces a cut before it (as late as the cap allows,
+  // which keeps the greedy count minimal).
   auto groups = [&](double cap, std::vector<std::int64_t>* cuts) {
-    std::int64_t g = 0, t = 0;
+    std::int64_t g = 0, t = 0, open = -1;
     double f = 0;
     if (cuts) cuts->assign(1, 0);
     for (std::size_t i = 0; i < n; ++i) {
-      if (i > 0 && (f + bwd[i] > cap || t + tokens[i] > s_max)) {
+      const std::int64_t c = chain ? (*chain)[i] : -1;
+      if (i > 0 && (f + bwd[i] > cap || t + tokens[i] > s_max || (c >= 0 && open >= 0 && c != open))) {
         ++g;
         if (cuts) cuts->push_back(static_cast<std::int64_t>(i));
         f = 0;
         t = 0;
+        open = -1;
       }
       f += bwd[i];
       t += tokens[i];
+      if (c >= 0) open = c;
     }
     return n > 0 ? g + 1 : 0;
   };
@@ -231,40 +307,204 @@ class SlimPackPacker final : public Packer {
   std::string name() const override { return "slimpack"; }
 
   StepPlan pack(std::int64_t step, const std::vector<Document>& incoming) override {
+    // Samples the previous step held back come first; a sample is never held twice, so none
+    // waits more than one step.
+    std::vector<Document> docs;
+    for (const auto& s : carry_) docs.push_back(Document{s.doc, s.length, s.arrival_step});
+    const std::size_t carried = docs.size();
+    docs.insert(docs.end(), incoming.begin(), incoming.end());
+    carry_.clear();
+    Outcome best = planDocs(step, docs);
+    std::vector<Document> held;
+    if (!best.res.fits_memory && !best.hopeless) {
+      // Hold back the heaviest samples that arrived with this step, 1, 3, 7, 15, then all of
+      // them, until the rest fits. The step's longest sample stays: it is what has to be
+      // sliced (no remedy fits it with company), so it trains now with less company.
+      const auto longer = [&](std::size_t a, std::size_t b) {
+        return docs[a].length != docs[b].length ? docs[a].length > docs[b].length : docs[a].id < docs[b].id;
+      };
+      std::vector<std::size_t> all(docs.size());
+      std::iota(all.begin(), all.end(), 0);
+      const std::size_t longest = docs.empty() ? 0 : *std::min_element(all.begin(), all.end(), longer);
+      std::vector<std::size_t> fresh;
+      for (std::size_t i = carried; i < docs.size(); ++i)
+        if (i != longest) fresh.push_back(i);
+      std::stable_sort(fresh.begin(), fresh.end(), longer);
+      for (std::size_t n = 1; !fresh.empty(); n = n < 15 ? 2 * n + 1 : fresh.size()) {
+        n = std::min(n, fresh.size());
+        std::vector<char> hold(docs.size(), 0);
+        for (std::size_t j = 0; j < n; ++j) hold[fresh[j]] = 1;
+        std::vector<Document> keep, out;
+        for (std::size_t i = 0; i < docs.size(); ++i) (hold[i] ? out : keep).push_back(docs[i]);
+        Outcome o = planDocs(step, keep);
+        if (o.res.fits_memory) {
+          best = std::move(o);
+          held = std::move(out);
+          break;
+        }
+        if (n == fresh.size()) break;
+      }
+    }
+    StepPlan plan = std::move(best.plan);
+    plan.memory.partition = best.res.fits_memory ? best.partition : "over";
+    plan.memory.peak_bytes = best.res.peak_bytes;
+    plan.memory.budget_bytes = std::max(0.0, sim_.config().memory_bytes);
+    for (const auto& d : held) {
+      carry_.push_back(Segment{d.id, 0, d.length, d.arrival_step, 0});
+      plan.memory.held.push_back(d.id);
+    }
+    std::sort(plan.memory.held.begin(), plan.memory.held.end());
+    plan.delayed = plan.memory.held;
+    info_ = {{"micropacks", static_cast<std::int64_t>(plan.replicas.front().size())},
+             {"merged", static_cast<std::int64_t>(plan.merged.size())},
+             {"token_cap", best.token_cap},
+             {"step_seconds", best.res.step_seconds},
+             {"fits_memory", best.res.fits_memory},
+             {"partition", plan.memory.partition},
+             {"held", static_cast<std::int64_t>(held.size())},
+             {"candidates", std::move(best.cands)}};
+    return plan;
+  }
+
+  nlohmann::json saveState() const override { return {{"carry", detail::segsToJson(carry_)}}; }
+  void loadState(const nlohmann::json& s) override {
+    if (!s.contains("carry") || !s.at("carry").is_array())
+      throw InputError("slimpack checkpoint: 'carry' must be a list of held-back segments");
+    carry_ = detail::segsFromJson(s.at("carry"));
+    for (const auto& c : carry_)
+      if (c.offset != 0 || c.length < 1 || c.q_offset != 0)
+        throw InputError("slimpack checkpoint: 'carry' holds whole samples only (offset 0, length >= 1)");
+  }
+  std::vector<Segment> heldSegments() const override { return carry_; }
+  nlohmann::json lastSolverInfo() const override { return info_; }
+
+ private:
+  enum class Partition { Flops, SampleEnds, Whole };
+
+  /// The chosen plan for one set of samples and how it was found.
+  struct Outcome {
+    StepPlan plan;
+    pp::StepResult res;
+    std::string partition;
+    /// A sample sliced on one replica needs more than a stage's free memory on its own (its
+    /// slices' activations are all held until their last-in-first-out backward): nothing
+    /// the packer does makes the step fit.
+    bool hopeless = false;
+    bool have = false;
+    std::int64_t token_cap = 0;
+    nlohmann::json cands = nlohmann::json::array();
+  };
+  struct Group {
+    Document doc;
+    std::vector<std::int64_t> members;  // ascending; the owner first
+  };
+
+  /// Every replica's MicroPacks with the merged slots first and the backward cut points of
+  /// `part`; nothing when no backward partition meets the limits.
+  std::optional<StepPlan> assemble(std::int64_t step, const std::vector<Group>& groups,
+                                   const std::vector<slimpack::ReplicaPacks>& fwd, Partition part, std::int64_t m,
+                                   std::int64_t s_fill) const {
+    StepPlan plan;
+    plan.step = step;
+    for (std::size_t u = 0; u < groups.size(); ++u)
+      plan.merged.push_back({static_cast<std::int64_t>(u), groups[u].members});
+    for (std::size_t r = 0; r < fwd.size(); ++r) {
+      const auto& rp = fwd[r].packs;
+      std::vector<std::int64_t> cuts{0};
+      if (part == Partition::Whole) {
+        for (const auto& mb : rp) cuts.push_back(cuts.back() + static_cast<std::int64_t>(mb.segments.size()));
+      } else {
+        std::vector<double> bw;
+        std::vector<std::int64_t> bt, chain;
+        std::unordered_map<DocId, int> pieces;
+        for (const auto& mb : rp)
+          for (const auto& s : mb.segments) {
+            bw.push_back(slimpack::sliceFlops(*cost_, s.q_offset, s.length, Phase::Bwd));
+            bt.push_back(s.length);
+            ++pieces[s.doc];
+          }
+        for (const auto& mb : rp)
+          for (const auto& s : mb.segments) chain.push_back(pieces[s.doc] > 1 ? s.doc : -1);
+        cuts = slimpack::backwardPartition(bw, bt, m, s_fill, part == Partition::SampleEnds ? &chain : nullptr);
+        if (cuts.empty()) {
+          if (part == Partition::SampleEnds) return std::nullopt;
+          cuts = pp::replicaSlices(rp).fwd_cuts;  // a token-infeasible fill (never here)
+        }
+      }
+      std::vector<MicroBatch> packs;
+      std::vector<std::int64_t> all_cuts{0};
+      for (const auto& gr : groups) {
+        MicroBatch mb;
+        if (gr.members.front() == static_cast<std::int64_t>(r))
+          mb.segments.push_back(Segment{gr.doc.id, 0, gr.doc.length, gr.doc.arrival_step, 0});
+        all_cuts.push_back(all_cuts.back() + static_cast<std::int64_t>(mb.segments.size()));
+        packs.push_back(std::move(mb));
+      }
+      const std::int64_t lead = all_cuts.back();
+      for (std::size_t k = 1; k < cuts.size(); ++k) all_cuts.push_back(lead + cuts[k]);
+      packs.insert(packs.end(), rp.begin(), rp.end());
+      plan.replicas.push_back(std::move(packs));
+      plan.backward.push_back(std::move(all_cuts));
+    }
+    return plan;
+  }
+
+  /// Simulate a candidate plan and keep it when it is better: the fastest that fits
+  /// memory, or the fastest when none fits. Returns whether it fits.
+  bool consider(Outcome& out, StepPlan&& plan, const char* partition, std::int64_t m, bool balanced) {
+    std::vector<pp::PackFlowDeps> flow;
+    const auto works = pp::packFlowPlanWork(plan, "per_document", sim_.config().cp, *cost_, CpConfig{}, attn_, flow);
+    const auto res = sim_.simulate(works, nullptr, 0, 0, &flow);
+    out.cands.push_back({{"micropacks", m},
+                         {"partition", partition},
+                         {"step_seconds", res.step_seconds},
+                         {"fits_memory", res.fits_memory},
+                         {"balanced", balanced}});
+    const bool better = !out.have || (res.fits_memory && !out.res.fits_memory) ||
+                        (res.fits_memory == out.res.fits_memory && res.step_seconds < out.res.step_seconds);
+    if (better) {
+      out.plan = std::move(plan);
+      out.res = res;
+      out.partition = partition;
+      out.have = true;
+    }
+    return res.fits_memory;
+  }
+
+  Outcome planDocs(std::int64_t step, const std::vector<Document>& docs) {
+    Outcome out;
     const auto dp = static_cast<std::size_t>(opt_.dp);
     const auto s_max = opt_.s_max;
+    const bool memory = sim_.config().memory_bytes > 0;
     // Every MicroPack holds at most s_max tokens and what the per-stage memory budget leaves
-    // for one in-flight MicroPack (pp::StepSimulator::microBatchTokenBudget); the chosen
-    // count's simulated peak is checked again below.
+    // for one in-flight MicroPack (pp::StepSimulator::microBatchTokenBudget); each
+    // candidate's simulated peak is checked again below.
     const std::int64_t s_fill = std::min(s_max, sim_.microBatchTokenBudget());
+    out.token_cap = s_fill;
     // Phase 1: samples by decreasing forward FLOPs to the replica with the least so far.
     // DP-Merge: a sample whose forward FLOPs exceed a replica's share (sum / dp) runs on the
     // g least-loaded replicas together, sharded over them as a CP group: g = ceil(f / share),
     // or more if each member's share of its tokens would exceed s_fill; a sample that would
     // need more than dp replicas is slimmed on one replica instead.
-    std::vector<double> f(incoming.size());
+    std::vector<double> f(docs.size());
     double total = 0;
-    for (std::size_t i = 0; i < incoming.size(); ++i) {
-      f[i] = slimpack::sliceFlops(*cost_, 0, incoming[i].length, Phase::Fwd);
+    for (std::size_t i = 0; i < docs.size(); ++i) {
+      f[i] = slimpack::sliceFlops(*cost_, 0, docs[i].length, Phase::Fwd);
       total += f[i];
     }
     const double share = total / static_cast<double>(dp);
-    std::vector<std::size_t> order(incoming.size());
+    std::vector<std::size_t> order(docs.size());
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-      return f[a] != f[b] ? f[a] > f[b] : incoming[a].id < incoming[b].id;
+      return f[a] != f[b] ? f[a] > f[b] : docs[a].id < docs[b].id;
     });
     std::vector<std::vector<Document>> rep(dp);
     std::vector<double> load(dp, 0.0);
     std::vector<std::int64_t> rtok(dp, 0);
-    struct Group {
-      Document doc;
-      std::vector<std::int64_t> members;  // ascending; the owner first
-    };
     std::vector<Group> groups;
     for (const auto i : order) {
       const auto g = std::max<std::size_t>(static_cast<std::size_t>(std::ceil(f[i] / share - 1e-9)),
-                                           static_cast<std::size_t>((incoming[i].length + s_fill - 1) / s_fill));
+                                           static_cast<std::size_t>((docs[i].length + s_fill - 1) / s_fill));
       if (opt_.slimpack_dp_merge && dp > 1 && f[i] > share * (1 + 1e-9) && g <= dp) {
         std::vector<std::int64_t> by_load(dp);
         std::iota(by_load.begin(), by_load.end(), 0);
@@ -274,98 +514,62 @@ class SlimPackPacker final : public Packer {
         by_load.resize(g);
         std::sort(by_load.begin(), by_load.end());
         for (const auto r : by_load) load[static_cast<std::size_t>(r)] += f[i] / static_cast<double>(g);
-        groups.push_back({incoming[i], std::move(by_load)});
+        groups.push_back({docs[i], std::move(by_load)});
         continue;
       }
       const auto r = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-      rep[r].push_back(incoming[i]);
+      rep[r].push_back(docs[i]);
       load[r] += f[i];
-      rtok[r] += incoming[i].length;
+      rtok[r] += docs[i].length;
     }
+    if (memory)
+      for (const auto& rd : rep)
+        for (const auto& d : rd)
+          for (int s = 0; d.length > s_fill && s < sim_.config().pp; ++s)
+            if (static_cast<double>(d.length) * sim_.stageBytesPerToken(s) > sim_.stageFreeBytes(s))
+              out.hopeless = true;
     // Phase 2 for every candidate MicroPack count; the simulator picks. Merged samples take
     // the leading slots (their own forward and backward units), the same on every replica
-    // (empty where a replica is no member).
+    // (empty where a replica is no member). Per count: the FLOP-balanced backward cuts; if
+    // they exceed the memory, the cuts moved to sample ends.
     const std::int64_t unit = s_fill * opt_.pp;
     const std::int64_t i_min =
         std::max<std::int64_t>(1, (*std::max_element(rtok.begin(), rtok.end()) + unit - 1) / unit);
-    const auto U = static_cast<std::int64_t>(groups.size());
-    StepPlan best;
-    pp::StepResult best_res;
-    bool have = false;
-    nlohmann::json cands = nlohmann::json::array();
-    for (const auto i : slimpack::candidateCounts(i_min, opt_.slimpack_candidates)) {
+    const auto counts = slimpack::candidateCounts(i_min, opt_.slimpack_candidates);
+    for (const auto i : counts) {
       const std::int64_t m = i * opt_.pp;
-      StepPlan plan;
-      plan.step = step;
+      std::vector<slimpack::ReplicaPacks> fwd;
       bool balanced = true;
-      for (std::int64_t u = 0; u < U; ++u)
-        plan.merged.push_back({u, groups[static_cast<std::size_t>(u)].members});
       for (std::size_t r = 0; r < dp; ++r) {
-        auto rp = slimpack::packReplica(rep[r], m, s_fill, *cost_);
-        balanced = balanced && rp.balanced;
-        std::vector<double> bw;
-        std::vector<std::int64_t> bt;
-        for (const auto& mb : rp.packs)
-          for (const auto& s : mb.segments) {
-            bw.push_back(slimpack::sliceFlops(*cost_, s.q_offset, s.length, Phase::Bwd));
-            bt.push_back(s.length);
-          }
-        auto cuts = slimpack::backwardPartition(bw, bt, m, s_fill);
-        // Empty only for a token-infeasible fill (never here): the forward grouping then.
-        if (cuts.empty()) cuts = pp::replicaSlices(rp.packs).fwd_cuts;
-        std::vector<MicroBatch> packs;
-        std::vector<std::int64_t> all_cuts{0};
-        for (const auto& gr : groups) {
-          MicroBatch mb;
-          if (gr.members.front() == static_cast<std::int64_t>(r))
-            mb.segments.push_back(Segment{gr.doc.id, 0, gr.doc.length, gr.doc.arrival_step, 0});
-          all_cuts.push_back(all_cuts.back() + static_cast<std::int64_t>(mb.segments.size()));
-          packs.push_back(std::move(mb));
-        }
-        const std::int64_t lead = all_cuts.back();
-        for (std::size_t k = 1; k < cuts.size(); ++k) all_cuts.push_back(lead + cuts[k]);
-        for (auto& mb : rp.packs) packs.push_back(std::move(mb));
-        plan.replicas.push_back(std::move(packs));
-        plan.backward.push_back(std::move(all_cuts));
+        fwd.push_back(slimpack::packReplica(rep[r], m, s_fill, *cost_));
+        balanced = balanced && fwd.back().balanced;
       }
-      std::vector<pp::PackFlowDeps> flow;
-      const auto works =
-          pp::packFlowPlanWork(plan, "per_document", sim_.config().cp, *cost_, CpConfig{}, attn_, flow);
-      const auto res = sim_.simulate(works, nullptr, 0, 0, &flow);
-      cands.push_back({{"micropacks", m},
-                       {"step_seconds", res.step_seconds},
-                       {"fits_memory", res.fits_memory},
-                       {"balanced", balanced}});
-      // The fastest that fits memory; if none fits, the fastest.
-      const bool better = !have || (res.fits_memory && !best_res.fits_memory) ||
-                          (res.fits_memory == best_res.fits_memory && res.step_seconds < best_res.step_seconds);
-      if (better) {
-        best = std::move(plan);
-        best_res = res;
-        have = true;
-      }
+      if (consider(out, *assemble(step, groups, fwd, Partition::Flops, m, s_fill), "flops", m, balanced) || !memory ||
+          out.hopeless)
+        continue;
+      if (auto plan = assemble(step, groups, fwd, Partition::SampleEnds, m, s_fill))
+        consider(out, std::move(*plan), "sample_ends", m, balanced);
     }
-    info_ = {{"micropacks", static_cast<std::int64_t>(best.replicas.front().size())},
-             {"merged", U},
-             {"token_cap", s_fill},
-             {"step_seconds", best_res.step_seconds},
-             {"fits_memory", best_res.fits_memory},
-             {"candidates", std::move(cands)}};
-    return best;  // nothing is held back: every sample trains in its own step
+    // Fewer slices: samples whole (one grouping, 1F1B's memory, which s_fill bounds), only
+    // those longer than a MicroPack sliced.
+    if (memory && !out.res.fits_memory && !out.hopeless)
+      for (const auto i : counts) {
+        const std::int64_t m = i * opt_.pp;
+        std::vector<slimpack::ReplicaPacks> whole;
+        bool ok = true;
+        for (std::size_t r = 0; r < dp && ok; ++r) {
+          whole.push_back(slimpack::packReplicaWhole(rep[r], m, s_fill, *cost_));
+          ok = whole.back().ok;
+        }
+        if (ok) consider(out, *assemble(step, groups, whole, Partition::Whole, m, s_fill), "whole_samples", m, false);
+      }
+    return out;
   }
 
-  nlohmann::json saveState() const override { return {{"carry", nlohmann::json::array()}}; }
-  void loadState(const nlohmann::json& s) override {
-    if (!s.at("carry").is_array() || !s.at("carry").empty())
-      throw InputError("slimpack checkpoint: 'carry' must be an empty list (slimpack holds nothing back)");
-  }
-  std::vector<Segment> heldSegments() const override { return {}; }
-  nlohmann::json lastSolverInfo() const override { return info_; }
-
- private:
   pp::StepSimulator sim_;
   pp::AttnSecondsMemo attn_;
   nlohmann::json info_;
+  std::vector<Segment> carry_;  ///< whole samples held back to the next step
 };
 
 }  // namespace

@@ -37,12 +37,24 @@ struct ReplicaPacks {
 ReplicaPacks packReplica(const std::vector<Document>& docs, std::int64_t m, std::int64_t s_max,
                          const model::CostModel& cost);
 
+/// Fewer slices (the memory fallback): `m` MicroPacks of at most s_max tokens holding every
+/// sample whole, largest forward FLOPs first into the MicroPack with the least so far that
+/// has the room; only samples longer than s_max are cut, into consecutive slices that fill
+/// MicroPacks by tokens from the first one on. `ok` is false when some sample fits nowhere
+/// whole.
+ReplicaPacks packReplicaWhole(const std::vector<Document>& docs, std::int64_t m, std::int64_t s_max,
+                              const model::CostModel& cost);
+
 /// Asymmetric partition: m+1 cut points into items (in forward order) minimising the
 /// largest group's backward FLOPs, each group within s_max tokens; groups keep the order
-/// (trailing groups may be empty when fewer suffice).
+/// (trailing groups may be empty when fewer suffice). With `chain` (per item: the sliced
+/// sample it belongs to, or -1 for a whole one) no group holds slices of two sliced samples:
+/// the cuts move to sample ends, so each sample's last-in-first-out backward stays a chain
+/// of its own instead of linking the next sample's (and holding both samples' activations).
+/// Empty when no m groups meet the limits.
 std::vector<std::int64_t> backwardPartition(const std::vector<double>& bwd_flops,
-                                            const std::vector<std::int64_t>& tokens, std::int64_t m,
-                                            std::int64_t s_max);
+                                            const std::vector<std::int64_t>& tokens, std::int64_t m, std::int64_t s_max,
+                                            const std::vector<std::int64_t>* chain = nullptr);
 
 /// MicroPack-count candidates i (m = i * pp): i_min + 2^k - 1 for k < n — dense next to the
 /// smallest count that holds the tokens, sparser beyond.

@@ -151,6 +151,9 @@ std::vector<SimStrategyResult> simulateDeck(const Deck& deck_in, const SimulateO
       for (std::size_t s = 0; s < r.peak_activation_bytes.size(); ++s)
         row.peak_act_bytes[s] = std::max(row.peak_act_bytes[s], r.peak_activation_bytes[s]);
       row.fits = row.fits && r.fits_memory;
+      if (!plan.memory.partition.empty()) ++row.partitions[plan.memory.partition];
+      row.held += static_cast<std::int64_t>(plan.memory.held.size());
+      row.merged += static_cast<std::int64_t>(plan.merged.size());
       if (!drain && opt.on_step) opt.on_step(name);
       if (step < warmup) continue;
       double tokens = 0;

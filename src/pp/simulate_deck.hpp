@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,6 +55,10 @@ struct SimStrategyResult {
   std::vector<double> peak_gb;                           ///< [pp] static + activations, max over steps
   std::vector<double> peak_act_bytes;                    ///< [pp] activations alone
   bool fits = true;
+  /// slimpack: steps per memory partition (StepPlan::MemoryFit, "flops", "sample_ends",
+  /// "whole_samples", "over"), the samples held back to fit, and DP-Merge units.
+  std::map<std::string, std::int64_t> partitions;
+  std::int64_t held = 0, merged = 0;
 };
 
 /// A packer's plans need the deck's pipeline schedule to run them: `slimpack` plans hold

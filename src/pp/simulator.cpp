@@ -473,25 +473,35 @@ PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mb
   return c;
 }
 
-std::int64_t StepSimulator::microBatchTokenBudget() const {
-  constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
-  if (cfg_.memory_bytes <= 0) return kNone;
+double StepSimulator::stageFreeBytes(int s) const {
+  if (cfg_.memory_bytes <= 0) return std::numeric_limits<double>::infinity();
   const auto& d = cost_->dims();
   const double per_param = static_cast<double>(d.dtype_bytes) + cfg_.grad_bytes_per_param +
                            cfg_.optimizer_bytes_per_param / (cfg_.dp * cfg_.cp);
+  return cfg_.memory_bytes - stageParams(s) * per_param;
+}
+
+double StepSimulator::stageBytesPerToken(int s) const {
+  const auto& d = cost_->dims();
+  double layers = 0;
+  for (int c = 0; c < cfg_.chunks; ++c) layers += layersOf(c * cfg_.pp + s);
+  double per_token = cfg_.executor_memory
+                         ? layers * static_cast<double>(model::executorLayerActivationBytes(
+                                        d, cfg_.tp, 1, 0, cfg_.executor_storage_bytes))
+                         : layers * activationBytesPerToken();
+  if (s == cfg_.pp - 1 && cfg_.lm_head) per_token += static_cast<double>(d.vocab) * 4.0 / cfg_.tp;
+  if (s == cfg_.pp - 1 && cfg_.executor_memory) per_token += static_cast<double>(model::executorHeadBytes(d, 1));
+  return per_token / cfg_.cp;
+}
+
+std::int64_t StepSimulator::microBatchTokenBudget() const {
+  constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
+  if (cfg_.memory_bytes <= 0) return kNone;
   double best = static_cast<double>(kNone);
   for (int s = 0; s < cfg_.pp; ++s) {
-    const double free_bytes = cfg_.memory_bytes - stageParams(s) * per_param;
+    const double free_bytes = stageFreeBytes(s);
     if (free_bytes <= 0) return kNone;
-    double layers = 0;
-    for (int c = 0; c < cfg_.chunks; ++c) layers += layersOf(c * cfg_.pp + s);
-    double per_token = cfg_.executor_memory ? layers * static_cast<double>(model::executorLayerActivationBytes(
-                                                           d, cfg_.tp, 1, 0, cfg_.executor_storage_bytes))
-                                            : layers * activationBytesPerToken();
-    if (s == cfg_.pp - 1 && cfg_.lm_head) per_token += static_cast<double>(d.vocab) * 4.0 / cfg_.tp;
-    if (s == cfg_.pp - 1 && cfg_.executor_memory) per_token += static_cast<double>(model::executorHeadBytes(d, 1));
-    per_token /= cfg_.cp;
-    best = std::min(best, free_bytes / static_cast<double>(cfg_.pp - s) / per_token);
+    best = std::min(best, free_bytes / static_cast<double>(cfg_.pp - s) / stageBytesPerToken(s));
   }
   return best >= static_cast<double>(kNone) ? kNone : std::max<std::int64_t>(1, static_cast<std::int64_t>(best));
 }

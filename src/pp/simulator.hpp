@@ -215,6 +215,13 @@ class StepSimulator {
   /// logits on the last stage, tokens split over CP). INT64_MAX when the memory is unknown
   /// or the static bytes alone do not fit (then nothing a packer does helps).
   std::int64_t microBatchTokenBudget() const;
+  /// Bytes stage s leaves for activations: memory_bytes minus its static bytes (weights,
+  /// gradients, optimizer state); infinity when the memory is unknown.
+  double stageFreeBytes(int stage) const;
+  /// Activation bytes one query token of a unit holds on stage s: its layers (given
+  /// recompute), the logits on the last stage, the token split over CP. The per-token rate
+  /// behind microBatchTokenBudget and the slimpack packer's memory bound.
+  double stageBytesPerToken(int stage) const;
 
  private:
   struct RankLayerCost {

@@ -25,6 +25,11 @@ for st in steps:
     assert len(st["backward"]) == len(st["replicas"])
     for cuts, rep in zip(st["backward"], st["replicas"]):
         assert len(cuts) == len(rep) + 1 and cuts[0] == 0 and cuts[-1] == sum(len(mb) for mb in rep)
+    # how the step fits the per-stage memory budget (docs/plan-format.md)
+    mem = st["memory"]
+    assert mem["partition"] in ("flops", "sample_ends", "whole_samples"), mem
+    assert mem["budget_gb"] > 0 and all(0 < g <= mem["budget_gb"] for g in mem["peak_gb"]), mem
+    assert set(mem["held"]) <= set(st["delayed"]), mem
 PY
 
 # 2. One table: plain and wlb (1F1B's order under packflow) and slimpack (PackFlow).
@@ -49,6 +54,8 @@ assert sp["tokens_per_second"] > 0 and sp["useful_flops_per_second"] > 0 and sp[
 fpt = lambda r: r["useful_flops_per_second"] / r["tokens_per_second"]
 assert abs(fpt(sp) / fpt(plain) - 1) < 1e-9, (fpt(sp), fpt(plain))
 assert 0 <= sp["bubble_fraction"] < 1, sp
+assert sum(sp["memory_partitions"].values()) == sp["steps"] + sp["drain_steps"], sp
+assert "memory_partitions" not in plain, plain
 assert abs(one["step_seconds"] / plain["step_seconds"] - 1) < 1e-12, (one["step_seconds"], plain["step_seconds"])
 try:
     import h5py
@@ -61,7 +68,9 @@ slim = [p for p in pj if p["strategy"] == "slimpack+per_document"]
 assert slim, "no slimpack plan in the trace"
 assert all("backward" in p for p in slim), "trace plan lacks the backward grouping"
 assert any(len(s) == 5 for p in slim for rep in p["replicas"] for mb in rep for s in mb), "trace plan lacks slices"
+assert all(p["memory"]["partition"] for p in slim), "trace plan lacks the memory record"
 PY
+grep -q "^# sim_small slimpack+per_document memory partition, steps: " "$T/sim.txt" || { cat "$T/sim.txt"; fail "memory line"; }
 
 # 3. slimpack under 1f1b: exit 2 naming pipeline.schedule, nothing written.
 "$WLB" simulate "$DECK" --strategies plain,slimpack+per_document --steps 2 --out "$T/bad" > "$T/bad.txt" 2>&1

@@ -8,6 +8,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <set>
 
 #include "core/deck.hpp"
 #include "core/error.hpp"
@@ -448,4 +449,222 @@ TEST(SlimPack, DpMergeRunsAnOversizedSampleOnAGroupOfReplicas) {
   d.packing.slimpack_dp_merge = 0;
   auto q = packing::makePacker("slimpack", d, cost);
   EXPECT_TRUE(q->pack(0, docs).merged.empty());
+}
+
+namespace {
+// A small model on a device whose memory, not s_max, binds (docs/packing.md § slimpack,
+// memory): `tokens` in-flight tokens of activations fit on stage 0 after its static bytes.
+Deck tightDeck(const std::string& preset, std::uint64_t seed, double tokens) {
+  Deck d = slimDeck(preset, seed);
+  d.pipeline.schedule = "packflow";
+  d.model.hidden = 1024;
+  d.model.heads = 8;
+  d.model.kv_heads = 8;
+  d.model.ffn = 2816;
+  d.model.layers = 8;
+  const auto cost0 = model::CostModel::fromDeck(d);
+  pp::StepSimulator probe(pp::SimConfig::fromDeck(d, cost0.hardware()), cost0);
+  d.hardware.memory_gb =
+      (cost0.hardware().memory_gb * 1e9 - probe.stageFreeBytes(0) + tokens * probe.stageBytesPerToken(0)) / 1e9;
+  return d;
+}
+
+// Every step's plan, simulated as `wlb simulate` does, with the plan's own memory record.
+struct MemStep {
+  StepPlan plan;
+  pp::StepResult res;
+  nlohmann::json info;
+};
+std::vector<MemStep> memSteps(const Deck& d, std::int64_t steps, packing::ConservationChecker* check = nullptr) {
+  const auto cost = model::CostModel::fromDeck(d);
+  pp::StepSimulator sim(pp::SimConfig::fromDeck(d, cost.hardware()), cost);
+  auto src = data::makeLengthSource(d);
+  auto p = packing::makePacker("slimpack", d, cost);
+  std::vector<MemStep> out;
+  for (std::int64_t t = 0; t < steps || p->pendingTokens() > 0; ++t) {
+    const auto docs = t < steps ? src->next(t) : std::vector<Document>{};
+    if (check) check->addIncoming(docs);
+    auto plan = p->pack(t, docs);
+    if (check) check->addPlan(plan);
+    auto res = sim.simulatePlan(plan, "per_document", d.cp);
+    out.push_back({std::move(plan), res, p->lastSolverInfo()});
+    if (t > steps + 4) break;  // a held sample waits one step at most
+  }
+  if (check) {
+    EXPECT_TRUE(check->ok(p->pendingTokens())) << check->report(p->pendingTokens());
+  }
+  return out;
+}
+}  // namespace
+
+TEST(SlimPackMemory, BackwardCutsAtSampleEndsKeepSlicedSamplesApart) {
+  // Two sliced samples, 7 then 9.
+  const std::vector<double> bwd{4, 4, 2, 2, 4, 4};
+  const std::vector<std::int64_t> tok(6, 10);
+  const std::vector<std::int64_t> chain{7, 7, 7, 9, 9, 9};
+  // FLOP-balanced: the middle group links the end of 7 to the start of 9.
+  EXPECT_EQ(sp::backwardPartition(bwd, tok, 3, 100), (std::vector<std::int64_t>{0, 2, 5, 6}));
+  const auto cuts = sp::backwardPartition(bwd, tok, 3, 100, &chain);
+  EXPECT_EQ(cuts, (std::vector<std::int64_t>{0, 3, 6, 6}));
+  ASSERT_EQ(cuts.size(), 4u);
+  for (std::size_t k = 0; k + 1 < cuts.size(); ++k) {
+    std::set<std::int64_t> sliced;
+    for (auto i = cuts[k]; i < cuts[k + 1]; ++i)
+      if (chain[static_cast<std::size_t>(i)] >= 0) sliced.insert(chain[static_cast<std::size_t>(i)]);
+    EXPECT_LE(sliced.size(), 1u) << "group " << k;
+  }
+  // Three sliced samples cannot share two groups.
+  const std::vector<std::int64_t> three{1, 2, 3};
+  EXPECT_TRUE(sp::backwardPartition({1, 1, 1}, {1, 1, 1}, 2, 100, &three).empty());
+}
+
+TEST(SlimPackMemory, WholeSampleFillCutsOnlySamplesLongerThanAMicroPack) {
+  const Deck d = slimDeck("pile", 1);
+  const auto cost = model::CostModel::fromDeck(d);
+  std::vector<Document> docs{{1, 2500, 0}, {2, 900, 0}, {3, 800, 0}, {4, 700, 0}, {5, 300, 0}};
+  const auto rp = sp::packReplicaWhole(docs, 6, 1000, cost);
+  ASSERT_TRUE(rp.ok);
+  std::map<DocId, std::int64_t> seen;
+  for (const auto& mb : rp.packs) {
+    EXPECT_LE(mb.tokens(), 1000);
+    for (const auto& s : mb.segments) {
+      EXPECT_EQ(s.offset, seen[s.doc]) << "consecutive slices";
+      EXPECT_EQ(s.q_offset, s.offset);
+      if (s.doc != 1) {
+        EXPECT_EQ(s.length, docs[static_cast<std::size_t>(s.doc - 1)].length) << "whole";
+      }
+      seen[s.doc] += s.length;
+    }
+  }
+  for (const auto& doc : docs) EXPECT_EQ(seen[doc.id], doc.length);
+  EXPECT_FALSE(sp::packReplicaWhole(docs, 2, 1000, cost).ok);  // 5200 tokens in 2000
+}
+
+TEST(SlimPackMemory, EveryPlanWithinTheStageBudgetAndDocumentsConserved) {
+  // Memory for 20000 in-flight tokens on stage 0 (the last stage, with the logits, binds
+  // first): the FLOP-balanced cuts exceed it; the plans move cuts to sample ends or keep
+  // samples whole (on these mixes every step needs one of them).
+  for (const auto& preset : {"long_context_128k", "code"}) {
+    const Deck d = tightDeck(preset, 11, 20000);
+    const auto cost = model::CostModel::fromDeck(d);
+    packing::ConservationChecker check(d.data.s_max);
+    std::map<std::string, int> parts;
+    for (const auto& st : memSteps(d, 40, &check)) {
+      const auto& mem = st.plan.memory;
+      ++parts[mem.partition];
+      EXPECT_TRUE(st.res.fits_memory) << preset << " step " << st.plan.step << " " << mem.partition;
+      EXPECT_NE(mem.partition, "over");
+      EXPECT_DOUBLE_EQ(mem.budget_bytes, d.hardware.memory_gb * 1e9);
+      ASSERT_EQ(mem.peak_bytes.size(), st.res.peak_bytes.size());
+      for (std::size_t s = 0; s < mem.peak_bytes.size(); ++s) {
+        EXPECT_LE(st.res.peak_bytes[s], mem.budget_bytes);
+        EXPECT_DOUBLE_EQ(mem.peak_bytes[s], st.res.peak_bytes[s]) << "the plan records the simulated peak";
+      }
+      // A remedy only where the FLOP-balanced plan of that MicroPack count exceeded the budget.
+      if (mem.partition == "sample_ends") {
+        const auto m = static_cast<std::int64_t>(st.plan.replicas.front().size() - st.plan.merged.size());
+        for (const auto& c : st.info.at("candidates"))
+          if (c.at("partition") == "flops" && c.at("micropacks") == m) {
+            EXPECT_FALSE(c.at("fits_memory").get<bool>());
+          }
+      }
+      if (mem.partition == "whole_samples") {
+        for (const auto& c : st.info.at("candidates"))
+          if (c.at("partition") != "whole_samples") {
+            EXPECT_FALSE(c.at("fits_memory").get<bool>());
+          }
+      }
+      // The plan file keeps the record.
+      const auto back = packing::stepFromJson(packing::stepToJson(st.plan, {}, 0));
+      EXPECT_EQ(back.memory.partition, mem.partition);
+      EXPECT_EQ(back.memory.held, mem.held);
+    }
+    EXPECT_GT(parts["sample_ends"] + parts["whole_samples"], 0) << preset << ": the budget never bound";
+  }
+}
+
+TEST(SlimPackMemory, HoldsSamplesBackWhenOnlyThatFits) {
+  // One count per step and one replica: a sample longer than a MicroPack holds (so it is
+  // sliced in every partition, and all its activations wait for its last slice's backward)
+  // fits a stage alone but not with the step's other samples in flight.
+  Deck d = tightDeck("pile", 1, 20000);
+  d.model.vocab = 512;  // stage 0's two in-flight MicroPacks bind, not the last stage's logits
+  d.mesh.dp = 1;
+  d.packing.slimpack_candidates = 1;
+  const auto cost = model::CostModel::fromDeck(d);
+  pp::StepSimulator sim(pp::SimConfig::fromDeck(d, cost.hardware()), cost);
+  const std::int64_t cap = sim.microBatchTokenBudget();
+  double alone = 1e18;
+  for (int s = 0; s < d.mesh.pp; ++s) alone = std::min(alone, sim.stageFreeBytes(s) / sim.stageBytesPerToken(s));
+  const auto T = static_cast<std::int64_t>(0.85 * alone);
+  ASSERT_GT(T, cap);
+  std::vector<Document> docs{{0, T, 0}};
+  for (DocId i = 1; i <= 24; ++i) docs.push_back({i, 300 + 13 * i, 0});
+  auto p = packing::makePacker("slimpack", d, cost);
+  packing::ConservationChecker check(d.data.s_max);
+  check.addIncoming(docs);
+  const StepPlan first = p->pack(0, docs);
+  check.addPlan(first);
+  ASSERT_FALSE(first.memory.held.empty());
+  EXPECT_NE(first.memory.partition, "over");
+  EXPECT_EQ(first.delayed, first.memory.held);
+  EXPECT_TRUE(std::find(first.memory.held.begin(), first.memory.held.end(), 0) == first.memory.held.end())
+      << "the longest sample stays";
+  EXPECT_TRUE(sim.simulatePlan(first, "per_document", d.cp).fits_memory);
+  EXPECT_EQ(p->pendingTokens(), std::accumulate(first.memory.held.begin(), first.memory.held.end(), std::int64_t{0},
+                                                [&](std::int64_t a, DocId id) { return a + docs[id].length; }));
+  // The checkpoint carries them; the next step trains them first.
+  auto q = packing::makePacker("slimpack", d, cost);
+  q->loadState(p->saveState());
+  const StepPlan second = q->pack(1, {});
+  check.addPlan(second);
+  EXPECT_TRUE(second.memory.held.empty());
+  EXPECT_TRUE(second.delayed.empty());
+  EXPECT_EQ(q->pendingTokens(), 0);
+  EXPECT_TRUE(check.ok(0)) << check.report(0);
+}
+
+TEST(SlimPack, DpMergeFiresOnTheLongTailedDeck) {
+  // inputs/run_slimpack_dpmerge.toml: 4 replicas, one window per replica and step, so a long
+  // sample holds more than a replica's share of the step's forward FLOPs.
+  Deck d = loadDeck(std::string(WLB_SOURCE_DIR) + "/inputs/run_slimpack_dpmerge.toml");
+  const auto cost = model::CostModel::fromDeck(d);
+  const pp::StepSimulator sim(d, cost);
+  const auto run = [&](bool merge) {
+    d.packing.slimpack_dp_merge = merge;
+    auto src = data::makeLengthSource(d);
+    auto p = packing::makePacker("slimpack", d, cost);
+    std::vector<std::pair<StepPlan, pp::StepResult>> out;
+    for (std::int64_t t = 0; t < 5; ++t) {
+      auto plan = p->pack(t, src->next(t));
+      const auto res = sim.simulatePlan(plan, "per_document", d.cp);
+      out.emplace_back(std::move(plan), res);
+    }
+    return out;
+  };
+  const auto on = run(true), off = run(false);
+  int merged_steps = 0;
+  double t_on = 0, t_off = 0;
+  for (std::size_t t = 0; t < on.size(); ++t) {
+    const auto& plan = on[t].first;
+    EXPECT_TRUE(off[t].first.merged.empty());
+    t_on += on[t].second.step_seconds;
+    t_off += off[t].second.step_seconds;
+    if (plan.merged.empty()) continue;
+    ++merged_steps;
+    // Each merged sample is whole in its owner's slot and exceeds a replica's share.
+    double total = 0;
+    for (const auto& rep : plan.replicas)
+      for (const auto& mb : rep)
+        for (const auto& s : mb.segments) total += sp::sliceFlops(cost, s.q_offset, s.length, Phase::Fwd);
+    for (const auto& mg : plan.merged) {
+      const auto& mb = plan.replicas[static_cast<std::size_t>(mg.group.front())][static_cast<std::size_t>(mg.slot)];
+      ASSERT_EQ(mb.segments.size(), 1u);
+      EXPECT_EQ(mb.segments[0].offset, 0);
+      EXPECT_GT(sp::sliceFlops(cost, 0, mb.segments[0].length, Phase::Fwd), total / 4);
+    }
+  }
+  EXPECT_GE(merged_steps, 2);
+  // Its effect: the sample no longer holds one replica back (the simulator's step).
+  EXPECT_LT(t_on, t_off);
 }
