@@ -106,6 +106,11 @@ nlohmann::json stepToJson(const StepPlan& plan, const StepMetrics& metrics, std:
   }
   nlohmann::json j = {{"type", "step"},          {"step", plan.step},         {"replicas", std::move(reps)},
                       {"delayed", plan.delayed}, {"incoming", incoming_docs}, {"metrics", toJson(metrics)}};
+  addSlimpackFields(plan, j);
+  return j;
+}
+
+void addSlimpackFields(const StepPlan& plan, nlohmann::json& j) {
   if (!plan.backward.empty()) j["backward"] = plan.backward;
   if (!plan.merged.empty()) {
     nlohmann::json mg = nlohmann::json::array();
@@ -120,7 +125,6 @@ nlohmann::json stepToJson(const StepPlan& plan, const StepMetrics& metrics, std:
                    {"peak_gb", gb},
                    {"budget_gb", plan.memory.budget_bytes / 1e9}};
   }
-  return j;
 }
 
 StepPlan stepFromJson(const nlohmann::json& j) {

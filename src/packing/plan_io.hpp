@@ -35,6 +35,9 @@ PlanHeader headerFromJson(const nlohmann::json& j);
 /// "delayed":[ids],"incoming":n,"metrics":{...}}.
 nlohmann::json stepToJson(const StepPlan& plan, const StepMetrics& metrics, std::int64_t incoming_docs);
 StepPlan stepFromJson(const nlohmann::json& j);
+/// SlimPack's fields of a step (backward cuts, DP-Merge groups, memory record) into `j`,
+/// as the plan file has them (the trace's plan JSON writes the same).
+void addSlimpackFields(const StepPlan& plan, nlohmann::json& j);
 
 /// A whole plan file in memory.
 struct PlanFile {

@@ -14,6 +14,7 @@
 
 #include "core/error.hpp"
 #include "core/h5.hpp"
+#include "packing/plan_io.hpp"
 #include "core/version_info.hpp"
 #include "trace/schema.hpp"
 
@@ -128,20 +129,7 @@ std::string Writer::planToJson(const std::string& strategy, const StepPlan& plan
   }
   j["replicas"] = reps;
   j["delayed"] = plan.delayed;
-  if (!plan.backward.empty()) j["backward"] = plan.backward;
-  if (!plan.merged.empty()) {
-    nlohmann::json mg = nlohmann::json::array();
-    for (const auto& m : plan.merged) mg.push_back({{"slot", m.slot}, {"group", m.group}});
-    j["merged"] = std::move(mg);
-  }
-  if (!plan.memory.partition.empty()) {  // slimpack: how the step fits memory, as plan_io writes it
-    std::vector<double> gb;
-    for (const auto b : plan.memory.peak_bytes) gb.push_back(b / 1e9);
-    j["memory"] = {{"partition", plan.memory.partition},
-                   {"held", plan.memory.held},
-                   {"peak_gb", gb},
-                   {"budget_gb", plan.memory.budget_bytes / 1e9}};
-  }
+  packing::addSlimpackFields(plan, j);  // as the plan file has them
   return j.dump();
 }
 
