@@ -13,9 +13,9 @@ using DocId = std::int64_t;
 
 /// One training sample as the length source produced it.
 struct Document {
-  DocId id = 0;                  ///< stream position (unique, increasing)
-  std::int64_t length = 0;       ///< tokens
-  std::int64_t arrival_step = 0; ///< step at which the dataloader produced it
+  DocId id = 0;                   ///< stream position (unique, increasing)
+  std::int64_t length = 0;        ///< tokens
+  std::int64_t arrival_step = 0;  ///< step at which the dataloader produced it
 };
 
 /// A contiguous token range [offset, offset+length) of one document. Inside a packed

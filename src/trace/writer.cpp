@@ -14,8 +14,8 @@
 
 #include "core/error.hpp"
 #include "core/h5.hpp"
-#include "packing/plan_io.hpp"
 #include "core/version_info.hpp"
+#include "packing/plan_io.hpp"
 #include "trace/schema.hpp"
 
 namespace wlb::trace {
@@ -190,8 +190,7 @@ std::string Writer::commit(const Recorder& rec) {
   // ---- 2. local events, remapped to the unified ids ------------------------------------
   std::vector<int> region_map(rec.regions().size()), strategy_map(rec.strategies().size());
   for (std::size_t i = 0; i < rec.regions().size(); ++i) region_map[i] = indexOf(regions, rec.regions()[i]);
-  for (std::size_t i = 0; i < rec.strategies().size(); ++i)
-    strategy_map[i] = indexOf(strategies, rec.strategies()[i]);
+  for (std::size_t i = 0; i < rec.strategies().size(); ++i) strategy_map[i] = indexOf(strategies, rec.strategies()[i]);
   std::vector<Event> events = rec.events();
   for (auto& e : events) {
     if (e.region < 0 || e.region >= static_cast<int>(region_map.size()))
@@ -210,8 +209,13 @@ std::string Writer::commit(const Recorder& rec) {
     MPI_Exscan(&n, &my_offset, 1, MPI_LONG_LONG, MPI_SUM, comm_);
     if (rank == 0) my_offset = 0;
     MPI_Allreduce(&n, &total, 1, MPI_LONG_LONG, MPI_SUM, comm_);
-    long long mine[7] = {rec.coord().tp, rec.coord().cp, rec.coord().pp, rec.coord().dp,
-                         static_cast<long long>(rec.clockOffsetNs()), my_offset, n};
+    long long mine[7] = {rec.coord().tp,
+                         rec.coord().cp,
+                         rec.coord().pp,
+                         rec.coord().dp,
+                         static_cast<long long>(rec.clockOffsetNs()),
+                         my_offset,
+                         n};
     std::vector<long long> all(7 * static_cast<std::size_t>(size));
     MPI_Gather(mine, 7, MPI_LONG_LONG, all.data(), 7, MPI_LONG_LONG, 0, comm_);
     if (rank == 0) {

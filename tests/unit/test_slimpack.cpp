@@ -369,8 +369,8 @@ TEST(SlimPack, MicroPacksRespectThePerStageMemoryBudget) {
   const auto cost0 = model::CostModel::fromDeck(d);
   pp::StepSimulator probe(pp::SimConfig::fromDeck(d, cost0.hardware()), cost0);
   const double act = probe.activationBytesPerToken() * 4 + 32000.0 * 4;  // last stage: 4 layers + logits
-  const double fixed = (probe.stageParams(0) > probe.stageParams(1) ? probe.stageParams(0) : probe.stageParams(1)) *
-                       (2 + 4 + 12.0 / 2);
+  const double fixed =
+      (probe.stageParams(0) > probe.stageParams(1) ? probe.stageParams(0) : probe.stageParams(1)) * (2 + 4 + 12.0 / 2);
   d.hardware.memory_gb = (fixed + 2 * act * 3000) / 1e9;  // ~3000 tokens per in-flight MicroPack on stage 0
   const auto cost = model::CostModel::fromDeck(d);
   pp::StepSimulator sim(pp::SimConfig::fromDeck(d, cost.hardware()), cost);
