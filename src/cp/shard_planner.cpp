@@ -398,17 +398,23 @@ std::vector<Raw> buildHybrid(const SegInfo& si, const std::vector<std::int32_t>&
 
 // ---- entry points ---------------------------------------------------------------------
 
-ShardPlan planShards(const MicroBatch& mb, Strategy strategy, int cp, const model::CostModel& cost,
-                     const CpConfig& cfg) {
+namespace {
+// A CP degree and whole causal spans. A slice's keys live in another micro-batch: sharding
+// and executing slices needs the sliced execution, so say so instead of mis-costing it.
+// `wlb simulate` costs SlimPack plans without CP plans (pp::packFlowWork).
+void requireWholeSpans(const MicroBatch& mb, int cp) {
   if (cp < 1) throw InputError("CP degree must be >= 1 (got " + std::to_string(cp) + ")");
-  // A slice's keys live in another micro-batch: sharding and executing slices needs the
-  // sliced execution (issue 13, item 3), so say so instead of mis-costing it. `wlb simulate`
-  // costs SlimPack plans without CP plans (pp::packFlowWork).
   for (const auto& s : mb.segments)
     if (s.q_offset != 0)
       throw InputError("document " + std::to_string(s.doc) +
                        " is a slimpack slice (q_offset > 0): CP sharding and `wlb run` do not take slimpack plans yet "
                        "(docs/packing.md)");
+}
+}  // namespace
+
+ShardPlan planShards(const MicroBatch& mb, Strategy strategy, int cp, const model::CostModel& cost,
+                     const CpConfig& cfg) {
+  requireWholeSpans(mb, cp);
   const SegInfo si = segInfo(mb);
   const std::string req = strategyName(strategy);
   switch (strategy) {
@@ -545,12 +551,7 @@ ShardPlan planShards(const MicroBatch& mb, const std::string& strategy, int cp, 
 }
 
 ShardPlan planFromRanges(const MicroBatch& mb, const std::vector<QueryRange>& ranges, int cp, const std::string& name) {
-  if (cp < 1) throw InputError("CP degree must be >= 1 (got " + std::to_string(cp) + ")");
-  for (const auto& s : mb.segments)
-    if (s.q_offset != 0)
-      throw InputError("document " + std::to_string(s.doc) +
-                       " is a slimpack slice (q_offset > 0): CP plans take "
-                       "whole causal spans (docs/cp.md)");
+  requireWholeSpans(mb, cp);
   const SegInfo si = segInfo(mb);
   const auto nseg = static_cast<std::int64_t>(si.len.size());
   std::vector<Raw> raws;

@@ -159,10 +159,7 @@ Precision parsePrecision(const std::string& name, const std::string& key) {
 
 void gemm(const Space& space, Trans ta, Trans tb, float alpha, CMat a, CMat b, float beta, Mat c, Precision precision) {
   const std::int64_t m = rowsOf(a, ta), k = colsOf(a, ta), n = colsOf(b, tb);
-  if (rowsOf(b, tb) != k || static_cast<std::int64_t>(c.extent(0)) != m || static_cast<std::int64_t>(c.extent(1)) != n)
-    throw std::invalid_argument("wlb::runtime::gemm: shape mismatch (" + std::to_string(m) + "x" + std::to_string(k) +
-                                " * " + std::to_string(rowsOf(b, tb)) + "x" + std::to_string(n) + " -> " +
-                                std::to_string(c.extent(0)) + "x" + std::to_string(c.extent(1)) + ")");
+  checkShapes(m, k, rowsOf(b, tb), n, static_cast<std::int64_t>(c.extent(0)), static_cast<std::int64_t>(c.extent(1)));
   if (m == 0 || n == 0) return;
   if constexpr (kHostMem) {
     kk::fence(space, "wlb::runtime::gemm");

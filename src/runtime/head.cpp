@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <string>
-#include <type_traits>
 
 #include "core/kokkos_compat.hpp"
 #include "trace/recorder.hpp"
@@ -83,9 +82,6 @@ LossResult lossRows(const LayerEnv& env, const Llama& model, const TokenRows& ro
   const std::int64_t C = std::min(n, kLossChunkRows);
   MatT<T> xf = newMatT<T>(env.pool, "wlb::runtime::xf", C, h);
   Mat logits = newMat(env.pool, "wlb::runtime::logits", C, V);
-  // BF16: the logits' gradient rounded for the two GEMMs (FP32: the logits themselves)
-  MatT<T> dlogits =
-      std::is_same_v<T, float> || !backward ? MatT<T>() : newMatT<T>(env.pool, "wlb::runtime::dlogits", C, V);
   Mat dxf = backward ? newMat(env.pool, "wlb::runtime::dxf", C, h) : Mat();
   Vec rstd = newVec(env.pool, "wlb::runtime::rstd_f", C);
   Vec row_loss = newVec(env.pool, "wlb::runtime::row_loss", C);
@@ -140,13 +136,8 @@ LossResult lossRows(const LayerEnv& env, const Llama& model, const TokenRows& ro
     total += part;
     if (!backward) continue;
     const Mat dxfc = Kokkos::subview(dxf, first, Kokkos::ALL), dxc = Kokkos::subview(out.dx, rr, Kokkos::ALL);
-    MatT<T> dlc;
-    if constexpr (std::is_same_v<T, float>) {
-      dlc = lc;
-    } else {
-      dlc = Kokkos::subview(dlogits, first, Kokkos::ALL);
-      convert<T>(space, lc, dlc);
-    }
+    // the logits' gradient as the GEMMs read it (BF16: a rounded copy; FP32: the logits)
+    const MatT<T> dlc = storedAs<T>(space, env.pool, lc, "wlb::runtime::dlogits");
     gemm(space, Trans::T, Trans::N, 1.0f, xfc, dlc, 1.0f, dW, env.precision);  // dHead += xf^T dlogits
     gemm(space, Trans::N, Trans::T, 1.0f, dlc, W, 0.0f, dxfc, env.precision);  // dxf = dlogits Head^T
     rmsNormBackward(space, env.pool, xc, g, rc, dxfc, dxc, dg);

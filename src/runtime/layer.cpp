@@ -195,30 +195,10 @@ void addInto(const Space& space, const Mat& a, const Mat& b) {
       KOKKOS_LAMBDA(const std::int64_t i) { a.data()[i] += b.data()[i]; });
 }
 
-// `m` in storage type T: `m` itself when T is float, else a rounded copy from the pool.
+// `m` in storage type T (pool.hpp's storedAs), for a GEMM that reads it.
 template <class T>
 MatT<T> stored(const LayerEnv& env, const Mat& m, const char* label) {
-  if constexpr (std::is_same_v<T, float>) {
-    (void)label;
-    return m;
-  } else {
-    MatT<T> out =
-        newMatT<T>(env.pool, label, static_cast<std::int64_t>(m.extent(0)), static_cast<std::int64_t>(m.extent(1)));
-    convert<T>(*env.space, m, out);
-    return out;
-  }
-}
-template <class T>
-Act3T<T> stored(const LayerEnv& env, const Act3& m, const char* label) {
-  if constexpr (std::is_same_v<T, float>) {
-    (void)label;
-    return m;
-  } else {
-    Act3T<T> out = newAct3T<T>(env.pool, label, static_cast<std::int64_t>(m.extent(0)), static_cast<int>(m.extent(1)),
-                               static_cast<int>(m.extent(2)));
-    convert<T>(*env.space, flat(m), flat(out));
-    return out;
-  }
+  return storedAs<T>(*env.space, env.pool, m, label);
 }
 
 void tpAllreduce(const LayerEnv& env, const Mat& m, bool backward) {
@@ -471,14 +451,16 @@ Mat qkvBackward(const LayerEnv& env, const LayerParamsT<T>& w, const LayerParams
              linearOpFlops(*env.cost, LinearOp::QkvProj, n, model::Phase::Bwd));
     rope<float>(space, dq, pos, *env.rope, -1.0f);
     rope<float>(space, dk, pos, *env.rope, -1.0f);
-    const Act3T<T> dqt = stored<T>(env, dq, "wlb::runtime::dq_bf16"), dkt = stored<T>(env, dk, "wlb::runtime::dk_bf16"),
-                   dvt = stored<T>(env, dv, "wlb::runtime::dv_bf16");
-    gemm(space, Trans::T, Trans::N, 1.0f, a.xn1, flat(dqt), 1.0f, g.wq, env.precision);
-    gemm(space, Trans::T, Trans::N, 1.0f, a.xn1, flat(dkt), 1.0f, g.wk, env.precision);
-    gemm(space, Trans::T, Trans::N, 1.0f, a.xn1, flat(dvt), 1.0f, g.wv, env.precision);
-    gemm(space, Trans::N, Trans::T, 1.0f, flat(dqt), w.wq, 0.0f, dxn, env.precision);
-    gemm(space, Trans::N, Trans::T, 1.0f, flat(dkt), w.wk, 1.0f, dxn, env.precision);
-    gemm(space, Trans::N, Trans::T, 1.0f, flat(dvt), w.wv, 1.0f, dxn, env.precision);
+    // [tokens][heads * head_dim] views of the gradients, in storage type T
+    const MatT<T> dqt = stored<T>(env, flat(dq), "wlb::runtime::dq_bf16"),
+                  dkt = stored<T>(env, flat(dk), "wlb::runtime::dk_bf16"),
+                  dvt = stored<T>(env, flat(dv), "wlb::runtime::dv_bf16");
+    gemm(space, Trans::T, Trans::N, 1.0f, a.xn1, dqt, 1.0f, g.wq, env.precision);
+    gemm(space, Trans::T, Trans::N, 1.0f, a.xn1, dkt, 1.0f, g.wk, env.precision);
+    gemm(space, Trans::T, Trans::N, 1.0f, a.xn1, dvt, 1.0f, g.wv, env.precision);
+    gemm(space, Trans::N, Trans::T, 1.0f, dqt, w.wq, 0.0f, dxn, env.precision);
+    gemm(space, Trans::N, Trans::T, 1.0f, dkt, w.wk, 1.0f, dxn, env.precision);
+    gemm(space, Trans::N, Trans::T, 1.0f, dvt, w.wv, 1.0f, dxn, env.precision);
   }
   tpAllreduce(env, dxn, true);
   Mat dx = newMat(env.pool, "wlb::runtime::dx", n, hidden);

@@ -181,43 +181,46 @@ std::vector<TensorInfo> Llama::layout(const LlamaConfig& cfg) {
   return out;
 }
 
+template <class E>
+void Llama::viewTensors(E* base, float* gains, MatT<E>& embed, std::vector<LayerParamsT<E>>& layers, Vec& norm_f,
+                        MatT<E>& head) const {
+  const std::int64_t h = cfg_.hidden, V = cfg_.vocab, D = cfg_.headDim(),
+                     qw = static_cast<std::int64_t>(cfg_.localHeads()) * D,
+                     kw = static_cast<std::int64_t>(cfg_.localKvHeads()) * D, f = cfg_.localFfn();
+  std::size_t t = 0;
+  auto mat = [&](std::int64_t r, std::int64_t c) { return MatT<E>(base + tensors_[t++].offset, r, c); };
+  auto vec = [&](std::int64_t k) { return Vec(gains + tensors_[t++].offset, k); };
+  if (cfg_.holdsEmbedding()) embed = mat(V, h);
+  for (std::size_t i = 0; i < ids_.size(); ++i) {
+    LayerParamsT<E> L;
+    L.norm1 = vec(h);
+    L.wq = mat(h, qw);
+    L.wk = mat(h, kw);
+    L.wv = mat(h, kw);
+    L.wo = mat(qw, h);
+    L.norm2 = vec(h);
+    L.w1 = mat(h, f);
+    L.w3 = mat(h, f);
+    L.w2 = mat(f, h);
+    layers.push_back(L);
+  }
+  if (cfg_.holdsHead()) {
+    norm_f = vec(h);
+    head = mat(h, V);
+  }
+}
+
 Llama::Llama(const LlamaConfig& cfg, std::uint64_t seed, Precision working)
     : cfg_(cfg), ids_(cfg.layerIds()), bf16_(working == Precision::Bf16) {
   cfg.validate();
-  const std::int64_t h = cfg.hidden, V = cfg.vocab, D = cfg.headDim(),
-                     qw = static_cast<std::int64_t>(cfg.localHeads()) * D,
-                     kw = static_cast<std::int64_t>(cfg.localKvHeads()) * D, f = cfg.localFfn();
   tensors_ = layout(cfg);
   const std::int64_t n = tensors_.empty() ? 0 : tensors_.back().offset + tensors_.back().size;
   w_buf_ = Vec("wlb::runtime::weights", n);
   g_buf_ = Vec("wlb::runtime::grads", n);
-  for (int which = 0; which < 2; ++which) {
-    float* base = (which == 0 ? w_buf_ : g_buf_).data();
-    std::size_t t = 0;
-    auto mat = [&](std::int64_t r, std::int64_t c) { return Mat(base + tensors_[t++].offset, r, c); };
-    auto vec = [&](std::int64_t k) { return Vec(base + tensors_[t++].offset, k); };
-    if (cfg.holdsEmbedding()) (which == 0 ? w_embed_ : g_embed_) = mat(V, h);
-    auto& layers = which == 0 ? w_layers_ : g_layers_;
-    for (std::size_t i = 0; i < ids_.size(); ++i) {
-      LayerParams L;
-      L.norm1 = vec(h);
-      L.wq = mat(h, qw);
-      L.wk = mat(h, kw);
-      L.wv = mat(h, kw);
-      L.wo = mat(qw, h);
-      L.norm2 = vec(h);
-      L.w1 = mat(h, f);
-      L.w3 = mat(h, f);
-      L.w2 = mat(f, h);
-      layers.push_back(L);
-    }
-    if (cfg.holdsHead()) {
-      (which == 0 ? w_norm_f_ : g_norm_f_) = vec(h);
-      (which == 0 ? w_head_ : g_head_) = mat(h, V);
-    }
-  }
+  viewTensors(w_buf_.data(), w_buf_.data(), w_embed_, w_layers_, w_norm_f_, w_head_);
+  viewTensors(g_buf_.data(), g_buf_.data(), g_embed_, g_layers_, g_norm_f_, g_head_);
   Space space;
-  const float sh = 1.0f / std::sqrt(static_cast<float>(h)), sf = 1.0f / std::sqrt(static_cast<float>(cfg.ffn));
+  const float sh = 1.0f / std::sqrt(static_cast<float>(cfg.hidden)), sf = 1.0f / std::sqrt(static_cast<float>(cfg.ffn));
   const float depth = 1.0f / std::sqrt(2.0f * static_cast<float>(cfg.layers));
   for (const TensorInfo& t : tensors_) {
     float scale = sh;
@@ -232,32 +235,10 @@ Llama::Llama(const LlamaConfig& cfg, std::uint64_t seed, Precision working)
     fillTensor(space, w_buf_, t, seed, scale, cfg.tp_rank);
   }
   if (bf16_) {
-    // The working copy: the same layout as the masters, matrices in BF16.
+    // The working copy: the masters' layout, matrices in BF16, the gains the masters'.
     b_buf_ = Kokkos::View<bf16*, Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::runtime::weights_bf16"), n);
-    bf16* base = b_buf_.data();
-    std::size_t t = 0;
-    auto mat = [&](std::int64_t r, std::int64_t c) { return BMat(base + tensors_[t++].offset, r, c); };
-    if (cfg.holdsEmbedding()) b_embed_ = mat(V, h);
-    for (std::size_t i = 0; i < ids_.size(); ++i) {
-      const LayerParams& M = w_layers_[i];
-      LayerParamsT<bf16> L;
-      L.norm1 = M.norm1;
-      ++t;
-      L.wq = mat(h, qw);
-      L.wk = mat(h, kw);
-      L.wv = mat(h, kw);
-      L.wo = mat(qw, h);
-      L.norm2 = M.norm2;
-      ++t;
-      L.w1 = mat(h, f);
-      L.w3 = mat(h, f);
-      L.w2 = mat(f, h);
-      b_layers_.push_back(L);
-    }
-    if (cfg.holdsHead()) {
-      ++t;  // norm_f: the master
-      b_head_ = mat(h, V);
-    }
+    Vec norm_f;
+    viewTensors(b_buf_.data(), w_buf_.data(), b_embed_, b_layers_, norm_f, b_head_);
     refreshWorking(space);
   }
   kk::fence(space, "wlb::runtime::Llama::init");

@@ -155,6 +155,12 @@ class Llama {
 
  private:
   std::size_t slot(int l) const;
+  /// Views of the tensors of a flat buffer in layout order: matrices of element type E at
+  /// `base`, norm gains (always FP32) at `gains` (the same buffer, or the masters for the
+  /// BF16 working copy).
+  template <class E>
+  void viewTensors(E* base, float* gains, MatT<E>& embed, std::vector<LayerParamsT<E>>& layers, Vec& norm_f,
+                   MatT<E>& head) const;
   LlamaConfig cfg_;
   std::vector<int> ids_;
   Vec w_buf_, g_buf_;

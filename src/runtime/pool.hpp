@@ -18,6 +18,7 @@
 /// * One pool per rank and execution-space instance; not thread-safe.
 
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "runtime/gemm.hpp"
@@ -70,5 +71,20 @@ template <class T>
 MatT<T> newMatT(BufferPool* pool, const char* label, std::int64_t rows, std::int64_t cols);
 template <class T>
 Act3T<T> newAct3T(BufferPool* pool, const char* label, std::int64_t rows, int heads, int dim);
+
+/// `m` in storage type T: `m` itself when T is float, else a rounded copy from `pool` (a
+/// gradient that a BF16 GEMM reads).
+template <class T>
+MatT<T> storedAs(const Space& space, BufferPool* pool, const Mat& m, const char* label) {
+  if constexpr (std::is_same_v<T, float>) {
+    (void)space, (void)pool, (void)label;
+    return m;
+  } else {
+    MatT<T> out =
+        newMatT<T>(pool, label, static_cast<std::int64_t>(m.extent(0)), static_cast<std::int64_t>(m.extent(1)));
+    convert<T>(space, m, out);
+    return out;
+  }
+}
 
 }  // namespace wlb::runtime
