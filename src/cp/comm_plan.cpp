@@ -165,10 +165,10 @@ ShardMetrics computeMetrics(const ShardPlan& plan, const CommPlan& comm,
     rm.tokens = rs.tokens;
     rm.kv_tokens = rs.kv_tokens;
     for (const Piece& p : rs.pieces) {
-      rm.attn_flops_fwd += cost.attnFlops(p.q_offset, p.q_len, Phase::Fwd);
-      rm.attn_flops_bwd += cost.attnFlops(p.q_offset, p.q_len, Phase::Bwd);
-      rm.attn_seconds_fwd += cost.attnSeconds(p.q_offset, p.q_len, Phase::Fwd);
-      rm.attn_seconds_bwd += cost.attnSeconds(p.q_offset, p.q_len, Phase::Bwd);
+      rm.attn_flops_fwd += cost.attnFlops(p.keysBefore(), p.q_len, Phase::Fwd);
+      rm.attn_flops_bwd += cost.attnFlops(p.keysBefore(), p.q_len, Phase::Bwd);
+      rm.attn_seconds_fwd += cost.attnSeconds(p.keysBefore(), p.q_len, Phase::Fwd);
+      rm.attn_seconds_bwd += cost.attnSeconds(p.keysBefore(), p.q_len, Phase::Bwd);
     }
     if (rs.tokens > 0)
       rm.linear_seconds = cost.linearSeconds(rs.tokens, Phase::Fwd) +
@@ -201,7 +201,7 @@ nlohmann::json toJson(const ShardPlan& plan) {
     json pieces = json::array();
     for (const Piece& p : rs.pieces)
       pieces.push_back({{"segment", p.segment}, {"doc", p.doc}, {"seg_begin", p.seg_begin},
-                        {"seg_len", p.seg_len}, {"q_offset", p.q_offset}, {"q_len", p.q_len},
+                        {"seg_len", p.seg_len}, {"q_offset", p.q_offset}, {"q_len", p.q_len}, {"seg_prefix", p.seg_prefix},
                         {"local_begin", p.local_begin}, {"kv_begin", p.kv_begin},
                         {"kv_len", p.kv_len}, {"whole", p.whole}});
     json blocks = json::array();

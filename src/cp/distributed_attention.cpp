@@ -15,6 +15,7 @@
 
 #include "attention/flops.hpp"
 #include "core/kokkos_compat.hpp"
+#include "cp/row_moves.hpp"
 #include "model/cost_model.hpp"
 #include "trace/recorder.hpp"
 
@@ -95,7 +96,7 @@ double DistributedAttention::attnFlops(bool backward) const {
   const RankShard& rs = plan_->ranks[rank_];
   if (opt_.cost) {
     const auto ph = backward ? model::Phase::Bwd : model::Phase::Fwd;
-    for (const Piece& p : rs.pieces) f += opt_.cost->attnFlops(p.q_offset, p.q_len, ph);
+    for (const Piece& p : rs.pieces) f += opt_.cost->attnFlops(p.keysBefore(), p.q_len, ph);
   } else {
     f = attention::forwardFlops(batch_->usefulPairs(), heads_, head_dim_);
     if (backward) f *= model::kAttnBwdFactor;
@@ -116,68 +117,27 @@ void DistributedAttention::releaseKv() {
 namespace {
 
 using Mem = DistViews::mem;
-using IdxView = Kokkos::View<const std::int64_t*, Mem>;
+using IdxView = rows::IdxView;
 using Buf = Kokkos::View<float*, Mem>;
 
-IdxView upload(const std::vector<std::int64_t>& v) {
-  Kokkos::View<std::int64_t*, Mem> d(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::cp::dist_attn::map"),
-                                     v.size());
-  Kokkos::deep_copy(d, Kokkos::View<const std::int64_t*, Kokkos::HostSpace>(v.data(), v.size()));
-  return d;
-}
+using rows::upload;
 
 Buf newBuf(const char* label, std::int64_t n) {
   return Buf(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), static_cast<std::size_t>(n));
 }
 
-// dst row dmap[i] (or i) = / += src row smap[i] (or i), for i < n; `width` elements a row.
-template <class E>
-void moveRows(const DistViews::Space& space, E* dst, const IdxView& dmap, const E* src, const IdxView& smap,
-              std::int64_t n, std::int64_t width, bool add) {
-  if (n == 0 || width == 0) return;
-  const bool hd = dmap.extent(0) > 0, hs = smap.extent(0) > 0;
-  Kokkos::parallel_for(
-      "wlb::cp::dist_attn::move_rows", Kokkos::RangePolicy<DistViews::Space>(space, 0, n * width),
-      KOKKOS_LAMBDA(const std::int64_t e) {
-        const std::int64_t i = e / width, c = e % width;
-        const std::int64_t d = (hd ? dmap(i) : i) * width + c, s = (hs ? smap(i) : i) * width + c;
-        if constexpr (std::is_same_v<E, float>) {
-          if (add)
-            dst[d] += src[s];
-          else
-            dst[d] = src[s];
-        } else {
-          dst[d] = src[s];  // BF16 rows are only moved (gradients are FP32)
-        }
-      });
-}
+using rows::moveRows;
 
-// Element buffers on the wire: GroupComm moves floats, so BF16 rows travel as pairs in
-// 32-bit words (bit-exact; the row width is even).
+// Element buffers (BF16 rows travel as word pairs: row_moves.hpp).
 template <class E>
 using EBuf = Kokkos::View<E*, Mem>;
 template <class E>
 EBuf<E> newEBuf(const char* label, std::int64_t n) {
   return EBuf<E>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), static_cast<std::size_t>(n));
 }
-template <class E>
-float* words(E* p) {
-  return reinterpret_cast<float*>(p);
-}
-template <class E>
-const float* words(const E* p) {
-  return reinterpret_cast<const float*>(p);
-}
-template <class E>
-std::int64_t wordCount(std::int64_t elements) {
-  return elements * static_cast<std::int64_t>(sizeof(E)) / 4;
-}
-
-std::vector<std::int64_t> scaled(const std::vector<std::int64_t>& v, std::int64_t f) {
-  std::vector<std::int64_t> out(v);
-  for (auto& x : out) x *= f;
-  return out;
-}
+using rows::scaled;
+using rows::wordCount;
+using rows::words;
 
 }  // namespace
 

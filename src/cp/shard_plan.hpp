@@ -91,12 +91,18 @@ struct Piece {
   std::int64_t seg_len = 0;      ///< segment length (tokens)
   std::int64_t q_offset = 0;     ///< first query token within the segment
   std::int64_t q_len = 0;        ///< queries (> 0)
+  /// Keys of the segment's document before the segment: a SlimPack slice's q_offset, whose
+  /// tokens lie in earlier MicroPacks and reach the executor through its KV cache
+  /// (runtime/sliced.hpp), not through this plan's KV buffer; 0 for a whole span.
+  std::int64_t seg_prefix = 0;
   std::int64_t local_begin = 0;  ///< first query in the rank's local buffer
   std::int64_t kv_begin = 0;     ///< first key in the rank's KV buffer (= its block's start)
   std::int64_t kv_len = 0;       ///< keys = q_offset + q_len (the segment prefix)
   bool whole = false;            ///< the segment is entirely on this rank (no KV crosses ranks)
 
   std::int64_t packedBegin() const { return seg_begin + q_offset; }
+  /// Keys before the piece's first query (its cost: CostModel::attn*(keysBefore(), q_len)).
+  std::int64_t keysBefore() const { return seg_prefix + q_offset; }
   std::int64_t packedEnd() const { return seg_begin + q_offset + q_len; }
 };
 
@@ -198,7 +204,9 @@ struct ShardMetrics {
 };
 
 /// Plan the CP sharding of one micro-batch. cp >= 1; cfg supplies capacity_factor and
-/// (for hybrid's cost) the comm mode. Throws InputError on cp < 1 or bad names.
+/// (for hybrid's cost) the comm mode. Throws InputError on cp < 1 or bad names. A segment
+/// with q_offset > 0 (a SlimPack slice) is sharded like any other; its pieces carry the
+/// keys before it (Piece::seg_prefix), which weigh in their cost.
 ShardPlan planShards(const MicroBatch& mb, Strategy strategy, int cp, const model::CostModel& cost,
                      const CpConfig& cfg);
 ShardPlan planShards(const MicroBatch& mb, const std::string& strategy, int cp, const model::CostModel& cost,

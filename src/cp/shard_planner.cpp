@@ -66,6 +66,7 @@ struct Raw {
 
 struct SegInfo {
   std::vector<std::int64_t> begin, len;
+  std::vector<std::int64_t> prefix;  ///< keys before the segment (a slice's q_offset)
   std::int64_t total = 0;
 };
 
@@ -75,8 +76,11 @@ SegInfo segInfo(const MicroBatch& mb) {
   s.len.reserve(mb.segments.size());
   for (const auto& seg : mb.segments) {
     if (seg.length < 0) throw InputError("segment of document " + std::to_string(seg.doc) + " has negative length");
+    if (seg.q_offset < 0)
+      throw InputError("segment of document " + std::to_string(seg.doc) + " has negative q_offset");
     s.begin.push_back(s.total);
     s.len.push_back(seg.length);
+    s.prefix.push_back(seg.q_offset);
     s.total += seg.length;
   }
   return s;
@@ -119,6 +123,7 @@ ShardPlan finalize(const MicroBatch& mb, const SegInfo& si, std::vector<Raw> raw
     p.seg_len = si.len[r.seg];
     p.q_offset = r.q_offset;
     p.q_len = r.q_len;
+    p.seg_prefix = si.prefix[r.seg];
     p.local_begin = rs.tokens;
     rs.pieces.push_back(p);
     rs.tokens += r.q_len;
@@ -254,7 +259,8 @@ std::vector<Raw> rawPerDocument(const SegInfo& si, int cp) {
   return out;
 }
 
-/// Compute load of one query range (fwd+bwd attention + linear seconds).
+/// Compute load of one query range (fwd+bwd attention + linear seconds); q0: keys before
+/// its first query.
 double rangeWork(const model::CostModel& cost, std::int64_t q0, std::int64_t q) {
   using model::Phase;
   return cost.attnSeconds(q0, q, Phase::Fwd) + cost.attnSeconds(q0, q, Phase::Bwd) + cost.linearSeconds(q, Phase::Fwd) +
@@ -270,7 +276,7 @@ int assignWhole(const SegInfo& si, std::vector<std::int32_t> segs, int cp, std::
                 const model::CostModel& cost, std::vector<double>& load, std::vector<std::int64_t>& tokens,
                 std::int64_t& counter, std::vector<Raw>& out) {
   std::vector<double> w(segs.size());
-  for (std::size_t i = 0; i < segs.size(); ++i) w[i] = rangeWork(cost, 0, si.len[segs[i]]);
+  for (std::size_t i = 0; i < segs.size(); ++i) w[i] = rangeWork(cost, si.prefix[segs[i]], si.len[segs[i]]);
   std::vector<std::size_t> order(segs.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
@@ -295,7 +301,7 @@ int assignWhole(const SegInfo& si, std::vector<std::int32_t> segs, int cp, std::
     std::vector<Raw> part;
     rawPerDocumentSegment(si, s, cp, counter, part);
     for (const Raw& r : part) {
-      load[r.rank] += rangeWork(cost, r.q_offset, r.q_len);
+      load[r.rank] += rangeWork(cost, si.prefix[r.seg] + r.q_offset, r.q_len);
       tokens[r.rank] += r.q_len;
       out.push_back(r);
     }
@@ -313,8 +319,8 @@ double maxAttnSeconds(const ShardPlan& plan, const model::CostModel& cost) {
   for (const RankShard& rs : plan.ranks) {
     double s = 0;
     for (const Piece& p : rs.pieces)
-      s += cost.attnSeconds(p.q_offset, p.q_len, model::Phase::Fwd) +
-           cost.attnSeconds(p.q_offset, p.q_len, model::Phase::Bwd);
+      s += cost.attnSeconds(p.keysBefore(), p.q_len, model::Phase::Fwd) +
+           cost.attnSeconds(p.keysBefore(), p.q_len, model::Phase::Bwd);
     m = std::max(m, s);
   }
   return m;
@@ -383,7 +389,7 @@ std::vector<Raw> buildHybrid(const SegInfo& si, const std::vector<std::int32_t>&
     std::vector<Raw> part;
     rawGroupSegment(si, order[i], members, counter, part);
     for (const Raw& r : part) {
-      load[r.rank] += rangeWork(cost, r.q_offset, r.q_len);
+      load[r.rank] += rangeWork(cost, si.prefix[r.seg] + r.q_offset, r.q_len);
       tokens[r.rank] += r.q_len;
       raws.push_back(r);
     }
@@ -399,22 +405,14 @@ std::vector<Raw> buildHybrid(const SegInfo& si, const std::vector<std::int32_t>&
 // ---- entry points ---------------------------------------------------------------------
 
 namespace {
-// A CP degree and whole causal spans. A slice's keys live in another micro-batch: sharding
-// and executing slices needs the sliced execution, so say so instead of mis-costing it.
-// `wlb simulate` costs SlimPack plans without CP plans (pp::packFlowWork).
-void requireWholeSpans(const MicroBatch& mb, int cp) {
+void requireDegree(int cp) {
   if (cp < 1) throw InputError("CP degree must be >= 1 (got " + std::to_string(cp) + ")");
-  for (const auto& s : mb.segments)
-    if (s.q_offset != 0)
-      throw InputError("document " + std::to_string(s.doc) +
-                       " is a slimpack slice (q_offset > 0): CP sharding and `wlb run` do not take slimpack plans yet "
-                       "(docs/packing.md)");
 }
 }  // namespace
 
 ShardPlan planShards(const MicroBatch& mb, Strategy strategy, int cp, const model::CostModel& cost,
                      const CpConfig& cfg) {
-  requireWholeSpans(mb, cp);
+  requireDegree(cp);
   const SegInfo si = segInfo(mb);
   const std::string req = strategyName(strategy);
   switch (strategy) {
@@ -453,7 +451,7 @@ ShardPlan planShards(const MicroBatch& mb, Strategy strategy, int cp, const mode
       std::vector<double> work(si.len.size(), 0.0);
       double total_work = 0;
       for (std::size_t s = 0; s < si.len.size(); ++s) {
-        work[s] = si.len[s] > 0 ? rangeWork(cost, 0, si.len[s]) : 0.0;
+        work[s] = si.len[s] > 0 ? rangeWork(cost, si.prefix[s], si.len[s]) : 0.0;
         total_work += work[s];
       }
 
@@ -551,7 +549,7 @@ ShardPlan planShards(const MicroBatch& mb, const std::string& strategy, int cp, 
 }
 
 ShardPlan planFromRanges(const MicroBatch& mb, const std::vector<QueryRange>& ranges, int cp, const std::string& name) {
-  requireWholeSpans(mb, cp);
+  requireDegree(cp);
   const SegInfo si = segInfo(mb);
   const auto nseg = static_cast<std::int64_t>(si.len.size());
   std::vector<Raw> raws;

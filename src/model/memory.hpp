@@ -18,7 +18,8 @@ namespace wlb::model {
 /// product [ffn], and the KV buffer (K and V). `storage`: bytes per element of what the
 /// GEMMs and the attention read (the norms' outputs, Q/K/V/O, the MLP's three; FP32 4, BF16
 /// 2), the residual stream, RMS and LSE being FP32; `kv_bytes`: per element of the KV
-/// buffer (its storage type; FP32 dK/dV accumulators for SlimPack slices).
+/// buffer (its storage type; for SlimPack slices, FP32 dK/dV accumulators, plus their K/V
+/// in the storage type under CP: runtime/sliced.hpp).
 inline std::int64_t executorLayerActivationBytes(const ModelDims& d, std::int64_t tp, std::int64_t tokens,
                                                  std::int64_t kv_tokens, std::int64_t storage = 4,
                                                  std::int64_t kv_bytes = -1) {

@@ -44,7 +44,7 @@ std::vector<TokenRef> shardRows(const MicroBatch& mb, const cp::ShardPlan& plan,
     const Segment& s = mb.segments.at(i);
     const std::int64_t j = p - plan.seg_begin[i];
     if (j >= s.length) throw std::logic_error("pipeline: packed position outside its segment");
-    rows.push_back(TokenRef{s.doc, s.offset + j, static_cast<std::int32_t>(s.q_offset + j), j + 1 < s.length});
+    appendPieceRows(s, false, j, 1, rows);
   }
   return rows;
 }
@@ -94,7 +94,7 @@ PipelineStage::PipelineStage(const LayerEnv& env, Llama& model, const pp::Schedu
   env_.norm_eps = model.config().norm_eps;
 }
 
-StageStepInput slicedStepInput(std::int64_t step, const StepPlan& plan, std::size_t d, int stages,
+StageStepInput slicedStepInput(std::int64_t step, const StepPlan& plan, std::size_t d, int stages, int cp,
                                const model::CostModel& cost, cp::Strategy strategy, cp::CommMode mode,
                                const CpConfig& cfg) {
   const std::vector<MicroBatch>& replica = plan.replicas[d];
@@ -112,7 +112,7 @@ StageStepInput slicedStepInput(std::int64_t step, const StepPlan& plan, std::siz
     if (rank < 0) continue;
     const auto slot = static_cast<std::size_t>(m.slot);
     const MicroBatch& mb = plan.replicas[static_cast<std::size_t>(m.group.front())][slot];
-    auto plans = cp::planReplicaShards({mb}, strategy, mode, static_cast<int>(m.group.size()), cost, cfg);
+    auto plans = cp::planReplicaShards({mb}, strategy, mode, static_cast<int>(m.group.size()) * cp, cost, cfg);
     in.mbs[slot] = mb;
     in.mb_tokens[slot] = mb.tokens();
     in.shards[slot] = std::move(plans.front().shard);
@@ -123,6 +123,7 @@ StageStepInput slicedStepInput(std::int64_t step, const StepPlan& plan, std::siz
     in.merged.push_back(g);
   }
   in.schedule = std::make_shared<pp::Schedule>(pp::makePackFlow(stages, static_cast<int>(replica.size()), deps));
+  in.slice_shards = std::make_shared<pp::SliceShards>(pp::sliceShards(*slices, cp::strategyName(strategy), cp, cost, cfg));
   in.slices = std::move(slices);
   return in;
 }
@@ -130,7 +131,7 @@ StageStepInput slicedStepInput(std::int64_t step, const StepPlan& plan, std::siz
 StageStepInput replicaStepInput(std::int64_t step, const StepPlan& plan, std::size_t d, int stages, std::int64_t slots,
                                 int cp, const model::CostModel& cost, cp::Strategy strategy, cp::CommMode mode,
                                 const CpConfig& cfg) {
-  if (pp::isSlimPackPlan(plan)) return slicedStepInput(step, plan, d, stages, cost, strategy, mode, cfg);
+  if (pp::isSlimPackPlan(plan)) return slicedStepInput(step, plan, d, stages, cp, cost, strategy, mode, cfg);
   const std::vector<MicroBatch>& replica = plan.replicas[d];
   const std::size_t M = static_cast<std::size_t>(slots);
   if (replica.size() > M)
@@ -160,9 +161,9 @@ MergedComms connectMerged(const parallel::Mesh& mesh, const StepPlan& plan, Stag
   mc.comms.reserve(plan.merged.size());
   for (const auto& m : plan.merged) {
     const bool member = m.member(c.dp) >= 0;
-    const int color = member ? (c.pp * shape.cp() + c.cp) * shape.tp() + c.tp : MPI_UNDEFINED;
+    const int color = member ? c.pp * shape.tp() + c.tp : MPI_UNDEFINED;
     MPI_Comm raw = MPI_COMM_NULL;
-    MPI_Comm_split(mesh.world(), color, c.dp, &raw);
+    MPI_Comm_split(mesh.world(), color, static_cast<int>(c.dp * shape.cp() + c.cp), &raw);
     if (!member) continue;
     mc.comms.push_back(parallel::Comm::adopt(raw));
     mc.groups.push_back(parallel::makeGroupComm(raw, backend));
@@ -234,8 +235,8 @@ StageStepResult PipelineStage::run(const StageStepInput& in, std::int64_t t0_ns)
   if (env_.tp_comm != MPI_COMM_NULL) MPI_Comm_rank(env_.tp_comm, &tp_rank);
   std::optional<SlicedStage> sliced;
   if (in.slices) {
-    if (cp_size != 1) throw std::logic_error("PipelineStage::run: sliced plans run with cp = 1");
-    sliced.emplace(env_, *model_, *in.slices);
+    if (!in.slice_shards) throw std::logic_error("PipelineStage::run: sliced plan without its CP layout");
+    sliced.emplace(env_, *model_, *in.slices, *in.slice_shards);
   }
   // DP-Merge units run as LayerSteps over their group (the CP communicator); the other
   // units of a sliced plan through the SlicedStage.
@@ -243,7 +244,7 @@ StageStepResult PipelineStage::run(const StageStepInput& in, std::int64_t t0_ns)
   const auto slicedUnit = [&](std::size_t m) { return sliced && !in.mergedAt(m); };
   const auto shardRank = [&](std::size_t m) {
     const auto* mg = mergedOf(m);
-    return mg ? mg->rank : cp_rank;
+    return mg ? mg->rank * cp_size + cp_rank : cp_rank;
   };
   // This rank's rows of a task's unit (forward MicroPack or, sliced, backward MicroPack).
   const auto local = [&](pp::Phase ph, std::size_t m) -> std::int64_t {
@@ -254,7 +255,7 @@ StageStepResult PipelineStage::run(const StageStepInput& in, std::int64_t t0_ns)
   // Every rank of the replica skips an empty unit alike.
   const auto skip = [&](pp::Phase ph, std::size_t m) {
     if (mergedOf(m)) return false;
-    return sliced ? local(ph, m) == 0 : in.mb_tokens[m] == 0;
+    return sliced ? sliced->unitTokens(ph == pp::Phase::Bwd, static_cast<int>(m)) == 0 : in.mb_tokens[m] == 0;
   };
   const auto envOf = [&](std::size_t m) {
     LayerEnv e = env_;
@@ -376,8 +377,8 @@ StageStepResult PipelineStage::run(const StageStepInput& in, std::int64_t t0_ns)
     Mat dy = newMat(env_.pool, "wlb::runtime::dy", sliced->bwdTokens(j), hidden);
     for (auto i = sl.bwd_cuts[static_cast<std::size_t>(j)]; i < sl.bwd_cuts[static_cast<std::size_t>(j) + 1]; ++i) {
       const int k = sl.fwd_pack[static_cast<std::size_t>(i)];
-      const std::int64_t len = sl.segments[static_cast<std::size_t>(i)].length, r0 = sliced->fwdRow(i),
-                         d0 = sliced->bwdRow(i);
+      const std::int64_t len = sliced->ownRows(i), r0 = sliced->fwdRow(i), d0 = sliced->bwdRow(i);
+      if (len == 0) continue;  // none of the segment's queries on this CP rank
       Kokkos::deep_copy(space, Kokkos::subview(dy, std::make_pair(d0, d0 + len), Kokkos::ALL),
                         Kokkos::subview(head_grad.at(k), std::make_pair(r0, r0 + len), Kokkos::ALL));
       if ((head_rows_left[k] -= len) == 0) {
@@ -439,7 +440,7 @@ StageStepResult PipelineStage::run(const StageStepInput& in, std::int64_t t0_ns)
           res.mb_loss[m] += lr.loss;
           res.predicted += rows.predicted;
         }
-        if (train) {
+        if (train && (rows.n > 0 || !slicedUnit(m))) {  // a sliced unit's rows are taken segment by segment
           head_grad[t.mb] = lr.dx;
           head_rows_left[t.mb] = rows.n;
           held += head_row_bytes * rows.n;

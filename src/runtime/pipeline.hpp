@@ -39,6 +39,7 @@
 #include "parallel/comm.hpp"
 #include "parallel/mesh.hpp"
 #include "pp/schedule.hpp"
+#include "pp/slice_shards.hpp"
 #include "runtime/layer.hpp"
 #include "runtime/tokens.hpp"
 
@@ -54,15 +55,17 @@ struct StageStepInput {
   std::vector<std::int64_t> mb_tokens;  ///< [m] tokens of the whole micro-batch (0 = empty)
   std::vector<cp::ShardPlan> shards;    ///< [m] CP shard plan (unused when empty)
   std::vector<cp::CommPlan> comms;      ///< [m] KV communication plan
-  /// SlimPack plans (cp = 1, runtime/sliced.hpp): the replica's slices and the step's
-  /// PackFlow schedule, which replaces the stage's own; mbs/mb_tokens are the forward
-  /// MicroPacks, shards/comms are unused.
+  /// SlimPack plans (runtime/sliced.hpp): the replica's slices, their CP layout and the
+  /// step's PackFlow schedule, which replaces the stage's own; mbs/mb_tokens are the forward
+  /// MicroPacks, shards/comms are unused but for DP-Merge units.
   std::shared_ptr<const pp::ReplicaSlices> slices;
+  std::shared_ptr<const pp::SliceShards> slice_shards;
   std::shared_ptr<const pp::Schedule> schedule;
   /// SlimPack's DP-Merge units this replica takes part in: micro-batch `slot` is the
   /// owner's sample (mbs[slot]), sharded by shards[slot] / comms[slot] over the group's
-  /// replicas, run by LayerSteps whose CP communicator is `comm` (this rank's index in it =
-  /// its replica's position in the group). The caller creates `comm` and `group`.
+  /// replicas' CP ranks (group size x cp), run by LayerSteps whose CP communicator is `comm`
+  /// (this rank's index in it = its replica's position in the group x cp + its CP rank).
+  /// The caller creates `comm` and `group`.
   struct Merged {
     int slot = 0;
     int rank = 0;
@@ -78,11 +81,12 @@ struct StageStepInput {
 };
 
 /// The step input of replica `d` of a SlimPack plan: its slices and backward partition,
-/// the PackFlow schedule over `stages` from its slice dependencies (the one `wlb simulate`
-/// builds), and the CP plans of the DP-Merge units it is a member of (`strategy` / `mode`
-/// over the group; every member orders its merged units by slot, so their collectives
+/// their layout over `cp` ranks (pp::sliceShards with `strategy`), the PackFlow schedule
+/// over `stages` from its slice dependencies (the one `wlb simulate` builds), and the CP
+/// plans of the DP-Merge units it is a member of (`strategy` / `mode` over the group's
+/// replicas' CP ranks; every member orders its merged units by slot, so their collectives
 /// match). InputError for slices PackFlow cannot order.
-StageStepInput slicedStepInput(std::int64_t step, const StepPlan& plan, std::size_t d, int stages,
+StageStepInput slicedStepInput(std::int64_t step, const StepPlan& plan, std::size_t d, int stages, int cp,
                                const model::CostModel& cost, cp::Strategy strategy, cp::CommMode mode,
                                const CpConfig& cfg);
 
@@ -94,7 +98,7 @@ StageStepInput replicaStepInput(std::int64_t step, const StepPlan& plan, std::si
                                 const CpConfig& cfg);
 
 /// The communicators of a step's DP-Merge units: for each unit, the ranks of its group's
-/// replicas with the same (tp, cp, pp) coordinates, set into `in.merged` (collective over
+/// replicas with the same (tp, pp) coordinates, by (replica, CP rank), set into `in.merged` (collective over
 /// the mesh's world: every rank walks plan.merged alike). They live until the step ends.
 struct MergedComms {
   std::vector<parallel::Comm> comms;

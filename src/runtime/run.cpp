@@ -438,11 +438,6 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
     for (const auto& s : strategies) {
       (void)cp::parseStrategy(s.sharding);
       pp::checkPackerSchedule(deck, s.packer);
-      if (s.packer == "slimpack" && shape.cp() > 1)
-        throw InputError("mesh.cp = " + std::to_string(shape.cp()) +
-                             ": `wlb run` executes slimpack plans with cp = 1 (the slices' per-sample KV cache is not "
-                             "CP-sharded; docs/runtime.md)",
-                         true);
     }
     if (strategies.empty()) throw InputError("run.strategies resolves to no strategy");
     const pp::PipelineLayout layout = pp::pipelineLayout(deck);

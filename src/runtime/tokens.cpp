@@ -79,10 +79,14 @@ MicroBatch ListTokens::wholeDocuments() const {
   return mb;
 }
 
-void appendSegmentRows(const Segment& s, bool continued, std::vector<TokenRef>& out) {
-  for (std::int64_t i = 0; i < s.length; ++i)
+void appendPieceRows(const Segment& s, bool continued, std::int64_t q0, std::int64_t q, std::vector<TokenRef>& out) {
+  for (std::int64_t i = q0; i < q0 + q; ++i)
     out.push_back(
         TokenRef{s.doc, s.offset + i, static_cast<std::int32_t>(s.q_offset + i), i + 1 < s.length || continued});
+}
+
+void appendSegmentRows(const Segment& s, bool continued, std::vector<TokenRef>& out) {
+  appendPieceRows(s, continued, 0, s.length, out);
 }
 
 void touchTokens(const TokenSource& src, const std::vector<MicroBatch>& mbs) {

@@ -100,6 +100,8 @@ struct TokenRef {
 /// The rows of segment `s` in order; `continued`: a slice of its document starts where it
 /// ends (its last token then has a target).
 void appendSegmentRows(const Segment& s, bool continued, std::vector<TokenRef>& out);
+/// The rows of tokens [q0, q0 + q) of segment `s` (a CP piece of it), as above.
+void appendPieceRows(const Segment& s, bool continued, std::int64_t q0, std::int64_t q, std::vector<TokenRef>& out);
 
 /// Read (and so check) the first token of every segment of `mbs`: a dataset's bad ids
 /// raise here, before any collective of the step.

@@ -262,11 +262,6 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
                      true);
   const pp::PipelineLayout pipe = pp::pipelineLayout(deck);  // InputError naming pipeline.schedule
   pp::checkPackerSchedule(deck, deck.packing.strategy);      // packflow <-> slimpack
-  if (deck.packing.strategy == "slimpack" && mc_deck.cp > 1)
-    throw InputError(fmt::format("mesh.cp = {}: slimpack plans train with cp = 1 (the slices' per-sample KV cache "
-                                 "is not CP-sharded; docs/runtime.md)",
-                                 mc_deck.cp),
-                     true);
   if (mc_deck.tp > 1 && (md.heads % mc_deck.tp != 0 || md.kv_heads % mc_deck.tp != 0 || md.ffn % mc_deck.tp != 0))
     throw InputError(fmt::format("mesh.tp = {}: tensor parallelism splits the heads, KV heads and MLP columns, so "
                                  "it must divide model.heads ({}), model.kv_heads ({}) and model.ffn ({})",

@@ -4,8 +4,9 @@
 // causal slices — cut inside attention tiles, single-token slices, two slices of one sample
 // in one MicroPack, backward MicroPacks grouped apart from the forward ones — gives the loss
 // and weight gradients of the same documents run whole (FP32, relative error <= 1e-4), on
-// one stage and on pp = world size under PackFlow; the per-sample KV cache and dK/dV
-// accumulators are all freed; the measured activation peak is the memory model's.
+// one stage and on pp = world size under PackFlow, and sharded over a CP group of two
+// (equal to one rank within 1e-5); the per-sample KV cache and dK/dV accumulators are all
+// freed; the measured activation peak is the memory model's.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -80,23 +81,25 @@ struct Fixture {
   model::CostModel cost = model::CostModel::fromDeck(deck);
   SyntheticTokens tokens{11, 256};
   Space space;
-  LayerEnv env() {
+  LayerEnv env(MPI_Comm cp_comm = MPI_COMM_SELF) {
     LayerEnv e;
     e.space = &space;
-    e.cp_comm = MPI_COMM_SELF;
+    e.cp_comm = cp_comm;
     e.cost = &cost;
     return e;
   }
   // pp_comm = MPI_COMM_WORLD: the ranks are pipeline stages; MPI_COMM_SELF: each rank runs
-  // every layer (a DP replica), and `dp_sum` sums the loss and gradients over the world.
-  Outcome run(const StageStepInput& in, MPI_Comm pp_comm = MPI_COMM_WORLD, bool dp_sum = false) {
+  // every layer (a DP replica or, with cp_comm = MPI_COMM_WORLD, a CP rank), and `dp_sum`
+  // sums the loss and gradients over the world.
+  Outcome run(const StageStepInput& in, MPI_Comm pp_comm = MPI_COMM_WORLD, bool dp_sum = false,
+              MPI_Comm cp_comm = MPI_COMM_SELF) {
     int pp = 1, stage_id = 0;
     MPI_Comm_size(pp_comm, &pp);
     MPI_Comm_rank(pp_comm, &stage_id);
     const pp::Schedule sched = pp::makeOneFOneB(pp, static_cast<int>(in.mb_tokens.size()));
     Llama model(LlamaConfig::fromDeck(deck, 1, 0, pp, stage_id, 1), 7);
     model.zeroGrads(space);
-    PipelineStage stage(env(), model, sched, pp_comm);
+    PipelineStage stage(env(cp_comm), model, sched, pp_comm);
     StageStepInput run_in = in;
     run_in.tokens = &tokens;
     const StageStepResult r = stage.run(run_in, 0);
@@ -112,12 +115,13 @@ struct Fixture {
     o.peak = r.peak_activation_bytes;
     return o;
   }
-  StageStepInput sliced(const std::vector<MicroBatch>& packs, const std::vector<std::int64_t>& cuts, int stages) {
+  StageStepInput sliced(const std::vector<MicroBatch>& packs, const std::vector<std::int64_t>& cuts, int stages,
+                        int cp = 1, cp::Strategy strategy = cp::Strategy::PerDocument) {
     StepPlan plan;
     plan.step = 3;
     plan.replicas = {packs};
     if (!cuts.empty()) plan.backward = {cuts};
-    return slicedStepInput(3, plan, 0, stages, cost, cp::Strategy::PerDocument, cp::CommMode::AllGather, CpConfig{});
+    return slicedStepInput(3, plan, 0, stages, cp, cost, strategy, cp::CommMode::AllGather, CpConfig{});
   }
   StageStepInput whole(std::vector<MicroBatch> packs = wholePacks()) {
     StageStepInput in;
@@ -214,6 +218,59 @@ TEST(Sliced, PeakIsTheMemoryModelOnOneStage) {
   EXPECT_EQ(got.peak, peak);
 }
 
+TEST(Sliced, UnderCpEqualsOneRank) {
+  // The ranks as one CP group: each forward MicroPack sharded by a CP planner (the slices'
+  // queries split over ranks or kept whole, their key prefixes gathered), against the same
+  // plan on one rank (FP32, 1e-5) and the documents run whole (1e-4); then the peak is the
+  // memory model's: each rank's rows, and every continued segment's whole length in
+  // accumulators and KV cache.
+  if (worldSize() != 2) GTEST_SKIP() << "a CP group of two";
+  Fixture f;
+  const Outcome whole = f.run(f.whole(), MPI_COMM_SELF);
+  const std::vector<std::int64_t> cuts{0, 2, 3, 7, 10};
+  const Outcome one = f.run(f.sliced(slicedPacks(), cuts, 1), MPI_COMM_SELF);
+  for (const cp::Strategy st : cp::allStrategies()) {
+    SCOPED_TRACE(cp::strategyName(st));
+    const StageStepInput in = f.sliced(slicedPacks(), cuts, 1, 2, st);
+    ASSERT_TRUE(in.slice_shards);
+    int split_slices = 0;  // slices whose queries two ranks share
+    for (std::size_t i = 0; i < in.slices->segments.size(); ++i)
+      split_slices += in.slices->segments[i].q_offset > 0 && in.slice_shards->parts[i].size() > 1;
+    if (st == cp::Strategy::PerSequence || st == cp::Strategy::PerDocument) EXPECT_GT(split_slices, 0);
+    const Outcome got = f.run(in, MPI_COMM_SELF, true, MPI_COMM_WORLD);
+    EXPECT_NEAR(got.loss, one.loss, 1e-5 * std::abs(one.loss));
+    EXPECT_NEAR(got.loss, whole.loss, 1e-4 * std::abs(whole.loss));
+    const double e1 = relErr(got.grads, one.grads), ew = relErr(got.grads, whole.grads);
+    EXPECT_LE(e1, 1e-5) << "rank " << worldRank();
+    EXPECT_LE(ew, 1e-4) << "rank " << worldRank();
+    EXPECT_TRUE(allOk(e1 <= 1e-5 && ew <= 1e-4));
+
+    const auto& r = *in.slices;
+    const auto& sh = *in.slice_shards;
+    const auto me = static_cast<std::size_t>(worldRank());
+    const auto bytesOf = [&](const std::vector<std::int64_t>& c, int k) {
+      std::int64_t tok = 0, kv = 0;
+      for (auto i = c[static_cast<std::size_t>(k)]; i < c[static_cast<std::size_t>(k) + 1]; ++i) {
+        tok += sh.rows[me][static_cast<std::size_t>(i)];
+        if (r.continued[static_cast<std::size_t>(i)]) kv += r.segments[static_cast<std::size_t>(i)].length;
+      }
+      return kLayers * model::executorLayerActivationBytes(f.cost.dims(), 1, tok, kv, 4, 4 + 4) +
+             model::executorHeadBytes(f.cost.dims(), tok);
+    };
+    std::int64_t held = 0, peak = 0;
+    for (const pp::Task& t : in.schedule->order[0]) {
+      if (t.phase == pp::Phase::Fwd) {
+        held += bytesOf(r.fwd_cuts, t.mb);
+        peak = std::max(peak, held);
+      } else {
+        held -= bytesOf(r.bwd_cuts, t.mb);
+      }
+    }
+    EXPECT_EQ(held, 0);
+    EXPECT_EQ(got.peak, peak) << "rank " << worldRank();
+  }
+}
+
 TEST(Sliced, ASliceWithoutItsPrefixIsAPlanError) {
   // The slice of A at 37 without A[0, 37) in the step: the executor cannot build its keys.
   std::vector<MicroBatch> packs = {mb({seg(1, 37, 20)}), mb({seg(2, 0, 10)})};
@@ -238,7 +295,7 @@ TEST(Sliced, DpMergeEqualsTheWholeDocuments) {
                    {mb({}), mb({seg(4, 0, 70), seg(6, 0, 50)}), mb({seg(3, 0, 1), seg(6, 50, 150)})}};
   plan.backward = {{0, 1, 3, 5}, {0, 0, 1, 4}};
   plan.merged = {{0, {0, 1}}};
-  StageStepInput in = slicedStepInput(3, plan, static_cast<std::size_t>(worldRank()), 1, f.cost,
+  StageStepInput in = slicedStepInput(3, plan, static_cast<std::size_t>(worldRank()), 1, 1, f.cost,
                                       cp::Strategy::PerDocument, cp::CommMode::AllGather, CpConfig{});
   ASSERT_EQ(in.merged.size(), 1u);
   EXPECT_EQ(in.merged[0].rank, worldRank());

@@ -1,0 +1,72 @@
+#pragma once
+/// \file row_moves.hpp
+/// \brief The device kernels that move token rows between a rank's buffers and the wire:
+/// what the CP attention's KV exchange (distributed_attention.cpp) and the sliced stage's KV
+/// gather (runtime/sliced.cpp) run over the row maps their plans compute
+/// (cp/shard_plan.hpp, pp/slice_shards.hpp). Rows are `width` elements, LayoutRight.
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace wlb::cp::rows {
+
+using Space = Kokkos::DefaultExecutionSpace;
+using Mem = Space::memory_space;
+using IdxView = Kokkos::View<const std::int64_t*, Mem>;
+
+/// A row map in device memory.
+inline IdxView upload(const std::vector<std::int64_t>& v, const char* label = "wlb::cp::row_map") {
+  Kokkos::View<std::int64_t*, Mem> d(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), v.size());
+  Kokkos::deep_copy(d, Kokkos::View<const std::int64_t*, Kokkos::HostSpace>(v.data(), v.size()));
+  return d;
+}
+
+/// dst row dmap[i] (or i) = / += src row smap[i] (or i), for i < n; an empty map is the
+/// identity. BF16 rows are only moved (sums are FP32: gradients).
+template <class E>
+void moveRows(const Space& space, E* dst, const IdxView& dmap, const E* src, const IdxView& smap, std::int64_t n,
+              std::int64_t width, bool add) {
+  if (n == 0 || width == 0) return;
+  const bool hd = dmap.extent(0) > 0, hs = smap.extent(0) > 0;
+  Kokkos::parallel_for(
+      "wlb::cp::move_rows", Kokkos::RangePolicy<Space>(space, 0, n * width), KOKKOS_LAMBDA(const std::int64_t e) {
+        const std::int64_t i = e / width, c = e % width;
+        const std::int64_t d = (hd ? dmap(i) : i) * width + c, s = (hs ? smap(i) : i) * width + c;
+        if constexpr (std::is_same_v<E, float>) {
+          if (add)
+            dst[d] += src[s];
+          else
+            dst[d] = src[s];
+        } else {
+          dst[d] = src[s];
+        }
+      });
+}
+
+// GroupComm moves floats: BF16 rows travel as pairs in 32-bit words (bit-exact; the row
+// width must be even).
+template <class E>
+float* words(E* p) {
+  return reinterpret_cast<float*>(p);
+}
+template <class E>
+const float* words(const E* p) {
+  return reinterpret_cast<const float*>(p);
+}
+template <class E>
+std::int64_t wordCount(std::int64_t elements) {
+  return elements * static_cast<std::int64_t>(sizeof(E)) / 4;
+}
+
+/// Every entry of `v` times `f` (row counts to element or word counts).
+inline std::vector<std::int64_t> scaled(const std::vector<std::int64_t>& v, std::int64_t f) {
+  std::vector<std::int64_t> out(v);
+  for (auto& x : out) x *= f;
+  return out;
+}
+
+}  // namespace wlb::cp::rows
