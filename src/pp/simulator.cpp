@@ -13,6 +13,7 @@
 #include "core/error.hpp"
 #include "cp/shard_plan.hpp"
 #include "model/memory.hpp"
+#include "pp/slice_shards.hpp"
 #include "trace/recorder.hpp"
 
 namespace wlb::pp {
@@ -117,40 +118,48 @@ bool isSlimPackPlan(const StepPlan& plan) {
   return false;
 }
 
-MicroBatchWork packFlowWork(const ReplicaSlices& r, int k, int cp, const model::CostModel& cost,
+MicroBatchWork packFlowWork(const ReplicaSlices& r, const SliceShards& sh, int k, const model::CostModel& cost,
                             AttnSecondsMemo& attn) {
-  double af = 0, ab = 0;
-  std::int64_t tf = 0, tb = 0;
+  const int cp = sh.cp;
+  const auto n = static_cast<std::size_t>(cp);
   const auto ku = static_cast<std::size_t>(k);
-  std::int64_t cf = 0, cb = 0;  // tokens of continued slices
-  for (auto i = r.fwd_cuts[ku]; i < r.fwd_cuts[ku + 1]; ++i) {
-    const Segment& s = r.segments[static_cast<std::size_t>(i)];
-    af += attn(s.q_offset, s.length, Phase::Fwd);
-    tf += s.length;
-    if (r.continued[static_cast<std::size_t>(i)]) cf += s.length;
+  MicroBatchWork w;
+  w.sharding = sh.strategy;
+  w.rank_tokens.assign(n, 0);
+  w.rank_tokens_bwd.assign(n, 0);
+  w.attn_fwd.assign(n, 0.0);
+  w.attn_bwd.assign(n, 0.0);
+  std::int64_t tb = 0, cf = 0, cb = 0;  // backward tokens; tokens of continued segments
+  for (const bool bwd : {false, true}) {
+    const auto& cuts = bwd ? r.bwd_cuts : r.fwd_cuts;
+    for (auto i = cuts[ku]; i < cuts[ku + 1]; ++i) {
+      const Segment& s = r.segments[static_cast<std::size_t>(i)];
+      (bwd ? tb : w.tokens) += s.length;
+      if (r.continued[static_cast<std::size_t>(i)]) (bwd ? cb : cf) += s.length;
+      for (const auto& p : sh.parts[static_cast<std::size_t>(i)]) {
+        const auto c = static_cast<std::size_t>(p.rank);
+        (bwd ? w.rank_tokens_bwd : w.rank_tokens)[c] += p.q_len;
+        (bwd ? w.attn_bwd : w.attn_fwd)[c] += attn(s.q_offset + p.q_offset, p.q_len, bwd ? Phase::Bwd : Phase::Fwd);
+      }
+    }
   }
-  for (auto i = r.bwd_cuts[ku]; i < r.bwd_cuts[ku + 1]; ++i) {
-    const Segment& s = r.segments[static_cast<std::size_t>(i)];
-    ab += attn(s.q_offset, s.length, Phase::Bwd);
-    tb += s.length;
-    if (r.continued[static_cast<std::size_t>(i)]) cb += s.length;
-  }
-  MicroBatchWork w = evenMicroBatchWork(tf, af, ab, cp, cost);
-  w.rank_kv_tokens.clear();
-  for (std::size_t c = 0; c < static_cast<std::size_t>(cp); ++c) {
-    w.rank_tokens_bwd.push_back(evenShare(tb, cp, c));
-    w.rank_kv_tokens.push_back(evenShare(cf, cp, c));
-    w.rank_kv_tokens_bwd.push_back(evenShare(cb, cp, c));
-  }
-  w.sharding = "even";
+  // Every rank keeps whole accumulators (and, cp > 1, the K/V cache) of continued segments.
+  w.rank_kv_tokens.assign(n, cf);
+  w.rank_kv_tokens_bwd.assign(n, cb);
+  // cp > 1: the forward all-gathers the MicroPack's K/V; the backward gathers them again
+  // and reduce-scatters their gradient.
+  const double share = cp > 1 ? static_cast<double>(cp - 1) / cp : 0.0;
+  w.kv_fwd_bytes.assign(n, cost.kvBytes(w.tokens) * share);
+  w.kv_bwd_bytes.assign(n, 2.0 * cost.kvBytes(tb) * share);
+  w.kv_peers.assign(n, cp - 1);
   return w;
 }
 
-std::vector<MicroBatchWork> packFlowReplicaWork(const ReplicaSlices& r, int cp, const model::CostModel& cost,
-                                                AttnSecondsMemo& attn) {
+std::vector<MicroBatchWork> packFlowReplicaWork(const ReplicaSlices& r, const SliceShards& sh,
+                                                const model::CostModel& cost, AttnSecondsMemo& attn) {
   std::vector<MicroBatchWork> out;
   out.reserve(static_cast<std::size_t>(r.microPacks()));
-  for (int k = 0; k < r.microPacks(); ++k) out.push_back(packFlowWork(r, k, cp, cost, attn));
+  for (int k = 0; k < r.microPacks(); ++k) out.push_back(packFlowWork(r, sh, k, cost, attn));
   return out;
 }
 
@@ -186,7 +195,7 @@ std::vector<std::vector<MicroBatchWork>> packFlowPlanWork(const StepPlan& plan, 
   for (std::size_t d = 0; d < plan.replicas.size(); ++d) {
     const ReplicaSlices r =
         replicaSlices(plan.replicas[d], plan.backward.empty() ? std::vector<std::int64_t>{} : plan.backward[d]);
-    works[d] = packFlowReplicaWork(r, cp, cost, attn);
+    works[d] = packFlowReplicaWork(r, sliceShards(r, sharding, cp, cost, cfg), cost, attn);
     flow.push_back(planFlowDeps(plan, d, r));
   }
   for (const auto& m : plan.merged) {
@@ -420,7 +429,8 @@ PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mb
     // Activation bytes a unit of `toks` tokens per CP rank holds on virtual stage vs; `kvs`:
     // the KV-buffer tokens (CP) or, for slices, the tokens of continued slices, which keep
     // fp32 dK/dV accumulators (runtime/sliced.hpp).
-    const std::int64_t kv_elem = split ? 4 : cfg_.executor_storage_bytes;  // slices: FP32 accumulators
+    // slices: FP32 accumulators, and under CP the cached K/V (runtime/sliced.hpp)
+    const std::int64_t kv_elem = split ? 4 + (cfg_.cp > 1 ? cfg_.executor_storage_bytes : 0) : cfg_.executor_storage_bytes;
     auto actBytes = [&](const std::vector<std::int64_t>& toks, const std::vector<std::int64_t>& kvs, std::int64_t max_t,
                         double l, bool last) {
       double act = l * act_tok * static_cast<double>(max_t);
@@ -439,7 +449,8 @@ PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mb
       } else if (split) {
         std::int64_t kv = 0;
         for (int r = 0; r < cfg_.cp; ++r) kv = std::max(kv, kvOf(static_cast<std::size_t>(r)));
-        act += l * static_cast<double>(kv) * 2.0 * static_cast<double>(d.kv_heads * d.head_dim) * 4.0 / cfg_.tp;
+        act += l * static_cast<double>(kv) * 2.0 * static_cast<double>(d.kv_heads * d.head_dim) *
+               (4.0 + (cfg_.cp > 1 ? d.dtype_bytes : 0)) / cfg_.tp;
       }
       if (last && cfg_.lm_head)  // fp32 logits of the vocab-parallel loss, held until the backward
         act += static_cast<double>(max_t) * static_cast<double>(d.vocab) * 4.0 / cfg_.tp;

@@ -21,8 +21,10 @@
 #include "core/types.hpp"
 #include "cp/shard_plan.hpp"
 #include "model/cost_model.hpp"
+#include "pp/slice_shards.hpp"
 #include "pp/dag.hpp"
 #include "pp/schedule.hpp"
+#include "pp/slice_shards.hpp"
 
 namespace wlb::trace {
 class Recorder;
@@ -89,18 +91,21 @@ class AttnSecondsMemo {
 };
 
 /// A SlimPack plan: it holds slices (q_offset > 0) or a backward grouping of its own, so it
-/// is simulated under PackFlow with packFlowWork, not through the CP planners.
+/// is simulated under PackFlow with packFlowWork.
 bool isSlimPackPlan(const StepPlan& plan);
 
 /// Work of unit k of a SlimPack replica: forward MicroPack k's forward and backward
-/// MicroPack k's backward (the asymmetric partition). Every segment costs as the CP piece it
-/// is: queries [q_offset, q_offset + length) of its document against the key prefix,
-/// attnSeconds(q_offset, length). CP ranks share a MicroPack's work evenly (the CP planners
-/// do not shard slices); `rank_tokens_bwd` holds the backward MicroPack's tokens.
-MicroBatchWork packFlowWork(const ReplicaSlices& r, int k, int cp, const model::CostModel& cost, AttnSecondsMemo& attn);
+/// MicroPack k's backward (the asymmetric partition), on the CP ranks of the replica's
+/// layout `sh` (pp::sliceShards, as `wlb run` shards it). Every piece costs as what it is:
+/// queries [q_offset + p.q_offset, + p.q_len) of its document against the key prefix;
+/// `rank_tokens_bwd` holds the backward MicroPack's rows, the KV tokens those of continued
+/// segments (whole on every rank), the KV bytes the MicroPack's all-gather (forward) and
+/// gather + gradient reduce-scatter (backward).
+MicroBatchWork packFlowWork(const ReplicaSlices& r, const SliceShards& sh, int k, const model::CostModel& cost,
+                            AttnSecondsMemo& attn);
 /// packFlowWork of every unit of the replica.
-std::vector<MicroBatchWork> packFlowReplicaWork(const ReplicaSlices& r, int cp, const model::CostModel& cost,
-                                                AttnSecondsMemo& attn);
+std::vector<MicroBatchWork> packFlowReplicaWork(const ReplicaSlices& r, const SliceShards& sh,
+                                                const model::CostModel& cost, AttnSecondsMemo& attn);
 
 /// Work of member j (0 = the owner) of a DP-Merge group of g replicas running `mb`
 /// together: the CP planners shard it over g * cp ranks (`sharding`, as `wlb run` plans

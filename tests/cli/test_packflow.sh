@@ -83,7 +83,7 @@ grep -q "pipeline.schedule" "$T/bad.txt" && grep -q "packflow" "$T/bad.txt" || {
 
 # 4. `wlb run` executes SlimPack plans on 2 stages (runtime/sliced.hpp) beside plain over the
 # same documents; the simulator's executor memory model (--as-run) predicts the measured
-# activation peak of every stage within 3%; slimpack with cp > 1 exits 2 naming mesh.cp.
+# activation peak of every stage within 3%.
 small=(--set model.hidden=64 --set model.heads=4 --set model.kv_heads=2 --set model.ffn=96 --set model.layers=3
        --set data.context_window=1024 --set data.length_scale=0.0078125 --set mesh.cp=1 --set mesh.pp=2
        --set packing.micro_batches=4 --set pipeline.schedule=packflow)
@@ -136,8 +136,23 @@ for name in ("plain", "slimpack"):
     for a, b in zip(m, p):
         assert abs(b - a) <= 0.03 * a, (name, m, p)
 PY
-mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set mesh.cp=2 --set mesh.pp=1 \
-  --set 'run.strategies=["slimpack"]' --steps 1 --no-output > "$T/cp.txt" 2>&1
-rc=$?
-[ $rc -eq 2 ] && grep -q "mesh.cp" "$T/cp.txt" || { cat "$T/cp.txt"; fail "slimpack with cp=2: exit $rc"; }
+# 6. Slices under CP (runtime/sliced.hpp): cp = 2 x pp = 2 (4 ranks) gives one rank's
+# gradients and losses within 1e-5, and its measured peaks are the --as-run prediction.
+cp2=("${small[@]}" --set mesh.cp=2 --set mesh.pp=2 --set 'run.strategies=["slimpack"]' --set run.comm_backend='"mpi"')
+"$WLB" run "$SRC/inputs/run_cp2.toml" "${cp2[@]}" --set mesh.cp=1 --set mesh.pp=1 --steps 2 --warmup 0 --quiet \
+  --no-output --gradients "$T/g1" > "$T/g1.txt" 2>&1 || { cat "$T/g1.txt"; fail "slimpack on one rank"; }
+mpiexec -n 4 "$WLB" run "$SRC/inputs/run_cp2.toml" "${cp2[@]}" --steps 2 --warmup 0 --set "output.dir=\"$T/cp\"" \
+  --gradients "$T/g4" > "$T/cp.txt" 2>&1 || { cat "$T/cp.txt"; fail "slimpack with cp=2 pp=2"; }
+/usr/bin/python3 "$SRC/bench/compare_runs.py" "$T/g1" "$T/g4" --tol 1e-5 > "$T/cmp.txt" || { cat "$T/cmp.txt"; fail "cp=2 pp=2 vs one rank"; }
+"$WLB" simulate "$SRC/inputs/run_cp2.toml" "${cp2[@]}" --steps 2 --warmup 0 --as-run --out "$T/cpsim" > "$T/cpsim.txt" 2>&1 \
+  || { cat "$T/cpsim.txt"; fail "simulate slimpack cp=2"; }
+/usr/bin/python3 - "$T/cp/summary.json" "$T/cpsim/simulate.json" "$T/cp/plan.jsonl" <<'PY' || fail "slimpack cp=2 run"
+import json, sys
+run = {s["strategy"]: s for s in json.load(open(sys.argv[1]))["strategies"]}
+sim = {r["strategy"]: r for r in json.load(open(sys.argv[2]))}
+steps = [json.loads(l) for l in open(sys.argv[3]) if '"type":"step"' in l]
+assert any(len(s) == 5 for st in steps for rep in st["replicas"] for mb in rep for s in mb), "no slice was run"
+m, p = run["slimpack"]["stage_peak_activation_bytes"], sim["slimpack"]["peak_activation_bytes_per_stage"]
+assert len(m) == 2 and all(abs(b - a) <= 0.03 * a for a, b in zip(m, p)), (m, p)
+PY
 echo "test_packflow: OK"

@@ -194,18 +194,21 @@ sp="--set packing.strategy=\"slimpack\" --set pipeline.schedule=\"packflow\" --s
 "$WLB" train deck.toml $sp --set output.dir=sp1 > o.txt 2>&1 || fail "slimpack one-rank run: $(cat o.txt)"
 timeout 120 mpiexec -n 2 "$WLB" train deck.toml $sp --set mesh.pp=2 --set output.dir=sp2 > o.txt 2>&1 ||
   fail "pp=2 packflow: $(cat o.txt)"
-$PY - il1/train_log.jsonl il2/train_log.jsonl sp1/train_log.jsonl sp2/train_log.jsonl <<'PYEOF' ||
+timeout 180 mpiexec -n 4 "$WLB" train deck.toml $sp --set mesh.pp=2 --set mesh.cp=2 --set output.dir=sp4 > o.txt 2>&1 ||
+  fail "cp=2 pp=2 packflow: $(cat o.txt)"
+$PY - il1/train_log.jsonl il2/train_log.jsonl sp1/train_log.jsonl sp2/train_log.jsonl sp4/train_log.jsonl <<'PYEOF' ||
 import json, sys
 def load(p): return [json.loads(l) for l in open(p)]
 a = sys.argv
-for ref, got, what in ((a[1], a[2], "pp=2 interleaved"), (a[3], a[4], "pp=2 packflow")):
+for ref, got, what in ((a[1], a[2], "pp=2 interleaved"), (a[3], a[4], "pp=2 packflow"),
+                       (a[3], a[5], "cp=2 pp=2 packflow (slices under CP)")):
     x, y = load(ref), load(got)
     assert len(x) == len(y) == 12, (what, len(x), len(y))
     worst = max(abs(p["loss"] - q["loss"]) / abs(p["loss"]) for p, q in zip(x, y))
     assert worst < 1e-5, (what, worst)
     print(f"{what}: 12 steps, largest relative loss difference to one rank {worst:.1e}")
 PYEOF
-  fail "interleaved / packflow losses differ from one rank"
+  fail "interleaved / packflow / sliced CP losses differ from one rank"
 # wlb run measures the same model on a prepared dataset's real tokens (data.source =
 # "megatron" with the .bin beside the .idx); ids outside model.vocab exit 2.
 rd="--set data.source=\"megatron\" --set data.path=\"data/lic_train.idx\" --steps 2 --warmup 0"
@@ -215,8 +218,6 @@ grep -q "loss [0-9]" o.txt || fail "wlb run prints no loss: $(cat o.txt)"
 "$WLB" run deck.toml $rd --set 'run.strategies=["plain"]' --set model.vocab=100 --set output.dir=runds2 > o.txt 2>&1
 rc=$?
 [ "$rc" = 2 ] && grep -q "model.vocab" o.txt || fail "wlb run, dataset ids >= vocab: rc $rc $(cat o.txt)"
-timeout 60 mpiexec -n 2 "$WLB" train deck.toml $sp --set mesh.cp=2 > o.txt 2>&1; rc=$?
-[ "$rc" = 2 ] && grep -q "mesh.cp" o.txt || fail "slimpack with cp=2: rc $rc $(cat o.txt)"
 timeout 60 mpiexec -n 2 "$WLB" train deck.toml --set mesh.cp=2 --set cp.strategy='"nope"' > o.txt 2>&1; rc=$?
 [ "$rc" = 2 ] && grep -q "cp.strategy" o.txt || fail "cp=2 with a bad cp.strategy: rc $rc $(cat o.txt)"
 "$WLB" train deck.toml --set train.dataset=nope > o.txt 2>&1; rc=$?

@@ -18,6 +18,7 @@
 #include "packing/packer.hpp"
 #include "pp/dag.hpp"
 #include "pp/schedule.hpp"
+#include "pp/slice_shards.hpp"
 #include "pp/simulate_deck.hpp"
 #include "pp/simulator.hpp"
 
@@ -270,6 +271,47 @@ TEST(PackFlow, SlimPackPlansObeyEveryDependency) {
     }
 }
 
+TEST(PackFlow, SlicesUnderCpAreShardedPieces) {
+  // cp = 2: each forward MicroPack sharded by the planner; a slice's pieces cost as queries
+  // of their document against its whole key prefix; every token on one rank; the gather map
+  // is a permutation; continued segments' KV tokens are whole on every rank.
+  const Deck d = slimDeck("long_context_128k", 5, 2, 1);
+  const auto cost = model::CostModel::fromDeck(d);
+  std::vector<MicroBatch> f(2);
+  f[0].segments = {seg(1, 0, 3000, false), seg(2, 0, 500, false)};
+  f[1].segments = {seg(1, 3000, 2000, true), seg(3, 0, 7, false)};
+  const ReplicaSlices r = replicaSlices(f, {0, 1, 4});
+  for (const char* st : {"per_sequence", "per_document", "whole_document", "hybrid", "adaptive"}) {
+    SCOPED_TRACE(st);
+    const SliceShards sh = sliceShards(r, st, 2, cost, CpConfig{});
+    ASSERT_EQ(sh.parts.size(), 4u);
+    for (std::size_t i = 0; i < 4; ++i)
+      EXPECT_EQ(sh.rows[0][i] + sh.rows[1][i], r.segments[i].length);
+    for (const auto* cuts : {&r.fwd_cuts, &r.bwd_cuts})
+      for (int k = 0; k < 2; ++k) {
+        std::vector<std::int64_t> counts;
+        auto idx = sh.gatherIndex(*cuts, k, &counts);
+        std::int64_t total = 0;
+        for (auto i = (*cuts)[static_cast<std::size_t>(k)]; i < (*cuts)[static_cast<std::size_t>(k) + 1]; ++i)
+          total += r.segments[static_cast<std::size_t>(i)].length;
+        ASSERT_EQ(static_cast<std::int64_t>(idx.size()), total);
+        EXPECT_EQ(counts[0] + counts[1], total);
+        std::sort(idx.begin(), idx.end());
+        for (std::int64_t j = 0; j < total; ++j) ASSERT_EQ(idx[static_cast<std::size_t>(j)], j);
+      }
+    AttnSecondsMemo memo(cost);
+    const auto w = packFlowReplicaWork(r, sh, cost, memo);
+    double want = 0;
+    for (const auto& p : sh.parts[2]) want += cost.attnSeconds(3000 + p.q_offset, p.q_len, Phase::Fwd);
+    for (const auto& p : sh.parts[3]) want += cost.attnSeconds(p.q_offset, p.q_len, Phase::Fwd);
+    EXPECT_NEAR(w[1].attn_fwd[0] + w[1].attn_fwd[1], want, 1e-12 * want);
+    EXPECT_EQ(w[0].rank_tokens[0] + w[0].rank_tokens[1], 3500);
+    EXPECT_EQ(w[1].rank_tokens_bwd[0] + w[1].rank_tokens_bwd[1], 2507);
+    EXPECT_EQ(w[0].rank_kv_tokens, (std::vector<std::int64_t>{3000, 3000}));
+    EXPECT_GT(w[0].kv_fwd_bytes[0], 0);
+  }
+}
+
 TEST(PackFlow, SliceCostIsTheCostModelsPiece) {
   const Deck d = slimDeck("long_context_128k", 5, 2, 1);
   const auto cost = model::CostModel::fromDeck(d);
@@ -278,7 +320,7 @@ TEST(PackFlow, SliceCostIsTheCostModelsPiece) {
   f[1].segments = {seg(1, 3000, 2000, true)};
   const ReplicaSlices r = replicaSlices(f, {0, 1, 3});
   AttnSecondsMemo memo(cost);
-  const auto w = packFlowReplicaWork(r, 1, cost, memo);
+  const auto w = packFlowReplicaWork(r, sliceShards(r, "per_document", 1, cost, CpConfig{}), cost, memo);
   ASSERT_EQ(w.size(), 2u);
   EXPECT_DOUBLE_EQ(w[0].attn_fwd[0], cost.attnSeconds(0, 3000, Phase::Fwd) + cost.attnSeconds(0, 500, Phase::Fwd));
   EXPECT_DOUBLE_EQ(w[1].attn_fwd[0], cost.attnSeconds(3000, 2000, Phase::Fwd));
@@ -350,7 +392,8 @@ TEST(PackFlow, StepSimulatorRunsSlimPackPlans) {
     for (std::size_t k = 0; k < plan.replicas.size(); ++k) {
       const ReplicaSlices rs = replicaSlices(plan.replicas[k], plan.backward[k]);
       AttnSecondsMemo memo(cost);
-      const PipelineCosts c = sim.pipelineCosts(packFlowReplicaWork(rs, 1, cost, memo));
+      const PipelineCosts c =
+          sim.pipelineCosts(packFlowReplicaWork(rs, sliceShards(rs, "per_document", 1, cost, CpConfig{}), cost, memo));
       ASSERT_FALSE(c.free_bytes.empty());
       const DagResult g = simulateDag(makePackFlow(2, rs.microPacks(), packFlowDeps(rs)), c);
       for (std::size_t s = 0; s < 2; ++s)
