@@ -148,8 +148,7 @@ double ratio(const std::vector<double>& v) {
 }
 }  // namespace
 
-ShardMetrics computeMetrics(const ShardPlan& plan, const CommPlan& comm,
-                            const model::CostModel& cost) {
+ShardMetrics computeMetrics(const ShardPlan& plan, const CommPlan& comm, const model::CostModel& cost) {
   using model::Phase;
   ShardMetrics m;
   m.strategy = plan.strategy;
@@ -171,8 +170,7 @@ ShardMetrics computeMetrics(const ShardPlan& plan, const CommPlan& comm,
       rm.attn_seconds_bwd += cost.attnSeconds(p.keysBefore(), p.q_len, Phase::Bwd);
     }
     if (rs.tokens > 0)
-      rm.linear_seconds = cost.linearSeconds(rs.tokens, Phase::Fwd) +
-                          cost.linearSeconds(rs.tokens, Phase::Bwd);
+      rm.linear_seconds = cost.linearSeconds(rs.tokens, Phase::Fwd) + cost.linearSeconds(rs.tokens, Phase::Bwd);
     if (r < comm.ranks.size()) {
       const RankComm& rc = comm.ranks[r];
       rm.comm_seconds = rc.fwd_seconds + rc.bwd_seconds;
@@ -200,20 +198,32 @@ nlohmann::json toJson(const ShardPlan& plan) {
   for (const RankShard& rs : plan.ranks) {
     json pieces = json::array();
     for (const Piece& p : rs.pieces)
-      pieces.push_back({{"segment", p.segment}, {"doc", p.doc}, {"seg_begin", p.seg_begin},
-                        {"seg_len", p.seg_len}, {"q_offset", p.q_offset}, {"q_len", p.q_len}, {"seg_prefix", p.seg_prefix},
-                        {"local_begin", p.local_begin}, {"kv_begin", p.kv_begin},
-                        {"kv_len", p.kv_len}, {"whole", p.whole}});
+      pieces.push_back({{"segment", p.segment},
+                        {"doc", p.doc},
+                        {"seg_begin", p.seg_begin},
+                        {"seg_len", p.seg_len},
+                        {"q_offset", p.q_offset},
+                        {"q_len", p.q_len},
+                        {"seg_prefix", p.seg_prefix},
+                        {"local_begin", p.local_begin},
+                        {"kv_begin", p.kv_begin},
+                        {"kv_len", p.kv_len},
+                        {"whole", p.whole}});
     json blocks = json::array();
-    for (const KvBlock& b : rs.kv_blocks)
-      blocks.push_back({b.segment, b.seg_begin, b.len, b.kv_begin});
+    for (const KvBlock& b : rs.kv_blocks) blocks.push_back({b.segment, b.seg_begin, b.len, b.kv_begin});
     json runs = json::array();
     for (const KvRun& r : rs.kv_runs) runs.push_back({r.src, r.src_local_begin, r.len, r.kv_begin});
-    ranks.push_back({{"tokens", rs.tokens}, {"kv_tokens", rs.kv_tokens}, {"pieces", pieces},
-                     {"kv_blocks", blocks}, {"kv_runs", runs}});
+    ranks.push_back({{"tokens", rs.tokens},
+                     {"kv_tokens", rs.kv_tokens},
+                     {"pieces", pieces},
+                     {"kv_blocks", blocks},
+                     {"kv_runs", runs}});
   }
-  return {{"strategy", plan.strategy}, {"requested", plan.requested}, {"cp", plan.cp},
-          {"total_tokens", plan.total_tokens}, {"sharded_segments", plan.sharded_segments},
+  return {{"strategy", plan.strategy},
+          {"requested", plan.requested},
+          {"cp", plan.cp},
+          {"total_tokens", plan.total_tokens},
+          {"sharded_segments", plan.sharded_segments},
           {"ranks", ranks}};
 }
 
@@ -221,36 +231,51 @@ nlohmann::json toJson(const CommPlan& comm) {
   using nlohmann::json;
   json ranks = json::array();
   for (const RankComm& r : comm.ranks)
-    ranks.push_back({{"fwd_bytes_sent", r.fwd_bytes_sent}, {"fwd_bytes_recv", r.fwd_bytes_recv},
-                     {"bwd_bytes_sent", r.bwd_bytes_sent}, {"bwd_bytes_recv", r.bwd_bytes_recv},
-                     {"fwd_tokens_recv", r.fwd_tokens_recv}, {"peers", r.peers},
-                     {"fwd_seconds", r.fwd_seconds}, {"bwd_seconds", r.bwd_seconds}});
+    ranks.push_back({{"fwd_bytes_sent", r.fwd_bytes_sent},
+                     {"fwd_bytes_recv", r.fwd_bytes_recv},
+                     {"bwd_bytes_sent", r.bwd_bytes_sent},
+                     {"bwd_bytes_recv", r.bwd_bytes_recv},
+                     {"fwd_tokens_recv", r.fwd_tokens_recv},
+                     {"peers", r.peers},
+                     {"fwd_seconds", r.fwd_seconds},
+                     {"bwd_seconds", r.bwd_seconds}});
   json transfers = json::array();
   for (const Transfer& t : comm.transfers) {
     json runs = json::array();
     for (const KvRun& r : t.runs) runs.push_back({r.src_local_begin, r.len, r.kv_begin});
     transfers.push_back({{"src", t.src}, {"dst", t.dst}, {"tokens", t.tokens}, {"runs", runs}});
   }
-  return {{"mode", commModeName(comm.mode)}, {"cp", comm.cp},
-          {"gather_counts", comm.gather_counts}, {"gather_displs", comm.gather_displs},
-          {"transfers", transfers}, {"ranks", ranks}, {"total_bytes", comm.totalBytes()}};
+  return {{"mode", commModeName(comm.mode)},     {"cp", comm.cp},          {"gather_counts", comm.gather_counts},
+          {"gather_displs", comm.gather_displs}, {"transfers", transfers}, {"ranks", ranks},
+          {"total_bytes", comm.totalBytes()}};
 }
 
 nlohmann::json toJson(const ShardMetrics& m) {
   using nlohmann::json;
   json ranks = json::array();
   for (const RankMetrics& r : m.ranks)
-    ranks.push_back({{"tokens", r.tokens}, {"kv_tokens", r.kv_tokens},
-                     {"attn_flops_fwd", r.attn_flops_fwd}, {"attn_flops_bwd", r.attn_flops_bwd},
+    ranks.push_back({{"tokens", r.tokens},
+                     {"kv_tokens", r.kv_tokens},
+                     {"attn_flops_fwd", r.attn_flops_fwd},
+                     {"attn_flops_bwd", r.attn_flops_bwd},
                      {"attn_seconds_fwd", r.attn_seconds_fwd},
                      {"attn_seconds_bwd", r.attn_seconds_bwd},
-                     {"linear_seconds", r.linear_seconds}, {"comm_seconds", r.comm_seconds},
-                     {"kv_bytes", r.kv_bytes}, {"latency", r.latency()}});
-  return {{"strategy", m.strategy}, {"requested", m.requested}, {"comm", m.comm}, {"cp", m.cp},
-          {"total_tokens", m.total_tokens}, {"imbalance_attn", m.imbalance_attn},
-          {"imbalance_tokens", m.imbalance_tokens}, {"imbalance_latency", m.imbalance_latency},
-          {"max_attn_seconds", m.max_attn_seconds}, {"max_latency", m.max_latency},
-          {"kv_bytes_total", m.kv_bytes_total}, {"kv_bytes_max", m.kv_bytes_max},
+                     {"linear_seconds", r.linear_seconds},
+                     {"comm_seconds", r.comm_seconds},
+                     {"kv_bytes", r.kv_bytes},
+                     {"latency", r.latency()}});
+  return {{"strategy", m.strategy},
+          {"requested", m.requested},
+          {"comm", m.comm},
+          {"cp", m.cp},
+          {"total_tokens", m.total_tokens},
+          {"imbalance_attn", m.imbalance_attn},
+          {"imbalance_tokens", m.imbalance_tokens},
+          {"imbalance_latency", m.imbalance_latency},
+          {"max_attn_seconds", m.max_attn_seconds},
+          {"max_latency", m.max_latency},
+          {"kv_bytes_total", m.kv_bytes_total},
+          {"kv_bytes_max", m.kv_bytes_max},
           {"ranks", ranks}};
 }
 

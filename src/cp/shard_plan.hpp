@@ -85,12 +85,12 @@ CommMode parseCommMode(const std::string& name);
 
 /// One query range of one segment on one rank.
 struct Piece {
-  std::int32_t segment = 0;      ///< index into the micro-batch's segments
-  DocId doc = 0;                 ///< document of that segment
-  std::int64_t seg_begin = 0;    ///< packed position of the segment's first token
-  std::int64_t seg_len = 0;      ///< segment length (tokens)
-  std::int64_t q_offset = 0;     ///< first query token within the segment
-  std::int64_t q_len = 0;        ///< queries (> 0)
+  std::int32_t segment = 0;    ///< index into the micro-batch's segments
+  DocId doc = 0;               ///< document of that segment
+  std::int64_t seg_begin = 0;  ///< packed position of the segment's first token
+  std::int64_t seg_len = 0;    ///< segment length (tokens)
+  std::int64_t q_offset = 0;   ///< first query token within the segment
+  std::int64_t q_len = 0;      ///< queries (> 0)
   /// Keys of the segment's document before the segment: a SlimPack slice's q_offset, whose
   /// tokens lie in earlier MicroPacks and reach the executor through its KV cache
   /// (runtime/sliced.hpp), not through this plan's KV buffer; 0 for a whole span.

@@ -76,8 +76,7 @@ SegInfo segInfo(const MicroBatch& mb) {
   s.len.reserve(mb.segments.size());
   for (const auto& seg : mb.segments) {
     if (seg.length < 0) throw InputError("segment of document " + std::to_string(seg.doc) + " has negative length");
-    if (seg.q_offset < 0)
-      throw InputError("segment of document " + std::to_string(seg.doc) + " has negative q_offset");
+    if (seg.q_offset < 0) throw InputError("segment of document " + std::to_string(seg.doc) + " has negative q_offset");
     s.begin.push_back(s.total);
     s.len.push_back(seg.length);
     s.prefix.push_back(seg.q_offset);

@@ -430,7 +430,8 @@ PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mb
     // the KV-buffer tokens (CP) or, for slices, the tokens of continued slices, which keep
     // fp32 dK/dV accumulators (runtime/sliced.hpp).
     // slices: FP32 accumulators, and under CP the cached K/V (runtime/sliced.hpp)
-    const std::int64_t kv_elem = split ? 4 + (cfg_.cp > 1 ? cfg_.executor_storage_bytes : 0) : cfg_.executor_storage_bytes;
+    const std::int64_t kv_elem =
+        split ? 4 + (cfg_.cp > 1 ? cfg_.executor_storage_bytes : 0) : cfg_.executor_storage_bytes;
     auto actBytes = [&](const std::vector<std::int64_t>& toks, const std::vector<std::int64_t>& kvs, std::int64_t max_t,
                         double l, bool last) {
       double act = l * act_tok * static_cast<double>(max_t);

@@ -21,7 +21,6 @@
 #include "core/types.hpp"
 #include "cp/shard_plan.hpp"
 #include "model/cost_model.hpp"
-#include "pp/slice_shards.hpp"
 #include "pp/dag.hpp"
 #include "pp/schedule.hpp"
 #include "pp/slice_shards.hpp"

@@ -89,7 +89,8 @@ std::vector<std::int64_t> SliceShards::gatherIndex(const std::vector<std::int64_
     }
     std::vector<std::size_t> order(ps.size());
     for (std::size_t j = 0; j < order.size(); ++j) order[j] = j;
-    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return ps[a].q_offset < ps[b].q_offset; });
+    std::sort(order.begin(), order.end(),
+              [&](std::size_t a, std::size_t b) { return ps[a].q_offset < ps[b].q_offset; });
     std::int64_t next = 0;
     for (const std::size_t j : order) {
       if (ps[j].q_offset != next) throw std::logic_error("SliceShards: segment " + std::to_string(i) + " not tiled");

@@ -37,8 +37,8 @@ struct SliceShards {
     std::int64_t q_offset = 0, q_len = 0;
   };
   int cp = 1;
-  std::string strategy;                   ///< the strategy applied ("whole" at cp = 1)
-  std::vector<std::vector<Part>> parts;   ///< [segment] by rank, then by q_offset
+  std::string strategy;                         ///< the strategy applied ("whole" at cp = 1)
+  std::vector<std::vector<Part>> parts;         ///< [segment] by rank, then by q_offset
   std::vector<std::vector<std::int64_t>> rows;  ///< [rank][segment] the segment's rows on the rank
 
   /// Rows of unit k (cut points `cuts`: ReplicaSlices::fwd_cuts or bwd_cuts) on `rank`.

@@ -123,7 +123,8 @@ StageStepInput slicedStepInput(std::int64_t step, const StepPlan& plan, std::siz
     in.merged.push_back(g);
   }
   in.schedule = std::make_shared<pp::Schedule>(pp::makePackFlow(stages, static_cast<int>(replica.size()), deps));
-  in.slice_shards = std::make_shared<pp::SliceShards>(pp::sliceShards(*slices, cp::strategyName(strategy), cp, cost, cfg));
+  in.slice_shards =
+      std::make_shared<pp::SliceShards>(pp::sliceShards(*slices, cp::strategyName(strategy), cp, cost, cfg));
   in.slices = std::move(slices);
   return in;
 }

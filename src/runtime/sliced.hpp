@@ -51,8 +51,7 @@ class SlicedStage {
  public:
   /// `slices`: the replica's slices, `shards` their layout over env.cp_comm (both outlive
   /// the object). InputError when a slice's chain is not in the step.
-  SlicedStage(const LayerEnv& env, const Llama& model, const pp::ReplicaSlices& slices,
-              const pp::SliceShards& shards);
+  SlicedStage(const LayerEnv& env, const Llama& model, const pp::ReplicaSlices& slices, const pp::SliceShards& shards);
 
   /// Forward of MicroPack k through global layer l: x [tokens of k][hidden] -> y; `pos`:
   /// the rows' RoPE positions.
@@ -92,8 +91,8 @@ class SlicedStage {
   };
   template <class T>
   struct Saved {
-    std::map<std::int64_t, Run<T>> runs;                ///< by first segment
-    std::map<std::int64_t, std::pair<Act3, Act3>> acc;  ///< segment -> dK, dV accumulators (FP32)
+    std::map<std::int64_t, Run<T>> runs;                          ///< by first segment
+    std::map<std::int64_t, std::pair<Act3, Act3>> acc;            ///< segment -> dK, dV accumulators (FP32)
     std::map<std::int64_t, std::pair<Act3T<T>, Act3T<T>>> cache;  ///< cp > 1: segment -> its whole K, V
   };
   template <class T>
@@ -108,9 +107,9 @@ class SlicedStage {
   struct Unit {
     bool bwd = false;
     int k = 0;
-    std::int64_t s0 = 0, s1 = 0;  ///< segments [s0, s1)
-    std::int64_t rows = 0;        ///< this rank's
-    std::int64_t total = 0;       ///< the group's (packed rows)
+    std::int64_t s0 = 0, s1 = 0;                        ///< segments [s0, s1)
+    std::int64_t rows = 0;                              ///< this rank's
+    std::int64_t total = 0;                             ///< the group's (packed rows)
     const std::vector<std::int64_t>* local = nullptr;   ///< per segment: first row on this rank
     const std::vector<std::int64_t>* packed = nullptr;  ///< per segment: first packed row
   };

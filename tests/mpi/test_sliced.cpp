@@ -155,6 +155,36 @@ bool allOk(bool ok) {
   return all == 1;
 }
 
+// The memory model of a sliced step on one stage, walked over its schedule: per layer,
+// executorLayerActivationBytes of each forward MicroPack's rows on `rank` with the
+// continued segments' whole length as KV tokens (FP32 accumulators, plus the cached K/V
+// under CP), and the head's input gradient of its rows (the one stage is the last), freed
+// per backward MicroPack.
+std::int64_t modelPeak(const Fixture& f, const StageStepInput& in, int rank) {
+  const auto& r = *in.slices;
+  const auto& sh = *in.slice_shards;
+  const auto bytesOf = [&](const std::vector<std::int64_t>& c, int k) {
+    std::int64_t tok = 0, kv = 0;
+    for (auto i = c[static_cast<std::size_t>(k)]; i < c[static_cast<std::size_t>(k) + 1]; ++i) {
+      tok += sh.rows[static_cast<std::size_t>(rank)][static_cast<std::size_t>(i)];
+      if (r.continued[static_cast<std::size_t>(i)]) kv += r.segments[static_cast<std::size_t>(i)].length;
+    }
+    return kLayers * model::executorLayerActivationBytes(f.cost.dims(), 1, tok, kv, 4, sh.cp > 1 ? 8 : 4) +
+           model::executorHeadBytes(f.cost.dims(), tok);
+  };
+  std::int64_t held = 0, peak = 0;
+  for (const pp::Task& t : in.schedule->order[0]) {
+    if (t.phase == pp::Phase::Fwd) {
+      held += bytesOf(r.fwd_cuts, t.mb);
+      peak = std::max(peak, held);
+    } else {
+      held -= bytesOf(r.bwd_cuts, t.mb);
+    }
+  }
+  EXPECT_EQ(held, 0);
+  return peak;
+}
+
 }  // namespace
 
 TEST(Sliced, EqualsTheWholeDocuments) {
@@ -186,36 +216,7 @@ TEST(Sliced, PeakIsTheMemoryModelOnOneStage) {
   const std::vector<std::int64_t> cuts{0, 2, 3, 7, 10};
   const StageStepInput in = f.sliced(slicedPacks(), cuts, 1);
   const Outcome got = f.run(in);
-  // Model: per layer, executorLayerActivationBytes(tokens, kv_tokens = continued tokens)
-  // of each forward MicroPack, and the head's input gradient of its rows, freed per
-  // backward MicroPack, walked over the schedule.
-  const auto& r = *in.slices;
-  std::vector<char> continued(r.segments.size(), 0);
-  for (std::size_t i = 0; i < r.segments.size(); ++i)
-    for (std::size_t j = 0; j < r.segments.size(); ++j)
-      if (r.segments[j].doc == r.segments[i].doc && r.segments[j].offset == r.segments[i].offset + r.segments[i].length)
-        continued[i] = 1;
-  const auto bytesOf = [&](const std::vector<std::int64_t>& c, int k) {
-    std::int64_t tok = 0, kv = 0;
-    for (auto i = c[static_cast<std::size_t>(k)]; i < c[static_cast<std::size_t>(k) + 1]; ++i) {
-      tok += r.segments[static_cast<std::size_t>(i)].length;
-      if (continued[static_cast<std::size_t>(i)]) kv += r.segments[static_cast<std::size_t>(i)].length;
-    }
-    // the one stage is the last: it also keeps the loss's input gradient (model/memory.hpp)
-    return kLayers * model::executorLayerActivationBytes(f.cost.dims(), 1, tok, kv) +
-           model::executorHeadBytes(f.cost.dims(), tok);
-  };
-  std::int64_t held = 0, peak = 0;
-  for (const pp::Task& t : in.schedule->order[0]) {
-    if (t.phase == pp::Phase::Fwd) {
-      held += bytesOf(r.fwd_cuts, t.mb);
-      peak = std::max(peak, held);
-    } else {
-      held -= bytesOf(r.bwd_cuts, t.mb);
-    }
-  }
-  EXPECT_EQ(held, 0);
-  EXPECT_EQ(got.peak, peak);
+  EXPECT_EQ(got.peak, modelPeak(f, in, 0));
 }
 
 TEST(Sliced, UnderCpEqualsOneRank) {
@@ -236,7 +237,9 @@ TEST(Sliced, UnderCpEqualsOneRank) {
     int split_slices = 0;  // slices whose queries two ranks share
     for (std::size_t i = 0; i < in.slices->segments.size(); ++i)
       split_slices += in.slices->segments[i].q_offset > 0 && in.slice_shards->parts[i].size() > 1;
-    if (st == cp::Strategy::PerSequence || st == cp::Strategy::PerDocument) EXPECT_GT(split_slices, 0);
+    if (st == cp::Strategy::PerSequence || st == cp::Strategy::PerDocument) {
+      EXPECT_GT(split_slices, 0);
+    }
     const Outcome got = f.run(in, MPI_COMM_SELF, true, MPI_COMM_WORLD);
     EXPECT_NEAR(got.loss, one.loss, 1e-5 * std::abs(one.loss));
     EXPECT_NEAR(got.loss, whole.loss, 1e-4 * std::abs(whole.loss));
@@ -245,29 +248,7 @@ TEST(Sliced, UnderCpEqualsOneRank) {
     EXPECT_LE(ew, 1e-4) << "rank " << worldRank();
     EXPECT_TRUE(allOk(e1 <= 1e-5 && ew <= 1e-4));
 
-    const auto& r = *in.slices;
-    const auto& sh = *in.slice_shards;
-    const auto me = static_cast<std::size_t>(worldRank());
-    const auto bytesOf = [&](const std::vector<std::int64_t>& c, int k) {
-      std::int64_t tok = 0, kv = 0;
-      for (auto i = c[static_cast<std::size_t>(k)]; i < c[static_cast<std::size_t>(k) + 1]; ++i) {
-        tok += sh.rows[me][static_cast<std::size_t>(i)];
-        if (r.continued[static_cast<std::size_t>(i)]) kv += r.segments[static_cast<std::size_t>(i)].length;
-      }
-      return kLayers * model::executorLayerActivationBytes(f.cost.dims(), 1, tok, kv, 4, 4 + 4) +
-             model::executorHeadBytes(f.cost.dims(), tok);
-    };
-    std::int64_t held = 0, peak = 0;
-    for (const pp::Task& t : in.schedule->order[0]) {
-      if (t.phase == pp::Phase::Fwd) {
-        held += bytesOf(r.fwd_cuts, t.mb);
-        peak = std::max(peak, held);
-      } else {
-        held -= bytesOf(r.bwd_cuts, t.mb);
-      }
-    }
-    EXPECT_EQ(held, 0);
-    EXPECT_EQ(got.peak, peak) << "rank " << worldRank();
+    EXPECT_EQ(got.peak, modelPeak(f, in, worldRank())) << "rank " << worldRank();
   }
 }
 

@@ -18,9 +18,9 @@
 #include "packing/packer.hpp"
 #include "pp/dag.hpp"
 #include "pp/schedule.hpp"
-#include "pp/slice_shards.hpp"
 #include "pp/simulate_deck.hpp"
 #include "pp/simulator.hpp"
+#include "pp/slice_shards.hpp"
 
 using namespace wlb;
 using namespace wlb::pp;
@@ -285,8 +285,7 @@ TEST(PackFlow, SlicesUnderCpAreShardedPieces) {
     SCOPED_TRACE(st);
     const SliceShards sh = sliceShards(r, st, 2, cost, CpConfig{});
     ASSERT_EQ(sh.parts.size(), 4u);
-    for (std::size_t i = 0; i < 4; ++i)
-      EXPECT_EQ(sh.rows[0][i] + sh.rows[1][i], r.segments[i].length);
+    for (std::size_t i = 0; i < 4; ++i) EXPECT_EQ(sh.rows[0][i] + sh.rows[1][i], r.segments[i].length);
     for (const auto* cuts : {&r.fwd_cuts, &r.bwd_cuts})
       for (int k = 0; k < 2; ++k) {
         std::vector<std::int64_t> counts;
