@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 
 #include "core/error.hpp"
 
@@ -162,13 +163,28 @@ ReplicaSlices replicaSlices(const std::vector<MicroBatch>& fwd, const std::vecto
     throw InputError("plan: 'backward' of a replica must hold " + std::to_string(fwd.size() + 1) +
                      " non-decreasing cut points from 0 to its " + std::to_string(n) +
                      " segments (docs/plan-format.md)");
-  std::map<std::pair<DocId, std::int64_t>, std::int64_t> ends;  // (doc, end offset) -> segment
+  // (doc, end offset) -> segment (the last one when several end there)
+  const auto key = [](DocId doc, std::int64_t end) {
+    return (static_cast<std::uint64_t>(doc) * 0x9E3779B97F4A7C15ull) ^ static_cast<std::uint64_t>(end);
+  };
+  std::unordered_multimap<std::uint64_t, std::int64_t> ends;
+  ends.reserve(r.segments.size());
   for (std::size_t i = 0; i < r.segments.size(); ++i)
-    ends[{r.segments[i].doc, r.segments[i].offset + r.segments[i].length}] = static_cast<std::int64_t>(i);
+    ends.emplace(key(r.segments[i].doc, r.segments[i].offset + r.segments[i].length), static_cast<std::int64_t>(i));
+  const auto find = [&](const Segment& s) -> std::int64_t {
+    std::int64_t best = -1;
+    const auto range = ends.equal_range(key(s.doc, s.offset));
+    for (auto it = range.first; it != range.second; ++it) {
+      const Segment& e = r.segments[static_cast<std::size_t>(it->second)];
+      if (e.doc == s.doc && e.offset + e.length == s.offset) best = std::max(best, it->second);
+    }
+    return best;
+  };
   r.continued.assign(r.segments.size(), 0);
+  r.prev.reserve(r.segments.size());
   for (const auto& s : r.segments) {
-    const auto it = ends.find({s.doc, s.offset});
-    r.prev.push_back(it == ends.end() ? -1 : it->second);
+    const std::int64_t p = find(s);
+    r.prev.push_back(p);
     if (s.q_offset > 0 && r.prev.back() >= 0) r.continued[static_cast<std::size_t>(r.prev.back())] = 1;
   }
   r.bwd_pack.resize(r.segments.size());

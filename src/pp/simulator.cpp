@@ -99,6 +99,15 @@ MicroBatchWork balancedMicroBatchWork(const std::vector<std::int64_t>& doc_lengt
 // ---- SlimPack work (PackFlow) ------------------------------------------------------------
 
 double AttnSecondsMemo::operator()(std::int64_t q0, std::int64_t q, Phase p) {
+  if (q0 == 0 && q >= 0 && q < kDirect) {
+    auto& t = whole_[p == Phase::Bwd ? 1 : 0];
+    if (static_cast<std::int64_t>(t.size()) <= q)
+      t.resize(static_cast<std::size_t>(std::min(kDirect, std::max<std::int64_t>(2 * q, 4096))),
+               std::numeric_limits<double>::quiet_NaN());
+    double& v = t[static_cast<std::size_t>(q)];
+    if (std::isnan(v)) v = cost_->attnSeconds(0, q, p);
+    return v;
+  }
   if (q0 < 0 || q < 0 || q0 >= (std::int64_t{1} << 31) || q >= (std::int64_t{1} << 31))
     return cost_->attnSeconds(q0, q, p);
   if (map_.size() > (1u << 18)) map_.clear();
@@ -118,13 +127,13 @@ bool isSlimPackPlan(const StepPlan& plan) {
   return false;
 }
 
-MicroBatchWork packFlowWork(const ReplicaSlices& r, const SliceShards& sh, int k, const model::CostModel& cost,
+MicroBatchWork packFlowWork(const ReplicaSlices& r, const SliceShards* sh, int k, const model::CostModel& cost,
                             AttnSecondsMemo& attn) {
-  const int cp = sh.cp;
+  const int cp = sh ? sh->cp : 1;
   const auto n = static_cast<std::size_t>(cp);
   const auto ku = static_cast<std::size_t>(k);
   MicroBatchWork w;
-  w.sharding = sh.strategy;
+  w.sharding = sh ? sh->strategy : "whole";
   w.rank_tokens.assign(n, 0);
   w.rank_tokens_bwd.assign(n, 0);
   w.attn_fwd.assign(n, 0.0);
@@ -136,11 +145,15 @@ MicroBatchWork packFlowWork(const ReplicaSlices& r, const SliceShards& sh, int k
       const Segment& s = r.segments[static_cast<std::size_t>(i)];
       (bwd ? tb : w.tokens) += s.length;
       if (r.continued[static_cast<std::size_t>(i)]) (bwd ? cb : cf) += s.length;
-      for (const auto& p : sh.parts[static_cast<std::size_t>(i)]) {
-        const auto c = static_cast<std::size_t>(p.rank);
-        (bwd ? w.rank_tokens_bwd : w.rank_tokens)[c] += p.q_len;
-        (bwd ? w.attn_bwd : w.attn_fwd)[c] += attn(s.q_offset + p.q_offset, p.q_len, bwd ? Phase::Bwd : Phase::Fwd);
+      const auto piece = [&](std::size_t c, std::int64_t q0, std::int64_t q) {
+        (bwd ? w.rank_tokens_bwd : w.rank_tokens)[c] += q;
+        (bwd ? w.attn_bwd : w.attn_fwd)[c] += attn(s.q_offset + q0, q, bwd ? Phase::Bwd : Phase::Fwd);
+      };
+      if (!sh) {
+        piece(0, 0, s.length);
+        continue;
       }
+      for (const auto& p : sh->parts[static_cast<std::size_t>(i)]) piece(static_cast<std::size_t>(p.rank), p.q_offset, p.q_len);
     }
   }
   // Every rank keeps whole accumulators (and, cp > 1, the K/V cache) of continued segments.
@@ -155,7 +168,7 @@ MicroBatchWork packFlowWork(const ReplicaSlices& r, const SliceShards& sh, int k
   return w;
 }
 
-std::vector<MicroBatchWork> packFlowReplicaWork(const ReplicaSlices& r, const SliceShards& sh,
+std::vector<MicroBatchWork> packFlowReplicaWork(const ReplicaSlices& r, const SliceShards* sh,
                                                 const model::CostModel& cost, AttnSecondsMemo& attn) {
   std::vector<MicroBatchWork> out;
   out.reserve(static_cast<std::size_t>(r.microPacks()));
@@ -195,7 +208,12 @@ std::vector<std::vector<MicroBatchWork>> packFlowPlanWork(const StepPlan& plan, 
   for (std::size_t d = 0; d < plan.replicas.size(); ++d) {
     const ReplicaSlices r =
         replicaSlices(plan.replicas[d], plan.backward.empty() ? std::vector<std::int64_t>{} : plan.backward[d]);
-    works[d] = packFlowReplicaWork(r, sliceShards(r, sharding, cp, cost, cfg), cost, attn);
+    if (cp > 1) {
+      const SliceShards sh = sliceShards(r, sharding, cp, cost, cfg);
+      works[d] = packFlowReplicaWork(r, &sh, cost, attn);
+    } else {
+      works[d] = packFlowReplicaWork(r, nullptr, cost, attn);  // every segment whole on its rank
+    }
     flow.push_back(planFlowDeps(plan, d, r));
   }
   for (const auto& m : plan.merged) {
@@ -603,6 +621,9 @@ StepResult StepSimulator::simulate(const std::vector<std::vector<MicroBatchWork>
     const auto& mbs = works[static_cast<std::size_t>(d)];
     const DagResult& r = dags[static_cast<std::size_t>(d)];
     const Schedule& sched = *scheds[static_cast<std::size_t>(d)];
+    std::vector<RankLayerCost> lcs(mbs.size() * static_cast<std::size_t>(C));  // every stage reads them
+    for (std::size_t m = 0; m < mbs.size(); ++m)
+      for (int c = 0; c < C; ++c) lcs[m * static_cast<std::size_t>(C) + static_cast<std::size_t>(c)] = layerCost(mbs[m], c);
     for (int s = 0; s < P; ++s) {
       for (int c = 0; c < C; ++c) {
         double busy = grad[s];
@@ -610,7 +631,7 @@ StepResult StepSimulator::simulate(const std::vector<std::vector<MicroBatchWork>
           const Task& t = r.vertices[v].task;
           const int vs = sched.virtualStage(s, t.chunk);
           const MicroBatchWork& w = mbs[static_cast<std::size_t>(t.mb)];
-          const RankLayerCost lc = layerCost(w, c);
+          const RankLayerCost& lc = lcs[static_cast<std::size_t>(t.mb) * static_cast<std::size_t>(C) + static_cast<std::size_t>(c)];
           const double l = layersOf(vs);
           const bool last = vs == V - 1;
           const auto tok = t.phase == Phase::Bwd && !w.rank_tokens_bwd.empty()

@@ -78,14 +78,18 @@ MicroBatchWork balancedMicroBatchWork(const std::vector<std::int64_t>& doc_lengt
                                       const model::CostModel& cost);
 
 /// attnSeconds of a piece (a tile walk, O(length / tile)), memoised: whole samples and
-/// slices recur across a packer's candidates and a step's MicroPacks. Cleared when large.
+/// slices recur across a packer's candidates and a step's MicroPacks. Whole spans (q0 = 0)
+/// shorter than kDirect sit in a table indexed by length; the rest in a hash map, cleared
+/// when large.
 class AttnSecondsMemo {
  public:
   explicit AttnSecondsMemo(const model::CostModel& c) : cost_(&c) {}
   double operator()(std::int64_t q0, std::int64_t q, Phase p);
+  static constexpr std::int64_t kDirect = std::int64_t{1} << 18;
 
  private:
   const model::CostModel* cost_;
+  std::vector<double> whole_[2];  ///< [phase][q], NaN = not yet computed
   std::unordered_map<std::uint64_t, double> map_;
 };
 
@@ -95,15 +99,15 @@ bool isSlimPackPlan(const StepPlan& plan);
 
 /// Work of unit k of a SlimPack replica: forward MicroPack k's forward and backward
 /// MicroPack k's backward (the asymmetric partition), on the CP ranks of the replica's
-/// layout `sh` (pp::sliceShards, as `wlb run` shards it). Every piece costs as what it is:
+/// layout `sh` (pp::sliceShards, as `wlb run` shards it; null: cp = 1, segments whole). Every piece costs as what it is:
 /// queries [q_offset + p.q_offset, + p.q_len) of its document against the key prefix;
 /// `rank_tokens_bwd` holds the backward MicroPack's rows, the KV tokens those of continued
 /// segments (whole on every rank), the KV bytes the MicroPack's all-gather (forward) and
 /// gather + gradient reduce-scatter (backward).
-MicroBatchWork packFlowWork(const ReplicaSlices& r, const SliceShards& sh, int k, const model::CostModel& cost,
+MicroBatchWork packFlowWork(const ReplicaSlices& r, const SliceShards* sh, int k, const model::CostModel& cost,
                             AttnSecondsMemo& attn);
 /// packFlowWork of every unit of the replica.
-std::vector<MicroBatchWork> packFlowReplicaWork(const ReplicaSlices& r, const SliceShards& sh,
+std::vector<MicroBatchWork> packFlowReplicaWork(const ReplicaSlices& r, const SliceShards* sh,
                                                 const model::CostModel& cost, AttnSecondsMemo& attn);
 
 /// Work of member j (0 = the owner) of a DP-Merge group of g replicas running `mb`

@@ -299,7 +299,7 @@ TEST(PackFlow, SlicesUnderCpAreShardedPieces) {
         for (std::int64_t j = 0; j < total; ++j) ASSERT_EQ(idx[static_cast<std::size_t>(j)], j);
       }
     AttnSecondsMemo memo(cost);
-    const auto w = packFlowReplicaWork(r, sh, cost, memo);
+    const auto w = packFlowReplicaWork(r, &sh, cost, memo);
     double want = 0;
     for (const auto& p : sh.parts[2]) want += cost.attnSeconds(3000 + p.q_offset, p.q_len, Phase::Fwd);
     for (const auto& p : sh.parts[3]) want += cost.attnSeconds(p.q_offset, p.q_len, Phase::Fwd);
@@ -319,7 +319,7 @@ TEST(PackFlow, SliceCostIsTheCostModelsPiece) {
   f[1].segments = {seg(1, 3000, 2000, true)};
   const ReplicaSlices r = replicaSlices(f, {0, 1, 3});
   AttnSecondsMemo memo(cost);
-  const auto w = packFlowReplicaWork(r, sliceShards(r, "per_document", 1, cost, CpConfig{}), cost, memo);
+  const auto w = packFlowReplicaWork(r, nullptr, cost, memo);
   ASSERT_EQ(w.size(), 2u);
   EXPECT_DOUBLE_EQ(w[0].attn_fwd[0], cost.attnSeconds(0, 3000, Phase::Fwd) + cost.attnSeconds(0, 500, Phase::Fwd));
   EXPECT_DOUBLE_EQ(w[1].attn_fwd[0], cost.attnSeconds(3000, 2000, Phase::Fwd));
@@ -392,7 +392,7 @@ TEST(PackFlow, StepSimulatorRunsSlimPackPlans) {
       const ReplicaSlices rs = replicaSlices(plan.replicas[k], plan.backward[k]);
       AttnSecondsMemo memo(cost);
       const PipelineCosts c =
-          sim.pipelineCosts(packFlowReplicaWork(rs, sliceShards(rs, "per_document", 1, cost, CpConfig{}), cost, memo));
+          sim.pipelineCosts(packFlowReplicaWork(rs, nullptr, cost, memo));
       ASSERT_FALSE(c.free_bytes.empty());
       const DagResult g = simulateDag(makePackFlow(2, rs.microPacks(), packFlowDeps(rs)), c);
       for (std::size_t s = 0; s < 2; ++s)
