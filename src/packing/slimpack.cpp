@@ -42,15 +42,19 @@ std::int64_t solveSliceLength(const model::CostModel& cost, std::int64_t q0, dou
 }
 
 ReplicaPacks packReplica(const std::vector<Document>& docs, std::int64_t m, std::int64_t s_max,
-                         const model::CostModel& cost) {
+                         const model::CostModel& cost, const std::vector<double>* fwd_flops) {
   ReplicaPacks out;
   const auto M = static_cast<std::size_t>(m);
   out.packs.resize(M);
-  std::vector<double> f(docs.size());
+  std::vector<double> own;
+  if (!fwd_flops) {
+    own.resize(docs.size());
+    for (std::size_t i = 0; i < docs.size(); ++i) own[i] = sliceFlops(cost, 0, docs[i].length, Phase::Fwd);
+  }
+  const std::vector<double>& f = fwd_flops ? *fwd_flops : own;
   std::int64_t tokens = 0;
   double total = 0;
   for (std::size_t i = 0; i < docs.size(); ++i) {
-    f[i] = sliceFlops(cost, 0, docs[i].length, Phase::Fwd);
     total += f[i];
     tokens += docs[i].length;
   }
@@ -499,6 +503,7 @@ class SlimPackPacker final : public Packer {
       return f[a] != f[b] ? f[a] > f[b] : docs[a].id < docs[b].id;
     });
     std::vector<std::vector<Document>> rep(dp);
+    std::vector<std::vector<double>> rep_f(dp);  // their forward FLOPs, for every candidate count
     std::vector<double> load(dp, 0.0);
     std::vector<std::int64_t> rtok(dp, 0);
     std::vector<Group> groups;
@@ -519,6 +524,7 @@ class SlimPackPacker final : public Packer {
       }
       const auto r = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
       rep[r].push_back(docs[i]);
+      rep_f[r].push_back(f[i]);
       load[r] += f[i];
       rtok[r] += docs[i].length;
     }
@@ -541,7 +547,7 @@ class SlimPackPacker final : public Packer {
       std::vector<slimpack::ReplicaPacks> fwd;
       bool balanced = true;
       for (std::size_t r = 0; r < dp; ++r) {
-        fwd.push_back(slimpack::packReplica(rep[r], m, s_fill, *cost_));
+        fwd.push_back(slimpack::packReplica(rep[r], m, s_fill, *cost_, &rep_f[r]));
         balanced = balanced && fwd.back().balanced;
       }
       if (consider(out, *assemble(step, groups, fwd, Partition::Flops, m, s_fill), "flops", m, balanced) || !memory ||

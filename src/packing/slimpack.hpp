@@ -34,8 +34,10 @@ struct ReplicaPacks {
   bool balanced = true, ok = true;
   double tau = 0;
 };
+/// `fwd_flops`: the documents' whole forward FLOPs (sliceFlops(0, length)) when the caller
+/// has them (the packer's candidate counts share them), else computed here.
 ReplicaPacks packReplica(const std::vector<Document>& docs, std::int64_t m, std::int64_t s_max,
-                         const model::CostModel& cost);
+                         const model::CostModel& cost, const std::vector<double>* fwd_flops = nullptr);
 
 /// Fewer slices (the memory fallback): `m` MicroPacks of at most s_max tokens holding every
 /// sample whole, largest forward FLOPs first into the MicroPack with the least so far that

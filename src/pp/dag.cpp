@@ -65,46 +65,43 @@ DagResult simulateDag(const Schedule& sched, const PipelineCosts& costs, const s
   for (std::size_t k = 0; k < vid.size(); ++k)
     if (vid[k] == kNone) throw std::logic_error("simulateDag: schedule misses a task");
 
-  // Edges in CSR form (successor lists with delays).
-  struct Edge {
-    std::size_t from, to;
-    double delay;
+  // Edges in CSR form (successor lists with delays), generated twice: once to count, once
+  // to fill (no edge list of its own: it was the largest allocation of a simulation).
+  const auto eachEdge = [&](auto&& edge) {
+    for (int s = 0; s < p; ++s)
+      for (std::size_t v = r.stage_offset[s] + 1; v < r.stage_offset[s + 1]; ++v) edge(v - 1, v, 0.0);
+    for (int mb = 0; mb < M; ++mb) {
+      const double d = costs.p2p[static_cast<std::size_t>(mb)];
+      const double db = costs.p2p_bwd.empty() ? d : costs.p2p_bwd[static_cast<std::size_t>(mb)];
+      for (int vs = 0; vs + 1 < V; ++vs) {
+        const bool cross = sched.stageOf(vs) != sched.stageOf(vs + 1);
+        edge(vid[key(vs, mb, Phase::Fwd)], vid[key(vs + 1, mb, Phase::Fwd)], cross ? d : 0.0);
+        edge(vid[key(vs + 1, mb, Phase::Bwd)], vid[key(vs, mb, Phase::Bwd)], cross ? db : 0.0);
+      }
+      if (sched.paired) edge(vid[key(V - 1, mb, Phase::Fwd)], vid[key(V - 1, mb, Phase::Bwd)], 0.0);
+    }
+    for (const auto* list : {&sched.deps, &extra})
+      for (const TaskDep& e : *list) {
+        if (e.from_mb < 0 || e.from_mb >= M || e.to_mb < 0 || e.to_mb >= M)
+          throw std::logic_error("simulateDag: dependency out of range");
+        for (int vs = 0; vs < V; ++vs)
+          edge(vid[key(vs, e.from_mb, e.from_phase)], vid[key(vs, e.to_mb, e.to_phase)], 0.0);
+      }
   };
-  std::vector<Edge> edges;
-  edges.reserve(nv * 2 + (extra.size() + sched.deps.size()) * static_cast<std::size_t>(V));
-  for (int s = 0; s < p; ++s)
-    for (std::size_t v = r.stage_offset[s] + 1; v < r.stage_offset[s + 1]; ++v) edges.push_back({v - 1, v, 0.0});
-  for (int mb = 0; mb < M; ++mb) {
-    const double d = costs.p2p[static_cast<std::size_t>(mb)];
-    const double db = costs.p2p_bwd.empty() ? d : costs.p2p_bwd[static_cast<std::size_t>(mb)];
-    for (int vs = 0; vs + 1 < V; ++vs) {
-      const bool cross = sched.stageOf(vs) != sched.stageOf(vs + 1);
-      edges.push_back({vid[key(vs, mb, Phase::Fwd)], vid[key(vs + 1, mb, Phase::Fwd)], cross ? d : 0.0});
-      edges.push_back({vid[key(vs + 1, mb, Phase::Bwd)], vid[key(vs, mb, Phase::Bwd)], cross ? db : 0.0});
-    }
-    if (sched.paired) edges.push_back({vid[key(V - 1, mb, Phase::Fwd)], vid[key(V - 1, mb, Phase::Bwd)], 0.0});
-  }
-  for (const auto* list : {&sched.deps, &extra})
-    for (const TaskDep& e : *list) {
-      if (e.from_mb < 0 || e.from_mb >= M || e.to_mb < 0 || e.to_mb >= M)
-        throw std::logic_error("simulateDag: dependency out of range");
-      for (int vs = 0; vs < V; ++vs)
-        edges.push_back({vid[key(vs, e.from_mb, e.from_phase)], vid[key(vs, e.to_mb, e.to_phase)], 0.0});
-    }
   std::vector<std::size_t> head(nv + 1, 0), indeg(nv, 0);
-  for (const Edge& e : edges) {
-    ++head[e.from + 1];
-    ++indeg[e.to];
-  }
+  eachEdge([&](std::size_t from, std::size_t to, double) {
+    ++head[from + 1];
+    ++indeg[to];
+  });
   for (std::size_t v = 0; v < nv; ++v) head[v + 1] += head[v];
-  std::vector<std::size_t> succ(edges.size());
-  std::vector<double> delay(edges.size());
+  std::vector<std::size_t> succ(head[nv]);
+  std::vector<double> delay(head[nv]);
   {
     std::vector<std::size_t> fill(head.begin(), head.end() - 1);
-    for (const Edge& e : edges) {
-      succ[fill[e.from]] = e.to;
-      delay[fill[e.from]++] = e.delay;
-    }
+    eachEdge([&](std::size_t from, std::size_t to, double dl) {
+      succ[fill[from]] = to;
+      delay[fill[from]++] = dl;
+    });
   }
 
   // Kahn sweep: start = max(pred finish + delay).
