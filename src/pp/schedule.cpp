@@ -232,8 +232,7 @@ PackFlowDeps packFlowDeps(const ReplicaSlices& r) {
 PackFlowDeps planFlowDeps(const StepPlan& plan, std::size_t d, const ReplicaSlices& r) {
   PackFlowDeps deps = packFlowDeps(r);
   for (const auto& m : plan.merged)
-    if (m.member(static_cast<std::int64_t>(d)) >= 0 &&
-        m.slot < static_cast<std::int64_t>(deps.needs.size()))
+    if (m.member(static_cast<std::int64_t>(d)) >= 0 && m.slot < static_cast<std::int64_t>(deps.needs.size()))
       deps.needs[static_cast<std::size_t>(m.slot)] = static_cast<int>(m.slot);
   return deps;
 }

@@ -153,7 +153,8 @@ MicroBatchWork packFlowWork(const ReplicaSlices& r, const SliceShards* sh, int k
         piece(0, 0, s.length);
         continue;
       }
-      for (const auto& p : sh->parts[static_cast<std::size_t>(i)]) piece(static_cast<std::size_t>(p.rank), p.q_offset, p.q_len);
+      for (const auto& p : sh->parts[static_cast<std::size_t>(i)])
+        piece(static_cast<std::size_t>(p.rank), p.q_offset, p.q_len);
     }
   }
   // Every rank keeps whole accumulators (and, cp > 1, the K/V cache) of continued segments.
@@ -623,7 +624,8 @@ StepResult StepSimulator::simulate(const std::vector<std::vector<MicroBatchWork>
     const Schedule& sched = *scheds[static_cast<std::size_t>(d)];
     std::vector<RankLayerCost> lcs(mbs.size() * static_cast<std::size_t>(C));  // every stage reads them
     for (std::size_t m = 0; m < mbs.size(); ++m)
-      for (int c = 0; c < C; ++c) lcs[m * static_cast<std::size_t>(C) + static_cast<std::size_t>(c)] = layerCost(mbs[m], c);
+      for (int c = 0; c < C; ++c)
+        lcs[m * static_cast<std::size_t>(C) + static_cast<std::size_t>(c)] = layerCost(mbs[m], c);
     for (int s = 0; s < P; ++s) {
       for (int c = 0; c < C; ++c) {
         double busy = grad[s];
@@ -631,7 +633,8 @@ StepResult StepSimulator::simulate(const std::vector<std::vector<MicroBatchWork>
           const Task& t = r.vertices[v].task;
           const int vs = sched.virtualStage(s, t.chunk);
           const MicroBatchWork& w = mbs[static_cast<std::size_t>(t.mb)];
-          const RankLayerCost& lc = lcs[static_cast<std::size_t>(t.mb) * static_cast<std::size_t>(C) + static_cast<std::size_t>(c)];
+          const RankLayerCost& lc =
+              lcs[static_cast<std::size_t>(t.mb) * static_cast<std::size_t>(C) + static_cast<std::size_t>(c)];
           const double l = layersOf(vs);
           const bool last = vs == V - 1;
           const auto tok = t.phase == Phase::Bwd && !w.rank_tokens_bwd.empty()

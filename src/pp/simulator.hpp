@@ -99,11 +99,10 @@ bool isSlimPackPlan(const StepPlan& plan);
 
 /// Work of unit k of a SlimPack replica: forward MicroPack k's forward and backward
 /// MicroPack k's backward (the asymmetric partition), on the CP ranks of the replica's
-/// layout `sh` (pp::sliceShards, as `wlb run` shards it; null: cp = 1, segments whole). Every piece costs as what it is:
-/// queries [q_offset + p.q_offset, + p.q_len) of its document against the key prefix;
-/// `rank_tokens_bwd` holds the backward MicroPack's rows, the KV tokens those of continued
-/// segments (whole on every rank), the KV bytes the MicroPack's all-gather (forward) and
-/// gather + gradient reduce-scatter (backward).
+/// layout `sh` (pp::sliceShards, as `wlb run` shards it; null: cp = 1, segments whole). Every piece costs as what it
+/// is: queries [q_offset + p.q_offset, + p.q_len) of its document against the key prefix; `rank_tokens_bwd` holds the
+/// backward MicroPack's rows, the KV tokens those of continued segments (whole on every rank), the KV bytes the
+/// MicroPack's all-gather (forward) and gather + gradient reduce-scatter (backward).
 MicroBatchWork packFlowWork(const ReplicaSlices& r, const SliceShards* sh, int k, const model::CostModel& cost,
                             AttnSecondsMemo& attn);
 /// packFlowWork of every unit of the replica.

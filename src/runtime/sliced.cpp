@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -284,8 +285,6 @@ void SlicedStage::packedKv(const Unit& u, const Act3T<T>& k, const Act3T<T>& v, 
   const LayerShape sh = LayerShape::of(model_->config());
   const std::int64_t width = static_cast<std::int64_t>(sh.kv_heads) * sh.head_dim, ww = rw::wordCount<T>(width);
   const GatherMap& g = gatherMap(u);
-  trace::PhaseScope r(env_.recorder, trace::labels::kKvAllgather, space, u.bwd ? trace::Phase::Bwd : trace::Phase::Fwd,
-                      0, 2.0 * sizeof(T) * static_cast<double>((u.total - u.rows) * width));
   const auto counts = rw::scaled(g.counts, ww), displs = rw::scaled(g.displs, ww);
   pk = newAct3T<T>(env_.pool, "wlb::runtime::sliced::packed_k", u.total, sh.kv_heads, sh.head_dim);
   pv = newAct3T<T>(env_.pool, "wlb::runtime::sliced::packed_v", u.total, sh.kv_heads, sh.head_dim);
@@ -307,8 +306,6 @@ Act3 SlicedStage::ownKvGrad(const Unit& u, const Act3& dpacked) {
   const LayerShape sh = LayerShape::of(model_->config());
   const std::int64_t width = static_cast<std::int64_t>(sh.kv_heads) * sh.head_dim;
   const GatherMap& g = gatherMap(u);
-  trace::PhaseScope r(env_.recorder, trace::labels::kKvAllgather, space, trace::Phase::Bwd, 0,
-                      4.0 * static_cast<double>(u.rows * width) * (cp_ - 1));
   // Each packed row is one gathered row: a plain scatter, then the sum over the group.
   Act3 gathered = newAct3(env_.pool, "wlb::runtime::sliced::gathered_dkv", u.total, sh.kv_heads, sh.head_dim);
   Act3 own = newAct3(env_.pool, "wlb::runtime::sliced::dkv", u.rows, sh.kv_heads, sh.head_dim);
@@ -333,11 +330,14 @@ Mat SlicedStage::forwardT(int k, int l, const Mat& x, const IVec& pos) {
   a.x = x;
   qkvForward(env_, sh, w, a, pos);
   // Attention of each piece over its segment's chain and own keys.
-  Act3T<T> pk, pv;
-  packedKv<T>(u, a.k, a.v, pk, pv);
+  Act3T<T> pk, pv, kbuf, vbuf;
   const Keys keys = keyLayout(u);
-  Act3T<T> kbuf = pk, vbuf = pv;
-  if (!keys.own) buildKv<T>(u, l, keys, pk, pv, kbuf, vbuf);
+  {
+    trace::PhaseScope r(kvRecorder(), trace::labels::kKvAllgather, space, trace::Phase::Fwd, 0, gatherBytes<T>(u));
+    packedKv<T>(u, a.k, a.v, pk, pv);
+    kbuf = pk, vbuf = pv;
+    if (!keys.own) buildKv<T>(u, l, keys, pk, pv, kbuf, vbuf);
+  }
   a.o = newAct3T<T>(env_.pool, "wlb::runtime::o", n, sh.heads, sh.head_dim);
   a.lse = newMat(env_.pool, "wlb::runtime::lse", n, sh.heads);
   {
@@ -411,12 +411,15 @@ Mat SlicedStage::backwardT(int j, int l, const Mat& dy, const IVec& pos) {
   Mat dh;
   const Act3T<T> d_o = outMlpBackward(env_, w, g, A, dy, dh);
   // Attention backward into a key-gradient buffer of the forward's layout.
-  Act3T<T> pk, pv;
-  packedKv<T>(u, A.k, A.v, pk, pv);
+  Act3T<T> kbuf, vbuf;
   const Keys keys = keyLayout(u);
-  Act3T<T> kbuf = pk, vbuf = pv;
-  if (!keys.own) buildKv<T>(u, l, keys, pk, pv, kbuf, vbuf);
-  pk = pv = Act3T<T>();
+  {
+    trace::PhaseScope r(kvRecorder(), trace::labels::kKvAllgather, space, trace::Phase::Bwd, 0, gatherBytes<T>(u));
+    Act3T<T> pk, pv;
+    packedKv<T>(u, A.k, A.v, pk, pv);
+    kbuf = pk, vbuf = pv;
+    if (!keys.own) buildKv<T>(u, l, keys, pk, pv, kbuf, vbuf);
+  }
   Act3 dq = newAct3(env_.pool, "wlb::runtime::dq", n, sh.heads, sh.head_dim, true);
   Act3 dkb = newAct3(env_.pool, "wlb::runtime::sliced::dkv_k", keys.rows, sh.kv_heads, sh.head_dim, true);
   Act3 dvb = newAct3(env_.pool, "wlb::runtime::sliced::dkv_v", keys.rows, sh.kv_heads, sh.head_dim, true);
@@ -435,6 +438,9 @@ Mat SlicedStage::backwardT(int j, int l, const Mat& dy, const IVec& pos) {
   // The key gradient of the unit's packed rows: each block's chain rows go to the chain's
   // accumulators, its own rows to the segment; then each segment's accumulator (what its
   // later slices sent back, all added by now) joins its rows.
+  std::optional<trace::PhaseScope> kv_scope;
+  kv_scope.emplace(kvRecorder(), trace::labels::kKvAllgather, space, trace::Phase::Bwd, 0,
+                   4.0 * static_cast<double>(n * sh.kv_heads * sh.head_dim) * 2 * (cp_ - 1));
   Act3 dpk = dkb, dpv = dvb;
   if (!keys.own) {
     dpk = newAct3(env_.pool, "wlb::runtime::sliced::dpacked_k", u.total, sh.kv_heads, sh.head_dim, true);
@@ -464,6 +470,7 @@ Mat SlicedStage::backwardT(int j, int l, const Mat& dy, const IVec& pos) {
   }
   const Act3 dk = ownKvGrad(u, dpk), dv = ownKvGrad(u, dpv);
   dpk = dpv = Act3();
+  kv_scope.reset();
   Mat dx = qkvBackward(env_, w, g, A, dq, dk, dv, dh, pos);
   kk::fence(space, "wlb::runtime::sliced::bwd");
   // Free the MicroPack's slices.
