@@ -144,6 +144,12 @@ cp2=("${small[@]}" --set mesh.cp=2 --set mesh.pp=2 --set 'run.strategies=["slimp
 mpiexec -n 4 "$WLB" run "$SRC/inputs/run_cp2.toml" "${cp2[@]}" --steps 2 --warmup 0 --set "output.dir=\"$T/cp\"" \
   --gradients "$T/g4" > "$T/cp.txt" 2>&1 || { cat "$T/cp.txt"; fail "slimpack with cp=2 pp=2"; }
 /usr/bin/python3 "$SRC/bench/compare_runs.py" "$T/g1" "$T/g4" --tol 1e-5 > "$T/cmp.txt" || { cat "$T/cmp.txt"; fail "cp=2 pp=2 vs one rank"; }
+# bf16: K/V gathered as BF16 word pairs, gradients reduced in FP32: within 1e-3 of one rank's bf16
+"$WLB" run "$SRC/inputs/run_cp2.toml" "${cp2[@]}" --set mesh.cp=1 --set mesh.pp=1 --set run.precision='"bf16"' --steps 2 \
+  --warmup 0 --quiet --no-output --gradients "$T/b1" > "$T/b1.txt" 2>&1 || { cat "$T/b1.txt"; fail "bf16 slimpack one rank"; }
+mpiexec -n 4 "$WLB" run "$SRC/inputs/run_cp2.toml" "${cp2[@]}" --set run.precision='"bf16"' --steps 2 --warmup 0 --quiet \
+  --no-output --gradients "$T/b4" > "$T/b4.txt" 2>&1 || { cat "$T/b4.txt"; fail "bf16 slimpack cp=2 pp=2"; }
+/usr/bin/python3 "$SRC/bench/compare_runs.py" "$T/b1" "$T/b4" --tol 1e-3 > "$T/cmp.txt" || { cat "$T/cmp.txt"; fail "bf16 cp=2 pp=2 vs one rank"; }
 "$WLB" simulate "$SRC/inputs/run_cp2.toml" "${cp2[@]}" --steps 2 --warmup 0 --as-run --out "$T/cpsim" > "$T/cpsim.txt" 2>&1 \
   || { cat "$T/cpsim.txt"; fail "simulate slimpack cp=2"; }
 /usr/bin/python3 - "$T/cp/summary.json" "$T/cpsim/simulate.json" "$T/cp/plan.jsonl" <<'PY' || fail "slimpack cp=2 run"
