@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 
+#include "core/heap.hpp"
 #include "data/length_source.hpp"
 #include "model/cost_model.hpp"
 #include "packing/packer.hpp"
@@ -97,4 +98,11 @@ BENCHMARK_CAPTURE(BM_Pack, fixed_optimal, std::string("fixed_optimal"))
     ->Args({4096, 16, 1})->Args({16384, 16, 1})->Args({65536, 16, 1})
     ->Iterations(8)->Unit(benchmark::kMillisecond);
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  wlb::keepFreedHeap();  // as `wlb` plans (core/heap.hpp)
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

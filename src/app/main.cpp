@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "app/command.hpp"
+#include "core/heap.hpp"
 #include "core/error.hpp"
 #include "core/version_info.hpp"
 
@@ -57,6 +58,7 @@ int worldSize() {
 }  // namespace wlb::app
 
 int main(int argc, char** argv) {
+  wlb::keepFreedHeap();  // large buffers stay with the process (core/heap.hpp)
   // THREAD_MULTIPLE where the library has it: the pipeline executor drives transfers from a
   // progress thread (runtime/pipeline.cpp); with less it polls between layers instead.
   int provided = 0;

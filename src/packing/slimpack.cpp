@@ -404,10 +404,11 @@ class SlimPackPacker final : public Packer {
   };
 
   /// Every replica's MicroPacks with the merged slots first and the backward cut points of
-  /// `part`; nothing when no backward partition meets the limits.
+  /// `part`; nothing when no backward partition meets the limits. `take`: the MicroPacks are
+  /// moved out of `fwd` (no other partition of them follows).
   std::optional<StepPlan> assemble(std::int64_t step, const std::vector<Group>& groups,
-                                   const std::vector<slimpack::ReplicaPacks>& fwd, Partition part, std::int64_t m,
-                                   std::int64_t s_fill) const {
+                                   std::vector<slimpack::ReplicaPacks>& fwd, Partition part, std::int64_t m,
+                                   std::int64_t s_fill, bool take = false) const {
     StepPlan plan;
     plan.step = step;
     for (std::size_t u = 0; u < groups.size(); ++u)
@@ -446,7 +447,11 @@ class SlimPackPacker final : public Packer {
       }
       const std::int64_t lead = all_cuts.back();
       for (std::size_t k = 1; k < cuts.size(); ++k) all_cuts.push_back(lead + cuts[k]);
-      packs.insert(packs.end(), rp.begin(), rp.end());
+      if (take)
+        packs.insert(packs.end(), std::make_move_iterator(fwd[r].packs.begin()),
+                     std::make_move_iterator(fwd[r].packs.end()));
+      else
+        packs.insert(packs.end(), rp.begin(), rp.end());
       plan.replicas.push_back(std::move(packs));
       plan.backward.push_back(std::move(all_cuts));
     }
@@ -457,8 +462,8 @@ class SlimPackPacker final : public Packer {
   /// memory, or the fastest when none fits. Returns whether it fits.
   bool consider(Outcome& out, StepPlan&& plan, const char* partition, std::int64_t m, bool balanced) {
     std::vector<pp::PackFlowDeps> flow;
-    const auto works = pp::packFlowPlanWork(plan, "per_document", sim_.config().cp, *cost_, CpConfig{}, attn_, flow);
-    const auto res = sim_.simulate(works, nullptr, 0, 0, &flow);
+    pp::packFlowPlanWork(plan, "per_document", sim_.config().cp, *cost_, CpConfig{}, attn_, flow, works_);
+    const auto res = sim_.simulate(works_, nullptr, 0, 0, &flow);
     out.cands.push_back({{"micropacks", m},
                          {"partition", partition},
                          {"step_seconds", res.step_seconds},
@@ -550,8 +555,9 @@ class SlimPackPacker final : public Packer {
         fwd.push_back(slimpack::packReplica(rep[r], m, s_fill, *cost_, &rep_f[r]));
         balanced = balanced && fwd.back().balanced;
       }
-      if (consider(out, *assemble(step, groups, fwd, Partition::Flops, m, s_fill), "flops", m, balanced) || !memory ||
-          out.hopeless)
+      const bool remedies = memory && !out.hopeless;  // a second partition of these MicroPacks may follow
+      if (consider(out, *assemble(step, groups, fwd, Partition::Flops, m, s_fill, !remedies), "flops", m, balanced) ||
+          !memory || out.hopeless)
         continue;
       if (auto plan = assemble(step, groups, fwd, Partition::SampleEnds, m, s_fill))
         consider(out, std::move(*plan), "sample_ends", m, balanced);
@@ -567,13 +573,15 @@ class SlimPackPacker final : public Packer {
           whole.push_back(slimpack::packReplicaWhole(rep[r], m, s_fill, *cost_));
           ok = whole.back().ok;
         }
-        if (ok) consider(out, *assemble(step, groups, whole, Partition::Whole, m, s_fill), "whole_samples", m, false);
+        if (ok)
+          consider(out, *assemble(step, groups, whole, Partition::Whole, m, s_fill, true), "whole_samples", m, false);
       }
     return out;
   }
 
   pp::StepSimulator sim_;
   pp::AttnSecondsMemo attn_;
+  std::vector<std::vector<pp::MicroBatchWork>> works_;  ///< the candidates' unit work, reused
   nlohmann::json info_;
   std::vector<Segment> carry_;  ///< whole samples held back to the next step
 };

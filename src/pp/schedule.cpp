@@ -1,13 +1,13 @@
 #include "pp/schedule.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <queue>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <tuple>
-#include <unordered_map>
 
 #include "core/error.hpp"
 
@@ -163,22 +163,19 @@ ReplicaSlices replicaSlices(const std::vector<MicroBatch>& fwd, const std::vecto
     throw InputError("plan: 'backward' of a replica must hold " + std::to_string(fwd.size() + 1) +
                      " non-decreasing cut points from 0 to its " + std::to_string(n) +
                      " segments (docs/plan-format.md)");
-  // (doc, end offset) -> segment (the last one when several end there)
-  const auto key = [](DocId doc, std::int64_t end) {
-    return (static_cast<std::uint64_t>(doc) * 0x9E3779B97F4A7C15ull) ^ static_cast<std::uint64_t>(end);
-  };
-  std::unordered_multimap<std::uint64_t, std::int64_t> ends;
+  // (doc, end offset, segment), sorted: a segment's predecessor is the last segment of its
+  // document that ends where it starts.
+  std::vector<std::tuple<DocId, std::int64_t, std::int64_t>> ends;
   ends.reserve(r.segments.size());
   for (std::size_t i = 0; i < r.segments.size(); ++i)
-    ends.emplace(key(r.segments[i].doc, r.segments[i].offset + r.segments[i].length), static_cast<std::int64_t>(i));
+    ends.emplace_back(r.segments[i].doc, r.segments[i].offset + r.segments[i].length, static_cast<std::int64_t>(i));
+  std::sort(ends.begin(), ends.end());
   const auto find = [&](const Segment& s) -> std::int64_t {
-    std::int64_t best = -1;
-    const auto range = ends.equal_range(key(s.doc, s.offset));
-    for (auto it = range.first; it != range.second; ++it) {
-      const Segment& e = r.segments[static_cast<std::size_t>(it->second)];
-      if (e.doc == s.doc && e.offset + e.length == s.offset) best = std::max(best, it->second);
-    }
-    return best;
+    const auto next = std::make_tuple(s.doc, s.offset, std::numeric_limits<std::int64_t>::max());
+    const auto it = std::upper_bound(ends.begin(), ends.end(), next);
+    if (it == ends.begin()) return -1;
+    const auto& [doc, end, i] = *std::prev(it);
+    return doc == s.doc && end == s.offset ? i : -1;
   };
   r.continued.assign(r.segments.size(), 0);
   r.prev.reserve(r.segments.size());

@@ -127,12 +127,12 @@ bool isSlimPackPlan(const StepPlan& plan) {
   return false;
 }
 
-MicroBatchWork packFlowWork(const ReplicaSlices& r, const SliceShards* sh, int k, const model::CostModel& cost,
-                            AttnSecondsMemo& attn) {
+void packFlowWork(const ReplicaSlices& r, const SliceShards* sh, int k, const model::CostModel& cost,
+                  AttnSecondsMemo& attn, MicroBatchWork& w) {
   const int cp = sh ? sh->cp : 1;
   const auto n = static_cast<std::size_t>(cp);
   const auto ku = static_cast<std::size_t>(k);
-  MicroBatchWork w;
+  w.tokens = 0;
   w.sharding = sh ? sh->strategy : "whole";
   w.rank_tokens.assign(n, 0);
   w.rank_tokens_bwd.assign(n, 0);
@@ -166,14 +166,25 @@ MicroBatchWork packFlowWork(const ReplicaSlices& r, const SliceShards* sh, int k
   w.kv_fwd_bytes.assign(n, cost.kvBytes(w.tokens) * share);
   w.kv_bwd_bytes.assign(n, 2.0 * cost.kvBytes(tb) * share);
   w.kv_peers.assign(n, cp - 1);
+}
+
+MicroBatchWork packFlowWork(const ReplicaSlices& r, const SliceShards* sh, int k, const model::CostModel& cost,
+                            AttnSecondsMemo& attn) {
+  MicroBatchWork w;
+  packFlowWork(r, sh, k, cost, attn, w);
   return w;
+}
+
+void packFlowReplicaWork(const ReplicaSlices& r, const SliceShards* sh, const model::CostModel& cost,
+                         AttnSecondsMemo& attn, std::vector<MicroBatchWork>& out) {
+  out.resize(static_cast<std::size_t>(r.microPacks()));
+  for (int k = 0; k < r.microPacks(); ++k) packFlowWork(r, sh, k, cost, attn, out[static_cast<std::size_t>(k)]);
 }
 
 std::vector<MicroBatchWork> packFlowReplicaWork(const ReplicaSlices& r, const SliceShards* sh,
                                                 const model::CostModel& cost, AttnSecondsMemo& attn) {
   std::vector<MicroBatchWork> out;
-  out.reserve(static_cast<std::size_t>(r.microPacks()));
-  for (int k = 0; k < r.microPacks(); ++k) out.push_back(packFlowWork(r, sh, k, cost, attn));
+  packFlowReplicaWork(r, sh, cost, attn, out);
   return out;
 }
 
@@ -201,19 +212,27 @@ MicroBatchWork mergedShareWork(const MicroBatch& mb, int g, int j, int cp, const
 std::vector<std::vector<MicroBatchWork>> packFlowPlanWork(const StepPlan& plan, const std::string& sharding, int cp,
                                                           const model::CostModel& cost, const CpConfig& cfg,
                                                           AttnSecondsMemo& attn, std::vector<PackFlowDeps>& flow) {
+  std::vector<std::vector<MicroBatchWork>> works;
+  packFlowPlanWork(plan, sharding, cp, cost, cfg, attn, flow, works);
+  return works;
+}
+
+void packFlowPlanWork(const StepPlan& plan, const std::string& sharding, int cp, const model::CostModel& cost,
+                      const CpConfig& cfg, AttnSecondsMemo& attn, std::vector<PackFlowDeps>& flow,
+                      std::vector<std::vector<MicroBatchWork>>& works) {
   if (!plan.backward.empty() && plan.backward.size() != plan.replicas.size())
     throw InputError("plan: 'backward' holds " + std::to_string(plan.backward.size()) + " replicas, the step " +
                      std::to_string(plan.replicas.size()));
-  std::vector<std::vector<MicroBatchWork>> works(plan.replicas.size());
+  works.resize(plan.replicas.size());
   flow.clear();
   for (std::size_t d = 0; d < plan.replicas.size(); ++d) {
     const ReplicaSlices r =
         replicaSlices(plan.replicas[d], plan.backward.empty() ? std::vector<std::int64_t>{} : plan.backward[d]);
     if (cp > 1) {
       const SliceShards sh = sliceShards(r, sharding, cp, cost, cfg);
-      works[d] = packFlowReplicaWork(r, &sh, cost, attn);
+      packFlowReplicaWork(r, &sh, cost, attn, works[d]);
     } else {
-      works[d] = packFlowReplicaWork(r, nullptr, cost, attn);  // every segment whole on its rank
+      packFlowReplicaWork(r, nullptr, cost, attn, works[d]);  // every segment whole on its rank
     }
     flow.push_back(planFlowDeps(plan, d, r));
   }
@@ -224,7 +243,6 @@ std::vector<std::vector<MicroBatchWork>> packFlowPlanWork(const StepPlan& plan, 
       works[static_cast<std::size_t>(m.group[static_cast<std::size_t>(j)])][static_cast<std::size_t>(m.slot)] =
           mergedShareWork(mb, g, j, cp, sharding, cost, cfg);
   }
-  return works;
 }
 
 // ---- Network ---------------------------------------------------------------------------

@@ -105,9 +105,14 @@ bool isSlimPackPlan(const StepPlan& plan);
 /// MicroPack's all-gather (forward) and gather + gradient reduce-scatter (backward).
 MicroBatchWork packFlowWork(const ReplicaSlices& r, const SliceShards* sh, int k, const model::CostModel& cost,
                             AttnSecondsMemo& attn);
-/// packFlowWork of every unit of the replica.
+/// The same into `w`, whose vectors keep their capacity (a packer's candidates reuse them).
+void packFlowWork(const ReplicaSlices& r, const SliceShards* sh, int k, const model::CostModel& cost,
+                  AttnSecondsMemo& attn, MicroBatchWork& w);
+/// packFlowWork of every unit of the replica (into `out`: its elements reused).
 std::vector<MicroBatchWork> packFlowReplicaWork(const ReplicaSlices& r, const SliceShards* sh,
                                                 const model::CostModel& cost, AttnSecondsMemo& attn);
+void packFlowReplicaWork(const ReplicaSlices& r, const SliceShards* sh, const model::CostModel& cost,
+                         AttnSecondsMemo& attn, std::vector<MicroBatchWork>& out);
 
 /// Work of member j (0 = the owner) of a DP-Merge group of g replicas running `mb`
 /// together: the CP planners shard it over g * cp ranks (`sharding`, as `wlb run` plans
@@ -122,6 +127,10 @@ MicroBatchWork mergedShareWork(const MicroBatch& mb, int g, int j, int cp, const
 std::vector<std::vector<MicroBatchWork>> packFlowPlanWork(const StepPlan& plan, const std::string& sharding, int cp,
                                                           const model::CostModel& cost, const CpConfig& cfg,
                                                           AttnSecondsMemo& attn, std::vector<PackFlowDeps>& flow);
+/// The same into `works` (its elements reused: no allocation once the shapes repeat).
+void packFlowPlanWork(const StepPlan& plan, const std::string& sharding, int cp, const model::CostModel& cost,
+                      const CpConfig& cfg, AttnSecondsMemo& attn, std::vector<PackFlowDeps>& flow,
+                      std::vector<std::vector<MicroBatchWork>>& works);
 
 /// Link bandwidths (bytes/s) and latency (s) per mesh axis after topology resolution.
 struct Network {
