@@ -26,25 +26,13 @@ Act3T<T> rowsOf(const Act3T<T>& a, std::int64_t r0, std::int64_t r1) {
   return Kokkos::subview(a, std::make_pair(r0, r1), Kokkos::ALL, Kokkos::ALL);
 }
 
-// dst (+)= src over rows of the same shape (contiguous LayoutRight row ranges); sums are
-// FP32 (gradients), BF16 rows are only copied.
+// dst (+)= src over rows of the same shape (contiguous LayoutRight row ranges) as one row
+// of the row-move kernel; sums are FP32 (gradients), BF16 rows are only copied.
 template <class T>
 void copyRows(const Space& space, const Act3T<T>& dst, const Act3T<T>& src, bool add) {
   if (dst.size() != src.size()) throw std::logic_error("SlicedStage: row copy of different sizes");
-  T* d = dst.data();
-  const T* s = src.data();
-  Kokkos::parallel_for(
-      add ? "wlb::runtime::sliced::add_rows" : "wlb::runtime::sliced::copy_rows",
-      Kokkos::RangePolicy<Space>(space, 0, static_cast<std::int64_t>(dst.size())), KOKKOS_LAMBDA(const std::int64_t e) {
-        if constexpr (std::is_same_v<T, float>) {
-          if (add)
-            d[e] += s[e];
-          else
-            d[e] = s[e];
-        } else {
-          d[e] = s[e];
-        }
-      });
+  const cp::rows::IdxView identity;
+  cp::rows::moveRows(space, dst.data(), identity, src.data(), identity, 1, static_cast<std::int64_t>(dst.size()), add);
 }
 
 }  // namespace
