@@ -136,6 +136,14 @@ for name in ("plain", "slimpack"):
     for a, b in zip(m, p):
         assert abs(b - a) <= 0.03 * a, (name, m, p)
 PY
+# DP-Merge under CP: dp = 2 x cp = 2 (4 ranks) shards a merged sample over both replicas'
+# CP ranks; the same gradients as dp = 2 x cp = 1 within 1e-5.
+mm=("${merge[@]}" --set 'run.strategies=["slimpack"]' --set run.comm_backend='"mpi"' --quiet --no-output)
+mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${mm[@]}" --gradients "$T/m2" > "$T/m2.txt" 2>&1 \
+  || { cat "$T/m2.txt"; fail "DP-Merge dp=2"; }
+mpiexec -n 4 "$WLB" run "$SRC/inputs/run_cp2.toml" "${mm[@]}" --set mesh.cp=2 --gradients "$T/m4" > "$T/m4.txt" 2>&1 \
+  || { cat "$T/m4.txt"; fail "DP-Merge dp=2 cp=2"; }
+/usr/bin/python3 "$SRC/bench/compare_runs.py" "$T/m2" "$T/m4" --tol 1e-5 > "$T/cmp.txt" || { cat "$T/cmp.txt"; fail "DP-Merge cp=2 vs cp=1"; }
 # 6. Slices under CP (runtime/sliced.hpp): cp = 2 x pp = 2 (4 ranks) gives one rank's
 # gradients and losses within 1e-5, and its measured peaks are the --as-run prediction.
 cp2=("${small[@]}" --set mesh.cp=2 --set mesh.pp=2 --set 'run.strategies=["slimpack"]' --set run.comm_backend='"mpi"')
