@@ -36,12 +36,14 @@ void moveRows(const Space& space, E* dst, const IdxView& dmap, const E* src, con
       "wlb::cp::move_rows", Kokkos::RangePolicy<Space>(space, 0, n * width), KOKKOS_LAMBDA(const std::int64_t e) {
         const std::int64_t i = e / width, c = e % width;
         const std::int64_t d = (hd ? dmap(i) : i) * width + c, s = (hs ? smap(i) : i) * width + c;
+        const bool sum = add;  // captured outside the constexpr-if (nvcc's extended lambdas)
         if constexpr (std::is_same_v<E, float>) {
-          if (add)
+          if (sum)
             dst[d] += src[s];
           else
             dst[d] = src[s];
         } else {
+          (void)sum;
           dst[d] = src[s];
         }
       });
