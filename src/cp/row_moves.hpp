@@ -25,8 +25,23 @@ inline IdxView upload(const std::vector<std::int64_t>& v, const char* label = "w
   return d;
 }
 
+/// d = s, or d += s with `add`; BF16 elements are only moved (sums are FP32: gradients).
+template <class E>
+KOKKOS_INLINE_FUNCTION void moveElement(E& d, const E& s, bool add) {
+  if constexpr (std::is_same_v<E, float>) {
+    if (add)
+      d += s;
+    else
+      d = s;
+  } else {
+    (void)add;
+    d = s;
+  }
+}
+
 /// dst row dmap[i] (or i) = / += src row smap[i] (or i), for i < n; an empty map is the
-/// identity. BF16 rows are only moved (sums are FP32: gradients).
+/// identity. (The constexpr-if lives in moveElement: nvcc's extended lambdas may not first
+/// capture a variable inside one.)
 template <class E>
 void moveRows(const Space& space, E* dst, const IdxView& dmap, const E* src, const IdxView& smap, std::int64_t n,
               std::int64_t width, bool add) {
@@ -36,16 +51,7 @@ void moveRows(const Space& space, E* dst, const IdxView& dmap, const E* src, con
       "wlb::cp::move_rows", Kokkos::RangePolicy<Space>(space, 0, n * width), KOKKOS_LAMBDA(const std::int64_t e) {
         const std::int64_t i = e / width, c = e % width;
         const std::int64_t d = (hd ? dmap(i) : i) * width + c, s = (hs ? smap(i) : i) * width + c;
-        const bool sum = add;  // captured outside the constexpr-if (nvcc's extended lambdas)
-        if constexpr (std::is_same_v<E, float>) {
-          if (sum)
-            dst[d] += src[s];
-          else
-            dst[d] = src[s];
-        } else {
-          (void)sum;
-          dst[d] = src[s];
-        }
+        moveElement(dst[d], src[s], add);
       });
 }
 
