@@ -175,7 +175,7 @@ class Object : public Handle {
   /// 1-D numeric attribute.
   template <class T>
   void setAttribute(const std::string& attr, const std::vector<T>& values) {
-    setAttributeRaw(attr, nativeType<T>(), values.data(), {values.size()});
+    setAttributeRaw(attr, nativeType<T>(), values.data(), {static_cast<hsize_t>(values.size())});
   }
 
   /// Read a string attribute (fixed or variable length). InputError if missing/not string.
