@@ -66,32 +66,24 @@ MicroBatchWork planMicroBatchWork(const MicroBatch& mb, const std::string& shard
   return microBatchWork(mb, plans.front(), sharding, cp, cost);
 }
 
-MicroBatchWork evenMicroBatchWork(std::int64_t tokens, double attn_fwd, double attn_bwd, int cp,
-                                  const model::CostModel& cost) {
-  MicroBatchWork w;
-  const auto n = static_cast<std::size_t>(cp);
-  w.tokens = tokens;
-  for (std::size_t r = 0; r < n; ++r) w.rank_tokens.push_back(evenShare(tokens, cp, r));
-  w.attn_fwd.assign(n, attn_fwd / cp);
-  w.attn_bwd.assign(n, attn_bwd / cp);
-  const double kv = cp > 1 ? cost.kvBytes(tokens) * (cp - 1) / cp : 0.0;
-  w.kv_fwd_bytes.assign(n, kv);
-  w.kv_bwd_bytes.assign(n, kv);
-  w.kv_peers.assign(n, cp - 1);
-  return w;
-}
-
 MicroBatchWork balancedMicroBatchWork(const std::vector<std::int64_t>& doc_lengths, int cp,
                                       const model::CostModel& cost) {
-  std::int64_t tokens = 0;
+  MicroBatchWork w;
   double af = 0, ab = 0;
   for (auto d : doc_lengths) {
-    tokens += d;
+    w.tokens += d;
     af += cost.attnSeconds(0, d, Phase::Fwd);
     ab += cost.attnSeconds(0, d, Phase::Bwd);
   }
-  MicroBatchWork w = evenMicroBatchWork(tokens, af, ab, cp, cost);
-  w.rank_kv_tokens.assign(static_cast<std::size_t>(cp), 0);
+  const auto n = static_cast<std::size_t>(cp);
+  for (std::size_t r = 0; r < n; ++r) w.rank_tokens.push_back(evenShare(w.tokens, cp, r));
+  w.rank_kv_tokens.assign(n, 0);
+  w.attn_fwd.assign(n, af / cp);
+  w.attn_bwd.assign(n, ab / cp);
+  const double kv = cp > 1 ? cost.kvBytes(w.tokens) * (cp - 1) / cp : 0.0;  // an all-gather's
+  w.kv_fwd_bytes.assign(n, kv);
+  w.kv_bwd_bytes.assign(n, kv);
+  w.kv_peers.assign(n, cp - 1);
   w.sharding = "balanced";
   return w;
 }

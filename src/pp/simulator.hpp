@@ -66,14 +66,9 @@ MicroBatchWork microBatchWork(const MicroBatch& mb, const cp::MicroBatchShards& 
 inline std::int64_t evenShare(std::int64_t tokens, int cp, std::size_t r) {
   return tokens / cp + (static_cast<std::int64_t>(r) < tokens % cp ? 1 : 0);
 }
-/// Work of `tokens` tokens whose attention seconds (`attn_fwd`, `attn_bwd`, whole
-/// micro-batch) CP ranks share evenly: rank tokens, attention, and the KV bytes and peers of
-/// an all-gather. The callers set the KV-buffer tokens and the sharding name.
-MicroBatchWork evenMicroBatchWork(std::int64_t tokens, double attn_fwd, double attn_bwd, int cp,
-                                  const model::CostModel& cost);
-
-/// Idealised work: tokens split evenly over CP ranks with perfectly balanced attention
-/// (for tests and quick what-ifs; `doc_lengths` are the micro-batch's documents).
+/// Idealised work: tokens split evenly over CP ranks with perfectly balanced attention and
+/// the KV bytes and peers of an all-gather (for tests and quick what-ifs; `doc_lengths` are
+/// the micro-batch's documents).
 MicroBatchWork balancedMicroBatchWork(const std::vector<std::int64_t>& doc_lengths, int cp,
                                       const model::CostModel& cost);
 

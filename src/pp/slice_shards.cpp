@@ -57,21 +57,22 @@ std::int64_t SliceShards::unitRows(const std::vector<std::int64_t>& cuts, int k,
   return t;
 }
 
-std::vector<std::int64_t> SliceShards::firstRows(const std::vector<std::int64_t>& cuts, int rank) const {
-  std::vector<std::int64_t> first(parts.size(), 0);
-  const auto& own = rows[static_cast<std::size_t>(rank)];
+std::vector<std::int64_t> unitOffsets(const std::vector<std::int64_t>& cuts,
+                                      const std::vector<std::int64_t>& seg_rows) {
+  std::vector<std::int64_t> first(seg_rows.size(), 0);
   for (std::size_t k = 0; k + 1 < cuts.size(); ++k) {
     std::int64_t row = 0;
     for (auto i = cuts[k]; i < cuts[k + 1]; ++i) {
       first[static_cast<std::size_t>(i)] = row;
-      row += own[static_cast<std::size_t>(i)];
+      row += seg_rows[static_cast<std::size_t>(i)];
     }
   }
   return first;
 }
 
 std::vector<std::int64_t> SliceShards::gatherIndex(const std::vector<std::int64_t>& cuts, int k,
-                                                   std::vector<std::int64_t>* counts) const {
+                                                   std::vector<std::int64_t>* counts,
+                                                   std::vector<std::int64_t>* displs) const {
   const auto s0 = cuts[static_cast<std::size_t>(k)], s1 = cuts[static_cast<std::size_t>(k) + 1];
   std::vector<std::int64_t> displ(static_cast<std::size_t>(cp), 0), cnt(static_cast<std::size_t>(cp), 0);
   for (int r = 0; r < cp; ++r) cnt[static_cast<std::size_t>(r)] = unitRows(cuts, k, r);
@@ -99,6 +100,7 @@ std::vector<std::int64_t> SliceShards::gatherIndex(const std::vector<std::int64_
     }
   }
   if (counts) *counts = cnt;
+  if (displs) *displs = displ;
   return idx;
 }
 

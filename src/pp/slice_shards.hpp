@@ -30,6 +30,11 @@ class CostModel;
 
 namespace wlb::pp {
 
+/// Per segment, its first row in its unit (cut points `cuts`) when unit rows are the
+/// segments' `seg_rows` back to back: a rank's rows (SliceShards::rows) or, with the
+/// segments' lengths, the packed rows.
+std::vector<std::int64_t> unitOffsets(const std::vector<std::int64_t>& cuts, const std::vector<std::int64_t>& seg_rows);
+
 struct SliceShards {
   /// A query range of one segment on one rank.
   struct Part {
@@ -44,11 +49,14 @@ struct SliceShards {
   /// Rows of unit k (cut points `cuts`: ReplicaSlices::fwd_cuts or bwd_cuts) on `rank`.
   std::int64_t unitRows(const std::vector<std::int64_t>& cuts, int k, int rank) const;
   /// First row of segment i in its unit (cut points `cuts`) on `rank`; [segment].
-  std::vector<std::int64_t> firstRows(const std::vector<std::int64_t>& cuts, int rank) const;
-  /// For each packed row of unit k, its index among the unit's gathered rows; `counts`
-  /// (if given) receives unitRows of every rank.
+  std::vector<std::int64_t> firstRows(const std::vector<std::int64_t>& cuts, int rank) const {
+    return unitOffsets(cuts, rows[static_cast<std::size_t>(rank)]);
+  }
+  /// For each packed row of unit k, its index among the unit's gathered rows; `counts` and
+  /// `displs` (if given) receive unitRows of every rank and where each rank's rows start.
   std::vector<std::int64_t> gatherIndex(const std::vector<std::int64_t>& cuts, int k,
-                                        std::vector<std::int64_t>* counts = nullptr) const;
+                                        std::vector<std::int64_t>* counts = nullptr,
+                                        std::vector<std::int64_t>* displs = nullptr) const;
 };
 
 /// The CP layout of replica `r`'s segments over `cp` ranks, each forward MicroPack planned

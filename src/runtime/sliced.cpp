@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -59,18 +58,10 @@ SlicedStage::SlicedStage(const LayerEnv& env, const Llama& model, const pp::Repl
   }
   fwd_row_ = shards.firstRows(slices.fwd_cuts, rank_);
   bwd_row_ = shards.firstRows(slices.bwd_cuts, rank_);
-  fwd_packed_.assign(static_cast<std::size_t>(n), 0);
-  bwd_packed_ = fwd_packed_;
-  for (const auto* cuts : {&slices.fwd_cuts, &slices.bwd_cuts}) {
-    auto& row = cuts == &slices.fwd_cuts ? fwd_packed_ : bwd_packed_;
-    for (std::size_t k = 0; k + 1 < cuts->size(); ++k) {
-      std::int64_t r = 0;
-      for (auto i = (*cuts)[k]; i < (*cuts)[k + 1]; ++i) {
-        row[static_cast<std::size_t>(i)] = r;
-        r += slices.segments[static_cast<std::size_t>(i)].length;
-      }
-    }
-  }
+  std::vector<std::int64_t> lengths;
+  for (const Segment& s : slices.segments) lengths.push_back(s.length);
+  fwd_packed_ = pp::unitOffsets(slices.fwd_cuts, lengths);
+  bwd_packed_ = pp::unitOffsets(slices.bwd_cuts, lengths);
   // Chains: the segments of a slice's document before it, back to its first key.
   chain_.resize(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) {
@@ -254,10 +245,9 @@ const SlicedStage::GatherMap& SlicedStage::gatherMap(const Unit& u) {
   auto it = gather_.find(key);
   if (it != gather_.end()) return it->second;
   GatherMap g;
-  g.index = cp::rows::upload(shards_->gatherIndex(u.bwd ? slices_->bwd_cuts : slices_->fwd_cuts, u.k, &g.counts),
-                             "wlb::runtime::sliced::gather_map");
-  g.displs.assign(g.counts.size(), 0);
-  for (std::size_t r = 1; r < g.counts.size(); ++r) g.displs[r] = g.displs[r - 1] + g.counts[r - 1];
+  g.index =
+      cp::rows::upload(shards_->gatherIndex(u.bwd ? slices_->bwd_cuts : slices_->fwd_cuts, u.k, &g.counts, &g.displs),
+                       "wlb::runtime::sliced::gather_map");
   return gather_.emplace(key, std::move(g)).first->second;
 }
 
@@ -365,7 +355,7 @@ Mat SlicedStage::forwardT(int k, int l, const Mat& x, const IVec& pos) {
       Act3 dv = newAct3(env_.pool, "wlb::runtime::sliced::dv_acc", len, sh.kv_heads, sh.head_dim, true);
       held_ += 4 * static_cast<std::int64_t>(dk.span() + dv.span());
       sv.acc[i] = {dk, dv};
-      if (cp_ > 1) {  // the KV cache: this rank holds only its own rows of the segment
+      if (cp_ > 1) {  // the KV cache: every rank holds the segment's whole K/V
         const std::int64_t r = fwd_packed_[static_cast<std::size_t>(i)];
         Act3T<T> ck = newAct3T<T>(env_.pool, "wlb::runtime::sliced::kv_cache", len, sh.kv_heads, sh.head_dim);
         Act3T<T> cv = newAct3T<T>(env_.pool, "wlb::runtime::sliced::kv_cache", len, sh.kv_heads, sh.head_dim);
@@ -426,39 +416,40 @@ Mat SlicedStage::backwardT(int j, int l, const Mat& dy, const IVec& pos) {
   // The key gradient of the unit's packed rows: each block's chain rows go to the chain's
   // accumulators, its own rows to the segment; then each segment's accumulator (what its
   // later slices sent back, all added by now) joins its rows.
-  std::optional<trace::PhaseScope> kv_scope;
-  kv_scope.emplace(kvRecorder(), trace::labels::kKvAllgather, space, trace::Phase::Bwd, 0,
-                   4.0 * static_cast<double>(n * sh.kv_heads * sh.head_dim) * 2 * (cp_ - 1));
-  Act3 dpk = dkb, dpv = dvb;
-  if (!keys.own) {
-    dpk = newAct3(env_.pool, "wlb::runtime::sliced::dpacked_k", u.total, sh.kv_heads, sh.head_dim, true);
-    dpv = newAct3(env_.pool, "wlb::runtime::sliced::dpacked_v", u.total, sh.kv_heads, sh.head_dim, true);
-    for (const auto& b : keys.blocks) {
-      std::int64_t at = b.k_begin;
-      for (const std::int64_t c : chain_[static_cast<std::size_t>(b.seg)]) {
-        const auto len = slices_->segments[static_cast<std::size_t>(c)].length;
-        auto& ca = sv.acc.at(c);
-        copyRows<float>(space, ca.first, rowsOf<float>(dkb, at, at + len), true);
-        copyRows<float>(space, ca.second, rowsOf<float>(dvb, at, at + len), true);
-        at += len;
+  Act3 dk, dv;
+  {
+    trace::PhaseScope kv_scope(kvRecorder(), trace::labels::kKvAllgather, space, trace::Phase::Bwd, 0,
+                               4.0 * static_cast<double>(n * sh.kv_heads * sh.head_dim) * 2 * (cp_ - 1));
+    Act3 dpk = dkb, dpv = dvb;
+    if (!keys.own) {
+      dpk = newAct3(env_.pool, "wlb::runtime::sliced::dpacked_k", u.total, sh.kv_heads, sh.head_dim, true);
+      dpv = newAct3(env_.pool, "wlb::runtime::sliced::dpacked_v", u.total, sh.kv_heads, sh.head_dim, true);
+      for (const auto& b : keys.blocks) {
+        std::int64_t at = b.k_begin;
+        for (const std::int64_t c : chain_[static_cast<std::size_t>(b.seg)]) {
+          const auto len = slices_->segments[static_cast<std::size_t>(c)].length;
+          auto& ca = sv.acc.at(c);
+          copyRows<float>(space, ca.first, rowsOf<float>(dkb, at, at + len), true);
+          copyRows<float>(space, ca.second, rowsOf<float>(dvb, at, at + len), true);
+          at += len;
+        }
+        const std::int64_t r = bwd_packed_[static_cast<std::size_t>(b.seg)];
+        copyRows<float>(space, rowsOf<float>(dpk, r, r + b.len), rowsOf<float>(dkb, at, at + b.len), true);
+        copyRows<float>(space, rowsOf<float>(dpv, r, r + b.len), rowsOf<float>(dvb, at, at + b.len), true);
       }
-      const std::int64_t r = bwd_packed_[static_cast<std::size_t>(b.seg)];
-      copyRows<float>(space, rowsOf<float>(dpk, r, r + b.len), rowsOf<float>(dkb, at, at + b.len), true);
-      copyRows<float>(space, rowsOf<float>(dpv, r, r + b.len), rowsOf<float>(dvb, at, at + b.len), true);
     }
+    dkb = dvb = Act3();
+    for (auto i = u.s0; i < u.s1; ++i) {
+      const auto acc = sv.acc.find(i);
+      if (acc == sv.acc.end()) continue;
+      const std::int64_t r = bwd_packed_[static_cast<std::size_t>(i)];
+      const auto len = slices_->segments[static_cast<std::size_t>(i)].length;
+      copyRows<float>(space, rowsOf<float>(dpk, r, r + len), acc->second.first, true);
+      copyRows<float>(space, rowsOf<float>(dpv, r, r + len), acc->second.second, true);
+    }
+    dk = ownKvGrad(u, dpk);
+    dv = ownKvGrad(u, dpv);
   }
-  dkb = dvb = Act3();
-  for (auto i = u.s0; i < u.s1; ++i) {
-    const auto acc = sv.acc.find(i);
-    if (acc == sv.acc.end()) continue;
-    const std::int64_t r = bwd_packed_[static_cast<std::size_t>(i)];
-    const auto len = slices_->segments[static_cast<std::size_t>(i)].length;
-    copyRows<float>(space, rowsOf<float>(dpk, r, r + len), acc->second.first, true);
-    copyRows<float>(space, rowsOf<float>(dpv, r, r + len), acc->second.second, true);
-  }
-  const Act3 dk = ownKvGrad(u, dpk), dv = ownKvGrad(u, dpv);
-  dpk = dpv = Act3();
-  kv_scope.reset();
   Mat dx = qkvBackward(env_, w, g, A, dq, dk, dv, dh, pos);
   kk::fence(space, "wlb::runtime::sliced::bwd");
   // Free the MicroPack's slices.

@@ -143,7 +143,7 @@ class SlicedStage {
   template <class T>
   double gatherBytes(const Unit& u) const {
     const LayerShape sh = LayerShape::of(model_->config());
-    return 2.0 * sizeof(T) * static_cast<double>((u.total - u.rows) * sh.kv_heads * sh.head_dim) * (cp_ > 1 ? 1 : 0);
+    return 2.0 * sizeof(T) * static_cast<double>((u.total - u.rows) * sh.kv_heads * sh.head_dim);
   }
   /// K (or V) rows of segment c at layer l: from the unit's packed rows `p` when the unit
   /// holds c, else from the saved runs (cp = 1) or the KV cache (cp > 1).

@@ -55,6 +55,15 @@ double fwd(const model::CostModel& c, const MicroBatch& mb) {
   for (const auto& s : mb.segments) f += sp::sliceFlops(c, s.q_offset, s.length, Phase::Fwd);
   return f;
 }
+// A small model (hidden 1024, 8 layers) whose activations, not its weights, fill a device
+// sized by the tests below.
+void smallModel(Deck& d) {
+  d.model.hidden = 1024;
+  d.model.heads = 8;
+  d.model.kv_heads = 8;
+  d.model.ffn = 2816;
+  d.model.layers = 8;
+}
 }  // namespace
 
 TEST(SlimPack, TokensConservedOverManyStepsAndAcrossRestore) {
@@ -361,11 +370,7 @@ TEST(SlimPack, EdgeCasesConserveTokens) {
 TEST(SlimPack, MicroPacksRespectThePerStageMemoryBudget) {
   // A device so small that the per-stage budget, not s_max, limits a MicroPack's tokens.
   Deck d = slimDeck("long_context_128k", 5);
-  d.model.hidden = 1024;
-  d.model.heads = 8;
-  d.model.kv_heads = 8;
-  d.model.ffn = 2816;
-  d.model.layers = 8;
+  smallModel(d);
   const auto cost0 = model::CostModel::fromDeck(d);
   pp::StepSimulator probe(pp::SimConfig::fromDeck(d, cost0.hardware()), cost0);
   const double act = probe.activationBytesPerToken() * 4 + 32000.0 * 4;  // last stage: 4 layers + logits
@@ -457,11 +462,7 @@ namespace {
 Deck tightDeck(const std::string& preset, std::uint64_t seed, double tokens) {
   Deck d = slimDeck(preset, seed);
   d.pipeline.schedule = "packflow";
-  d.model.hidden = 1024;
-  d.model.heads = 8;
-  d.model.kv_heads = 8;
-  d.model.ffn = 2816;
-  d.model.layers = 8;
+  smallModel(d);
   const auto cost0 = model::CostModel::fromDeck(d);
   pp::StepSimulator probe(pp::SimConfig::fromDeck(d, cost0.hardware()), cost0);
   d.hardware.memory_gb =
