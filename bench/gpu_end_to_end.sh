@@ -8,10 +8,16 @@
 #      libs.tar.xz of shared libraries the machine may lack (only the missing ones are used);
 # REF: `wlb run --gradients` output of the CPU build for the reference deck below;
 # OUT: where logs, gradients, traces and profiles go.
-# parts: tests check run profile (default: all). RUN_PRECISIONS: the extra precisions of
-# `run` besides bf16 (default "fp32 tf32").
+# parts: tests check run profile (default), and the Llama-3-8B-layer measurements of
+# docs/performance.md § Llama-3-8B layers on one GPU: run8b (wlb run inputs/run_gpu_8b.toml,
+# bf16), torch8b (bench/torch_step.py on run8b's plans named by TORCH_PLANS,
+# default "plain wlb"),
+# profile8b (wlb profile --deck of that deck, for `wlb simulate --as-run --plans`), train8b
+# (wlb train of that deck on DATA, a byte-level `wlb data prepare` prefix) and trainsmall
+# (a small wlb train in fp32 and bf16 whose losses are compared with the CPU build's).
+# RUN_PRECISIONS: the extra precisions of `run` besides bf16 (default "fp32 tf32").
 set -uo pipefail
-BIN=$1 REF=$2 OUT=$3
+BIN=$1 REF=$2 OUT=$3 DATA=${DATA:-}
 shift 3
 parts=${*:-tests check run profile}
 mkdir -p "$OUT"
@@ -30,7 +36,7 @@ fi
 for n in libcublas.so.13 libcublasLt.so.13 libnccl.so.2 libcudart.so.13; do
   if ! ldconfig -p | grep -q " $n "; then
     d=$(dirname "$(find / -xdev -name "$n" 2>/dev/null | head -1)")
-    [ -n "$d" ] && [ "$d" != . ] && export LD_LIBRARY_PATH="$d:$LD_LIBRARY_PATH"
+    [ -n "$d" ] && [ "$d" != . ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   fi
 done
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader | tee -a "$OUT/summary.txt"
@@ -41,6 +47,12 @@ MPIRUN=(mpirun --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH)
 # Reference deck: tiny, every strategy, cp = 1 (one rank) and cp = 2 (two ranks).
 small=(--set model.hidden=256 --set model.heads=4 --set model.kv_heads=2 --set model.ffn=704
        --set data.context_window=4096 --set data.length_scale=0.03125)
+
+# The small training run of part trainsmall (the CPU build's reference: the same command).
+train_small=(--set train.dataset="\"$DATA\"" --set train.steps=8 --set train.warmup_steps=2 --set train.log_interval=1
+             --set train.eval_interval=0 --set train.eval_tokens=8192 --set model.hidden=256 --set model.heads=4
+             --set model.kv_heads=2 --set model.ffn=704 --set model.vocab=256 --set model.layers=2
+             --set data.context_window=4096)
 
 if [[ " $parts " == *" tests "* ]]; then
   log "test_attention / test_runtime (CUDA build)"
@@ -113,5 +125,47 @@ if [[ " $parts " == *" profile "* ]]; then
     --name h100-wlb-run-gpu --out "$OUT/h100-wlb-run-gpu.json" > "$OUT/profile_deck.log" 2>&1
   echo "profile deck rc=$?" | tee -a "$OUT/summary.txt"
   tail -2 "$OUT/profile_deck.log" | tee -a "$OUT/summary.txt"
+fi
+deck8b=(inputs/run_gpu_8b.toml)
+if [[ " $parts " == *" run8b "* ]]; then
+  log "wlb run inputs/run_gpu_8b.toml (bf16; Llama-3-8B layers, 64K window)"
+  timeout 300 "$BIN/wlb" run "${deck8b[@]}" --set output.dir="\"$OUT/run8b\"" > "$OUT/run8b.log" 2>&1
+  echo "run8b rc=$?" | tee -a "$OUT/summary.txt"
+  tail -22 "$OUT/run8b.log" | tee -a "$OUT/summary.txt"
+fi
+if [[ " $parts " == *" torch8b "* ]]; then
+  for s in ${TORCH_PLANS-plain wlb}; do
+    [ -f "$OUT/run8b/plan.$s.jsonl" ] || continue
+    log "PyTorch peer on run8b's $s plan (bf16, torch.compile, varlen attention, AdamW)"
+    PYTHONUNBUFFERED=1 timeout 240 python3 bench/torch_step.py --plan "$OUT/run8b/plan.$s.jsonl" --deck inputs/run_gpu_8b.toml \
+      --json "$OUT/torch8b_$s.json" > "$OUT/torch8b_$s.log" 2>&1
+    echo "torch8b $s rc=$?" | tee -a "$OUT/summary.txt"
+    tail -6 "$OUT/torch8b_$s.log" | tee -a "$OUT/summary.txt"
+  done
+fi
+if [[ " $parts " == *" profile8b "* ]]; then
+  log "wlb profile --deck inputs/run_gpu_8b.toml (bf16)"
+  timeout 200 "$BIN/wlb" profile --deck inputs/run_gpu_8b.toml --precision bf16 \
+    --reps 2 --min-seconds 0.01 --base inputs/profiles/h100-sxm.json --name gpu-wlb-run-gpu-8b \
+    --out "$OUT/profile8b.json" > "$OUT/profile8b.log" 2>&1
+  echo "profile8b rc=$?" | tee -a "$OUT/summary.txt"
+  tail -3 "$OUT/profile8b.log" | tee -a "$OUT/summary.txt"
+fi
+if [[ " $parts " == *" train8b "* ]]; then
+  log "wlb train inputs/run_gpu_8b.toml (bf16, AdamW, DATA)"
+  timeout 200 "$BIN/wlb" train inputs/run_gpu_8b.toml --set train.dataset="\"$DATA\"" --set train.steps=5 \
+    --set train.warmup_steps=1 --set train.log_interval=1 --set train.eval_tokens=65536 \
+    --set output.dir="\"$OUT/train8b\"" > "$OUT/train8b.log" 2>&1
+  echo "train8b rc=$?" | tee -a "$OUT/summary.txt"
+  tail -12 "$OUT/train8b.log" | tee -a "$OUT/summary.txt"
+fi
+if [[ " $parts " == *" trainsmall "* ]]; then
+  for p in fp32 bf16; do
+    log "wlb train, small model on DATA ($p; losses against the CPU build's)"
+    timeout 120 "$BIN/wlb" train inputs/run_gpu_8b.toml "${train_small[@]}" --set run.precision="\"$p\"" \
+      --set output.dir="\"$OUT/trainsmall_$p\"" > "$OUT/trainsmall_$p.log" 2>&1
+    echo "trainsmall $p rc=$?" | tee -a "$OUT/summary.txt"
+    tail -4 "$OUT/trainsmall_$p.log" | tee -a "$OUT/summary.txt"
+  done
 fi
 log "done"

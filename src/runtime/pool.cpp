@@ -4,6 +4,7 @@
 #include "runtime/pool.hpp"
 
 #include <algorithm>
+#include <exception>
 #include <string>
 #include <type_traits>
 
@@ -57,23 +58,56 @@ V BufferPool::take(std::vector<Entry<V>>& list, const char* label, std::int64_t 
                    bool zero) {
   if (rows == 0) return allocate<V>(label, 0, e1, e2);
   const std::int64_t cap = bucketRows(rows);
-  V out;
+  // use_count 1: only the pool holds the block, every view handed out of it is gone
+  const auto freeOfShape = [&](const Entry<V>& e) { return e.block.use_count() == 1 && sameTrailing(e.block, e1, e2); };
+  const auto rowsOf = [](const Entry<V>& e) { return static_cast<std::int64_t>(e.block.extent(0)); };
+  // Best fit among the free blocks of this shape holding cap to 2 cap rows.
+  Entry<V>* best = nullptr;
   for (auto& e : list)
-    // use_count 1: only the pool holds the block, every view handed out of it is gone
-    if (e.block.use_count() == 1 && static_cast<std::int64_t>(e.block.extent(0)) == cap &&
-        sameTrailing(e.block, e1, e2)) {
-      e.idle = 0;
-      out = leading(e.block, rows);
-      ++hits_;
-      break;
+    if (freeOfShape(e) && rowsOf(e) >= cap && rowsOf(e) <= 2 * cap && (!best || rowsOf(e) < rowsOf(*best))) best = &e;
+  V out;
+  if (best) {
+    best->idle = 0;
+    out = leading(best->block, rows);
+    ++hits_;
+  } else {
+    // A free block of this shape too small for the request is replaced, not kept beside the
+    // new one: the pool then holds as many blocks of a shape as are alive at once, each as
+    // large as the largest request, instead of one set per row bucket (a 64K-token window
+    // of varied micro-batches would otherwise cache several sets of activations).
+    auto smaller = list.end();
+    for (auto it = list.begin(); it != list.end(); ++it)
+      if (freeOfShape(*it) && rowsOf(*it) < cap && (smaller == list.end() || rowsOf(*it) > rowsOf(*smaller)))
+        smaller = it;
+    if (smaller != list.end()) list.erase(smaller);
+    V block;
+    try {
+      block = allocate<V>(label, cap, e1, e2);
+    } catch (const std::exception&) {
+      // Out of memory: give back every free block of every shape, then try once more (the
+      // second failure is the caller's).
+      Kokkos::fence();
+      releaseFree();
+      block = allocate<V>(label, cap, e1, e2);
     }
-  if (!out.data()) {
-    list.push_back({allocate<V>(label, cap, e1, e2), 0});
+    list.push_back({block, 0});
     out = leading(list.back().block, rows);
     ++misses_;
   }
   if (zero) Kokkos::deep_copy(space_, out, typename V::non_const_value_type{});
   return out;
+}
+
+void BufferPool::releaseFree() {
+  const auto drop = [](auto& list) {
+    list.erase(std::remove_if(list.begin(), list.end(), [](const auto& e) { return e.block.use_count() == 1; }),
+               list.end());
+  };
+  drop(vecs_);
+  drop(mats_);
+  drop(acts_);
+  drop(bmats_);
+  drop(bacts_);
 }
 
 Vec BufferPool::vec(const char* label, std::int64_t n, bool zero) {

@@ -5,15 +5,19 @@
 /// walker take their activations and temporaries from.
 ///
 /// Contract:
-/// * A request for [rows][...] is served by a cached block of the same trailing extents and
-///   the same row bucket (rows rounded up to a granularity of 1/8 of their power of two, at
-///   least 64 rows), and handed out as the block's leading `rows` rows: a managed subview,
-///   so the block is free again as soon as no view of it is alive (its use count is the
-///   pool's own). Nothing has to be returned by hand.
-/// * A miss allocates a new block (counted: misses()); the same shapes in the next step are
-///   then hits. endStep() drops the free blocks no request took in the last kKeepSteps
-///   steps, so the pool holds the working set of the steps that repeat (`wlb run`
-///   interleaves its strategies step by step), not every shape ever seen.
+/// * A request for [rows][...] is served by the smallest free cached block of the same
+///   trailing extents holding between its row bucket (rows rounded up to a granularity of
+///   1/8 of their power of two, at least 64 rows) and twice that, and handed out as the
+///   block's leading `rows` rows: a managed subview, so the block is free again as soon as
+///   no view of it is alive (its use count is the pool's own). Nothing has to be returned
+///   by hand.
+/// * A miss allocates a new block of the bucket's rows (counted: misses()), replacing the
+///   largest free block of the same trailing extents that is too small, so the same shapes
+///   in the next step are hits and the pool holds about one block per buffer alive at
+///   once. When the allocation fails, every free block is given back and it is tried once
+///   more. endStep() drops the free blocks no request took in the last kKeepSteps steps, so
+///   the pool holds the working set of the steps that repeat (`wlb run` interleaves its
+///   strategies step by step), not every shape ever seen.
 /// * Uninitialised unless `zero` is asked for (zeroed on the pool's execution space).
 /// * One pool per rank and execution-space instance; not thread-safe.
 
@@ -38,6 +42,8 @@ class BufferPool {
   static constexpr int kKeepSteps = 4;
   /// A step boundary: drop the free blocks not taken in the last kKeepSteps steps.
   void endStep();
+  /// Give back every block no view is using (what an allocation that failed does first).
+  void releaseFree();
   std::int64_t misses() const { return misses_; }  ///< blocks allocated so far
   std::int64_t hits() const { return hits_; }      ///< requests served from the cache
   std::int64_t cachedBytes() const;                ///< bytes of every block held

@@ -252,6 +252,41 @@ TEST(RuntimePool, ReusesFreedBlocksByRowBucket) {
   EXPECT_EQ(pool.act3("e", 0, 2, 4).extent(0), 0u);
 }
 
+// A larger request replaces a free block too small for it instead of caching a second
+// set; smaller requests then take the larger block while it is at most twice their bucket;
+// a failed allocation gives back every free block before it fails.
+TEST(RuntimePool, GrowsBlocksInsteadOfKeepingOnePerBucket) {
+  Space space;
+  BufferPool pool(space);
+  { Mat a = pool.mat("a", 1000, 16); }        // bucket 1024
+  const float* grown = nullptr;
+  {
+    Mat b = pool.mat("b", 2000, 16);          // bucket 2048: replaces a's free block
+    grown = b.data();
+    EXPECT_EQ(pool.misses(), 2);
+    EXPECT_EQ(pool.cachedBytes(), 4 * 2048 * 16);
+  }
+  {
+    Mat c = pool.mat("c", 1000, 16);          // 2048 <= 2 * 1024: the grown block
+    EXPECT_EQ(c.data(), grown);
+    EXPECT_EQ(pool.hits(), 1);
+    Mat d = pool.mat("d", 128, 16);           // 2048 > 2 * 128: a block of its own
+    EXPECT_NE(d.data(), grown);
+    EXPECT_EQ(pool.misses(), 3);
+    EXPECT_EQ(pool.cachedBytes(), 4 * (2048 + 128) * 16);
+  }
+  { Mat e = pool.mat("e", 120, 16); }         // best fit: the 128-row block, not the 2048
+  EXPECT_EQ(pool.hits(), 2);
+  Mat held = pool.mat("held", 64, 8);
+#if !defined(__SANITIZE_ADDRESS__)
+  // 2^40 rows of 16 floats cannot be allocated: the free blocks go, the error stays.
+  EXPECT_THROW(pool.mat("huge", std::int64_t{1} << 40, 16), std::exception);
+  EXPECT_EQ(pool.cachedBytes(), 4 * 64 * 8);
+#endif
+  pool.releaseFree();
+  EXPECT_EQ(pool.cachedBytes(), 4 * 64 * 8);  // held is alive
+}
+
 // A step walked twice over the same units allocates nothing the second time.
 TEST(RuntimePool, RepeatedStepAllocatesNothing) {
   model::ModelDims d = dims(32, 2, 1, 48);
