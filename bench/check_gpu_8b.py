@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""The Llama-3-8B-layer tables of docs/performance.md ("Llama-3-8B layers on one GPU")
+against their raw results in bench/results/h200/one_model/: `wlb run`'s summary.json and
+trace, the simulator's replay of the same plans (replay/simulate.csv), the PyTorch peer's
+JSON, `wlb train`'s trace, and the small training runs of the GPU and CPU builds. Every
+figure of the tables is recomputed and compared within the table's rounding. Prints the
+tolerance and each mismatch; exit 1 on any. `--print` prints the rows it expects.
+
+    /usr/bin/python3 bench/check_gpu_8b.py [--root .] [--print]
+"""
+import argparse
+import csv
+import json
+import pathlib
+import re
+import sys
+
+PEAK = 989.0  # TFLOP/s, dense BF16 of the H100 / H200 SXM datasheets (the same chip)
+REGIONS = ("qkv_proj", "attn", "out_proj", "mlp", "loss")
+
+
+def region_rates(trace_path, strategy):
+    """Seconds per measured step and useful TFLOP/s of each region of one strategy."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "analysis"))
+    import wlb_trace  # noqa: E402 (analysis/ is not a package)
+    t = wlb_trace.load(str(trace_path))
+    ev = t.events
+    si = t.strategies.index(strategy)
+    m = (ev["strategy"] == si) & (ev["step"] >= t.warmup)
+    steps = len(set(ev["step"][m].tolist()))
+    out = {}
+    for name in REGIONS:
+        mm = m & (ev["region"] == t.regions.index(name))
+        sec = float(((ev["end_ns"][mm] - ev["start_ns"][mm]) / 1e9).sum())
+        out[name] = (sec / steps, float(ev["flops"][mm].sum()) / sec / 1e12)
+    return out
+
+
+def expected(root):
+    d = root / "bench/results/h200/one_model"
+    run = {s["strategy"]: s for s in json.load(open(d / "run8b/summary.json"))["strategies"]}
+    sim = {r["strategy"]: r for r in csv.DictReader(open(d / "replay/simulate.csv"))}
+    rows = {}
+    for s, r in run.items():
+        tok = r["tokens_per_second"] / 1e3
+        stok = float(sim[s]["tokens_per_second"]) / 1e3
+        row = {"ktok/s": (tok, 0.005), "TFLOP/s": (r["useful_flops_per_second"] / 1e12, 0.05),
+               "MFU %": (r["useful_flops_per_second"] / 1e12 / PEAK * 100, 0.05),
+               "unrecorded %": (r["unrecorded_fraction"] * 100, 0.05),
+               "simulated ktok/s": (stok, 0.005), "error %": ((stok / tok - 1) * 100, 0.05)}
+        tj = d / f"torch8b_{s}.json"
+        if tj.exists():
+            ts = json.load(open(tj))["summary"]
+            if ts["tokens"] != r["tokens"]:
+                raise SystemExit(f"{tj}: {ts['tokens']} tokens, wlb run {r['tokens']}: not the same batches")
+            row["torch ktok/s"] = (ts["tokens_per_s"]["overall"] / 1e3, 0.005)
+            row["torch median ktok/s"] = (ts["tokens_per_s"]["median"] / 1e3, 0.005)
+            row["ratio"] = (r["tokens_per_second"] / ts["tokens_per_s"]["overall"], 0.005)
+        rows[s] = row
+    reg = region_rates(d / "run8b/trace.h5", "plain")
+    regions = {k: {"s/step": (v[0], 0.0005), "TFLOP/s": (v[1], 0.5)} for k, v in reg.items()}
+    # wlb train: useful FLOPs of its trace over the steps' seconds (the optimizer included)
+    sys.path.insert(0, str(root / "analysis"))
+    import wlb_trace  # noqa: E402
+    tt = wlb_trace.load(str(d / "train8b/trace.h5"))
+    secs = float(tt.train_steps["seconds"].sum())
+    toks = float(tt.train_steps["tokens"].sum())
+    flops = float(tt.events["flops"].sum())
+    train = {"ktok/s": (toks / secs / 1e3, 0.05), "TFLOP/s": (flops / secs / 1e12, 0.5),
+             "MFU %": (flops / secs / 1e12 / PEAK * 100, 0.05)}
+    for p in ("fp32", "bf16"):
+        g = [json.loads(x) for x in open(d / f"trainsmall_{p}/train_log.jsonl")]
+        c = [json.loads(x) for x in open(d / f"trainsmall_{p}/cpu_train_log.jsonl")]
+        worst = max(abs(a["loss"] / b["loss"] - 1) for a, b in zip(g, c) if b["loss"])
+        train[f"loss {p}"] = (worst, worst * 0.05)
+    return rows, regions, train
+
+
+def section(doc):
+    a = doc.index("### Llama-3-8B layers on one GPU")
+    b = doc.find("\n### ", a + 10)
+    return doc[a:b]
+
+
+def num(text):
+    return float(text.replace("−", "-").replace("%", "").replace("×", "").replace(",", ""))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--root", default=".", help="the repository")
+    ap.add_argument("--print", action="store_true", help="print the expected figures")
+    a = ap.parse_args()
+    root = pathlib.Path(a.root)
+    rows, regions, train = expected(root)
+    if a.print:
+        for s, r in rows.items():
+            print(s, {k: round(v[0], 4) for k, v in r.items()})
+        for k, r in regions.items():
+            print(k, {n: round(v[0], 4) for n, v in r.items()})
+        print("train", {k: v[0] for k, v in train.items()})
+        return 0
+    text = section((root / "docs/performance.md").read_text())
+    bad, n = [], 0
+
+    def check(where, got_text, want):
+        nonlocal n
+        n += 1
+        got, tol = num(got_text), want[1]
+        if abs(got - want[0]) > tol + 1e-12:
+            bad.append(f"{where}: docs {got_text}, raw {want[0]:.6g} (tolerance {tol:g})")
+
+    # | plain | 38.32 | 447.8 | 45.3% | 1.3% | 38.23 (−0.2%) | 28.20 / 36.40 | 1.36× |
+    main_row = re.compile(r"^\| (plain|fixed|wlb) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+)% \| ([0-9.]+)% \| "
+                          r"([0-9.]+) \(([−+0-9.]+)%\) \| (?:([0-9.]+) / ([0-9.]+)|–) \| (?:([0-9.]+)×|–) \|$", re.M)
+    seen = set()
+    for m in main_row.finditer(text):
+        s = m.group(1)
+        seen.add(s)
+        r = rows[s]
+        for i, k in ((2, "ktok/s"), (3, "TFLOP/s"), (4, "MFU %"), (5, "unrecorded %"), (6, "simulated ktok/s"),
+                     (7, "error %")):
+            check(f"{s} {k}", m.group(i), r[k])
+        if m.group(8):
+            check(f"{s} torch ktok/s", m.group(8), r["torch ktok/s"])
+            check(f"{s} torch median", m.group(9), r["torch median ktok/s"])
+            check(f"{s} wlb/torch", m.group(10), r["ratio"])
+        elif "torch ktok/s" in r:
+            bad.append(f"{s}: the PyTorch figures are missing from the docs")
+    for s in rows:
+        if s not in seen:
+            bad.append(f"{s}: no row in the throughput table")
+    # | `mlp` (SwiGLU: three GEMMs) | 1.423 | 640.6 |
+    reg_row = re.compile(r"^\| `(\w+)`[^|]*\| ([0-9.]+) \| ([0-9.]+) \|$", re.M)
+    for m in reg_row.finditer(text):
+        if m.group(1) in regions:
+            check(f"region {m.group(1)} s/step", m.group(2), regions[m.group(1)]["s/step"])
+            check(f"region {m.group(1)} TFLOP/s", m.group(3), regions[m.group(1)]["TFLOP/s"])
+            seen.add(m.group(1))
+    for k in regions:
+        if k not in seen:
+            bad.append(f"region {k}: no row")
+    # wlb train: "**wlb train** ... 35.0 ktok/s, 449.9 useful TFLOP/s (45.5% MFU)"
+    m = re.search(r"([0-9.]+) ktok/s,\s+([0-9.]+)\s+useful\s+TFLOP/s\s+\(([0-9.]+)% MFU\)\s+with\s+the\s+optimizer", text)
+    if not m:
+        bad.append("wlb train: figures sentence not found")
+    else:
+        for i, k in ((1, "ktok/s"), (2, "TFLOP/s"), (3, "MFU %")):
+            check(f"train {k}", m.group(i), train[k])
+    m = re.search(r"losses\s+within\s+([0-9.e−-]+)\s+\(FP32\)\s+and\s+([0-9.e−-]+)\s+\(BF16\)", text)
+    if not m:
+        bad.append("small training: loss sentence not found")
+    else:
+        for i, k in ((1, "loss fp32"), (2, "loss bf16")):
+            check(f"small train {k}", m.group(i).replace("−", "-"), train[k])
+    print(f"docs/performance.md Llama-3-8B tables: {n} figures against bench/results/h200/one_model "
+          f"(tolerance: the table's last digit)")
+    for b in bad:
+        print("  MISMATCH", b)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
