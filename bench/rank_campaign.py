@@ -6,7 +6,7 @@ prediction of exactly the plans that ran (docs/performance.md, "16-rank campaign
     /usr/bin/python3 bench/rank_campaign.py [DECK ...] [--wlb build/bin/wlb] [--out DIR]
         [--rounds 3] [--seed-offset 1] [--mpirun "mpirun --bind-to core"] [--set KEY=VALUE ...]
         [--steps N] [--warmup W] [--quick-profile] [--no-calibrate] [--tolerance 5]
-        [--failure] [--failure-only]
+        [--failure] [--failure-only] [--time-limit SECONDS]
 
 DECKs default to inputs/run16_*.toml (16 ranks each); any deck runs at its own mesh size, so
 the same script runs the 2-rank decks (inputs/run_cp2.toml ...) on any machine. Stages, each
@@ -34,12 +34,18 @@ WLB_INJECT_FAILURE=N-1:1:kill (the last rank dies by SIGKILL): every rank ends; 
 from the last progress line to the exit; (c) `wlb train` on an N-rank mesh (factors of 2
 over dp, pp, cp, tp), killed (SIGKILL) after a step between checkpoints and resumed, against
 an uninterrupted run: losses, gradient norms and learning rates bit-identical.
---failure-only runs just that.
+--failure-only runs just that. The failure checks run before the measured stages.
+
+--time-limit SECONDS fits the campaign into a lease: a calibration or measured run starts
+only if a run of its deck as long as its last one still ends in time (a deck's first run
+starts while any time is left), and campaign.md / campaign.json are rewritten after every measured run, so
+a campaign cut short, by the limit or by a kill, leaves the table of what it measured.
+Rounds are interleaved deck by deck, so the decks named first are measured first.
 
 Writes DIR/campaign.md (the table), DIR/campaign.json (every number, every stage's command,
 exit code, seconds, CPU seconds, load average and core share). Exit 0 when every |error| is
 within --tolerance percent, every ordering the same up to ties and every failure check
-passed; 3 when only the tolerance or an ordering was missed; 1 when a stage or a failure
+passed; 3 when only the tolerance or an ordering was missed or --time-limit cut a deck's rounds; 1 when a stage or a failure
 check failed; 2 on bad input (checked before anything runs).
 """
 import argparse
@@ -197,8 +203,23 @@ def default_mesh(n):
     return dims
 
 
-def campaign(a, decks, stages, out, cores):
+def campaign(a, decks, stages, out, cores, deadline, checkpoint):
+    """Stages 1-4. `deadline` (monotonic seconds or None): a run is started only if a run of
+    its deck as long as the deck's last one still ends before it; `checkpoint()` rewrites
+    the report after every measured run, so a campaign cut short leaves its table."""
     wlb = a.wlb
+    last = {}  # deck name -> seconds of its last run
+
+    def fits(d, what):
+        if deadline is None:
+            return True
+        need = last.get(d["name"], 0.0)
+        if time.monotonic() + need <= deadline:
+            return True
+        d.setdefault("skipped", []).append(what)
+        print(f"\n== skipped: {what} of {d['name']} (a run takes about {need:.0f} s; "
+              f"{max(0.0, deadline - time.monotonic()):.0f} s left of --time-limit)", flush=True)
+        return False
     set_args = [x for s in a.set for x in ("--set", s)]
     steps_args = (["--steps", str(a.steps)] if a.steps else []) + (["--warmup", str(a.warmup)] if a.warmup is not None else [])
     # 1. profiles, one per layer shape
@@ -220,14 +241,17 @@ def campaign(a, decks, stages, out, cores):
     # 2. calibration: each deck on its own documents (data.seed)
     if not a.no_calibrate:
         for d in decks:
+            if not fits(d, "calibration"):
+                continue
             run_dir = out / "calibration" / d["name"]
             shutil.rmtree(run_dir, ignore_errors=True)  # no plan file of an earlier campaign
             launcher, _ = mpirun_for(a.mpirun_words, d["ranks"], cores)
             args = launcher + [wlb, "run", d["path"], "--quiet"] + set_args + [
                 "--set", f'hardware.profile="{d["profile"]}"', "--set", f"data.seed={d['seed']}",
                 "--set", f'output.dir="{run_dir}"', "--set", 'output.trace="trace.h5"'] + steps_args
-            stages.run(f"calibration run: {d['name']} (data.seed = {d['seed']}, {d['ranks']} ranks)", args,
-                       f"calibration-{d['name']}.log", ranks=d["ranks"])
+            rec = stages.run(f"calibration run: {d['name']} (data.seed = {d['seed']}, {d['ranks']} ranks)", args,
+                             f"calibration-{d['name']}.log", ranks=d["ranks"])
+            last[d["name"]] = rec["seconds"]
             cal = out / f"profile.calibrated.{d['name']}.json"
             stages.run(f"calibrate: {d['name']}'s profile on its calibration run",
                        [wlb, "calibrate", str(run_dir / "trace.h5"), "--profile", str(d["profile"]), "--out", str(cal),
@@ -236,6 +260,8 @@ def campaign(a, decks, stages, out, cores):
     # 3-4. measured runs on other documents, rounds interleaved deck by deck; each replayed
     for r in range(a.rounds):
         for d in decks:
+            if not fits(d, f"round {r + 1}"):
+                continue
             seed = d["seed"] + a.seed_offset
             run_dir = out / "runs" / f"{d['name']}-r{r + 1}"
             sim_dir = out / "replay" / f"{d['name']}-r{r + 1}"
@@ -247,6 +273,7 @@ def campaign(a, decks, stages, out, cores):
                 "--set", f'output.dir="{run_dir}"', "--set", 'output.trace="trace.h5"'] + steps_args
             rec = stages.run(f"measured run: {d['name']} (data.seed = {seed}, {d['ranks']} ranks, round {r + 1}/"
                              f"{a.rounds})", args, f"run-{d['name']}-r{r + 1}.log", ranks=d["ranks"])
+            last[d["name"]] = rec["seconds"]
             stages.run(f"replay: {d['name']} round {r + 1}, the run's plans in the simulator",
                        [wlb, "simulate", d["path"], "--as-run", "--plans", str(run_dir)] + set_args + [
                            "--set", f'hardware.profile="{d["profile"]}"', "--set", f"data.seed={seed}",
@@ -255,6 +282,7 @@ def campaign(a, decks, stages, out, cores):
             sim = {s["strategy"]: s for s in json.loads((sim_dir / "simulate.json").read_text())}
             d.setdefault("rounds", []).append({"dir": str(run_dir), "core_share": rec.get("core_share"),
                                                "summary": summary, "replay": sim})
+            checkpoint(table(a, decks))
     return table(a, decks)
 
 
@@ -262,6 +290,13 @@ def table(a, decks):
     rows, deck_rows, all_ok, timing_ok = [], [], True, True
     worst = 0.0
     for d in decks:
+        if not d.get("rounds"):
+            deck_rows.append({"deck": d["name"], "file": d["path"], "ranks": d["ranks"], "mesh": d["mesh"],
+                              "rounds": 0, "skipped": d.get("skipped", [])})
+            timing_ok = False  # incomplete: exit 3
+            continue
+        if d.get("skipped"):
+            timing_ok = False
         strategies = [s["strategy"] for s in d["rounds"][0]["summary"]["strategies"]]
         base = "plain" if "plain" in strategies else strategies[0]
         per = {}
@@ -318,6 +353,7 @@ def table(a, decks):
             timing_ok = False
         shares = [rd["core_share"] for rd in d["rounds"] if rd["core_share"] is not None]
         deck_rows.append({"deck": d["name"], "file": d["path"], "ranks": d["ranks"], "mesh": d["mesh"],
+                          "rounds": len(d["rounds"]), "skipped": d.get("skipped", []),
                           "oversubscribed": d.get("oversubscribed", False),
                           "data_seed": d["seed"] + a.seed_offset, "profile": str(d["profile"]),
                           "measured_order": " > ".join(mo), "predicted_order": " > ".join(po),
@@ -345,12 +381,18 @@ def fmt_table(a, rows, deck_rows, worst, cores):
                      f"{r['drain_steps_measured']}/{r['drain_steps_predicted']}{mark} |")
     lines.append("")
     for d in deck_rows:
+        if not d["rounds"]:
+            lines.append(f"- {d['deck']} ({d['ranks']} ranks, {d['mesh']}): NOT MEASURED: {', '.join(d['skipped'])} "
+                         f"did not fit --time-limit")
+            continue
         verdict = "same" if d["same_order"] else "same up to ties" if d["order_ok"] else "DIFFERENT"
         share = f"; core share down to {d['min_core_share']:.2f}" if d["min_core_share"] is not None else ""
         over = "; OVERSUBSCRIBED (more ranks than cores: not a measurement of one rank per core)" \
             if d["oversubscribed"] else ""
+        cut = f"; {d['rounds']} of {a.rounds} round(s), {', '.join(d['skipped'])} cut by --time-limit" \
+            if d["skipped"] else ""
         lines.append(f"- {d['deck']} ({d['ranks']} ranks, {d['mesh']}): ordering measured {d['measured_order']}; "
-                     f"predicted {d['predicted_order']}: {verdict}{share}{over}")
+                     f"predicted {d['predicted_order']}: {verdict}{share}{over}{cut}")
         for s in d["swapped_pairs"]:
             lines.append(f"  - swapped: {s}")
     lines.append("")
@@ -473,6 +515,9 @@ def main():
     ap.add_argument("--tolerance", type=float, default=5.0, help="largest |error| per strategy, percent")
     ap.add_argument("--malloc-default", action="store_true",
                     help="leave glibc malloc at its defaults (else large buffers stay on the heap)")
+    ap.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                    help="wall-clock budget of the whole campaign: a run starts only if a run of its deck as long as "
+                         "its last one still ends in time; the table holds what was measured (exit 3 if cut)")
     ap.add_argument("--failure", action="store_true", help="also the failure and resume checks")
     ap.add_argument("--failure-only", action="store_true", help="only the failure and resume checks")
     ap.add_argument("--failure-timeout", type=int, default=120, help="seconds before a failing run counts as a hang")
@@ -489,6 +534,8 @@ def main():
             raise BadInput("--warmup must be >= 0")
         if a.tolerance <= 0:
             raise BadInput("--tolerance must be > 0 (percent)")
+        if a.time_limit is not None and a.time_limit <= 0:
+            raise BadInput("--time-limit must be > 0 (seconds)")
         a.wlb = str(pathlib.Path(a.wlb).resolve())
         if not os.access(a.wlb, os.X_OK):
             raise BadInput(f"--wlb: {a.wlb} is not an executable")
@@ -540,24 +587,45 @@ def main():
               "rounds": a.rounds, "seed_offset": a.seed_offset, "tolerance_percent": a.tolerance,
               "mpirun": a.mpirun, "sets": a.set, "calibrated": not a.no_calibrate,
               "malloc": env.get("GLIBC_TUNABLES", "glibc defaults")}
+    deadline = None if a.time_limit is None else t_all + a.time_limit
+
+    def write(text):
+        for name, body in (("campaign.md", text), ("campaign.json", json.dumps(report, indent=2) + "\n")):
+            tmp = out / f".{name}.tmp"
+            tmp.write_text(body)
+            os.replace(tmp, out / name)
+
+    def fmt_failure(fres):
+        return "\nFailure and resume checks:\n\n" + "\n".join(
+            f"- {r['check']} ({r['ranks']} ranks): {'ok' if r['ok'] else 'FAILED'}: {r['result']}" for r in fres) + "\n"
+
+    def checkpoint(result):
+        # a partial table after every measured run: a campaign cut short keeps what it measured
+        rows, deck_rows, worst, same_docs, timing_ok = result
+        report.update({"strategies": rows, "decks": deck_rows, "max_abs_error_percent": worst,
+                       "replay_same_tokens": same_docs, "timing_pass": timing_ok, "partial": True,
+                       "stages": stages.record, "seconds": time.monotonic() - t_all})
+        write(fmt_table(a, rows, deck_rows, worst, cores) + (fmt_failure(report["failure"]) if "failure" in report else "")
+              + "\n(partial: the campaign is still running)\n")
+
     text, code = "", 0
     try:
+        # the failure checks first: bounded by --failure-timeout, so --time-limit is left to the runs
+        if a.failure or a.failure_only:
+            report["failure"] = failure_checks(a, decks[0], stages, out, cores)
+            if not all(r["ok"] for r in report["failure"]):
+                code = 1
         if not a.failure_only:
-            rows, deck_rows, worst, same_docs, timing_ok = campaign(a, decks, stages, out, cores)
+            rows, deck_rows, worst, same_docs, timing_ok = campaign(a, decks, stages, out, cores, deadline, checkpoint)
             text = fmt_table(a, rows, deck_rows, worst, cores)
             report.update({"strategies": rows, "decks": deck_rows, "max_abs_error_percent": worst,
-                           "replay_same_tokens": same_docs, "timing_pass": timing_ok})
+                           "replay_same_tokens": same_docs, "timing_pass": timing_ok, "partial": False})
             if not same_docs:
                 code = 1
-            elif not timing_ok:
+            elif not timing_ok and code == 0:
                 code = 3
-        if a.failure or a.failure_only:
-            fres = failure_checks(a, decks[0], stages, out, cores)
-            report["failure"] = fres
-            text += "\nFailure and resume checks:\n\n" + "\n".join(
-                f"- {r['check']} ({r['ranks']} ranks): {'ok' if r['ok'] else 'FAILED'}: {r['result']}" for r in fres) + "\n"
-            if not all(r["ok"] for r in fres):
-                code = 1
+        if "failure" in report:
+            text += fmt_failure(report["failure"])
     except StageFailed as e:
         print(f"rank_campaign: a stage failed: {e}; outputs so far are in {out}", file=sys.stderr)
         report["failed_stage"] = str(e)
@@ -566,10 +634,7 @@ def main():
     report["seconds"] = time.monotonic() - t_all
     report["exit"] = code
     text += f"\n{report['seconds']:.0f} s in all; exit {code}\n"
-    for name, body in (("campaign.md", text), ("campaign.json", json.dumps(report, indent=2) + "\n")):
-        tmp = out / f".{name}.tmp"
-        tmp.write_text(body)
-        os.replace(tmp, out / name)
+    write(text)
     print("\n" + text, flush=True)
     return code
 

@@ -2,7 +2,7 @@
 # bench/rank_campaign.py end to end at 2 ranks on a tiny deck: profile -> calibration run ->
 # calibrate -> 2 measured rounds -> replay of each run -> the table; the replays train
 # exactly the tokens the runs trained; the failure checks (a rank throwing, a rank killed,
-# wlb train killed and resumed) pass. The 5% target is not asserted (timings on a shared
+# wlb train killed and resumed) pass; --time-limit cuts the runs and says so. The 5% target is not asserted (timings on a shared
 # machine): exit 0 or 3. Registered with the serial mpi tests (tests/CMakeLists.txt).
 #   usage: campaign_smoke.sh WLB_BINARY SOURCE_DIR
 set -u
@@ -74,4 +74,14 @@ for check in ("inject throw", "inject kill", "train kill + resume"):
     assert f[check]["ok"], f[check]
 print("campaign.json: 3 strategies, replays of the runs' own plans, failure checks passed")
 PY
+# --time-limit: the calibration run starts (time is left), takes longer than the 0.2 s budget,
+# so no measured run starts; the table says so and the exit is 3
+/usr/bin/python3 "$SRC/bench/rank_campaign.py" tiny.toml --wlb "$WLB" --out t --rounds 2 \
+  --profile c/profile.json --time-limit 0.2 > log_t.txt 2>&1
+rc=$?
+[ $rc -eq 3 ] || { tail -30 log_t.txt; fail "--time-limit: exit $rc, expected 3"; }
+grep -q "^- tiny (2 ranks, tp1 cp2 pp1 dp1): NOT MEASURED: round 1, round 2 did not fit --time-limit" t/campaign.md \
+  || fail "--time-limit: $(cat t/campaign.md)"
+grep -q "^== calibration run" log_t.txt || fail "--time-limit: the calibration run did not start"
+grep -q "^== measured run" log_t.txt && fail "--time-limit: a run started after the budget was spent"
 echo "campaign smoke test passed"
