@@ -4,13 +4,18 @@
 // peak measured in the same run.
 //
 //   bench_attention_gpu [--check-only] [--bench-only] [--quick] [--repeats N]
-//                       [--modes fp32,tf32,bf16] [--cases a,b,c] [--paths auto,sm80]
+//                       [--modes fp32,tf32,bf16] [--cases a,b,c,d] [--paths auto,sm80,split]
 //                       [--json FILE]
 //
 // Useful FLOPs: forward 4*D*heads*pairs (pairs = unmasked query-key pairs), backward 2.5x
 // forward. Case a: one 8192-token document, 32 heads / 8 KV heads, D = 128. Case b: 65536
 // packed tokens, document lengths from bench/attention_case_b.txt (lognormal, median 1024,
-// sigma 1.2, seed 0, capped at 32768). Case c: case a with D = 64. Timing: fence, steady
+// sigma 1.2, seed 0, capped at 32768). Case c: case a with D = 64. Case d: the CP-piece
+// grid, one piece of q queries at the end of a k-key prefix (what per-document CP and
+// SlimPack slices make), q in {64, 256, 1024} x k in {16K, 64K, 128K}, 32 / 8 heads, D 128;
+// rows "d:q64k16K" etc. Paths: auto (Hopper wgmma forward where the device has it), sm80,
+// split (auto with KernelConfig::split_kv: split-KV for pieces of <= 256 queries over
+// >= 16K keys). Timing: fence, steady
 // clock around a loop of calls, median and range over repeats. Precision: documents of
 // 1, 17, 300, 1000 and 4097 tokens packed together plus CP-style pieces (queries shorter
 // than their key prefix), GQA 8/2, D 64 and 128, fresh random inputs, outputs poisoned with
@@ -51,15 +56,24 @@ struct Opts {
   int repeats = 7;
   std::vector<std::string> modes{"fp32", "tf32", "bf16"};
   std::vector<std::string> cases{"a", "b", "c"};
-  /// kernel families: auto (the Hopper wgmma forward where the device has it), sm80
+  /// kernel families: auto (the Hopper wgmma forward where the device has it), sm80, split
   std::vector<std::string> paths{"auto"};
   std::string json;
 };
 
-att::KernelConfig::Path pathOf(const std::string& p) {
-  if (p == "auto") return att::KernelConfig::Path::Auto;
-  if (p == "sm80") return att::KernelConfig::Path::Sm80;
-  std::fprintf(stderr, "bench_attention_gpu: unknown path '%s' (auto, sm80)\n", p.c_str());
+/// The kernel configuration of a path name (precision set by the caller).
+att::KernelConfig pathOf(const std::string& p) {
+  att::KernelConfig cfg;
+  if (p == "auto") return cfg;
+  if (p == "sm80") {
+    cfg.path = att::KernelConfig::Path::Sm80;
+    return cfg;
+  }
+  if (p == "split") {
+    cfg.split_kv = true;
+    return cfg;
+  }
+  std::fprintf(stderr, "bench_attention_gpu: unknown path '%s' (auto, sm80, split)\n", p.c_str());
   std::exit(2);
 }
 
@@ -284,11 +298,9 @@ double tolerance(Prec m) {
 }
 
 template <class T>
-bool checkOne(const Problem& p, const Ref& ref, Prec mode, const std::string& what, att::KernelConfig::Path path) {
+bool checkOne(const Problem& p, const Ref& ref, Prec mode, const std::string& what, att::KernelConfig cfg) {
   ES space;
-  att::KernelConfig cfg;
   cfg.precision = mode;
-  cfg.path = path;
   Buffers<T> b(p);
   // forward, outputs poisoned first
   b.poison();
@@ -319,10 +331,11 @@ bool checkOne(const Problem& p, const Ref& ref, Prec mode, const std::string& wh
   const double worst = std::max({eo, el, eq, ek, ev});
   const bool ok = worst <= tolerance(mode);
   std::printf(
-      "  check %-4s %-22s %-15s o %.2e lse %.2e dq %.2e dk %.2e dv %.2e  (tol %.0e) %s  "
+      "  check %-4s %-22s %-15s %-5s o %.2e lse %.2e dq %.2e dk %.2e dv %.2e  (tol %.0e) %s  "
       "[chained grads %.2e]\n",
       std::is_same<T, att::bf16>::value ? "bf16" : (mode == Prec::Tf32 ? "tf32" : "fp32"), what.c_str(),
-      att::kernelName<ES>(p.D, cfg, std::is_same<T, att::bf16>::value), eo, el, eq, ek, ev, tolerance(mode),
+      att::kernelName<ES>(p.D, cfg, std::is_same<T, att::bf16>::value),
+      cfg.split_kv ? "split" : cfg.path == att::KernelConfig::Path::Sm80 ? "sm80" : "auto", eo, el, eq, ek, ev, tolerance(mode),
       ok ? "ok" : "FAILED", chained);
   return ok;
 }
@@ -336,9 +349,15 @@ bool runChecks(const Opts& o, std::uint64_t seed) {
         o.quick ? std::vector<std::int64_t>{1, 17, 300} : std::vector<std::int64_t>{1, 17, 300, 1000, 4097};
     std::vector<att::PieceRange> cp = {{0, 700, 0, 1500}, {700, 1500, 1500, 3800}, {1500, 1501, 0, 1}};
     if (o.quick) cp = {{0, 70, 0, 150}, {70, 150, 150, 380}, {150, 151, 0, 1}};
-    for (int which = 0; which < 2; ++which) {
-      auto batch = which == 0 ? att::VarlenBatch::fromDocLengths(docs) : att::VarlenBatch::fromRanges(cp);
-      const std::string what = (which == 0 ? "docs " : "cp-pieces ") + std::string("D=") + std::to_string(D);
+    // pieces of few queries over long prefixes (split-KV's case: <= 256 queries, >= 16K keys)
+    std::vector<att::PieceRange> lng = {{0, 64, 0, 20000}, {64, 320, 20000, 37000}, {320, 832, 37000, 50000}};
+    if (o.quick) lng = {{0, 64, 0, 16400}, {64, 100, 16400, 17000}};
+    for (int which = 0; which < 3; ++which) {
+      auto batch = which == 0   ? att::VarlenBatch::fromDocLengths(docs)
+                   : which == 1 ? att::VarlenBatch::fromRanges(cp)
+                                : att::VarlenBatch::fromRanges(lng);
+      const std::string what = (which == 0 ? "docs " : which == 1 ? "cp-pieces " : "cp-long ") + std::string("D=") +
+                               std::to_string(D);
       const Problem p = makeProblem(batch, 8, 2, D, seed + static_cast<std::uint64_t>(D * 2 + which));
       const Ref r32 = reference(p, false);
       const Ref r16 = reference(p, true);
@@ -396,16 +415,14 @@ std::vector<std::int64_t> caseBLengths() {
 }
 
 struct Row {
-  std::string cas, mode, kernel;
+  std::string cas, mode, kernel, path;
   double fwd_tf = 0, bwd_tf = 0, both_tf = 0, fwd_lo = 0, fwd_hi = 0, bwd_lo = 0, bwd_hi = 0, fwd_ms = 0, bwd_ms = 0;
 };
 
 template <class T>
-Row benchOne(const Problem& p, Prec mode, const std::string& cas, const Opts& o, att::KernelConfig::Path path) {
+Row benchOne(const Problem& p, Prec mode, const std::string& cas, const Opts& o, att::KernelConfig cfg) {
   ES space;
-  att::KernelConfig cfg;
   cfg.precision = mode;
-  cfg.path = path;
   Buffers<T> b(p);
   b.zeroGrads();
   const double min_s = o.quick ? 0.02 : 0.2;
@@ -416,6 +433,7 @@ Row benchOne(const Problem& p, Prec mode, const std::string& cas, const Opts& o,
   r.cas = cas;
   r.mode = std::is_same<T, att::bf16>::value ? "bf16" : (mode == Prec::Tf32 ? "tf32" : "fp32");
   r.kernel = att::kernelName<ES>(p.D, cfg, std::is_same<T, att::bf16>::value);
+  r.path = cfg.split_kv ? "split" : cfg.path == att::KernelConfig::Path::Sm80 ? "sm80" : "auto";
   r.fwd_tf = ff / tf.median * 1e-12;
   r.fwd_lo = ff / tf.hi * 1e-12;
   r.fwd_hi = ff / tf.lo * 1e-12;
@@ -500,7 +518,7 @@ int main(int argc, char** argv) {
     else if (a == "--help" || a == "-h") {
       std::printf(
           "usage: bench_attention_gpu [--check-only] [--bench-only] [--quick] [--repeats N] "
-          "[--modes fp32,tf32,bf16] [--cases a,b,c] [--paths auto,sm80] [--json FILE]\n");
+          "[--modes fp32,tf32,bf16] [--cases a,b,c,d] [--paths auto,sm80,split] [--json FILE]\n");
       return 0;
     } else if (a.rfind("--kokkos", 0) != 0) {
       std::fprintf(stderr, "bench_attention_gpu: unknown argument '%s'\n", a.c_str());
@@ -523,20 +541,36 @@ int main(int argc, char** argv) {
   if (o.bench) {
     peak = fmaPeakTflops(o.quick);
     std::printf("FP32 FMA peak measured: %.1f TFLOP/s\n", peak);
+    // case d expands into its grid cells
+    std::vector<std::string> cases;
     for (const auto& c : o.cases) {
+      if (c != "d") {
+        cases.push_back(c);
+        continue;
+      }
+      for (int q : {64, 256, 1024})
+        for (int k : {16, 64, 128}) cases.push_back("d:q" + std::to_string(q) + "k" + std::to_string(k) + "K");
+    }
+    for (const auto& c : cases) {
       std::vector<std::int64_t> lens;
       int D = 128;
-      if (c == "a")
+      att::VarlenBatch cell;
+      if (c.rfind("d:", 0) == 0) {
+        std::int64_t nq = std::stoll(c.substr(3, c.find('k') - 3));
+        std::int64_t nk = std::stoll(c.substr(c.find('k') + 1)) * 1024;
+        if (o.quick) nk = std::min<std::int64_t>(nk, 16384), nq = std::min<std::int64_t>(nq, 256);
+        cell = att::VarlenBatch::fromRanges({{0, nq, 0, nk}});
+      } else if (c == "a")
         lens = {8192};
       else if (c == "b")
         lens = caseBLengths();
       else if (c == "c")
         lens = {8192}, D = 64;
       else {
-        std::fprintf(stderr, "bench_attention_gpu: unknown case '%s' (a, b, c)\n", c.c_str());
+        std::fprintf(stderr, "bench_attention_gpu: unknown case '%s' (a, b, c, d)\n", c.c_str());
         return 2;
       }
-      if (o.quick) {
+      if (o.quick && cell.pieces.empty()) {
         std::int64_t budget = 2048;
         std::vector<std::int64_t> cut;
         for (auto l : lens) {
@@ -546,7 +580,8 @@ int main(int argc, char** argv) {
         }
         lens = cut;
       }
-      const Problem p = makeProblem(att::VarlenBatch::fromDocLengths(lens), o.quick ? 4 : 32, o.quick ? 1 : 8, D, 7);
+      const Problem p = makeProblem(cell.pieces.empty() ? att::VarlenBatch::fromDocLengths(lens) : std::move(cell),
+                                    o.quick ? 4 : 32, o.quick ? 1 : 8, D, 7);
       for (const auto& pa : o.paths)
         for (const auto& m : o.modes) {
           const Prec mode = precisionOf(m);
@@ -554,18 +589,18 @@ int main(int argc, char** argv) {
                                             : benchOne<float>(p, mode, c, o, pathOf(pa)));
           const Row& r = rows.back();
           std::printf(
-              "  case %s %-4s %-15s fwd %8.2f TFLOP/s [%.2f, %.2f] (%.3f ms)  bwd %8.2f [%.2f, %.2f] (%.3f ms)  "
+              "  case %s %-4s %-15s %-5s fwd %8.2f TFLOP/s [%.2f, %.2f] (%.3f ms)  bwd %8.2f [%.2f, %.2f] (%.3f ms)  "
               "fwd+bwd %8.2f\n",
-              r.cas.c_str(), r.mode.c_str(), r.kernel.c_str(), r.fwd_tf, r.fwd_lo, r.fwd_hi, r.fwd_ms, r.bwd_tf,
+              r.cas.c_str(), r.mode.c_str(), r.kernel.c_str(), r.path.c_str(), r.fwd_tf, r.fwd_lo, r.fwd_hi, r.fwd_ms, r.bwd_tf,
               r.bwd_lo, r.bwd_hi, r.bwd_ms, r.both_tf);
           std::fflush(stdout);
         }
     }
-    std::printf("\n%-4s %-4s %-15s %10s %10s %10s %12s\n", "case", "mode", "kernel", "fwd", "bwd", "fwd+bwd",
-                "fwd/FMA peak");
+    std::printf("\n%-12s %-4s %-15s %-5s %10s %10s %10s %12s\n", "case", "mode", "kernel", "path", "fwd", "bwd",
+                "fwd+bwd", "fwd/FMA peak");
     for (const auto& r : rows)
-      std::printf("%-4s %-4s %-15s %10.2f %10.2f %10.2f %11.1f%%\n", r.cas.c_str(), r.mode.c_str(), r.kernel.c_str(),
-                  r.fwd_tf, r.bwd_tf, r.both_tf, 100.0 * r.fwd_tf / peak);
+      std::printf("%-12s %-4s %-15s %-5s %10.2f %10.2f %10.2f %11.1f%%\n", r.cas.c_str(), r.mode.c_str(),
+                  r.kernel.c_str(), r.path.c_str(), r.fwd_tf, r.bwd_tf, r.both_tf, 100.0 * r.fwd_tf / peak);
   }
   if (!o.json.empty()) {
     const std::string tmp = o.json + ".tmp";
@@ -576,7 +611,7 @@ int main(int argc, char** argv) {
       for (std::size_t i = 0; i < rows.size(); ++i) {
         const Row& r = rows[i];
         js << (i ? "," : "") << "\n    {\"case\": \"" << r.cas << "\", \"mode\": \"" << r.mode << "\", \"kernel\": \""
-           << r.kernel << "\", \"fwd_tflops\": " << r.fwd_tf << ", \"fwd_range\": [" << r.fwd_lo << ", " << r.fwd_hi
+           << r.kernel << "\", \"path\": \"" << r.path << "\", \"fwd_tflops\": " << r.fwd_tf << ", \"fwd_range\": [" << r.fwd_lo << ", " << r.fwd_hi
            << "], \"bwd_tflops\": " << r.bwd_tf << ", \"bwd_range\": [" << r.bwd_lo << ", " << r.bwd_hi
            << "], \"fwd_bwd_tflops\": " << r.both_tf << ", \"fwd_ms\": " << r.fwd_ms << ", \"bwd_ms\": " << r.bwd_ms
            << "}";

@@ -495,9 +495,10 @@ bool forwardCuda(const Kokkos::Cuda& space, QV q, QV k, QV v, const VarlenBatch&
   a.lse_s0 = lse.stride(0);
   const bool hopper = cfg.path != KernelConfig::Path::Sm80;
   if constexpr (bfs) {
-    return cuda::mmaForward<bf16>(space, a, b, hopper);
+    return cuda::mmaForward<bf16>(space, a, b, hopper, cfg.split_kv);
   } else {
-    if (cfg.precision == KernelConfig::Precision::Tf32) return cuda::mmaForward<float>(space, a, b, hopper);
+    if (cfg.precision == KernelConfig::Precision::Tf32)
+      return cuda::mmaForward<float>(space, a, b, hopper, cfg.split_kv);
     if (cfg.precision == KernelConfig::Precision::Fp32) return cuda::simtForward(space, a, b);
     // BF16 arithmetic on FP32 storage: round the inputs once, run the BF16 kernels
     const auto qb = toBf16View(space, q, "wlb::attention::q_bf16");
@@ -510,7 +511,7 @@ bool forwardCuda(const Kokkos::Cuda& space, QV q, QV k, QV v, const VarlenBatch&
     ab.o_out = ob.data();
     ab.lse_out = lse.data();
     ab.lse_s0 = lse.stride(0);
-    cuda::mmaForward<bf16>(space, ab, b, hopper);
+    cuda::mmaForward<bf16>(space, ab, b, hopper, cfg.split_kv);
     // copy back only the rows the pieces own (forward overwrites those rows alone): mark
     // them, then one flat kernel over every element (a team per piece would leave a long
     // document's copy to one block)

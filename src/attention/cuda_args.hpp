@@ -32,6 +32,13 @@ struct Args {
   const int* ranges = nullptr;  ///< [pieces][4]: q_begin, q_end, k_begin, k_end
   const int* work = nullptr;    ///< [nwork][2]: piece, tile index; longest first
   int nwork = 0;
+  // Split-KV (Hopper forward, split_kv.hpp); null `split`: every item walks all its visible
+  // key tiles and writes O.
+  const int* split = nullptr;    ///< [nwork][3]: first key tile, end key tile, partial slot (-1: O)
+  float* o_part = nullptr;       ///< [slots][rows per item][heads][head_dim] normalised partial outputs
+  float* lse_part = nullptr;     ///< [slots][rows per item][heads] their LSEs (natural log)
+  const int* groups = nullptr;   ///< [ngroups][4]: piece, tile, first slot, parts (the combine pass)
+  int ngroups = 0;
 };
 
 }  // namespace wlb::attention::cuda

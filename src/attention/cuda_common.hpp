@@ -21,6 +21,7 @@
 #include "attention/bf16.hpp"
 #include "attention/cuda_args.hpp"
 #include "attention/cuda_ptx.hpp"
+#include "attention/split_kv.hpp"
 
 namespace wlb::attention::cuda {
 
@@ -73,6 +74,45 @@ inline WorkView queryWork(const VarlenBatch& b, int bq, int bk) {
   }
   return detail::uploadWork(std::move(items), "wlb::attention::cuda::qwork");
 }
+
+/// A split-KV plan (split_kv.hpp) on the device: the work list and its key-tile ranges and
+/// slots, the combine groups, and the partial outputs (`per_slot` floats of O and
+/// `lse_per_slot` of LSE per slot).
+struct SplitWork {
+  WorkView work;
+  Kokkos::View<int* [3], Kokkos::LayoutRight, Kokkos::CudaSpace> split;
+  Kokkos::View<int* [4], Kokkos::LayoutRight, Kokkos::CudaSpace> groups;
+  Kokkos::View<float*, Kokkos::CudaSpace> o_part, lse_part;
+  SplitWork(const split_kv::Plan& plan, std::int64_t per_slot, std::int64_t lse_per_slot)
+      : work("wlb::attention::cuda::split_work", plan.items.size()),
+        split("wlb::attention::cuda::split_ranges", plan.items.size()),
+        groups("wlb::attention::cuda::split_groups", plan.groups.size()),
+        o_part(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("wlb::attention::cuda::o_part")),
+               plan.slots * per_slot),
+        lse_part(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("wlb::attention::cuda::lse_part")),
+                 plan.slots * lse_per_slot) {
+    auto hw = Kokkos::create_mirror_view(work);
+    auto hs = Kokkos::create_mirror_view(split);
+    auto hg = Kokkos::create_mirror_view(groups);
+    for (std::size_t i = 0; i < plan.items.size(); ++i) {
+      const split_kv::Item& it = plan.items[i];
+      hw(i, 0) = it.piece;
+      hw(i, 1) = it.tile;
+      hs(i, 0) = it.first;
+      hs(i, 1) = it.end;
+      hs(i, 2) = it.slot;
+    }
+    for (std::size_t i = 0; i < plan.groups.size(); ++i) {
+      hg(i, 0) = plan.groups[i].piece;
+      hg(i, 1) = plan.groups[i].tile;
+      hg(i, 2) = plan.groups[i].slot0;
+      hg(i, 3) = plan.groups[i].parts;
+    }
+    Kokkos::deep_copy(work, hw);
+    Kokkos::deep_copy(split, hs);
+    Kokkos::deep_copy(groups, hg);
+  }
+};
 
 /// Key tiles of `bk` keys (pieces with queries only); cost = query rows that see the tile.
 inline WorkView keyWork(const VarlenBatch& b, int bk) {

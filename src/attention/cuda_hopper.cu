@@ -333,22 +333,31 @@ __global__ void __launch_bounds__(128 * NWG, 1) forwardKernel(const cuda::Args a
 
   const int qend = q0 + BQ < nq ? q0 + BQ : nq;
   const int nkt = (off + qend + BN - 1) / BN;  // key tiles visible to some valid row (>= 1)
+  // split-KV: this item walks key tiles [jb, je) and writes a partial output to `slot`; a
+  // part starts where every row of the tile sees a key (split_kv.hpp), so every row's
+  // running max is finite after the part's first tile as after tile 0
+  int jb = 0, je = nkt, slot = -1;
+  if (a.split) {
+    jb = a.split[3 * item];
+    je = a.split[3 * item + 1] < nkt ? a.split[3 * item + 1] : nkt;
+    slot = a.split[3 * item + 2];
+  }
 
-  // group 0: Q and tile 0; group 1: tile 1 (maybe empty); group j + 2 is issued after tile j
+  // group 0: Q and tile jb; group 1: tile jb + 1 (maybe empty); group j + 2 is issued after tile j
   stage<BQ, G::cpr, NT>(sQ, Qg, qsb, q0, nq, tid);
-  stage<BN, G::cpr, NT>(sK, Kg, ksb, 0, nk, tid);
-  if constexpr (BF) stage<BN, G::cpr, NT>(sV, Vg, vsb, 0, nk, tid);
+  stage<BN, G::cpr, NT>(sK, Kg, ksb, jb * BN, nk, tid);
+  if constexpr (BF) stage<BN, G::cpr, NT>(sV, Vg, vsb, jb * BN, nk, tid);
   cpAsyncCommit();
-  if (nkt > 1) {
-    stage<BN, G::cpr, NT>(sK + G::kvBytes, Kg, ksb, BN, nk, tid);
-    if constexpr (BF) stage<BN, G::cpr, NT>(sV + G::kvBytes, Vg, vsb, BN, nk, tid);
+  if (jb + 1 < je) {
+    stage<BN, G::cpr, NT>(sK + G::kvBytes, Kg, ksb, (jb + 1) * BN, nk, tid);
+    if constexpr (BF) stage<BN, G::cpr, NT>(sV + G::kvBytes, Vg, vsb, (jb + 1) * BN, nk, tid);
   }
   cpAsyncCommit();
   VRegs<D, BN, NT> vr;  // TF32 only: the next V tile on its way to the transposed stage
   if constexpr (!BF) {
-    vr.load(Vg, vsb, 0, nk, tid);
+    vr.load(Vg, vsb, jb * BN, nk, tid);
     vr.store(sV, tid);
-    if (nkt > 1) vr.load(Vg, vsb, BN, nk, tid);
+    if (jb + 1 < je) vr.load(Vg, vsb, (jb + 1) * BN, nk, tid);
   }
 
   // this warpgroup's rows: warp w holds rows wr + {g, g + 8}
@@ -361,8 +370,8 @@ __global__ void __launch_bounds__(128 * NWG, 1) forwardKernel(const cuda::Args a
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
   const float sl2 = a.scale_log2;
 
-  for (int j = 0; j < nkt; ++j) {
-    const int buf = j & 1;
+  for (int j = jb; j < je; ++j) {
+    const int buf = (j - jb) & 1;
     const char* sKj = sK + buf * G::kvBytes;
     const char* sVj = sV + buf * G::kvBytes;
     cpAsyncWait<1>();  // tile j landed; tile j + 1 may be in flight
@@ -401,7 +410,7 @@ __global__ void __launch_bounds__(128 * NWG, 1) forwardKernel(const cuda::Args a
         mx0 = fmaxf(mx0, fmaxf(s[4 * i], s[4 * i + 1]));
         mx1 = fmaxf(mx1, fmaxf(s[4 * i + 2], s[4 * i + 3]));
       }
-      // every row saw key 0 in tile 0, so the running max is finite from then on; scores
+      // every row saw the first key of tile jb, so the running max is finite from then on; scores
       // stay unscaled and the scale folds into one FFMA per score
       const float mn0 = fmaxf(m0, quadMax(mx0) * sl2), mn1 = fmaxf(m1, quadMax(mx1) * sl2);
       const float al0 = fastExp2(m0 - mn0), al1 = fastExp2(m1 - mn1);
@@ -458,13 +467,13 @@ __global__ void __launch_bounds__(128 * NWG, 1) forwardKernel(const cuda::Args a
       fenceRegs(o);
     }
     if constexpr (!BF) {
-      if (j + 1 < nkt) {
+      if (j + 1 < je) {
         vr.store(sV + (buf ^ 1) * G::kvBytes, tid);  // last read by tile j - 1
-        if (j + 2 < nkt) vr.load(Vg, vsb, (j + 2) * BN, nk, tid);
+        if (j + 2 < je) vr.load(Vg, vsb, (j + 2) * BN, nk, tid);
       }
     }
     __syncthreads();  // every warpgroup is done with stage `buf`
-    if (j + 2 < nkt) {
+    if (j + 2 < je) {
       stage<BN, G::cpr, NT>(sK + buf * G::kvBytes, Kg, ksb, (j + 2) * BN, nk, tid);
       if constexpr (BF) stage<BN, G::cpr, NT>(sV + buf * G::kvBytes, Vg, vsb, (j + 2) * BN, nk, tid);
     }
@@ -472,6 +481,25 @@ __global__ void __launch_bounds__(128 * NWG, 1) forwardKernel(const cuda::Args a
   }
 
   if (wfirst > wlast) return;
+  if (slot >= 0) {  // a part: normalised FP32 partial output and its LSE, merged by combineKernel
+    float* P = a.o_part + static_cast<std::int64_t>(slot) * BQ * H * D;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float ls = quadSum(half ? l1 : l0);
+      const int row = wr + 8 * half;
+      if (row >= nq) continue;
+      const float inv = 1.0f / ls;
+      float* prow = P + (static_cast<std::int64_t>(row - q0) * H + h) * D + 2 * t;
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i)
+        *reinterpret_cast<float2*>(prow + i * 8) =
+            make_float2(o[4 * i + 2 * half] * inv, o[4 * i + 2 * half + 1] * inv);
+      if (t == 0)
+        a.lse_part[(static_cast<std::int64_t>(slot) * BQ + (row - q0)) * H + h] =
+            ((half ? m1 : m0) + log2f(ls)) * 0.6931471805599453f;
+    }
+    return;
+  }
   char* O = static_cast<char*>(a.o_out);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -494,6 +522,49 @@ __global__ void __launch_bounds__(128 * NWG, 1) forwardKernel(const cuda::Args a
   }
 #else
   (void)a;
+#endif
+}
+
+// ---------------- split-KV combine ---------------------------------------------------------
+
+// One block per (split query tile, head): row by row, the parts' weights exp(lse_s - lse)
+// from their LSEs, then the output columns in pairs across the block's threads (coalesced
+// reads of each part's row); writes O and the LSE as the unsplit forward would.
+template <bool BF, int D>
+__global__ void __launch_bounds__(64) combineKernel(const cuda::Args a, int rows) {
+#if defined(WLB_HOPPER_DEVICE)
+  const int H = a.heads;
+  const int gi = blockIdx.x / H, h = blockIdx.x % H;
+  const int p = a.groups[4 * gi], tile = a.groups[4 * gi + 1], slot0 = a.groups[4 * gi + 2],
+            parts = a.groups[4 * gi + 3];
+  const int qb = a.ranges[4 * p], nq = a.ranges[4 * p + 1] - qb, q0 = tile * rows;
+  const int nr = nq - q0 < rows ? nq - q0 : rows;
+  const std::int64_t slotRows = static_cast<std::int64_t>(rows) * H;
+  for (int r = 0; r < nr; ++r) {
+    const std::int64_t pr = static_cast<std::int64_t>(r) * H + h;
+    float mx = -INFINITY;
+    for (int s = 0; s < parts; ++s) mx = fmaxf(mx, a.lse_part[(slot0 + s) * slotRows + pr]);
+    float sum = 0.0f;
+    for (int s = 0; s < parts; ++s) sum += expf(a.lse_part[(slot0 + s) * slotRows + pr] - mx);
+    const float l = mx + logf(sum);
+    const std::int64_t orow = static_cast<std::int64_t>(qb + q0 + r) * a.o_s0 + h * D;
+    for (int d = 2 * static_cast<int>(threadIdx.x); d < D; d += 2 * static_cast<int>(blockDim.x)) {
+      float x0 = 0.0f, x1 = 0.0f;
+      for (int s = 0; s < parts; ++s) {
+        const float w = expf(a.lse_part[(slot0 + s) * slotRows + pr] - l);
+        const float2 v = *reinterpret_cast<const float2*>(a.o_part + ((slot0 + s) * slotRows + pr) * D + d);
+        x0 = fmaf(w, v.x, x0);
+        x1 = fmaf(w, v.y, x1);
+      }
+      if constexpr (BF)
+        *reinterpret_cast<unsigned*>(static_cast<char*>(a.o_out) + (orow + d) * 2) = packBf16(x0, x1);
+      else
+        *reinterpret_cast<float2*>(static_cast<float*>(a.o_out) + orow + d) = make_float2(x0, x1);
+    }
+    if (threadIdx.x == 0) a.lse_out[static_cast<std::int64_t>(qb + q0 + r) * a.lse_s0 + h] = l;
+  }
+#else
+  (void)a, (void)rows;
 #endif
 }
 
@@ -738,6 +809,10 @@ void launch(cudaStream_t st, const cuda::Args& a) {
   check(attr, "cudaFuncSetAttribute");
   forwardKernel<BF, D, BN, NWG><<<a.nwork * a.heads, G::threads, G::smem, st>>>(a);
   check(cudaGetLastError(), "forward launch");
+  if (a.split && a.ngroups > 0) {
+    combineKernel<BF, D><<<a.ngroups * a.heads, 64, 0, st>>>(a, G::rows);
+    check(cudaGetLastError(), "split-KV combine launch");
+  }
 }
 
 template <int D>

@@ -28,8 +28,10 @@ int forwardRows(bool bf16, int head_dim);
 int forwardKeys(bool bf16, int head_dim);
 
 /// Forward over `a.work` (nwork items x heads blocks) on `stream` (a cudaStream_t):
-/// `bf16` = BF16 storage and MMAs; else FP32 storage on TF32 MMAs. Throws
-/// std::runtime_error when the launch fails.
+/// `bf16` = BF16 storage and MMAs; else FP32 storage on TF32 MMAs. With `a.split` (a
+/// split-KV plan, split_kv.hpp) the items walk their key-tile ranges, the parts write
+/// a.o_part / a.lse_part, and a combine pass over `a.groups` merges them into O and the
+/// LSE. Throws std::runtime_error when a launch fails.
 void forward(void* stream, const cuda::Args& a, bool bf16);
 
 /// Keys per block of the BF16 backward (the work list's key tiles).

@@ -604,11 +604,30 @@ inline bool useHopper(int head_dim, bool allow) {
 /// where useHopper(allowHopper), else the sm_80 ones. False when head_dim is not supported
 /// (nothing launched).
 template <class T>
-bool mmaForward(const Kokkos::Cuda& space, const Args& a, const VarlenBatch& b, bool allowHopper = true) {
+bool mmaForward(const Kokkos::Cuda& space, const Args& a, const VarlenBatch& b, bool allowHopper = true,
+                bool splitKv = false) {
 #if defined(WLB_HAVE_HOPPER)
   if (useHopper(a.head_dim, allowHopper)) {
     constexpr bool bf = std::is_same<T, bf16>::value;
-    const WorkView work = queryWork(b, hopper::forwardRows(bf, a.head_dim), hopper::forwardKeys(bf, a.head_dim));
+    const int rows = hopper::forwardRows(bf, a.head_dim), keys = hopper::forwardKeys(bf, a.head_dim);
+    if (splitKv) {
+      const split_kv::Plan plan = split_kv::plan(b.pieces, rows, keys);
+      if (!plan.groups.empty()) {
+        SplitWork sw(plan, static_cast<std::int64_t>(rows) * a.heads * a.head_dim, static_cast<std::int64_t>(rows) * a.heads);
+        Args h = a;
+        h.work = sw.work.data();
+        h.nwork = static_cast<int>(sw.work.extent(0));
+        h.split = sw.split.data();
+        h.groups = sw.groups.data();
+        h.ngroups = static_cast<int>(sw.groups.extent(0));
+        h.o_part = sw.o_part.data();
+        h.lse_part = sw.lse_part.data();
+        hopper::forward(space.cuda_stream(), h, bf);
+        space.fence("wlb::attention::hopper::fwd_split");  // the buffers die with this scope
+        return true;
+      }
+    }
+    const WorkView work = queryWork(b, rows, keys);
     Args h = a;
     h.work = work.data();
     h.nwork = static_cast<int>(work.extent(0));

@@ -27,6 +27,10 @@ struct KernelConfig {
   /// BF16 on the way in; BF16 storage always takes these kernels). Host and portable paths
   /// compute every mode in FP32, which is at least as accurate.
   enum class Precision : int { Fp32 = 0, Tf32 = 1, Bf16 = 2 } precision = Precision::Fp32;
+  /// Split-KV in the Hopper forward (split_kv.hpp): pieces with at most 256 queries over at
+  /// least 16K keys run as several work items over parts of their keys, merged by their
+  /// LSE. Off by default until measured on an H100; other paths ignore it.
+  bool split_kv = false;
 };
 
 /// Unmasked query-key pairs of a piece: nq*(nk-nq) + nq*(nq+1)/2.

@@ -13,6 +13,7 @@
 
 #include "attention/attention.hpp"
 #include "attention/reference.hpp"
+#include "attention/split_kv.hpp"
 
 namespace att = wlb::attention;
 using ES = Kokkos::DefaultExecutionSpace;
@@ -410,4 +411,96 @@ TEST(Attention, Bf16Conversions) {
   EXPECT_EQ(att::roundBf16(1.0f + 3.0f / 256.0f), 1.0f + 1.0f / 64.0f);  // tie: to even (up)
   EXPECT_TRUE(std::isnan(att::toFloat(att::toBf16(std::nanf("")))));
   EXPECT_TRUE(std::isinf(att::toFloat(att::toBf16(std::numeric_limits<float>::infinity()))));
+}
+
+// Split-KV plan (the Hopper forward's work list): every visible key tile of every query
+// tile exactly once, parts only for pieces with few queries over long keys, each part
+// starting where every row of its tile sees a key, slots consecutive, longest first.
+TEST(SplitKv, PlanCoversEveryVisibleKeyTileOnce) {
+  const std::vector<att::PieceRange> pieces = {
+      {0, 5000, 0, 5000},            // whole document: not split
+      {5000, 5200, 5000, 45000},     // CP piece, 200 queries over 40K keys: split
+      {5200, 5456, 0, 16384},        // 256 over 16K: the rule's edge, split
+      {5456, 5713, 0, 20000},        // 257 queries: not split
+      {5713, 5777, 20000, 120000}};  // 64 over 100K: split into the most parts
+  const int bq = 128, bk = 128;
+  const att::split_kv::Rule rule;
+  const att::split_kv::Plan plan = att::split_kv::plan(pieces, bq, bk, rule);
+  for (std::size_t i = 1; i < plan.items.size(); ++i) EXPECT_GE(plan.items[i - 1].cost, plan.items[i].cost);
+  std::vector<int> slot_seen(plan.slots, 0);
+  for (std::size_t pi = 0; pi < pieces.size(); ++pi) {
+    const auto& p = pieces[pi];
+    const bool eligible = p.nq() <= rule.max_queries && p.nk() >= rule.min_keys;
+    for (std::int64_t t = 0; t * bq < p.nq(); ++t) {
+      std::vector<att::split_kv::Item> mine;
+      for (const auto& it : plan.items)
+        if (it.piece == static_cast<int>(pi) && it.tile == t) mine.push_back(it);
+      ASSERT_FALSE(mine.empty()) << pi << " " << t;
+      std::sort(mine.begin(), mine.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      const std::int64_t tiles = att::split_kv::visibleTiles(p, t, bq, bk);
+      EXPECT_EQ(mine.front().first, 0);
+      EXPECT_EQ(mine.back().end, tiles);
+      for (std::size_t s = 0; s < mine.size(); ++s) {
+        if (s > 0) {
+          EXPECT_EQ(mine[s].first, mine[s - 1].end);
+        }
+        EXPECT_LT(mine[s].first, mine[s].end);
+        EXPECT_EQ(mine[s].cost, mine[s].end - mine[s].first);
+        EXPECT_LE(static_cast<std::int64_t>(mine[s].first) * bk, t * bq + p.nk() - p.nq());
+      }
+      if (!eligible) {
+        ASSERT_EQ(mine.size(), 1u);
+        EXPECT_EQ(mine[0].slot, -1);
+        continue;
+      }
+      EXPECT_GT(mine.size(), 1u) << "piece " << pi;
+      EXPECT_LE(mine.size(), static_cast<std::size_t>(rule.max_parts));
+      const auto g = std::find_if(plan.groups.begin(), plan.groups.end(),
+                                  [&](const auto& x) { return x.piece == static_cast<int>(pi) && x.tile == t; });
+      ASSERT_NE(g, plan.groups.end());
+      ASSERT_EQ(g->parts, static_cast<int>(mine.size()));
+      for (std::size_t s = 0; s < mine.size(); ++s) {
+        EXPECT_EQ(mine[s].slot, g->slot0 + static_cast<int>(s));
+        ++slot_seen[mine[s].slot];
+        if (s + 1 < mine.size()) {
+          EXPECT_GE(mine[s].cost, rule.min_tiles);
+        }
+      }
+    }
+  }
+  for (int c : slot_seen) EXPECT_EQ(c, 1);
+  EXPECT_EQ(att::split_kv::plan(pieces, bq, bk, {0, 0, 8, 16}).slots, 0);  // max_queries 0: nothing split
+}
+
+// The combine by LSE: the attention of one query row over its keys, computed in parts of
+// the key range and merged, equals the whole row's (output and LSE).
+TEST(SplitKv, CombinedPartsEqualTheWholeRow) {
+  const int H = 2, Hkv = 1, D = 64, nk = 1000;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> q(H * D), k(static_cast<std::size_t>(nk) * Hkv * D), v(k.size());
+  for (auto& x : q) x = 2.0f * nd(rng);
+  for (auto& x : k) x = nd(rng);
+  for (auto& x : v) x = nd(rng);
+  att::reference::Dims dims{H, Hkv, D, 0.0f};
+  std::vector<float> o(H * D), lse(H);
+  att::reference::forward(q, k, v, {{0, 1, 0, nk}}, dims, o, lse);  // one query: sees every key
+  const std::vector<int> cuts = {0, 130, 131, 600, 1000};
+  const int parts = static_cast<int>(cuts.size()) - 1;
+  std::vector<float> op(static_cast<std::size_t>(parts) * H * D), lp(static_cast<std::size_t>(parts) * H);
+  for (int s = 0; s < parts; ++s) {
+    std::vector<float> os(H * D), ls(H);
+    att::reference::forward(q, k, v, {{0, 1, cuts[s], cuts[s + 1]}}, dims, os, ls);
+    for (int h = 0; h < H; ++h) {
+      lp[h * parts + s] = ls[h];
+      std::copy(os.begin() + h * D, os.begin() + (h + 1) * D, op.begin() + (static_cast<std::size_t>(h) * parts + s) * D);
+    }
+  }
+  for (int h = 0; h < H; ++h) {
+    std::vector<float> oc(D);
+    float lc = 0.0f;
+    att::split_kv::combine(&lp[h * parts], &op[static_cast<std::size_t>(h) * parts * D], parts, D, oc.data(), &lc);
+    EXPECT_NEAR(lc, lse[h], 1e-5f * std::abs(lse[h]) + 1e-6f);
+    for (int d = 0; d < D; ++d) EXPECT_NEAR(oc[d], o[h * D + d], 1e-5f) << h << " " << d;
+  }
 }
