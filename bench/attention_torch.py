@@ -11,6 +11,11 @@ document, on three cases
   b  65536 packed tokens of documents whose lengths are read from
      bench/attention_case_b.txt (regenerate with --make-case-b), head_dim 128
   c  case a with head_dim 64
+  d  the CP-piece grid: one piece of q queries at the end of a k-key prefix (what
+     per-document CP and SlimPack slices make), q in {64, 256, 1024} x k in {16K, 64K,
+     128K}, head_dim 128; cells "d:q64k16K" ... Only varlen_bf16 takes pieces with fewer
+     queries than keys (cu_seq_q != cu_seq_k, causal mask aligned bottom-right: query i
+     of a piece sees keys [0, k - q + i]); the other kernels report it unavailable
 
 with four kernels, forward and backward timed separately:
 
@@ -41,6 +46,7 @@ CUDA events bracket the backward alone; the JSON says which).
 FLOP convention (useful work only, identical to wlb's cost model and C++ benches)
 ------------------------------------------------------------------------------
   pairs    = sum over documents of n * (n + 1) / 2     (query, key) pairs kept
+             (case d: q * (k - q) + q * (q + 1) / 2)
   forward  = 4 * D * heads * pairs                     heads = 32 query heads
   backward = 2.5 * forward
 Rates are useful TFLOP/s = FLOP / time / 1e12, whatever a kernel computes beyond
@@ -61,13 +67,14 @@ and with TF32 on (torch.backends.cuda.matmul.allow_tf32), and device-to-device c
 bandwidth (bytes read + written per second) of a 1 GiB tensor.
 
 Precision sanity: each kernel's forward output over the first tokens of its case
-(1024 for a and c, 2048 for b, document boundaries kept, last document cut) against
-a float64 reference computed on the GPU from the same inputs; reported as the
-relative Frobenius error ||out - ref||_F / ||ref||_F.
+(1024 for a and c, 2048 for b, document boundaries kept, last document cut; case d: the
+piece's first min(q, 256) queries over their whole key prefix) against a float64
+reference computed on the GPU from the same inputs; reported as the relative Frobenius
+error ||out - ref||_F / ||ref||_F.
 
 Usage
 -----
-  python3 bench/attention_torch.py [--cases a,b,c] [--kernels sdpa_fp32,...]
+  python3 bench/attention_torch.py [--cases a,b,c,d] [--kernels sdpa_fp32,...]
                                    [--repeats N] [--quick] [--json PATH]
   python3 bench/attention_torch.py --make-case-b     # rewrite the case-b lengths
 
@@ -98,7 +105,9 @@ CASE_B_MAX_LEN = 32768
 CASE_B_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attention_case_b.txt")
 
 KERNELS = ("sdpa_fp32", "sdpa_bf16_cudnn", "flex_bf16", "varlen_bf16")
-CASES = ("a", "b", "c")
+CASES = ("a", "b", "c", "d")
+GRID_Q = (64, 256, 1024)          # case d: queries of the piece
+GRID_K = (16384, 65536, 131072)   # case d: keys of its prefix
 L2_FALLBACK_BYTES = 50 * 2**20
 MATMUL_N = 8192
 COPY_BYTES = 2**30
@@ -194,16 +203,21 @@ def read_case_b_file(path):
 
 
 class Case:
-    """One attention problem: document lengths (packed in order) and head_dim."""
+    """One attention problem: document lengths (packed in order) and head_dim. With
+    q_lens (case d), document i keeps only its last q_lens[i] queries (a CP piece): queries
+    are packed by q_lens, keys and values by doc_lens."""
 
-    def __init__(self, name, doc_lens, head_dim, check_tokens, description):
+    def __init__(self, name, doc_lens, head_dim, check_tokens, description, q_lens=None):
         self.name = name
         self.doc_lens = list(doc_lens)
+        self.q_lens = list(q_lens) if q_lens is not None else list(self.doc_lens)
+        self.pieces = any(q != k for q, k in zip(self.q_lens, self.doc_lens))
         self.head_dim = head_dim
-        self.tokens = sum(self.doc_lens)
-        self.check_tokens = min(check_tokens, self.tokens)
+        self.tokens = sum(self.doc_lens)      # keys (= queries for whole documents)
+        self.q_tokens = sum(self.q_lens)
+        self.check_tokens = min(check_tokens, self.q_tokens)
         self.description = description
-        self.pairs = sum(n * (n + 1) // 2 for n in self.doc_lens)
+        self.pairs = sum(q * (k - q) + q * (q + 1) // 2 for q, k in zip(self.q_lens, self.doc_lens))
         self.fwd_flop = 4 * head_dim * NUM_Q_HEADS * self.pairs
         self.bwd_flop = 2.5 * self.fwd_flop
 
@@ -222,6 +236,7 @@ class Case:
         return {
             "description": self.description,
             "tokens": self.tokens,
+            "query_tokens": self.q_tokens,
             "documents": len(self.doc_lens),
             "head_dim": self.head_dim,
             "q_heads": NUM_Q_HEADS,
@@ -254,6 +269,12 @@ def build_cases(names, case_b_path):
                               f"{CASE_B_TOKENS} packed tokens, {len(lens)} documents, D=128"))
         elif name == "c":
             cases.append(Case("c", [8192], 64, 1024, "one 8192-token document, D=64"))
+        elif name == "d":
+            for q in GRID_Q:
+                for k in GRID_K:
+                    cases.append(Case(f"d:q{q}k{k // 1024}K", [k], 128, 256,
+                                      f"CP piece: {q} queries at the end of a {k}-key prefix, D=128",
+                                      q_lens=[q]))
     return cases
 
 
@@ -454,6 +475,23 @@ def reference_attention(torch, q, k, v, lens):
     return torch.cat(outs, dim=0)
 
 
+def reference_piece(torch, q, k, v, nq):
+    """Causal GQA attention of the rows of q ([S, Hq, D]), the first S queries of a piece of
+    nq queries ending the key prefix k, v ([nk, Hkv, D]): query i sees keys [0, nk - nq + i].
+    One head at a time, so a long prefix's score matrix stays small."""
+    group = q.shape[1] // k.shape[1]
+    scale = q.shape[-1] ** -0.5
+    rows, nk = q.shape[0], k.shape[0]
+    off = nk - nq
+    seen = torch.arange(nk, device=q.device)[None, :] > (off + torch.arange(rows, device=q.device))[:, None]
+    out = torch.empty_like(q)
+    for h in range(q.shape[1]):
+        scores = (q[:, h] @ k[:, h // group].T) * scale
+        probs = scores.masked_fill(seen, float("-inf")).softmax(dim=-1)
+        out[:, h] = probs @ v[:, h // group]
+    return out
+
+
 def finite_or_none(value):
     """JSON-safe copy of value: non-finite floats become None."""
     if isinstance(value, float):
@@ -499,7 +537,8 @@ class KernelBase:
 
     def input_bytes(self):
         kv = NUM_Q_HEADS if self.expand_kv else NUM_KV_HEADS
-        return self.case.tokens * self.case.head_dim * (4 if self.fp32 else 2) * (NUM_Q_HEADS + 2 * kv)
+        rows = self.case.q_tokens * NUM_Q_HEADS + self.case.tokens * 2 * kv
+        return rows * self.case.head_dim * (4 if self.fp32 else 2)
 
     def make_inputs(self, q, k, v):
         raise NotImplementedError
@@ -522,6 +561,8 @@ class SdpaKernel(KernelBase):
 
     def __init__(self, torch, case, backend, expand_kv):
         super().__init__(torch, case)
+        if case.pieces:
+            raise Unavailable("pieces with fewer queries than keys: varlen_bf16 only")
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         if not hasattr(SDPBackend, backend):
@@ -600,6 +641,8 @@ class FlexBf16(KernelBase):
 
     def __init__(self, torch, case):
         super().__init__(torch, case)
+        if case.pieces:
+            raise Unavailable("pieces with fewer queries than keys: varlen_bf16 only")
         from torch.nn.attention.flex_attention import create_block_mask
 
         self.fn = compiled_flex(torch)
@@ -663,7 +706,8 @@ class VarlenBf16(KernelBase):
             self.notes.append("causal via window_size=(-1, 0)")
         else:
             raise Unavailable(f"varlen_attn has neither is_causal nor window_size: {signature}")
-        self.cu_seq, self.max_len = self.offsets(case.doc_lens)
+        self.cu_q, self.max_q = self.offsets(case.q_lens)
+        self.cu_k, self.max_k = self.offsets(case.doc_lens)
         if "enable_gqa" in params:
             self.kwargs["enable_gqa"] = True
             self.notes.append("enable_gqa=True, KV not expanded")
@@ -685,8 +729,10 @@ class VarlenBf16(KernelBase):
             cu.append(cu[-1] + n)
         return torch.tensor(cu, dtype=torch.int32, device="cuda"), max(lens)
 
-    def call(self, q, k, v, cu_seq, max_len):
-        return self.fn(q, k, v, cu_seq, cu_seq, max_len, max_len, **self.kwargs)
+    def call(self, q, k, v, cu_q, max_q, cu_k=None, max_k=None):
+        if cu_k is None:
+            cu_k, max_k = cu_q, max_q
+        return self.fn(q, k, v, cu_q, cu_k, max_q, max_k, **self.kwargs)
 
     def probe_native_gqa(self):
         """Forward and backward with 8 KV heads on two small documents against float64."""
@@ -722,7 +768,7 @@ class VarlenBf16(KernelBase):
         return [x.contiguous().requires_grad_(True) for x in (q, k, v)]
 
     def forward(self, leaves):
-        return [self.call(*leaves, self.cu_seq, self.max_len)]
+        return [self.call(*leaves, self.cu_q, self.max_q, self.cu_k, self.max_k)]
 
     def output_prefix(self, outs, tokens):
         return outs[0][:tokens]
@@ -737,16 +783,17 @@ KERNEL_CLASSES = {cls.name: cls for cls in (SdpaFp32, SdpaBf16Cudnn, FlexBf16, V
 def make_input_sets(torch, kernel, n_sets, seed):
     """n_sets input sets in the kernel's layout, and set 0's canonical first tokens."""
     case = kernel.case
-    T, D, S = case.tokens, case.head_dim, case.check_tokens
+    T, TQ, D, S = case.tokens, case.q_tokens, case.head_dim, case.check_tokens
     sets, prefix = [], None
     for i in range(n_sets):
         gen = torch.Generator(device="cuda")
         gen.manual_seed(seed + 1000 * i)
-        q = torch.randn(T, NUM_Q_HEADS, D, device="cuda", dtype=kernel.dtype, generator=gen)
+        q = torch.randn(TQ, NUM_Q_HEADS, D, device="cuda", dtype=kernel.dtype, generator=gen)
         k = torch.randn(T, NUM_KV_HEADS, D, device="cuda", dtype=kernel.dtype, generator=gen)
         v = torch.randn(T, NUM_KV_HEADS, D, device="cuda", dtype=kernel.dtype, generator=gen)
         if i == 0:
-            prefix = tuple(x[:S].clone() for x in (q, k, v))
+            # a piece's first S queries see up to their whole key prefix
+            prefix = (q[:S].clone(), k.clone(), v.clone()) if case.pieces else tuple(x[:S].clone() for x in (q, k, v))
         sets.append(kernel.make_inputs(q, k, v))
         del q, k, v
     return sets, prefix
@@ -805,7 +852,10 @@ def run_case_kernel(torch, case, name, settings, seed, l2_bytes):
     try:  # precision sanity on the first tokens of set 0
         with torch.no_grad():
             got = kernel.output_prefix(outs, case.check_tokens)
-            ref = reference_attention(torch, *(x.double() for x in prefix), case.check_lens())
+            if case.pieces:
+                ref = reference_piece(torch, *(x.double() for x in prefix), case.q_lens[0])
+            else:
+                ref = reference_attention(torch, *(x.double() for x in prefix), case.check_lens())
             result["fwd_rel_err"] = rel_error(got, ref)
             got = ref = None
     except Exception as exc:
@@ -884,17 +934,17 @@ def print_ceilings(ceilings):
 
 
 def print_table(results):
-    head = f"{'case':4s}  {'kernel':38s} {'fwd TFLOP/s':>11s} {'bwd TFLOP/s':>11s} " \
+    head = f"{'case':12s}  {'kernel':38s} {'fwd TFLOP/s':>11s} {'bwd TFLOP/s':>11s} " \
            f"{'spread fwd/bwd':>15s} {'fwd rel err':>11s}"
     log(head)
     log("-" * len(head))
     for r in results:
         if r["status"] != "ok":
-            log(f"{r['case']:4s}  {r['label']:38s} {r['status']}")
+            log(f"{r['case']:12s}  {r['label']:38s} {r['status']}")
             continue
         fwd, bwd = r.get("fwd", {}), r.get("bwd", {})
         err = r.get("fwd_rel_err")
-        log(f"{r['case']:4s}  {r['label']:38s} {fmt_rate(fwd):>11s} {fmt_rate(bwd):>11s} "
+        log(f"{r['case']:12s}  {r['label']:38s} {fmt_rate(fwd):>11s} {fmt_rate(bwd):>11s} "
             f"{fmt_spread(fwd) + '/' + fmt_spread(bwd):>15s} "
             f"{(f'{err:.1e}' if err is not None else 'n/a'):>11s}")
         for key, part in (("fwd", fwd), ("bwd", bwd)):
@@ -922,9 +972,9 @@ def parse_args(argv):
                     "GQA (32 query / 8 KV heads) on one GPU: useful TFLOP/s forward and backward, "
                     "plus matmul and copy ceilings. FLOP convention: forward = 4*D*32*sum n(n+1)/2, "
                     "backward = 2.5 x forward.")
-    p.add_argument("--cases", type=csv_choice(CASES), default=list(CASES),
+    p.add_argument("--cases", type=csv_choice(CASES), default=["a", "b", "c"],
                    help="cases to run: a (8192 tokens, D=128), b (65536 packed tokens, D=128), "
-                        "c (8192 tokens, D=64); default a,b,c")
+                        "c (8192 tokens, D=64), d (the CP-piece grid, varlen_bf16 only); default a,b,c")
     p.add_argument("--kernels", type=csv_choice(KERNELS), default=list(KERNELS),
                    help=f"kernels to run; default {','.join(KERNELS)}")
     p.add_argument("--repeats", type=int, default=None,

@@ -16,7 +16,7 @@
 # (wlb train of that deck on DATA, a byte-level `wlb data prepare` prefix) and trainsmall
 # (a small wlb train in fp32 and bf16 whose losses are compared with the CPU build's), and
 # attn: bench_attention_gpu (BIN must hold it) on cases a-d with and without split-KV in
-# BF16, its precision checks included, then the PyTorch anchors of cases a-c
+# BF16, its precision checks included, then the PyTorch anchors of cases a-d (d: varlen_attn)
 # (bench/attention_torch.py; docs/attention.md, "Split-KV").
 # RUN_PRECISIONS: the extra precisions of `run` besides bf16 (default "fp32 tf32").
 set -uo pipefail
@@ -177,8 +177,8 @@ if [[ " $parts " == *" attn "* ]]; then
     --json "$OUT/attention_wlb.json" > "$OUT/attention_wlb.log" 2>&1
   echo "bench_attention_gpu rc=$?" | tee -a "$OUT/summary.txt"
   grep -E "check|^[a-d]" "$OUT/attention_wlb.log" | tail -40 | tee -a "$OUT/summary.txt"
-  log "PyTorch anchors (bench/attention_torch.py, cases a, b, c)"
-  PYTHONUNBUFFERED=1 timeout 300 python3 bench/attention_torch.py --cases a,b,c --json "$OUT/attention_torch.json" \
+  log "PyTorch anchors (bench/attention_torch.py, cases a, b, c; d with varlen_attn)"
+  PYTHONUNBUFFERED=1 timeout 300 python3 bench/attention_torch.py --cases a,b,c,d --json "$OUT/attention_torch.json" \
     > "$OUT/attention_torch.log" 2>&1
   echo "attention_torch rc=$?" | tee -a "$OUT/summary.txt"
   tail -20 "$OUT/attention_torch.log" | tee -a "$OUT/summary.txt"
