@@ -481,25 +481,9 @@ __global__ void __launch_bounds__(128 * NWG, 1) forwardKernel(const cuda::Args a
   }
 
   if (wfirst > wlast) return;
-  if (slot >= 0) {  // a part: normalised FP32 partial output and its LSE, merged by combineKernel
-    float* P = a.o_part + static_cast<std::int64_t>(slot) * BQ * H * D;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const float ls = quadSum(half ? l1 : l0);
-      const int row = wr + 8 * half;
-      if (row >= nq) continue;
-      const float inv = 1.0f / ls;
-      float* prow = P + (static_cast<std::int64_t>(row - q0) * H + h) * D + 2 * t;
-#pragma unroll
-      for (int i = 0; i < D / 8; ++i)
-        *reinterpret_cast<float2*>(prow + i * 8) =
-            make_float2(o[4 * i + 2 * half] * inv, o[4 * i + 2 * half + 1] * inv);
-      if (t == 0)
-        a.lse_part[(static_cast<std::int64_t>(slot) * BQ + (row - q0)) * H + h] =
-            ((half ? m1 : m0) + log2f(ls)) * 0.6931471805599453f;
-    }
-    return;
-  }
+  // a part (split-KV) writes its normalised FP32 output and LSE to its slot instead, for
+  // combineKernel to merge
+  float* P = slot >= 0 ? a.o_part + static_cast<std::int64_t>(slot) * BQ * H * D : nullptr;
   char* O = static_cast<char*>(a.o_out);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -507,6 +491,15 @@ __global__ void __launch_bounds__(128 * NWG, 1) forwardKernel(const cuda::Args a
     const int row = wr + 8 * half;
     if (row >= nq) continue;
     const float inv = 1.0f / ls;
+    const float lse = ((half ? m1 : m0) + log2f(ls)) * 0.6931471805599453f;
+    if (P) {
+      float* prow = P + (static_cast<std::int64_t>(row - q0) * H + h) * D + 2 * t;
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i)
+        *reinterpret_cast<float2*>(prow + i * 8) = make_float2(o[4 * i + 2 * half] * inv, o[4 * i + 2 * half + 1] * inv);
+      if (t == 0) a.lse_part[(static_cast<std::int64_t>(slot) * BQ + (row - q0)) * H + h] = lse;
+      continue;
+    }
     char* orow = O + ((static_cast<std::int64_t>(qb + row)) * a.o_s0 + h * D + 2 * t) * G::esize;
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) {
@@ -516,9 +509,7 @@ __global__ void __launch_bounds__(128 * NWG, 1) forwardKernel(const cuda::Args a
       else
         *reinterpret_cast<float2*>(orow + i * 8 * 4) = make_float2(x0, x1);
     }
-    if (t == 0)
-      a.lse_out[static_cast<std::int64_t>(qb + row) * a.lse_s0 + h] =
-          ((half ? m1 : m0) + log2f(ls)) * 0.6931471805599453f;
+    if (t == 0) a.lse_out[static_cast<std::int64_t>(qb + row) * a.lse_s0 + h] = lse;
   }
 #else
   (void)a;
