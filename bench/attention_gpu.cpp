@@ -77,6 +77,11 @@ att::KernelConfig pathOf(const std::string& p) {
   std::exit(2);
 }
 
+/// The path name of a kernel configuration (pathOf's inverse).
+const char* pathName(const att::KernelConfig& cfg) {
+  return cfg.split_kv ? "split" : cfg.path == att::KernelConfig::Path::Sm80 ? "sm80" : "auto";
+}
+
 std::vector<std::string> splitList(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream ss(s);
@@ -335,7 +340,7 @@ bool checkOne(const Problem& p, const Ref& ref, Prec mode, const std::string& wh
       "[chained grads %.2e]\n",
       std::is_same<T, att::bf16>::value ? "bf16" : (mode == Prec::Tf32 ? "tf32" : "fp32"), what.c_str(),
       att::kernelName<ES>(p.D, cfg, std::is_same<T, att::bf16>::value),
-      cfg.split_kv ? "split" : cfg.path == att::KernelConfig::Path::Sm80 ? "sm80" : "auto", eo, el, eq, ek, ev, tolerance(mode),
+      pathName(cfg), eo, el, eq, ek, ev, tolerance(mode),
       ok ? "ok" : "FAILED", chained);
   return ok;
 }
@@ -433,7 +438,7 @@ Row benchOne(const Problem& p, Prec mode, const std::string& cas, const Opts& o,
   r.cas = cas;
   r.mode = std::is_same<T, att::bf16>::value ? "bf16" : (mode == Prec::Tf32 ? "tf32" : "fp32");
   r.kernel = att::kernelName<ES>(p.D, cfg, std::is_same<T, att::bf16>::value);
-  r.path = cfg.split_kv ? "split" : cfg.path == att::KernelConfig::Path::Sm80 ? "sm80" : "auto";
+  r.path = pathName(cfg);
   r.fwd_tf = ff / tf.median * 1e-12;
   r.fwd_lo = ff / tf.hi * 1e-12;
   r.fwd_hi = ff / tf.lo * 1e-12;

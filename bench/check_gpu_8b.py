@@ -19,10 +19,12 @@ PEAK = 989.0  # TFLOP/s, dense BF16 of the H100 / H200 SXM datasheets (the same 
 REGIONS = ("qkv_proj", "attn", "out_proj", "mlp", "loss")
 
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "analysis"))
+import wlb_trace  # noqa: E402 (analysis/ is not a package)
+
+
 def region_rates(trace_path, strategy):
     """Seconds per measured step and useful TFLOP/s of each region of one strategy."""
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "analysis"))
-    import wlb_trace  # noqa: E402 (analysis/ is not a package)
     t = wlb_trace.load(str(trace_path))
     ev = t.events
     si = t.strategies.index(strategy)
@@ -60,8 +62,6 @@ def expected(root):
     reg = region_rates(d / "run8b/trace.h5", "plain")
     regions = {k: {"s/step": (v[0], 0.0005), "TFLOP/s": (v[1], 0.5)} for k, v in reg.items()}
     # wlb train: useful FLOPs of its trace over the steps' seconds (the optimizer included)
-    sys.path.insert(0, str(root / "analysis"))
-    import wlb_trace  # noqa: E402
     tt = wlb_trace.load(str(d / "train8b/trace.h5"))
     secs = float(tt.train_steps["seconds"].sum())
     toks = float(tt.train_steps["tokens"].sum())

@@ -599,13 +599,18 @@ def main():
         return "\nFailure and resume checks:\n\n" + "\n".join(
             f"- {r['check']} ({r['ranks']} ranks): {'ok' if r['ok'] else 'FAILED'}: {r['result']}" for r in fres) + "\n"
 
-    def checkpoint(result):
-        # a partial table after every measured run: a campaign cut short keeps what it measured
+    def record(result, partial):
+        """The table's numbers into the report; returns the table."""
         rows, deck_rows, worst, same_docs, timing_ok = result
         report.update({"strategies": rows, "decks": deck_rows, "max_abs_error_percent": worst,
-                       "replay_same_tokens": same_docs, "timing_pass": timing_ok, "partial": True,
-                       "stages": stages.record, "seconds": time.monotonic() - t_all})
-        write(fmt_table(a, rows, deck_rows, worst, cores) + (fmt_failure(report["failure"]) if "failure" in report else "")
+                       "replay_same_tokens": same_docs, "timing_pass": timing_ok, "partial": partial})
+        return fmt_table(a, rows, deck_rows, worst, cores)
+
+    def checkpoint(result):
+        # a partial table after every measured run: a campaign cut short keeps what it measured
+        table_text = record(result, True)
+        report.update({"stages": stages.record, "seconds": time.monotonic() - t_all})
+        write(table_text + (fmt_failure(report["failure"]) if "failure" in report else "")
               + "\n(partial: the campaign is still running)\n")
 
     text, code = "", 0
@@ -616,13 +621,10 @@ def main():
             if not all(r["ok"] for r in report["failure"]):
                 code = 1
         if not a.failure_only:
-            rows, deck_rows, worst, same_docs, timing_ok = campaign(a, decks, stages, out, cores, deadline, checkpoint)
-            text = fmt_table(a, rows, deck_rows, worst, cores)
-            report.update({"strategies": rows, "decks": deck_rows, "max_abs_error_percent": worst,
-                           "replay_same_tokens": same_docs, "timing_pass": timing_ok, "partial": False})
-            if not same_docs:
+            text = record(campaign(a, decks, stages, out, cores, deadline, checkpoint), False)
+            if not report["replay_same_tokens"]:
                 code = 1
-            elif not timing_ok and code == 0:
+            elif not report["timing_pass"] and code == 0:
                 code = 3
         if "failure" in report:
             text += fmt_failure(report["failure"])

@@ -65,13 +65,9 @@ inline WorkView uploadWork(std::vector<WorkItem> items, const char* label) {
 /// long diagonal tiles start early and the short ones fill the tail (no idle SMs at the end).
 inline WorkView queryWork(const VarlenBatch& b, int bq, int bk) {
   std::vector<detail::WorkItem> items;
-  for (std::size_t p = 0; p < b.pieces.size(); ++p) {
-    const std::int64_t nq = b.pieces[p].nq(), nk = b.pieces[p].nk(), off = nk - nq;
-    for (std::int64_t t = 0; t * bq < nq; ++t) {
-      const std::int64_t lim = std::min(nk, off + (t + 1) * bq);
-      items.push_back({static_cast<int>(p), static_cast<int>(t), (lim + bk - 1) / bk});
-    }
-  }
+  for (std::size_t p = 0; p < b.pieces.size(); ++p)
+    for (std::int64_t t = 0; t * bq < b.pieces[p].nq(); ++t)
+      items.push_back({static_cast<int>(p), static_cast<int>(t), split_kv::visibleTiles(b.pieces[p], t, bq, bk)});
   return detail::uploadWork(std::move(items), "wlb::attention::cuda::qwork");
 }
 

@@ -26,20 +26,15 @@ Plan plan(const std::vector<PieceRange>& pieces, int bq, int bk, const Rule& rul
       const std::int64_t tiles = visibleTiles(p, t, bq, bk);
       // a part may start at any tile whose first key the tile's first row sees
       const std::int64_t starts = (t * bq + off) / bk + 1;
-      int parts = 1;
-      if (eligible) {
-        const std::int64_t want = tiles / std::max(1, rule.min_tiles);
-        parts = static_cast<int>(std::clamp<std::int64_t>(want, 1, std::max(1, rule.max_parts)));
-      }
-      if (parts == 1) {
-        out.items.push_back({static_cast<int>(pi), static_cast<int>(t), 0, static_cast<int>(tiles), -1, tiles});
-        continue;
-      }
       // part boundaries: evenly spaced, dropped where a part could not start
       std::vector<std::int64_t> cuts{0};
-      for (int s = 1; s < parts; ++s) {
-        const std::int64_t c = tiles * s / parts;
-        if (c > cuts.back() && c < starts) cuts.push_back(c);
+      if (eligible) {
+        const std::int64_t want = tiles / std::max(1, rule.min_tiles);
+        const auto parts = std::clamp<std::int64_t>(want, 1, std::max(1, rule.max_parts));
+        for (std::int64_t s = 1; s < parts; ++s) {
+          const std::int64_t c = tiles * s / parts;
+          if (c > cuts.back() && c < starts) cuts.push_back(c);
+        }
       }
       cuts.push_back(tiles);
       Group g{static_cast<int>(pi), static_cast<int>(t), out.slots, static_cast<int>(cuts.size()) - 1};

@@ -50,7 +50,8 @@ struct Plan {
   int slots = 0;  ///< partial outputs to hold: slots x bq rows x heads x head_dim floats
 };
 
-/// Key tiles a query tile visits: up to the last key its last valid row sees.
+/// Key tiles a query tile visits: up to the last key its last valid row sees (also the cost
+/// of the unsplit work lists' query tiles, cuda_common.hpp).
 std::int64_t visibleTiles(const PieceRange& p, std::int64_t tile, int bq, int bk);
 
 /// The work list of a forward over `pieces` (see the contract above).

@@ -180,24 +180,22 @@ double gemmGflops(const Ctx& ctx) {
     rt::fillRandom(space, a, 1, 1, 1.0f);
     rt::fillRandom(space, b, 1, 2, 1.0f);
     const auto p = rt::parsePrecision(o.precision, "--precision");
+    const auto best = [&](const auto& x, const auto& y, const auto& z) {
+      return ctx.clock.best(
+          [&] {
+            rt::gemm(space, rt::Trans::N, rt::Trans::N, 1.0f, x, y, 0.0f, z, p);
+            space.fence();
+          },
+          o.reps, o.min_seconds);
+    };
     double t = 0.0;
     if (p == rt::Precision::Bf16) {
       rt::BMat ab("wlb::profile::gab", n, n), bb("wlb::profile::gbb", n, n), cb("wlb::profile::gcb", n, n);
       rt::convert<rt::bf16>(space, a, ab);
       rt::convert<rt::bf16>(space, b, bb);
-      t = ctx.clock.best(
-          [&] {
-            rt::gemm(space, rt::Trans::N, rt::Trans::N, 1.0f, ab, bb, 0.0f, cb);
-            space.fence();
-          },
-          o.reps, o.min_seconds);
+      t = best(ab, bb, cb);
     } else {
-      t = ctx.clock.best(
-          [&] {
-            rt::gemm(space, rt::Trans::N, rt::Trans::N, 1.0f, a, b, 0.0f, c, p);
-            space.fence();
-          },
-          o.reps, o.min_seconds);
+      t = best(a, b, c);
     }
     return 2.0 * static_cast<double>(n) * n * n / t * 1e-9;
   }
