@@ -4,8 +4,8 @@
 // peak measured in the same run.
 //
 //   bench_attention_gpu [--check-only] [--bench-only] [--quick] [--repeats N]
-//                       [--modes fp32,tf32,bf16] [--cases a,b,c,d] [--paths auto,sm80,split]
-//                       [--json FILE]
+//                       [--modes fp32,tf32,bf16] [--cases a,b,c,d]
+//                       [--paths auto,sm80,split,ws,ws-split] [--json FILE]
 //
 // Useful FLOPs: forward 4*D*heads*pairs (pairs = unmasked query-key pairs), backward 2.5x
 // forward. Case a: one 8192-token document, 32 heads / 8 KV heads, D = 128. Case b: 65536
@@ -15,7 +15,8 @@
 // SlimPack slices make), q in {64, 256, 1024} x k in {16K, 64K, 128K}, 32 / 8 heads, D 128;
 // rows "d:q64k16K" etc. Paths: auto (Hopper wgmma forward where the device has it), sm80,
 // split (auto with KernelConfig::split_kv: split-KV for pieces of <= 256 queries over
-// >= 16K keys). Timing: fence, steady
+// >= 16K keys), ws (auto with KernelConfig::warp_specialized: the BF16 forward on the
+// warp-specialised TMA kernel; other modes run auto) and ws-split (both). Timing: fence, steady
 // clock around a loop of calls, median and range over repeats. Precision: documents of
 // 1, 17, 300, 1000 and 4097 tokens packed together plus CP-style pieces (queries shorter
 // than their key prefix), GQA 8/2, D 64 and 128, fresh random inputs, outputs poisoned with
@@ -56,7 +57,8 @@ struct Opts {
   int repeats = 7;
   std::vector<std::string> modes{"fp32", "tf32", "bf16"};
   std::vector<std::string> cases{"a", "b", "c"};
-  /// kernel families: auto (the Hopper wgmma forward where the device has it), sm80, split
+  /// kernel families: auto (the Hopper wgmma forward where the device has it), sm80, split,
+  /// ws, ws-split
   std::vector<std::string> paths{"auto"};
   std::string json;
 };
@@ -69,16 +71,16 @@ att::KernelConfig pathOf(const std::string& p) {
     cfg.path = att::KernelConfig::Path::Sm80;
     return cfg;
   }
-  if (p == "split") {
-    cfg.split_kv = true;
-    return cfg;
-  }
-  std::fprintf(stderr, "bench_attention_gpu: unknown path '%s' (auto, sm80, split)\n", p.c_str());
+  if (p == "split" || p == "ws-split") cfg.split_kv = true;
+  if (p == "ws" || p == "ws-split") cfg.warp_specialized = true;
+  if (cfg.split_kv || cfg.warp_specialized) return cfg;
+  std::fprintf(stderr, "bench_attention_gpu: unknown path '%s' (auto, sm80, split, ws, ws-split)\n", p.c_str());
   std::exit(2);
 }
 
 /// The path name of a kernel configuration (pathOf's inverse).
 const char* pathName(const att::KernelConfig& cfg) {
+  if (cfg.warp_specialized) return cfg.split_kv ? "ws-split" : "ws";
   return cfg.split_kv ? "split" : cfg.path == att::KernelConfig::Path::Sm80 ? "sm80" : "auto";
 }
 
@@ -339,9 +341,8 @@ bool checkOne(const Problem& p, const Ref& ref, Prec mode, const std::string& wh
       "  check %-4s %-22s %-15s %-5s o %.2e lse %.2e dq %.2e dk %.2e dv %.2e  (tol %.0e) %s  "
       "[chained grads %.2e]\n",
       std::is_same<T, att::bf16>::value ? "bf16" : (mode == Prec::Tf32 ? "tf32" : "fp32"), what.c_str(),
-      att::kernelName<ES>(p.D, cfg, std::is_same<T, att::bf16>::value),
-      pathName(cfg), eo, el, eq, ek, ev, tolerance(mode),
-      ok ? "ok" : "FAILED", chained);
+      att::kernelName<ES>(p.D, cfg, std::is_same<T, att::bf16>::value), pathName(cfg), eo, el, eq, ek, ev,
+      tolerance(mode), ok ? "ok" : "FAILED", chained);
   return ok;
 }
 
@@ -361,8 +362,10 @@ bool runChecks(const Opts& o, std::uint64_t seed) {
       auto batch = which == 0   ? att::VarlenBatch::fromDocLengths(docs)
                    : which == 1 ? att::VarlenBatch::fromRanges(cp)
                                 : att::VarlenBatch::fromRanges(lng);
-      const std::string what = (which == 0 ? "docs " : which == 1 ? "cp-pieces " : "cp-long ") + std::string("D=") +
-                               std::to_string(D);
+      const std::string what = (which == 0   ? "docs "
+                                : which == 1 ? "cp-pieces "
+                                             : "cp-long ") +
+                               std::string("D=") + std::to_string(D);
       const Problem p = makeProblem(batch, 8, 2, D, seed + static_cast<std::uint64_t>(D * 2 + which));
       const Ref r32 = reference(p, false);
       const Ref r16 = reference(p, true);
@@ -523,7 +526,7 @@ int main(int argc, char** argv) {
     else if (a == "--help" || a == "-h") {
       std::printf(
           "usage: bench_attention_gpu [--check-only] [--bench-only] [--quick] [--repeats N] "
-          "[--modes fp32,tf32,bf16] [--cases a,b,c,d] [--paths auto,sm80,split] [--json FILE]\n");
+          "[--modes fp32,tf32,bf16] [--cases a,b,c,d] [--paths auto,sm80,split,ws,ws-split] [--json FILE]\n");
       return 0;
     } else if (a.rfind("--kokkos", 0) != 0) {
       std::fprintf(stderr, "bench_attention_gpu: unknown argument '%s'\n", a.c_str());
@@ -594,17 +597,17 @@ int main(int argc, char** argv) {
                                             : benchOne<float>(p, mode, c, o, pathOf(pa)));
           const Row& r = rows.back();
           std::printf(
-              "  case %s %-4s %-15s %-5s fwd %8.2f TFLOP/s [%.2f, %.2f] (%.3f ms)  bwd %8.2f [%.2f, %.2f] (%.3f ms)  "
+              "  case %s %-4s %-18s %-8s fwd %8.2f TFLOP/s [%.2f, %.2f] (%.3f ms)  bwd %8.2f [%.2f, %.2f] (%.3f ms)  "
               "fwd+bwd %8.2f\n",
-              r.cas.c_str(), r.mode.c_str(), r.kernel.c_str(), r.path.c_str(), r.fwd_tf, r.fwd_lo, r.fwd_hi, r.fwd_ms, r.bwd_tf,
-              r.bwd_lo, r.bwd_hi, r.bwd_ms, r.both_tf);
+              r.cas.c_str(), r.mode.c_str(), r.kernel.c_str(), r.path.c_str(), r.fwd_tf, r.fwd_lo, r.fwd_hi, r.fwd_ms,
+              r.bwd_tf, r.bwd_lo, r.bwd_hi, r.bwd_ms, r.both_tf);
           std::fflush(stdout);
         }
     }
-    std::printf("\n%-12s %-4s %-15s %-5s %10s %10s %10s %12s\n", "case", "mode", "kernel", "path", "fwd", "bwd",
+    std::printf("\n%-12s %-4s %-18s %-8s %10s %10s %10s %12s\n", "case", "mode", "kernel", "path", "fwd", "bwd",
                 "fwd+bwd", "fwd/FMA peak");
     for (const auto& r : rows)
-      std::printf("%-12s %-4s %-15s %-5s %10.2f %10.2f %10.2f %11.1f%%\n", r.cas.c_str(), r.mode.c_str(),
+      std::printf("%-12s %-4s %-18s %-8s %10.2f %10.2f %10.2f %11.1f%%\n", r.cas.c_str(), r.mode.c_str(),
                   r.kernel.c_str(), r.path.c_str(), r.fwd_tf, r.bwd_tf, r.both_tf, 100.0 * r.fwd_tf / peak);
   }
   if (!o.json.empty()) {
@@ -616,10 +619,10 @@ int main(int argc, char** argv) {
       for (std::size_t i = 0; i < rows.size(); ++i) {
         const Row& r = rows[i];
         js << (i ? "," : "") << "\n    {\"case\": \"" << r.cas << "\", \"mode\": \"" << r.mode << "\", \"kernel\": \""
-           << r.kernel << "\", \"path\": \"" << r.path << "\", \"fwd_tflops\": " << r.fwd_tf << ", \"fwd_range\": [" << r.fwd_lo << ", " << r.fwd_hi
-           << "], \"bwd_tflops\": " << r.bwd_tf << ", \"bwd_range\": [" << r.bwd_lo << ", " << r.bwd_hi
-           << "], \"fwd_bwd_tflops\": " << r.both_tf << ", \"fwd_ms\": " << r.fwd_ms << ", \"bwd_ms\": " << r.bwd_ms
-           << "}";
+           << r.kernel << "\", \"path\": \"" << r.path << "\", \"fwd_tflops\": " << r.fwd_tf << ", \"fwd_range\": ["
+           << r.fwd_lo << ", " << r.fwd_hi << "], \"bwd_tflops\": " << r.bwd_tf << ", \"bwd_range\": [" << r.bwd_lo
+           << ", " << r.bwd_hi << "], \"fwd_bwd_tflops\": " << r.both_tf << ", \"fwd_ms\": " << r.fwd_ms
+           << ", \"bwd_ms\": " << r.bwd_ms << "}";
       }
       js << "\n  ]\n}\n";
     }

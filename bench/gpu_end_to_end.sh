@@ -15,8 +15,9 @@
 # profile8b (wlb profile --deck of that deck, for `wlb simulate --as-run --plans`), train8b
 # (wlb train of that deck on DATA, a byte-level `wlb data prepare` prefix) and trainsmall
 # (a small wlb train in fp32 and bf16 whose losses are compared with the CPU build's), and
-# attn: bench_attention_gpu (BIN must hold it) on cases a-d with and without split-KV in
-# BF16, its precision checks included, then the PyTorch anchors of cases a-d (d: varlen_attn)
+# attn: bench_attention_gpu (BIN must hold it) on cases a-d in BF16 on the synchronous and
+# the warp-specialised Hopper forward, each with and without split-KV, its precision checks
+# included, then the PyTorch anchors of cases a-d (d: varlen_attn)
 # (bench/attention_torch.py; docs/attention.md, "Split-KV").
 # RUN_PRECISIONS: the extra precisions of `run` besides bf16 (default "fp32 tf32").
 set -uo pipefail
@@ -172,8 +173,16 @@ if [[ " $parts " == *" trainsmall "* ]]; then
   done
 fi
 if [[ " $parts " == *" attn "* ]]; then
-  log "bench_attention_gpu (bf16; paths auto and split; cases a, b, c and the CP-piece grid d)"
-  timeout 420 "$BIN/bench_attention_gpu" --modes bf16 --paths auto,split --cases a,b,c,d \
+  if [ -x "$BIN/test_attention" ]; then
+    log "test_attention (CUDA build): the warp-specialised forward and the non-finite-rows contract"
+    timeout 120 "$BIN/test_attention" --gtest_filter='Attention.WarpSpecialized*:Attention.NonFinite*:Attention.Bf16*' \
+      > "$OUT/test_attention_ws.log" 2>&1
+    echo "test_attention rc=$?" | tee -a "$OUT/summary.txt"
+    grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|Which is|actual|trace" "$OUT/test_attention_ws.log" | head -30 |
+      tee -a "$OUT/summary.txt"
+  fi
+  log "bench_attention_gpu (bf16; paths auto, split, ws, ws-split; cases a, b, c and the CP-piece grid d)"
+  timeout 420 "$BIN/bench_attention_gpu" --modes bf16 --paths auto,split,ws,ws-split --cases a,b,c,d \
     --json "$OUT/attention_wlb.json" > "$OUT/attention_wlb.log" 2>&1
   echo "bench_attention_gpu rc=$?" | tee -a "$OUT/summary.txt"
   grep -E "check|^[a-d]" "$OUT/attention_wlb.log" | tail -40 | tee -a "$OUT/summary.txt"

@@ -116,8 +116,8 @@ void backward(const ExecSpace& space, typename Views<ExecSpace>::In3b q,
               float softmax_scale = 0.0f);
 
 /// Name of the kernel family `forward` runs for these arguments: "host-simd",
-/// "portable", "cuda-simt-fp32", "cuda-mma-tf32", "cuda-mma-bf16", "cuda-wgmma-tf32" or
-/// "cuda-wgmma-bf16" (for benchmarks and `wlb kernel`).
+/// "portable", "cuda-simt-fp32", "cuda-mma-tf32", "cuda-mma-bf16", "cuda-wgmma-tf32",
+/// "cuda-wgmma-bf16" or "cuda-wgmma-ws-bf16" (for benchmarks and `wlb kernel`).
 template <class ExecSpace>
 const char* kernelName(int head_dim, const KernelConfig& cfg, bool bf16_storage = false);
 

@@ -436,7 +436,8 @@ inline bool cudaFastPath(const KernelConfig& cfg, int D, bool bf16_storage) {
 inline const char* cudaKernelName(int D, const KernelConfig& cfg, bool bf16_storage) {
   if (!cudaFastPath(cfg, D, bf16_storage)) return "portable";
   const bool wg = cuda::useHopper(D, cfg.path != KernelConfig::Path::Sm80);
-  if (bf16_storage || cfg.precision == KernelConfig::Precision::Bf16) return wg ? "cuda-wgmma-bf16" : "cuda-mma-bf16";
+  if (bf16_storage || cfg.precision == KernelConfig::Precision::Bf16)
+    return !wg ? "cuda-mma-bf16" : cfg.warp_specialized ? "cuda-wgmma-ws-bf16" : "cuda-wgmma-bf16";
   if (cfg.precision == KernelConfig::Precision::Tf32) return wg ? "cuda-wgmma-tf32" : "cuda-mma-tf32";
   return "cuda-simt-fp32";
 }
@@ -493,12 +494,10 @@ bool forwardCuda(const Kokkos::Cuda& space, QV q, QV k, QV v, const VarlenBatch&
   a.o_out = o.data();
   a.lse_out = lse.data();
   a.lse_s0 = lse.stride(0);
-  const bool hopper = cfg.path != KernelConfig::Path::Sm80;
   if constexpr (bfs) {
-    return cuda::mmaForward<bf16>(space, a, b, hopper, cfg.split_kv);
+    return cuda::mmaForward<bf16>(space, a, b, cfg);
   } else {
-    if (cfg.precision == KernelConfig::Precision::Tf32)
-      return cuda::mmaForward<float>(space, a, b, hopper, cfg.split_kv);
+    if (cfg.precision == KernelConfig::Precision::Tf32) return cuda::mmaForward<float>(space, a, b, cfg);
     if (cfg.precision == KernelConfig::Precision::Fp32) return cuda::simtForward(space, a, b);
     // BF16 arithmetic on FP32 storage: round the inputs once, run the BF16 kernels
     const auto qb = toBf16View(space, q, "wlb::attention::q_bf16");
@@ -511,7 +510,7 @@ bool forwardCuda(const Kokkos::Cuda& space, QV q, QV k, QV v, const VarlenBatch&
     ab.o_out = ob.data();
     ab.lse_out = lse.data();
     ab.lse_s0 = lse.stride(0);
-    cuda::mmaForward<bf16>(space, ab, b, hopper, cfg.split_kv);
+    cuda::mmaForward<bf16>(space, ab, b, cfg);
     // copy back only the rows the pieces own (forward overwrites those rows alone): mark
     // them, then one flat kernel over every element (a team per piece would leave a long
     // document's copy to one block)

@@ -26,6 +26,7 @@ struct Args {
   float* dk = nullptr;
   float* dv = nullptr;
   std::int64_t q_s0 = 0, k_s0 = 0, v_s0 = 0, o_s0 = 0, dO_s0 = 0, lse_s0 = 0, dq_s0 = 0, dk_s0 = 0, dv_s0 = 0;
+  std::int64_t q_rows = 0, k_rows = 0;  ///< rows of q (o) and of k, v (the TMA kernel's tensor extents)
   int heads = 0, kv_heads = 0, head_dim = 0;
   float scale = 1.0f;           ///< softmax scale
   float scale_log2 = 1.0f;      ///< scale * log2(e): the kernels use exp2
@@ -34,10 +35,10 @@ struct Args {
   int nwork = 0;
   // Split-KV (Hopper forward, split_kv.hpp); null `split`: every item walks all its visible
   // key tiles and writes O.
-  const int* split = nullptr;    ///< [nwork][3]: first key tile, end key tile, partial slot (-1: O)
-  float* o_part = nullptr;       ///< [slots][rows per item][heads][head_dim] normalised partial outputs
-  float* lse_part = nullptr;     ///< [slots][rows per item][heads] their LSEs (natural log)
-  const int* groups = nullptr;   ///< [ngroups][4]: piece, tile, first slot, parts (the combine pass)
+  const int* split = nullptr;   ///< [nwork][3]: first key tile, end key tile, partial slot (-1: O)
+  float* o_part = nullptr;      ///< [slots][rows per item][heads][head_dim] normalised partial outputs
+  float* lse_part = nullptr;    ///< [slots][rows per item][heads] their LSEs (natural log)
+  const int* groups = nullptr;  ///< [ngroups][4]: piece, tile, first slot, parts (the combine pass)
   int ngroups = 0;
 };
 

@@ -34,6 +34,17 @@ int forwardKeys(bool bf16, int head_dim);
 /// LSE. Throws std::runtime_error when a launch fails.
 void forward(void* stream, const cuda::Args& a, bool bf16);
 
+/// The warp-specialised BF16 forward (cuda_hopper_ws.cu: TMA producer warpgroup, consumer
+/// warpgroups in ping-pong, the next tile's QK^T issued before this tile's softmax): query
+/// rows per work item and keys per tile, for the work list and split-KV plan.
+int wsRows(int head_dim);
+int wsKeys(int head_dim);
+
+/// As forward() with bf16 = true, on the warp-specialised kernel. Needs a.q_rows and
+/// a.k_rows (the tensors' row counts, for the TMA descriptors) and 16-byte aligned rows
+/// with row strides a multiple of 16 bytes.
+void forwardWs(void* stream, const cuda::Args& a);
+
 /// Keys per block of the BF16 backward (the work list's key tiles).
 int backwardKeys();
 

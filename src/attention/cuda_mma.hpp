@@ -601,20 +601,32 @@ inline bool useHopper(int head_dim, bool allow) {
 }
 
 /// Tensor-core forward (T = bf16: BF16 MMAs; T = float: TF32 MMAs): the Hopper kernels
-/// where useHopper(allowHopper), else the sm_80 ones. False when head_dim is not supported
-/// (nothing launched).
+/// where useHopper (cfg.path other than Sm80) — the warp-specialised one for BF16 with
+/// cfg.warp_specialized, split-KV with cfg.split_kv — else the sm_80 ones. False when
+/// head_dim is not supported (nothing launched).
 template <class T>
-bool mmaForward(const Kokkos::Cuda& space, const Args& a, const VarlenBatch& b, bool allowHopper = true,
-                bool splitKv = false) {
+bool mmaForward(const Kokkos::Cuda& space, const Args& a, const VarlenBatch& b, const KernelConfig& cfg) {
 #if defined(WLB_HAVE_HOPPER)
-  if (useHopper(a.head_dim, allowHopper)) {
+  if (useHopper(a.head_dim, cfg.path != KernelConfig::Path::Sm80)) {
     constexpr bool bf = std::is_same<T, bf16>::value;
-    const int rows = hopper::forwardRows(bf, a.head_dim), keys = hopper::forwardKeys(bf, a.head_dim);
-    if (splitKv) {
+    const bool ws = bf && cfg.warp_specialized;
+    const int rows = ws ? hopper::wsRows(a.head_dim) : hopper::forwardRows(bf, a.head_dim);
+    const int keys = ws ? hopper::wsKeys(a.head_dim) : hopper::forwardKeys(bf, a.head_dim);
+    Args h = a;
+    h.q_rows = b.q_tokens;
+    h.k_rows = b.k_tokens;
+    const auto run = [&](const char* label) {
+      if (ws)
+        hopper::forwardWs(space.cuda_stream(), h);
+      else
+        hopper::forward(space.cuda_stream(), h, bf);
+      space.fence(label);  // the work list (and split buffers) die with the caller's scope
+    };
+    if (cfg.split_kv) {
       const split_kv::Plan plan = split_kv::plan(b.pieces, rows, keys);
       if (!plan.groups.empty()) {
-        SplitWork sw(plan, static_cast<std::int64_t>(rows) * a.heads * a.head_dim, static_cast<std::int64_t>(rows) * a.heads);
-        Args h = a;
+        SplitWork sw(plan, static_cast<std::int64_t>(rows) * a.heads * a.head_dim,
+                     static_cast<std::int64_t>(rows) * a.heads);
         h.work = sw.work.data();
         h.nwork = static_cast<int>(sw.work.extent(0));
         h.split = sw.split.data();
@@ -622,19 +634,18 @@ bool mmaForward(const Kokkos::Cuda& space, const Args& a, const VarlenBatch& b, 
         h.ngroups = static_cast<int>(sw.groups.extent(0));
         h.o_part = sw.o_part.data();
         h.lse_part = sw.lse_part.data();
-        hopper::forward(space.cuda_stream(), h, bf);
-        space.fence("wlb::attention::hopper::fwd_split");  // the buffers die with this scope
+        run("wlb::attention::hopper::fwd_split");
         return true;
       }
     }
     const WorkView work = queryWork(b, rows, keys);
-    Args h = a;
     h.work = work.data();
     h.nwork = static_cast<int>(work.extent(0));
-    hopper::forward(space.cuda_stream(), h, bf);
-    space.fence("wlb::attention::hopper::fwd");  // the work list dies with this scope
+    run("wlb::attention::hopper::fwd");
     return true;
   }
+#else
+  (void)cfg;
 #endif
   if (a.head_dim == 64) {
     launchForward<T, 64>(space, a, b);

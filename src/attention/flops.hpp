@@ -31,6 +31,11 @@ struct KernelConfig {
   /// least 16K keys run as several work items over parts of their keys, merged by their
   /// LSE. Off by default until measured on an H100; other paths ignore it.
   bool split_kv = false;
+  /// BF16 forward on a Hopper device: the warp-specialised kernel (a TMA producer
+  /// warpgroup, consumer warpgroups in ping-pong, the next tile's QK^T issued before this
+  /// tile's softmax; cuda_hopper_ws.cu) instead of the synchronous one. Off by default until
+  /// measured on an H100; other paths and precisions ignore it.
+  bool warp_specialized = false;
 };
 
 /// Unmasked query-key pairs of a piece: nq*(nk-nq) + nq*(nq+1)/2.

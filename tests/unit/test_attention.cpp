@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "attention/attention.hpp"
@@ -116,8 +117,7 @@ Inputs makeInputs(const Case& c, unsigned seed) {
   return in;
 }
 
-Result runKernel(const Case& c, const Inputs& in, const att::KernelConfig& cfg, bool bwd = true,
-                 int bwd_calls = 1) {
+Result runKernel(const Case& c, const Inputs& in, const att::KernelConfig& cfg, bool bwd = true, int bwd_calls = 1) {
   const auto batch = att::VarlenBatch::fromRanges(c.pieces);
   const int H = c.heads, Hk = c.kv_heads, D = c.head_dim;
   V3 q = toView(in.q, c.q_tokens, H, D, "q"), k = toView(in.k, c.k_tokens, Hk, D, "k"),
@@ -158,8 +158,7 @@ void expectClose(const Case& c, const att::KernelConfig& cfg, unsigned seed, con
   SCOPED_TRACE(what);
   SCOPED_TRACE("tile_q=" + std::to_string(cfg.tile_q) + " tile_k=" + std::to_string(cfg.tile_k) +
                " portable=" + std::to_string(cfg.path == att::KernelConfig::Path::Portable) +
-               " D=" + std::to_string(c.head_dim) + " H=" + std::to_string(c.heads) + "/" +
-               std::to_string(c.kv_heads));
+               " D=" + std::to_string(c.head_dim) + " H=" + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads));
   const Inputs in = makeInputs(c, seed);
   const Result ref = runReference(c, in), got = runKernel(c, in, cfg);
   EXPECT_LE(relErr(got.o, ref.o), 1e-5);
@@ -404,6 +403,86 @@ TEST(Attention, Bf16StorageMatchesReferenceOnRoundedInputs) {
   }
 }
 
+bool allFinite(const std::vector<float>& x) {
+  return std::all_of(x.begin(), x.end(), [](float e) { return std::isfinite(e); });
+}
+
+// Rows of the key and value buffers that no piece owns may hold anything (a pool's stale
+// bytes, another call's data): no kernel may let them into O, the LSE or a gradient. The
+// TMA kernel loads whole tiles past a piece's end, so this is its masking and V-zeroing
+// contract; the others never read those rows.
+TEST(Attention, NonFiniteKeysOutsidePiecesNeverReachTheOutputs) {
+  Case c;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = 64;
+  c.pieces = {{0, 100, 0, 100}, {100, 150, 200, 250}, {150, 170, 300, 340}};
+  c.q_tokens = 170;
+  c.k_tokens = 400;
+  Inputs in = makeInputs(c, 41);
+  const std::size_t row = static_cast<std::size_t>(c.kv_heads) * c.head_dim;
+  const std::vector<std::pair<std::int64_t, std::int64_t>> gaps = {{100, 200}, {250, 300}, {340, 400}};
+  for (const auto& [r0, r1] : gaps)  // the rows no piece owns
+    for (std::int64_t r = r0; r < r1; ++r)
+      for (std::size_t e = 0; e < row; ++e) {
+        in.k[r * row + e] = std::numeric_limits<float>::quiet_NaN();
+        in.v[r * row + e] = std::numeric_limits<float>::infinity();
+      }
+  const Result ref = runReference(c, in);
+  att::KernelConfig ws;
+  ws.warp_specialized = true;
+  for (const att::KernelConfig& cfg : {att::KernelConfig{}, ws}) {
+    SCOPED_TRACE(std::string("kernel ") + att::kernelName<ES>(c.head_dim, cfg, true));
+    const Result got = runKernelBf16(c, in, cfg);
+    for (const auto* x : {&got.o, &got.lse, &got.dq, &got.dk, &got.dv}) EXPECT_TRUE(allFinite(*x));
+    EXPECT_LE(relErr(got.o, ref.o), 1e-2);
+    EXPECT_LE(relErr(got.lse, ref.lse), 1e-2);
+  }
+  const Result f32 = runKernel(c, in, att::KernelConfig{});
+  for (const auto* x : {&f32.o, &f32.lse, &f32.dq, &f32.dk, &f32.dv}) EXPECT_TRUE(allFinite(*x));
+  EXPECT_LE(relErr(f32.o, ref.o), 1e-5);
+}
+
+// The warp-specialised Hopper forward (KernelConfig::warp_specialized), alone and with
+// split-KV, on whole documents long enough to wrap its stage ring, short ones that leave
+// consumer warpgroups without rows, CP pieces and a piece few queries over long keys.
+// Where the config selects no other kernel (every machine but a Hopper GPU) the tests
+// above cover what runs.
+TEST(Attention, WarpSpecializedForwardMatchesReference) {
+  att::KernelConfig ws;
+  ws.warp_specialized = true;
+  if (std::string(att::kernelName<ES>(64, ws, true)) == att::kernelName<ES>(64, att::KernelConfig{}, true))
+    GTEST_SKIP() << "the warp-specialised forward runs only on a Hopper GPU";
+  std::vector<Case> cases = precisionCases();
+  for (int d : {64, 128}) {
+    cases.push_back(docsCase({1000, 513, 2, 700, 64, 129}, 8, 2, d));
+    cases.push_back(cpCase({3000, 260}, 4, true, 4, 1, d));
+    Case longKeys;
+    longKeys.heads = 4;
+    longKeys.kv_heads = 1;
+    longKeys.head_dim = d;
+    longKeys.pieces = {{0, 100, 0, 17000}, {100, 356, 17000, 34000}};
+    longKeys.q_tokens = 356;
+    longKeys.k_tokens = 34000;
+    cases.push_back(longKeys);
+  }
+  for (const auto& c : cases)
+    for (bool split : {false, true}) {
+      Inputs in = makeInputs(c, 29);
+      for (auto* x : {&in.q, &in.k, &in.v, &in.dO})
+        for (auto& e : *x) e = att::roundBf16(e);
+      const Result ref = runReference(c, in, false);
+      att::KernelConfig cfg = ws;
+      cfg.split_kv = split;
+      SCOPED_TRACE("D=" + std::to_string(c.head_dim) + " pieces=" + std::to_string(c.pieces.size()) +
+                   " split=" + std::to_string(split));
+      const Result got = runKernelBf16(c, in, cfg);
+      EXPECT_TRUE(allFinite(got.o));
+      EXPECT_LE(relErr(got.o, ref.o), 1e-2);
+      EXPECT_LE(relErr(got.lse, ref.lse), 1e-2);
+    }
+}
+
 TEST(Attention, Bf16Conversions) {
   EXPECT_EQ(att::toFloat(att::toBf16(1.0f)), 1.0f);
   EXPECT_EQ(att::toFloat(att::toBf16(-2.5f)), -2.5f);
@@ -417,12 +496,11 @@ TEST(Attention, Bf16Conversions) {
 // tile exactly once, parts only for pieces with few queries over long keys, each part
 // starting where every row of its tile sees a key, slots consecutive, longest first.
 TEST(SplitKv, PlanCoversEveryVisibleKeyTileOnce) {
-  const std::vector<att::PieceRange> pieces = {
-      {0, 5000, 0, 5000},            // whole document: not split
-      {5000, 5200, 5000, 45000},     // CP piece, 200 queries over 40K keys: split
-      {5200, 5456, 0, 16384},        // 256 over 16K: the rule's edge, split
-      {5456, 5713, 0, 20000},        // 257 queries: not split
-      {5713, 5777, 20000, 120000}};  // 64 over 100K: split into the most parts
+  const std::vector<att::PieceRange> pieces = {{0, 5000, 0, 5000},         // whole document: not split
+                                               {5000, 5200, 5000, 45000},  // CP piece, 200 queries over 40K keys: split
+                                               {5200, 5456, 0, 16384},     // 256 over 16K: the rule's edge, split
+                                               {5456, 5713, 0, 20000},     // 257 queries: not split
+                                               {5713, 5777, 20000, 120000}};  // 64 over 100K: split into the most parts
   const int bq = 128, bk = 128;
   const att::split_kv::Rule rule;
   const att::split_kv::Plan plan = att::split_kv::plan(pieces, bq, bk, rule);
@@ -493,7 +571,8 @@ TEST(SplitKv, CombinedPartsEqualTheWholeRow) {
     att::reference::forward(q, k, v, {{0, 1, cuts[s], cuts[s + 1]}}, dims, os, ls);
     for (int h = 0; h < H; ++h) {
       lp[h * parts + s] = ls[h];
-      std::copy(os.begin() + h * D, os.begin() + (h + 1) * D, op.begin() + (static_cast<std::size_t>(h) * parts + s) * D);
+      std::copy(os.begin() + h * D, os.begin() + (h + 1) * D,
+                op.begin() + (static_cast<std::size_t>(h) * parts + s) * D);
     }
   }
   for (int h = 0; h < H; ++h) {

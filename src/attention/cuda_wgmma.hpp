@@ -1,0 +1,360 @@
+#pragma once
+/// \file cuda_wgmma.hpp
+/// \brief Internal: the sm_90a PTX the Hopper attention kernels share — warpgroup MMAs
+/// (`wgmma`) and their shared-memory descriptors, the 128-byte swizzle, mbarriers, TMA tile
+/// loads, register reallocation and named barriers. Included only by the sm_90a
+/// translation units (cuda_hopper.cu, cuda_hopper_ws.cu), which nvcc compiles without Kokkos.
+
+#include <cuda.h>  // CUtensorMap (the type only: the encoder comes through the runtime)
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attention/cuda_args.hpp"
+#include "attention/cuda_ptx.hpp"
+
+namespace wlb::attention::hopper::kern {
+using namespace cuda::ptx;  // cp.async, conversions, exp2, quad shuffles, reductions
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WLB_HOPPER_DEVICE 1
+#endif
+
+// ---------------- PTX wrappers ----------------------------------------------------------
+
+/// Generic-proxy writes (cp.async, st.shared) -> visible to the MMA's async-proxy reads
+/// (each writer fences, then the block barrier).
+__device__ __forceinline__ void fenceProxyAsync() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/// Pins accumulator registers around asynchronous MMAs (the compiler must not move or copy
+/// them while an MMA is in flight).
+template <int N>
+__device__ __forceinline__ void fenceRegs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+/// Shared-memory matrix descriptor: 128-byte swizzle, stride between 8-row groups `sbo`,
+/// between 64-element column blocks of an MN-major operand `lbo`.
+__device__ __forceinline__ std::uint64_t desc(const void* p, unsigned lbo, unsigned sbo) {
+  const std::uint64_t a = smemAddr(p);
+  return ((a & 0x3FFFFull) >> 4) | (static_cast<std::uint64_t>((lbo & 0x3FFFFu) >> 4) << 16) |
+         (static_cast<std::uint64_t>((sbo & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
+}
+
+// wgmma: SS = both operands in shared memory; RS = A in registers. BF16 RS reads B
+// MN-major (transposed); TF32 operands are always K-major.
+/// D(64x64) += A(64x16, shared) * B(16x64, shared, K-major), bf16, f32 accumulators.
+__device__ __forceinline__ void wgmmaSS_bf16_n64(float (&d)[32], std::uint64_t da, std::uint64_t db) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(1));
+}
+/// As wgmmaSS_bf16_n64 with both operands MN-major (transposed in shared memory).
+__device__ __forceinline__ void wgmmaSS_bf16_n64_tt(float (&d)[32], std::uint64_t da, std::uint64_t db) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(1));
+}
+
+/// D(64x64) += A(64x16, registers) * B(16x64, shared, MN-major), bf16, f32 accumulators.
+__device__ __forceinline__ void wgmmaRS_bf16_n64(float (&d)[32], const unsigned (&a)[4], std::uint64_t db) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+/// D(64x128) += A(64x16, shared) * B(16x128, shared, K-major), bf16, f32 accumulators.
+__device__ __forceinline__ void wgmmaSS_bf16_n128(float (&d)[64], std::uint64_t da, std::uint64_t db) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "
+      "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(1));
+}
+
+/// D(64x128) += A(64x16, registers) * B(16x128, shared, MN-major), bf16, f32 accumulators.
+__device__ __forceinline__ void wgmmaRS_bf16_n128(float (&d)[64], const unsigned (&a)[4], std::uint64_t db) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "
+      "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+/// D(64x64) += A(64x8, shared) * B(8x64, shared, K-major), tf32, f32 accumulators.
+__device__ __forceinline__ void wgmmaSS_tf32_n64(float (&d)[32], std::uint64_t da, std::uint64_t db) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(1));
+}
+
+/// D(64x64) += A(64x8, registers) * B(8x64, shared, K-major), tf32, f32 accumulators.
+__device__ __forceinline__ void wgmmaRS_tf32_n64(float (&d)[32], const unsigned (&a)[4], std::uint64_t db) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+/// D(64x128) += A(64x8, registers) * B(8x128, shared, K-major), tf32, f32 accumulators.
+__device__ __forceinline__ void wgmmaRS_tf32_n128(float (&d)[64], const unsigned (&a)[4], std::uint64_t db) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "
+      "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+/// Byte offset of 16-byte chunk `c` of row `r` in an R-row tile stored as 128-byte column
+/// blocks [c / 8][R][128 B], swizzled.
+template <int R>
+__device__ __forceinline__ int swz(int r, int c) {
+  return (c >> 3) * R * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+}
+
+template <bool BF, int N>
+__device__ __forceinline__ void mmaSS(float (&d)[N / 2], std::uint64_t da, std::uint64_t db) {
+  if constexpr (BF && N == 64) wgmmaSS_bf16_n64(d, da, db);
+  if constexpr (BF && N == 128) wgmmaSS_bf16_n128(d, da, db);
+  if constexpr (!BF && N == 64) wgmmaSS_tf32_n64(d, da, db);
+}
+template <bool BF, int N>
+__device__ __forceinline__ void mmaRS(float (&d)[N / 2], const unsigned (&a)[4], std::uint64_t db) {
+  if constexpr (BF && N == 64) wgmmaRS_bf16_n64(d, a, db);
+  if constexpr (BF && N == 128) wgmmaRS_bf16_n128(d, a, db);
+  if constexpr (!BF && N == 64) wgmmaRS_tf32_n64(d, a, db);
+  if constexpr (!BF && N == 128) wgmmaRS_tf32_n128(d, a, db);
+}
+
+// ---------------- forward epilogue --------------------------------------------------------
+
+/// One thread's share of a forward work item's output: rows wr and wr + 8 of the m64nD
+/// accumulator layout (o[4i + 2half + {0,1}] = columns 8i + 2t + {0,1} of row wr + 8half),
+/// normalised by the quad-summed row sums, to O (BF16 or FP32) and the LSE — or, for a
+/// split-KV part (slot >= 0), in FP32 to its slot of a.o_part / a.lse_part for the combine
+/// pass. Rows >= nq are not written.
+template <bool BF, int D, int BQ>
+__device__ __forceinline__ void storeRows(const cuda::Args& a, const float (&o)[D / 2], float m0, float m1, float l0,
+                                          float l1, int wr, int t, int qb, int q0, int nq, int h, int slot) {
+  const int H = a.heads;
+  float* P = slot >= 0 ? a.o_part + static_cast<std::int64_t>(slot) * BQ * H * D : nullptr;
+  char* O = static_cast<char*>(a.o_out);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const float ls = quadSum(half ? l1 : l0);
+    const int row = wr + 8 * half;
+    if (row >= nq) continue;
+    const float inv = 1.0f / ls;
+    const float lse = ((half ? m1 : m0) + log2f(ls)) * 0.6931471805599453f;
+    if (P) {
+      float* prow = P + (static_cast<std::int64_t>(row - q0) * H + h) * D + 2 * t;
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i)
+        *reinterpret_cast<float2*>(prow + i * 8) =
+            make_float2(o[4 * i + 2 * half] * inv, o[4 * i + 2 * half + 1] * inv);
+      if (t == 0) a.lse_part[(static_cast<std::int64_t>(slot) * BQ + (row - q0)) * H + h] = lse;
+      continue;
+    }
+    constexpr int esize = BF ? 2 : 4;
+    char* orow = O + ((static_cast<std::int64_t>(qb + row)) * a.o_s0 + h * D + 2 * t) * esize;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      const float x0 = o[4 * i + 2 * half] * inv, x1 = o[4 * i + 2 * half + 1] * inv;
+      if constexpr (BF)
+        *reinterpret_cast<unsigned*>(orow + i * 8 * 2) = packBf16(x0, x1);
+      else
+        *reinterpret_cast<float2*>(orow + i * 8 * 4) = make_float2(x0, x1);
+    }
+    if (t == 0) a.lse_out[static_cast<std::int64_t>(qb + row) * a.lse_s0 + h] = lse;
+  }
+}
+
+// ---------------- mbarriers, TMA, registers, named barriers -----------------------------
+
+__device__ __forceinline__ void mbarInit(std::uint64_t* b, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smemAddr(b)), "r"(count) : "memory");
+}
+/// Makes initialised mbarriers visible to the async proxy (TMA completes on them).
+__device__ __forceinline__ void fenceBarrierInit() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+/// One arrival that also announces `bytes` of TMA traffic the phase waits for.
+__device__ __forceinline__ void mbarExpectTx(std::uint64_t* b, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smemAddr(b)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbarArrive(std::uint64_t* b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smemAddr(b)) : "memory");
+}
+/// mbarArrive where `pred` holds, predicated rather than branched (a branch between an MMA's
+/// issue and its wait makes ptxas serialise the MMAs).
+__device__ __forceinline__ void mbarArriveIf(std::uint64_t* b, bool pred) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(smemAddr(b)),
+      "r"(static_cast<int>(pred))
+      : "memory");
+}
+/// Waits until the phase of parity `parity` has completed (parity 1 on a fresh barrier
+/// returns at once: the phase before the first counts as complete).
+__device__ __forceinline__ void mbarWait(std::uint64_t* b, unsigned parity) {
+  unsigned done = 0;
+  do {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(smemAddr(b)), "r"(parity)
+                 : "memory");
+  } while (!done);
+}
+/// TMA: the box at coordinates (c0, c1, c2) of `map` into shared memory at `dst`,
+/// completing `bytes` on `bar` (elements outside the tensor arrive as zeros).
+__device__ __forceinline__ void tmaLoad3(void* dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                         std::uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::
+          "r"(smemAddr(dst)),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smemAddr(bar))
+      : "memory");
+}
+__device__ __forceinline__ void prefetchTensorMap(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(map)) : "memory");
+}
+/// Warpgroup-wide register reallocation (every thread of the warpgroup executes it).
+template <int N>
+__device__ __forceinline__ void regsDec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void regsInc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+/// Named barrier `id` (1-15; 0 is __syncthreads) over `n` threads: sync waits, arrive
+/// only counts.
+__device__ __forceinline__ void barSync(int id, int n) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void barArrive(int id, int n) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+/// barArrive where `pred` holds (warp-uniform), predicated rather than branched.
+__device__ __forceinline__ void barArriveIf(int id, int n, bool pred) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p bar.arrive %0, %1;\n}\n" ::"r"(id), "r"(n),
+               "r"(static_cast<int>(pred))
+               : "memory");
+}
+
+// ---------------- host helpers (cuda_hopper.cu) -----------------------------------------
+
+/// Throws std::runtime_error naming `what` unless `e` is cudaSuccess.
+void check(cudaError_t e, const char* what);
+/// The split-KV combine pass over a.groups, for items of `rows` query rows (nothing
+/// without a split plan).
+void combineParts(cudaStream_t st, const cuda::Args& a, bool bf16, int rows);
+
+}  // namespace wlb::attention::hopper::kern
