@@ -71,17 +71,14 @@ att::KernelConfig pathOf(const std::string& p) {
     cfg.path = att::KernelConfig::Path::Sm80;
     return cfg;
   }
-  if (p == "split" || p == "ws-split") cfg.split_kv = true;
-  if (p == "ws" || p == "ws-split") cfg.warp_specialized = true;
-  if (cfg.split_kv || cfg.warp_specialized) return cfg;
+  if (att::setForwardVariant(cfg, p)) return cfg;
   std::fprintf(stderr, "bench_attention_gpu: unknown path '%s' (auto, sm80, split, ws, ws-split)\n", p.c_str());
   std::exit(2);
 }
 
 /// The path name of a kernel configuration (pathOf's inverse).
 const char* pathName(const att::KernelConfig& cfg) {
-  if (cfg.warp_specialized) return cfg.split_kv ? "ws-split" : "ws";
-  return cfg.split_kv ? "split" : cfg.path == att::KernelConfig::Path::Sm80 ? "sm80" : "auto";
+  return cfg.path == att::KernelConfig::Path::Sm80 ? "sm80" : att::forwardVariant(cfg);
 }
 
 std::vector<std::string> splitList(const std::string& s) {

@@ -7,6 +7,8 @@
 /// aligned bottom-right: query j (0-based) sees keys [0, nk - nq + j].
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace wlb::attention {
 
@@ -37,6 +39,26 @@ struct KernelConfig {
   /// measured on an H100; other paths and precisions ignore it.
   bool warp_specialized = false;
 };
+
+/// The Hopper forward variants by name (deck `run.attention`, `wlb profile --attention`,
+/// `bench_attention_gpu --paths`): "auto" (the synchronous kernel), "split" (split_kv),
+/// "ws" (warp_specialized), "ws-split" (both). False for another name (cfg unchanged).
+inline bool setForwardVariant(KernelConfig& cfg, const std::string& name) {
+  const bool split = name == "split" || name == "ws-split", ws = name == "ws" || name == "ws-split";
+  if (!split && !ws && name != "auto") return false;
+  cfg.split_kv = split;
+  cfg.warp_specialized = ws;
+  return true;
+}
+inline const char* forwardVariant(const KernelConfig& cfg) {
+  if (cfg.warp_specialized) return cfg.split_kv ? "ws-split" : "ws";
+  return cfg.split_kv ? "split" : "auto";
+}
+/// The variant names setForwardVariant takes.
+inline const std::vector<std::string>& forwardVariants() {
+  static const std::vector<std::string> v{"auto", "split", "ws", "ws-split"};
+  return v;
+}
 
 /// Unmasked query-key pairs of a piece: nq*(nk-nq) + nq*(nq+1)/2.
 inline double usefulPairs(std::int64_t nq, std::int64_t nk) {

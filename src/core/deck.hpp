@@ -41,16 +41,16 @@ struct DataConfig {
 };
 
 struct PackingConfig {
-  std::string strategy = "wlb";                  ///< original | fixed_greedy | fixed_optimal | best_fit | wlb | slimpack
-  std::int64_t micro_batches = 0;                ///< M per DP replica; 0 -> resolved to pp
-  std::int64_t window = 1;                       ///< fixed_greedy: global batches per window (1 = the paper's Fixed-4D)
+  std::string strategy = "wlb";    ///< original | fixed_greedy | fixed_optimal | best_fit | wlb | slimpack
+  std::int64_t micro_batches = 0;  ///< M per DP replica; 0 -> resolved to pp
+  std::int64_t window = 1;         ///< fixed_greedy: global batches per window (1 = the paper's Fixed-4D)
   std::vector<std::int64_t> outlier_thresholds;  ///< L_1 < ... < L_n; empty -> defaults
   double delay_budget = 1.0;                     ///< mean per-token delay budget (steps) for tuning
-  std::int64_t max_queue_wait = 0;  ///< wlb: longest outlier-queue wait (steps); 0 -> max(2, ceil(4*budget))
-  double milp_time_limit = 10.0;    ///< seconds per fixed_optimal solve
+  std::int64_t max_queue_wait = 0;       ///< wlb: longest outlier-queue wait (steps); 0 -> max(2, ceil(4*budget))
+  double milp_time_limit = 10.0;         ///< seconds per fixed_optimal solve
   std::int64_t slimpack_candidates = 6;  ///< slimpack: MicroPack counts scored per step
   std::int64_t slimpack_dp_merge = 1;    ///< slimpack: DP-Merge of samples over a replica's share
-  std::string checkpoint;           ///< packer state file ("" -> none)
+  std::string checkpoint;                ///< packer state file ("" -> none)
 };
 
 struct CpConfig {
@@ -85,6 +85,9 @@ struct RunConfig {
   std::string precision = "fp32";
   /// Collectives of the executor's mesh groups: auto | mpi | nccl (docs/runtime.md).
   std::string comm_backend = "auto";
+  /// Hopper attention forward variant: auto | split | ws | ws-split (docs/attention.md;
+  /// attention::setForwardVariant). Other devices ignore it.
+  std::string attention = "auto";
 };
 
 /// `wlb train` (docs/training.md): a LLaMA-style model on a `wlb data prepare` dataset.
@@ -97,12 +100,12 @@ struct TrainConfig {
   std::int64_t warmup_steps = 10;
   double weight_decay = 0.1;
   double beta1 = 0.9, beta2 = 0.95;
-  double clip = 1.0;  ///< global gradient-norm limit; 0 = none
+  double clip = 1.0;       ///< global gradient-norm limit; 0 = none
   std::uint64_t seed = 1;  ///< weight initialisation
   double rope_theta = 10000;
   std::int64_t log_interval = 10;
-  std::int64_t eval_interval = 0;  ///< steps; 0 = at the end only
-  std::int64_t eval_tokens = 0;    ///< validation tokens per evaluation; 0 = all
+  std::int64_t eval_interval = 0;        ///< steps; 0 = at the end only
+  std::int64_t eval_tokens = 0;          ///< validation tokens per evaluation; 0 = all
   std::int64_t checkpoint_interval = 0;  ///< steps; 0 = none
   std::string checkpoint_dir;            ///< "" -> output.dir/checkpoint
 };

@@ -720,6 +720,9 @@ ProfileResult measureProfile(ProfileOptions o) {
   cfg.tile_q = o.tile_q;
   cfg.tile_k = o.tile_k;
   cfg.precision = wlb::runtime::parsePrecision(o.precision, "--precision");
+  if (!att::setForwardVariant(cfg, o.attention))
+    throw wlb::InputError("wlb profile: --attention: unknown variant '" + o.attention +
+                          "' (auto, split, ws, ws-split)");
   try {
     att::validateConfig(cfg);
   } catch (const std::invalid_argument& e) {
@@ -833,11 +836,12 @@ ProfileResult measureProfile(ProfileOptions o) {
   j["name"] = o.name;
   j["backend"] = wlb::kk::backendName();
   j["created"] = isoNow();
-  const std::string linear_src =
-      kHostMem ? "BLAS sgemm " + std::string(o.quick ? "512" : "1024") + "^3, one thread"
-               : wlb::runtime::gemmBackend() + " " + std::string(o.quick ? "1024" : "8192") + "^3" +
-                     (o.precision == "bf16" ? " on BF16 storage" : " on FP32 storage");
-  j["sources"] = {"measured by `wlb profile` (attention: wlb::attention kernels, " + o.precision + ", best of " +
+  const std::string linear_src = kHostMem
+                                     ? "BLAS sgemm " + std::string(o.quick ? "512" : "1024") + "^3, one thread"
+                                     : wlb::runtime::gemmBackend() + " " + std::string(o.quick ? "1024" : "8192") +
+                                           "^3" + (o.precision == "bf16" ? " on BF16 storage" : " on FP32 storage");
+  j["sources"] = {"measured by `wlb profile` (attention: wlb::attention kernels, " + o.precision +
+                      (o.attention == "auto" ? std::string() : ", forward variant " + o.attention) + ", best of " +
                       std::to_string(o.reps) + " repetitions; linear: " + linear_src +
                       "; peak: register-only FP32 FMA loop; timed with " +
                       (clock.cpu ? "process CPU time" : "wall time") + ")",

@@ -515,7 +515,8 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
     std::fflush(opt.out);
   }
 
-  const LayerEnv env = LayerEnv::onMesh(space, mesh, *cost, &rec, precision, cp_group.get(), tp_group.get());
+  LayerEnv env = LayerEnv::onMesh(space, mesh, *cost, &rec, precision, cp_group.get(), tp_group.get());
+  attention::setForwardVariant(env.kernel, deck.run.attention);  // validated with the deck
   PipelineStage stage(env, model, schedule, mesh.pp());
 
   std::vector<StratState> states(strategies.size());
