@@ -109,6 +109,17 @@ if "$WLB" --version 2>/dev/null | grep -q "NCCL *yes"; then :; else
   [ "$rc" = 2 ] || fail "comm_backend=nccl on a build without NCCL: exit $rc"
   grep -q "run.comm_backend" "$tmp/err" || fail "nccl error does not name the key: $(cat "$tmp/err")"
 fi
+# run.attention picks a Hopper forward variant; a host build runs the same kernels with any
+# of them (the same gradients, bit for bit), and an unknown variant is a deck error.
+"$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set mesh.cp=1 --set run.precision='"tf32"' \
+  --set run.attention='"ws-split"' --steps 1 --warmup 0 --quiet --no-output --gradients "$tmp/g5" > "$tmp/log" \
+  2> "$tmp/err" || fail "run.attention=ws-split: $(cat "$tmp/err")"
+/usr/bin/python3 "$SRC/bench/compare_runs.py" "$tmp/g1" "$tmp/g5" --tol 1e-4 > "$tmp/cmp" || fail "ws-split: $(cat "$tmp/cmp")"
+grep -q "worst 0.000e+00" "$tmp/cmp" || fail "run.attention changed a host build's gradients: $(cat "$tmp/cmp")"
+"$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set run.attention='"fa3"' --steps 1 --no-output \
+  > "$tmp/log" 2> "$tmp/err"; rc=$?
+[ "$rc" = 2 ] || fail "run.attention=fa3: exit $rc"
+grep -q "run.attention" "$tmp/err" || fail "bad run.attention does not name the key: $(cat "$tmp/err")"
 
 # A rank failing mid-step (its pipeline receives posted) ends every rank, with one message.
 t0=$SECONDS
