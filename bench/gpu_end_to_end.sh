@@ -14,7 +14,8 @@
 # default "plain wlb"),
 # profile8b (wlb profile --deck of that deck, for `wlb simulate --as-run --plans`), train8b
 # (wlb train of that deck on DATA, a byte-level `wlb data prepare` prefix) and trainsmall
-# (a small wlb train in fp32 and bf16 whose losses are compared with the CPU build's), and
+# (a small wlb train in fp32 and bf16 whose losses are compared with the CPU build's),
+# gemm8b (run8b's plain strategy with --gemm-timing: every GEMM's rate in place), and
 # attn: bench_attention_gpu (BIN must hold it) on cases a-d in BF16 on the synchronous and
 # the warp-specialised Hopper forward, each with and without split-KV, its precision checks
 # included, then the PyTorch anchors of cases a-d (d: varlen_attn)
@@ -136,6 +137,13 @@ if [[ " $parts " == *" run8b "* ]]; then
   timeout 300 "$BIN/wlb" run "${deck8b[@]}" --set output.dir="\"$OUT/run8b\"" > "$OUT/run8b.log" 2>&1
   echo "run8b rc=$?" | tee -a "$OUT/summary.txt"
   tail -22 "$OUT/run8b.log" | tee -a "$OUT/summary.txt"
+fi
+if [[ " $parts " == *" gemm8b "* ]]; then
+  log "wlb run inputs/run_gpu_8b.toml --gemm-timing (bf16; each GEMM in place, plain only)"
+  timeout 200 "$BIN/wlb" run "${deck8b[@]}" --set 'run.strategies=["plain"]' --steps 2 --warmup 1 --quiet \
+    --gemm-timing --set output.dir="\"$OUT/gemm8b\"" > "$OUT/gemm8b.log" 2>&1
+  echo "gemm8b rc=$?" | tee -a "$OUT/summary.txt"
+  grep -A 28 "^GEMMs timed" "$OUT/gemm8b.log" | tee -a "$OUT/summary.txt"
 fi
 if [[ " $parts " == *" torch8b "* ]]; then
   for s in ${TORCH_PLANS-plain wlb}; do

@@ -100,7 +100,7 @@ LossResult lossRows(const LayerEnv& env, const Llama& model, const TokenRows& ro
     const Vec rc = Kokkos::subview(rstd, first);
     const auto tgt = Kokkos::subview(rows.targets, rr);
     rmsNorm<T>(space, xc, g, eps, xfc, rc);  // final norm
-    gemm(space, Trans::N, Trans::N, 1.0f, xfc, W, 0.0f, lc, env.precision);
+    layerGemm(env, "head.fwd", Trans::N, Trans::N, 1.0f, xfc, W, 0.0f, lc);
     // cross-entropy per row; with backward the logits become scale * dL/dlogits
     const bool bwd = backward;
     Kokkos::parallel_for(
@@ -138,8 +138,8 @@ LossResult lossRows(const LayerEnv& env, const Llama& model, const TokenRows& ro
     const Mat dxfc = Kokkos::subview(dxf, first, Kokkos::ALL), dxc = Kokkos::subview(out.dx, rr, Kokkos::ALL);
     // the logits' gradient as the GEMMs read it (BF16: a rounded copy; FP32: the logits)
     const MatT<T> dlc = storedAs<T>(space, env.pool, lc, "wlb::runtime::dlogits");
-    gemm(space, Trans::T, Trans::N, 1.0f, xfc, dlc, 1.0f, dW, env.precision);  // dHead += xf^T dlogits
-    gemm(space, Trans::N, Trans::T, 1.0f, dlc, W, 0.0f, dxfc, env.precision);  // dxf = dlogits Head^T
+    layerGemm(env, "head.wgrad", Trans::T, Trans::N, 1.0f, xfc, dlc, 1.0f, dW);  // dHead += xf^T dlogits
+    layerGemm(env, "head.dgrad", Trans::N, Trans::T, 1.0f, dlc, W, 0.0f, dxfc);  // dxf = dlogits Head^T
     rmsNormBackward(space, env.pool, xc, g, rc, dxfc, dxc, dg);
   }
   kk::fence(space, "wlb::runtime::loss");  // the chunk buffers go out of scope

@@ -330,9 +330,9 @@ void qkvForward(const LayerEnv& env, const LayerShape& s, const LayerParamsT<T>&
   Region r(env.recorder, trace::labels::kQkvProj, space, trace::Phase::Fwd,
            linearOpFlops(*env.cost, LinearOp::QkvProj, n, model::Phase::Fwd));
   rmsNorm<T>(space, a.x, w.norm1, env.norm_eps, a.xn1, a.rstd1);
-  gemm(space, Trans::N, Trans::N, 1.0f, a.xn1, w.wq, 0.0f, flat(a.q), env.precision);
-  gemm(space, Trans::N, Trans::N, 1.0f, a.xn1, w.wk, 0.0f, flat(a.k), env.precision);
-  gemm(space, Trans::N, Trans::N, 1.0f, a.xn1, w.wv, 0.0f, flat(a.v), env.precision);
+  layerGemm(env, "qkv_proj.q.fwd", Trans::N, Trans::N, 1.0f, a.xn1, w.wq, 0.0f, flat(a.q));
+  layerGemm(env, "qkv_proj.k.fwd", Trans::N, Trans::N, 1.0f, a.xn1, w.wk, 0.0f, flat(a.k));
+  layerGemm(env, "qkv_proj.v.fwd", Trans::N, Trans::N, 1.0f, a.xn1, w.wv, 0.0f, flat(a.v));
   rope<T>(space, a.q, pos, *env.rope, 1.0f);
   rope<T>(space, a.k, pos, *env.rope, 1.0f);
 }
@@ -349,7 +349,7 @@ Mat outMlpForward(const LayerEnv& env, const LayerParamsT<T>& w, LayerActsT<T>& 
   a.h = newMat(env.pool, "wlb::runtime::h", n, hidden);
   {
     Region r(rec, trace::labels::kOutProj, space, P, linearOpFlops(*env.cost, LinearOp::OutProj, n, F));
-    gemm(space, Trans::N, Trans::N, 1.0f, flat(a.o), w.wo, 0.0f, a.h, env.precision);
+    layerGemm(env, "out_proj.fwd", Trans::N, Trans::N, 1.0f, flat(a.o), w.wo, 0.0f, a.h);
   }
   tpAllreduce(env, a.h, false);
   {
@@ -366,8 +366,8 @@ Mat outMlpForward(const LayerEnv& env, const LayerParamsT<T>& w, LayerActsT<T>& 
     a.a1 = newMatT<T>(env.pool, "wlb::runtime::a1", n, ffn);
     a.a3 = newMatT<T>(env.pool, "wlb::runtime::a3", n, ffn);
     a.s = newMatT<T>(env.pool, "wlb::runtime::s", n, ffn);
-    gemm(space, Trans::N, Trans::N, 1.0f, a.hn, w.w1, 0.0f, a.a1, env.precision);
-    gemm(space, Trans::N, Trans::N, 1.0f, a.hn, w.w3, 0.0f, a.a3, env.precision);
+    layerGemm(env, "mlp.w1.fwd", Trans::N, Trans::N, 1.0f, a.hn, w.w1, 0.0f, a.a1);
+    layerGemm(env, "mlp.w3.fwd", Trans::N, Trans::N, 1.0f, a.hn, w.w3, 0.0f, a.a3);
     MatT<T> a1 = a.a1, a3 = a.a3, sv = a.s;
     Kokkos::parallel_for(
         "wlb::runtime::swiglu", Policy(space, 0, static_cast<std::int64_t>(sv.size())),
@@ -375,7 +375,7 @@ Mat outMlpForward(const LayerEnv& env, const LayerParamsT<T>& w, LayerActsT<T>& 
           const float v = attention::toFloat(a1.data()[i]);
           sv.data()[i] = attention::fromFloat<T>(v * sigmoid(v) * attention::toFloat(a3.data()[i]));
         });
-    gemm(space, Trans::N, Trans::N, 1.0f, sv, w.w2, 0.0f, y, env.precision);
+    layerGemm(env, "mlp.w2.fwd", Trans::N, Trans::N, 1.0f, sv, w.w2, 0.0f, y);
   }
   tpAllreduce(env, y, false);
   {
@@ -400,8 +400,8 @@ Act3T<T> outMlpBackward(const LayerEnv& env, const LayerParamsT<T>& w, const Lay
     Region r(rec, trace::labels::kMlp, space, P, linearOpFlops(*env.cost, LinearOp::Mlp, n, B));
     const MatT<T> dyt = stored<T>(env, dy, "wlb::runtime::dy_bf16");
     Mat ds = newMat(env.pool, "wlb::runtime::ds", n, ffn);
-    gemm(space, Trans::T, Trans::N, 1.0f, a.s, dyt, 1.0f, g.w2, env.precision);  // dW2 += s^T dy
-    gemm(space, Trans::N, Trans::T, 1.0f, dyt, w.w2, 0.0f, ds, env.precision);   // ds = dy W2^T
+    layerGemm(env, "mlp.w2.wgrad", Trans::T, Trans::N, 1.0f, a.s, dyt, 1.0f, g.w2);  // dW2 += s^T dy
+    layerGemm(env, "mlp.w2.dgrad", Trans::N, Trans::T, 1.0f, dyt, w.w2, 0.0f, ds);   // ds = dy W2^T
     // s and a3 are read here for the last time: their storage takes d(a1) and d(a3)
     MatT<T> a1 = a.a1, da3 = a.a3, da1 = a.s;
     Kokkos::parallel_for(
@@ -412,10 +412,10 @@ Act3T<T> outMlpBackward(const LayerEnv& env, const LayerParamsT<T>& w, const Lay
           da1.data()[i] = attention::fromFloat<T>(d * a3v * sg * (1.0f + v * (1.0f - sg)));
           da3.data()[i] = attention::fromFloat<T>(d * v * sg);
         });
-    gemm(space, Trans::T, Trans::N, 1.0f, a.hn, da1, 1.0f, g.w1, env.precision);  // dW1 += hn^T da1
-    gemm(space, Trans::T, Trans::N, 1.0f, a.hn, da3, 1.0f, g.w3, env.precision);  // dW3 += hn^T da3
-    gemm(space, Trans::N, Trans::T, 1.0f, da1, w.w1, 0.0f, dhn, env.precision);   // dhn = da1 W1^T
-    gemm(space, Trans::N, Trans::T, 1.0f, da3, w.w3, 1.0f, dhn, env.precision);   //     + da3 W3^T
+    layerGemm(env, "mlp.w1.wgrad", Trans::T, Trans::N, 1.0f, a.hn, da1, 1.0f, g.w1);  // dW1 += hn^T da1
+    layerGemm(env, "mlp.w3.wgrad", Trans::T, Trans::N, 1.0f, a.hn, da3, 1.0f, g.w3);  // dW3 += hn^T da3
+    layerGemm(env, "mlp.w1.dgrad", Trans::N, Trans::T, 1.0f, da1, w.w1, 0.0f, dhn);   // dhn = da1 W1^T
+    layerGemm(env, "mlp.w3.dgrad", Trans::N, Trans::T, 1.0f, da3, w.w3, 1.0f, dhn);   //     + da3 W3^T
   }
   a.a1 = a.a3 = a.s = MatT<T>();
   tpAllreduce(env, dhn, true);
@@ -433,8 +433,8 @@ Act3T<T> outMlpBackward(const LayerEnv& env, const LayerParamsT<T>& w, const Lay
   {
     Region r(rec, trace::labels::kOutProj, space, P, linearOpFlops(*env.cost, LinearOp::OutProj, n, B));
     const MatT<T> dht = stored<T>(env, dh, "wlb::runtime::dh_bf16");
-    gemm(space, Trans::T, Trans::N, 1.0f, flat(a.o), dht, 1.0f, g.wo, env.precision);  // dWo += O^T dh
-    gemm(space, Trans::N, Trans::T, 1.0f, dht, w.wo, 0.0f, flat(d_o), env.precision);  // dO = dh Wo^T
+    layerGemm(env, "out_proj.wgrad", Trans::T, Trans::N, 1.0f, flat(a.o), dht, 1.0f, g.wo);  // dWo += O^T dh
+    layerGemm(env, "out_proj.dgrad", Trans::N, Trans::T, 1.0f, dht, w.wo, 0.0f, flat(d_o));  // dO = dh Wo^T
   }
   return d_o;
 }
@@ -455,12 +455,12 @@ Mat qkvBackward(const LayerEnv& env, const LayerParamsT<T>& w, const LayerParams
     const MatT<T> dqt = stored<T>(env, flat(dq), "wlb::runtime::dq_bf16"),
                   dkt = stored<T>(env, flat(dk), "wlb::runtime::dk_bf16"),
                   dvt = stored<T>(env, flat(dv), "wlb::runtime::dv_bf16");
-    gemm(space, Trans::T, Trans::N, 1.0f, a.xn1, dqt, 1.0f, g.wq, env.precision);
-    gemm(space, Trans::T, Trans::N, 1.0f, a.xn1, dkt, 1.0f, g.wk, env.precision);
-    gemm(space, Trans::T, Trans::N, 1.0f, a.xn1, dvt, 1.0f, g.wv, env.precision);
-    gemm(space, Trans::N, Trans::T, 1.0f, dqt, w.wq, 0.0f, dxn, env.precision);
-    gemm(space, Trans::N, Trans::T, 1.0f, dkt, w.wk, 1.0f, dxn, env.precision);
-    gemm(space, Trans::N, Trans::T, 1.0f, dvt, w.wv, 1.0f, dxn, env.precision);
+    layerGemm(env, "qkv_proj.q.wgrad", Trans::T, Trans::N, 1.0f, a.xn1, dqt, 1.0f, g.wq);
+    layerGemm(env, "qkv_proj.k.wgrad", Trans::T, Trans::N, 1.0f, a.xn1, dkt, 1.0f, g.wk);
+    layerGemm(env, "qkv_proj.v.wgrad", Trans::T, Trans::N, 1.0f, a.xn1, dvt, 1.0f, g.wv);
+    layerGemm(env, "qkv_proj.q.dgrad", Trans::N, Trans::T, 1.0f, dqt, w.wq, 0.0f, dxn);
+    layerGemm(env, "qkv_proj.k.dgrad", Trans::N, Trans::T, 1.0f, dkt, w.wk, 1.0f, dxn);
+    layerGemm(env, "qkv_proj.v.dgrad", Trans::N, Trans::T, 1.0f, dvt, w.wv, 1.0f, dxn);
   }
   tpAllreduce(env, dxn, true);
   Mat dx = newMat(env.pool, "wlb::runtime::dx", n, hidden);

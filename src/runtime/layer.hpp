@@ -14,6 +14,7 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "parallel/group_comm.hpp"
 #include "parallel/mesh.hpp"
 #include "runtime/gemm.hpp"
+#include "runtime/gemm_timer.hpp"
 #include "runtime/llama.hpp"
 #include "runtime/pool.hpp"
 
@@ -89,6 +91,8 @@ struct LayerEnv {
   parallel::GroupComm* tp_group = nullptr;
   /// Activations and temporaries come from here (pool.hpp); null -> fresh allocations.
   BufferPool* pool = nullptr;
+  /// `wlb run --gemm-timing`: times every product by name while active; null -> untimed.
+  GemmTimer* gemm_timer = nullptr;
   /// A rank of `mesh`: its CP and TP groups (with their collectives), GEMMs and attention at
   /// `precision` (`wlb run` and `wlb train` alike).
   bool bf16Storage() const { return precision == Precision::Bf16; }
@@ -96,6 +100,24 @@ struct LayerEnv {
                          trace::Recorder* recorder, Precision precision, parallel::GroupComm* cp_group,
                          parallel::GroupComm* tp_group);
 };
+
+/// gemm() at env.precision, the product named `name` (layer.cpp, head.cpp: "mlp.w1.fwd",
+/// "qkv_proj.q.dgrad", ...); timed between two fences when env.gemm_timer is active.
+template <class A, class B, class C>
+void layerGemm(const LayerEnv& env, const char* name, Trans ta, Trans tb, float alpha, const A& a, const B& b,
+               float beta, const C& c) {
+  if (!env.gemm_timer || !env.gemm_timer->active()) {
+    gemm(*env.space, ta, tb, alpha, a, b, beta, c, env.precision);
+    return;
+  }
+  kk::fence(*env.space, "wlb::runtime::gemm_timer::before");
+  const auto t0 = std::chrono::steady_clock::now();
+  gemm(*env.space, ta, tb, alpha, a, b, beta, c, env.precision);
+  kk::fence(*env.space, "wlb::runtime::gemm_timer::after");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double k = static_cast<double>(ta == Trans::N ? a.extent(1) : a.extent(0));
+  env.gemm_timer->add(name, s, 2.0 * static_cast<double>(c.extent(0)) * static_cast<double>(c.extent(1)) * k);
+}
 
 /// What one layer keeps from forward to backward for a run of rows (in packed or local
 /// order): the input and its norm, the post-attention residual and its norm, the two norms'

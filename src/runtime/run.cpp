@@ -310,6 +310,28 @@ StepRecord gatherStep(const RunContext& rc, const std::vector<double>& row, cons
   return sr;
 }
 
+// --gemm-timing: every rank's table on rank 0, rows of the same strategy and product summed
+// (rank 0's order first). Collective over `comm`.
+std::vector<GemmTimer::Row> gatherGemms(const GemmTimer& timer, MPI_Comm comm) {
+  int me = 0, n = 1;
+  MPI_Comm_rank(comm, &me);
+  MPI_Comm_size(comm, &n);
+  const std::string mine = timer.serialize();
+  int len = static_cast<int>(mine.size());
+  std::vector<int> lens(static_cast<std::size_t>(n)), offs(static_cast<std::size_t>(n));
+  MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, comm);
+  std::string all;
+  if (me == 0) {
+    for (int r = 1; r < n; ++r) offs[r] = offs[r - 1] + lens[r - 1];
+    all.resize(static_cast<std::size_t>(offs[n - 1] + lens[n - 1]));
+  }
+  MPI_Gatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(), MPI_CHAR, 0, comm);
+  if (me != 0) return {};
+  GemmTimer sum;
+  sum.merge(GemmTimer::parse(all));
+  return sum.rows();
+}
+
 // Tests: the whole model's gradients on rank 0, tensor by tensor in model order, each as
 // its TP slices in TP order (ranks cp = dp = 0 hold the reduced ones).
 std::vector<float> gatherGradients(const RunContext& rc, const Llama& model) {
@@ -517,6 +539,8 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
 
   LayerEnv env = LayerEnv::onMesh(space, mesh, *cost, &rec, precision, cp_group.get(), tp_group.get());
   attention::setForwardVariant(env.kernel, deck.run.attention);  // validated with the deck
+  GemmTimer gemm_timer;
+  if (opt.gemm_timing) env.gemm_timer = &gemm_timer;
   PipelineStage stage(env, model, schedule, mesh.pp());
 
   std::vector<StratState> states(strategies.size());
@@ -590,6 +614,8 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
       writer->addPlan(st.strat.name, ps.plan, ps.text, shardJson(rc, ps.plan, st.strat.sharding));
       if (st.plan_out) st.plan_out << ps.text << "\n";
     }
+    gemm_timer.setStrategy(st.strat.name);
+    gemm_timer.setActive(opt.gemm_timing && step >= warmup && !drain);  // the measured steps
     const std::vector<double> row = executeStep(rc, stage, model, *dpcp_group, rec, in, rc.slots(ps.plan));
     StepRecord sr = gatherStep(rc, row, ps, step, drain);
     rc.tokens.forget();
@@ -635,6 +661,8 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
     for (std::size_t i = 0; i < states.size(); ++i)
       if (hold[i]) runStep(states[i], step, true);
   }
+
+  if (opt.gemm_timing) report.gemms = gatherGemms(gemm_timer, mesh.world());
 
   if (world_rank == 0)
     for (StratState& st : states) {
@@ -706,16 +734,28 @@ nlohmann::json toJson(const RunReport& rep) {
                   {"unrecorded_fraction", s.unrecorded},
                   {"allocations_per_step", s.allocations},
                   {"stage_peak_activation_bytes", s.stage_peak_bytes}});
-  return {{"format", "wlb-run-summary"},
-          {"version", 1},
-          {"mesh", rep.mesh},
-          {"pipeline", rep.pipeline},
-          {"steps", rep.steps},
-          {"warmup", rep.warmup},
-          {"layers", rep.layers},
-          {"baseline", rep.strategies.empty() ? "" : rep.strategies.front().name},
-          {"trace", rep.trace_path},
-          {"strategies", st}};
+  nlohmann::json j = {{"format", "wlb-run-summary"},
+                      {"version", 1},
+                      {"mesh", rep.mesh},
+                      {"pipeline", rep.pipeline},
+                      {"steps", rep.steps},
+                      {"warmup", rep.warmup},
+                      {"layers", rep.layers},
+                      {"baseline", rep.strategies.empty() ? "" : rep.strategies.front().name},
+                      {"trace", rep.trace_path},
+                      {"strategies", st}};
+  if (!rep.gemms.empty()) {
+    nlohmann::json g = nlohmann::json::array();
+    for (const auto& r : rep.gemms)
+      g.push_back({{"strategy", r.strategy},
+                   {"gemm", r.name},
+                   {"calls", r.calls},
+                   {"seconds", r.seconds},
+                   {"flops", r.flops},
+                   {"flops_per_second", r.seconds > 0 ? r.flops / r.seconds : 0.0}});
+    j["gemm_timing"] = g;
+  }
+  return j;
 }
 
 std::string formatReport(const RunReport& rep) {
@@ -772,6 +812,36 @@ std::string formatReport(const RunReport& rep) {
       os << buf;
     }
     os << "\n";
+  }
+  if (!rep.gemms.empty()) {
+    os << "\nGEMMs timed one by one (--gemm-timing; fenced before and after, so these steps are not a throughput "
+          "figure): measured steps, summed over ranks\n";
+    double all_s = 0, all_f = 0;
+    std::string last;
+    for (const auto& g : rep.gemms) {
+      if (g.strategy != last) {
+        if (!last.empty()) {
+          std::snprintf(buf, sizeof buf, "    %-18s %8s %10.3f %10s %10.2f\n", "all", "", 1e3 * all_s, "",
+                        all_s > 0 ? all_f / all_s / 1e12 : 0.0);
+          os << buf;
+        }
+        std::snprintf(buf, sizeof buf, "  %s\n    %-18s %8s %10s %10s %10s\n", g.strategy.c_str(), "gemm", "calls",
+                      "ms", "ms/call", "TFLOP/s");
+        os << buf;
+        last = g.strategy;
+        all_s = all_f = 0;
+      }
+      all_s += g.seconds;
+      all_f += g.flops;
+      std::snprintf(buf, sizeof buf, "    %-18s %8lld %10.3f %10.4f %10.2f\n", g.name.c_str(),
+                    static_cast<long long>(g.calls), 1e3 * g.seconds,
+                    g.calls > 0 ? 1e3 * g.seconds / static_cast<double>(g.calls) : 0.0,
+                    g.seconds > 0 ? g.flops / g.seconds / 1e12 : 0.0);
+      os << buf;
+    }
+    std::snprintf(buf, sizeof buf, "    %-18s %8s %10.3f %10s %10.2f\n", "all", "", 1e3 * all_s, "",
+                  all_s > 0 ? all_f / all_s / 1e12 : 0.0);
+    os << buf;
   }
   if (!rep.trace_path.empty()) os << "\ntrace: " << rep.trace_path << "\n";
   for (const auto& p : rep.plan_paths) os << "plan:  " << p << "\n";

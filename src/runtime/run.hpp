@@ -18,6 +18,7 @@
 
 #include "core/deck.hpp"
 #include "model/throughput.hpp"
+#include "runtime/gemm_timer.hpp"
 
 namespace wlb::runtime {
 
@@ -38,6 +39,8 @@ struct RunOptions {
   std::int64_t fail_step = -1;
   /// ... and instead of throwing, kills itself (SIGKILL): a rank that dies without a word.
   bool fail_kill = false;
+  /// Time every GEMM of the measured steps on its own (gemm_timer.hpp; RunReport::gemms).
+  bool gemm_timing = false;
 };
 
 /// Measured numbers of one step (rank 0's view after gathering every rank).
@@ -93,6 +96,9 @@ struct RunReport {
   std::string trace_path;                  ///< "" when outputs are off
   std::vector<std::string> plan_paths;
   std::string summary_path;  ///< output.dir/summary.json (toJson), "" when outputs are off
+  /// RunOptions::gemm_timing: every product's calls, seconds and FLOPs over the measured
+  /// steps, summed over ranks, per strategy (rank 0).
+  std::vector<GemmTimer::Row> gemms;
 };
 
 /// Run every strategy of the deck (resolveStrategies). Collective over `opt.comm`; Kokkos

@@ -37,6 +37,37 @@ for r in rows.values():
 PY
 grep -q "^summary: $tmp/out/summary.json" "$tmp/log" || fail "summary path not printed"
 
+# --gemm-timing: every product of every strategy's measured steps, summed over the ranks;
+# each product once per layer pass, the forward, weight- and input-gradient products of one
+# weight at the same FLOPs, and every product over the same rows.
+mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set "output.dir=\"$tmp/gt\"" --steps 2 --warmup 1 \
+  --quiet --gemm-timing > "$tmp/log" 2> "$tmp/err" || fail "--gemm-timing: $(cat "$tmp/err")"
+grep -q "^GEMMs timed one by one" "$tmp/log" || fail "no GEMM table: $(cat "$tmp/log")"
+/usr/bin/python3 - "$tmp/gt/summary.json" <<'PY' || fail "gemm_timing in summary.json"
+import json, sys
+j = json.load(open(sys.argv[1]))
+hidden, ffn, kv = 64, 96, 32  # small[]: hidden 64, ffn 96, 2 of 4 heads of 16 for K and V
+by = {}
+for r in j["gemm_timing"]:
+    assert r["calls"] > 0 and r["seconds"] > 0 and r["flops_per_second"] > 0, r
+    by.setdefault(r["strategy"], {})[r["gemm"]] = r
+assert set(by) == {"plain", "fixed", "wlb"}, by.keys()
+for s, g in by.items():
+    layer = [n for n in g if not n.startswith("head.")]
+    assert len(layer) == 21 and {"head.fwd", "head.wgrad", "head.dgrad"} <= set(g), (s, sorted(g))
+    assert len({g[n]["calls"] for n in layer}) == 1, (s, {n: g[n]["calls"] for n in layer})
+    for w, (k, n) in {"mlp.w1": (hidden, ffn), "mlp.w3": (hidden, ffn), "mlp.w2": (ffn, hidden),
+                      "qkv_proj.q": (hidden, hidden), "qkv_proj.k": (hidden, kv), "qkv_proj.v": (hidden, kv),
+                      "out_proj": (hidden, hidden)}.items():
+        f = {g[w + p]["flops"] for p in (".fwd", ".wgrad", ".dgrad")}
+        assert len(f) == 1, (s, w, f)
+        rows = f.pop() / (2 * k * n)
+        assert rows == int(rows) and rows > 0, (s, w, rows)
+        if w == "mlp.w1":
+            mlp_rows = rows
+        assert rows == mlp_rows, (s, w, rows, mlp_rows)
+PY
+
 # a run killed part-way leaves no plan under its final name (only *.partial temporaries,
 # which the next run overwrites)
 mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set "output.dir=\"$tmp/killed\"" \
