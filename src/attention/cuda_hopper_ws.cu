@@ -45,10 +45,12 @@ struct WsGeo {
   static constexpr int bars = 1 + 4 * ST;        ///< Q full; K full, V full, K free, V free per stage
   static constexpr int smem = 1024 + qBytes + 2 * ST * kvBytes + 8 * bars;  // + alignment slack
   static constexpr int steps = D * 2 / 32;  ///< MMA k-steps over head_dim (32 bytes each)
-  // the register file (64K) split: 24 for the producer, the rest to the consumers
-  static constexpr int producerRegs = 24;
+  // the block's registers (its launch count, 168 or 128 per thread) re-split: a little for the
+  // producer, the rest to the consumers; the sums are exactly the launch allocation, as
+  // FlashAttention-3 splits them (an increase beyond what was released never returns)
+  static constexpr int producerRegs = NC == 2 ? 24 : 32;
   static constexpr int consumerRegs = NC == 2 ? 240 : 160;
-  static_assert(128 * producerRegs + 128 * NC * consumerRegs <= 65536, "register file");
+  static_assert(producerRegs + NC * consumerRegs == (NC + 1) * (NC == 2 ? 168 : 128), "register split");
   static_assert(smem <= 227 * 1024, "shared memory of one block");
   static_assert(BN % 64 == 0 && BN <= 256 && rows <= 256, "TMA boxes of at most 256 rows");
 };
