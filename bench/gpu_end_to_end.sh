@@ -15,7 +15,9 @@
 # profile8b (wlb profile --deck of that deck, for `wlb simulate --as-run --plans`), train8b
 # (wlb train of that deck on DATA, a byte-level `wlb data prepare` prefix) and trainsmall
 # (a small wlb train in fp32 and bf16 whose losses are compared with the CPU build's),
-# gemm8b (run8b's plain strategy with --gemm-timing: every GEMM's rate in place), and
+# gemm8b (run8b's plain strategy with --gemm-timing: every GEMM's rate in place),
+# attnws (the warp-specialised forward's tests and a quick timing beside the synchronous
+# kernel, cases a-c), and
 # attn: bench_attention_gpu (BIN must hold it) on cases a-d in BF16 on the synchronous and
 # the warp-specialised Hopper forward, each with and without split-KV, its precision checks
 # included, then the PyTorch anchors of cases a-d (d: varlen_attn)
@@ -180,15 +182,32 @@ if [[ " $parts " == *" trainsmall "* ]]; then
     tail -4 "$OUT/trainsmall_$p.log" | tee -a "$OUT/summary.txt"
   done
 fi
+# The kernel tests of the warp-specialised forward (parts attn and attnws).
+ws_tests() {
+  [ -x "$BIN/test_attention" ] || return 0
+  log "test_attention (CUDA build): the warp-specialised forward and the non-finite-rows contract"
+  timeout 120 "$BIN/test_attention" --gtest_filter='Attention.WarpSpecialized*:Attention.NonFinite*:Attention.Bf16*' \
+    > "$OUT/test_attention_ws.log" 2>&1
+  echo "test_attention rc=$?" | tee -a "$OUT/summary.txt"
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|Which is|actual|trace" "$OUT/test_attention_ws.log" | head -30 |
+    tee -a "$OUT/summary.txt"
+}
+# attnws: the first look at the warp-specialised forward in about two minutes — its tests,
+# then its checks and BF16 timings beside the synchronous kernel's on cases a, b and c.
+if [[ " $parts " == *" attnws "* ]]; then
+  ws_tests
+  log "bench_attention_gpu (bf16; paths auto and ws; quick checks, then cases a, b, c with 3 repeats)"
+  timeout 120 "$BIN/bench_attention_gpu" --check-only --quick --modes bf16 --paths auto,ws,ws-split \
+    > "$OUT/attention_ws_check.log" 2>&1
+  echo "bench_attention_gpu checks rc=$?" | tee -a "$OUT/summary.txt"
+  grep -E "check" "$OUT/attention_ws_check.log" | tail -20 | tee -a "$OUT/summary.txt"
+  timeout 240 "$BIN/bench_attention_gpu" --bench-only --modes bf16 --paths auto,ws --cases a,b,c --repeats 3 \
+    --json "$OUT/attention_ws.json" > "$OUT/attention_ws.log" 2>&1
+  echo "bench_attention_gpu rc=$?" | tee -a "$OUT/summary.txt"
+  grep -E "^[a-c] " "$OUT/attention_ws.log" | tail -12 | tee -a "$OUT/summary.txt"
+fi
 if [[ " $parts " == *" attn "* ]]; then
-  if [ -x "$BIN/test_attention" ]; then
-    log "test_attention (CUDA build): the warp-specialised forward and the non-finite-rows contract"
-    timeout 120 "$BIN/test_attention" --gtest_filter='Attention.WarpSpecialized*:Attention.NonFinite*:Attention.Bf16*' \
-      > "$OUT/test_attention_ws.log" 2>&1
-    echo "test_attention rc=$?" | tee -a "$OUT/summary.txt"
-    grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|Which is|actual|trace" "$OUT/test_attention_ws.log" | head -30 |
-      tee -a "$OUT/summary.txt"
-  fi
+  ws_tests
   log "bench_attention_gpu (bf16; paths auto, split, ws, ws-split; cases a, b, c and the CP-piece grid d)"
   timeout 420 "$BIN/bench_attention_gpu" --modes bf16 --paths auto,split,ws,ws-split --cases a,b,c,d \
     --json "$OUT/attention_wlb.json" > "$OUT/attention_wlb.log" 2>&1
