@@ -2,11 +2,13 @@
 /// \brief Hopper BF16 attention forward, warp-specialised (FlashAttention-3 dataflow; see
 /// cuda_hopper.hpp). Compiled for sm_90a only, without Kokkos.
 ///
-/// One block = one producer warpgroup + NC consumer warpgroups over NC*64 query rows of one
-/// head (64 rows per consumer). The producer gives its registers away (setmaxnreg) and one
-/// of its threads issues TMA loads: the Q tile once, then K and V tiles of BN keys into an
-/// ST-stage ring, each stage with a "full" mbarrier (TMA bytes) and a "free" one (every
-/// consumer warp has finished reading it). The consumers keep the tiles in the layout the
+/// One block per SM, persistent: it walks work units (a query tile of NC*64 rows of one
+/// head) of the longest-first list, one producer warpgroup + NC consumer warpgroups (64 rows
+/// each). The producer gives its registers away (setmaxnreg) and one of its threads issues
+/// TMA loads: each unit's Q tile, then its K and V tiles of BN keys into an ST-stage ring,
+/// each stage (and Q) with a "full" mbarrier (TMA bytes) and a "free" one (every consumer
+/// warp has finished reading it) — so the next unit's Q and first tiles load while the
+/// consumers finish the current one. The consumers keep the tiles in the layout the
 /// synchronous kernel (cuda_hopper.cu) reads — 128-byte swizzled column blocks, which is
 /// what a TMA box of 64 BF16 columns with SWIZZLE_128B writes — and overlap two ways:
 ///  - within a warpgroup, S = Q K_j^T is issued together with O += P_{j-1} V_{j-1}, and the
@@ -42,7 +44,7 @@ struct WsGeo {
   static constexpr int threads = 128 * (NC + 1);
   static constexpr int qBytes = rows * rowBytes;
   static constexpr int kvBytes = BN * rowBytes;  ///< one K or V stage
-  static constexpr int bars = 1 + 4 * ST;        ///< Q full; K full, V full, K free, V free per stage
+  static constexpr int bars = 2 + 4 * ST;        ///< Q full, Q free; K full, V full, K free, V free per stage
   static constexpr int smem = 1024 + qBytes + 2 * ST * kvBytes + 8 * bars;  // + alignment slack
   static constexpr int steps = D * 2 / 32;  ///< MMA k-steps over head_dim (32 bytes each)
   // the block's registers (its launch count, 168 or 128 per thread) re-split: a little for the
@@ -64,6 +66,40 @@ __device__ __forceinline__ void zeroRows(char* s, int r0, int tid) {
   }
 }
 
+/// A work unit (query tile of a piece, head) and its key tiles [jb, je) (split-KV: a part).
+struct Unit {
+  int h, qb, nq, kb, nk, off, q0, jb, je, slot;
+};
+template <int BQ, int BN>
+__device__ __forceinline__ Unit unitOf(const cuda::Args& a, int u) {
+  Unit w;
+  const int item = u / a.heads;
+  w.h = u % a.heads;
+  const int p = a.work[2 * item], tile = a.work[2 * item + 1];
+  w.qb = a.ranges[4 * p];
+  w.nq = a.ranges[4 * p + 1] - w.qb;
+  w.kb = a.ranges[4 * p + 2];
+  w.nk = a.ranges[4 * p + 3] - w.kb;
+  w.off = w.nk - w.nq;
+  w.q0 = tile * BQ;
+  const int qend = w.q0 + BQ < w.nq ? w.q0 + BQ : w.nq;
+  const int nkt = (w.off + qend + BN - 1) / BN;  // key tiles visible to some valid row (>= 1)
+  w.jb = 0;
+  w.je = nkt;
+  w.slot = -1;
+  if (a.split) {  // as in cuda_hopper.cu
+    w.jb = a.split[3 * item];
+    w.je = a.split[3 * item + 1] < nkt ? a.split[3 * item + 1] : nkt;
+    w.slot = a.split[3 * item + 2];
+  }
+  return w;
+}
+
+/// Persistent: block b takes work units b, b + gridDim.x, ... of the longest-first list
+/// (unit u = item u / heads, head u % heads); producer and consumers walk the same sequence,
+/// so the K/V ring's stages and phases simply continue from unit to unit, and the producer
+/// loads the next unit's Q (once every consumer has issued its last QK^T) and first tiles
+/// while the consumers finish the current one.
 template <int D, int BN, int ST, int NC>
 __global__ void __launch_bounds__(128 * (NC + 1), 1)
     forwardWsKernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
@@ -78,35 +114,22 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1)
   char* sK = sQ + G::qBytes;        // ST stages
   char* sV = sK + ST * G::kvBytes;  // ST stages
   std::uint64_t* qFull = reinterpret_cast<std::uint64_t*>(sV + ST * G::kvBytes);
-  std::uint64_t* kFull = qFull + 1;
+  std::uint64_t* qFree = qFull + 1;
+  std::uint64_t* kFull = qFree + 1;
   std::uint64_t* vFull = kFull + ST;
   std::uint64_t* kFree = vFull + ST;
   std::uint64_t* vFree = kFree + ST;
 
   const int tid = threadIdx.x, wg = tid >> 7;
-  const int H = a.heads;
-  const int item = blockIdx.x / H, h = blockIdx.x % H;
-  const int p = a.work[2 * item], tile = a.work[2 * item + 1];
-  const int qb = a.ranges[4 * p], nq = a.ranges[4 * p + 1] - qb, kb = a.ranges[4 * p + 2],
-            nk = a.ranges[4 * p + 3] - kb, off = nk - nq;
-  const int q0 = tile * BQ;
-  const int hk = h / (a.heads / a.kv_heads);
-  const int qend = q0 + BQ < nq ? q0 + BQ : nq;
-  const int nkt = (off + qend + BN - 1) / BN;  // key tiles visible to some valid row (>= 1)
-  int jb = 0, je = nkt, slot = -1;             // split-KV: as in cuda_hopper.cu
-  if (a.split) {
-    jb = a.split[3 * item];
-    je = a.split[3 * item + 1] < nkt ? a.split[3 * item + 1] : nkt;
-    slot = a.split[3 * item + 2];
-  }
-  const int n = je - jb;
+  const int units = a.nwork * a.heads, group = a.heads / a.kv_heads;
 
   if (tid == 0) {
     mbarInit(qFull, 1);
+    mbarInit(qFree, 4 * NC);  // lane 0 of every consumer warp
     for (int s = 0; s < ST; ++s) {
       mbarInit(kFull + s, 1);
       mbarInit(vFull + s, 1);
-      mbarInit(kFree + s, 4 * NC);  // lane 0 of every consumer warp
+      mbarInit(kFree + s, 4 * NC);
       mbarInit(vFree + s, 4 * NC);
     }
     fenceBarrierInit();
@@ -120,19 +143,25 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1)
       prefetchTensorMap(&tq);
       prefetchTensorMap(&tk);
       prefetchTensorMap(&tv);
-      mbarExpectTx(qFull, G::qBytes);
-      for (int cb = 0; cb < D / 64; ++cb) tmaLoad3(sQ + cb * BQ * 128, &tq, cb * 64, h, qb + q0, qFull);
-      for (int i = 0; i < n; ++i) {
-        const int s = i % ST, row = kb + (jb + i) * BN;
-        const unsigned free = ((i / ST) & 1) ^ 1;  // the stage's previous use released
-        mbarWait(kFree + s, free);
-        mbarExpectTx(kFull + s, G::kvBytes);
-        for (int cb = 0; cb < D / 64; ++cb)
-          tmaLoad3(sK + s * G::kvBytes + cb * BN * 128, &tk, cb * 64, hk, row, kFull + s);
-        mbarWait(vFree + s, free);
-        mbarExpectTx(vFull + s, G::kvBytes);
-        for (int cb = 0; cb < D / 64; ++cb)
-          tmaLoad3(sV + s * G::kvBytes + cb * BN * 128, &tv, cb * 64, hk, row, vFull + s);
+      int it = 0;  // K/V tiles loaded so far (the ring's position)
+      for (int u = blockIdx.x, k = 0; u < units; u += gridDim.x, ++k) {
+        const Unit w = unitOf<BQ, BN>(a, u);
+        const int hk = w.h / group;
+        mbarWait(qFree, (k & 1) ^ 1);  // every consumer issued its last QK^T of the previous unit
+        mbarExpectTx(qFull, G::qBytes);
+        for (int cb = 0; cb < D / 64; ++cb) tmaLoad3(sQ + cb * BQ * 128, &tq, cb * 64, w.h, w.qb + w.q0, qFull);
+        for (int j = w.jb; j < w.je; ++j, ++it) {
+          const int s = it % ST, row = w.kb + j * BN;
+          const unsigned free = ((it / ST) & 1) ^ 1;  // the stage's previous use released
+          mbarWait(kFree + s, free);
+          mbarExpectTx(kFull + s, G::kvBytes);
+          for (int cb = 0; cb < D / 64; ++cb)
+            tmaLoad3(sK + s * G::kvBytes + cb * BN * 128, &tk, cb * 64, hk, row, kFull + s);
+          mbarWait(vFree + s, free);
+          mbarExpectTx(vFull + s, G::kvBytes);
+          for (int cb = 0; cb < D / 64; ++cb)
+            tmaLoad3(sV + s * G::kvBytes + cb * BN * 128, &tv, cb * 64, hk, row, vFull + s);
+        }
       }
     }
     return;
@@ -144,175 +173,191 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1)
   // conditions below stay asynchronous (ptxas serialises wgmma on divergent paths)
   const int c = __shfl_sync(0xffffffffu, wg - 1, 0);
   const int warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int wfirst = q0 + c * 64;
-  const int wlast = wfirst + 63 < nq ? wfirst + 63 : nq - 1;  // < wfirst: no valid row
-  const int wr = wfirst + warp * 16 + g;                      // this thread's rows: wr, wr + 8
-  const char* sQc = sQ + c * 64 * 128;
   const bool last = c == NC - 1;
+  const float sl2 = a.scale_log2;
 
-  if (last) barArrive(kTurnBar, 256);  // consumer 0 issues first
   const auto waitTurn = [&] { barSync(kTurnBar + c, 256); };
-  // the last consumer's final turn is passed to nobody (every sync has its arrive)
+  // the last consumer's final turn of a unit is passed to nobody (every sync has its arrive)
   const auto passTurn = [&](bool final) { barArriveIf(kTurnBar + (c + 1) % NC, 256, !(last && final)); };
   const auto releaseK = [&](int i) { mbarArriveIf(kFree + i % ST, lane == 0); };
   const auto releaseV = [&](int i) { mbarArriveIf(vFree + i % ST, lane == 0); };
+  const auto releaseQ = [&] { mbarArriveIf(qFree, lane == 0); };
   const auto waitK = [&](int i) { mbarWait(kFull + i % ST, (i / ST) & 1); };
   const auto waitV = [&](int i) { mbarWait(vFull + i % ST, (i / ST) & 1); };
 
-  if (wfirst > wlast) {  // no valid row: keep the turns and releases, skip the math
-    for (int i = 0; i <= n; ++i) {
-      if (i < n) waitK(i);
-      if (i > 0) waitV(i - 1);
-      waitTurn();
-      passTurn(i == n);
-      if (i < n) releaseK(i);
-      if (i > 0) releaseV(i - 1);
-    }
-    return;
-  }
-  mbarWait(qFull, 0);
-
   float o[D / 2];
-#pragma unroll
-  for (int e = 0; e < D / 2; ++e) o[e] = 0.0f;
   float s[BN / 2];
   unsigned pa[BN / 16][4];
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-  const float sl2 = a.scale_log2;
+  float m0, m1, l0, l1;
 
-  // Every tile of the block is computed, also one this warpgroup's rows do not see (its
-  // scores are all masked: P = 0, the running max unchanged), so that no MMA or wait sits
-  // on a branch: ptxas serialises the pipeline otherwise.
-  const auto issueS = [&](int i) {
-    const char* sKj = sK + (i % ST) * G::kvBytes;
-#pragma unroll
-    for (int ks = 0; ks < G::steps; ++ks) {
-      const int cb = ks * 32 / 128, in = ks * 32 % 128;
-      mmaSS<true, BN>(s, desc(sQc + cb * BQ * 128 + in, 16, 1024), desc(sKj + cb * BN * 128 + in, 16, 1024));
-    }
-    wgmmaCommit();
-  };
-  const auto issuePV = [&](int i) {
-    const char* sVj = sV + (i % ST) * G::kvBytes;
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) mmaRS<true, D>(o, pa[kk], desc(sVj + kk * 16 * 128, BN * 128, 1024));
-    wgmmaCommit();
-  };
-  const auto zeroS = [&] {
-#pragma unroll
-    for (int e = 0; e < BN / 2; ++e) s[e] = 0.0f;
-    fenceRegs(s);
-  };
-  // V rows past the piece's last key (its ragged last tile): P is 0 there, V must be finite
-  const auto zeroTail = [&](int i) {
-    const int k0 = (jb + i) * BN;
-    if (k0 + BN > nk) {
-      zeroRows<BN, G::cpr>(sV + (i % ST) * G::kvBytes, nk - k0, tid & 127);
-      fenceProxyAsync();
-      barSync(kOwnBar + c, 128);
-    }
-  };
-  // mask and online softmax (base 2) of tile i in s; returns the rescale factors of O
-  const auto softmax = [&](int i, float& al0, float& al1) {
-    const int k0 = (jb + i) * BN;
-    if (k0 + BN - 1 > wfirst + off || k0 + BN > nk) {  // diagonal and ragged tiles only
-#pragma unroll
-      for (int f = 0; f < BN / 8; ++f)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = k0 + 8 * f + 2 * t + (e & 1), row = wr + (e < 2 ? 0 : 8);
-          if (key > row + off || key >= nk) s[4 * f + e] = -INFINITY;
-        }
-    }
-    float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-    for (int f = 0; f < BN / 8; ++f) {
-      mx0 = fmaxf(mx0, fmaxf(s[4 * f], s[4 * f + 1]));
-      mx1 = fmaxf(mx1, fmaxf(s[4 * f + 2], s[4 * f + 3]));
-    }
-    // every row sees the first key of tile jb, so the running max is finite from then on
-    const float mn0 = fmaxf(m0, quadMax(mx0) * sl2), mn1 = fmaxf(m1, quadMax(mx1) * sl2);
-    al0 = fastExp2(m0 - mn0);
-    al1 = fastExp2(m1 - mn1);
-    m0 = mn0;
-    m1 = mn1;
-    float ls0 = 0.0f, ls1 = 0.0f;
-#pragma unroll
-    for (int f = 0; f < BN / 8; ++f) {
-      s[4 * f] = fastExp2(fmaf(s[4 * f], sl2, -mn0));
-      s[4 * f + 1] = fastExp2(fmaf(s[4 * f + 1], sl2, -mn0));
-      s[4 * f + 2] = fastExp2(fmaf(s[4 * f + 2], sl2, -mn1));
-      s[4 * f + 3] = fastExp2(fmaf(s[4 * f + 3], sl2, -mn1));
-      ls0 += s[4 * f] + s[4 * f + 1];
-      ls1 += s[4 * f + 2] + s[4 * f + 3];
-    }
-    l0 = l0 * al0 + ls0;  // per-thread partial sums; the quad reduces them at the end
-    l1 = l1 * al1 + ls1;
-  };
-  // O in the new max's scale, P as the next product's A fragments (after P V of the last tile)
-  const auto rescaleAndPack = [&](float al0, float al1) {
-#pragma unroll
-    for (int f = 0; f < D / 8; ++f) {
-      o[4 * f] *= al0;
-      o[4 * f + 1] *= al0;
-      o[4 * f + 2] *= al1;
-      o[4 * f + 3] *= al1;
-    }
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      pa[kk][0] = packBf16(s[8 * kk], s[8 * kk + 1]);
-      pa[kk][1] = packBf16(s[8 * kk + 2], s[8 * kk + 3]);
-      pa[kk][2] = packBf16(s[8 * kk + 4], s[8 * kk + 5]);
-      pa[kk][3] = packBf16(s[8 * kk + 6], s[8 * kk + 7]);
-    }
-  };
+  int it = 0;  // K/V tiles consumed so far, as the producer counts them
+  for (int u = blockIdx.x, k = 0; u < units; u += gridDim.x, ++k) {
+    const Unit w = unitOf<BQ, BN>(a, u);
+    const int n = w.je - w.jb, off = w.off, nk = w.nk;
+    const int wfirst = w.q0 + c * 64;
+    const int wlast = wfirst + 63 < w.nq ? wfirst + 63 : w.nq - 1;  // < wfirst: no valid row
+    const int wr = wfirst + warp * 16 + g;                          // this thread's rows: wr, wr + 8
+    const char* sQc = sQ + c * 64 * 128;
 
-  float al0, al1;
-  // round 0: S of the first tile alone
-  waitK(0);
-  zeroS();
-  waitTurn();
-  wgmmaFence();
-  issueS(0);
-  passTurn(false);
-  wgmmaWait<0>();
-  fenceRegs(s);
-  releaseK(0);
-  softmax(0, al0, al1);
-  rescaleAndPack(al0, al1);
-  // rounds 1 .. n-1: S of tile i with P V of tile i - 1; the softmax of i under that product
-  for (int i = 1; i < n; ++i) {
-    waitK(i);
-    waitV(i - 1);
-    zeroTail(i - 1);
+    if (last) barArrive(kTurnBar, 256);  // consumer 0 issues first
+    mbarWait(qFull, k & 1);
+    if (wfirst > wlast) {  // no valid row: keep the turns and releases, skip the math
+      releaseQ();
+      for (int i = 0; i <= n; ++i) {
+        if (i < n) waitK(it + i);
+        if (i > 0) waitV(it + i - 1);
+        waitTurn();
+        passTurn(i == n);
+        if (i < n) releaseK(it + i);
+        if (i > 0) releaseV(it + i - 1);
+      }
+      it += n;
+      continue;
+    }
+
+#pragma unroll
+    for (int e = 0; e < D / 2; ++e) o[e] = 0.0f;
+    m0 = m1 = -INFINITY;
+    l0 = l1 = 0.0f;
+
+    // Every tile of the unit is computed, also one this warpgroup's rows do not see (its
+    // scores are all masked: P = 0, the running max unchanged), so that no MMA or wait sits
+    // on a branch: ptxas serialises the pipeline otherwise.
+    const auto issueS = [&](int i) {
+      const char* sKj = sK + (i % ST) * G::kvBytes;
+#pragma unroll
+      for (int ks = 0; ks < G::steps; ++ks) {
+        const int cb = ks * 32 / 128, in = ks * 32 % 128;
+        mmaSS<true, BN>(s, desc(sQc + cb * BQ * 128 + in, 16, 1024), desc(sKj + cb * BN * 128 + in, 16, 1024));
+      }
+      wgmmaCommit();
+    };
+    const auto issuePV = [&](int i) {
+      const char* sVj = sV + (i % ST) * G::kvBytes;
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) mmaRS<true, D>(o, pa[kk], desc(sVj + kk * 16 * 128, BN * 128, 1024));
+      wgmmaCommit();
+    };
+    const auto zeroS = [&] {
+#pragma unroll
+      for (int e = 0; e < BN / 2; ++e) s[e] = 0.0f;
+      fenceRegs(s);
+    };
+    // V rows past the piece's last key (its ragged last tile): P is 0 there, V must be finite
+    const auto zeroTail = [&](int j, int i) {
+      const int k0 = j * BN;
+      if (k0 + BN > nk) {
+        zeroRows<BN, G::cpr>(sV + (i % ST) * G::kvBytes, nk - k0, tid & 127);
+        fenceProxyAsync();
+        barSync(kOwnBar + c, 128);
+      }
+    };
+    // mask and online softmax (base 2) of key tile j in s; returns the rescale factors of O
+    const auto softmax = [&](int j, float& al0, float& al1) {
+      const int k0 = j * BN;
+      if (k0 + BN - 1 > wfirst + off || k0 + BN > nk) {  // diagonal and ragged tiles only
+#pragma unroll
+        for (int f = 0; f < BN / 8; ++f)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = k0 + 8 * f + 2 * t + (e & 1), row = wr + (e < 2 ? 0 : 8);
+            if (key > row + off || key >= nk) s[4 * f + e] = -INFINITY;
+          }
+      }
+      float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+      for (int f = 0; f < BN / 8; ++f) {
+        mx0 = fmaxf(mx0, fmaxf(s[4 * f], s[4 * f + 1]));
+        mx1 = fmaxf(mx1, fmaxf(s[4 * f + 2], s[4 * f + 3]));
+      }
+      // every row sees the first key of tile jb, so the running max is finite from then on
+      const float mn0 = fmaxf(m0, quadMax(mx0) * sl2), mn1 = fmaxf(m1, quadMax(mx1) * sl2);
+      al0 = fastExp2(m0 - mn0);
+      al1 = fastExp2(m1 - mn1);
+      m0 = mn0;
+      m1 = mn1;
+      float ls0 = 0.0f, ls1 = 0.0f;
+#pragma unroll
+      for (int f = 0; f < BN / 8; ++f) {
+        s[4 * f] = fastExp2(fmaf(s[4 * f], sl2, -mn0));
+        s[4 * f + 1] = fastExp2(fmaf(s[4 * f + 1], sl2, -mn0));
+        s[4 * f + 2] = fastExp2(fmaf(s[4 * f + 2], sl2, -mn1));
+        s[4 * f + 3] = fastExp2(fmaf(s[4 * f + 3], sl2, -mn1));
+        ls0 += s[4 * f] + s[4 * f + 1];
+        ls1 += s[4 * f + 2] + s[4 * f + 3];
+      }
+      l0 = l0 * al0 + ls0;  // per-thread partial sums; the quad reduces them at the end
+      l1 = l1 * al1 + ls1;
+    };
+    // O in the new max's scale, P as the next product's A fragments (after P V of the last tile)
+    const auto rescaleAndPack = [&](float al0, float al1) {
+#pragma unroll
+      for (int f = 0; f < D / 8; ++f) {
+        o[4 * f] *= al0;
+        o[4 * f + 1] *= al0;
+        o[4 * f + 2] *= al1;
+        o[4 * f + 3] *= al1;
+      }
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        pa[kk][0] = packBf16(s[8 * kk], s[8 * kk + 1]);
+        pa[kk][1] = packBf16(s[8 * kk + 2], s[8 * kk + 3]);
+        pa[kk][2] = packBf16(s[8 * kk + 4], s[8 * kk + 5]);
+        pa[kk][3] = packBf16(s[8 * kk + 6], s[8 * kk + 7]);
+      }
+    };
+
+    float al0, al1;
+    // round 0: S of the first tile alone
+    waitK(it);
     zeroS();
+    waitTurn();
+    wgmmaFence();
+    issueS(it);
+    passTurn(false);
+    wgmmaWait<0>();
+    fenceRegs(s);
+    releaseK(it);
+    if (n == 1) releaseQ();  // the unit's last QK^T has run: the next unit's Q may land
+    softmax(w.jb, al0, al1);
+    rescaleAndPack(al0, al1);
+    // rounds 1 .. n-1: S of tile i with P V of tile i - 1; the softmax of i under that product
+    for (int i = 1; i < n; ++i) {
+      waitK(it + i);
+      waitV(it + i - 1);
+      zeroTail(w.jb + i - 1, it + i - 1);
+      zeroS();
+      fenceRegs(o);
+      waitTurn();
+      wgmmaFence();
+      issueS(it + i);
+      issuePV(it + i - 1);
+      passTurn(false);
+      wgmmaWait<1>();  // S landed; P V may still run
+      fenceRegs(s);
+      releaseK(it + i);
+      if (i == n - 1) releaseQ();
+      softmax(w.jb + i, al0, al1);
+      wgmmaWait<0>();
+      fenceRegs(o);
+      releaseV(it + i - 1);
+      rescaleAndPack(al0, al1);
+    }
+    // round n: P V of the last tile
+    waitV(it + n - 1);
+    zeroTail(w.je - 1, it + n - 1);
     fenceRegs(o);
     waitTurn();
     wgmmaFence();
-    issueS(i);
-    issuePV(i - 1);
-    passTurn(false);
-    wgmmaWait<1>();  // S landed; P V may still run
-    fenceRegs(s);
-    releaseK(i);
-    softmax(i, al0, al1);
+    issuePV(it + n - 1);
+    passTurn(true);
     wgmmaWait<0>();
     fenceRegs(o);
-    releaseV(i - 1);
-    rescaleAndPack(al0, al1);
+    releaseV(it + n - 1);
+    it += n;
+
+    storeRows<true, D, BQ>(a, o, m0, m1, l0, l1, wr, t, w.qb, w.q0, w.nq, w.h, w.slot);
   }
-  // round n: P V of the last tile
-  waitV(n - 1);
-  zeroTail(n - 1);
-  fenceRegs(o);
-  waitTurn();
-  wgmmaFence();
-  issuePV(n - 1);
-  passTurn(true);
-  wgmmaWait<0>();
-  fenceRegs(o);
-  releaseV(n - 1);
-  storeRows<true, D, BQ>(a, o, m0, m1, l0, l1, wr, t, qb, q0, nq, h, slot);
 #else
   (void)tq, (void)tk, (void)tv, (void)a;
 #endif
@@ -367,7 +412,12 @@ void launchWs(cudaStream_t st, const cuda::Args& a) {
   const CUtensorMap tq = tokenMap(a.q, D, a.heads, a.q_rows, a.q_s0, G::rows);
   const CUtensorMap tk = tokenMap(a.k, D, a.kv_heads, a.k_rows, a.k_s0, BN);
   const CUtensorMap tv = tokenMap(a.v, D, a.kv_heads, a.k_rows, a.v_s0, BN);
-  forwardWsKernel<D, BN, ST, NC><<<a.nwork * a.heads, G::threads, G::smem, st>>>(tq, tk, tv, a);
+  // one block per SM (the shared memory allows no second), each walking its units
+  int dev = 0, sms = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  const int units = a.nwork * a.heads, blocks = units < sms ? units : sms;
+  forwardWsKernel<D, BN, ST, NC><<<blocks, G::threads, G::smem, st>>>(tq, tk, tv, a);
   check(cudaGetLastError(), "warp-specialised forward launch");
   combineParts(st, a, true, G::rows);
 }

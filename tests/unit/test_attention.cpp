@@ -445,7 +445,9 @@ TEST(Attention, NonFiniteKeysOutsidePiecesNeverReachTheOutputs) {
 
 // The warp-specialised Hopper forward (KernelConfig::warp_specialized), alone and with
 // split-KV, on whole documents long enough to wrap its stage ring, short ones that leave
-// consumer warpgroups without rows, CP pieces and a piece few queries over long keys.
+// consumer warpgroups without rows, CP pieces, a piece of few queries over long keys, and
+// more work units (query tiles x heads) than an H100 has SMs, so that its persistent blocks
+// walk several units each.
 // Where the config selects no other kernel (every machine but a Hopper GPU) the tests
 // above cover what runs.
 TEST(Attention, WarpSpecializedForwardMatchesReference) {
@@ -456,6 +458,7 @@ TEST(Attention, WarpSpecializedForwardMatchesReference) {
   std::vector<Case> cases = precisionCases();
   for (int d : {64, 128}) {
     cases.push_back(docsCase({1000, 513, 2, 700, 64, 129}, 8, 2, d));
+    cases.push_back(docsCase({3000, 1000, 700, 129, 64, 2, 1}, 16, 4, d));  // 480 (D 64) / 688 (D 128) units
     cases.push_back(cpCase({3000, 260}, 4, true, 4, 1, d));
     Case longKeys;
     longKeys.heads = 4;
