@@ -44,6 +44,18 @@ if [ $rc -ne 2 ] || ! grep -q -- "--precision" "$TMP/bad_prec.log" || [ -e "$TMP
   echo "FAIL: --precision fp16 (exit $rc)"; cat "$TMP/bad_prec.log"; fail=1
 fi
 
+# --attention: a Hopper forward variant (the same kernels off an sm_90 GPU), recorded in the
+# output; an unknown variant exits 2 and writes nothing
+rm -f "$TMP/out.h5"
+check "$WLB" kernel --in "$TMP/case64.h5" --out "$TMP/out.h5" --precision bf16 --attention ws-split
+check $PY "$GOLD" check "$TMP/case64.h5" "$TMP/out.h5" --tol-o 2e-2 --tol-grad 3e-2
+check $PY -c "import h5py,sys; f=h5py.File('$TMP/out.h5'); sys.exit(0 if f.attrs['attention'] in ('ws-split', b'ws-split') else 1)"
+"$WLB" kernel --in "$TMP/case64.h5" --out "$TMP/bad_att.h5" --attention fa3 >"$TMP/bad_att.log" 2>&1
+rc=$?
+if [ $rc -ne 2 ] || ! grep -q -- "--attention" "$TMP/bad_att.log" || [ -e "$TMP/bad_att.h5" ]; then
+  echo "FAIL: --attention fa3 (exit $rc)"; cat "$TMP/bad_att.log"; fail=1
+fi
+
 # forward only (no dO): only o and lse are written
 $PY "$GOLD" make "$TMP/fwd.h5" --no-grad || exit 1
 check "$WLB" kernel --in "$TMP/fwd.h5" --out "$TMP/fwd_out.h5"
