@@ -186,7 +186,7 @@ fi
 ws_tests() {
   [ -x "$BIN/test_attention" ] || return 0
   log "test_attention (CUDA build): the warp-specialised forward and the non-finite-rows contract"
-  timeout 120 "$BIN/test_attention" --gtest_filter='Attention.WarpSpecialized*:Attention.NonFinite*:Attention.Bf16*' \
+  timeout 180 "$BIN/test_attention" --gtest_filter='Attention.WarpSpecialized*:Attention.NonFinite*:Attention.Bf16*' \
     > "$OUT/test_attention_ws.log" 2>&1
   echo "test_attention rc=$?" | tee -a "$OUT/summary.txt"
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|Which is|actual|trace" "$OUT/test_attention_ws.log" | head -30 |

@@ -568,9 +568,8 @@ bool backwardCuda(const Kokkos::Cuda& space, QV q, QV k, QV v, QV o, LV lse, QV 
   cuda::computeDelta<T>(space, a, b.q_tokens, delta.data());
   a.delta = delta.data();
   bool ok = false;
-  const bool hopper = cfg.path != KernelConfig::Path::Sm80;
   if constexpr (bfs) {
-    ok = cuda::mmaBackward(space, a, b, hopper);
+    ok = cuda::mmaBackward(space, a, b, cfg);
   } else {
     if (cfg.precision != KernelConfig::Precision::Bf16) {
       ok = cuda::simtBackward(space, a, b);
@@ -588,7 +587,7 @@ bool backwardCuda(const Kokkos::Cuda& space, QV q, QV k, QV v, QV o, LV lse, QV 
       ab.k_s0 = kb.stride(0);
       ab.v_s0 = vb.stride(0);
       ab.dO_s0 = dOb.stride(0);
-      ok = cuda::mmaBackward(space, ab, b, hopper);
+      ok = cuda::mmaBackward(space, ab, b, cfg);
     }
   }
   wlb::kk::fence(space, "wlb::attention::cuda::bwd");  // delta dies with this scope

@@ -45,6 +45,12 @@ int wsKeys(int head_dim);
 /// with row strides a multiple of 16 bytes.
 void forwardWs(void* stream, const cuda::Args& a);
 
+/// The warp-specialised BF16 backward (cuda_hopper_ws.cu: a TMA producer warp, two
+/// consumer warpgroups, dQ added by bulk reductions): the same work list, arguments and
+/// contract as backward(), plus a.q_rows / a.k_rows as forwardWs() and a 16-byte aligned
+/// a.dq with a.dq_s0 a multiple of 4.
+void backwardWs(void* stream, const cuda::Args& a);
+
 /// Keys per block of the BF16 backward (the work list's key tiles).
 int backwardKeys();
 

@@ -1,6 +1,7 @@
 /// \file cuda_hopper_ws.cu
-/// \brief Hopper BF16 attention forward, warp-specialised (FlashAttention-3 dataflow; see
-/// cuda_hopper.hpp). Compiled for sm_90a only, without Kokkos.
+/// \brief Hopper BF16 attention, warp-specialised (FlashAttention-3 dataflow; see
+/// cuda_hopper.hpp): the forward below and, after it, the backward. Compiled for sm_90a
+/// only, without Kokkos.
 ///
 /// One block per SM, persistent: it walks work units (a query tile of NC*64 rows of one
 /// head) of the longest-first list, one producer warpgroup + NC consumer warpgroups (64 rows
@@ -57,10 +58,10 @@ struct WsGeo {
   static_assert(BN % 64 == 0 && BN <= 256 && rows <= 256, "TMA boxes of at most 256 rows");
 };
 
-/// Zeros rows [r0, R) of an R-row swizzled tile (one consumer warpgroup, `tid` in [0, 128)).
+/// Zeros rows [r0, r1) of an R-row swizzled tile (one consumer warpgroup, `tid` in [0, 128)).
 template <int R, int CPR>
-__device__ __forceinline__ void zeroRows(char* s, int r0, int tid) {
-  for (int i = tid; i < (R - r0) * CPR; i += 128) {
+__device__ __forceinline__ void zeroRows(char* s, int r0, int r1, int tid) {
+  for (int i = tid; i < (r1 - r0) * CPR; i += 128) {
     const int r = r0 + i / CPR, c = i % CPR;
     *reinterpret_cast<uint4*>(s + swz<R>(r, c)) = make_uint4(0u, 0u, 0u, 0u);
   }
@@ -247,7 +248,7 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1)
     const auto zeroTail = [&](int j, int i) {
       const int k0 = j * BN;
       if (k0 + BN > nk) {
-        zeroRows<BN, G::cpr>(sV + (i % ST) * G::kvBytes, nk - k0, tid & 127);
+        zeroRows<BN, G::cpr>(sV + (i % ST) * G::kvBytes, nk - k0, BN, tid & 127);
         fenceProxyAsync();
         barSync(kOwnBar + c, 128);
       }
@@ -363,6 +364,292 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1)
 #endif
 }
 
+// ---------------- warp-specialised backward ------------------------------------------------
+
+template <int D, int ST>
+struct WsBwdGeo {
+  static constexpr int BN = 128, BM = 64;  ///< keys per block (64 per consumer), query rows per step
+  static constexpr int rowBytes = D * 2, cpr = rowBytes / 16;
+  static constexpr int kvBytes = BN * rowBytes;  ///< K or V
+  static constexpr int qBytes = BM * rowBytes;   ///< one Q or dO stage
+  static constexpr int dsBytes = BN * BM * 2;    ///< one dS^T buffer [128 keys][64 queries]
+  /// staged dQ rows in floats: padded by 4 (16 bytes: rows stay aligned for the bulk
+  /// reduction, fragment stores spread over the banks); D = 64: one buffer per consumer
+  static constexpr int dqStride = D + 4;
+  static constexpr int dqBytes = (D == 128 ? 1 : 2) * BM * dqStride * 4;
+  static constexpr int oK = 0, oV = kvBytes, oQ = 2 * kvBytes, odO = oQ + ST * qBytes, odS = odO + ST * qBytes,
+                       odQ = odS + 2 * dsBytes, oLD = odQ + dqBytes, oBar = oLD + ST * 2 * BM * 4;
+  static constexpr int bars = 1 + 2 * ST;  ///< K/V full; per stage full, free
+  static constexpr int smem = 1024 + oBar + 8 * bars;
+  static_assert(smem <= 227 * 1024, "shared memory of one block");
+};
+
+/// One block per (key tile of 128 keys, KV head), as the synchronous backward
+/// (cuda_hopper.cu), whose per-step arithmetic it keeps: one producer warpgroup, two
+/// consumers of 64 keys each with their dK and dV in registers. The producer's warp 0 loads
+/// K and V once (TMA), then per step of 64 query rows (the GQA group's heads x the query
+/// tiles that see the key tile) Q and dO by TMA into an ST-stage ring and that step's LSE
+/// and delta by its 32 lanes; a stage's "full" mbarrier counts the TMA bytes and the 32
+/// lanes' arrivals, its "free" one lane 0 of every consumer warp. Per step each consumer:
+/// S^T = K Q^T and dP^T = V dO^T, P^T and dS^T, dV += P^T dO and dK += dS^T Q issued
+/// without waiting, dS^T to a double-buffered tile, one barrier with the other consumer,
+/// dQ = dS K, and the scaled dQ tile staged in shared memory and added to dq by bulk
+/// reductions (one per row: 64 instead of 2048 vector reductions per consumer and step).
+/// Rows past the piece's queries (ragged query tile) and keys (ragged key tile) are zeroed
+/// in shared memory: the TMA boxes load whatever lies there, and P = 0 must not meet a
+/// non-finite value.
+template <int D, int ST>
+__global__ void __launch_bounds__(384, 1)
+    backwardWsKernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
+                     const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
+                     const cuda::Args a) {
+#if defined(WLB_HOPPER_DEVICE)
+  using G = WsBwdGeo<D, ST>;
+  constexpr int BN = G::BN, BM = G::BM;
+  constexpr int kPairBar = 1;  // both consumers
+  constexpr int kOwnBar = 2;   // 2, 3: one consumer alone
+  extern __shared__ char smraw[];
+  char* sm = reinterpret_cast<char*>((reinterpret_cast<std::uintptr_t>(smraw) + 1023) & ~std::uintptr_t{1023});
+  char* sK = sm + G::oK;
+  char* sV = sm + G::oV;
+  float* sLD = reinterpret_cast<float*>(sm + G::oLD);  // per stage: LSE (base 2) [BM], then delta [BM]
+  std::uint64_t* kvFull = reinterpret_cast<std::uint64_t*>(sm + G::oBar);
+  std::uint64_t* full = kvFull + 1;
+  std::uint64_t* free = full + ST;
+
+  const int tid = threadIdx.x, wg = tid >> 7;
+  const int Hkv = a.kv_heads, H = a.heads, group = a.heads / a.kv_heads;
+  const int item = blockIdx.x / Hkv, hk = blockIdx.x % Hkv;
+  const int p = a.work[2 * item], kt = a.work[2 * item + 1];
+  const int qb = a.ranges[4 * p], nq = a.ranges[4 * p + 1] - qb, kb = a.ranges[4 * p + 2],
+            nk = a.ranges[4 * p + 3] - kb, off = nk - nq;
+  const int k0 = kt * BN;
+  const int qt0 = (k0 - off > 0 ? k0 - off : 0) / BM;  // first query tile that sees the key tile
+  const int per = (nq + BM - 1) / BM - qt0;            // steps per head
+  const int steps = per * group;
+  const auto stepHead = [&](int st) { return hk * group + st / per; };
+  const auto stepRow = [&](int st) { return (qt0 + st % per) * BM; };
+
+  if (tid == 0) {
+    mbarInit(kvFull, 1);
+    for (int s = 0; s < ST; ++s) {
+      mbarInit(full + s, 33);  // lane 0's expect_tx and the 32 lanes' LSE / delta stores
+      mbarInit(free + s, 8);   // lane 0 of every consumer warp
+    }
+    fenceBarrierInit();
+  }
+  __syncthreads();
+
+  // ---- producer: warp 0 ----
+  if (wg == 0) {
+    regsDec<40>();
+    if (tid >= 32) return;
+    const int lane = tid;
+    if (lane == 0) {
+      prefetchTensorMap(&tq);
+      prefetchTensorMap(&tdo);
+      prefetchTensorMap(&tk);
+      prefetchTensorMap(&tv);
+      mbarExpectTx(kvFull, 2 * G::kvBytes);
+      for (int cb = 0; cb < D / 64; ++cb) {
+        tmaLoad3(sK + cb * BN * 128, &tk, cb * 64, hk, kb + k0, kvFull);
+        tmaLoad3(sV + cb * BN * 128, &tv, cb * 64, hk, kb + k0, kvFull);
+      }
+    }
+    for (int st = 0; st < steps; ++st) {
+      const int s = st % ST, h = stepHead(st), q0 = stepRow(st);
+      mbarWait(free + s, ((st / ST) & 1) ^ 1);  // the stage's previous use released
+      if (lane == 0) {
+        mbarExpectTx(full + s, 2 * G::qBytes);
+        for (int cb = 0; cb < D / 64; ++cb) {
+          tmaLoad3(sm + G::oQ + s * G::qBytes + cb * BM * 128, &tq, cb * 64, h, qb + q0, full + s);
+          tmaLoad3(sm + G::odO + s * G::qBytes + cb * BM * 128, &tdo, cb * 64, h, qb + q0, full + s);
+        }
+      }
+      float* ld = sLD + s * 2 * BM;
+      for (int r = lane; r < BM; r += 32) {
+        const int q = q0 + r;
+        ld[r] = q < nq ? a.lse[static_cast<std::int64_t>(qb + q) * a.lse_s0 + h] * 1.4426950408889634f : 0.0f;
+        ld[BM + r] = q < nq ? a.delta[static_cast<std::int64_t>(qb + q) * H + h] : 0.0f;
+      }
+      mbarArrive(full + s);  // releases this lane's stores to the consumers' wait
+    }
+    return;
+  }
+
+  // ---- consumers: keys [64 c, 64 c + 64) of the tile ----
+  regsInc<232>();                                     // 40 + 2 x 232 = 3 x 168, the launch allocation
+  const int c = __shfl_sync(0xffffffffu, wg - 1, 0);  // warp-uniform (see the forward)
+  const int warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3, ct = tid & 127;
+  mbarWait(kvFull, 0);
+  if (k0 + BN > nk) {  // ragged key tile: this consumer's rows past the piece's keys
+    const int lo = nk - k0 > c * 64 ? nk - k0 : c * 64;
+    if (lo < c * 64 + 64) {
+      zeroRows<BN, G::cpr>(sK, lo, c * 64 + 64, ct);
+      zeroRows<BN, G::cpr>(sV, lo, c * 64 + 64, ct);
+    }
+    fenceProxyAsync();  // the other consumer's dQ product reads them after the pair barrier
+  }
+  barSync(kOwnBar + c, 128);
+
+  float dk[D / 2], dv[D / 2];
+#pragma unroll
+  for (int e = 0; e < D / 2; ++e) dk[e] = dv[e] = 0.0f;
+  const int key0 = k0 + c * 64 + warp * 16 + g;  // this thread's accumulator rows key0, key0 + 8
+  const float sl2 = a.scale_log2, sc = a.scale;
+  const int colBase = D == 128 ? c * 64 : 0;  // dQ columns of this consumer
+  char* sdQ = sm + G::odQ + (D == 128 ? 0 : c * BM * G::dqStride * 4);
+
+  for (int st = 0; st < steps; ++st) {
+    const int s = st % ST, h = stepHead(st), q0 = stepRow(st);
+    char* sQ = sm + G::oQ + s * G::qBytes;
+    char* sdO = sm + G::odO + s * G::qBytes;
+    char* sdS = sm + G::odS + (st & 1) * G::dsBytes;
+    const float* L = sLD + s * 2 * BM;
+    const float* Dl = L + BM;
+    mbarWait(full + s, (st / ST) & 1);
+    if (q0 + BM > nq) {  // ragged query tile: rows past the piece's queries
+      zeroRows<BM, G::cpr>(sQ, nq - q0, BM, ct);
+      zeroRows<BM, G::cpr>(sdO, nq - q0, BM, ct);
+      fenceProxyAsync();
+      barSync(kOwnBar + c, 128);
+    }
+
+    // S^T = K_c Q^T, dP^T = V_c dO^T (64 keys x 64 queries)
+    float sv[32], dp[32];
+#pragma unroll
+    for (int e = 0; e < 32; ++e) sv[e] = dp[e] = 0.0f;
+    fenceRegs(sv);
+    fenceRegs(dp);
+    wgmmaFence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const int cb = ks >> 2, in = (ks & 3) * 32;
+      wgmmaSS_bf16_n64(sv, desc(sK + cb * BN * 128 + c * 64 * 128 + in, 16, 1024),
+                       desc(sQ + cb * BM * 128 + in, 16, 1024));
+    }
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const int cb = ks >> 2, in = (ks & 3) * 32;
+      wgmmaSS_bf16_n64(dp, desc(sV + cb * BN * 128 + c * 64 * 128 + in, 16, 1024),
+                       desc(sdO + cb * BM * 128 + in, 16, 1024));
+    }
+    wgmmaCommit();
+    wgmmaWait<0>();
+    fenceRegs(sv);
+    fenceRegs(dp);
+
+    // P^T from the LSE, dS^T = P^T (dP^T - delta); the softmax scale is applied at the end
+    const bool diag = q0 + off < k0 + c * 64 + 63 || q0 + BM > nq || k0 + BN > nk;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float2 l2 = *reinterpret_cast<const float2*>(L + 8 * i + 2 * t);
+      const float2 d2 = *reinterpret_cast<const float2*>(Dl + 8 * i + 2 * t);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float pv = fastExp2(fmaf(sv[4 * i + e], sl2, -((e & 1) ? l2.y : l2.x)));
+        if (diag) {
+          const int key = key0 + (e < 2 ? 0 : 8), q = q0 + 8 * i + 2 * t + (e & 1);
+          if (key > q + off || q >= nq || key >= nk) pv = 0.0f;
+        }
+        sv[4 * i + e] = pv;
+        dp[4 * i + e] = pv * (dp[4 * i + e] - ((e & 1) ? d2.y : d2.x));
+      }
+    }
+    unsigned pa[4][4], da[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        pa[kk][r] = packBf16(sv[8 * kk + 2 * r], sv[8 * kk + 2 * r + 1]);
+        da[kk][r] = packBf16(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
+      }
+    // dV += P^T dO, dK += dS^T Q (k = the 64 queries; B = dO / Q read transposed)
+    fenceRegs(dv);
+    fenceRegs(dk);
+    wgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      mmaRS<true, D>(dv, pa[kk], desc(sdO + kk * 16 * 128, BM * 128, 1024));
+      mmaRS<true, D>(dk, da[kk], desc(sQ + kk * 16 * 128, BM * 128, 1024));
+    }
+    wgmmaCommit();
+    // dS^T [key][query] to this step's buffer (128-byte rows, swizzled) for dQ; the other
+    // buffer may still feed the other consumer's dQ product of the previous step
+    {
+      const int r0 = c * 64 + warp * 16 + g;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int kk = i >> 1, hi = (i & 1) * 2;
+        *reinterpret_cast<unsigned*>(sdS + r0 * 128 + ((i ^ (r0 & 7)) << 4) + 4 * t) = da[kk][hi];
+        *reinterpret_cast<unsigned*>(sdS + (r0 + 8) * 128 + ((i ^ ((r0 + 8) & 7)) << 4) + 4 * t) = da[kk][hi + 1];
+      }
+    }
+    fenceProxyAsync();
+    barSync(kPairBar, 256);  // both consumers' dS^T (and zeroed K rows) visible
+
+    // dQ (64 queries x 64 columns) = dS K: A = dS (dS^T read transposed), B = K read transposed
+    float dq[32];
+#pragma unroll
+    for (int e = 0; e < 32; ++e) dq[e] = 0.0f;
+    fenceRegs(dq);
+    wgmmaFence();
+    if constexpr (D == 128) {  // columns [64 c, 64 c + 64) over all 128 keys
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+        wgmmaSS_bf16_n64_tt(dq, desc(sdS + kk * 16 * 128, BM * 128, 1024),
+                            desc(sK + c * BN * 128 + kk * 16 * 128, BN * 128, 1024));
+    } else {  // all 64 columns over this consumer's keys
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        wgmmaSS_bf16_n64_tt(dq, desc(sdS + (c * 64 + kk * 16) * 128, BM * 128, 1024),
+                            desc(sK + (c * 64 + kk * 16) * 128, BN * 128, 1024));
+    }
+    wgmmaCommit();
+    wgmmaWait<0>();  // dV, dK and dQ
+    fenceRegs(dq);
+    fenceRegs(dv);
+    fenceRegs(dk);
+    mbarArriveIf(free + s, lane == 0);  // Q, dO, LSE and delta of the stage read
+
+    // dQ staged (scaled) and added to dq in bulk, one row per thread of the first 64
+    if (ct < 64) bulkWaitRead<0>();  // the previous step's row has left the staging tile
+    barSync(kOwnBar + c, 128);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float* row = reinterpret_cast<float*>(sdQ) + (warp * 16 + g + 8 * half) * G::dqStride + colBase + 2 * t;
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        *reinterpret_cast<float2*>(row + 8 * i) = make_float2(dq[4 * i + 2 * half] * sc, dq[4 * i + 2 * half + 1] * sc);
+    }
+    fenceProxyAsync();
+    barSync(kOwnBar + c, 128);
+    if (ct < 64 && q0 + ct < nq) {
+      bulkReduceAddF32(a.dq + static_cast<std::int64_t>(qb + q0 + ct) * a.dq_s0 + h * D + colBase,
+                       sdQ + (ct * G::dqStride + colBase) * 4, 64 * 4);
+      bulkCommit();
+    }
+  }
+  if (ct < 64) bulkWait<0>();  // every reduction done before the block's shared memory goes
+
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int key = key0 + 8 * half;
+    if (key >= nk) continue;
+    const std::int64_t r = kb + key;
+    float* dkr = a.dk + r * a.dk_s0 + hk * D + 2 * t;
+    float* dvr = a.dv + r * a.dv_s0 + hk * D + 2 * t;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      redAdd2(dkr + 8 * i, dk[4 * i + 2 * half] * sc, dk[4 * i + 2 * half + 1] * sc);
+      redAdd2(dvr + 8 * i, dv[4 * i + 2 * half], dv[4 * i + 2 * half + 1]);
+    }
+  }
+#else
+  (void)tq, (void)tdo, (void)tk, (void)tv, (void)a;
+#endif
+}
+
 // ---------------- host side ----------------------------------------------------------------
 
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
@@ -422,6 +709,20 @@ void launchWs(cudaStream_t st, const cuda::Args& a) {
   combineParts(st, a, true, G::rows);
 }
 
+template <int D, int ST>
+void launchBwdWs(cudaStream_t st, const cuda::Args& a) {
+  using G = WsBwdGeo<D, ST>;
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(backwardWsKernel<D, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, G::smem);
+  check(attr, "cudaFuncSetAttribute");
+  const CUtensorMap tq = tokenMap(a.q, D, a.heads, a.q_rows, a.q_s0, G::BM);
+  const CUtensorMap tdo = tokenMap(a.dO, D, a.heads, a.q_rows, a.dO_s0, G::BM);
+  const CUtensorMap tk = tokenMap(a.k, D, a.kv_heads, a.k_rows, a.k_s0, G::BN);
+  const CUtensorMap tv = tokenMap(a.v, D, a.kv_heads, a.k_rows, a.v_s0, G::BN);
+  backwardWsKernel<D, ST><<<a.nwork * a.kv_heads, 384, G::smem, st>>>(tq, tdo, tk, tv, a);
+  check(cudaGetLastError(), "warp-specialised backward launch");
+}
+
 // D = 128: 2 consumers, 2 stages (160 KiB); D = 64: 3 consumers (more rows per block
 // against the softmax's share), 3 stages (112 KiB).
 constexpr int kWsKeys = 128;
@@ -438,6 +739,15 @@ int wsRows(int head_dim) {
 
 int wsKeys(int) {
   return kWsKeys;
+}
+
+void backwardWs(void* stream, const cuda::Args& a) {
+  if (a.nwork == 0) return;
+  const auto st = static_cast<cudaStream_t>(stream);
+  // D = 128: 2 Q/dO stages (195 KiB in all); D = 64: 3 (148 KiB)
+  if (a.head_dim == 64) return launchBwdWs<64, 3>(st, a);
+  if (a.head_dim == 128) return launchBwdWs<128, 2>(st, a);
+  throw std::runtime_error("wlb::attention::hopper: head_dim " + std::to_string(a.head_dim) + " not supported");
 }
 
 void forwardWs(void* stream, const cuda::Args& a) {

@@ -658,19 +658,28 @@ bool mmaForward(const Kokkos::Cuda& space, const Args& a, const VarlenBatch& b, 
   return false;
 }
 
-/// BF16 tensor-core backward (the Hopper kernels where useHopper(allowHopper)); a.delta
-/// must hold rowsum(dO∘O). Accumulates into dq, dk, dv.
-inline bool mmaBackward(const Kokkos::Cuda& space, const Args& a, const VarlenBatch& b, bool allowHopper = true) {
+/// BF16 tensor-core backward (the Hopper kernels where useHopper, cfg.path other than Sm80:
+/// the warp-specialised one with cfg.warp_specialized when dq suits its bulk reductions);
+/// a.delta must hold rowsum(dO∘O). Accumulates into dq, dk, dv.
+inline bool mmaBackward(const Kokkos::Cuda& space, const Args& a, const VarlenBatch& b, const KernelConfig& cfg) {
 #if defined(WLB_HAVE_HOPPER)
-  if (useHopper(a.head_dim, allowHopper)) {
+  if (useHopper(a.head_dim, cfg.path != KernelConfig::Path::Sm80)) {
     const WorkView work = keyWork(b, hopper::backwardKeys());
     Args h = a;
     h.work = work.data();
     h.nwork = static_cast<int>(work.extent(0));
-    hopper::backward(space.cuda_stream(), h);
+    h.q_rows = b.q_tokens;
+    h.k_rows = b.k_tokens;
+    const bool bulk = reinterpret_cast<std::uintptr_t>(a.dq) % 16 == 0 && a.dq_s0 % 4 == 0;
+    if (cfg.warp_specialized && bulk)
+      hopper::backwardWs(space.cuda_stream(), h);
+    else
+      hopper::backward(space.cuda_stream(), h);
     space.fence("wlb::attention::hopper::bwd");
     return true;
   }
+#else
+  (void)cfg;
 #endif
   if (a.head_dim == 64) {
     launchBackward<64>(space, a, b);

@@ -325,6 +325,27 @@ __device__ __forceinline__ void tmaLoad3(void* dst, const CUtensorMap* map, int 
 __device__ __forceinline__ void prefetchTensorMap(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(map)) : "memory");
 }
+/// Bulk reduction: `bytes` of FP32 in shared memory added element-wise into global memory
+/// (in L2), as one asynchronous operation of the issuing thread's bulk group. Both
+/// addresses 16-byte aligned, `bytes` a multiple of 16.
+__device__ __forceinline__ void bulkReduceAddF32(float* gdst, const void* ssrc, unsigned bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(gdst),
+               "r"(smemAddr(ssrc)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulkCommit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+/// Waits until at most N of this thread's bulk groups still read their shared-memory source.
+template <int N>
+__device__ __forceinline__ void bulkWaitRead() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+/// Waits until at most N of this thread's bulk groups are still in flight.
+template <int N>
+__device__ __forceinline__ void bulkWait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
 /// Warpgroup-wide register reallocation (every thread of the warpgroup executes it).
 template <int N>
 __device__ __forceinline__ void regsDec() {

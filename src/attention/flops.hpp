@@ -33,9 +33,10 @@ struct KernelConfig {
   /// least 16K keys run as several work items over parts of their keys, merged by their
   /// LSE. Off by default until measured on an H100; other paths ignore it.
   bool split_kv = false;
-  /// BF16 forward on a Hopper device: the warp-specialised kernel (a TMA producer
-  /// warpgroup, consumer warpgroups in ping-pong, the next tile's QK^T issued before this
-  /// tile's softmax; cuda_hopper_ws.cu) instead of the synchronous one. Off by default until
+  /// BF16 on a Hopper device: the warp-specialised kernels (cuda_hopper_ws.cu) instead of
+  /// the synchronous ones — a persistent forward with a TMA producer warpgroup, consumer
+  /// warpgroups in ping-pong and the next tile's QK^T issued before this tile's softmax, and
+  /// a backward with a TMA producer and dQ added by bulk reductions. Off by default until
   /// measured on an H100; other paths and precisions ignore it.
   bool warp_specialized = false;
 };

@@ -443,14 +443,14 @@ TEST(Attention, NonFiniteKeysOutsidePiecesNeverReachTheOutputs) {
   EXPECT_LE(relErr(f32.o, ref.o), 1e-5);
 }
 
-// The warp-specialised Hopper forward (KernelConfig::warp_specialized), alone and with
-// split-KV, on whole documents long enough to wrap its stage ring, short ones that leave
+// The warp-specialised Hopper kernels (KernelConfig::warp_specialized: the forward, alone
+// and with split-KV, and the backward), on whole documents long enough to wrap its stage ring, short ones that leave
 // consumer warpgroups without rows, CP pieces, a piece of few queries over long keys, and
 // more work units (query tiles x heads) than an H100 has SMs, so that its persistent blocks
 // walk several units each.
 // Where the config selects no other kernel (every machine but a Hopper GPU) the tests
 // above cover what runs.
-TEST(Attention, WarpSpecializedForwardMatchesReference) {
+TEST(Attention, WarpSpecializedMatchesReference) {
   att::KernelConfig ws;
   ws.warp_specialized = true;
   if (std::string(att::kernelName<ES>(64, ws, true)) == att::kernelName<ES>(64, att::KernelConfig{}, true))
@@ -474,15 +474,18 @@ TEST(Attention, WarpSpecializedForwardMatchesReference) {
       Inputs in = makeInputs(c, 29);
       for (auto* x : {&in.q, &in.k, &in.v, &in.dO})
         for (auto& e : *x) e = att::roundBf16(e);
-      const Result ref = runReference(c, in, false);
+      const Result ref = runReference(c, in);
       att::KernelConfig cfg = ws;
       cfg.split_kv = split;
       SCOPED_TRACE("D=" + std::to_string(c.head_dim) + " pieces=" + std::to_string(c.pieces.size()) +
                    " split=" + std::to_string(split));
       const Result got = runKernelBf16(c, in, cfg);
-      EXPECT_TRUE(allFinite(got.o));
+      for (const auto* x : {&got.o, &got.lse, &got.dq, &got.dk, &got.dv}) EXPECT_TRUE(allFinite(*x));
       EXPECT_LE(relErr(got.o, ref.o), 1e-2);
       EXPECT_LE(relErr(got.lse, ref.lse), 1e-2);
+      EXPECT_LE(relErr(got.dq, ref.dq), 1e-2);
+      EXPECT_LE(relErr(got.dk, ref.dk), 1e-2);
+      EXPECT_LE(relErr(got.dv, ref.dv), 1e-2);
     }
 }
 
