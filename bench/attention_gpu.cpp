@@ -71,14 +71,14 @@ att::KernelConfig pathOf(const std::string& p) {
     cfg.path = att::KernelConfig::Path::Sm80;
     return cfg;
   }
-  if (att::setForwardVariant(cfg, p)) return cfg;
+  if (att::setHopperVariant(cfg, p)) return cfg;
   std::fprintf(stderr, "bench_attention_gpu: unknown path '%s' (auto, sm80, split, ws, ws-split)\n", p.c_str());
   std::exit(2);
 }
 
 /// The path name of a kernel configuration (pathOf's inverse).
 const char* pathName(const att::KernelConfig& cfg) {
-  return cfg.path == att::KernelConfig::Path::Sm80 ? "sm80" : att::forwardVariant(cfg);
+  return cfg.path == att::KernelConfig::Path::Sm80 ? "sm80" : att::hopperVariant(cfg);
 }
 
 std::vector<std::string> splitList(const std::string& s) {

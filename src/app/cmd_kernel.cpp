@@ -38,7 +38,7 @@ struct Opts {
   int tile_q = 64, tile_k = 64;
   bool reference = false, portable = false;
   std::string precision = "fp32";
-  std::string attention = "auto";  ///< Hopper forward variant (attention::setForwardVariant)
+  std::string attention = "auto";  ///< Hopper kernel variant (attention::setHopperVariant)
 };
 
 struct Case {
@@ -142,7 +142,7 @@ int run(const Opts& o) {
   cfg.tile_q = o.tile_q;
   cfg.tile_k = o.tile_k;
   if (o.portable) cfg.path = att::KernelConfig::Path::Portable;
-  if (!att::setForwardVariant(cfg, o.attention))
+  if (!att::setHopperVariant(cfg, o.attention))
     throw wlb::InputError("wlb kernel: --attention: '" + o.attention + "' is not one of auto, split, ws, ws-split");
   // fp32 / tf32: float storage; bf16: bf16 storage (inputs rounded once, O back to float)
   const bool bf16 = o.precision == "bf16";
@@ -216,7 +216,7 @@ int run(const Opts& o) {
     }
     f.setAttribute("implementation", std::string(o.reference ? "reference" : att::kernelName<ES>(D, cfg, bf16)));
     f.setAttribute("precision", o.reference ? std::string("fp64") : o.precision);
-    if (!o.reference) f.setAttribute("attention", std::string(att::forwardVariant(cfg)));
+    if (!o.reference) f.setAttribute("attention", std::string(att::hopperVariant(cfg)));
     f.setAttribute("backend", wlb::kk::backendName());
     f.setAttribute("tile_q", cfg.tile_q);
     f.setAttribute("tile_k", cfg.tile_k);
@@ -248,9 +248,10 @@ const bool registered = wlb::app::registerCommand(
       sub.add_flag("--portable", o->portable, "Force the portable (device) kernel path");
       sub.add_option("--precision", o->precision,
                      "fp32 (default), tf32 (TF32 tensor cores on CUDA) or bf16 (BF16 storage and tensor cores)");
-      sub.add_option("--attention", o->attention,
-                     "Forward variant on a Hopper GPU: auto (default), split (split-KV), ws (warp-specialised) or "
-                     "ws-split; other devices ignore it");
+      sub.add_option(
+          "--attention", o->attention,
+          "Kernel variant on a Hopper GPU: auto (default), split (split-KV forward), ws (warp-specialised) or "
+          "ws-split; other devices ignore it");
       return [o]() -> int { return run(*o); };
     });
 

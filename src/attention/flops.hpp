@@ -41,22 +41,22 @@ struct KernelConfig {
   bool warp_specialized = false;
 };
 
-/// The Hopper forward variants by name (deck `run.attention`, `wlb profile --attention`,
-/// `bench_attention_gpu --paths`): "auto" (the synchronous kernel), "split" (split_kv),
+/// The Hopper kernel variants by name (deck `run.attention`, `wlb profile --attention`,
+/// `bench_attention_gpu --paths`): "auto" (the synchronous kernels), "split" (split_kv),
 /// "ws" (warp_specialized), "ws-split" (both). False for another name (cfg unchanged).
-inline bool setForwardVariant(KernelConfig& cfg, const std::string& name) {
+inline bool setHopperVariant(KernelConfig& cfg, const std::string& name) {
   const bool split = name == "split" || name == "ws-split", ws = name == "ws" || name == "ws-split";
   if (!split && !ws && name != "auto") return false;
   cfg.split_kv = split;
   cfg.warp_specialized = ws;
   return true;
 }
-inline const char* forwardVariant(const KernelConfig& cfg) {
+inline const char* hopperVariant(const KernelConfig& cfg) {
   if (cfg.warp_specialized) return cfg.split_kv ? "ws-split" : "ws";
   return cfg.split_kv ? "split" : "auto";
 }
-/// The variant names setForwardVariant takes.
-inline const std::vector<std::string>& forwardVariants() {
+/// The variant names setHopperVariant takes.
+inline const std::vector<std::string>& hopperVariants() {
   static const std::vector<std::string> v{"auto", "split", "ws", "ws-split"};
   return v;
 }

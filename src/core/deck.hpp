@@ -85,8 +85,8 @@ struct RunConfig {
   std::string precision = "fp32";
   /// Collectives of the executor's mesh groups: auto | mpi | nccl (docs/runtime.md).
   std::string comm_backend = "auto";
-  /// Hopper attention forward variant: auto | split | ws | ws-split (docs/attention.md;
-  /// attention::setForwardVariant). Other devices ignore it.
+  /// Hopper attention kernel variant: auto | split | ws | ws-split (docs/attention.md;
+  /// attention::setHopperVariant). Other devices ignore it.
   std::string attention = "auto";
 };
 

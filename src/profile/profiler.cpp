@@ -720,7 +720,7 @@ ProfileResult measureProfile(ProfileOptions o) {
   cfg.tile_q = o.tile_q;
   cfg.tile_k = o.tile_k;
   cfg.precision = wlb::runtime::parsePrecision(o.precision, "--precision");
-  if (!att::setForwardVariant(cfg, o.attention))
+  if (!att::setHopperVariant(cfg, o.attention))
     throw wlb::InputError("wlb profile: --attention: unknown variant '" + o.attention +
                           "' (auto, split, ws, ws-split)");
   try {
@@ -841,7 +841,7 @@ ProfileResult measureProfile(ProfileOptions o) {
                                      : wlb::runtime::gemmBackend() + " " + std::string(o.quick ? "1024" : "8192") +
                                            "^3" + (o.precision == "bf16" ? " on BF16 storage" : " on FP32 storage");
   j["sources"] = {"measured by `wlb profile` (attention: wlb::attention kernels, " + o.precision +
-                      (o.attention == "auto" ? std::string() : ", forward variant " + o.attention) + ", best of " +
+                      (o.attention == "auto" ? std::string() : ", kernel variant " + o.attention) + ", best of " +
                       std::to_string(o.reps) + " repetitions; linear: " + linear_src +
                       "; peak: register-only FP32 FMA loop; timed with " +
                       (clock.cpu ? "process CPU time" : "wall time") + ")",

@@ -39,7 +39,7 @@ struct ProfileOptions {
   std::vector<std::string> decks;            ///< deck-shaped profile of these decks (one layer shape)
   std::vector<std::string> overrides;        ///< table.key=value applied to every deck
   std::string precision = "fp32";            ///< attention + GEMM arithmetic: fp32, tf32, bf16
-  std::string attention = "auto";            ///< Hopper forward variant (attention::setForwardVariant)
+  std::string attention = "auto";            ///< Hopper kernel variant (attention::setHopperVariant)
   std::string base;                          ///< profile whose fields this one does not measure are kept
   bool quick = false;                        ///< small grids, short timings (tests)
   bool wall_clock = false;                   ///< wall time even on a single-threaded backend

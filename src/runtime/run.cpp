@@ -538,7 +538,7 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
   }
 
   LayerEnv env = LayerEnv::onMesh(space, mesh, *cost, &rec, precision, cp_group.get(), tp_group.get());
-  attention::setForwardVariant(env.kernel, deck.run.attention);  // validated with the deck
+  attention::setHopperVariant(env.kernel, deck.run.attention);  // validated with the deck
   GemmTimer gemm_timer;
   if (opt.gemm_timing) env.gemm_timer = &gemm_timer;
   PipelineStage stage(env, model, schedule, mesh.pp());

@@ -501,7 +501,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   // of the evaluation, whose batches run whole on one pipeline (no CP group).
   runtime::LayerEnv env =
       runtime::LayerEnv::onMesh(space, mesh, *cost, &rec, precision, cp_group.get(), tp_group.get());
-  attention::setForwardVariant(env.kernel, deck.run.attention);   // validated with the deck
+  attention::setHopperVariant(env.kernel, deck.run.attention);   // validated with the deck
   const pp::Schedule sched = pipe.schedule(static_cast<int>(M));  // the simulator's schedule, same function
   runtime::PipelineStage stage_walker(env, model, sched, mesh.pp());
   runtime::LayerEnv eval_env = env;

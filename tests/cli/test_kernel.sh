@@ -44,7 +44,7 @@ if [ $rc -ne 2 ] || ! grep -q -- "--precision" "$TMP/bad_prec.log" || [ -e "$TMP
   echo "FAIL: --precision fp16 (exit $rc)"; cat "$TMP/bad_prec.log"; fail=1
 fi
 
-# --attention: a Hopper forward variant (the same kernels off an sm_90 GPU), recorded in the
+# --attention: a Hopper kernel variant (the same kernels off an sm_90 GPU), recorded in the
 # output; an unknown variant exits 2 and writes nothing
 rm -f "$TMP/out.h5"
 check "$WLB" kernel --in "$TMP/case64.h5" --out "$TMP/out.h5" --precision bf16 --attention ws-split

@@ -140,7 +140,7 @@ if "$WLB" --version 2>/dev/null | grep -q "NCCL *yes"; then :; else
   [ "$rc" = 2 ] || fail "comm_backend=nccl on a build without NCCL: exit $rc"
   grep -q "run.comm_backend" "$tmp/err" || fail "nccl error does not name the key: $(cat "$tmp/err")"
 fi
-# run.attention picks a Hopper forward variant; a host build runs the same kernels with any
+# run.attention picks a Hopper kernel variant; a host build runs the same kernels with any
 # of them (the same gradients, bit for bit), and an unknown variant is a deck error.
 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set mesh.cp=1 --set run.precision='"tf32"' \
   --set run.attention='"ws-split"' --steps 1 --warmup 0 --quiet --no-output --gradients "$tmp/g5" > "$tmp/log" \
