@@ -1,18 +1,16 @@
-# Record the git hash at configure time for `wlb --version` and trace metadata.
+# The git hash for `wlb --version` and trace metadata, written at configure time and
+# refreshed at every build (target wlb_git_version), so a build after new commits reports
+# the commit it was built from, not the one it was configured at.
 find_package(Git QUIET)
-set(WLB_GIT_HASH "unknown")
-if(GIT_FOUND)
-  execute_process(COMMAND ${GIT_EXECUTABLE} rev-parse --short=12 HEAD
-    WORKING_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}
-    OUTPUT_VARIABLE _wlb_hash OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET RESULT_VARIABLE _wlb_rc)
-  if(_wlb_rc EQUAL 0 AND _wlb_hash)
-    set(WLB_GIT_HASH "${_wlb_hash}")
-    execute_process(COMMAND ${GIT_EXECUTABLE} diff --quiet HEAD
-      WORKING_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR} RESULT_VARIABLE _wlb_dirty ERROR_QUIET)
-    if(NOT _wlb_dirty EQUAL 0)
-      set(WLB_GIT_HASH "${WLB_GIT_HASH}-dirty")
-    endif()
-  endif()
-endif()
-configure_file(${CMAKE_CURRENT_LIST_DIR}/wlb_version.hpp.in
-  ${CMAKE_BINARY_DIR}/generated/wlb/version.hpp @ONLY)
+set(WLB_VERSION_HEADER ${CMAKE_BINARY_DIR}/generated/wlb/version.hpp)
+set(SOURCE_DIR ${CMAKE_CURRENT_SOURCE_DIR})
+set(TEMPLATE ${CMAKE_CURRENT_LIST_DIR}/wlb_version.hpp.in)
+set(OUTPUT ${WLB_VERSION_HEADER})
+include(${CMAKE_CURRENT_LIST_DIR}/WlbGitVersionWrite.cmake)
+add_custom_target(wlb_git_version
+  COMMAND ${CMAKE_COMMAND} -DGIT_EXECUTABLE=${GIT_EXECUTABLE} -DSOURCE_DIR=${CMAKE_CURRENT_SOURCE_DIR}
+          -DTEMPLATE=${TEMPLATE} -DOUTPUT=${WLB_VERSION_HEADER} -DPROJECT_VERSION=${PROJECT_VERSION}
+          -P ${CMAKE_CURRENT_LIST_DIR}/WlbGitVersionWrite.cmake
+  BYPRODUCTS ${WLB_VERSION_HEADER}
+  COMMENT "git hash for wlb --version"
+  VERBATIM)
