@@ -335,7 +335,7 @@ bool checkOne(const Problem& p, const Ref& ref, Prec mode, const std::string& wh
   const double worst = std::max({eo, el, eq, ek, ev});
   const bool ok = worst <= tolerance(mode);
   std::printf(
-      "  check %-4s %-22s %-15s %-5s o %.2e lse %.2e dq %.2e dk %.2e dv %.2e  (tol %.0e) %s  "
+      "  check %-4s %-22s %-18s %-8s o %.2e lse %.2e dq %.2e dk %.2e dv %.2e  (tol %.0e) %s  "
       "[chained grads %.2e]\n",
       std::is_same<T, att::bf16>::value ? "bf16" : (mode == Prec::Tf32 ? "tf32" : "fp32"), what.c_str(),
       att::kernelName<ES>(p.D, cfg, std::is_same<T, att::bf16>::value), pathName(cfg), eo, el, eq, ek, ev,
