@@ -176,65 +176,15 @@ __global__ void __launch_bounds__(128 * NWG, 1) forwardKernel(const cuda::Args a
       wgmmaWait<0>();
       fenceRegs(s);
 
-      // mask (diagonal and ragged tiles only), online softmax in base 2
-      if (k0 + BN - 1 > wfirst + off || k0 + BN > nk) {
-#pragma unroll
-        for (int i = 0; i < BN / 8; ++i)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = k0 + 8 * i + 2 * t + (e & 1), row = wr + (e < 2 ? 0 : 8);
-            if (key > row + off || key >= nk) s[4 * i + e] = -INFINITY;
-          }
-      }
-      float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-      for (int i = 0; i < BN / 8; ++i) {
-        mx0 = fmaxf(mx0, fmaxf(s[4 * i], s[4 * i + 1]));
-        mx1 = fmaxf(mx1, fmaxf(s[4 * i + 2], s[4 * i + 3]));
-      }
-      // every row saw the first key of tile jb, so the running max is finite from then on; scores
-      // stay unscaled and the scale folds into one FFMA per score
-      const float mn0 = fmaxf(m0, quadMax(mx0) * sl2), mn1 = fmaxf(m1, quadMax(mx1) * sl2);
-      const float al0 = fastExp2(m0 - mn0), al1 = fastExp2(m1 - mn1);
-      m0 = mn0;
-      m1 = mn1;
-      float ls0 = 0.0f, ls1 = 0.0f;
-#pragma unroll
-      for (int i = 0; i < BN / 8; ++i) {
-        s[4 * i] = fastExp2(fmaf(s[4 * i], sl2, -mn0));
-        s[4 * i + 1] = fastExp2(fmaf(s[4 * i + 1], sl2, -mn0));
-        s[4 * i + 2] = fastExp2(fmaf(s[4 * i + 2], sl2, -mn1));
-        s[4 * i + 3] = fastExp2(fmaf(s[4 * i + 3], sl2, -mn1));
-        ls0 += s[4 * i] + s[4 * i + 1];
-        ls1 += s[4 * i + 2] + s[4 * i + 3];
-      }
-      l0 = l0 * al0 + ls0;  // per-thread partial sums; the quad reduces them at the end
-      l1 = l1 * al1 + ls1;
-#pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
-        o[4 * i] *= al0;
-        o[4 * i + 1] *= al0;
-        o[4 * i + 2] *= al1;
-        o[4 * i + 3] *= al1;
-      }
+      // mask (diagonal and ragged tiles only), online softmax in base 2, O rescaled
+      float al0, al1;
+      onlineSoftmax<BN>(s, k0, wfirst, wr, t, off, nk, sl2, m0, m1, l0, l1, al0, al1);
+      rescaleRows<D>(o, al0, al1);
 
       // O += P V (every fragment of P built before the MMAs: registers written between
       // asynchronous MMAs would make the compiler serialise them)
       unsigned pa[BN / KS][4];
-#pragma unroll
-      for (int kk = 0; kk < BN / KS; ++kk) {
-        if constexpr (BF) {
-          pa[kk][0] = packBf16(s[8 * kk], s[8 * kk + 1]);
-          pa[kk][1] = packBf16(s[8 * kk + 2], s[8 * kk + 3]);
-          pa[kk][2] = packBf16(s[8 * kk + 4], s[8 * kk + 5]);
-          pa[kk][3] = packBf16(s[8 * kk + 6], s[8 * kk + 7]);
-        } else {
-          pa[kk][0] = tf32(s[4 * kk]);
-          pa[kk][1] = tf32(s[4 * kk + 2]);
-          pa[kk][2] = tf32(s[4 * kk + 1]);
-          pa[kk][3] = tf32(s[4 * kk + 3]);
-        }
-      }
+      packP<BF, BN>(pa, s);
       fenceRegs(o);
       wgmmaFence();
 #pragma unroll
@@ -313,9 +263,6 @@ __global__ void __launch_bounds__(64) combineKernel(const cuda::Args a, int rows
 }
 
 // ---------------- backward kernel (BF16) --------------------------------------------------
-
-constexpr int kBwdKeys = 128;  ///< keys per block: 64 per warpgroup
-constexpr int kBwdRows = 64;   ///< query rows per step
 
 template <int D>
 struct BwdGeo {
@@ -412,101 +359,22 @@ __global__ void __launch_bounds__(256, 1) backwardKernel(const cuda::Args a) {
       if (tid < 128) ld = loadLD(st + 1);
     }
 
-    // S^T = K_w Q^T, dP^T = V_w dO^T (64 keys x 64 queries per warpgroup)
-    float s[32], dp[32];
-#pragma unroll
-    for (int i = 0; i < 32; ++i) s[i] = dp[i] = 0.0f;
-    fenceRegs(s);
-    fenceRegs(dp);
-    wgmmaFence();
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      const int cb = ks >> 2, in = (ks & 3) * 32;
-      wgmmaSS_bf16_n64(s, desc(sK + cb * BN * 128 + wg * 64 * 128 + in, 16, 1024),
-                       desc(sQ + cb * BM * 128 + in, 16, 1024));
-    }
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      const int cb = ks >> 2, in = (ks & 3) * 32;
-      wgmmaSS_bf16_n64(dp, desc(sV + cb * BN * 128 + wg * 64 * 128 + in, 16, 1024),
-                       desc(sdO + cb * BM * 128 + in, 16, 1024));
-    }
-    wgmmaCommit();
-    wgmmaWait<0>();
-    fenceRegs(s);
-    fenceRegs(dp);
-
-    // P^T from the LSE, dS^T = P^T (dP^T - delta); the softmax scale is applied at the end
+    // S^T = K_w Q^T, dP^T = V_w dO^T (64 keys x 64 queries per warpgroup); P^T and dS^T;
+    // dV += P^T dO, dK += dS^T Q issued; dS^T to shared memory for dQ
+    float sv[32], dp[32];
+    bwdScores<D>(sv, dp, sK, sV, sQ, sdO, wg);
     const bool diag = q0 + off < k0 + wg * 64 + 63 || q0 + BM > nq || k0 + BN > nk;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float2 l2 = *reinterpret_cast<const float2*>(L + 8 * i + 2 * t);
-      const float2 d2 = *reinterpret_cast<const float2*>(Dl + 8 * i + 2 * t);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float pv = fastExp2(fmaf(s[4 * i + e], sl2, -((e & 1) ? l2.y : l2.x)));
-        if (diag) {
-          const int key = key0 + (e < 2 ? 0 : 8), q = q0 + 8 * i + 2 * t + (e & 1);
-          if (key > q + off || q >= nq || key >= nk) pv = 0.0f;
-        }
-        s[4 * i + e] = pv;
-        dp[4 * i + e] = pv * (dp[4 * i + e] - ((e & 1) ? d2.y : d2.x));
-      }
-    }
+    bwdProbs(sv, dp, L, Dl, sl2, diag, key0, q0, t, off, nq, nk);
     unsigned pa[4][4], da[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        pa[kk][r] = packBf16(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
-        da[kk][r] = packBf16(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
-      }
-    // dV += P^T dO, dK += dS^T Q (k = the 64 queries; B = dO / Q read transposed)
-    fenceRegs(dv);
-    fenceRegs(dk);
-    wgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      mmaRS<true, D>(dv, pa[kk], desc(sdO + kk * 16 * 128, BM * 128, 1024));
-      mmaRS<true, D>(dk, da[kk], desc(sQ + kk * 16 * 128, BM * 128, 1024));
-    }
-    wgmmaCommit();
-    // dS^T [key][query] to shared memory (128-byte rows, swizzled) for dQ
-    {
-      const int r0 = wg * 64 + warp * 16 + g;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int kk = i >> 1, hi = (i & 1) * 2;
-        *reinterpret_cast<unsigned*>(sdS + r0 * 128 + ((i ^ (r0 & 7)) << 4) + 4 * t) = da[kk][hi];
-        *reinterpret_cast<unsigned*>(sdS + (r0 + 8) * 128 + ((i ^ ((r0 + 8) & 7)) << 4) + 4 * t) = da[kk][hi + 1];
-      }
-    }
+    bwdDkDv<D>(dk, dv, pa, da, sv, dp, sQ, sdO);
+    storeDsT(sdS, da, wg * 64 + warp * 16 + g, t);
     if (tid < 128 && st + 1 < steps) (tid < 64 ? sL : sDl)[(b ^ 1) * BM + (tid & 63)] = ld;
     fenceProxyAsync();
     __syncthreads();  // both warpgroups' dS^T visible
 
-    // dQ (64 queries x 64 columns) += dS K: A = dS (dS^T read transposed), B = K read transposed
+    // dQ (64 queries x 64 columns) = dS K (and dV, dK waited for)
     float dq[32];
-#pragma unroll
-    for (int i = 0; i < 32; ++i) dq[i] = 0.0f;
-    fenceRegs(dq);
-    wgmmaFence();
-    if constexpr (D == 128) {  // columns [64 w, 64 w + 64) over all 128 keys
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk)
-        wgmmaSS_bf16_n64_tt(dq, desc(sdS + kk * 16 * 128, BM * 128, 1024),
-                            desc(sK + wg * BN * 128 + kk * 16 * 128, BN * 128, 1024));
-    } else {  // all 64 columns over this warpgroup's keys
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        wgmmaSS_bf16_n64_tt(dq, desc(sdS + (wg * 64 + kk * 16) * 128, BM * 128, 1024),
-                            desc(sK + (wg * 64 + kk * 16) * 128, BN * 128, 1024));
-    }
-    wgmmaCommit();
-    wgmmaWait<0>();  // dV, dK and dQ
-    fenceRegs(dq);
-    fenceRegs(dv);
-    fenceRegs(dk);
+    bwdDq<D>(dq, dk, dv, sdS, sK, wg);
     const float sc = a.scale;
     const int colBase = D == 128 ? wg * 64 : 0;
 #pragma unroll

@@ -253,59 +253,14 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1)
         barSync(kOwnBar + c, 128);
       }
     };
-    // mask and online softmax (base 2) of key tile j in s; returns the rescale factors of O
+    // mask and online softmax (base 2) of key tile j in s; the rescale factors of O
     const auto softmax = [&](int j, float& al0, float& al1) {
-      const int k0 = j * BN;
-      if (k0 + BN - 1 > wfirst + off || k0 + BN > nk) {  // diagonal and ragged tiles only
-#pragma unroll
-        for (int f = 0; f < BN / 8; ++f)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = k0 + 8 * f + 2 * t + (e & 1), row = wr + (e < 2 ? 0 : 8);
-            if (key > row + off || key >= nk) s[4 * f + e] = -INFINITY;
-          }
-      }
-      float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-      for (int f = 0; f < BN / 8; ++f) {
-        mx0 = fmaxf(mx0, fmaxf(s[4 * f], s[4 * f + 1]));
-        mx1 = fmaxf(mx1, fmaxf(s[4 * f + 2], s[4 * f + 3]));
-      }
-      // every row sees the first key of tile jb, so the running max is finite from then on
-      const float mn0 = fmaxf(m0, quadMax(mx0) * sl2), mn1 = fmaxf(m1, quadMax(mx1) * sl2);
-      al0 = fastExp2(m0 - mn0);
-      al1 = fastExp2(m1 - mn1);
-      m0 = mn0;
-      m1 = mn1;
-      float ls0 = 0.0f, ls1 = 0.0f;
-#pragma unroll
-      for (int f = 0; f < BN / 8; ++f) {
-        s[4 * f] = fastExp2(fmaf(s[4 * f], sl2, -mn0));
-        s[4 * f + 1] = fastExp2(fmaf(s[4 * f + 1], sl2, -mn0));
-        s[4 * f + 2] = fastExp2(fmaf(s[4 * f + 2], sl2, -mn1));
-        s[4 * f + 3] = fastExp2(fmaf(s[4 * f + 3], sl2, -mn1));
-        ls0 += s[4 * f] + s[4 * f + 1];
-        ls1 += s[4 * f + 2] + s[4 * f + 3];
-      }
-      l0 = l0 * al0 + ls0;  // per-thread partial sums; the quad reduces them at the end
-      l1 = l1 * al1 + ls1;
+      onlineSoftmax<BN>(s, j * BN, wfirst, wr, t, off, nk, sl2, m0, m1, l0, l1, al0, al1);
     };
     // O in the new max's scale, P as the next product's A fragments (after P V of the last tile)
     const auto rescaleAndPack = [&](float al0, float al1) {
-#pragma unroll
-      for (int f = 0; f < D / 8; ++f) {
-        o[4 * f] *= al0;
-        o[4 * f + 1] *= al0;
-        o[4 * f + 2] *= al1;
-        o[4 * f + 3] *= al1;
-      }
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        pa[kk][0] = packBf16(s[8 * kk], s[8 * kk + 1]);
-        pa[kk][1] = packBf16(s[8 * kk + 2], s[8 * kk + 3]);
-        pa[kk][2] = packBf16(s[8 * kk + 4], s[8 * kk + 5]);
-        pa[kk][3] = packBf16(s[8 * kk + 6], s[8 * kk + 7]);
-      }
+      rescaleRows<D>(o, al0, al1);
+      packP<true, BN>(pa, s);
     };
 
     float al0, al1;
@@ -368,7 +323,7 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1)
 
 template <int D, int ST>
 struct WsBwdGeo {
-  static constexpr int BN = 128, BM = 64;  ///< keys per block (64 per consumer), query rows per step
+  static constexpr int BN = kBwdKeys, BM = kBwdRows;  ///< keys per block (64 per consumer), query rows per step
   static constexpr int rowBytes = D * 2, cpr = rowBytes / 16;
   static constexpr int kvBytes = BN * rowBytes;  ///< K or V
   static constexpr int qBytes = BM * rowBytes;   ///< one Q or dO stage
@@ -515,101 +470,22 @@ __global__ void __launch_bounds__(384, 1)
       barSync(kOwnBar + c, 128);
     }
 
-    // S^T = K_c Q^T, dP^T = V_c dO^T (64 keys x 64 queries)
+    // S^T = K_c Q^T, dP^T = V_c dO^T (64 keys x 64 queries); P^T and dS^T; dV += P^T dO,
+    // dK += dS^T Q issued; dS^T to this step's buffer for dQ (the other buffer may still feed
+    // the other consumer's dQ product of the previous step)
     float sv[32], dp[32];
-#pragma unroll
-    for (int e = 0; e < 32; ++e) sv[e] = dp[e] = 0.0f;
-    fenceRegs(sv);
-    fenceRegs(dp);
-    wgmmaFence();
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      const int cb = ks >> 2, in = (ks & 3) * 32;
-      wgmmaSS_bf16_n64(sv, desc(sK + cb * BN * 128 + c * 64 * 128 + in, 16, 1024),
-                       desc(sQ + cb * BM * 128 + in, 16, 1024));
-    }
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      const int cb = ks >> 2, in = (ks & 3) * 32;
-      wgmmaSS_bf16_n64(dp, desc(sV + cb * BN * 128 + c * 64 * 128 + in, 16, 1024),
-                       desc(sdO + cb * BM * 128 + in, 16, 1024));
-    }
-    wgmmaCommit();
-    wgmmaWait<0>();
-    fenceRegs(sv);
-    fenceRegs(dp);
-
-    // P^T from the LSE, dS^T = P^T (dP^T - delta); the softmax scale is applied at the end
+    bwdScores<D>(sv, dp, sK, sV, sQ, sdO, c);
     const bool diag = q0 + off < k0 + c * 64 + 63 || q0 + BM > nq || k0 + BN > nk;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float2 l2 = *reinterpret_cast<const float2*>(L + 8 * i + 2 * t);
-      const float2 d2 = *reinterpret_cast<const float2*>(Dl + 8 * i + 2 * t);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float pv = fastExp2(fmaf(sv[4 * i + e], sl2, -((e & 1) ? l2.y : l2.x)));
-        if (diag) {
-          const int key = key0 + (e < 2 ? 0 : 8), q = q0 + 8 * i + 2 * t + (e & 1);
-          if (key > q + off || q >= nq || key >= nk) pv = 0.0f;
-        }
-        sv[4 * i + e] = pv;
-        dp[4 * i + e] = pv * (dp[4 * i + e] - ((e & 1) ? d2.y : d2.x));
-      }
-    }
+    bwdProbs(sv, dp, L, Dl, sl2, diag, key0, q0, t, off, nq, nk);
     unsigned pa[4][4], da[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        pa[kk][r] = packBf16(sv[8 * kk + 2 * r], sv[8 * kk + 2 * r + 1]);
-        da[kk][r] = packBf16(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
-      }
-    // dV += P^T dO, dK += dS^T Q (k = the 64 queries; B = dO / Q read transposed)
-    fenceRegs(dv);
-    fenceRegs(dk);
-    wgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      mmaRS<true, D>(dv, pa[kk], desc(sdO + kk * 16 * 128, BM * 128, 1024));
-      mmaRS<true, D>(dk, da[kk], desc(sQ + kk * 16 * 128, BM * 128, 1024));
-    }
-    wgmmaCommit();
-    // dS^T [key][query] to this step's buffer (128-byte rows, swizzled) for dQ; the other
-    // buffer may still feed the other consumer's dQ product of the previous step
-    {
-      const int r0 = c * 64 + warp * 16 + g;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int kk = i >> 1, hi = (i & 1) * 2;
-        *reinterpret_cast<unsigned*>(sdS + r0 * 128 + ((i ^ (r0 & 7)) << 4) + 4 * t) = da[kk][hi];
-        *reinterpret_cast<unsigned*>(sdS + (r0 + 8) * 128 + ((i ^ ((r0 + 8) & 7)) << 4) + 4 * t) = da[kk][hi + 1];
-      }
-    }
+    bwdDkDv<D>(dk, dv, pa, da, sv, dp, sQ, sdO);
+    storeDsT(sdS, da, c * 64 + warp * 16 + g, t);
     fenceProxyAsync();
     barSync(kPairBar, 256);  // both consumers' dS^T (and zeroed K rows) visible
 
-    // dQ (64 queries x 64 columns) = dS K: A = dS (dS^T read transposed), B = K read transposed
+    // dQ (64 queries x 64 columns) = dS K (and dV, dK waited for)
     float dq[32];
-#pragma unroll
-    for (int e = 0; e < 32; ++e) dq[e] = 0.0f;
-    fenceRegs(dq);
-    wgmmaFence();
-    if constexpr (D == 128) {  // columns [64 c, 64 c + 64) over all 128 keys
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk)
-        wgmmaSS_bf16_n64_tt(dq, desc(sdS + kk * 16 * 128, BM * 128, 1024),
-                            desc(sK + c * BN * 128 + kk * 16 * 128, BN * 128, 1024));
-    } else {  // all 64 columns over this consumer's keys
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        wgmmaSS_bf16_n64_tt(dq, desc(sdS + (c * 64 + kk * 16) * 128, BM * 128, 1024),
-                            desc(sK + (c * 64 + kk * 16) * 128, BN * 128, 1024));
-    }
-    wgmmaCommit();
-    wgmmaWait<0>();  // dV, dK and dQ
-    fenceRegs(dq);
-    fenceRegs(dv);
-    fenceRegs(dk);
+    bwdDq<D>(dq, dk, dv, sdS, sK, c);
     mbarArriveIf(free + s, lane == 0);  // Q, dO, LSE and delta of the stage read
 
     // dQ staged (scaled) and added to dq in bulk, one row per thread of the first 64

@@ -8,6 +8,7 @@
 #include <cuda.h>  // CUtensorMap (the type only: the encoder comes through the runtime)
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 
 #include "attention/cuda_args.hpp"
@@ -232,6 +233,208 @@ __device__ __forceinline__ void mmaRS(float (&d)[N / 2], const unsigned (&a)[4],
   if constexpr (BF && N == 128) wgmmaRS_bf16_n128(d, a, db);
   if constexpr (!BF && N == 64) wgmmaRS_tf32_n64(d, a, db);
   if constexpr (!BF && N == 128) wgmmaRS_tf32_n128(d, a, db);
+}
+
+// ---------------- forward tile: online softmax ------------------------------------------
+// Shared by the synchronous (cuda_hopper.cu) and the warp-specialised (cuda_hopper_ws.cu)
+// forwards. A warpgroup's m64nBN score tile: thread (warp, g, t) holds rows wr = first row
+// + 16 warp + g and wr + 8, keys k0 + 8i + 2t + {0, 1} (s[4i + 2half + {0, 1}]).
+
+/// Masks the causal and ragged keys where the tile needs it (its rows from wfirst), updates
+/// the running maxima m0/m1 (base 2, scaled) and the per-thread row sums l0/l1, and leaves
+/// P (unnormalised) in s; al0/al1 rescale what O holds so far. Scores stay unscaled: the
+/// scale folds into one FFMA per score. Every row has seen a key of the walk's first tile,
+/// so the running max is finite from then on.
+template <int BN>
+__device__ __forceinline__ void onlineSoftmax(float (&s)[BN / 2], int k0, int wfirst, int wr, int t, int off, int nk,
+                                              float sl2, float& m0, float& m1, float& l0, float& l1, float& al0,
+                                              float& al1) {
+  if (k0 + BN - 1 > wfirst + off || k0 + BN > nk) {  // diagonal and ragged tiles only
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = k0 + 8 * i + 2 * t + (e & 1), row = wr + (e < 2 ? 0 : 8);
+        if (key > row + off || key >= nk) s[4 * i + e] = -INFINITY;
+      }
+  }
+  float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < BN / 8; ++i) {
+    mx0 = fmaxf(mx0, fmaxf(s[4 * i], s[4 * i + 1]));
+    mx1 = fmaxf(mx1, fmaxf(s[4 * i + 2], s[4 * i + 3]));
+  }
+  const float mn0 = fmaxf(m0, quadMax(mx0) * sl2), mn1 = fmaxf(m1, quadMax(mx1) * sl2);
+  al0 = fastExp2(m0 - mn0);
+  al1 = fastExp2(m1 - mn1);
+  m0 = mn0;
+  m1 = mn1;
+  float ls0 = 0.0f, ls1 = 0.0f;
+#pragma unroll
+  for (int i = 0; i < BN / 8; ++i) {
+    s[4 * i] = fastExp2(fmaf(s[4 * i], sl2, -mn0));
+    s[4 * i + 1] = fastExp2(fmaf(s[4 * i + 1], sl2, -mn0));
+    s[4 * i + 2] = fastExp2(fmaf(s[4 * i + 2], sl2, -mn1));
+    s[4 * i + 3] = fastExp2(fmaf(s[4 * i + 3], sl2, -mn1));
+    ls0 += s[4 * i] + s[4 * i + 1];
+    ls1 += s[4 * i + 2] + s[4 * i + 3];
+  }
+  l0 = l0 * al0 + ls0;  // per-thread partial sums; the quad reduces them at the end
+  l1 = l1 * al1 + ls1;
+}
+
+/// O (m64nD accumulators) in the new maxima's scale.
+template <int D>
+__device__ __forceinline__ void rescaleRows(float (&o)[D / 2], float al0, float al1) {
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) {
+    o[4 * i] *= al0;
+    o[4 * i + 1] *= al0;
+    o[4 * i + 2] *= al1;
+    o[4 * i + 3] *= al1;
+  }
+}
+
+/// P as the A fragments of O += P V (an m64nN accumulator is laid out as the next product's
+/// A fragment): BF16 pairs, or TF32 in the key order of the transposed V stage.
+template <bool BF, int BN>
+__device__ __forceinline__ void packP(unsigned (&pa)[BN / (BF ? 16 : 8)][4], const float (&s)[BN / 2]) {
+#pragma unroll
+  for (int kk = 0; kk < BN / (BF ? 16 : 8); ++kk) {
+    if constexpr (BF) {
+      pa[kk][0] = packBf16(s[8 * kk], s[8 * kk + 1]);
+      pa[kk][1] = packBf16(s[8 * kk + 2], s[8 * kk + 3]);
+      pa[kk][2] = packBf16(s[8 * kk + 4], s[8 * kk + 5]);
+      pa[kk][3] = packBf16(s[8 * kk + 6], s[8 * kk + 7]);
+    } else {
+      pa[kk][0] = tf32(s[4 * kk]);
+      pa[kk][1] = tf32(s[4 * kk + 2]);
+      pa[kk][2] = tf32(s[4 * kk + 1]);
+      pa[kk][3] = tf32(s[4 * kk + 3]);
+    }
+  }
+}
+
+// ---------------- backward step ------------------------------------------------------------
+// One warpgroup's share of a step of the BF16 backward, shared by the synchronous and the
+// warp-specialised kernels: keys [64 w, 64 w + 64) of a tile of kBwdKeys keys against
+// kBwdRows query rows, all tiles in the swizzled layout (K, V: kBwdKeys rows; Q, dO:
+// kBwdRows rows). Thread (warp, g, t) holds keys key0 = k0 + 64 w + 16 warp + g and
+// key0 + 8, queries q0 + 8i + 2t + {0, 1}.
+
+constexpr int kBwdKeys = 128;  ///< keys per block: 64 per warpgroup
+constexpr int kBwdRows = 64;   ///< query rows per step
+
+/// S^T = K_w Q^T into sv and dP^T = V_w dO^T into dp (64 keys x 64 queries), waited for.
+template <int D>
+__device__ __forceinline__ void bwdScores(float (&sv)[32], float (&dp)[32], const char* sK, const char* sV,
+                                          const char* sQ, const char* sdO, int w) {
+#pragma unroll
+  for (int e = 0; e < 32; ++e) sv[e] = dp[e] = 0.0f;
+  fenceRegs(sv);
+  fenceRegs(dp);
+  wgmmaFence();
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    const int cb = ks >> 2, in = (ks & 3) * 32;
+    wgmmaSS_bf16_n64(sv, desc(sK + cb * kBwdKeys * 128 + w * 64 * 128 + in, 16, 1024),
+                     desc(sQ + cb * kBwdRows * 128 + in, 16, 1024));
+  }
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    const int cb = ks >> 2, in = (ks & 3) * 32;
+    wgmmaSS_bf16_n64(dp, desc(sV + cb * kBwdKeys * 128 + w * 64 * 128 + in, 16, 1024),
+                     desc(sdO + cb * kBwdRows * 128 + in, 16, 1024));
+  }
+  wgmmaCommit();
+  wgmmaWait<0>();
+  fenceRegs(sv);
+  fenceRegs(dp);
+}
+
+/// P^T from the LSE (base 2, L[query]) into sv and dS^T = P^T (dP^T - delta) (Dl[query])
+/// into dp; with `masked` (diagonal or ragged tile), P = 0 past the causal limit, the
+/// piece's queries and its keys. The softmax scale is applied at the end.
+__device__ __forceinline__ void bwdProbs(float (&sv)[32], float (&dp)[32], const float* L, const float* Dl, float sl2,
+                                         bool masked, int key0, int q0, int t, int off, int nq, int nk) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float2 l2 = *reinterpret_cast<const float2*>(L + 8 * i + 2 * t);
+    const float2 d2 = *reinterpret_cast<const float2*>(Dl + 8 * i + 2 * t);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float pv = fastExp2(fmaf(sv[4 * i + e], sl2, -((e & 1) ? l2.y : l2.x)));
+      if (masked) {
+        const int key = key0 + (e < 2 ? 0 : 8), q = q0 + 8 * i + 2 * t + (e & 1);
+        if (key > q + off || q >= nq || key >= nk) pv = 0.0f;
+      }
+      sv[4 * i + e] = pv;
+      dp[4 * i + e] = pv * (dp[4 * i + e] - ((e & 1) ? d2.y : d2.x));
+    }
+  }
+}
+
+/// P^T and dS^T as BF16 A fragments (pa, da), then dV += P^T dO and dK += dS^T Q issued
+/// (k = the queries; dO and Q read transposed), not waited for.
+template <int D>
+__device__ __forceinline__ void bwdDkDv(float (&dk)[D / 2], float (&dv)[D / 2], unsigned (&pa)[4][4],
+                                        unsigned (&da)[4][4], const float (&sv)[32], const float (&dp)[32],
+                                        const char* sQ, const char* sdO) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      pa[kk][r] = packBf16(sv[8 * kk + 2 * r], sv[8 * kk + 2 * r + 1]);
+      da[kk][r] = packBf16(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
+    }
+  fenceRegs(dv);
+  fenceRegs(dk);
+  wgmmaFence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    mmaRS<true, D>(dv, pa[kk], desc(sdO + kk * 16 * 128, kBwdRows * 128, 1024));
+    mmaRS<true, D>(dk, da[kk], desc(sQ + kk * 16 * 128, kBwdRows * 128, 1024));
+  }
+  wgmmaCommit();
+}
+
+/// This thread's dS^T fragments (rows r0 and r0 + 8 of the [kBwdKeys keys][kBwdRows queries]
+/// tile, 128-byte rows, swizzled), for the dQ product.
+__device__ __forceinline__ void storeDsT(char* sdS, const unsigned (&da)[4][4], int r0, int t) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int kk = i >> 1, hi = (i & 1) * 2;
+    *reinterpret_cast<unsigned*>(sdS + r0 * 128 + ((i ^ (r0 & 7)) << 4) + 4 * t) = da[kk][hi];
+    *reinterpret_cast<unsigned*>(sdS + (r0 + 8) * 128 + ((i ^ ((r0 + 8) & 7)) << 4) + 4 * t) = da[kk][hi + 1];
+  }
+}
+
+/// dQ (kBwdRows queries x 64 columns) = dS K, A = dS (dS^T read transposed), B = K read
+/// transposed — D = 128: columns [64 w, 64 w + 64) over all the tile's keys; D = 64: every
+/// column over warpgroup w's keys — then waits for it and for dV and dK.
+template <int D>
+__device__ __forceinline__ void bwdDq(float (&dq)[32], float (&dk)[D / 2], float (&dv)[D / 2], const char* sdS,
+                                      const char* sK, int w) {
+#pragma unroll
+  for (int e = 0; e < 32; ++e) dq[e] = 0.0f;
+  fenceRegs(dq);
+  wgmmaFence();
+  if constexpr (D == 128) {
+#pragma unroll
+    for (int kk = 0; kk < kBwdKeys / 16; ++kk)
+      wgmmaSS_bf16_n64_tt(dq, desc(sdS + kk * 16 * 128, kBwdRows * 128, 1024),
+                          desc(sK + w * kBwdKeys * 128 + kk * 16 * 128, kBwdKeys * 128, 1024));
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      wgmmaSS_bf16_n64_tt(dq, desc(sdS + (w * 64 + kk * 16) * 128, kBwdRows * 128, 1024),
+                          desc(sK + (w * 64 + kk * 16) * 128, kBwdKeys * 128, 1024));
+  }
+  wgmmaCommit();
+  wgmmaWait<0>();
+  fenceRegs(dq);
+  fenceRegs(dv);
+  fenceRegs(dk);
 }
 
 // ---------------- forward epilogue --------------------------------------------------------
