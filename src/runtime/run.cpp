@@ -817,14 +817,15 @@ std::string formatReport(const RunReport& rep) {
     os << "\nGEMMs timed one by one (--gemm-timing; fenced before and after, so these steps are not a throughput "
           "figure): measured steps, summed over ranks\n";
     double all_s = 0, all_f = 0;
+    const auto total = [&] {  // a strategy's last row: all its products
+      std::snprintf(buf, sizeof buf, "    %-18s %8s %10.3f %10s %10.2f\n", "all", "", 1e3 * all_s, "",
+                    all_s > 0 ? all_f / all_s / 1e12 : 0.0);
+      os << buf;
+    };
     std::string last;
     for (const auto& g : rep.gemms) {
       if (g.strategy != last) {
-        if (!last.empty()) {
-          std::snprintf(buf, sizeof buf, "    %-18s %8s %10.3f %10s %10.2f\n", "all", "", 1e3 * all_s, "",
-                        all_s > 0 ? all_f / all_s / 1e12 : 0.0);
-          os << buf;
-        }
+        if (!last.empty()) total();
         std::snprintf(buf, sizeof buf, "  %s\n    %-18s %8s %10s %10s %10s\n", g.strategy.c_str(), "gemm", "calls",
                       "ms", "ms/call", "TFLOP/s");
         os << buf;
@@ -839,9 +840,7 @@ std::string formatReport(const RunReport& rep) {
                     g.seconds > 0 ? g.flops / g.seconds / 1e12 : 0.0);
       os << buf;
     }
-    std::snprintf(buf, sizeof buf, "    %-18s %8s %10.3f %10s %10.2f\n", "all", "", 1e3 * all_s, "",
-                  all_s > 0 ? all_f / all_s / 1e12 : 0.0);
-    os << buf;
+    total();
   }
   if (!rep.trace_path.empty()) os << "\ntrace: " << rep.trace_path << "\n";
   for (const auto& p : rep.plan_paths) os << "plan:  " << p << "\n";
