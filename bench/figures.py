@@ -44,8 +44,6 @@ def log_body(path):
 
 
 def provenance(path):
-    if path.suffix != ".log":
-        return "(in the data)", "(in the data)"
     text = path.read_text()
     commit = re.search(r"^# commit (\S+)", text, re.M)
     clock = re.search(r"^# clocks[^:]*: (.+)$", text, re.M)
@@ -210,6 +208,62 @@ def plan_variants(root):
     return out
 
 
+ATTN_RUNS = [f"bench/results/cpu/attention_cpu/run{i}.log" for i in (1, 2, 3)]
+
+
+def bench_attention(root):
+    """{(seq, D, bwd): [useful GFLOP/s per run]} and the FMA peaks of the runs."""
+    cells, peaks = {}, []
+    for lg in ATTN_RUNS:
+        text = (root / lg).read_text()
+        peaks.append(float(re.search(r"^BM_FmaPeak .* GFLOPs=([0-9.]+)/s", text, re.M).group(1)))
+        for m in re.finditer(r"^BM_Attention/seq:(\d)/D:(\d+)/bwd:(\d)\S* .* useful_GFLOPs=([0-9.]+)/s", text, re.M):
+            cells.setdefault((int(m.group(1)), int(m.group(2)), int(m.group(3))), []).append(float(m.group(4)))
+    return cells, peaks
+
+
+@table("attention-cpu", "docs/performance.md", *ATTN_RUNS)
+def attention_cpu(root):
+    cells, _ = bench_attention(root)
+    names = {(0, 64): "one 8K document", (0, 128): "one 8K document",
+             (1, 64): "skewed packed 8K (4096, 1536, 1024, 512, 384, 256, 128, 96, 64, 48, 32, 10, 5, 1)",
+             (1, 128): "skewed packed 8K"}
+    out = []
+    for seq, d in ((0, 64), (0, 128), (1, 64), (1, 128)):
+        row = [(names[(seq, d)],), ("{}", d)]
+        for bwd in (0, 1):
+            v = cells[(seq, d, bwd)]
+            row.append(("{:.1f} ({:.1f}–{:.1f})", max(v), min(v), max(v)))
+        out.append(row)
+    return out
+
+
+@table("attention-cpu-peak", "docs/performance.md", *ATTN_RUNS)
+def attention_cpu_peak(root):
+    cells, peaks = bench_attention(root)
+    best = max(peaks)
+    rows = [[("`BM_FmaPeak`",), ("{:.1f} ({:.1f}–{:.1f})", best, min(peaks), max(peaks)), ("100 %",)]]
+    for label, keys in (("forward, one document", [(0, 64, 0), (0, 128, 0)]),
+                        ("forward, skewed packs", [(1, 64, 0), (1, 128, 0)]),
+                        ("forward + backward", [(s, d, 1) for s in (0, 1) for d in (64, 128)])):
+        v = [max(cells[k]) for k in keys]
+        rows.append([(label,), ("{:.1f}–{:.1f}", min(v), max(v)), ("{:.0f}–{:.0f} %", 100 * min(v) / best, 100 * max(v) / best)])
+    return rows
+
+
+TILES = ["64x64", "128x64", "64x128", "128x128", "32x64"]
+
+
+@table("attention-cpu-tiles", "docs/performance.md", *(f"bench/results/cpu/attention_cpu/tiles_{t}.log" for t in TILES))
+def attention_cpu_tiles(root):
+    row = [("forward, one 8K document, D = 128",)]
+    for t in TILES:
+        text = (root / f"bench/results/cpu/attention_cpu/tiles_{t}.log").read_text()
+        m = re.search(r"useful_GFLOPs=([0-9.]+)/s one-8K-doc D=128 fwd tiles " + t, text)
+        row.append(("{:.1f}", float(m.group(1))))
+    return [row]
+
+
 # --- checking -----------------------------------------------------------------------------
 
 def cell_regex(fmt):
@@ -295,8 +349,8 @@ def check(root, allow_unmarked=False):
             if missing:
                 bad.append(f"{what}: raw log {', '.join(missing)} missing")
                 continue
-            prov = [provenance(root / lg) for lg in logs]
-            for lg, (commit, clock) in zip(logs, prov):
+            prov = [provenance(root / lg) for lg in logs if lg.endswith(".log")]
+            for lg, (commit, clock) in zip([lg for lg in logs if lg.endswith(".log")], prov):
                 if commit is None or clock is None:
                     bad.append(f"{what}: {lg} does not name the {'commit' if commit is None else 'clocks'} it ran at")
             errs, n = compare(what, rows, render(root))
