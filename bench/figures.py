@@ -44,9 +44,16 @@ def log_body(path):
 
 
 def provenance(path):
+    """(commit, clocks) from the log's header, or for logs older than bench/record.py from
+    the line naming the file in the README.md beside it."""
     text = path.read_text()
     commit = re.search(r"^# commit (\S+)", text, re.M)
     clock = re.search(r"^# clocks[^:]*: (.+)$", text, re.M)
+    if commit is None and (path.parent / "README.md").exists():
+        line = re.search(rf"^- `{re.escape(path.name)}`: commit (\w+); clocks: (.+)$",
+                         (path.parent / "README.md").read_text(), re.M)
+        if line:
+            return line.group(1), line.group(2)
     return (commit.group(1) if commit else None), (clock.group(1) if clock else None)
 
 
@@ -264,6 +271,48 @@ def attention_cpu_tiles(root):
     return [row]
 
 
+H100 = "bench/results/h100"
+
+
+@table("attention-h100", "docs/performance.md", f"{H100}/attention_wlb.json", f"{H100}/attention_wlb_sm80.log",
+       f"{H100}/attention_torch.json")
+def attention_h100(root):
+    import json
+    wlb = {(r["case"], r["mode"]): r for r in json.loads((root / H100 / "attention_wlb.json").read_text())["rows"]}
+    sm80 = {}
+    for m in re.finditer(r"case (\w) (tf32|bf16) \S+ +fwd +([0-9.]+) TFLOP/s.*bwd +([0-9.]+) .*fwd\+bwd +([0-9.]+)",
+                         (root / H100 / "attention_wlb_sm80.log").read_text()):
+        sm80[(m.group(1), m.group(2))] = [float(x) for x in m.group(3, 4, 5)]
+    torch = {(r["case"], r["kernel"]): r for r in json.loads((root / H100 / "attention_torch.json").read_text())["results"]}
+    labels = {"a": ["wlb FP32 (`cuda-simt-fp32`, exact FP32)", "wlb TF32 (`cuda-wgmma-tf32`; backward exact FP32)",
+                    "wlb BF16 (`cuda-wgmma-bf16`)", "wlb sm_80 kernels TF32 / BF16 (`cuda-mma-*`)",
+                    "PyTorch SDPA FP32 (mem-efficient, KV expanded)", "PyTorch SDPA BF16 (cuDNN, GQA)",
+                    "FlexAttention BF16 (document-causal block mask)", "`varlen_attn` BF16"],
+              "b": ["wlb FP32", "wlb TF32", "wlb BF16", "wlb sm_80 kernels TF32 / BF16",
+                    "PyTorch SDPA FP32 (per-document calls)", "PyTorch SDPA BF16 cuDNN (per-document calls)",
+                    "FlexAttention BF16", "`varlen_attn` BF16"],
+              "c": ["wlb FP32", "wlb TF32", "wlb BF16", "wlb sm_80 kernels TF32 / BF16", "PyTorch SDPA FP32",
+                    "PyTorch SDPA BF16 (cuDNN)", "FlexAttention BF16", "`varlen_attn` BF16"]}
+    out = []
+    for case in "abc":
+        lab = labels[case]
+        f, t, b = wlb[(case, "fp32")], wlb[(case, "tf32")], wlb[(case, "bf16")]
+        rng = "{:.1f} [{:.1f}, {:.1f}]"
+        out.append([(case,), (lab[0],), (rng, f["fwd_tflops"], *f["fwd_range"]), (rng, f["bwd_tflops"], *f["bwd_range"]),
+                    ("{:.1f}", f["fwd_bwd_tflops"])])
+        out.append([(case,), (lab[1],), (rng, t["fwd_tflops"], *t["fwd_range"]), ("{:.1f}", t["bwd_tflops"]),
+                    ("{:.1f}", t["fwd_bwd_tflops"])])
+        out.append([(case,), (lab[2],), (rng, b["fwd_tflops"], *b["fwd_range"]), (rng, b["bwd_tflops"], *b["bwd_range"]),
+                    ("{:.1f}", b["fwd_bwd_tflops"])])
+        s80t, s80b = sm80[(case, "tf32")], sm80[(case, "bf16")]
+        out.append([(case,), (lab[3],), *(("{:.1f} / {:.1f}", s80t[i], s80b[i]) for i in range(3))])
+        for k, name in enumerate(("sdpa_fp32", "sdpa_bf16_cudnn", "flex_bf16", "varlen_bf16")):
+            r = torch[(case, name)]
+            out.append([(case,), (lab[4 + k],), ("{:.1f}", r["fwd"]["tflops"]["median"]),
+                        ("{:.1f}", r["bwd"]["tflops"]["median"]), ("",)])
+    return out
+
+
 # --- checking -----------------------------------------------------------------------------
 
 def cell_regex(fmt):
@@ -349,8 +398,8 @@ def check(root, allow_unmarked=False):
             if missing:
                 bad.append(f"{what}: raw log {', '.join(missing)} missing")
                 continue
-            prov = [provenance(root / lg) for lg in logs if lg.endswith(".log")]
-            for lg, (commit, clock) in zip([lg for lg in logs if lg.endswith(".log")], prov):
+            prov = [provenance(root / lg) for lg in logs if not lg.endswith(".xz")]
+            for lg, (commit, clock) in zip([lg for lg in logs if not lg.endswith(".xz")], prov):
                 if commit is None or clock is None:
                     bad.append(f"{what}: {lg} does not name the {'commit' if commit is None else 'clocks'} it ran at")
             errs, n = compare(what, rows, render(root))
