@@ -18,7 +18,7 @@ marker.
 """
 import argparse
 import csv
-import io
+import math
 import pathlib
 import re
 import statistics
@@ -50,7 +50,7 @@ def provenance(path):
     commit = re.search(r"^# commit (\S+)", text, re.M)
     clock = re.search(r"^# clocks[^:]*: (.+)$", text, re.M)
     if commit is None and (path.parent / "README.md").exists():
-        line = re.search(rf"^- `{re.escape(path.name)}`: commit (\w+); clocks: (.+)$",
+        line = re.search(rf"^- `{re.escape(path.name)}`: commit (\w+)[^;]*; clocks: (.+)$",
                          (path.parent / "README.md").read_text(), re.M)
         if line:
             return line.group(1), line.group(2)
@@ -311,6 +311,159 @@ def attention_h100(root):
             out.append([(case,), (lab[4 + k],), ("{:.1f}", r["fwd"]["tflops"]["median"]),
                         ("{:.1f}", r["bwd"]["tflops"]["median"]), ("",)])
     return out
+
+
+def run_summary(path):
+    """{strategy: fields} from the summary table and per-rank busy lines `wlb run` prints."""
+    lines = path.read_text().splitlines()
+    out = {}
+    for r in columns(lines, "strategy", 13):
+        lo, hi = r[5].strip("[]").split("-")
+        out[r[0]] = dict(ktok=float(r[2]), tflops=float(r[3]) / 1e3, x=float(r[4].rstrip("x")), lo=float(lo),
+                         hi=float(hi), step=float(r[6]))
+    for m in re.finditer(r"^  (\w+):  r0 busy ([0-9.]+) \(attn ([0-9.]+)\)", "\n".join(lines), re.M):
+        out[m.group(1)].update(busy=float(m.group(2)), attn=float(m.group(3)))
+    return out
+
+
+@table("run-gpu-h100", "docs/performance.md", *(f"{H100}/run_gpu{v}.log" for v in
+                                                ("", "_sm80_kernels", "_tf32", "_tf32_sm80_kernels", "_fp32")))
+def run_gpu_h100(root):
+    run = {v: run_summary(root / H100 / f"run_gpu{v}.log")
+           for v in ("", "_sm80_kernels", "_tf32", "_tf32_sm80_kernels", "_fp32")}
+    b, old = run[""], run["_sm80_kernels"]
+    out = []
+    for st in ("plain", "fixed", "wlb"):
+        tok = ("{:.1f}", b[st]["ktok"]) if st != "wlb" else \
+            ("{:.1f} ({:.3f}x [{:.3f}–{:.3f}])", b[st]["ktok"], b[st]["x"], b[st]["lo"], b[st]["hi"])
+        out.append([("bf16",), (st,), tok, ("{:.1f}", b[st]["tflops"]), ("{:.3f}", b[st]["step"]),
+                    ("{:.3f} ({:.3f})", b[st]["busy"], b[st]["attn"]), ("{:.1f}, {:.3f}", old[st]["ktok"], old[st]["attn"])])
+    t, t80, f = run["_tf32"], run["_tf32_sm80_kernels"], run["_fp32"]
+    pair = "{:.1f} / {:.1f}"
+    out.append([("tf32 (3 steps)",), ("plain / wlb",), (pair, t["plain"]["ktok"], t["wlb"]["ktok"]),
+                (pair, t["plain"]["tflops"], t["wlb"]["tflops"]), ("{:.3f} / {:.3f}", t["plain"]["step"], t["wlb"]["step"]),
+                ("",), (pair, t80["plain"]["ktok"], t80["wlb"]["ktok"])])
+    out.append([("fp32 (3 steps, sm_80 kernels only)",), ("plain / wlb",), (pair, f["plain"]["ktok"], f["wlb"]["ktok"]),
+                (pair, f["plain"]["tflops"], f["wlb"]["tflops"]), ("{:.3f} / {:.3f}", f["plain"]["step"], f["wlb"]["step"]),
+                ("",), ("",)])
+    return out
+
+
+@table("gpu-agreement-h100", "docs/performance.md", f"{H100}/gpu_check.log")
+def gpu_agreement_h100(root):
+    blocks, cur = [], None
+    for line in (root / H100 / "gpu_check.log").read_text().splitlines():
+        if line.startswith("== "):
+            cur = []
+            blocks.append((line[3:], cur))
+        elif cur is not None and re.match(r"^(plain|fixed|wlb) +[0-9.e+-]+ +[0-9.e+-]+ +[0-9]+$", line):
+            cur.append([float(x) for x in line.split()[1:3]])
+    want = [("GPU fp32, one rank", "GPU FP32, one rank vs the CPU build (OpenBLAS, host kernels)"),
+            ("GPU fp32, two ranks", "GPU FP32, two ranks with cp = 2 sharing the GPU (host-staged MPI) vs one rank"),
+            ("GPU fp32, NCCL", "GPU FP32, NCCL communicators (one rank) vs MPI"),
+            ("GPU tf32", "GPU TF32 vs the CPU build"), ("GPU bf16", "GPU BF16 vs the CPU build")]
+    out = []
+    for key, label in want:
+        rows = next(r for h, r in blocks if h.startswith(key))
+        g = [r[0] for r in rows]
+        loss = max(r[1] for r in rows)
+        e = math.floor(math.log10(max(g)))
+        grad = ("≤ {:.1f}e" + str(e), max(g) / 10 ** e) if key.endswith("NCCL") else \
+            ("{:.1f}–{:.1f}e" + str(e), min(g) / 10 ** e, max(g) / 10 ** e)
+        if loss == 0:
+            lcell = ("0",)
+        else:
+            el = math.floor(math.log10(loss))
+            lcell = ("≤ {:.1f}e" + str(el), loss / 10 ** el)
+        out.append([(label,), grad, lcell])
+    return out
+
+
+PACK = re.compile(r"^BM_Pack/(\w+)/(\d+)/(\d+)/(\d)\S*\s+[0-9.]+ (?:us|ms)\s+([0-9.]+) (us|ms)\s+\d+ (.*)$", re.M)
+
+
+def bench_packing(text):
+    """[(packer, window, N, preset flag, CPU µs per pack(), counters)] of bench_packing output."""
+    return [(m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)),
+             float(m.group(5)) * (1000 if m.group(6) == "ms" else 1),
+             dict(kv.split("=") for kv in m.group(7).split())) for m in PACK.finditer(text)]
+
+
+def micros(us):
+    return ("{:.2f} ms", us / 1000) if us >= 1000 else ("{:.0f} µs", us) if us >= 100 else ("{:.1f} µs", us)
+
+
+SIZES = [(65536, 16), (65536, 64), (131072, 16), (131072, 64)]
+
+
+@table("bench-packing", "docs/performance.md", "bench/results/cpu/bench_packing.log")
+def bench_packing_table(root):
+    rows = {(p, w, n): us for p, w, n, f, us, _ in bench_packing((root / "bench/results/cpu/bench_packing.log").read_text())
+            if f == 0}
+    names = [("original", "original"), ("best_fit", "best_fit"), ("fixed_greedy", "fixed_greedy (k=2)"), ("wlb", "wlb"),
+             ("slimpack", "slimpack (pp = 4)"), ("fixed_optimal", "fixed_optimal (CBC; the trivial bound closes)")]
+    return [[(label,), *(micros(rows[(p, w, n)]) for w, n in SIZES)] for p, label in names]
+
+
+@table("milp-growth", "docs/performance.md", "bench/results/cpu/bench_packing.log")
+def milp_growth(root):
+    out = []
+    for p, w, n, f, us, c in bench_packing((root / "bench/results/cpu/bench_packing.log").read_text()):
+        if p != "fixed_optimal" or f != 1:
+            continue
+        gap = float(c["max_gap"])
+        out.append([("{}K / {}", w // 1024, n), ("{:.1f}", float(c["docs_per_step"])),
+                    ("{:.3f}", us / 1000) if us < 1000 else ("{:.1f}", us / 1000),
+                    ("{:.1f}%", 100 * gap) if gap > 0 else ("0",)])
+    return out
+
+
+@table("bench-packing-slimpack-speedup", "docs/performance.md", "bench/results/cpu/bench_packing_slimpack_speedup.log")
+def bench_packing_slimpack_speedup(root):
+    text = (root / "bench/results/cpu/bench_packing_slimpack_speedup.log").read_text()
+    got = {}
+    for m in re.finditer(r"^## round \d+ (base|final)\n((?:BM_.*\n)+)", text, re.M):
+        for p, w, n, _, us, _ in bench_packing(m.group(2)):
+            if p == "slimpack" or m.group(1) == "final":
+                got.setdefault((m.group(1) if p == "slimpack" else "wlb", p, w, n), []).append(us)
+
+    def rng(v):
+        lo, hi = min(v), max(v)
+        if lo >= 1000:
+            return ("{:.2f}–{:.2f} ms", lo / 1000, hi / 1000)
+        return ("{:.1f}–{:.1f} µs", lo, hi) if lo < 100 else ("{:.0f}–{:.0f} µs", lo, hi)
+    return [[("wlb (same runs)",), *(rng(got[("wlb", "wlb", w, n)]) for w, n in SIZES)],
+            [("slimpack, before",), *(rng(got[("base", "slimpack", w, n)]) for w, n in SIZES)],
+            [("slimpack, after",), *(rng(got[("final", "slimpack", w, n)]) for w, n in SIZES)]]
+
+
+PRESETS = ["long_context_128k", "pile", "code", "wikipedia", "sft_chat"]
+
+
+@table("milp-large-steps", "docs/performance.md", *(f"bench/results/cpu/milp_large_steps/{p}.log" for p in PRESETS))
+def milp_large_steps(root):
+    out = []
+    for p in PRESETS:
+        text = (root / f"bench/results/cpu/milp_large_steps/{p}.log").read_text()
+        r = {x[0]: x for x in columns(log_body(root / f"bench/results/cpu/milp_large_steps/{p}.log"), "packer", 11)}
+        wall = float(re.search(r"^# wall ([0-9.]+) s", text, re.M).group(1))
+        gap = float(r["fixed_optimal"][10])
+        ms = float(r["fixed_optimal"][8]) / 1000
+        out.append([(p,), ("{:.1f} s", wall), ("{:.2f}", ms) if ms < 1 else ("{:.0f}", ms),
+                    ("{:.1f}%", 100 * gap) if gap > 0 else ("0",)])
+    return out
+
+
+@table("conservation", "docs/performance.md", "bench/results/cpu/conservation_1e6.log")
+def conservation(root):
+    text = (root / "bench/results/cpu/conservation_1e6.log").read_text()
+    c = re.search(r"^check wlb: OK .* documents completed (\d+), in flight (\d+) \((\d+) tokens, packer holds (\d+)\), "
+                  r"lost tokens (\d+), duplicated segments (\d+)", text, re.M)
+    w = {x[0]: x for x in columns(log_body(root / "bench/results/cpu/conservation_1e6.log"), "packer", 11)}["wlb"]
+    wall = float(re.search(r"^# wall ([0-9.]+) s", text, re.M).group(1))
+    return [[("{}", int(c.group(1))), ("{} ({} tokens)", int(c.group(2)), int(c.group(3))), ("{}", int(c.group(5))),
+             ("{}", int(c.group(6))), ("{:.3f}", float(w[1])), ("{:.3f}", float(w[5])), ("{}", int(w[6])),
+             ("{:.1f}", float(w[8])), ("{:.0f} s", wall)]]
 
 
 # --- checking -----------------------------------------------------------------------------
