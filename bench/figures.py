@@ -315,13 +315,13 @@ def attention_h100(root):
 
 def run_summary(path):
     """{strategy: fields} from the summary table and per-rank busy lines `wlb run` prints."""
-    lines = path.read_text().splitlines()
+    lines = [line for line in path.read_text().splitlines() if not line.startswith("#")]
     out = {}
     for r in columns(lines, "strategy", 13):
         lo, hi = r[5].strip("[]").split("-")
         out[r[0]] = dict(ktok=float(r[2]), tflops=float(r[3]) / 1e3, x=float(r[4].rstrip("x")), lo=float(lo),
                          hi=float(hi), step=float(r[6]))
-    for m in re.finditer(r"^  (\w+):  r0 busy ([0-9.]+) \(attn ([0-9.]+)\)", "\n".join(lines), re.M):
+    for m in re.finditer(r"^  (\w+)(?: \([^)]*\))?:  r0 busy ([0-9.]+) \(attn ([0-9.]+)\)", "\n".join(lines), re.M):
         out[m.group(1)].update(busy=float(m.group(2)), attn=float(m.group(3)))
     return out
 
@@ -466,6 +466,63 @@ def conservation(root):
              ("{:.1f}", float(w[8])), ("{:.0f} s", wall)]]
 
 
+def run_peaks(text):
+    """{strategy: MiB} of the measured activation peak (stage 0) `wlb run` prints."""
+    return {m.group(1): float(m.group(2)) for m in
+            re.finditer(r"^  (\w+) +bubble [0-9.]+  peak \[MiB\]  stage 0 ([0-9.]+)", text, re.M)}
+
+
+@table("slices-cp2", "docs/performance.md", "bench/results/cpu/run_cp2_slimpack.log")
+def slices_cp2(root):
+    path = root / "bench/results/cpu/run_cp2_slimpack.log"
+    text = path.read_text()
+    run, sim = run_summary(path), simulate_log(path)["run_cp2"]
+    peak = run_peaks(text)
+    pred = dict(re.findall(r"(\w+) ([0-9.]+)", text.split("executor's memory model:")[1].splitlines()[0]))
+    out = []
+    for st in ("plain", "wlb", "slimpack"):
+        m, p = run[st], sim[st]
+        over = ("{:.2f}×", 1.0) if st == "plain" else ("{:.2f}× [{:.2f}–{:.2f}]", m["x"], m["lo"], m["hi"])
+        pover = ("{:.2f}×", 1.0) if st == "plain" else ("{:.2f}× [{:.2f}–{:.2f}]", p["x"], p["lo"], p["hi"])
+        out.append([(st,), ("{:.2f}", m["ktok"]), over, ("{:.1f}", p["tput"] * 1000), pover,
+                    ("{:+.1f}%", 100 * (p["tput"] * 1000 / m["ktok"] - 1)), ("{:.2f} / {:.2f}", peak[st], float(pred[st]))])
+    return out
+
+
+@table("run-cp2-ab", "docs/performance.md", "bench/results/cpu/run_cp2_ab.log")
+def run_cp2_ab(root):
+    out = []
+    for r in columns(log_body(root / "bench/results/cpu/run_cp2_ab.log"), "strategy", 7):
+        tlo, thi = r[4].strip("[]").split("-")
+        flo, fhi = r[6].strip("[]").split("-")
+        out.append([(r[0],), ("{:.2f}", float(r[1])), ("{:.2f}", float(r[2])),
+                    ("{:.3f} [{:.3f}–{:.3f}]", float(r[3].rstrip("x")), float(tlo), float(thi)),
+                    ("{:.3f} [{:.3f}–{:.3f}]", float(r[5].rstrip("x")), float(flo), float(fhi))])
+    return out
+
+
+@table("profile-fields-h100", "docs/performance.md", "inputs/profiles/h100-sxm.json",
+       "inputs/profiles/h100-torch-measured.json")
+def profile_fields_h100(root):
+    """The described and the measured H100 profile's attention and GEMM fields (the
+    measured profile is the raw output of bench/profile_torch.py, with its sources)."""
+    import json
+    prof = [json.loads((root / f"inputs/profiles/{n}.json").read_text()) for n in ("h100-sxm", "h100-torch-measured")]
+
+    def attn(p, d):
+        t = p["attention"][d]
+        cells = [v / 1e3 for row in t["gflops"] for v in row]
+        row = t["gflops"][t["q_lens"].index(1024)]
+        return ("{:.0f}–{:.0f} (q = 1024: {:.0f} → {:.0f})", min(cells), max(cells),
+                row[t["k_lens"].index(1024)] / 1e3, row[-1] / 1e3)
+    g = {x["name"]: x["fwd_gflops"] / 1e3 for x in prof[1]["measured"]["gemm"]}
+    return [[("attention fwd, padded TFLOP/s",), attn(prof[0], "fwd"), attn(prof[1], "fwd")],
+            [("attention bwd, padded TFLOP/s",), attn(prof[0], "bwd"), attn(prof[1], "bwd")],
+            [("linear (GEMM) TFLOP/s",), ("{:.0f}", prof[0]["linear_gflops"] / 1e3),
+             ("{:.0f} (qkv {:.0f}, o {:.0f}, fc1 {:.0f}, fc2 {:.0f} forward)", prof[1]["linear_gflops"] / 1e3,
+              g["qkv"], g["o"], g["fc1"], g["fc2"])]]
+
+
 # --- checking -----------------------------------------------------------------------------
 
 def cell_regex(fmt):
@@ -551,8 +608,9 @@ def check(root, allow_unmarked=False):
             if missing:
                 bad.append(f"{what}: raw log {', '.join(missing)} missing")
                 continue
-            prov = [provenance(root / lg) for lg in logs if not lg.endswith(".xz")]
-            for lg, (commit, clock) in zip([lg for lg in logs if not lg.endswith(".xz")], prov):
+            raw = [lg for lg in logs if not lg.endswith(".xz") and not lg.startswith("inputs/")]
+            prov = [provenance(root / lg) for lg in raw]
+            for lg, (commit, clock) in zip(raw, prov):
                 if commit is None or clock is None:
                     bad.append(f"{what}: {lg} does not name the {'commit' if commit is None else 'clocks'} it ran at")
             errs, n = compare(what, rows, render(root))
