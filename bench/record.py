@@ -5,7 +5,8 @@ before and after, then everything the command printed.
 
     /usr/bin/python3 bench/record.py --log bench/results/cpu/NAME.log [--note TEXT] -- CMD ...
 
-The log is written to a temporary file beside it and renamed only when the command
+Paths under the repository are written relative to it. The log is written to a temporary
+file beside it and renamed only when the command
 succeeded, so a failed or interrupted measurement never leaves a half-written log. The
 command runs in the repository root. bench/figures.py reads the header back (`# commit`,
 `# clocks`) and checks the doc's tables against the output.
@@ -74,6 +75,8 @@ def main():
     tail = [f"# clocks after: {clocks()}",
             f"# load after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
             f"# wall {secs:.1f} s, exit {p.returncode}"]
+    # the log speaks of the repository, not of the machine it was measured on
+    p.stdout = p.stdout.replace(str(ROOT) + "/", "").replace(str(ROOT), ".")
     sys.stdout.write(p.stdout)
     if p.returncode != 0:
         sys.exit(f"record.py: {cmd[0]} exited {p.returncode}; {a.log} not written")
