@@ -10,8 +10,8 @@ A table in a doc is tied to its raw log by a marker on a line of its own above i
 For every NAME table the doc's rows must equal the rows rebuilt from the raw log: the same
 labels, and every number within half a unit of its last digit shown (the table's
 rounding). Every raw log must name the commit and the clocks it ran at (bench/record.py
-writes both). Every table in the docs listed in COVERED holding a digit must carry a
-marker.
+writes both). Every table of docs/ holding a digit must carry a marker (but docs/decks.md,
+generated from the deck schema).
 
     /usr/bin/python3 bench/figures.py [--root .]          check; exit 1 on any mismatch
     /usr/bin/python3 bench/figures.py --render NAME       print NAME's table from its log
@@ -26,7 +26,8 @@ import sys
 
 MARK = re.compile(r"^<!-- figures: (.+?) -->\s*$")
 NUM = r"([+−-]?[0-9]+(?:\.[0-9]+)?)"
-COVERED = ["docs/performance.md"]
+COVERED = "docs/*.md"     # every doc but decks.md, which `wlb validate --reference` generates from the schema
+NOT_COVERED = {"docs/decks.md"}
 TABLES = {}
 
 
@@ -49,7 +50,7 @@ def provenance(path):
     text = path.read_text()
     commit = re.search(r"^# commit (\S+)", text, re.M)
     clock = re.search(r"^# clocks[^:]*: (.+)$", text, re.M)
-    if commit is None and (path.parent / "README.md").exists():
+    if (commit is None or clock is None) and (path.parent / "README.md").exists():
         line = re.search(rf"^- `{re.escape(path.name)}`: commit (\w+)[^;]*; clocks: (.+)$",
                          (path.parent / "README.md").read_text(), re.M)
         if line:
@@ -535,6 +536,164 @@ def validate_sim(root):
     return out
 
 
+def md_table(path, header_start, first_cells=1):
+    """The rows of the markdown table starting with `header_start` in a raw log that prints
+    one, every number a figure at the decimals printed and the first cells as labels."""
+    lines = path.read_text().splitlines()
+    i = next(k for k, line in enumerate(lines) if line.startswith(header_start))
+    out = []
+    for line in lines[i + 2:]:
+        if not line.startswith("|"):
+            break
+        row = []
+        for j, cell in enumerate(c.strip() for c in re.split(r"(?<!\\)\|", line.strip()[1:-1])):
+            if j < first_cells:
+                row.append((cell.replace("{", "{{").replace("}", "}}"),))
+                continue
+            nums = re.findall(NUM, cell)
+            fmt = re.sub(NUM, lambda m: "{:.%df}" % (len(m.group(1).split(".")[1]) if "." in m.group(1) else 0),
+                         cell.replace("{", "{{").replace("}", "}}"))
+            row.append((fmt, *(float(x.replace("−", "-")) for x in nums)))
+        out.append(row)
+    return out
+
+
+@table("cp-balancers", "docs/cp.md", "bench/results/cp_balancers/cp_balancers.txt")
+def cp_balancers(root):
+    return md_table(root / "bench/results/cp_balancers/cp_balancers.txt", "| data | balancer", first_cells=3)
+
+
+@table("training-bf16", "docs/training.md", "bench/results/cpu/convergence_bf16.log")
+def training_bf16(root):
+    text = (root / "bench/results/cpu/convergence_bf16.log").read_text()
+    rows = md_table(root / "bench/results/cpu/convergence_bf16.log", "| packing |")
+    fp32, bf16 = rows[0][1][1:3], rows[1][1][1:3]
+    seeds = [[float(x) for x in m] for m in re.findall(
+        r"^seed \d+: eval [0-9.]+ / [0-9.]+ \(([+-][0-9.]+)%\), train step-loss difference mean ([+-][0-9.]+)% "
+        r"max\|\.\| ([0-9.]+)%", text, re.M)]
+    ev = [x[0] for x in seeds]
+    tr = [x[1] for x in seeds]
+    return [[("fp32",), ("{:.4f} ± {:.4f}", *fp32), ("",)],
+            [("bf16",), ("{:.4f} ± {:.4f} (+{:.3f}%; per seed +{:.3f}%, +{:.3f}%, +{:.3f}%)", *bf16, statistics.fmean(ev), *ev),
+             ("mean +{:.3f}% (std over seeds {:.3f}%), largest \\|·\\| {:.3f}%", statistics.fmean(tr),
+              statistics.stdev(tr), max(x[2] for x in seeds))]]
+
+
+def run_pipeline(text):
+    """{strategy: (bubble, [MiB per stage])} of the pipeline lines `wlb run` prints."""
+    out = {}
+    for m in re.finditer(r"^  (\w+) +bubble ([0-9.]+)  peak \[MiB\]((?:  stage \d+ [0-9.]+)+)", text, re.M):
+        out[m.group(1)] = (float(m.group(2)), [float(x) for x in re.findall(r"stage \d+ ([0-9.]+)", m.group(3))])
+    return out
+
+
+def run_vs_sim(root, run_log, sim_dir, case=None):
+    """Rows of a measured run beside the simulator's prediction of it (simulate.csv)."""
+    path = root / run_log
+    run, pipe = run_summary(path), run_pipeline(path.read_text())
+    sim = {}
+    for r in csv.DictReader(open(root / sim_dir / "simulate.csv")):
+        if case is None or r["case"] == case:
+            sim[r["strategy"]] = r
+    out = []
+    for st, m in run.items():
+        p = sim[st]
+        pred = float(p["tokens_per_second"]) / 1e3
+        peaks_p = [float(x) / 2 ** 20 for x in p["peak_activation_bytes_per_stage"].split(";")]
+        bub, peaks_m = pipe[st]
+        sp = ("{:.3f}", 1.0) if st == "plain" else ("{:.3f} [{:.3f}–{:.3f}]", m["x"], m["lo"], m["hi"])
+        out.append([(st,), ("{:.2f}", m["ktok"]), ("{:.2f}", pred), ("{:+.1f}%", 100 * (pred / m["ktok"] - 1)), sp,
+                    ("{:.3f}", float(p["speedup"])), ("{:.3f} / {:.3f}", m["step"], float(p["step_seconds"])),
+                    ("{:.3f} / {:.3f}", bub, float(p["bubble_fraction"])),
+                    (" / ".join(["{:.2f}"] * len(peaks_m)) + " (predicted " + " / ".join(["{:.2f}"] * len(peaks_p)) + ")",
+                     *peaks_m, *peaks_p)])
+    return out
+
+
+RUNS = "bench/results/cpu/one_model_runs"
+
+
+@table("pp2-run", "docs/performance.md", f"{RUNS}/pp2_run.log", f"{RUNS}/pp2_simulate.log")
+def pp2_run(root):
+    return run_vs_sim(root, f"{RUNS}/pp2_run.log", f"{RUNS}/pp2_simulate", "run_pp2:packing.micro_batches-4")
+
+
+@table("slimpack-pp2", "docs/performance.md", f"{RUNS}/slimpack_pp2_run.log", f"{RUNS}/slimpack_pp2_simulate.log")
+def slimpack_pp2(root):
+    return run_vs_sim(root, f"{RUNS}/slimpack_pp2_run.log", f"{RUNS}/slimpack_pp2_simulate")
+
+
+@table("slimpack-pp2-dp2", "docs/performance.md", f"{RUNS}/slimpack_pp2_dp2_run.log",
+       f"{RUNS}/slimpack_pp2_dp2_simulate.log")
+def slimpack_pp2_dp2(root):
+    return run_vs_sim(root, f"{RUNS}/slimpack_pp2_dp2_run.log", f"{RUNS}/slimpack_pp2_dp2_simulate")
+
+
+def run_busy(text):
+    """{strategy: [busy seconds per step of each rank]} from `wlb run`'s per-rank lines."""
+    return {m.group(1): [float(x) for x in re.findall(r"r\d+ busy ([0-9.]+)", m.group(2))]
+            for m in re.finditer(r"^  (\w+)(?: \([^)]*\))?:(  r0 busy .*)$", text, re.M)}
+
+
+@table("dpmerge", "docs/performance.md", f"{RUNS}/dpmerge_run_on.log", f"{RUNS}/dpmerge_run_off.log",
+       f"{RUNS}/dpmerge_simulate_on.log", f"{RUNS}/dpmerge_simulate_off.log")
+def dpmerge(root):
+    out = []
+    for on in ("on", "off"):
+        path = root / f"{RUNS}/dpmerge_run_{on}.log"
+        m = run_summary(path)["slimpack"]
+        busy = run_busy(path.read_text())
+        p = next(r for r in csv.DictReader(open(root / f"{RUNS}/dpmerge_simulate_{on}/simulate.csv"))
+                 if r["strategy"] == "slimpack")
+        sb, pb = busy["slimpack"], busy["plain"]
+        out.append([(f"DP-Merge {on}",),
+                    ("{:.2f}× [{:.2f}–{:.2f}]", float(p["speedup"]), float(p["speedup_lo"]), float(p["speedup_hi"])),
+                    ("{:.3f}", float(p["idle_fraction"])), ("{:.2f}× [{:.2f}–{:.2f}]", m["x"], m["lo"], m["hi"]),
+                    ("{:.2f}–{:.2f} s per step (plain {:.2f}–{:.2f} s)", min(sb), max(sb), min(pb), max(pb))])
+    return out
+
+
+MESHES = [("one_rank", "one rank"), ("dp2", "dp = 2"), ("pp2_1f1b", "pp = 2, 1F1B"), ("pp2_gpipe", "pp = 2, GPipe"),
+          ("pp2_interleaved", "pp = 2, interleaved 1F1B (2 chunks per stage)")]
+
+
+def train_rates(root, mesh):
+    return [float(re.search(r"^throughput +([0-9.]+) tokens/s", (root / f"{RUNS}/train_mesh/{mesh}_{r}.log").read_text(),
+                            re.M).group(1)) for r in (1, 2, 3)]
+
+
+@table("train-mesh", "docs/performance.md", *(f"{RUNS}/train_mesh/{m}_{r}.log" for m, _ in MESHES for r in (1, 2, 3)))
+def train_mesh(root):
+    one = statistics.fmean(train_rates(root, "one_rank"))
+    out = []
+    for mesh, label in MESHES:
+        v = train_rates(root, mesh)
+        out.append([(label,), ("{:.0f} / {:.0f} / {:.0f}", *v), ("{:.2f}×", statistics.fmean(v) / one)])
+    return out
+
+
+PLANNER = re.compile(r"^wlb +(\d+)K/(\d+) +(pack_documents|pack\+arrays|pack|sampler step) +([0-9.]+) +([0-9.]+) +"
+                     r"([0-9.]+) +([0-9.]+) +(\S+)$", re.M)
+
+
+@table("python-planner", "docs/performance.md", f"{RUNS}/python_planner.log")
+def python_planner(root):
+    got = {}
+    for m in PLANNER.finditer((root / f"{RUNS}/python_planner.log").read_text()):
+        got[(int(m.group(1)), int(m.group(2)), m.group(3))] = [float(x) for x in m.group(4, 5, 6, 7)] + [m.group(8)]
+    sizes = [(64, 16), (64, 64), (128, 16), (128, 64)]
+    labels = [("pack_documents", "`pack_documents(docs, step)`: packer + Python call"),
+              ("pack", "`pack()`: + drawing the step from the generator"),
+              ("pack+arrays", "`pack()` + reading `segments` and `offsets`")]
+    out = [[(label,), *(("{:.1f} / {:.1f}", got[(w, n, call)][1], got[(w, n, call)][0]) for w, n in sizes)]
+           for call, label in labels]
+    out.append([("C++ `plan_us` (mean)",), *(("{:.1f}", float(got[(w, n, "pack_documents")][4])) for w, n in sizes)])
+    if (64, 16, "sampler step") in got:
+        out.append([("`PackedBatchSampler` step: pack, checkpoint, M micro-batches of Segments",),
+                    *(("{:.1f} / {:.1f}", got[(w, n, "sampler step")][1], got[(w, n, "sampler step")][0]) for w, n in sizes)])
+    return out
+
+
 # --- checking -----------------------------------------------------------------------------
 
 def cell_regex(fmt):
@@ -557,7 +716,7 @@ def doc_tables(text):
             start = i
             while i < len(lines) and lines[i].startswith("|"):
                 i += 1
-            rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines[start:i]]
+            rows = [[c.strip() for c in re.split(r"(?<!\\)\|", line.strip()[1:-1])] for line in lines[start:i]]
             out.append((start + 1, marker, rows))
             marker = None
             continue
@@ -596,12 +755,13 @@ def compare(name, doc_rows, want):
 
 def check(root, allow_unmarked=False):
     bad, seen, unmarked = [], set(), 0
-    for docname in sorted({t[0] for t in TABLES.values()} | set(COVERED)):
+    covered = {str(p.relative_to(root)) for p in root.glob(COVERED)} - NOT_COVERED
+    for docname in sorted({t[0] for t in TABLES.values()} | covered):
         text = (root / docname).read_text()
         for line, marker, rows in doc_tables(text):
             has_digit = any(re.search(r"[0-9]", c) for r in rows[2:] for c in r)
             if marker is None:
-                if has_digit and docname in COVERED:
+                if has_digit and docname in covered:
                     unmarked += 1
                     msg = f"{docname}:{line}: a table with figures and no '<!-- figures: ... -->' marker"
                     (print if allow_unmarked else bad.append)(("UNMARKED " if allow_unmarked else "") + msg)
