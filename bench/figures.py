@@ -694,6 +694,54 @@ def python_planner(root):
     return out
 
 
+@table("drain-window", "docs/algorithms.md", *(f"bench/results/cpu/drain_window/steps{n}.log" for n in (10, 50, 200)))
+def drain_window(root):
+    out = []
+    for n in (10, 50, 200):
+        w = simulate_log(root / f"bench/results/cpu/drain_window/steps{n}.log")["7b-128k"]["wlb"]
+        out.append([("{}", n), ("{:.3f} [{:.3f}–{:.3f}]", w["x"], w["lo"], w["hi"]), ("{:.2f}", w["stepx"])])
+    return out
+
+
+def sci(values):
+    """One cell of values in the docs' short scientific notation ("4.7e-9", "0"), joined by " / "."""
+    fmts, vals = [], []
+    for v in values:
+        if v == 0:
+            fmts.append("0")
+            continue
+        e = math.floor(math.log10(v))
+        if round(v / 10 ** e, 1) >= 10:
+            e += 1
+        fmts.append("{:.1f}e" + str(e))
+        vals.append(v / 10 ** e)
+    return (" / ".join(fmts), *vals)
+
+
+@table("train-equal-losses", "docs/training.md", "bench/results/cpu/train_equal_losses.log")
+def train_equal_losses(root):
+    text = (root / "bench/results/cpu/train_equal_losses.log").read_text()
+    mpi = {m.group(1): float(m.group(2)) for m in
+           re.finditer(r"(?:^|: )([a-z0-9= ]+): largest relative difference of a step's loss to one rank's: (\S+) ",
+                       text, re.M)}
+    cli = {m.group(1): float(m.group(2)) for m in
+           re.finditer(r"(?:^|: )([A-Za-z0-9=() ]+?): \d+ steps, largest relative loss difference to one rank (\S+)$",
+                       text, re.M)}
+    flat = ["dp=2", "dp=1 cp=2", "tp=2", "dp=4", "dp=1 cp=4", "dp=2 cp=2", "tp=2 cp=2", "tp=2 dp=2"]
+    pp = ["pp=2", "pp=4", "pp=2 tp=2", "pp=2 cp=2 gpipe"]
+    deck = "`tests/cli/test_train.sh` deck (hidden 32, window 256)"
+    return [[("`mpi_test_train` (hidden 16, 4 heads, 2 KV heads, 2 layers, window 128, 4 micro-batches per step): "
+              "dp = 2, cp = 2, tp = 2, dp = 4, cp = 4, dp = 2 x cp = 2, tp = 2 x cp = 2, tp = 2 x dp = 2",), ("8",),
+             (("≤ " + sci([max(mpi[k] for k in flat)])[0]), *sci([max(mpi[k] for k in flat)])[1:])],
+            [("the same: pp = 2 / pp = 4 (4 layers) / pp = 2 x tp = 2 / pp = 2 x cp = 2 (GPipe)",), ("8",),
+             sci([mpi[k] for k in pp])],
+            [(deck + ": cp = 2 (`wlb` packer) / dp = 2 (`original`) / tp = 2 (2 KV heads) / pp = 2",), ("40",),
+             sci([cli[k] for k in ("cp=2", "dp=2", "tp=2", "pp=2")])],
+            [("the same deck: pp = 2 interleaved (2 chunks per stage) / pp = 2 PackFlow with slimpack plans / "
+              "cp = 2 x pp = 2 PackFlow (slices under CP)",), ("12",),
+             sci([cli[k] for k in ("pp=2 interleaved", "pp=2 packflow", "cp=2 pp=2 packflow (slices under CP)")])]]
+
+
 # --- checking -----------------------------------------------------------------------------
 
 def cell_regex(fmt):
