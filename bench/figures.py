@@ -613,8 +613,13 @@ def run_vs_sim(root, run_log, sim_dir, case=None):
 RUNS = "bench/results/cpu/one_model_runs"
 
 
-@table("pp2-run", "docs/performance.md", f"{RUNS}/pp2_run.log", f"{RUNS}/pp2_simulate.log")
+@table("pp2-run", "docs/performance.md", f"{RUNS}/pp2b_run.log", f"{RUNS}/pp2b_simulate.log")
 def pp2_run(root):
+    return run_vs_sim(root, f"{RUNS}/pp2b_run.log", f"{RUNS}/pp2b_simulate")
+
+
+@table("pp2-run-shipped-profile", "docs/performance.md", f"{RUNS}/pp2_run.log", f"{RUNS}/pp2_simulate.log")
+def pp2_run_shipped_profile(root):
     return run_vs_sim(root, f"{RUNS}/pp2_run.log", f"{RUNS}/pp2_simulate", "run_pp2:packing.micro_batches-4")
 
 
@@ -740,6 +745,11 @@ def train_equal_losses(root):
             [("the same deck: pp = 2 interleaved (2 chunks per stage) / pp = 2 PackFlow with slimpack plans / "
               "cp = 2 x pp = 2 PackFlow (slices under CP)",), ("12",),
              sci([cli[k] for k in ("pp=2 interleaved", "pp=2 packflow", "cp=2 pp=2 packflow (slices under CP)")])]]
+
+
+@table("convergence", "docs/convergence.md", "bench/results/cpu/convergence.log")
+def convergence(root):
+    return md_table(root / "bench/results/cpu/convergence.log", "| packing |")
 
 
 # --- checking -----------------------------------------------------------------------------
