@@ -105,13 +105,17 @@ TEST(ValidateSim, WholeLoopOnATinyDeck) {
   std::vector<std::string> prefixes = {"profile", "measured calibration run", "calibrate", "measured validation run",
                                        "simulate --as-run"};
   ASSERT_EQ(j.at("stages").size(), prefixes.size());
+  double stage_cpu = 0;
   for (std::size_t i = 0; i < prefixes.size(); ++i) {
     const auto& st = j.at("stages")[i];
     EXPECT_EQ(st.at("stage").get<std::string>().rfind(prefixes[i], 0), 0u) << st;
     EXPECT_EQ(st.at("exit"), 0);
     EXPECT_GE(st.at("cpu_seconds").get<double>(), 0.0);
+    stage_cpu += st.at("cpu_seconds").get<double>();
     EXPECT_NE(log.find("== " + st.at("stage").get<std::string>()), std::string::npos) << log;
   }
+  // the report's CPU seconds are the stages' (it once held the CPU model's name)
+  EXPECT_DOUBLE_EQ(j.at("cpu_seconds").get<double>(), stage_cpu);
   EXPECT_TRUE(fs::exists(r.out + "/profile.json"));
   EXPECT_TRUE(fs::exists(r.out + "/profile.calibrated.vsim_tiny.json"));
 
