@@ -157,23 +157,31 @@ CalibrationFit fitProfile(const std::vector<MeasuredRun>& runs, const HardwarePr
     if (compute_events == 0)
       throw InputError(run.name + ": no compute events (attn, qkv_proj, out_proj, mlp, embed, loss) to fit");
 
-    // Elementwise: fills + the step's time outside every op event, per rank and step (pp = 1:
-    // every rank runs every layer of its micro-batches).
+    // Elementwise: fills + the step's time outside every op event, summed over the pipeline
+    // stages of one (tp, cp, dp) coordinate and step, against the model's layers over that
+    // coordinate's micro-batches. With pp > 1 a stage holds a share of the layers and the
+    // embedding or the loss end, and its waits are `pp_recv` events (inside), so the sum over
+    // stages is the whole model's unlabelled work; with pp = 1 the group is one rank.
+    std::map<std::tuple<int, std::int64_t, int, int, int>, double> groups;  // (strategy, step, dp, cp, tp)
     for (const auto& [k, st] : steps) {
-      if (st.step < 0 || run.pp > 1) continue;
+      if (st.step < 0) continue;
       const auto [rank, strategy, step] = k;
       const auto& c = coord(rank);
+      groups[{strategy, step, c.dp, c.cp, c.tp}] += st.fills + std::max(0.0, st.step - st.inside);
+    }
+    for (const auto& [g, measured] : groups) {
+      const auto [strategy, step, dp, cp, tp] = g;
       double pred = 0;
-      for (auto it = run.shares.lower_bound({strategy, step, c.dp, std::numeric_limits<int>::min()});
+      for (auto it = run.shares.lower_bound({strategy, step, dp, std::numeric_limits<int>::min()});
            it != run.shares.end() && std::get<0>(it->first) == strategy && std::get<1>(it->first) == step &&
-           std::get<2>(it->first) == c.dp;
+           std::get<2>(it->first) == dp;
            ++it) {
-        if (static_cast<std::size_t>(c.cp) >= it->second.size()) continue;
-        const std::int64_t n = it->second[static_cast<std::size_t>(c.cp)].tokens;
+        if (static_cast<std::size_t>(cp) >= it->second.size()) continue;
+        const std::int64_t n = it->second[static_cast<std::size_t>(cp)].tokens;
         pred += static_cast<double>(run.dims.layers) *
                 (cost.elementwiseSeconds(n, Phase::Fwd) + cost.elementwiseSeconds(n, Phase::Bwd));
       }
-      add("elementwise", strategy, st.fills + std::max(0.0, st.step - st.inside), pred);
+      add("elementwise", strategy, measured, pred);
     }
     for (const auto& [k, v] : kv)
       if (v.second > 0 && v.first > 0) links["links.cp_gbps"].add(v.first, v.second);

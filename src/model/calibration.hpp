@@ -11,8 +11,10 @@
 ///   qkv_proj/out_proj/mlp.{fwd,bwd}
 ///                       the op's events vs linearOpSeconds at the tokens its recorded FLOPs
 ///                       stand for (flops / linearOpFlops(op, 1 token))
-///   elementwise         per rank and step: `embed` + `loss` events + the step's time outside
-///                       every op event, vs layers x elementwiseSeconds of its micro-batches
+///   elementwise         per step and (tp, cp, dp) coordinate, summed over its pipeline
+///                       stages: `embed` + `loss` events + the step's time outside every op
+///                       event (pipeline waits are `pp_recv` events), vs layers x
+///                       elementwiseSeconds of its micro-batches
 /// new factor = old factor x (predicted seconds / measured seconds), so the fitted profile
 /// predicts each op kind's measured total exactly (over the calibration traces), after
 /// leaving out events stalled by interference (kOutlierRatio).
@@ -56,7 +58,7 @@ struct RankShare {
 struct MeasuredRun {
   std::string name;  ///< for messages (the trace file)
   ModelDims dims;
-  std::int64_t tp = 1, cp = 1, dp = 1, pp = 1;  ///< pp > 1: elementwise is not fitted (per-stage layers)
+  std::int64_t tp = 1, cp = 1, dp = 1, pp = 1;
   /// CostModel::setLinearReferenceTokens of the run's deck (data.context_window / mesh.cp,
   /// as CostModel::fromDeck sets it); 0 = the cost model's default.
   double linear_ref_tokens = 0;

@@ -357,6 +357,50 @@ TEST(Calibration, ElementwiseFactorFromTheTimeOutsideOps) {
     }
 }
 
+TEST(Calibration, ElementwiseFactorFromPipelineStagesTogether) {
+  // pp = 2: each stage runs half the layers' elementwise work, stage 0 also the embedding and
+  // stage 1 the loss end, and each waits in `pp_recv` for the other; per stage the time
+  // outside events is no layer count's share, summed over the stages it is the model's.
+  const auto truth = model::HardwareProfile::load(write("tp2.json", v2({{"elementwise", 0.5}})));
+  model::MeasuredRun run;
+  run.name = "pp2.h5";
+  run.dims = dims();
+  run.dims.layers = 4;
+  run.pp = 2;
+  run.linear_ref_tokens = 2000;
+  run.strategies = {"plain"};
+  run.ranks = {{0, 0, 0}, {0, 0, 0}};  // two stages of one (tp, cp, dp) coordinate
+  model::CostModel cost(run.dims, truth, 1);
+  cost.setLinearReferenceTokens(2000);
+  for (std::int64_t step = 0; step < 4; ++step) {
+    const std::int64_t n = 1500 + 200 * step;
+    run.shares[{0, step, 0, 0}] = {model::RankShare{n, {{0, n}}}};
+    const double el = 4.0 * (cost.elementwiseSeconds(n, Phase::Fwd) + cost.elementwiseSeconds(n, Phase::Bwd));
+    const double q = cost.linearOpSeconds(model::LinearOp::QkvProj, n, Phase::Fwd);
+    const double flops = cost.linearOpFlops(model::LinearOp::QkvProj, n, Phase::Fwd);
+    // stage 0: embed 10% of the model's elementwise time, 30% outside events, waits 0.2 s
+    run.events.push_back({"qkv_proj", 1, 0, 0, step, 0, 0, q, flops});
+    run.events.push_back({"embed", 1, 0, 0, step, 0, -1, 0.1 * el, 0});
+    run.events.push_back({"pp_recv", 2, 0, 0, step, 0, -1, 0.2, 0});
+    run.events.push_back({"step", 0, 0, 0, step, -1, -1, q + 0.4 * el + 0.2, 0});
+    // stage 1: the loss end 35%, 25% outside events, waits 0.3 s
+    run.events.push_back({"qkv_proj", 1, 1, 0, step, 0, 2, q, flops});
+    run.events.push_back({"loss", 1, 1, 0, step, 0, -1, 0.35 * el, 0});
+    run.events.push_back({"pp_recv", 1, 1, 0, step, 0, -1, 0.3, 0});
+    run.events.push_back({"step", 0, 1, 0, step, -1, -1, q + 0.6 * el + 0.3, 0});
+  }
+  const auto fit = model::fitProfile({run}, model::HardwareProfile::load(write("tp0.json", v2())));
+  bool seen = false;
+  for (const auto& f : fit.factors)
+    if (f.key == "elementwise") {
+      seen = true;
+      ASSERT_TRUE(f.fitted);
+      EXPECT_NEAR(f.after, 0.5, 1e-9);
+      EXPECT_EQ(f.events, 4u);  // one observation per step: the two stages together
+    }
+  EXPECT_TRUE(seen);
+}
+
 TEST(Calibration, WithoutATableElementwiseIsNotModelled) {
   auto run = syntheticRun(model::HardwareProfile::load(write("t1.json", v2())), 1.0);
   const auto fit = model::fitProfile({run}, model::HardwareProfile::load(write("t2.json", nlohmann::json::parse(kV1))));
