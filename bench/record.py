@@ -22,6 +22,12 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
+def relative(text):
+    """Paths under the repository written relative to it: a log speaks of the project, not
+    of the machine it was measured on."""
+    return text.replace(str(ROOT) + "/", "").replace(str(ROOT), ".")
+
+
 def clocks():
     """MHz per CPU as the kernel reports them (the guest's view on a VM)."""
     try:
@@ -61,7 +67,7 @@ def main():
         ap.error("no command after --")
     commit = git("rev-parse", "--short=12", "HEAD") or "unknown"
     dirty = git("status", "--porcelain", "--untracked-files=no")
-    head = [f"# command: {' '.join(cmd)}",
+    head = [f"# command: {relative(' '.join(cmd))}",
             f"# commit {commit} ({'dirty tree' if dirty else 'clean tree'})",
             f"# date {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')}",
             f"# cpu: {cpu()}",
@@ -75,8 +81,7 @@ def main():
     tail = [f"# clocks after: {clocks()}",
             f"# load after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
             f"# wall {secs:.1f} s, exit {p.returncode}"]
-    # the log speaks of the repository, not of the machine it was measured on
-    p.stdout = p.stdout.replace(str(ROOT) + "/", "").replace(str(ROOT), ".")
+    p.stdout = relative(p.stdout)
     sys.stdout.write(p.stdout)
     if p.returncode != 0:
         sys.exit(f"record.py: {cmd[0]} exited {p.returncode}; {a.log} not written")
