@@ -101,6 +101,8 @@ CalibrationFit fitProfile(const std::vector<MeasuredRun>& runs, const HardwarePr
     std::map<std::tuple<int, std::int64_t, int, int, int, int, int>, std::pair<double, double>> kv;  // -> (s, bytes)
     std::map<std::tuple<int, std::int64_t, int>, std::pair<double, double>> grad;
     std::size_t compute_events = 0;
+    // Linear ops: (rank, strategy, step, micro-batch, layer, phase, op) -> (seconds, FLOPs)
+    std::map<std::tuple<int, int, std::int64_t, int, int, int, int>, std::pair<double, double>> ops;
 
     for (const MeasuredEvent& e : run.events) {
       if (e.seconds < 0) throw InputError(run.name + ": event with negative duration");
@@ -132,15 +134,12 @@ CalibrationFit fitProfile(const std::vector<MeasuredRun>& runs, const HardwarePr
         continue;
       }
       if (const int op = linearOpOf(e.op); op >= 0) {
+        // An op may be recorded as several events (its GEMMs with their FLOPs, then the
+        // residual add and norm without): together they are the op, as `wlb profile` times it.
         ++compute_events;
-        const double per_token = cost.linearOpFlops(static_cast<LinearOp>(op), 1, ph);
-        if (e.flops <= 0 || per_token <= 0 || e.phase == 0) {
-          ++fit.unmatched_events;
-          continue;
-        }
-        const auto tokens = static_cast<std::int64_t>(std::llround(e.flops / per_token));
-        add(std::string(e.op) + "." + phn, e.strategy, e.seconds,
-            cost.linearOpSeconds(static_cast<LinearOp>(op), tokens, ph));
+        auto& acc = ops[{e.rank, e.strategy, e.step, e.micro_batch, e.layer, e.phase, op}];
+        acc.first += e.seconds;
+        acc.second += e.flops;
         continue;
       }
       if (isKv(e.op)) {
@@ -156,6 +155,18 @@ CalibrationFit fitProfile(const std::vector<MeasuredRun>& runs, const HardwarePr
     }
     if (compute_events == 0)
       throw InputError(run.name + ": no compute events (attn, qkv_proj, out_proj, mlp, embed, loss) to fit");
+    for (const auto& [k, v] : ops) {
+      const auto [rank, strategy, step, mb, layer, phase, op] = k;
+      const Phase ph = phase == 2 ? Phase::Bwd : Phase::Fwd;
+      const double per_token = cost.linearOpFlops(static_cast<LinearOp>(op), 1, ph);
+      if (v.second <= 0 || per_token <= 0 || phase == 0) {
+        ++fit.unmatched_events;
+        continue;
+      }
+      const auto tokens = static_cast<std::int64_t>(std::llround(v.second / per_token));
+      add(std::string(linearOpName(static_cast<LinearOp>(op))) + "." + phaseName(ph), strategy, v.first,
+          cost.linearOpSeconds(static_cast<LinearOp>(op), tokens, ph));
+    }
 
     // Elementwise: fills + the step's time outside every op event, summed over the pipeline
     // stages of one (tp, cp, dp) coordinate and step, against the model's layers over that

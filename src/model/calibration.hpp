@@ -9,8 +9,10 @@
 ///   attn.{fwd,bwd}      `attn` events vs sum of CostModel::attnSeconds over the rank's
 ///                       pieces of that micro-batch (the trace's shard plans)
 ///   qkv_proj/out_proj/mlp.{fwd,bwd}
-///                       the op's events vs linearOpSeconds at the tokens its recorded FLOPs
-///                       stand for (flops / linearOpFlops(op, 1 token))
+///                       the op's events of one layer, micro-batch and phase together (GEMMs
+///                       with FLOPs, residual and norm without: the op as `wlb profile` times
+///                       it) vs linearOpSeconds at the tokens their FLOPs stand for
+///                       (flops / linearOpFlops(op, 1 token))
 ///   elementwise         per step and (tp, cp, dp) coordinate, summed over its pipeline
 ///                       stages: `embed` + `loss` events + the step's time outside every op
 ///                       event (pipeline waits are `pp_recv` events), vs layers x

@@ -401,6 +401,42 @@ TEST(Calibration, ElementwiseFactorFromPipelineStagesTogether) {
   EXPECT_TRUE(seen);
 }
 
+TEST(Calibration, AnOpRecordedAsSeveralEventsIsFittedOnTheirSum) {
+  // The layer records an op's GEMMs (with their FLOPs) and its residual add and norm (without)
+  // as two events of the op's label, and `wlb profile` times both as the op: calibrating on
+  // the GEMM event alone would fit the op faster than it runs.
+  const auto truth = model::HardwareProfile::load(write("ts.json", v2({{"mlp.bwd", 0.5}})));
+  model::MeasuredRun run;
+  run.name = "split.h5";
+  run.dims = dims();
+  run.linear_ref_tokens = 2000;
+  run.strategies = {"plain"};
+  run.ranks = {{0, 0, 0}};
+  model::CostModel cost(run.dims, truth, 1);
+  cost.setLinearReferenceTokens(2000);
+  for (std::int64_t step = 0; step < 3; ++step) {
+    const std::int64_t n = 1500 + 300 * step;
+    run.shares[{0, step, 0, 0}] = {model::RankShare{n, {{0, n}}}};
+    const double t = cost.linearOpSeconds(model::LinearOp::Mlp, n, Phase::Bwd);
+    const double flops = cost.linearOpFlops(model::LinearOp::Mlp, n, Phase::Bwd);
+    for (int layer = 0; layer < 2; ++layer) {
+      run.events.push_back({"mlp", 2, 0, 0, step, 0, layer, 0.8 * t, flops});
+      run.events.push_back({"mlp", 2, 0, 0, step, 0, layer, 0.2 * t, 0});
+    }
+  }
+  const auto fit = model::fitProfile({run}, model::HardwareProfile::load(write("ts0.json", v2())));
+  EXPECT_EQ(fit.unmatched_events, 0u);
+  bool seen = false;
+  for (const auto& f : fit.factors)
+    if (f.key == "mlp.bwd") {
+      seen = true;
+      ASSERT_TRUE(f.fitted);
+      EXPECT_NEAR(f.after, 0.5, 1e-9);
+      EXPECT_EQ(f.events, 6u);  // one observation per op instance, not per event
+    }
+  EXPECT_TRUE(seen);
+}
+
 TEST(Calibration, WithoutATableElementwiseIsNotModelled) {
   auto run = syntheticRun(model::HardwareProfile::load(write("t1.json", v2())), 1.0);
   const auto fit = model::fitProfile({run}, model::HardwareProfile::load(write("t2.json", nlohmann::json::parse(kV1))));
