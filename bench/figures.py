@@ -620,7 +620,7 @@ def pp2_run(root):
 
 @table("pp2-run-shipped-profile", "docs/performance.md", f"{RUNS}/pp2_run.log", f"{RUNS}/pp2_simulate.log")
 def pp2_run_shipped_profile(root):
-    return run_vs_sim(root, f"{RUNS}/pp2_run.log", f"{RUNS}/pp2_simulate", "run_pp2:packing.micro_batches-4")
+    return run_vs_sim(root, f"{RUNS}/pp2_run.log", f"{RUNS}/pp2_simulate")
 
 
 @table("slimpack-pp2", "docs/performance.md", f"{RUNS}/slimpack_pp2_run.log", f"{RUNS}/slimpack_pp2_simulate.log")
