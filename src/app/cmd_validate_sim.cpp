@@ -40,7 +40,7 @@ const bool registered = wlb::app::registerCommand(
     "Validate the simulator on this machine: profile -> measured runs -> calibrate -> simulate -> error per strategy",
     [](CLI::App& sub) {
       auto o = std::make_shared<wlb::profile::ValidateSimOptions>();
-      sub.add_option("decks", o->decks, "Decks to run and simulate (each needs mpirun -n tp*cp*dp, pp = 1)")
+      sub.add_option("decks", o->decks, "Decks to run and simulate (each runs on tp*cp*pp*dp ranks)")
           ->required();
       sub.add_option("--set", o->overrides, "Override a key of every deck: table.key=value (repeatable)")
           ->type_name("TABLE.KEY=VALUE");

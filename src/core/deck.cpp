@@ -451,9 +451,16 @@ Deck parseDeck(const std::string& text, const std::string& name, const std::vect
     if (k->derived) fail(o, "key '" + k->name() + "' is derived and cannot be set");
     applyValue(d, *k, *it.value, o);
   }
-  for (const auto& ov : overrides) applyOverride(d, ov, "--set");
+  std::set<std::string> pinned;  // a --set of a swept key pins it: that key leaves the sweep
+  for (const auto& ov : overrides) {
+    applyOverride(d, ov, "--set");
+    const auto lhs = ov.substr(0, ov.find('='));
+    const auto b = lhs.find_first_not_of(" \t"), e = lhs.find_last_not_of(" \t");
+    if (b != std::string::npos) pinned.insert(lhs.substr(b, e - b + 1));
+  }
   const Deck base = d;
   for (const auto& [key, val] : sweep_items) {
+    if (pinned.count(key)) continue;
     const Origin o = Origin::of(*val, name);
     if (!val->is_array() || val->as_array().empty())
       fail(o, "[sweep] '" + key + "' must be a non-empty array of values");

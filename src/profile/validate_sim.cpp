@@ -297,10 +297,6 @@ ValidateSimResult validateSim(const ValidateSimOptions& o) {
     c.path = p;
     c.deck = wlb::loadDeck(p, o.overrides);
     if (!c.deck.sweep.empty()) throw wlb::InputError(p + ": [sweep]: validate one case at a time (pick it with --set)");
-    if (c.deck.mesh.pp != 1)
-      throw wlb::InputError(p + ": mesh.pp = " + std::to_string(c.deck.mesh.pp) +
-                            ": validate-sim takes pp = 1 decks (the calibration's elementwise term assumes every "
-                            "rank runs every layer)");
     if (c.deck.run.strategies.size() < 2)
       throw wlb::InputError(p + ": run.strategies lists fewer than two strategies: nothing to order");
     c.ranks = static_cast<int>(c.deck.mesh.size());

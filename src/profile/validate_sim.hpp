@@ -27,7 +27,7 @@ constexpr int kValidateSimMissed = 3;
 
 /// What to validate and how. Messages name the `wlb validate-sim` options these fields stand for.
 struct ValidateSimOptions {
-  std::vector<std::string> decks;      ///< decks to run and simulate (pp = 1, two or more strategies)
+  std::vector<std::string> decks;      ///< decks to run and simulate (two or more strategies)
   std::vector<std::string> overrides;  ///< table.key=value for every deck, passed to every stage
   /// Calibrate one profile on these decks only (name, path or file name) and use it for
   /// every deck; empty: each deck is calibrated on its own run.

@@ -88,6 +88,23 @@ TEST(Deck, OverridesApplyInOrder) {
   EXPECT_DOUBLE_EQ(d.data.length_scale, 0.5);
 }
 
+TEST(Deck, SetOfASweptKeyPinsIt) {
+  // --set names one value of a swept key: that key leaves the sweep, the others stay
+  const char* text = R"(
+[sweep]
+"packing.micro_batches" = [4, 8]
+mesh.cp = [1, 2]
+)";
+  const wlb::Deck d = wlb::parseDeck(text, "p.toml", {"packing.micro_batches=8"});
+  EXPECT_EQ(d.packing.micro_batches, 8);
+  ASSERT_EQ(d.sweep.size(), 1u);
+  EXPECT_EQ(d.sweep.begin()->first, "mesh.cp");
+  const wlb::Deck one = wlb::parseDeck(text, "p.toml", {" packing.micro_batches = 4", "mesh.cp=2"});
+  EXPECT_TRUE(one.sweep.empty());
+  EXPECT_EQ(one.packing.micro_batches, 4);
+  EXPECT_EQ(one.mesh.cp, 2);
+}
+
 TEST(Deck, SweepExpandsCartesianProduct) {
   const wlb::Deck d = wlb::parseDeck(R"(
 [output]
