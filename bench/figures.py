@@ -524,16 +524,25 @@ def profile_fields_h100(root):
               g["qkv"], g["o"], g["fc1"], g["fc2"])]]
 
 
-@table("validate-sim", "docs/performance.md", "bench/results/cpu/validate_sim/validate_sim.log")
-def validate_sim(root):
+def validate_sim_rows(path):
+    """Rows of the table `wlb validate-sim` prints (three rounds per purpose)."""
     out = []
-    for m in re.finditer(r"^(\S+) +(plain|fixed|wlb) +([0-9.]+) +([0-9.]+) +([+-][0-9.]+)% +([0-9.]+)x +([0-9.]+)x +"
-                         r"\d+/\d+ +rounds ([0-9.]+)-([0-9.]+)$",
-                         (root / "bench/results/cpu/validate_sim/validate_sim.log").read_text(), re.M):
+    for m in re.finditer(r"^(\S+) +(plain|fixed|wlb|slimpack) +([0-9.]+) +([0-9.]+) +([+-][0-9.]+)% +([0-9.]+)x +"
+                         r"([0-9.]+)x +\d+/\d+ +rounds ([0-9.]+)-([0-9.]+)$", path.read_text(), re.M):
         v = [float(x) for x in m.group(3, 4, 5, 6, 7, 8, 9)]
         out.append([(m.group(1),), (m.group(2),), ("{:.2f} ({:.2f}–{:.2f})", v[0], v[5], v[6]), ("{:.2f}", v[1]),
                     ("{:+.1f}%", v[2]), ("{:.3f}x / {:.3f}x", v[3], v[4])])
     return out
+
+
+@table("validate-sim", "docs/performance.md", "bench/results/cpu/validate_sim/validate_sim.log")
+def validate_sim(root):
+    return validate_sim_rows(root / "bench/results/cpu/validate_sim/validate_sim.log")
+
+
+@table("validate-sim-pp2", "docs/performance.md", "bench/results/cpu/validate_sim_pp2/validate_sim.log")
+def validate_sim_pp2(root):
+    return validate_sim_rows(root / "bench/results/cpu/validate_sim_pp2/validate_sim.log")
 
 
 def md_table(path, header_start, first_cells=1):
