@@ -18,6 +18,7 @@ generated from the deck schema).
 """
 import argparse
 import csv
+import functools
 import math
 import pathlib
 import re
@@ -37,6 +38,11 @@ def table(name, doc, *logs):
         TABLES[name] = (doc, logs, f)
         return f
     return wrap
+
+
+def from_log(name, doc, log, rows):
+    """Registers table NAME whose rows are rows(path of its one raw log)."""
+    TABLES[name] = (doc, (log,), lambda root: rows(root / log))
 
 
 def log_body(path):
@@ -131,16 +137,11 @@ def shard_rows(path):
     return out
 
 
-@table("shard-long-context", "docs/performance.md", "bench/results/cpu/shard_long_context.log")
-def shard_long_context(root):
-    return shard_rows(root / "bench/results/cpu/shard_long_context.log")
+from_log("shard-long-context", "docs/performance.md", "bench/results/cpu/shard_long_context.log", shard_rows)
+from_log("shard-long-context-2gbps", "docs/performance.md", "bench/results/cpu/shard_long_context_2gbps.log", shard_rows)
 
 
-@table("shard-long-context-2gbps", "docs/performance.md", "bench/results/cpu/shard_long_context_2gbps.log")
-def shard_long_context_2gbps(root):
-    return shard_rows(root / "bench/results/cpu/shard_long_context_2gbps.log")
-
-
+@functools.lru_cache(maxsize=None)  # two tables read the same 1.5 MB of plans
 def shard_hybrid_plans(root):
     """The chosen hybrid + sharding_aware plans: over how many CP ranks each segment is split,
     and each micro-batch's bytes and latency against per_document + allgather."""
@@ -535,14 +536,9 @@ def validate_sim_rows(path):
     return out
 
 
-@table("validate-sim", "docs/performance.md", "bench/results/cpu/validate_sim/validate_sim.log")
-def validate_sim(root):
-    return validate_sim_rows(root / "bench/results/cpu/validate_sim/validate_sim.log")
-
-
-@table("validate-sim-pp2", "docs/performance.md", "bench/results/cpu/validate_sim_pp2/validate_sim.log")
-def validate_sim_pp2(root):
-    return validate_sim_rows(root / "bench/results/cpu/validate_sim_pp2/validate_sim.log")
+from_log("validate-sim", "docs/performance.md", "bench/results/cpu/validate_sim/validate_sim.log", validate_sim_rows)
+from_log("validate-sim-pp2", "docs/performance.md", "bench/results/cpu/validate_sim_pp2/validate_sim.log",
+         validate_sim_rows)
 
 
 def md_table(path, header_start, first_cells=1):
@@ -567,9 +563,8 @@ def md_table(path, header_start, first_cells=1):
     return out
 
 
-@table("cp-balancers", "docs/cp.md", "bench/results/cp_balancers/cp_balancers.txt")
-def cp_balancers(root):
-    return md_table(root / "bench/results/cp_balancers/cp_balancers.txt", "| data | balancer", first_cells=3)
+from_log("cp-balancers", "docs/cp.md", "bench/results/cp_balancers/cp_balancers.txt",
+         lambda path: md_table(path, "| data | balancer", first_cells=3))
 
 
 @table("training-bf16", "docs/training.md", "bench/results/cpu/convergence_bf16.log")
@@ -756,9 +751,8 @@ def train_equal_losses(root):
              sci([cli[k] for k in ("pp=2 interleaved", "pp=2 packflow", "cp=2 pp=2 packflow (slices under CP)")])]]
 
 
-@table("convergence", "docs/convergence.md", "bench/results/cpu/convergence.log")
-def convergence(root):
-    return md_table(root / "bench/results/cpu/convergence.log", "| packing |")
+from_log("convergence", "docs/convergence.md", "bench/results/cpu/convergence.log",
+         lambda path: md_table(path, "| packing |"))
 
 
 # --- checking -----------------------------------------------------------------------------

@@ -69,7 +69,6 @@ wlb::model::MeasuredRun toRun(const wlb::trace::Trace& tr, wlb::Deck& deck_out) 
   run.tp = tr.tp;
   run.cp = tr.cp;
   run.dp = tr.dp;
-  run.pp = tr.pp;
   run.linear_ref_tokens = static_cast<double>(deck.data.context_window) / static_cast<double>(std::max(tr.cp, 1));
   run.strategies = tr.strategies;
   for (const auto& r : tr.ranks) {

@@ -264,8 +264,9 @@ std::vector<std::string> keysOf(const std::string& table) {
   return out;
 }
 
-// Parse "table.key=value": the value is TOML; bare words are taken as strings.
-void applyOverride(Deck& d, const std::string& text, const std::string& origin_prefix) {
+// Parse "table.key=value": the value is TOML; bare words are taken as strings. Returns the
+// key it set, as `table.key`.
+std::string applyOverride(Deck& d, const std::string& text, const std::string& origin_prefix) {
   requireUtf8(text, origin_prefix);
   const Origin o{origin_prefix + " '" + text + "'"};
   const auto eq = text.find('=');
@@ -296,6 +297,7 @@ void applyOverride(Deck& d, const std::string& text, const std::string& origin_p
   }
   if (v.is_string() && (k->kind == Kind::StringList)) v = TomlValue(toml::array{v});
   applyValue(d, *k, v, o);
+  return k->name();
 }
 
 void resolveAndValidate(Deck& d, const std::string& name) {
@@ -452,12 +454,7 @@ Deck parseDeck(const std::string& text, const std::string& name, const std::vect
     applyValue(d, *k, *it.value, o);
   }
   std::set<std::string> pinned;  // a --set of a swept key pins it: that key leaves the sweep
-  for (const auto& ov : overrides) {
-    applyOverride(d, ov, "--set");
-    const auto lhs = ov.substr(0, ov.find('='));
-    const auto b = lhs.find_first_not_of(" \t"), e = lhs.find_last_not_of(" \t");
-    if (b != std::string::npos) pinned.insert(lhs.substr(b, e - b + 1));
-  }
+  for (const auto& ov : overrides) pinned.insert(applyOverride(d, ov, "--set"));
   const Deck base = d;
   for (const auto& [key, val] : sweep_items) {
     if (pinned.count(key)) continue;

@@ -60,7 +60,7 @@ struct RankShare {
 struct MeasuredRun {
   std::string name;  ///< for messages (the trace file)
   ModelDims dims;
-  std::int64_t tp = 1, cp = 1, dp = 1, pp = 1;
+  std::int64_t tp = 1, cp = 1, dp = 1;
   /// CostModel::setLinearReferenceTokens of the run's deck (data.context_window / mesh.cp,
   /// as CostModel::fromDeck sets it); 0 = the cost model's default.
   double linear_ref_tokens = 0;

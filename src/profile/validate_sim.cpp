@@ -594,9 +594,10 @@ ValidateSimResult validateSim(const ValidateSimOptions& o) {
         os << fmt::format("{:<16} note: {} of {} planned segments differ between the measured and the simulated run\n",
                           "", d["plan_segments_differing"].get<std::size_t>(), d["plan_segments"].get<std::size_t>());
     }
-    double load_max = 0, share_min = 1;
+    double load_max = 0, share_min = 1, cpu_secs = 0;  // cpu: the stages' processes (the command only waits)
     bool shares = false;
-    for (const auto& st : stages.record)
+    for (const auto& st : stages.record) {
+      cpu_secs += st["cpu_seconds"].get<double>();
       if (st["stage"].get<std::string>().rfind("measured", 0) == 0) {
         load_max = std::max({load_max, st["load_before"].get<double>(), st["load_after"].get<double>()});
         if (st.contains("core_share")) {
@@ -604,6 +605,7 @@ ValidateSimResult validateSim(const ValidateSimOptions& o) {
           share_min = std::min(share_min, st["core_share"].get<double>());
         }
       }
+    }
     // The core share says whether the ranks got their cores; the load average counts the
     // ranks' own helper threads too (a pipeline's progress thread), so it decides only
     // where no share was measured.
@@ -614,8 +616,6 @@ ValidateSimResult validateSim(const ValidateSimOptions& o) {
           "machine (--rounds N keeps the fastest of N runs)\n",
           share_min, load_max, cores);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_all).count();
-    double cpu_secs = 0;  // of the stages' processes (the command itself only waits)
-    for (const auto& st : stages.record) cpu_secs += st["cpu_seconds"].get<double>();
     os << fmt::format(
         "error = predicted / measured - 1 (tokens/s over measured + drain steps); max |error| {:.1f}% "
         "vs tolerance {:.1f}%: {}; {:.0f} s in all\n",

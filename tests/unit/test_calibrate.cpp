@@ -324,17 +324,41 @@ TEST(Calibration, FitRecoversKnownFactorsAndLinks) {
   }
 }
 
-TEST(Calibration, ElementwiseFactorFromTheTimeOutsideOps) {
-  // A run whose layers spend exactly what a profile with elementwise = 0.5 predicts.
-  const auto truth = model::HardwareProfile::load(write("te.json", v2({{"elementwise", 0.5}})));
+namespace {
+
+/// A one-strategy run of `ranks` (world rank -> coordinate) at 2000 reference tokens, and
+/// the cost model of `truth` that times its events.
+model::MeasuredRun plainRun(const std::string& name, std::vector<model::MeasuredRun::Coord> ranks) {
   model::MeasuredRun run;
-  run.name = "e.h5";
+  run.name = name;
   run.dims = dims();
   run.linear_ref_tokens = 2000;
   run.strategies = {"plain"};
-  run.ranks = {{0, 0, 0}};
+  run.ranks = std::move(ranks);
+  return run;
+}
+
+model::CostModel costOf(const model::MeasuredRun& run, const model::HardwareProfile& truth) {
   model::CostModel cost(run.dims, truth, 1);
-  cost.setLinearReferenceTokens(2000);
+  cost.setLinearReferenceTokens(run.linear_ref_tokens);
+  return cost;
+}
+
+/// The fit of one factor key; a test failure when the fit has none.
+const model::FactorFit* factorOf(const model::CalibrationFit& fit, const std::string& key) {
+  for (const auto& f : fit.factors)
+    if (f.key == key) return &f;
+  ADD_FAILURE() << "no factor " << key;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST(Calibration, ElementwiseFactorFromTheTimeOutsideOps) {
+  // A run whose layers spend exactly what a profile with elementwise = 0.5 predicts.
+  const auto truth = model::HardwareProfile::load(write("te.json", v2({{"elementwise", 0.5}})));
+  auto run = plainRun("e.h5", {{0, 0, 0}});
+  const auto cost = costOf(run, truth);
   for (std::int64_t step = 0; step < 4; ++step) {
     const std::int64_t n = 1500 + 200 * step;
     run.shares[{0, step, 0, 0}] = {model::RankShare{n, {{0, n}}}};
@@ -362,16 +386,9 @@ TEST(Calibration, ElementwiseFactorFromPipelineStagesTogether) {
   // stage 1 the loss end, and each waits in `pp_recv` for the other; per stage the time
   // outside events is no layer count's share, summed over the stages it is the model's.
   const auto truth = model::HardwareProfile::load(write("tp2.json", v2({{"elementwise", 0.5}})));
-  model::MeasuredRun run;
-  run.name = "pp2.h5";
-  run.dims = dims();
+  auto run = plainRun("pp2.h5", {{0, 0, 0}, {0, 0, 0}});  // two stages of one (tp, cp, dp) coordinate
   run.dims.layers = 4;
-  run.pp = 2;
-  run.linear_ref_tokens = 2000;
-  run.strategies = {"plain"};
-  run.ranks = {{0, 0, 0}, {0, 0, 0}};  // two stages of one (tp, cp, dp) coordinate
-  model::CostModel cost(run.dims, truth, 1);
-  cost.setLinearReferenceTokens(2000);
+  const auto cost = costOf(run, truth);
   for (std::int64_t step = 0; step < 4; ++step) {
     const std::int64_t n = 1500 + 200 * step;
     run.shares[{0, step, 0, 0}] = {model::RankShare{n, {{0, n}}}};
@@ -390,15 +407,11 @@ TEST(Calibration, ElementwiseFactorFromPipelineStagesTogether) {
     run.events.push_back({"step", 0, 1, 0, step, -1, -1, q + 0.6 * el + 0.3, 0});
   }
   const auto fit = model::fitProfile({run}, model::HardwareProfile::load(write("tp0.json", v2())));
-  bool seen = false;
-  for (const auto& f : fit.factors)
-    if (f.key == "elementwise") {
-      seen = true;
-      ASSERT_TRUE(f.fitted);
-      EXPECT_NEAR(f.after, 0.5, 1e-9);
-      EXPECT_EQ(f.events, 4u);  // one observation per step: the two stages together
-    }
-  EXPECT_TRUE(seen);
+  const auto* f = factorOf(fit, "elementwise");
+  ASSERT_NE(f, nullptr);
+  ASSERT_TRUE(f->fitted);
+  EXPECT_NEAR(f->after, 0.5, 1e-9);
+  EXPECT_EQ(f->events, 4u);  // one observation per step: the two stages together
 }
 
 TEST(Calibration, AnOpRecordedAsSeveralEventsIsFittedOnTheirSum) {
@@ -406,14 +419,8 @@ TEST(Calibration, AnOpRecordedAsSeveralEventsIsFittedOnTheirSum) {
   // as two events of the op's label, and `wlb profile` times both as the op: calibrating on
   // the GEMM event alone would fit the op faster than it runs.
   const auto truth = model::HardwareProfile::load(write("ts.json", v2({{"mlp.bwd", 0.5}})));
-  model::MeasuredRun run;
-  run.name = "split.h5";
-  run.dims = dims();
-  run.linear_ref_tokens = 2000;
-  run.strategies = {"plain"};
-  run.ranks = {{0, 0, 0}};
-  model::CostModel cost(run.dims, truth, 1);
-  cost.setLinearReferenceTokens(2000);
+  auto run = plainRun("split.h5", {{0, 0, 0}});
+  const auto cost = costOf(run, truth);
   for (std::int64_t step = 0; step < 3; ++step) {
     const std::int64_t n = 1500 + 300 * step;
     run.shares[{0, step, 0, 0}] = {model::RankShare{n, {{0, n}}}};
@@ -426,15 +433,11 @@ TEST(Calibration, AnOpRecordedAsSeveralEventsIsFittedOnTheirSum) {
   }
   const auto fit = model::fitProfile({run}, model::HardwareProfile::load(write("ts0.json", v2())));
   EXPECT_EQ(fit.unmatched_events, 0u);
-  bool seen = false;
-  for (const auto& f : fit.factors)
-    if (f.key == "mlp.bwd") {
-      seen = true;
-      ASSERT_TRUE(f.fitted);
-      EXPECT_NEAR(f.after, 0.5, 1e-9);
-      EXPECT_EQ(f.events, 6u);  // one observation per op instance, not per event
-    }
-  EXPECT_TRUE(seen);
+  const auto* f = factorOf(fit, "mlp.bwd");
+  ASSERT_NE(f, nullptr);
+  ASSERT_TRUE(f->fitted);
+  EXPECT_NEAR(f->after, 0.5, 1e-9);
+  EXPECT_EQ(f->events, 6u);  // one observation per op instance, not per event
 }
 
 TEST(Calibration, WithoutATableElementwiseIsNotModelled) {
