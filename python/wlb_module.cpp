@@ -14,6 +14,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include <fmt/format.h>
@@ -36,9 +37,41 @@ namespace data = wlb::data;
 namespace model = wlb::model;
 namespace packing = wlb::packing;
 
-namespace {
-
 using I64Array = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>;
+
+namespace wlb_py {
+/// An integer array argument: a numpy integer array or a sequence of ints. Floats (5.5) and
+/// uint64 values past int64 are refused with a TypeError instead of being truncated or
+/// wrapped, which forcecast alone would do.
+struct Ints : I64Array {
+  Ints() = default;
+  explicit Ints(I64Array a) : I64Array(std::move(a)) {}
+};
+}  // namespace wlb_py
+
+namespace pybind11::detail {
+template <>
+struct type_caster<wlb_py::Ints> {
+  PYBIND11_TYPE_CASTER(wlb_py::Ints, const_name("numpy.ndarray[numpy.int64]"));
+  bool load(handle src, bool) {
+    if (!src || src.is_none()) return false;
+    const array a = array::ensure(src);  // how numpy reads it: a list of floats is a float array
+    if (!a) return false;
+    const char kind = a.dtype().kind();
+    if (a.size() > 0 && kind != 'i' && kind != 'u') return false;
+    if (kind == 'u' && a.itemsize() == 8) {
+      const auto u = array_t<std::uint64_t, array::c_style | array::forcecast>::ensure(a);
+      for (py::ssize_t i = 0; i < u.size(); ++i)
+        if (u.data()[i] > static_cast<std::uint64_t>(INT64_MAX)) return false;
+    }
+    value = wlb_py::Ints(I64Array::ensure(a));
+    return static_cast<bool>(value);
+  }
+};
+}  // namespace pybind11::detail
+
+namespace {
+using wlb_py::Ints;
 
 // ---- JSON <-> Python -------------------------------------------------------------------
 
@@ -296,30 +329,6 @@ CostPtr innerCost(const std::optional<PyCostPtr>& cost) {
 
 // ---- Length sources --------------------------------------------------------------------
 
-/// A length source over an in-memory array: the same batching and wrap-around as a file
-/// source (data/length_source.cpp), so a dataset's lengths give the stream its file would.
-class ArraySource final : public data::LengthSource {
- public:
-  ArraySource(std::vector<std::int64_t> lengths, std::string desc, std::int64_t seqs, std::int64_t window)
-      : LengthSource(seqs, window), lengths_(std::move(lengths)), desc_(std::move(desc)) {}
-  std::string describe() const override { return desc_; }
-  std::int64_t documentsPerEpoch() const override { return static_cast<std::int64_t>(lengths_.size()); }
-
- protected:
-  void beginStep(std::int64_t) override {}
-  std::int64_t draw() override {
-    const auto n = static_cast<std::int64_t>(lengths_.size());
-    return lengths_[static_cast<std::size_t>(cursor_++ % n)];
-  }
-  json saveExtra() const override { return {{"cursor", cursor_}}; }
-  void loadExtra(const json& j) override { cursor_ = j.at("cursor").get<std::int64_t>(); }
-
- private:
-  std::vector<std::int64_t> lengths_;
-  std::string desc_;
-  std::int64_t cursor_ = 0;
-};
-
 std::vector<std::int64_t> lengthsFrom(const I64Array& a) {
   if (a.ndim() != 1) throw py::value_error("lengths: expected a 1-D array of document lengths");
   std::vector<std::int64_t> v(a.data(), a.data() + a.shape(0));
@@ -335,9 +344,13 @@ std::unique_ptr<data::LengthSource> makeSource(const wlb::Deck& deck, const std:
                                                const std::optional<std::string>& name) {
   if (!lengths) return data::makeLengthSource(deck);
   auto v = lengthsFrom(*lengths);
-  const std::string desc = name ? *name : fmt::format("array:{} documents", v.size());
-  return std::make_unique<ArraySource>(std::move(v), desc, deck.mesh.dp * data::microBatchesPerReplica(deck),
-                                       deck.data.context_window);
+  // Unnamed arrays are told apart by their contents (FNV-1a), so a checkpoint of one does
+  // not load into a sampler over another of the same size.
+  std::uint64_t h = 1469598103934665603ULL;
+  for (const auto x : v) h = (h ^ static_cast<std::uint64_t>(x)) * 1099511628211ULL;
+  const std::string desc = name ? *name : fmt::format("array:{} documents:{:016x}", v.size(), h);
+  return data::makeArraySource(std::move(v), desc, deck.mesh.dp * data::microBatchesPerReplica(deck),
+                               deck.data.context_window);
 }
 
 struct PyDocuments {
@@ -399,22 +412,33 @@ struct PyPlan {
   }
 };
 
-std::unique_ptr<PyPlan> planFromJsonValue(const json& j, CostPtr cost) {
+// A plan with the step line's `incoming` and `metrics` (what the file recorded beside it).
+std::unique_ptr<PyPlan> planOf(wlb::StepPlan plan, std::int64_t incoming, const json& metrics, CostPtr cost) {
   auto p = std::make_unique<PyPlan>();
-  p->plan = packing::stepFromJson(j);
-  p->incoming = j.is_object() ? j.value("incoming", std::int64_t{0}) : 0;
+  p->plan = std::move(plan);
+  p->incoming = incoming;
   if (!p->plan.replicas.empty()) {
     const auto M = p->plan.replicas[0].size();
     for (const auto& r : p->plan.replicas)
       if (r.size() != M) throw wlb::InputError("plan: replicas hold different numbers of micro-batches");
   }
-  if (j.contains("metrics") && j["metrics"].is_object()) {
-    p->plan_us = j["metrics"].value("plan_us", 0.0);
-    if (j["metrics"].contains("solver")) p->solver = j["metrics"]["solver"];
-    p->stored_metrics = j["metrics"];
+  if (metrics.is_object()) {
+    p->plan_us = metrics.value("plan_us", 0.0);
+    if (metrics.contains("solver")) p->solver = metrics["solver"];
+    p->stored_metrics = metrics;
   }
   p->cost = std::move(cost);
   return p;
+}
+
+std::unique_ptr<PyPlan> planFromJsonValue(const json& j, CostPtr cost) {
+  if (!j.is_object()) throw wlb::InputError("plan: a step line must be a JSON object");
+  try {
+    return planOf(packing::stepFromJson(j), j.value("incoming", std::int64_t{0}),
+                  j.contains("metrics") ? j["metrics"] : json(), std::move(cost));
+  } catch (const json::exception& e) {  // a missing or mistyped field
+    throw wlb::InputError(std::string("plan: ") + e.what());
+  }
 }
 
 std::unique_ptr<PyPlan> planFromJson(py::object o, std::optional<PyCostPtr> cost) {
@@ -434,11 +458,22 @@ struct PyPacker {
   std::unique_ptr<data::LengthSource> src;
   std::unique_ptr<packing::Packer> packer;
 
-  std::int64_t capacity() const {
-    return packer->name() == "wlb" ? packer->options().s_max : packer->options().context_window;
-  }
+  std::int64_t capacity() const { return packing::capacity(*packer); }
+
+  /// The last step packed since construction or restore (documents from elsewhere must
+  /// come in increasing steps and may not arrive after the step that packs them).
+  std::optional<std::int64_t> last_step;
 
   std::unique_ptr<PyPlan> packDocs(std::int64_t step, const std::vector<wlb::Document>* given) {
+    if (given) {
+      if (last_step && step <= *last_step)
+        throw py::value_error(
+            fmt::format("pack_documents: step {} after step {}: steps must increase", step, *last_step));
+      for (const auto& d : *given)
+        if (d.arrival_step > step)
+          throw py::value_error(
+              fmt::format("pack_documents: document {} arrives at step {}, after step {}", d.id, d.arrival_step, step));
+    }
     auto out = std::make_unique<PyPlan>();
     {
       py::gil_scoped_release nogil;
@@ -454,6 +489,7 @@ struct PyPacker {
       out->docs = given ? *given : std::move(drawn);
     }
     out->cost = cost;
+    last_step = step;
     return out;
   }
 
@@ -478,6 +514,7 @@ struct PyPacker {
     auto s = makeSource(deck->deck, lengths, source_name);
     auto p = packing::makePacker(name, deck->deck, *cost);
     packing::loadCheckpoint(*state, *s, *p, what);
+    last_step.reset();
     src = std::move(s);
     packer = std::move(p);
   }
@@ -788,7 +825,8 @@ command line).)")
 
 CostModel(deck): model dims, TP degree and [hardware] profile of the deck.
 CostModel.from_profile(path, deck=None): the same with the profile JSON at `path`.)")
-      .def(py::init([](std::shared_ptr<PyDeck> d) { return PyCost::fromDeck(std::move(d)); }), py::arg("deck"))
+      .def(py::init([](std::shared_ptr<PyDeck> d) { return PyCost::fromDeck(std::move(d)); }),
+           py::arg("deck").none(false))
       .def_static(
           "from_profile",
           [](const std::string& path, std::optional<std::shared_ptr<PyDeck>> deck) {
@@ -810,7 +848,7 @@ CostModel.from_profile(path, deck=None): the same with the profile JSON at `path
           "W(d): fwd+bwd seconds of one layer for a segment of `length` tokens (the packers' W).")
       .def(
           "segment_work",
-          [](const PyCost& c, const I64Array& lens) {
+          [](const PyCost& c, const Ints& lens) {
             py::array_t<double> out(lens.size());
             for (py::ssize_t i = 0; i < lens.size(); ++i) out.mutable_data()[i] = c.cost->segmentWork(lens.data()[i]);
             return out;
@@ -845,15 +883,22 @@ CostModel.from_profile(path, deck=None): the same with the profile JSON at `path
 
   // ---- Length sources ----
   py::class_<PyDocuments>(m, "Documents", "The documents of one global batch (ids, lengths, arrival steps).")
-      .def(py::init([](const I64Array& ids, const I64Array& lengths, const I64Array& arrival) {
+      .def(py::init([](const Ints& ids, const Ints& lengths, const Ints& arrival) {
              if (ids.ndim() != 1 || lengths.ndim() != 1 || arrival.ndim() != 1 || ids.size() != lengths.size() ||
                  ids.size() != arrival.size())
                throw py::value_error("Documents: ids, lengths and arrival_steps must be 1-D and of equal length");
              PyDocuments d;
+             std::unordered_set<std::int64_t> seen;
              for (py::ssize_t i = 0; i < ids.size(); ++i) {
-               if (lengths.data()[i] < 1)
-                 throw py::value_error(fmt::format("Documents: lengths[{}] = {} must be >= 1", i, lengths.data()[i]));
-               d.docs.push_back({ids.data()[i], lengths.data()[i], arrival.data()[i]});
+               const std::int64_t id = ids.data()[i], len = lengths.data()[i], at = arrival.data()[i];
+               if (len < 1 || len > data::kMaxDocTokens)
+                 throw py::value_error(
+                     fmt::format("Documents: lengths[{}] = {} is not in [1, {}]", i, len, data::kMaxDocTokens));
+               if (id < 0 || at < 0)
+                 throw py::value_error(
+                     fmt::format("Documents: ids[{}] = {} and arrival_steps[{}] = {} must be >= 0", i, id, i, at));
+               if (!seen.insert(id).second) throw py::value_error(fmt::format("Documents: id {} is given twice", id));
+               d.docs.push_back({id, len, at});
              }
              return d;
            }),
@@ -883,7 +928,7 @@ LengthSource(deck, lengths=None, name=None): the deck's [data] source (generator
 text, JSONL or Megatron .idx), or, with `lengths`, an in-memory stream over those document
 lengths with the file sources' batching and wrap-around (`name` is its description, which
 a checkpoint records).)")
-      .def(py::init([](const PyDeck& d, std::optional<I64Array> lengths, std::optional<std::string> name) {
+      .def(py::init([](const PyDeck& d, std::optional<Ints> lengths, std::optional<std::string> name) {
              return PySource{makeSource(d.deck, lengths, name)};
            }),
            py::arg("deck"), py::arg("lengths") = py::none(), py::arg("name") = py::none())
@@ -915,7 +960,7 @@ a checkpoint records).)")
       "Document lengths of a Megatron-LM MMIDIDX index (.idx); empty documents are skipped.");
   m.def(
       "write_megatron_idx",
-      [](const std::string& p, const I64Array& lens) { data::writeMegatronIdx(p, lengthsFrom(lens)); }, py::arg("path"),
+      [](const std::string& p, const Ints& lens) { data::writeMegatronIdx(p, lengthsFrom(lens)); }, py::arg("path"),
       py::arg("lengths"), "Write a .idx with one sequence per document (int32 tokens).");
   m.def("preset_names", &data::presetNames);
   m.def("packer_names", &packing::packerNames);
@@ -1034,12 +1079,8 @@ keys; 0 for a whole segment).)")
       [](const std::string& path, std::optional<PyCostPtr> cost) {
         auto f = packing::readPlanFile(path);
         py::list steps;
-        for (auto& s : f.steps) {
-          auto p = std::make_unique<PyPlan>();
-          p->plan = std::move(s);
-          p->cost = innerCost(cost);
-          steps.append(py::cast(std::move(p)));
-        }
+        for (std::size_t i = 0; i < f.steps.size(); ++i)
+          steps.append(py::cast(planOf(std::move(f.steps[i]), f.incoming[i], f.metrics[i], innerCost(cost))));
         return py::make_tuple(toPy(packing::toJson(f.header)), steps);
       },
       py::arg("path"), py::arg("cost") = py::none(), "(header dict, [Plan]) of a `wlb plan --out` file.");
@@ -1055,7 +1096,7 @@ pack(step=None) draws the documents of the next step and packs them; state_dict(
 `wlb plan --save-state` file's content and load_state_dict() takes that (or a
 --save-state file written by the CLI) to continue the identical plan stream.)")
       .def(py::init([](std::shared_ptr<PyDeck> d, std::optional<std::string> name, std::optional<PyCostPtr> cost,
-                       std::optional<I64Array> lengths, std::optional<std::string> source_name) {
+                       std::optional<Ints> lengths, std::optional<std::string> source_name) {
              auto p = std::make_unique<PyPacker>();
              p->deck = d;
              p->pycost = costFor(d, cost);
@@ -1066,8 +1107,8 @@ pack(step=None) draws the documents of the next step and packs them; state_dict(
              p->packer = packing::makePacker(name ? *name : d->deck.packing.strategy, d->deck, *p->cost);
              return p;
            }),
-           py::arg("deck"), py::arg("name") = py::none(), py::arg("cost") = py::none(), py::arg("lengths") = py::none(),
-           py::arg("source_name") = py::none())
+           py::arg("deck").none(false), py::arg("name") = py::none(), py::arg("cost") = py::none(),
+           py::arg("lengths") = py::none(), py::arg("source_name") = py::none())
       .def(
           "pack",
           [](PyPacker& p, std::optional<std::int64_t> step) {
@@ -1090,7 +1131,8 @@ pack(step=None) draws the documents of the next step and packs them; state_dict(
       .def_property_readonly("pending_tokens", [](const PyPacker& p) { return p.packer->pendingTokens(); })
       .def_property_readonly("name", [](const PyPacker& p) { return p.packer->name(); })
       .def_property_readonly("next_step", [](const PyPacker& p) { return p.src->nextStep(); })
-      .def_property_readonly("capacity", &PyPacker::capacity, "Largest micro-batch in tokens (s_max for wlb, else S).")
+      .def_property_readonly("capacity", &PyPacker::capacity,
+                             "Largest micro-batch in tokens (s_max for wlb and slimpack, else S).")
       .def_property_readonly("dp", [](const PyPacker& p) { return p.packer->options().dp; })
       .def_property_readonly("micro_batches", [](const PyPacker& p) { return p.packer->options().micro_batches; })
       .def_property_readonly("documents_per_epoch", [](const PyPacker& p) { return p.src->documentsPerEpoch(); })
@@ -1213,8 +1255,8 @@ are packed[token_index(r)]); kv_index(r): packed position of each slot of its KV
           }))
       .def_static(
           "from_ranges",
-          [](const I64Array& segs, const I64Array& ranges, int cp_degree, const PyCostPtr& cost,
-             const std::string& comm, const std::string& name) {
+          [](const Ints& segs, const Ints& ranges, int cp_degree, const PyCostPtr& cost, const std::string& comm,
+             const std::string& name) {
             if (!cost) throw py::value_error("from_ranges: cost: a wlb.CostModel is required");
             if (ranges.ndim() != 2 || ranges.shape(1) != 4)
               throw py::value_error("from_ranges: ranges: expected an (n, 4) array [rank, segment, q_offset, q_len]");
@@ -1236,8 +1278,8 @@ are packed[token_index(r)]); kv_index(r): packed position of each slot of its KV
             }
             return out;
           },
-          py::arg("segments"), py::arg("ranges"), py::arg("cp"), py::arg("cost"), py::arg("comm") = "allgather",
-          py::arg("name") = "custom",
+          py::arg("segments"), py::arg("ranges"), py::arg("cp"), py::arg("cost").none(false),
+          py::arg("comm") = "allgather", py::arg("name") = "custom",
           "The plan of an assignment made elsewhere: ranges (n, 4) [rank, segment, q_offset, q_len] put every token "
           "of every segment on one rank; laid out, comm-planned and costed like the planner's plans (docs/cp.md).")
       .def(
@@ -1260,10 +1302,10 @@ as Plan.micro_batch(r, m), or 1-D segment lengths.)")
                                          comm ? *comm : d->deck.cp.comm,
                                          cp_degree ? *cp_degree : static_cast<int>(d->deck.mesh.cp));
            }),
-           py::arg("deck"), py::arg("strategy") = py::none(), py::arg("comm") = py::none(), py::arg("cp") = py::none(),
-           py::arg("cost") = py::none())
+           py::arg("deck").none(false), py::arg("strategy") = py::none(), py::arg("comm") = py::none(),
+           py::arg("cp") = py::none(), py::arg("cost") = py::none())
       .def(
-          "plan", [](const PyShardPlanner& p, const I64Array& segs) { return p.plan(segmentsFrom(segs, "segments")); },
+          "plan", [](const PyShardPlanner& p, const Ints& segs) { return p.plan(segmentsFrom(segs, "segments")); },
           py::arg("segments"))
       .def_property_readonly("strategy", [](const PyShardPlanner& p) { return cp::strategyName(p.strategy); })
       .def_property_readonly("comm", [](const PyShardPlanner& p) { return cp::commModeName(p.comm); })
@@ -1290,7 +1332,7 @@ as Plan.micro_batch(r, m), or 1-D segment lengths.)")
         m.solver = p.solver;
         return toPy(packing::toJson(m));
       },
-      py::arg("plan"), py::arg("cost"), "Per-step metrics of a plan (docs/packing.md).");
+      py::arg("plan"), py::arg("cost").none(false), "Per-step metrics of a plan (docs/packing.md).");
 
   py::class_<packing::RunSummary>(m, "RunSummary", "Aggregate over steps: mean imbalance, token-weighted delay, ...")
       .def(py::init<>())
@@ -1311,7 +1353,7 @@ then per step add_incoming(documents) and add_plan(plan); ok(packer.pending_toke
           "add_incoming", [](PyChecker& c, const PyDocuments& d) { c.checker.addIncoming(d.docs); },
           py::arg("documents"))
       .def(
-          "add_held", [](PyChecker& c, const I64Array& segs) { c.checker.addHeld(segmentsFrom(segs, "held")); },
+          "add_held", [](PyChecker& c, const Ints& segs) { c.checker.addHeld(segmentsFrom(segs, "held")); },
           py::arg("segments"))
       .def(
           "add_plan", [](PyChecker& c, const PyPlan& p) { c.checker.addPlan(p.plan); }, py::arg("plan"))

@@ -5,6 +5,7 @@
 /// the final name (writes go to the temporary) nor the temporary itself. The handler uses
 /// only async-signal-safe calls (unlink, signal, raise) on a fixed table.
 
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -27,5 +28,12 @@ class TemporaryGuard {
  private:
   std::string path_;
 };
+
+/// Writes `text` to `path`, the output `what` names in errors ("--out", "--json", ...): under
+/// a registered temporary name, renamed into place when complete (missing folders made
+/// first). `check`, when given, runs on the complete temporary before the rename (a profile
+/// must load, say). Throws InputError naming `what`; a failure leaves neither file behind.
+void writeAtomically(const std::string& path, const std::string& what, const std::string& text,
+                     const std::function<void(const std::string& tmp)>& check = {});
 
 }  // namespace wlb::app

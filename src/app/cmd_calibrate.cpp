@@ -22,6 +22,7 @@
 #include "app/cleanup.hpp"
 #include "app/command.hpp"
 #include "core/error.hpp"
+#include "core/output_file.hpp"
 #include "model/calibration.hpp"
 #include "model/cost_model.hpp"
 #include "trace/reader.hpp"
@@ -146,10 +147,7 @@ std::string pct(double after, double before) {
 int run(const Opts& o) {
   if (wlb::app::worldRank() != 0) return 0;
   if (o.traces.empty()) throw wlb::InputError("wlb calibrate: give at least one TRACE");
-  const fs::path out(o.out);
-  if (out.has_parent_path() && !fs::is_directory(out.parent_path()))
-    throw wlb::InputError("--out: directory '" + out.parent_path().string() + "' does not exist");
-  if (fs::is_directory(out)) throw wlb::InputError("--out: '" + o.out + "' is a directory");
+  wlb::checkOutputPath(o.out, "--out", o.traces);  // --out may be --profile: calibrated in place
 
   std::vector<wlb::model::MeasuredRun> runs;
   std::vector<std::string> names;
@@ -263,31 +261,9 @@ int run(const Opts& o) {
   }
 
   const nlohmann::json j = wlb::model::applyToJson(pj, fit, names, isoNow());
-  const std::string tmp = o.out + ".tmp." + std::to_string(::getpid());
-  {
-    wlb::app::TemporaryGuard guard(tmp);
-    {
-      std::ofstream f(tmp);
-      if (!f) throw wlb::InputError("--out: cannot write '" + tmp + "'");
-      f << j.dump(2) << "\n";
-      f.close();
-      if (!f) {
-        std::remove(tmp.c_str());
-        throw wlb::InputError("--out: writing '" + tmp + "' failed");
-      }
-    }
-    // the new profile must load (it is what the simulator will read)
-    try {
-      (void)wlb::model::HardwareProfile::load(tmp);
-    } catch (...) {
-      std::remove(tmp.c_str());
-      throw;
-    }
-    if (std::rename(tmp.c_str(), o.out.c_str()) != 0) {
-      std::remove(tmp.c_str());
-      throw wlb::InputError("--out: cannot rename '" + tmp + "' to '" + o.out + "'");
-    }
-  }
+  // the new profile must load before it replaces anything (it is what the simulator will read)
+  wlb::app::writeAtomically(o.out, "--out", j.dump(2) + "\n",
+                            [](const std::string& tmp) { (void)wlb::model::HardwareProfile::load(tmp); });
   os << "wrote " << o.out << "\n";
   if (!o.quiet) std::fputs(os.str().c_str(), stdout);
   return 0;

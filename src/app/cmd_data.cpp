@@ -44,8 +44,13 @@ void printStats(const std::string& title, const wlb::data::LengthStats& s, std::
 int runStats(const Opts& o) {
   using namespace wlb;
   Deck deck;
-  if (!o.deck.path.empty()) deck = o.deck.load();
-  if (o.window > 0) deck.data.context_window = o.window;
+  if (!o.deck.path.empty()) deck = o.deck.load("wlb data stats");
+  if (o.window != 0) {  // the deck key's own range (0: not given)
+    if (o.window < 16 || o.window > (std::int64_t{1} << 26))
+      throw InputError(
+          "--window: " + std::to_string(o.window) + " is outside data.context_window's range [16, 67108864]", true);
+    deck.data.context_window = o.window;
+  }
   if (o.steps < 1) throw InputError("--steps: must be >= 1", true);
   std::vector<std::string> presets;
   if (o.all)
@@ -136,7 +141,7 @@ const bool registered = wlb::app::registerCommand(
       stats->add_option("--window", o->window, "Context window S (overrides data.context_window)");
       CLI::App* prep = sub.add_subcommand(
           "prepare", "Text documents (a directory or tarball) -> Megatron .bin/.idx, byte-level tokens, train/valid");
-      prep->add_option("SRC", o->prepare.source, "Directory (one document per regular file) or .tar[.gz|.xz] tarball")
+      prep->add_option("SRC", o->prepare.source, "Directory (one document per regular file) or tarball (.tar, .tar.gz/.tgz, .tar.xz, .tar.bz2)")
           ->required();
       prep->add_option("--out", o->prepare.out_prefix,
                        "Output prefix: writes PREFIX_train.{bin,idx}, PREFIX_valid.{bin,idx}")

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "core/error.hpp"
 #include "core/h5.hpp"
 #include "core/kokkos_compat.hpp"
+#include "core/output_file.hpp"
 
 namespace {
 
@@ -157,6 +159,7 @@ int run(const Opts& o) {
   } catch (const std::invalid_argument& e) {
     throw wlb::InputError(std::string("wlb kernel: --tile-q/--tile-k: ") + e.what());
   }
+  wlb::checkOutputPath(o.out, "wlb kernel: --out", {o.in});
   const Case c = readCase(o.in);
   const int H = static_cast<int>(c.qd[1]), Hkv = static_cast<int>(c.kd[1]), D = static_cast<int>(c.qd[2]);
   std::vector<float> out_o(c.q.size()), out_lse(c.qd[0] * c.qd[1]), dq, dk, dv;
@@ -206,6 +209,9 @@ int run(const Opts& o) {
   const std::string tmp = o.out + ".tmp." + std::to_string(::getpid());
   const wlb::app::TemporaryGuard guard(tmp);  // removed if interrupted
   try {
+    std::error_code ec;
+    if (const auto dir = std::filesystem::path(o.out).parent_path(); !dir.empty())
+      std::filesystem::create_directories(dir, ec);  // a failure shows as "cannot create" below
     auto f = wlb::h5::File::create(tmp);
     f.writeDataset<float>("o", out_o.data(), c.qd);
     f.writeDataset<float>("lse", out_lse.data(), {c.qd[0], c.qd[1]});
@@ -223,13 +229,16 @@ int run(const Opts& o) {
     f.setAttribute("softmax_scale", c.scale > 0.0f ? c.scale : 1.0f / std::sqrt(static_cast<float>(D)));
     f.setAttribute("source", o.in);
     f.close();
+  } catch (const wlb::h5::Error& e) {
+    std::remove(tmp.c_str());
+    throw wlb::InputError("wlb kernel: --out '" + o.out + "': " + e.what());
   } catch (...) {
     std::remove(tmp.c_str());
     throw;
   }
   if (std::rename(tmp.c_str(), o.out.c_str()) != 0) {
     std::remove(tmp.c_str());
-    throw std::runtime_error("wlb kernel: cannot rename " + tmp + " to " + o.out);
+    throw wlb::InputError("wlb kernel: --out '" + o.out + "': cannot rename " + tmp + " into place");
   }
   std::printf("wlb kernel: %zu pieces, %llu query tokens, heads %d/%d, head_dim %d -> %s (%s)\n", c.pieces.size(),
               static_cast<unsigned long long>(c.qd[0]), H, Hkv, D, o.out.c_str(),

@@ -20,7 +20,7 @@ const bool registered = wlb::app::registerCommand(
       auto o = std::make_shared<Opts>();
       wlb::app::addDeckArgs(sub, o->deck);
       return [o]() -> int {
-        const wlb::Deck deck = o->deck.load();
+        const wlb::Deck deck = o->deck.load("wlb mesh");
         const auto shape = wlb::parallel::MeshShape::fromDeck(deck.mesh);
         wlb::parallel::Mesh mesh(shape, MPI_COMM_WORLD);
         // One all-reduce per group: every group must sum to its size.

@@ -17,6 +17,8 @@
 #include "app/cleanup.hpp"
 #include "app/command.hpp"
 #include "core/error.hpp"
+#include "core/input_file.hpp"
+#include "core/output_file.hpp"
 #include "core/progress.hpp"
 #include "data/length_source.hpp"
 #include "model/cost_model.hpp"
@@ -64,51 +66,24 @@ std::vector<std::string> packersFor(const Opts& o, const wlb::Deck& deck) {
   return names;
 }
 
-void writeAtomically(const std::string& path, const std::string& text) {
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  const wlb::app::TemporaryGuard guard(tmp);
-  {
-    std::ofstream f(tmp);
-    if (!f) throw wlb::InputError(fmt::format("{}: cannot write", path));
-    f << text;
-    if (!f) {
-      std::remove(tmp.c_str());
-      throw wlb::InputError(fmt::format("{}: write failed", path));
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw wlb::InputError(fmt::format("{}: cannot rename temporary file into place", path));
-  }
-}
-
 int runPlan(const Opts& o) {
   using namespace wlb;
   const bool root = app::worldRank() == 0;
-  const Deck deck = o.deck.load();
+  const Deck deck = o.deck.load("wlb plan");
   const std::int64_t steps = o.steps >= 0 ? o.steps : deck.run.steps;
   if (steps < 1) throw InputError("--steps: must be >= 1", true);
   const auto names = packersFor(o, deck);
   const auto cost = model::CostModel::fromDeck(deck);
   // Validate everything before writing anything.
-  if (!o.out.empty()) {
-    // --out names a file (several packers write NAME.PACKER.EXT beside it): a directory
-    // would silently become "DIR.PACKER" files next to it
-    std::error_code ec;
-    if (std::filesystem::is_directory(o.out, ec))
-      throw InputError(fmt::format("--out {}: is a directory; give a file name such as {}/plan.jsonl", o.out,
-                                   o.out.size() > 1 && o.out.back() == '/' ? o.out.substr(0, o.out.size() - 1) : o.out),
-                       true);
-    const auto parent = std::filesystem::path(o.out).parent_path();
-    if (!parent.empty() && !std::filesystem::is_directory(parent, ec))
-      throw InputError(fmt::format("--out {}: directory {} does not exist", o.out, parent.string()), true);
-  }
+  // --out names a file (several packers write NAME.PACKER.EXT beside it): a directory
+  // would silently become "DIR.PACKER" files next to it
+  if (!o.out.empty()) checkOutputPath(o.out, "--out", {}, true);
+  if (!o.summary_json.empty()) checkOutputPath(o.summary_json, "--summary-json", {o.out}, true);
   std::vector<std::unique_ptr<packing::Packer>> packers;
   for (const auto& n : names) packers.push_back(packing::makePacker(n, deck, cost));
   nlohmann::json resume;
   if (!o.resume.empty()) {
-    std::ifstream f(o.resume);
-    if (!f) throw InputError(fmt::format("--resume {}: cannot open", o.resume), true);
+    auto f = openInput(o.resume, "--resume", std::ios::in, true);
     try {
       f >> resume;
     } catch (const nlohmann::json::exception& e) {
@@ -118,6 +93,8 @@ int runPlan(const Opts& o) {
       throw InputError(fmt::format("--resume {}: not a wlb-plan-state file", o.resume), true);
   }
   const std::string save = !o.save_state.empty() ? o.save_state : deck.packing.checkpoint;
+  if (!save.empty())  // may be --resume's file: the state moves on in place
+    checkOutputPath(save, o.save_state.empty() ? "packing.checkpoint" : "--save-state", {o.out, o.summary_json}, true);
   const bool several = packers.size() > 1;
 
   std::vector<packing::RunResult> results;
@@ -136,6 +113,9 @@ int runPlan(const Opts& o) {
       if (root && !o.out.empty()) {
         final_path = outPathFor(o.out, packer->name(), several);
         tmp_path = fmt::format("{}.tmp.{}", final_path, ::getpid());
+        std::error_code ec;
+        if (const auto dir = std::filesystem::path(final_path).parent_path(); !dir.empty())
+          std::filesystem::create_directories(dir, ec);  // a failure shows as "cannot write" below
         out.open(tmp_path);
         if (!out) throw InputError(fmt::format("--out {}: cannot write", final_path), true);
         tmp_files.push_back(tmp_path);
@@ -180,11 +160,13 @@ int runPlan(const Opts& o) {
           throw InputError(fmt::format("--out {}: cannot rename into place", final_path), true);
       }
       tmp_files.clear();
-      if (!save.empty()) writeAtomically(save, state.dump() + "\n");
+      if (!save.empty())
+        wlb::app::writeAtomically(save, o.save_state.empty() ? "packing.checkpoint" : "--save-state",
+                                  state.dump() + "\n");
       if (!o.summary_json.empty()) {
         nlohmann::json js = nlohmann::json::array();
         for (const auto& r : results) js.push_back(r.toJson());
-        writeAtomically(o.summary_json, js.dump(2) + "\n");
+        wlb::app::writeAtomically(o.summary_json, "--summary-json", js.dump(2) + "\n");
       }
     }
   } catch (...) {

@@ -6,9 +6,11 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "app/cleanup.hpp"
 #include "app/command.hpp"
+#include "core/output_file.hpp"
 #include "profile/profiler.hpp"
 
 namespace {
@@ -20,6 +22,8 @@ struct Opts {
 
 int run(const Opts& o) {
   if (wlb::app::worldRank() != 0) return 0;
+  wlb::checkOutputPath(o.out, "--out",
+                       o.p.base.empty() ? std::vector<std::string>{} : std::vector<std::string>{o.p.base});
   const auto r = wlb::profile::measureProfile(o.p);
   wlb::profile::writeProfile(r.profile, o.out, [](const std::string& path, bool made) {
     if (made)

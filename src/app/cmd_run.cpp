@@ -15,6 +15,7 @@
 
 #include "app/command.hpp"
 #include "core/error.hpp"
+#include "core/output_file.hpp"
 #include "runtime/run.hpp"
 
 namespace {
@@ -80,9 +81,15 @@ const bool registered = wlb::app::registerCommand(
         // Every rank reads the same deck: a bad deck fails identically everywhere.
         wlb::Deck deck;
         try {
-          deck = o->deck.load();
+          deck = o->deck.load("wlb run");
         } catch (const wlb::InputError& e) {
           throw wlb::InputError(e.what(), /*collective=*/true);
+        }
+        if (!o->gradients.empty()) {  // before the run, not after it
+          std::error_code ec;
+          if (std::filesystem::exists(o->gradients, ec) && !std::filesystem::is_directory(o->gradients, ec))
+            throw wlb::InputError("--gradients '" + o->gradients + "': is a file; name a folder", true);
+          wlb::checkOutputPath(o->gradients + "/losses.json", "--gradients", {}, true);
         }
         wlb::runtime::RunOptions ro;
         ro.steps = o->steps;

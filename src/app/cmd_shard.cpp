@@ -75,7 +75,7 @@ struct Row {
 int runShard(const Opts& o) {
   using namespace wlb;
   const bool root = app::worldRank() == 0;
-  const Deck deck = o.deck.load();
+  const Deck deck = o.deck.load("wlb shard");
   const std::int64_t steps = o.steps >= 0 ? o.steps : deck.run.steps;
   if (steps < 1) throw InputError("--steps: must be >= 1", true);
   const int cp = static_cast<int>(deck.mesh.cp);

@@ -17,8 +17,11 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
+#include "app/cleanup.hpp"
 #include "app/command.hpp"
 #include "core/error.hpp"
+#include "core/input_file.hpp"
+#include "core/output_file.hpp"
 #include "core/progress.hpp"
 #include "cp/shard_plan.hpp"
 #include "data/length_source.hpp"
@@ -74,8 +77,7 @@ std::vector<std::string> expandDeckPaths(const std::vector<std::string>& paths) 
   std::vector<std::string> out;
   for (const auto& p : paths) {
     if (p.size() > 5 && p.substr(p.size() - 5) == ".list") {
-      std::ifstream in(p);
-      if (!in) throw wlb::InputError("cannot open deck list '" + p + "'", true);
+      auto in = wlb::openInput(p, "deck list", std::ios::in, true);
       std::string line;
       while (std::getline(in, line)) {
         const auto hash = line.find('#');
@@ -102,17 +104,6 @@ std::string caseName(const std::string& path, const wlb::Deck& c, bool sweep) {
     if (slash != std::string::npos) n += ":" + c.output.dir.substr(slash + 1);
   }
   return n;
-}
-
-void writeAtomic(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp-" + std::to_string(::getpid());
-  {
-    std::ofstream o(tmp, std::ios::binary);
-    if (!o) throw wlb::InputError("cannot write '" + tmp.string() + "'");
-    o << text;
-    if (!o.flush()) throw wlb::InputError("cannot write '" + tmp.string() + "'");
-  }
-  fs::rename(tmp, path);
 }
 
 std::string traceName(const std::string& trace, std::size_t idx, std::size_t n) {
@@ -201,9 +192,19 @@ int run(const Opts& o) {
       (void)wlb::cp::parseStrategy(pr.sharding);
     }
   }
-  if (!o.trace.empty() && rank == 0) {
+  if (cases.empty()) throw wlb::InputError("wlb simulate: no decks to simulate (the deck list names none)", true);
+  // Every output path before any work: a bad one must not leave the others written.
+  if (!o.out.empty()) {
+    std::error_code ec;
+    if (fs::exists(o.out, ec) && !fs::is_directory(o.out, ec))
+      throw wlb::InputError("--out '" + o.out + "': is a file; name a folder for simulate.csv and simulate.json", true);
+    wlb::checkOutputPath((fs::path(o.out) / "simulate.csv").string(), "--out", {}, true);
+  }
+  if (!o.trace.empty()) {
+    for (std::size_t ci = 0; ci < cases.size(); ++ci)
+      wlb::checkOutputPath(traceName(o.trace, ci, cases.size()), "--trace", {}, true);
     const fs::path parent = fs::path(o.trace).parent_path();
-    if (!parent.empty()) fs::create_directories(parent);
+    if (!parent.empty() && rank == 0) fs::create_directories(parent);
   }
 
   // Strategy list: --strategies, else the deck's run.strategies, else the default five.
@@ -381,8 +382,8 @@ int run(const Opts& o) {
         j.back()["dp_merge_units"] = r.merged;
       }
     }
-    writeAtomic(fs::path(o.out) / "simulate.csv", csv.str());
-    writeAtomic(fs::path(o.out) / "simulate.json", j.dump(2) + "\n");
+    wlb::app::writeAtomically((fs::path(o.out) / "simulate.csv").string(), "--out", csv.str());
+    wlb::app::writeAtomically((fs::path(o.out) / "simulate.json").string(), "--out", j.dump(2) + "\n");
   }
   return 0;
 }

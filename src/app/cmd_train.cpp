@@ -27,7 +27,7 @@ const bool registered = wlb::app::registerCommand(
       sub.add_flag("--resume", o->resume, "Continue from the checkpoint in train.checkpoint_dir");
       sub.add_flag("--quiet", o->quiet, "No progress lines");
       return [o]() -> int {
-        const wlb::Deck deck = o->deck.load();
+        const wlb::Deck deck = o->deck.load("wlb train");
         wlb::train::TrainOptions to;
         to.command = "wlb train " + o->deck.path + (o->resume ? " --resume" : "");
         to.resume = o->resume;

@@ -7,8 +7,10 @@
 
 #include <fmt/format.h>
 
+#include "app/cleanup.hpp"
 #include "app/command.hpp"
 #include "core/error.hpp"
+#include "core/output_file.hpp"
 #include "core/progress.hpp"
 #include "data/length_source.hpp"
 #include "model/cost_model.hpp"
@@ -35,7 +37,8 @@ int runTune(const Opts& o) {
   const bool root = app::worldRank() == 0;
   if (o.sample_steps < 1) throw InputError("--sample-steps: must be >= 1", true);
   if (o.max_levels < 0 || o.max_levels > 4) throw InputError("--max-levels: must be in 0..4", true);
-  const Deck deck = o.deck.load();
+  const Deck deck = o.deck.load("wlb tune");
+  if (!o.json.empty()) checkOutputPath(o.json, "--json", {}, true);
   const auto cost = model::CostModel::fromDeck(deck);
   const auto base = packing::PackerOptions::fromDeck(deck);
   const std::int64_t S = base.context_window;
@@ -99,13 +102,7 @@ int runTune(const Opts& o) {
     if (!o.json.empty()) {
       nlohmann::json j = nlohmann::json::array();
       for (const auto& r : rows) j.push_back({{"thresholds", r.th}, {"summary", r.s.toJson()}, {"best", &r == best}});
-      const std::string tmp = o.json + ".tmp";
-      {
-        std::ofstream f(tmp);
-        if (!f) throw InputError(fmt::format("--json {}: cannot write", o.json), true);
-        f << j.dump(2) << "\n";
-      }
-      std::rename(tmp.c_str(), o.json.c_str());
+      app::writeAtomically(o.json, "--json", j.dump(2) + "\n");
     }
   }
   return best ? 0 : 1;

@@ -31,7 +31,7 @@ const bool registered = wlb::app::registerCommand(
           }
         };
         if (wlb::app::worldRank() != 0) {
-          if (!o->reference) checkFiles(o->deck.load());  // same validation (and exit code) everywhere
+          if (!o->reference) checkFiles(o->deck.loadWithSweep());  // same validation (and exit code) everywhere
           return 0;
         }
         if (o->reference) {
@@ -39,7 +39,7 @@ const bool registered = wlb::app::registerCommand(
           return 0;
         }
         if (o->deck.path.empty()) throw wlb::InputError("validate: a DECK argument is required");
-        const wlb::Deck deck = o->deck.load();
+        const wlb::Deck deck = o->deck.loadWithSweep();
         checkFiles(deck);
         std::cout << "# " << deck.source_path << ": valid\n" << deck.toToml();
         if (o->cases) {

@@ -34,8 +34,11 @@ bool registerCommand(const std::string& name, const std::string& description, Se
 struct DeckArgs {
   std::string path;                    ///< positional DECK
   std::vector<std::string> overrides;  ///< --set table.key=value (repeatable)
-  /// Load, validate, apply overrides. Throws InputError.
-  Deck load() const;
+  /// Load, validate, apply overrides, for a command that runs one case (`command` names it
+  /// in the error a deck with a [sweep] gets). Throws InputError.
+  Deck load(const std::string& command) const;
+  /// The same, keeping the deck's [sweep] (wlb validate lists its cases).
+  Deck loadWithSweep() const;
 };
 
 /// Add positional DECK (required unless `optional`) and repeatable --set.

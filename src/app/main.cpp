@@ -32,12 +32,18 @@ bool registerCommand(const std::string& name, const std::string& description, Se
   return true;
 }
 
-Deck DeckArgs::load() const {
+Deck DeckArgs::load(const std::string& command) const {
+  Deck d = loadDeck(path, overrides);
+  requireOneCase(d, path, command);
+  return d;
+}
+Deck DeckArgs::loadWithSweep() const {
   return loadDeck(path, overrides);
 }
 
 void addDeckArgs(CLI::App& sub, DeckArgs& args, bool optional) {
-  auto* opt = sub.add_option("deck", args.path, "TOML input deck");
+  auto* opt = sub.add_option("deck", args.path, optional ? "TOML input deck (required unless an option says otherwise)"
+                                                         : "TOML input deck");
   if (!optional) opt->required();
   sub.add_option("--set", args.overrides, "Override a deck key: table.key=value (TOML value; repeatable)")
       ->allow_extra_args(false)

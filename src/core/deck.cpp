@@ -314,6 +314,13 @@ void resolveAndValidate(Deck& d, const std::string& name) {
   const auto& mesh = d.mesh;
   if (m.heads % mesh.tp != 0)
     err("mesh.tp", "tp = " + std::to_string(mesh.tp) + " must divide model.heads = " + std::to_string(m.heads));
+  // A TP rank holds whole KV heads, or tp / kv_heads ranks hold copies of one (Megatron's
+  // replication, which the cost model prices; the executor needs tp | kv_heads: runtime::LayerShape).
+  if (m.kv_heads % mesh.tp != 0 && mesh.tp % m.kv_heads != 0)
+    err("mesh.tp", "tp = " + std::to_string(mesh.tp) + " must divide model.kv_heads = " + std::to_string(m.kv_heads) +
+                       " or be a multiple of it");
+  if (m.ffn % mesh.tp != 0)
+    err("mesh.tp", "tp = " + std::to_string(mesh.tp) + " must divide model.ffn = " + std::to_string(m.ffn));
   // An uneven split is allowed (pp::layerBlock: the first stages hold one layer more).
   if (m.layers < mesh.pp * mesh.virtual_stages)
     err("model.layers", "model.layers = " + std::to_string(m.layers) + " is fewer than pp * virtual_stages = " +
@@ -456,19 +463,24 @@ Deck parseDeck(const std::string& text, const std::string& name, const std::vect
   std::set<std::string> pinned;  // a --set of a swept key pins it: that key leaves the sweep
   for (const auto& ov : overrides) pinned.insert(applyOverride(d, ov, "--set"));
   const Deck base = d;
+  std::map<std::string, std::string> spelled;  // a key's schema name -> how the deck wrote it
   for (const auto& [key, val] : sweep_items) {
-    if (pinned.count(key)) continue;
     const Origin o = Origin::of(*val, name);
     if (!val->is_array() || val->as_array().empty())
       fail(o, "[sweep] '" + key + "' must be a non-empty array of values");
     std::vector<std::string> literals;
+    std::string canonical;
     for (const auto& e : val->as_array()) {
       Deck probe = base;  // validate each value against the key's schema now
       const std::string lit = literalOf(e);
-      applyOverride(probe, key + "=" + lit, o.where + ": [sweep]");
+      canonical = applyOverride(probe, key + "=" + lit, o.where + ": [sweep]");
       literals.push_back(lit);
     }
-    d.sweep[key] = literals;
+    // "mesh.cp", "mesh.cp " and a dotted mesh.cp are one key: two axes would fight over it.
+    if (const auto [it, fresh] = spelled.emplace(canonical, key); !fresh)
+      fail(o, "[sweep] '" + key + "' and '" + it->second + "' both sweep " + canonical);
+    if (pinned.count(canonical)) continue;
+    d.sweep[canonical] = literals;
   }
   resolveAndValidate(d, name);
   return d;
@@ -485,6 +497,16 @@ Deck loadDeck(const std::string& path, const std::vector<std::string>& overrides
   return parseDeck(ss.str(), path, overrides);
 }
 
+void requireOneCase(const Deck& deck, const std::string& name, const std::string& command) {
+  if (deck.sweep.empty()) return;
+  std::string keys;
+  for (const auto& [k, v] : deck.sweep) keys += (keys.empty() ? "" : ", ") + k;
+  const auto& [k0, v0] = *deck.sweep.begin();
+  throw InputError(name + ": [sweep] over " + keys + ": " + command +
+                   " runs one case; pick it with --set (e.g. --set " + k0 + "=" + v0.front() +
+                   "); wlb simulate and run/slurm/sweep run every case");
+}
+
 std::vector<Deck> expandSweep(const Deck& deck) {
   std::vector<Deck> out;
   if (deck.sweep.empty()) return {deck};
@@ -494,6 +516,9 @@ std::vector<Deck> expandSweep(const Deck& deck) {
     // Re-resolve from the deck's own (unresolved) values: derived keys follow the case.
     Deck c = deck;
     c.sweep.clear();
+    // Derived defaults follow the case (unless the case sets them: its values come after).
+    if (deck.data.s_max == deck.data.context_window) c.data.s_max = 0;
+    if (deck.packing.micro_batches == deck.mesh.pp) c.packing.micro_batches = 0;
     std::string suffix;
     for (std::size_t a = 0; a < axes.size(); ++a) {
       const std::string& lit = axes[a].second[idx[a]];
@@ -502,8 +527,6 @@ std::vector<Deck> expandSweep(const Deck& deck) {
       v.erase(std::remove(v.begin(), v.end(), '"'), v.end());
       suffix += (suffix.empty() ? "" : "_") + axes[a].first + "-" + v;
     }
-    if (deck.data.s_max == deck.data.context_window) c.data.s_max = 0;  // default follows the window
-    if (deck.packing.micro_batches == deck.mesh.pp) c.packing.micro_batches = 0;
     resolveAndValidate(c, deck.source_path.empty() ? "[sweep]" : deck.source_path + " [sweep] " + suffix);
     c.output.dir = deck.output.dir + "/" + suffix;
     out.push_back(std::move(c));

@@ -148,6 +148,10 @@ Deck parseDeck(const std::string& text, const std::string& name, const std::vect
 /// Each case's `output.dir` gets a suffix naming its values.
 std::vector<Deck> expandSweep(const Deck& deck);
 
+/// For a command that runs one case (`wlb run`, `wlb train`, ...): throws InputError naming
+/// `name` and the swept keys when the deck still has a [sweep] (a --set of a swept key pins it).
+void requireOneCase(const Deck& deck, const std::string& name, const std::string& command);
+
 /// Strategy name -> (packer, sharding) pair. "plain" = original+per_sequence,
 /// "fixed" = fixed_greedy+per_document, "wlb" = wlb+adaptive.
 struct StrategyPair {

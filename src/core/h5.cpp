@@ -4,6 +4,7 @@
 #include "core/h5.hpp"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -451,6 +452,8 @@ File File::create(const std::string& path, MPI_Comm comm) {
 File File::open(const std::string& path, Mode mode, MPI_Comm comm) {
   silenceErrors();
   {
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec)) throw InputError(path + ": is a directory, not an HDF5 file");
     std::ifstream probe(path, std::ios::binary);
     if (!probe) throw InputError(path + ": cannot open (no such file or not readable)");
   }

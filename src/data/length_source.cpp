@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 
 namespace wlb::data {
 
@@ -197,11 +198,20 @@ void LengthSource::loadState(const nlohmann::json& s) {
       throw InputError("the checkpoint was taken on another document stream: " + diff +
                        "; resume with the deck that wrote it");
   }
+  // All or nothing: a bad field leaves the source as it was.
   try {
-    next_step_ = s.at("next_step").get<std::int64_t>();
-    next_id_ = s.at("next_id").get<std::int64_t>();
-    held_ = s.at("held").get<std::int64_t>();
-    loadExtra(s.at("extra"));
+    const auto next_step = s.at("next_step").get<std::int64_t>();
+    const auto next_id = s.at("next_id").get<std::int64_t>();
+    const auto held = s.at("held").get<std::int64_t>();
+    if (next_step < 0 || next_id < 0)
+      throw InputError(fmt::format("length source state: next_step {} / next_id {} must be >= 0", next_step, next_id));
+    if (held < 0 || held > kMaxDocTokens)
+      throw InputError(
+          fmt::format("length source state: held = {} is not a document length in [0, {}]", held, kMaxDocTokens));
+    loadExtra(s.at("extra"));  // validates before it assigns
+    next_step_ = next_step;
+    next_id_ = next_id;
+    held_ = held;
   } catch (const nlohmann::json::exception& e) {
     throw InputError(fmt::format("length source state: {}", e.what()));
   }
@@ -229,10 +239,16 @@ class GeneratorSource final : public LengthSource {
   Rng rng_;
 };
 
-class FileSource final : public LengthSource {
+class ArraySource final : public LengthSource {
  public:
-  FileSource(std::vector<std::int64_t> lengths, std::string desc, std::int64_t seqs, std::int64_t window)
-      : LengthSource(seqs, window), lengths_(std::move(lengths)), desc_(std::move(desc)) {}
+  ArraySource(std::vector<std::int64_t> lengths, std::string desc, std::int64_t seqs, std::int64_t window)
+      : LengthSource(seqs, window), lengths_(std::move(lengths)), desc_(std::move(desc)) {
+    if (lengths_.empty()) throw InputError(desc_ + ": no document lengths", true);
+    for (std::size_t i = 0; i < lengths_.size(); ++i)
+      if (lengths_[i] < 1 || lengths_[i] > kMaxDocTokens)
+        throw InputError(
+            fmt::format("{}: length {} of document {} is not in [1, {}]", desc_, lengths_[i], i, kMaxDocTokens), true);
+  }
   std::string describe() const override { return desc_; }
   std::int64_t documentsPerEpoch() const override { return static_cast<std::int64_t>(lengths_.size()); }
 
@@ -243,7 +259,11 @@ class FileSource final : public LengthSource {
     return lengths_[static_cast<std::size_t>(cursor_++ % n)];
   }
   nlohmann::json saveExtra() const override { return {{"cursor", cursor_}}; }
-  void loadExtra(const nlohmann::json& j) override { cursor_ = j.at("cursor").get<std::int64_t>(); }
+  void loadExtra(const nlohmann::json& j) override {
+    const auto c = j.at("cursor").get<std::int64_t>();
+    if (c < 0) throw InputError(fmt::format("length source state: extra.cursor = {} must be >= 0", c));
+    cursor_ = c;
+  }
 
  private:
   std::vector<std::int64_t> lengths_;
@@ -252,6 +272,11 @@ class FileSource final : public LengthSource {
 };
 
 }  // namespace
+
+std::unique_ptr<LengthSource> makeArraySource(std::vector<std::int64_t> lengths, std::string desc,
+                                              std::int64_t sequences_per_step, std::int64_t context_window) {
+  return std::make_unique<ArraySource>(std::move(lengths), std::move(desc), sequences_per_step, context_window);
+}
 
 std::int64_t microBatchesPerReplica(const Deck& deck) {
   return deck.packing.micro_batches > 0 ? deck.packing.micro_batches : std::max<std::int64_t>(1, deck.mesh.pp);
@@ -296,15 +321,13 @@ std::unique_ptr<LengthSource> makeLengthSource(const Deck& deck) {
                                  "jsonl, megatron)",
                                  src),
                      true);
-  return std::make_unique<FileSource>(std::move(lengths), src + ":" + deck.data.path, seqs, S);
+  return makeArraySource(std::move(lengths), src + ":" + deck.data.path, seqs, S);
 }
 
 // ---- Readers -----------------------------------------------------------------------------
 namespace {
 std::ifstream openOrThrow(const std::string& path, std::ios::openmode mode = std::ios::in) {
-  std::ifstream f(path, mode);
-  if (!f) throw InputError(fmt::format("{}: cannot open length file", path), true);
-  return f;
+  return openInput(path, "length file", mode, true);
 }
 std::string trim(const std::string& s) {
   const auto b = s.find_first_not_of(" \t\r\n");

@@ -128,6 +128,12 @@ std::string resolvePath(const Deck& deck, const std::string& path);
 /// offsets, and a longer document would only be split into millions of window chunks.
 constexpr std::int64_t kMaxDocTokens = (std::int64_t{1} << 31) - 1;
 
+/// A source over lengths held in memory (a file's, or an array a caller passes), drawn in
+/// order and wrapped around; `desc` names the stream in plans and checkpoints. InputError
+/// on an empty list or a length outside [1, kMaxDocTokens].
+std::unique_ptr<LengthSource> makeArraySource(std::vector<std::int64_t> lengths, std::string desc,
+                                              std::int64_t sequences_per_step, std::int64_t context_window);
+
 /// Plain text: one positive integer per line; blank lines and `#` comments ignored.
 std::vector<std::int64_t> readTextLengths(const std::string& path);
 /// JSONL: one JSON object per line with an integer field `field` (> 0).

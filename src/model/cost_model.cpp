@@ -88,6 +88,16 @@ double positive(const nlohmann::json& j, const char* name, double fallback, cons
   return j[name].get<double>();
 }
 
+// A kernel tile edge: a whole number of rows (the padded-FLOP loops step by it).
+std::int64_t tileEdge(const nlohmann::json& j, const char* name, std::int64_t fallback, const std::string& file) {
+  if (!j.contains(name)) return fallback;
+  const auto& v = j[name];
+  if (!v.is_number() || v.get<double>() < 1 || v.get<double>() > 65536 ||
+      v.get<double>() != std::floor(v.get<double>()))
+    bad(file, name, "must be a whole number of rows in [1, 65536]");
+  return static_cast<std::int64_t>(v.get<double>());
+}
+
 // Linear interpolation of log(value) over log(x) (clamped at the ends); values must be > 0.
 double logLogAt(const std::vector<double>& xs, const std::vector<double>& ys, double x) {
   std::size_t i = 0;
@@ -278,6 +288,9 @@ HardwareProfile HardwareProfile::analytic() {
 }
 
 HardwareProfile HardwareProfile::load(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw InputError("hardware profile '" + path + "' is a directory, not a JSON file");
   std::ifstream in(path);
   if (!in) throw InputError("cannot open hardware profile '" + path + "'");
   nlohmann::json j;
@@ -286,37 +299,43 @@ HardwareProfile HardwareProfile::load(const std::string& path) {
   } catch (const nlohmann::json::parse_error& e) {
     throw InputError(path + ": not valid JSON (byte " + std::to_string(e.byte) + "): " + e.what());
   }
-  if (!j.is_object() || j.value("format", std::string()) != "wlb-hardware-profile")
-    bad(path, "format", "must be \"wlb-hardware-profile\"");
-  if (!j.contains("version") || !j["version"].is_number_integer() || j["version"].get<int>() < 1 ||
-      j["version"].get<int>() > 2)
-    bad(path, "version", "must be 1 or 2");
   HardwareProfile p;
-  p.version = j["version"].get<int>();
-  p.name = j.value("name", std::filesystem::path(path).stem().string());
-  p.peak_gflops = positive(j, "peak_gflops", p.peak_gflops, path);
-  p.linear_gflops = positive(j, "linear_gflops", p.linear_gflops, path);
-  p.attention_efficiency = positive(j, "attention_efficiency", p.attention_efficiency, path);
-  if (p.attention_efficiency > 2.0) bad(path, "attention_efficiency", "must be in (0, 2]");
-  p.tile_q = static_cast<std::int64_t>(positive(j, "tile_q", static_cast<double>(p.tile_q), path));
-  p.tile_k = static_cast<std::int64_t>(positive(j, "tile_k", static_cast<double>(p.tile_k), path));
-  if (j.contains("attention")) {
-    const auto& a = j["attention"];
-    if (!a.is_object() || !a.contains("fwd") || !a.contains("bwd")) bad(path, "attention", "needs fwd and bwd tables");
-    p.fwd = readTable(a["fwd"], path, "attention.fwd");
-    p.bwd = readTable(a["bwd"], path, "attention.bwd");
+  try {
+    if (!j.is_object() || j.value("format", std::string()) != "wlb-hardware-profile")
+      bad(path, "format", "must be \"wlb-hardware-profile\"");
+    if (!j.contains("version") || !j["version"].is_number_integer() || j["version"].get<int>() < 1 ||
+        j["version"].get<int>() > 2)
+      bad(path, "version", "must be 1 or 2");
+    p.version = j["version"].get<int>();
+    if (j.contains("name") && !j["name"].is_string()) bad(path, "name", "must be a string");
+    p.name = j.value("name", std::filesystem::path(path).stem().string());
+    p.peak_gflops = positive(j, "peak_gflops", p.peak_gflops, path);
+    p.linear_gflops = positive(j, "linear_gflops", p.linear_gflops, path);
+    p.attention_efficiency = positive(j, "attention_efficiency", p.attention_efficiency, path);
+    if (p.attention_efficiency > 2.0) bad(path, "attention_efficiency", "must be in (0, 2]");
+    p.tile_q = tileEdge(j, "tile_q", p.tile_q, path);
+    p.tile_k = tileEdge(j, "tile_k", p.tile_k, path);
+    if (j.contains("attention")) {
+      const auto& a = j["attention"];
+      if (!a.is_object() || !a.contains("fwd") || !a.contains("bwd"))
+        bad(path, "attention", "needs fwd and bwd tables");
+      p.fwd = readTable(a["fwd"], path, "attention.fwd");
+      p.bwd = readTable(a["bwd"], path, "attention.bwd");
+    }
+    if (j.contains("links")) {
+      const auto& l = j["links"];
+      p.tp_bandwidth_gbps = positive(l, "tp_gbps", p.tp_bandwidth_gbps, path, "links.");
+      p.cp_bandwidth_gbps = positive(l, "cp_gbps", p.cp_bandwidth_gbps, path, "links.");
+      p.pp_bandwidth_gbps = positive(l, "pp_gbps", p.pp_bandwidth_gbps, path, "links.");
+      p.dp_bandwidth_gbps = positive(l, "dp_gbps", p.dp_bandwidth_gbps, path, "links.");
+      p.link_latency_us = positive(l, "latency_us", p.link_latency_us, path, "links.");
+    }
+    p.memory_gb = positive(j, "memory_gb", p.memory_gb, path);
+    if (j.contains("linear_ops")) p.linear_ops = readLinearOps(j["linear_ops"], path);
+    if (j.contains("factors")) p.factors = readFactors(j["factors"], path);
+  } catch (const nlohmann::json::exception& e) {  // a field of the wrong JSON type
+    throw InputError(path + ": " + e.what());
   }
-  if (j.contains("links")) {
-    const auto& l = j["links"];
-    p.tp_bandwidth_gbps = positive(l, "tp_gbps", p.tp_bandwidth_gbps, path, "links.");
-    p.cp_bandwidth_gbps = positive(l, "cp_gbps", p.cp_bandwidth_gbps, path, "links.");
-    p.pp_bandwidth_gbps = positive(l, "pp_gbps", p.pp_bandwidth_gbps, path, "links.");
-    p.dp_bandwidth_gbps = positive(l, "dp_gbps", p.dp_bandwidth_gbps, path, "links.");
-    p.link_latency_us = positive(l, "latency_us", p.link_latency_us, path, "links.");
-  }
-  p.memory_gb = positive(j, "memory_gb", p.memory_gb, path);
-  if (j.contains("linear_ops")) p.linear_ops = readLinearOps(j["linear_ops"], path);
-  if (j.contains("factors")) p.factors = readFactors(j["factors"], path);
   return p;
 }
 

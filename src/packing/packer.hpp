@@ -97,6 +97,10 @@ class Packer {
   const model::CostModel* cost_;
 };
 
+/// The most tokens one of `packer`'s micro-batches may hold: s_max for the variable-length
+/// packers (wlb, slimpack), the context window S for the others.
+std::int64_t capacity(const Packer& packer);
+
 /// Packer names in a stable order: original, fixed_greedy, fixed_optimal, best_fit, wlb, slimpack.
 std::vector<std::string> packerNames();
 /// Create a packer. `cost` must outlive it. InputError naming `packing.strategy` (and the

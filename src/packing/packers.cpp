@@ -18,6 +18,11 @@
 namespace wlb::packing {
 
 Packer::~Packer() = default;
+
+std::int64_t capacity(const Packer& packer) {
+  const auto& o = packer.options();
+  return packer.name() == "wlb" || packer.name() == "slimpack" ? o.s_max : o.context_window;
+}
 std::int64_t Packer::pendingTokens() const {
   return detail::tokensOf(heldSegments());
 }
@@ -87,9 +92,17 @@ nlohmann::json segsToJson(const std::vector<Segment>& v) {
 
 std::vector<Segment> segsFromJson(const nlohmann::json& a) {
   std::vector<Segment> v;
-  for (const auto& e : a)
-    v.push_back(Segment{e.at(0).get<DocId>(), e.at(1).get<std::int64_t>(), e.at(2).get<std::int64_t>(),
-                        e.at(3).get<std::int64_t>(), e.size() > 4 ? e.at(4).get<std::int64_t>() : 0});
+  for (const auto& e : a) {
+    const Segment s{e.at(0).get<DocId>(), e.at(1).get<std::int64_t>(), e.at(2).get<std::int64_t>(),
+                    e.at(3).get<std::int64_t>(), e.size() > 4 ? e.at(4).get<std::int64_t>() : 0};
+    // A held segment is a piece of a real document: what a packer never writes is refused.
+    constexpr std::int64_t kMaxTokens = (std::int64_t{1} << 31) - 1;
+    if (s.doc < 0 || s.offset < 0 || s.length < 1 || s.length > kMaxTokens || s.offset > kMaxTokens - s.length ||
+        s.arrival_step < 0 || s.q_offset < 0 || s.q_offset > s.offset)
+      throw InputError("packer state: segment " + e.dump() +
+                       " is not [doc >= 0, offset >= 0, 1 <= length, arrival >= 0(, 0 <= q_offset <= offset)]");
+    v.push_back(s);
+  }
   return v;
 }
 

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 
 namespace wlb::packing {
 
@@ -222,8 +223,7 @@ StepPlan stepFromJson(const nlohmann::json& j) {
 }
 
 PlanFile readPlanFile(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw InputError(fmt::format("{}: cannot open plan file", path));
+  auto f = openInput(path, "plan file");
   PlanFile pf;
   std::string line;
   std::int64_t lineno = 0;
@@ -244,6 +244,8 @@ PlanFile readPlanFile(const std::string& path) {
         if (!have_header) throw InputError(fmt::format("{}:{}: step before header", path, lineno));
         pf.steps.push_back(stepFromJson(j));
         pf.step_lines.push_back(lineno);
+        pf.incoming.push_back(j.value("incoming", std::int64_t{0}));
+        pf.metrics.push_back(j.contains("metrics") && j["metrics"].is_object() ? j["metrics"] : nlohmann::json());
         const auto& reps = pf.steps.back().replicas;
         // slimpack chooses its MicroPack count per step (the same on every replica).
         const bool per_step = pf.header.packer == "slimpack";
@@ -311,7 +313,7 @@ RunPlans readRunPlans(const std::string& path) {
   // summary.json: the run's strategy order and its step accounting (warm-up, measured steps).
   const fs::path summary = fs::path(path) / "summary.json";
   if (fs::exists(summary, ec)) {
-    std::ifstream in(summary);
+    auto in = openInput(summary.string(), "run summary");
     try {
       const auto j = nlohmann::json::parse(in);
       if (j.value("format", std::string()) != "wlb-run-summary") throw InputError("not a wlb-run-summary (\"format\")");

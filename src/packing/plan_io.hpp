@@ -44,6 +44,8 @@ struct PlanFile {
   PlanHeader header;
   std::vector<StepPlan> steps;
   std::vector<std::int64_t> step_lines;  ///< line number (1-based) of each step, for messages
+  std::vector<std::int64_t> incoming;    ///< each step's `incoming` (0 where absent)
+  std::vector<nlohmann::json> metrics;   ///< each step's `metrics` (null where absent)
 };
 /// Read a plan file. InputError naming the file and line on bad content.
 PlanFile readPlanFile(const std::string& path);

@@ -25,9 +25,7 @@ RunResult runPacker(data::LengthSource& src, Packer& packer, const model::CostMo
   const auto w0 = clock::now();
   RunResult r;
   r.packer = packer.name();
-  const auto cap =
-      packer.name() == "wlb" || packer.name() == "slimpack" ? packer.options().s_max : packer.options().context_window;
-  ConservationChecker checker(cap);
+  ConservationChecker checker(capacity(packer));
   if (opt.check) checker.addHeld(packer.heldSegments());  // non-empty only on a resumed stream
   const std::int64_t first = src.nextStep();
   for (std::int64_t t = first; t < first + opt.steps; ++t) {

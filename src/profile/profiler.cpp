@@ -26,6 +26,7 @@
 #include "attention/attention_host.hpp"
 #include "core/deck.hpp"
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 #include "core/kokkos_compat.hpp"
 #include "core/types.hpp"
 #include "cp/shard_plan.hpp"
@@ -276,8 +277,7 @@ DeckPlans planDecks(const ProfileOptions& o) {
   for (std::size_t di = 0; di < o.decks.size(); ++di) {
     const std::string& path = o.decks[di];
     const wlb::Deck deck = wlb::loadDeck(path, o.overrides);
-    if (!deck.sweep.empty())
-      throw wlb::InputError(path + ": [sweep]: wlb profile --deck profiles one case; pick it with --set");
+    wlb::requireOneCase(deck, path, "wlb profile --deck");
     const auto dims = wlb::model::ModelDims::fromDeck(deck.model);
     (void)wlb::runtime::LayerShape::fromDims(dims, static_cast<int>(deck.mesh.tp));  // divisibility, names the key
     if (di == 0) {
@@ -713,6 +713,8 @@ void addDeckShaped(const Ctx& ctx, const DeckPlans& plans, nlohmann::json& j) {
 }  // namespace
 
 ProfileResult measureProfile(ProfileOptions o) {
+  if (!(o.peak_gflops >= 0.0) || !std::isfinite(o.peak_gflops))  // NaN fails the first test
+    throw wlb::InputError("wlb profile: --peak-gflops must be a finite number >= 0 (0: measure the FMA loop)");
   Clock clock;
   clock.cpu = ES().concurrency() == 1 && !o.wall_clock;
   singleThreadBlas();
@@ -784,13 +786,14 @@ ProfileResult measureProfile(ProfileOptions o) {
   // read the base now: a bad one fails before the measurement, not after it
   nlohmann::json base;
   if (!o.base.empty()) {
-    std::ifstream bf(o.base);
-    if (!bf) throw wlb::InputError("wlb profile: cannot read --base " + o.base);
+    auto bf = wlb::openInput(o.base, "wlb profile: --base");
     try {
       bf >> base;
     } catch (const std::exception& e) {
       throw wlb::InputError("wlb profile: --base " + o.base + " is not JSON: " + e.what());
     }
+    // the fields of a profile (a whole one, or only the ones to carry over)
+    if (!base.is_object()) throw wlb::InputError("wlb profile: --base " + o.base + " is not a JSON object");
   }
   const Ctx ctx{o, cfg, clock};
   nlohmann::json fwd = nlohmann::json::array(), bwd = nlohmann::json::array();
@@ -890,6 +893,9 @@ ProfileResult measureProfile(ProfileOptions o) {
 void writeProfile(const nlohmann::json& profile, const std::string& path,
                   const std::function<void(const std::string&, bool)>& track_temporary) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  std::error_code ec;
+  if (const auto dir = std::filesystem::path(path).parent_path(); !dir.empty())
+    std::filesystem::create_directories(dir, ec);  // a failure shows as "cannot write" below
   if (track_temporary) track_temporary(tmp, true);
   const auto forget = [&] {
     if (track_temporary) track_temporary(tmp, false);
@@ -904,13 +910,13 @@ void writeProfile(const nlohmann::json& profile, const std::string& path,
     if (!f) {
       std::remove(tmp.c_str());
       forget();
-      throw std::runtime_error("wlb profile: writing " + tmp + " failed");
+      throw wlb::InputError("wlb profile: writing " + tmp + " failed");
     }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::remove(tmp.c_str());
     forget();
-    throw std::runtime_error("wlb profile: cannot rename " + tmp + " to " + path);
+    throw wlb::InputError("wlb profile: cannot rename " + tmp + " to " + path);
   }
   forget();
 }

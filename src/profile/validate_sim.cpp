@@ -296,7 +296,7 @@ ValidateSimResult validateSim(const ValidateSimOptions& o) {
     DeckCase c;
     c.path = p;
     c.deck = wlb::loadDeck(p, o.overrides);
-    if (!c.deck.sweep.empty()) throw wlb::InputError(p + ": [sweep]: validate one case at a time (pick it with --set)");
+    wlb::requireOneCase(c.deck, p, "wlb validate-sim");
     if (c.deck.run.strategies.size() < 2)
       throw wlb::InputError(p + ": run.strategies lists fewer than two strategies: nothing to order");
     c.ranks = static_cast<int>(c.deck.mesh.size());

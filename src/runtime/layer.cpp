@@ -33,7 +33,8 @@ LayerShape LayerShape::fromDims(const model::ModelDims& d, int tp) {
                      ": the head dimension must be even (RoPE rotates pairs)");
   if (d.heads % tp != 0 || d.kv_heads % tp != 0)
     throw InputError("model.heads (" + std::to_string(d.heads) + ") and model.kv_heads (" + std::to_string(d.kv_heads) +
-                     ") must be divisible by mesh.tp (" + std::to_string(tp) + ")");
+                     ") must be divisible by mesh.tp (" + std::to_string(tp) +
+                     "): wlb run and wlb train give each TP rank whole KV heads (no replication)");
   if (d.ffn % tp != 0)
     throw InputError("model.ffn (" + std::to_string(d.ffn) + ") must be divisible by mesh.tp (" + std::to_string(tp) +
                      ")");

@@ -20,6 +20,7 @@
 
 #include "core/error.hpp"
 #include "core/kokkos_compat.hpp"
+#include "core/output_file.hpp"
 #include "cp/shard_plan.hpp"
 #include "data/length_source.hpp"
 #include "data/prepare.hpp"
@@ -274,21 +275,21 @@ StepRecord gatherStep(const RunContext& rc, const std::vector<double>& row, cons
   for (int d = 0; d < shape.dp(); ++d)
     for (int m = 0; m < static_cast<int>(slots); ++m) {
       double lat = 0, toks = 0;
+      std::vector<double> attn_cp(static_cast<std::size_t>(shape.cp()), 0.0);  // all layers: summed over stages
       for (int p = 0; p < shape.pp(); ++p) {
         double stage_lat = 0;
-        std::vector<double> attn_cp;
         for (int c = 0; c < shape.cp(); ++c)
           for (int t = 0; t < shape.tp(); ++t) {
             const int r = shape.rankOf({t, c, p, d});
             stage_lat = std::max(stage_lat, at(r, kHead + kPerMb * m + 1));
             if (t == 0) {
-              attn_cp.push_back(at(r, kHead + kPerMb * m));
-              toks += at(r, kHead + kPerMb * m + 2);
+              attn_cp[static_cast<std::size_t>(c)] += at(r, kHead + kPerMb * m);
+              if (p == 0) toks += at(r, kHead + kPerMb * m + 2);
             }
           }
         lat += stage_lat;
-        if (p == 0 && toks > 0) cp_imb.push_back(maxOverMean(attn_cp));
       }
+      if (toks > 0) cp_imb.push_back(maxOverMean(attn_cp));
       latencies.push_back(lat);
     }
   sr.mb_imbalance = maxOverMean(latencies);
@@ -466,6 +467,12 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
     schedule = layout.schedule(static_cast<int>(M));  // the simulator's schedule, same function
     mc = LlamaConfig::fromDeck(deck, shape.tp(), coord.tp, shape.pp(), coord.pp, schedule.chunks);
     tokens = tokenSourceOf(deck);
+    if (opt.write_outputs) {  // every output path before the first step, not after the last
+      namespace fs = std::filesystem;
+      checkOutputPath((fs::path(deck.output.dir) / "summary.json").string(), "output.dir");
+      checkOutputPath((fs::path(deck.output.dir) / deck.output.trace).string(), "output.trace");
+      for (const auto& s : strategies) checkOutputPath(planPath(deck, s.name, strategies.size()), "output.plan");
+    }
   } catch (const InputError& e) {
     err = e.what();
   }
@@ -498,7 +505,11 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
                                    static_cast<std::int64_t>(strategies.size()) +
                                64));
 
-  if (opt.write_outputs && world_rank == 0) std::filesystem::create_directories(deck.output.dir);
+  if (opt.write_outputs && world_rank == 0) {  // output.trace and output.plan may name subfolders
+    std::filesystem::create_directories(deck.output.dir);
+    for (const std::string& f : {deck.output.trace, deck.output.plan})
+      std::filesystem::create_directories((std::filesystem::path(deck.output.dir) / f).parent_path());
+  }
   std::unique_ptr<trace::Writer> writer;
   RunReport report;
   report.mesh = shape.describe();
@@ -785,7 +796,7 @@ std::string formatReport(const RunReport& rep) {
   os << "speedup = throughput (trained tokens/s) over " << rep.strategies.front().name
      << ", 95% paired bootstrap interval over steps; drain = steps run after the measured ones, with no new documents, "
         "until nothing is held (their time and tokens count), so every strategy trains its whole stream; GFLOP/s = "
-        "useful FLOPs of the layers run (causal attention + linear, fwd+bwd); step-x = step-time ratio (flatters "
+        "useful FLOPs of the model run (causal attention + linear layers and LM head, fwd+bwd); step-x = step-time ratio (flatters "
         "deferral)\n";
   os << "\nPer-rank time per step [s]: busy = compute (GEMMs, attention, norms, head), comm = KV/TP/gradient "
         "communication incl. waiting for peers; unrecorded = share of the step outside every recorded region, "

@@ -90,6 +90,7 @@ nlohmann::json fingerprint(const Deck& d, const std::string& prefix, std::int64_
           {"mesh.tp", d.mesh.tp},  // the checkpoint's tensor layout (TP slices)
           {"mesh.pp", d.mesh.pp},  // and its pipeline stages
           {"mesh.virtual_stages", pp::pipelineLayout(d).chunks},  // and the stages' layer blocks
+          {"run.precision", d.run.precision},                     // bf16 working copy and activations vs fp32
           {"data.context_window", d.data.context_window},
           {"data.s_max", d.data.s_max},
           {"packing.strategy", d.packing.strategy},
@@ -108,6 +109,7 @@ nlohmann::json fingerprint(const Deck& d, const std::string& prefix, std::int64_
           {"train.beta2", t.beta2},
           {"train.clip", t.clip},
           {"train.seed", t.seed},
+          {"train.eval_tokens", t.eval_tokens},  // what every evaluation loss of the log averages
           {"train.rope_theta", t.rope_theta}};
 }
 
@@ -147,8 +149,24 @@ void writeCheckpoint(const std::string& path, const nlohmann::json& header,
 // in order, each stage's as its TP ranks' slices back to back (tp order). This rank (stage
 // pp_rank, TP rank tp_rank) loads its own; `stage_params` are the per-TP-rank sizes of
 // every stage of the deck's model (Llama::layout).
+// The checkpoint's fingerprint against the deck's: a difference names the key.
+void checkFingerprint(const std::string& path, const nlohmann::json& header, const nlohmann::json& fp) {
+  for (const auto& [k, v] : fp.items()) {
+    nlohmann::json was = header.at("fingerprint").value(k, nlohmann::json());
+    if (was.is_null() && (k == "mesh.dp" || k == "mesh.tp" || k == "mesh.pp" || k == "mesh.virtual_stages"))
+      was = 1;                                                // written before multi-rank training / interleaved stages
+    if (was.is_null() && k == "run.precision") was = "fp32";  // written before run.precision
+    if (was.is_null() && k == "train.eval_tokens") continue;  // written before it was recorded
+    if (was != v)
+      throw InputError(fmt::format("{}: written with {} = {}, the deck says {} (resume needs the same run)", path, k,
+                                   was.dump(), v.dump()));
+  }
+}
+
 nlohmann::json readCheckpoint(const std::string& path, const std::vector<Vec>& tensors, int tp, int tp_rank,
-                              const std::vector<std::int64_t>& stage_params, int pp_rank) {
+                              const std::vector<std::int64_t>& stage_params, int pp_rank, const nlohmann::json& fp) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) throw InputError(path + ": is a directory, not a training checkpoint");
   std::ifstream f(path, std::ios::binary);
   if (!f) throw InputError(fmt::format("{}: no checkpoint to resume from ({})", path, std::strerror(errno)));
   char magic[8];
@@ -163,6 +181,12 @@ nlohmann::json readCheckpoint(const std::string& path, const std::vector<Vec>& t
   try {
     header = nlohmann::json::parse(h);
   } catch (const std::exception& e) {
+    throw InputError(path + ": corrupt checkpoint header (" + e.what() + ")");
+  }
+  // Before the tensors, whose sizes follow the deck: another model names its key, not a size.
+  try {
+    checkFingerprint(path, header, fp);
+  } catch (const nlohmann::json::exception& e) {
     throw InputError(path + ": corrupt checkpoint header (" + e.what() + ")");
   }
   if (header.value("tp", 1) != tp)
@@ -417,16 +441,9 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
     if (opt.resume) {
       // Every rank loads the weights and moments (the replicas start equal); rank 0 the
       // data cursor and the packer (it plans every step).
-      const nlohmann::json h = readCheckpoint(ckpt_path, state_tensors, shape.tp(), coord.tp, stage_params, coord.pp);
+      const nlohmann::json h =
+          readCheckpoint(ckpt_path, state_tensors, shape.tp(), coord.tp, stage_params, coord.pp, fp);
       model.refreshWorking(space);  // the loaded masters into the BF16 working copy
-      for (const auto& [k, v] : fp.items()) {
-        nlohmann::json was = h.at("fingerprint").value(k, nlohmann::json());
-        if (was.is_null() && (k == "mesh.dp" || k == "mesh.tp" || k == "mesh.pp" || k == "mesh.virtual_stages"))
-          was = 1;  // written before multi-rank training / interleaved stages
-        if (was != v)
-          throw InputError(fmt::format("{}: written with {} = {}, the deck says {} (resume needs the same run)",
-                                       ckpt_path, k, was.dump(), v.dump()));
-      }
       start = h.at("step").get<std::int64_t>();
       tokens = h.at("tokens").get<std::int64_t>();
       if (rank == 0) {
@@ -455,10 +472,8 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
         }
         std::ofstream(log_path, std::ios::trunc) << kept;
       }
-    } else if (rank == 0) {
-      std::ofstream(log_path, std::ios::trunc);
     }
-    if (rank == 0) {
+    if (rank == 0) {  // writable now; a fresh run's log replaces the old one at its first step
       log.open(log_path, std::ios::app);
       if (!log) throw InputError(fmt::format("{}: cannot write ({})", log_path, std::strerror(errno)));
     }
@@ -771,6 +786,10 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
                                  {"grad_norm", gnorm}, {"tokens", step_tokens}, {"predicted", predicted},
                                  {"documents", ndocs}, {"seconds", secs}};
       if (ev >= 0) rec_json["eval_loss"] = ev;
+      if (!opt.resume && step == start) {  // an input error before the first step kept the old log
+        log.close();
+        log.open(log_path, std::ios::trunc);
+      }
       log << rec_json.dump() << "\n";
       log.flush();
       if (opt.progress && ((step + 1) % tc.log_interval == 0 || last || ev >= 0)) {

@@ -123,7 +123,9 @@ check_bad "truncated trace" "cut.h5" cut.h5 --profile p.json --out keep.json
 check_bad "simulated trace" "measured trace" sim.h5 --profile p.json --out keep.json
 check_bad "missing profile" "nosuch.json" out/trace.h5 --profile nosuch.json --out keep.json
 check_bad "bad profile" "version" out/trace.h5 --profile v3.json --out keep.json
-check_bad "output directory" "nodir" out/trace.h5 --profile p.json --out nodir/p.json
+echo x > afile
+check_bad "output under a file" "afile" out/trace.h5 --profile p.json --out afile/p.json
+check_bad "output is the trace" "also an input" out/trace.h5 --profile p.json --out out/trace.h5
 # without --profile the trace's deck names the profile the run used (here p.json, found) ...
 "$WLB" calibrate out/trace.h5 --out p4.json --quiet || fail "calibrate with the deck's profile"
 mv p.json p.moved

@@ -54,25 +54,54 @@ vbad() {  # name, deck text, expected words
   [ "$rc" = 2 ] || fail "validate $1 exit $rc, wanted 2"
   grep -q "$3" "$tmp/err" || fail "validate $1 message: $(cat "$tmp/err")"
 }
-vbad nolen '[data]\nsource = "text"\npath = "missing-lengths.txt"\n' "cannot open length file"
+vbad nolen '[data]\nsource = "text"\npath = "missing-lengths.txt"\n' "length file 'missing-lengths.txt': cannot open"
 vbad noprof '[hardware]\nprofile = "missing-profile.json"\n' "missing-profile.json"
 echo 1000000000000 > "$tmp/huge.txt"   # a huge length is refused before any allocation
 vbad huge "[data]\nsource = \"text\"\npath = \"$tmp/huge.txt\"\n" "exceeds the limit of 2147483647 tokens"
 /usr/bin/python3 -c "import struct,sys; open(sys.argv[1],'wb').write(b'MMIDIDX\0\0'+struct.pack('<QBQQ',1,4,2**62,1)+bytes(64))" "$tmp/huge.idx"
 vbad idx "[data]\nsource = \"megatron\"\npath = \"$tmp/huge.idx\"\n" "sizes\[\]: 4611686018427387904 entries"
 
-# plan --out must be a file name: a directory (or a missing parent) exits 2, writes nothing
+# plan --out must be a file name: a directory (or a path under a file) exits 2, writes nothing;
+# missing folders are made
 "$WLB" plan "$SRC/inputs/quickstart.toml" --steps 1 --packer original --packer wlb --out "$tmp" > "$tmp/out" 2> "$tmp/err"; rc=$?
 [ "$rc" = 2 ] && grep -q "is a directory" "$tmp/err" || fail "plan --out DIR: exit $rc $(cat "$tmp/err")"
 ls "$tmp".* > /dev/null 2>&1 && fail "plan --out DIR wrote files beside it"
-"$WLB" plan "$SRC/inputs/quickstart.toml" --steps 1 --out "$tmp/no/such/p.jsonl" > "$tmp/out" 2> "$tmp/err"; rc=$?
-[ "$rc" = 2 ] && grep -q "does not exist" "$tmp/err" || fail "plan --out missing dir: exit $rc $(cat "$tmp/err")"
+"$WLB" plan "$SRC/inputs/quickstart.toml" --steps 1 --packer wlb --out "$tmp/no/such/p.jsonl" > "$tmp/out" 2> "$tmp/err"; rc=$?
+[ "$rc" = 0 ] && [ -s "$tmp/no/such/p.jsonl" ] || fail "plan --out in a missing folder: exit $rc $(cat "$tmp/err")"
+touch "$tmp/regular"
+"$WLB" plan "$SRC/inputs/quickstart.toml" --steps 1 --packer wlb --out "$tmp/p2.jsonl" --save-state "$tmp/regular/s.json" \
+  > "$tmp/out" 2> "$tmp/err"; rc=$?
+[ "$rc" = 2 ] && grep -q -- "--save-state" "$tmp/err" && [ ! -e "$tmp/p2.jsonl" ] ||
+  fail "plan --save-state under a file: exit $rc, plan written: $(ls "$tmp/p2.jsonl" 2>&1) $(cat "$tmp/err")"
 
 # an output path under a file: exit 2 naming the path, not an internal error
 touch "$tmp/afile"
 "$WLB" simulate "$SRC/inputs/sim_small.toml" --steps 1 --out "$tmp/afile/sub" > "$tmp/out" 2> "$tmp/err"; rc=$?
 [ "$rc" = 2 ] && grep -q "afile/sub" "$tmp/err" && ! grep -q "internal error" "$tmp/err" \
   || fail "simulate --out under a file: exit $rc $(cat "$tmp/err")"
+
+# bad input found before any output: exit 2 naming what is wrong, nothing left behind
+bad2() {  # label, grep pattern, command...
+  local label=$1 pat=$2; shift 2
+  "$@" > "$tmp/out" 2> "$tmp/err"; local rc=$?
+  [ "$rc" = 2 ] && grep -q -- "$pat" "$tmp/err" && ! grep -q "internal error" "$tmp/err" ||
+    fail "$label: exit $rc $(cat "$tmp/err")"
+}
+sed 's/"tile_q": [0-9]*/"tile_q": 0.5/' "$SRC/inputs/profiles/epyc-avx2-1core.json" > "$tmp/tile.json"
+grep -q '"tile_q": 0.5' "$tmp/tile.json" || fail "profile fixture: no tile_q to change"
+bad2 "profile tile_q 0.5" "tile_q" "$WLB" simulate "$SRC/inputs/sim_small.toml" --steps 1 --set "hardware.profile=\"$tmp/tile.json\""
+mkdir -p "$tmp/adir"
+bad2 "profile is a directory" "is a directory" "$WLB" plan "$SRC/inputs/quickstart.toml" --steps 1 --set "hardware.profile=\"$tmp/adir\""
+bad2 "plan --resume a directory" "is a directory" "$WLB" plan "$SRC/inputs/quickstart.toml" --steps 1 --resume "$tmp/adir"
+bad2 "tune --json a directory" "--json" "$WLB" tune "$SRC/inputs/quickstart.toml" --sample-steps 1 --max-levels 1 --json "$tmp/adir"
+ls "$tmp"/adir* | grep -q tmp && fail "tune --json DIR left a temporary"
+: > "$tmp/empty.list"
+bad2 "simulate an empty deck list" "no decks" "$WLB" simulate "$tmp/empty.list"
+bad2 "data stats --window -5" "--window" "$WLB" data stats --window -5
+bad2 "a command of one case on a sweeping deck" "sweep" "$WLB" plan "$SRC/inputs/slurm_sweep.toml" --steps 1
+"$WLB" plan "$SRC/inputs/slurm_sweep.toml" --steps 1 --set mesh.cp=2 > "$tmp/out" 2> "$tmp/err" ||
+  fail "a --set of the swept key does not pick a case: $(cat "$tmp/err")"
+bad2 "simulate --trace a directory" "--trace" "$WLB" simulate "$SRC/inputs/sim_small.toml" --steps 1 --trace "$tmp/adir"
 
 # unknown subcommand: exit 2 with a suggestion
 "$WLB" plann "$SRC/inputs/quickstart.toml" > "$tmp/out" 2> "$tmp/err"; rc=$?

@@ -224,6 +224,10 @@ timeout 60 mpiexec -n 2 "$WLB" train deck.toml --set mesh.cp=2 --set cp.strategy
 [ "$rc" = 2 ] && grep -q "train.dataset" o.txt || fail "missing dataset: rc $rc $(cat o.txt)"
 "$WLB" train deck.toml $ck --set output.dir=cut --set train.lr=0.02 --resume > o.txt 2>&1; rc=$?
 [ "$rc" = 2 ] && grep -q "train.lr" o.txt || fail "resume with another lr: rc $rc $(cat o.txt)"
+"$WLB" train deck.toml $ck --set output.dir=cut --set model.hidden=128 --resume > o.txt 2>&1; rc=$?
+[ "$rc" = 2 ] && grep -q "model.hidden" o.txt || fail "resume with a larger model: rc $rc $(cat o.txt)"
+"$WLB" train deck.toml $ck --set output.dir=cut --set run.precision=bf16 --resume > o.txt 2>&1; rc=$?
+[ "$rc" = 2 ] && grep -q "run.precision" o.txt || fail "resume in another precision: rc $rc $(cat o.txt)"
 "$WLB" train deck.toml --set output.dir=none --resume > o.txt 2>&1; rc=$?
 [ "$rc" = 2 ] && grep -q "no checkpoint" o.txt || fail "resume without a checkpoint: rc $rc $(cat o.txt)"
 "$WLB" train deck.toml --set model.vocab=100 > o.txt 2>&1; rc=$?

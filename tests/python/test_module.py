@@ -380,3 +380,65 @@ def test_slimpack_slices_carry_q_offset():
     assert wlb.Packer(deck, "wlb").pack().segments.shape[1] == 4
     with pytest.raises(ValueError, match="q_offset"):
         wlb.ConservationChecker(p.capacity).add_held(np.array([[0, 4, 8, 0, 9]], dtype=np.int64))
+
+
+def test_bad_values_are_refused_not_coerced():
+    deck = wlb.Deck(SMOKE_DECK)
+    # None where an object is needed: TypeError, not a crash
+    for call in (lambda: wlb.Packer(None), lambda: wlb.CostModel(None), lambda: wlb.ShardPlanner(None),
+                 lambda: wlb.compute_metrics(wlb.Packer(deck).pack(), None)):
+        with pytest.raises(TypeError):
+            call()
+    # floats and uint64 beyond int64 are not truncated or wrapped into lengths
+    with pytest.raises(TypeError):
+        wlb.Packer(deck, lengths=[5.5, 3.0])
+    with pytest.raises(TypeError):
+        wlb.Packer(deck, lengths=np.array([2**63], dtype=np.uint64))
+    with pytest.raises(ValueError, match="not in"):
+        wlb.Documents([0], [10**12], [0])
+    with pytest.raises(ValueError, match="given twice"):
+        wlb.Documents([3, 3], [10, 20], [0, 0])
+    p = wlb.Packer(deck)
+    with pytest.raises(ValueError, match="arrives at step 4, after step 2"):
+        p.pack_documents(wlb.Documents([0], [100], [4]), 2)
+    p.pack_documents(wlb.Documents([0], [100], [2]), 2)
+    with pytest.raises(ValueError, match="steps must increase"):
+        p.pack_documents(wlb.Documents([1], [100], [1]), 1)
+
+
+def test_a_checkpoint_with_impossible_fields_is_refused():
+    p = wlb.Packer(wlb.Deck(LENGTHS_DECK), "wlb")
+    p.pack()
+    good = p.state_dict()
+    for edit, says in ((lambda s: s["source"]["extra"].__setitem__("cursor", -3), "cursor"),
+                       (lambda s: s["source"].__setitem__("held", 10**15), "held"),
+                       (lambda s: s["source"].__setitem__("next_step", -1), "next_step")):
+        bad = json.loads(json.dumps(good))
+        edit(bad["packers"]["wlb"])
+        with pytest.raises(ValueError, match=says):
+            p.load_state_dict(bad)
+        assert p.state_dict() == good  # nothing half-loaded
+
+
+def test_slimpack_capacity_is_s_max():
+    deck = wlb.Deck(SMOKE_DECK, {"packing.strategy": "slimpack", "data.s_max": 10240})
+    p = wlb.Packer(deck, lengths=np.array([100000]))
+    assert p.capacity == 10240
+    plan = p.pack()
+    c = wlb.ConservationChecker(p.capacity)
+    c.add_incoming(plan.documents)
+    c.add_plan(plan)
+    assert c.over_capacity == 0
+
+
+def test_plan_file_keeps_what_each_step_recorded(cli, tmp_path):
+    out = tmp_path / "p.jsonl"
+    proc = cli("plan", SMOKE_DECK, "--packer", "wlb", "--steps", 3, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    lines = [x for x in read_jsonl(out) if x["type"] == "step"]
+    _, plans = wlb.read_plan_file(str(out))
+    for line, plan in zip(lines, plans):
+        assert plan.incoming == line["incoming"] > 0
+        assert plan.plan_us == line["metrics"]["plan_us"] > 0
+    with pytest.raises(ValueError):
+        wlb.Plan.from_json({})

@@ -81,6 +81,23 @@ else
   pass "sbatch wlb.sbatch: 2-rank mesh ($(grep -o 'slurm-[0-9]*' <<<"$(ls "$one")" | head -n1))"
 fi
 
+# submit with --sbatch-arg among wlb's arguments (as docs/slurm.md shows it): the option goes
+# to sbatch, not to wlb, and the job keeps the limit it asked for.
+sub=$work/submit
+rc=0
+timeout 120 run/slurm/submit --wait inputs/quickstart.toml mesh --set "output.dir=\"$sub\"" \
+  --sbatch-arg=--time=00:04:00 >"$work/submit.txt" 2>&1 || rc=$?
+subid=$(sed -n 's/^Submitted batch job \([0-9]*\).*/\1/p' "$work/submit.txt" | head -n1)
+limit=$(timeout 20 scontrol show job -o "${subid:-0}" 2>/dev/null | sed -n 's/.* TimeLimit=\([0-9:]*\) .*/\1/p' || true)
+if ((rc != 0)); then
+  fail "submit --wait ... --sbatch-arg=--time=00:04:00 exited $rc"
+  cat "$work/submit.txt" "$sub"/slurm-*.out >&2 2>/dev/null || true
+elif [[ $limit != 00:04:00 ]]; then
+  fail "submit: --sbatch-arg after the wlb arguments gave TimeLimit '$limit', not 00:04:00"
+else
+  pass "submit: --sbatch-arg among wlb's arguments reaches sbatch (TimeLimit $limit)"
+fi
+
 # --- 2. a 2-case sweep as job arrays ------------------------------------------------------
 sw=$work/sweep
 rc=0

@@ -128,6 +128,53 @@ mesh.cp = [1, 2]
   EXPECT_EQ(dirs.size(), 6u);
 }
 
+TEST(Deck, SweptDerivedKeysKeepTheirCaseValues) {
+  // micro_batches and s_max default to values derived from other keys; a case that sweeps
+  // them gets the swept value, not the derived default
+  const auto cases = wlb::expandSweep(wlb::parseDeck(R"(
+[mesh]
+pp = 2
+[model]
+layers = 4
+[data]
+context_window = 8192
+[sweep]
+"packing.micro_batches" = [2, 8]
+"data.s_max" = [16384, 32768]
+)",
+                                                     "d.toml"));
+  ASSERT_EQ(cases.size(), 4u);
+  std::set<std::pair<std::int64_t, std::int64_t>> seen;
+  for (const auto& c : cases) seen.insert({c.packing.micro_batches, c.data.s_max});
+  EXPECT_EQ(seen, (std::set<std::pair<std::int64_t, std::int64_t>>{{2, 16384}, {2, 32768}, {8, 16384}, {8, 32768}}));
+}
+
+TEST(Deck, SweptValueThatBreaksACrossKeyRuleIsRejected) {
+  const wlb::Deck d =
+      wlb::parseDeck("[data]\ncontext_window = 8192\n[sweep]\n\"data.s_max\" = [4096, 16384]\n", "s.toml");
+  try {
+    (void)wlb::expandSweep(d);
+    FAIL() << "s_max 4096 below the 8192 window was accepted";
+  } catch (const wlb::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("data.s_max"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Deck, CommandOfOneCaseRefusesASweepingDeck) {
+  const wlb::Deck d = wlb::parseDeck("[sweep]\n\"mesh.cp\" = [1, 2]\n", "s.toml");
+  try {
+    wlb::requireOneCase(d, "s.toml", "wlb run");
+    FAIL() << "a sweeping deck was accepted";
+  } catch (const wlb::InputError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("s.toml"), std::string::npos) << m;
+    EXPECT_NE(m.find("mesh.cp"), std::string::npos) << m;
+    EXPECT_NE(m.find("--set"), std::string::npos) << m;
+  }
+  EXPECT_NO_THROW(wlb::requireOneCase(wlb::parseDeck("[sweep]\n\"mesh.cp\" = [1, 2]\n", "s.toml", {"mesh.cp=2"}),
+                                      "s.toml", "wlb run"));
+}
+
 struct BadDeck {
   const char* what;
   std::string text;
@@ -186,6 +233,22 @@ INSTANTIATE_TEST_SUITE_P(
                 "[sweep]\n\"cp.strategy\" = [\"per_sequence\", \"nope\"]\n",
                 {},
                 {"cp.strategy", "nope"}},
+        BadDeck{"sweep key spelled twice",
+                "[sweep]\n\"mesh.cp\" = [1, 2]\n\"mesh.cp \" = [4]\n",
+                {},
+                {"[sweep]", "both sweep mesh.cp"}},
+        BadDeck{"sweep key quoted and dotted",
+                "[sweep]\n\"mesh.cp\" = [1, 2]\nmesh.cp = [4]\n",
+                {},
+                {"[sweep]", "both sweep mesh.cp"}},
+        BadDeck{"tp does not divide ffn",
+                "[model]\nheads = 8\nkv_heads = 8\nhidden = 512\nffn = 1001\n[mesh]\ntp = 2\n",
+                {},
+                {"mesh.tp", "model.ffn"}},
+        BadDeck{"tp neither divides nor is a multiple of kv_heads",
+                "[model]\nheads = 12\nkv_heads = 6\nhidden = 768\nffn = 1536\n[mesh]\ntp = 4\n",
+                {},
+                {"mesh.tp", "model.kv_heads"}},
         BadDeck{
             "tp does not divide heads", "[model]\nheads = 8\nhidden = 512\n[mesh]\ntp = 3\n", {}, {"mesh.tp", "heads"}},
         // fuzz_deck: toml11 overran its buffer on this (invalid UTF-8 in a literal string)

@@ -148,6 +148,8 @@ TEST(Profile, BadOptionsFailBeforeMeasuring) {
   bad("--reps", [](auto& o) { o.reps = 0; });
   bad("--precision", [](auto& o) { o.precision = "fp64"; });
   bad("--base", [](auto& o) { o.base = tmpPath("nosuch.json"); });
+  std::ofstream(tmpPath("array.json")) << "[1, 2]\n";
+  bad("--base", [](auto& o) { o.base = tmpPath("array.json"); });  // JSON, but not a profile's fields
   bad("nosuch.toml", [](auto& o) { o.decks = {tmpPath("nosuch.toml")}; });
   const std::string deck = tinyDeck("bad_opts.toml");
   bad("come from the deck", [&](auto& o) {
@@ -158,9 +160,10 @@ TEST(Profile, BadOptionsFailBeforeMeasuring) {
   bad("model.ffn", [&](auto& o) { o.decks = {deck, other}; });  // one layer shape per profile
 }
 
-TEST(Profile, WriteToMissingDirectoryIsBadInput) {
+TEST(Profile, WriteUnderAFileIsBadInput) {
   std::vector<std::pair<std::string, bool>> tracked;
-  const std::string path = tmpPath("nodir/p.json");
+  std::ofstream(tmpPath("afile")) << "x";
+  const std::string path = tmpPath("afile/p.json");
   EXPECT_THROW(profile::writeProfile(nlohmann::json{{"format", "wlb-hardware-profile"}}, path,
                                      [&](const std::string& p, bool made) { tracked.emplace_back(p, made); }),
                InputError);
