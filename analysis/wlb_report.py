@@ -284,6 +284,9 @@ def main(argv=None):
         args = ap.parse_args(argv)
     except SystemExit as e:
         return EXIT_BAD_INPUT if e.code not in (0, None) else 0
+    if args.gantt_steps < 0:
+        sys.stderr.write(f"wlb_report: error: --gantt-steps must be >= 0, got {args.gantt_steps}\n")
+        return EXIT_BAD_INPUT
     try:
         report([args.run] + args.compare, args.out, args.baseline, args.gantt_steps, args.quiet)
     except TraceError as e:

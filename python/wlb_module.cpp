@@ -329,6 +329,14 @@ CostPtr innerCost(const std::optional<PyCostPtr>& cost) {
 
 // ---- Length sources --------------------------------------------------------------------
 
+/// A token count the cost model is asked about: 0 .. the longest document a source holds
+/// (a negative count gave negative seconds, 2^62 kept the tile loop busy for hours).
+std::int64_t tokensArg(std::int64_t v, const char* what) {
+  if (v < 0 || v > data::kMaxDocTokens)
+    throw py::value_error(fmt::format("{} = {}: expected a token count in [0, {}]", what, v, data::kMaxDocTokens));
+  return v;
+}
+
 std::vector<std::int64_t> lengthsFrom(const I64Array& a) {
   if (a.ndim() != 1) throw py::value_error("lengths: expected a 1-D array of document lengths");
   std::vector<std::int64_t> v(a.data(), a.data() + a.shape(0));
@@ -629,6 +637,7 @@ cp::ShardPlan shardPlanFromJson(const json& j, const wlb::MicroBatch& mb) {
       c.seg_len = q.at("seg_len").get<std::int64_t>();
       c.q_offset = q.at("q_offset").get<std::int64_t>();
       c.q_len = q.at("q_len").get<std::int64_t>();
+      c.seg_prefix = q.value("seg_prefix", std::int64_t{0});  // a slice's keys before its segment
       c.local_begin = q.at("local_begin").get<std::int64_t>();
       c.kv_begin = q.at("kv_begin").get<std::int64_t>();
       c.kv_len = q.at("kv_len").get<std::int64_t>();
@@ -774,7 +783,10 @@ command line).)")
           "A deck from TOML text (`name` is used in error messages and to resolve relative paths).")
       .def(py::pickle(
           [](const PyDeck& d) {
-            return py::make_tuple(d.path ? py::cast(*d.path) : py::none(), d.text, d.name, d.overrides);
+            // absolute: a worker process may unpickle it in another working directory
+            std::error_code ec;
+            const auto abs = d.path ? std::filesystem::absolute(*d.path, ec).string() : std::string();
+            return py::make_tuple(d.path ? py::cast(ec ? *d.path : abs) : py::none(), d.text, d.name, d.overrides);
           },
           [](py::tuple t) {
             const auto ov = t[3].cast<std::vector<std::string>>();
@@ -844,38 +856,42 @@ CostModel.from_profile(path, deck=None): the same with the profile JSON at `path
       .def_property_readonly("tp", [](const PyCost& c) { return c.cost->tp(); })
       .def_property_readonly("linear_table_used", [](const PyCost& c) { return c.cost->linearTableUsed(); })
       .def(
-          "segment_work", [](const PyCost& c, std::int64_t len) { return c.cost->segmentWork(len); }, py::arg("length"),
+          "segment_work",
+          [](const PyCost& c, std::int64_t len) { return c.cost->segmentWork(tokensArg(len, "length")); },
+          py::arg("length"),
           "W(d): fwd+bwd seconds of one layer for a segment of `length` tokens (the packers' W).")
       .def(
           "segment_work",
           [](const PyCost& c, const Ints& lens) {
+            if (lens.ndim() != 1) throw py::value_error("lengths: expected a 1-D array of segment lengths");
             py::array_t<double> out(lens.size());
-            for (py::ssize_t i = 0; i < lens.size(); ++i) out.mutable_data()[i] = c.cost->segmentWork(lens.data()[i]);
+            for (py::ssize_t i = 0; i < lens.size(); ++i)
+              out.mutable_data()[i] = c.cost->segmentWork(tokensArg(lens.data()[i], "lengths[i]"));
             return out;
           },
           py::arg("lengths"))
       .def(
           "attn_seconds",
           [](const PyCost& c, std::int64_t q0, std::int64_t q, const std::string& phase) {
-            return c.cost->attnSeconds(q0, q, phaseOf(phase));
+            return c.cost->attnSeconds(tokensArg(q0, "q0"), tokensArg(q, "q"), phaseOf(phase));
           },
           py::arg("q0"), py::arg("q"), py::arg("phase") = "fwd")
       .def(
           "attn_flops",
           [](const PyCost& c, std::int64_t q0, std::int64_t q, const std::string& phase) {
-            return c.cost->attnFlops(q0, q, phaseOf(phase));
+            return c.cost->attnFlops(tokensArg(q0, "q0"), tokensArg(q, "q"), phaseOf(phase));
           },
           py::arg("q0"), py::arg("q"), py::arg("phase") = "fwd")
       .def(
           "linear_seconds",
           [](const PyCost& c, std::int64_t tokens, const std::string& phase) {
-            return c.cost->linearSeconds(tokens, phaseOf(phase));
+            return c.cost->linearSeconds(tokensArg(tokens, "tokens"), phaseOf(phase));
           },
           py::arg("tokens"), py::arg("phase") = "fwd")
       .def(
           "linear_flops",
           [](const PyCost& c, std::int64_t tokens, const std::string& phase) {
-            return c.cost->linearFlops(tokens, phaseOf(phase));
+            return c.cost->linearFlops(tokensArg(tokens, "tokens"), phaseOf(phase));
           },
           py::arg("tokens"), py::arg("phase") = "fwd")
       .def(

@@ -84,7 +84,17 @@ def write_megatron_dataset(prefix, documents, dtype=np.int32):
     dt = np.dtype(dtype)
     if dt not in CODES:
         raise ValueError(f"dtype: {dt} has no Megatron code (valid: {', '.join(str(np.dtype(v)) for v in DTYPES.values())})")
-    docs = [np.asarray(d, dtype=dt).ravel() for d in documents]
+    docs = []
+    for i, d in enumerate(documents):
+        a = np.asarray(d).ravel()
+        if a.size and not (np.issubdtype(a.dtype, np.integer) or a.dtype == dt):
+            raise ValueError(f"documents[{i}]: token ids must be integers, not {a.dtype}")
+        if a.size and np.issubdtype(a.dtype, np.integer) and not np.can_cast(a.dtype, dt):
+            info = np.iinfo(dt)  # ids outside the dtype would wrap silently in astype
+            if a.min() < info.min or a.max() > info.max:
+                raise ValueError(f"documents[{i}]: token ids span [{a.min()}, {a.max()}], outside {dt}'s "
+                                 f"[{info.min}, {info.max}]")
+        docs.append(a.astype(dt))
     sizes = np.array([len(d) for d in docs], dtype=np.int64)
     if len(docs) == 0 or sizes.max() > np.iinfo(np.int32).max:
         raise ValueError("documents: need at least one document, each under 2^31 tokens")

@@ -159,6 +159,7 @@ const bool registered = wlb::app::registerCommand(
       prep->add_option("--shuffle", o->prepare.shuffle_seed,
                        "Write documents in a deterministic shuffled order keyed by SEED and the path "
                        "(default: sorted path order)")
+          ->check(wlb::app::intAtLeast(0))  // "-3" would wrap to a huge unsigned seed
           ->each([o](const std::string&) { o->prepare.shuffle = true; });
       return [o, prep]() { return prep->parsed() ? runPrepare(*o) : runStats(*o); };
     });

@@ -317,6 +317,13 @@ def test_bad_compare_file_exit_2(hand_trace, tmp_path):
     assert "gone.h5" in r.stderr
 
 
+def test_negative_gantt_steps_exit_2(hand_trace, tmp_path):
+    r = run_report(hand_trace, "--gantt-steps", "-1", "--out", str(tmp_path / "o"))
+    assert r.returncode == 2
+    assert "--gantt-steps" in r.stderr
+    assert not (tmp_path / "o").exists()
+
+
 def test_missing_out_argument_exit_2(hand_trace):
     r = run_report(hand_trace)
     assert r.returncode == 2

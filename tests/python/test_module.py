@@ -3,6 +3,7 @@ error messages for the same deck and seed; conservation across a checkpoint and 
 
 import json
 import os
+import pickle
 
 import numpy as np
 import pytest
@@ -442,3 +443,21 @@ def test_plan_file_keeps_what_each_step_recorded(cli, tmp_path):
         assert plan.plan_us == line["metrics"]["plan_us"] > 0
     with pytest.raises(ValueError):
         wlb.Plan.from_json({})
+
+
+def test_cost_model_refuses_impossible_token_counts():
+    cost = wlb.CostModel(wlb.Deck(SMOKE_DECK))
+    for call in (lambda: cost.segment_work(-100), lambda: cost.linear_seconds(-1),
+                 lambda: cost.attn_seconds(0, 2**62), lambda: cost.segment_work(np.array([[1, 2]]))):
+        with pytest.raises(ValueError):
+            call()
+    assert cost.segment_work(0) == 0
+
+
+def test_sliced_shard_plan_survives_pickling():
+    deck = wlb.Deck(SMOKE_DECK, {"mesh.cp": 2})
+    planner = wlb.ShardPlanner(deck, "per_document")
+    # a slice: queries [100, 300) of a document whose first 100 tokens are its keys only
+    plan = planner.plan(np.array([[7, 100, 200, 0, 100]]))
+    again = pickle.loads(pickle.dumps(plan))
+    assert again.to_json() == plan.to_json()
