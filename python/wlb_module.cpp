@@ -858,8 +858,7 @@ CostModel.from_profile(path, deck=None): the same with the profile JSON at `path
       .def(
           "segment_work",
           [](const PyCost& c, std::int64_t len) { return c.cost->segmentWork(tokensArg(len, "length")); },
-          py::arg("length"),
-          "W(d): fwd+bwd seconds of one layer for a segment of `length` tokens (the packers' W).")
+          py::arg("length"), "W(d): fwd+bwd seconds of one layer for a segment of `length` tokens (the packers' W).")
       .def(
           "segment_work",
           [](const PyCost& c, const Ints& lens) {

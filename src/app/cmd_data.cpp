@@ -141,7 +141,8 @@ const bool registered = wlb::app::registerCommand(
       stats->add_option("--window", o->window, "Context window S (overrides data.context_window)");
       CLI::App* prep = sub.add_subcommand(
           "prepare", "Text documents (a directory or tarball) -> Megatron .bin/.idx, byte-level tokens, train/valid");
-      prep->add_option("SRC", o->prepare.source, "Directory (one document per regular file) or tarball (.tar, .tar.gz/.tgz, .tar.xz, .tar.bz2)")
+      prep->add_option("SRC", o->prepare.source,
+                       "Directory (one document per regular file) or tarball (.tar, .tar.gz/.tgz, .tar.xz, .tar.bz2)")
           ->required();
       prep->add_option("--out", o->prepare.out_prefix,
                        "Output prefix: writes PREFIX_train.{bin,idx}, PREFIX_valid.{bin,idx}")

@@ -42,8 +42,8 @@ Deck DeckArgs::loadWithSweep() const {
 }
 
 void addDeckArgs(CLI::App& sub, DeckArgs& args, bool optional) {
-  auto* opt = sub.add_option("deck", args.path, optional ? "TOML input deck (required unless an option says otherwise)"
-                                                         : "TOML input deck");
+  auto* opt = sub.add_option(
+      "deck", args.path, optional ? "TOML input deck (required unless an option says otherwise)" : "TOML input deck");
   if (!optional) opt->required();
   sub.add_option("--set", args.overrides, "Override a deck key: table.key=value (TOML value; repeatable)")
       ->allow_extra_args(false)

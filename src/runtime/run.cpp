@@ -796,7 +796,8 @@ std::string formatReport(const RunReport& rep) {
   os << "speedup = throughput (trained tokens/s) over " << rep.strategies.front().name
      << ", 95% paired bootstrap interval over steps; drain = steps run after the measured ones, with no new documents, "
         "until nothing is held (their time and tokens count), so every strategy trains its whole stream; GFLOP/s = "
-        "useful FLOPs of the model run (causal attention + linear layers and LM head, fwd+bwd); step-x = step-time ratio (flatters "
+        "useful FLOPs of the model run (causal attention + linear layers and LM head, fwd+bwd); step-x = step-time "
+        "ratio (flatters "
         "deferral)\n";
   os << "\nPer-rank time per step [s]: busy = compute (GEMMs, attention, norms, head), comm = KV/TP/gradient "
         "communication incl. waiting for peers; unrecorded = share of the step outside every recorded region, "
