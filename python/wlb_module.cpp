@@ -352,11 +352,7 @@ std::unique_ptr<data::LengthSource> makeSource(const wlb::Deck& deck, const std:
                                                const std::optional<std::string>& name) {
   if (!lengths) return data::makeLengthSource(deck);
   auto v = lengthsFrom(*lengths);
-  // Unnamed arrays are told apart by their contents (FNV-1a), so a checkpoint of one does
-  // not load into a sampler over another of the same size.
-  std::uint64_t h = 1469598103934665603ULL;
-  for (const auto x : v) h = (h ^ static_cast<std::uint64_t>(x)) * 1099511628211ULL;
-  const std::string desc = name ? *name : fmt::format("array:{} documents:{:016x}", v.size(), h);
+  const std::string desc = name ? *name : fmt::format("array:{} documents", v.size());
   return data::makeArraySource(std::move(v), desc, deck.mesh.dp * data::microBatchesPerReplica(deck),
                                deck.data.context_window);
 }

@@ -89,7 +89,8 @@ def write_megatron_dataset(prefix, documents, dtype=np.int32):
         a = np.asarray(d).ravel()
         if a.size and not (np.issubdtype(a.dtype, np.integer) or a.dtype == dt):
             raise ValueError(f"documents[{i}]: token ids must be integers, not {a.dtype}")
-        if a.size and np.issubdtype(a.dtype, np.integer) and not np.can_cast(a.dtype, dt):
+        if a.size and np.issubdtype(a.dtype, np.integer) and np.issubdtype(dt, np.integer) \
+                and not np.can_cast(a.dtype, dt):
             info = np.iinfo(dt)  # ids outside the dtype would wrap silently in astype
             if a.min() < info.min or a.max() > info.max:
                 raise ValueError(f"documents[{i}]: token ids span [{a.min()}, {a.max()}], outside {dt}'s "

@@ -160,7 +160,11 @@ const bool registered = wlb::app::registerCommand(
       prep->add_option("--shuffle", o->prepare.shuffle_seed,
                        "Write documents in a deterministic shuffled order keyed by SEED and the path "
                        "(default: sorted path order)")
-          ->check(wlb::app::intAtLeast(0))  // "-3" would wrap to a huge unsigned seed
+          ->check(CLI::Validator(  // "-3" would wrap to a huge unsigned seed; seeds up to 2^64 - 1 are fine
+              [](std::string& s) {
+                return s.rfind('-', 0) == 0 ? "must be at least 0 (got " + s + ")" : std::string();
+              },
+              "SEED >= 0"))
           ->each([o](const std::string&) { o->prepare.shuffle = true; });
       return [o, prep]() { return prep->parsed() ? runPrepare(*o) : runStats(*o); };
     });

@@ -77,8 +77,10 @@ int runPlan(const Opts& o) {
   // Validate everything before writing anything.
   // --out names a file (several packers write NAME.PACKER.EXT beside it): a directory
   // would silently become "DIR.PACKER" files next to it
-  if (!o.out.empty()) checkOutputPath(o.out, "--out", {}, true);
-  if (!o.summary_json.empty()) checkOutputPath(o.summary_json, "--summary-json", {o.out}, true);
+  app::checkOnRankZero([&] {  // rank 0 writes them
+    if (!o.out.empty()) checkOutputPath(o.out, "--out");
+    if (!o.summary_json.empty()) checkOutputPath(o.summary_json, "--summary-json");
+  });
   std::vector<std::unique_ptr<packing::Packer>> packers;
   for (const auto& n : names) packers.push_back(packing::makePacker(n, deck, cost));
   nlohmann::json resume;
@@ -93,8 +95,9 @@ int runPlan(const Opts& o) {
       throw InputError(fmt::format("--resume {}: not a wlb-plan-state file", o.resume), true);
   }
   const std::string save = !o.save_state.empty() ? o.save_state : deck.packing.checkpoint;
-  if (!save.empty())  // may be --resume's file: the state moves on in place
-    checkOutputPath(save, o.save_state.empty() ? "packing.checkpoint" : "--save-state", {o.out, o.summary_json}, true);
+  app::checkOnRankZero([&] {  // may be --resume's file: the state moves on in place
+    if (!save.empty()) checkOutputPath(save, o.save_state.empty() ? "packing.checkpoint" : "--save-state");
+  });
   const bool several = packers.size() > 1;
 
   std::vector<packing::RunResult> results;

@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "app/cleanup.hpp"
 #include "app/command.hpp"
@@ -22,8 +21,7 @@ struct Opts {
 
 int run(const Opts& o) {
   if (wlb::app::worldRank() != 0) return 0;
-  wlb::checkOutputPath(o.out, "--out",
-                       o.p.base.empty() ? std::vector<std::string>{} : std::vector<std::string>{o.p.base});
+  wlb::checkOutputPath(o.out, "--out");  // may be --base: read whole before anything is written
   const auto r = wlb::profile::measureProfile(o.p);
   wlb::profile::writeProfile(r.profile, o.out, [](const std::string& path, bool made) {
     if (made)

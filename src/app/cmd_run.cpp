@@ -85,12 +85,13 @@ const bool registered = wlb::app::registerCommand(
         } catch (const wlb::InputError& e) {
           throw wlb::InputError(e.what(), /*collective=*/true);
         }
-        if (!o->gradients.empty()) {  // before the run, not after it
+        wlb::app::checkOnRankZero([&] {  // before the run, not after it; rank 0 writes them
+          if (o->gradients.empty()) return;
           std::error_code ec;
           if (std::filesystem::exists(o->gradients, ec) && !std::filesystem::is_directory(o->gradients, ec))
-            throw wlb::InputError("--gradients '" + o->gradients + "': is a file; name a folder", true);
-          wlb::checkOutputPath(o->gradients + "/losses.json", "--gradients", {}, true);
-        }
+            throw wlb::InputError("--gradients '" + o->gradients + "': is a file; name a folder");
+          wlb::checkOutputPath(o->gradients + "/losses.json", "--gradients");
+        });
         wlb::runtime::RunOptions ro;
         ro.steps = o->steps;
         ro.warmup = o->warmup;

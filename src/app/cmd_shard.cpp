@@ -4,6 +4,7 @@
 // JSONL (docs/cp.md). Every MPI rank computes the same plans; only rank 0 prints and
 // writes (temporary file + rename; nothing written on error).
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -17,6 +18,7 @@
 
 #include "app/command.hpp"
 #include "core/error.hpp"
+#include "core/output_file.hpp"
 #include "core/progress.hpp"
 #include "cp/shard_plan.hpp"
 #include "data/length_source.hpp"
@@ -103,10 +105,16 @@ int runShard(const Opts& o) {
   auto packer = packing::makePacker(packer_name, deck, cost);
   auto src = data::makeLengthSource(deck);
 
+  app::checkOnRankZero([&] {  // before the work, not at the rename after it
+    if (!o.out.empty()) checkOutputPath(o.out, "--out");
+  });
   std::ofstream out;
   std::string tmp;
   if (root && !o.out.empty()) {
     tmp = fmt::format("{}.tmp.{}", o.out, ::getpid());
+    std::error_code ec;
+    if (const auto dir = std::filesystem::path(o.out).parent_path(); !dir.empty())
+      std::filesystem::create_directories(dir, ec);  // a failure shows as "cannot write" below
     out.open(tmp);
     if (!out) throw InputError(fmt::format("--out {}: cannot write", o.out), true);
   }

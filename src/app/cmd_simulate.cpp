@@ -193,16 +193,20 @@ int run(const Opts& o) {
     }
   }
   if (cases.empty()) throw wlb::InputError("wlb simulate: no decks to simulate (the deck list names none)", true);
-  // Every output path before any work: a bad one must not leave the others written.
-  if (!o.out.empty()) {
-    std::error_code ec;
-    if (fs::exists(o.out, ec) && !fs::is_directory(o.out, ec))
-      throw wlb::InputError("--out '" + o.out + "': is a file; name a folder for simulate.csv and simulate.json", true);
-    wlb::checkOutputPath((fs::path(o.out) / "simulate.csv").string(), "--out", {}, true);
-  }
+  // Every output path before any work (rank 0 writes them): a bad one must not leave the
+  // others written.
+  wlb::app::checkOnRankZero([&] {
+    if (!o.out.empty()) {
+      std::error_code ec;
+      if (fs::exists(o.out, ec) && !fs::is_directory(o.out, ec))
+        throw wlb::InputError("--out '" + o.out + "': is a file; name a folder for simulate.csv and simulate.json");
+      wlb::checkOutputPath((fs::path(o.out) / "simulate.csv").string(), "--out");
+    }
+    if (!o.trace.empty())
+      for (std::size_t ci = 0; ci < cases.size(); ++ci)
+        wlb::checkOutputPath(traceName(o.trace, ci, cases.size()), "--trace");
+  });
   if (!o.trace.empty()) {
-    for (std::size_t ci = 0; ci < cases.size(); ++ci)
-      wlb::checkOutputPath(traceName(o.trace, ci, cases.size()), "--trace", {}, true);
     const fs::path parent = fs::path(o.trace).parent_path();
     if (!parent.empty() && rank == 0) fs::create_directories(parent);
   }

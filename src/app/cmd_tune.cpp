@@ -38,7 +38,9 @@ int runTune(const Opts& o) {
   if (o.sample_steps < 1) throw InputError("--sample-steps: must be >= 1", true);
   if (o.max_levels < 0 || o.max_levels > 4) throw InputError("--max-levels: must be in 0..4", true);
   const Deck deck = o.deck.load("wlb tune");
-  if (!o.json.empty()) checkOutputPath(o.json, "--json", {}, true);
+  app::checkOnRankZero([&] {
+    if (!o.json.empty()) checkOutputPath(o.json, "--json");
+  });
   const auto cost = model::CostModel::fromDeck(deck);
   const auto base = packing::PackerOptions::fromDeck(deck);
   const std::int64_t S = base.context_window;

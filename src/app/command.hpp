@@ -41,6 +41,10 @@ struct DeckArgs {
   Deck loadWithSweep() const;
 };
 
+/// Runs `checks` (of the output paths rank 0 writes, say) on rank 0 and throws its
+/// InputError on every rank, so that no rank goes on alone (or waits for one that left).
+void checkOnRankZero(const std::function<void()>& checks);
+
 /// Add positional DECK (required unless `optional`) and repeatable --set.
 void addDeckArgs(CLI::App& sub, DeckArgs& args, bool optional = false);
 

@@ -41,6 +41,21 @@ Deck DeckArgs::loadWithSweep() const {
   return loadDeck(path, overrides);
 }
 
+void checkOnRankZero(const std::function<void()>& checks) {
+  std::string err;
+  try {
+    if (worldRank() == 0) checks();
+  } catch (const InputError& e) {
+    err = e.what();
+  }
+  // Rank 0's verdict to every rank (one message, printed once).
+  int len = static_cast<int>(err.size());
+  MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  err.resize(static_cast<std::size_t>(len));
+  if (len > 0) MPI_Bcast(err.data(), len, MPI_CHAR, 0, MPI_COMM_WORLD);
+  if (len > 0) throw InputError(err, /*collective=*/true);
+}
+
 void addDeckArgs(CLI::App& sub, DeckArgs& args, bool optional) {
   auto* opt = sub.add_option(
       "deck", args.path, optional ? "TOML input deck (required unless an option says otherwise)" : "TOML input deck");

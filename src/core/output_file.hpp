@@ -21,7 +21,9 @@ inline void checkOutputPath(const std::string& path, const std::string& what,
   auto fail = [&](const std::string& why) { throw InputError(what + " '" + path + "': " + why, collective); };
   if (path.empty()) throw InputError(what + ": the output path is empty", collective);
   std::error_code ec;
+  const auto name = fs::path(path).filename();
   if (fs::is_directory(path, ec)) fail("is a directory; name a file");
+  if (name.empty() || name == "." || name == "..") fail("names a folder, not a file");
   for (const auto& in : inputs)
     if (!in.empty() && fs::equivalent(path, in, ec)) fail("is also an input of this command (" + in + ")");
   fs::path up = fs::absolute(fs::path(path), ec).parent_path();

@@ -154,9 +154,10 @@ void checkFingerprint(const std::string& path, const nlohmann::json& header, con
   for (const auto& [k, v] : fp.items()) {
     nlohmann::json was = header.at("fingerprint").value(k, nlohmann::json());
     if (was.is_null() && (k == "mesh.dp" || k == "mesh.tp" || k == "mesh.pp" || k == "mesh.virtual_stages"))
-      was = 1;                                                // written before multi-rank training / interleaved stages
-    if (was.is_null() && k == "run.precision") was = "fp32";  // written before run.precision
-    if (was.is_null() && k == "train.eval_tokens") continue;  // written before it was recorded
+      was = 1;  // written before multi-rank training / interleaved stages
+    // Recorded since this version; an older checkpoint's value is unknown (run.precision
+    // already took effect then), so it is not held against the deck.
+    if (was.is_null() && (k == "run.precision" || k == "train.eval_tokens")) continue;
     if (was != v)
       throw InputError(fmt::format("{}: written with {} = {}, the deck says {} (resume needs the same run)", path, k,
                                    was.dump(), v.dump()));
@@ -789,6 +790,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
       if (!opt.resume && step == start) {  // an input error before the first step kept the old log
         log.close();
         log.open(log_path, std::ios::trunc);
+        if (!log) err = fmt::format("{}: cannot write ({})", log_path, std::strerror(errno));  // combined below
       }
       log << rec_json.dump() << "\n";
       log.flush();

@@ -102,6 +102,8 @@ bad2 "a command of one case on a sweeping deck" "sweep" "$WLB" plan "$SRC/inputs
 "$WLB" plan "$SRC/inputs/slurm_sweep.toml" --steps 1 --set mesh.cp=2 > "$tmp/out" 2> "$tmp/err" ||
   fail "a --set of the swept key does not pick a case: $(cat "$tmp/err")"
 bad2 "simulate --trace a directory" "--trace" "$WLB" simulate "$SRC/inputs/sim_small.toml" --steps 1 --trace "$tmp/adir"
+bad2 "plan --out naming a folder" "names a folder" "$WLB" plan "$SRC/inputs/quickstart.toml" --steps 1 --out "$tmp/newdir/"
+[ -e "$tmp/newdir" ] && fail "plan --out DIR/ made the folder"
 
 # unknown subcommand: exit 2 with a suggestion
 "$WLB" plann "$SRC/inputs/quickstart.toml" > "$tmp/out" 2> "$tmp/err"; rc=$?

@@ -88,6 +88,22 @@ bf="--set run.precision=\"bf16\""
 "$WLB" train deck.toml $ck $bf --set output.dir=fullbf --quiet > /dev/null || fail "bf16 full run"
 WLB_TRAIN_KILL_AFTER_STEP=14 "$WLB" train deck.toml $ck $bf --set output.dir=cutbf --quiet > /dev/null 2>&1
 [ -f cutbf/checkpoint/checkpoint.wlb ] || fail "no bf16 checkpoint"
+# A checkpoint written before run.precision and train.eval_tokens were fingerprinted
+# (the keys stripped from a copy) still resumes, and gives the same 30 steps.
+cp -r cutbf cutbfold
+$PY - cutbfold/checkpoint/checkpoint.wlb <<'PYEOF' || fail "strip the new fingerprint keys"
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[8:16])[0]
+h = json.loads(b[16:16 + n])
+for k in ("run.precision", "train.eval_tokens"):
+    del h["fingerprint"][k]
+t = json.dumps(h).encode()
+open(sys.argv[1], "wb").write(b[:8] + struct.pack("<Q", len(t)) + t + b[16 + n:])
+PYEOF
+"$WLB" train deck.toml $ck $bf --set output.dir=cutbfold --resume > resumed.txt 2> resumed.err ||
+  { cat resumed.err; fail "bf16 resume of an older checkpoint"; }
+same_30_steps fullbf cutbfold "bf16: an older checkpoint resumes bit-identically" || fail "older checkpoint differs"
 "$WLB" train deck.toml $ck $bf --set output.dir=cutbf --resume > resumed.txt 2> resumed.err ||
   { cat resumed.err; fail "bf16 resume"; }
 same_30_steps fullbf cutbf "bf16: 30 steps bit-identical after kill + resume" || fail "bf16 resumed losses differ"

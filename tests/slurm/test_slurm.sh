@@ -230,6 +230,9 @@ timeout 30 run/slurm/sweep inputs/slurm_sweep.toml --set mesh.no_such_key=1 --dr
 rc=0
 timeout 30 run/slurm/submit inputs/quickstart.toml mesh --set mesh.no_such_key=1 >/dev/null 2>&1 || rc=$?
 ((rc == 2)) && pass "submit: bad --set -> exit 2" || fail "submit: bad --set exited $rc, not 2"
+rc=0
+timeout 30 run/slurm/submit inputs/slurm_sweep.toml mesh >/dev/null 2>&1 || rc=$?
+((rc == 2)) && pass "submit: a sweeping deck -> exit 2" || fail "submit: a sweeping deck exited $rc, not 2"
 left=$(timeout 10 squeue -h -o %i | wc -l)
 ((left == 0)) || fail "$left job(s) left in the queue"
 
