@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -209,9 +208,7 @@ int run(const Opts& o) {
   const std::string tmp = o.out + ".tmp." + std::to_string(::getpid());
   const wlb::app::TemporaryGuard guard(tmp);  // removed if interrupted
   try {
-    std::error_code ec;
-    if (const auto dir = std::filesystem::path(o.out).parent_path(); !dir.empty())
-      std::filesystem::create_directories(dir, ec);  // a failure shows as "cannot create" below
+    wlb::makeParentFolders(o.out);
     auto f = wlb::h5::File::create(tmp);
     f.writeDataset<float>("o", out_o.data(), c.qd);
     f.writeDataset<float>("lse", out_lse.data(), {c.qd[0], c.qd[1]});

@@ -116,9 +116,7 @@ int runPlan(const Opts& o) {
       if (root && !o.out.empty()) {
         final_path = outPathFor(o.out, packer->name(), several);
         tmp_path = fmt::format("{}.tmp.{}", final_path, ::getpid());
-        std::error_code ec;
-        if (const auto dir = std::filesystem::path(final_path).parent_path(); !dir.empty())
-          std::filesystem::create_directories(dir, ec);  // a failure shows as "cannot write" below
+        makeParentFolders(final_path);
         out.open(tmp_path);
         if (!out) throw InputError(fmt::format("--out {}: cannot write", final_path), true);
         tmp_files.push_back(tmp_path);

@@ -87,9 +87,7 @@ const bool registered = wlb::app::registerCommand(
         }
         wlb::app::checkOnRankZero([&] {  // before the run, not after it; rank 0 writes them
           if (o->gradients.empty()) return;
-          std::error_code ec;
-          if (std::filesystem::exists(o->gradients, ec) && !std::filesystem::is_directory(o->gradients, ec))
-            throw wlb::InputError("--gradients '" + o->gradients + "': is a file; name a folder");
+          wlb::checkOutputFolder(o->gradients, "--gradients");
           wlb::checkOutputPath(o->gradients + "/losses.json", "--gradients");
         });
         wlb::runtime::RunOptions ro;

@@ -4,7 +4,6 @@
 // JSONL (docs/cp.md). Every MPI rank computes the same plans; only rank 0 prints and
 // writes (temporary file + rename; nothing written on error).
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -112,9 +111,7 @@ int runShard(const Opts& o) {
   std::string tmp;
   if (root && !o.out.empty()) {
     tmp = fmt::format("{}.tmp.{}", o.out, ::getpid());
-    std::error_code ec;
-    if (const auto dir = std::filesystem::path(o.out).parent_path(); !dir.empty())
-      std::filesystem::create_directories(dir, ec);  // a failure shows as "cannot write" below
+    makeParentFolders(o.out);
     out.open(tmp);
     if (!out) throw InputError(fmt::format("--out {}: cannot write", o.out), true);
   }

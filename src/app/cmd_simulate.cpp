@@ -197,9 +197,7 @@ int run(const Opts& o) {
   // others written.
   wlb::app::checkOnRankZero([&] {
     if (!o.out.empty()) {
-      std::error_code ec;
-      if (fs::exists(o.out, ec) && !fs::is_directory(o.out, ec))
-        throw wlb::InputError("--out '" + o.out + "': is a file; name a folder for simulate.csv and simulate.json");
+      wlb::checkOutputFolder(o.out, "--out");
       wlb::checkOutputPath((fs::path(o.out) / "simulate.csv").string(), "--out");
     }
     if (!o.trace.empty())
@@ -337,8 +335,7 @@ int run(const Opts& o) {
   }
   std::cout << os.str() << std::flush;
 
-  if (!o.out.empty()) {
-    fs::create_directories(o.out);
+  if (!o.out.empty()) {  // writeAtomically makes the folder
     std::ostringstream csv;
     csv << "case,mesh,model,context_window,strategy,packer,sharding,steps,drain_steps,tokens,tokens_per_second,"
            "useful_flops_per_second,baseline,speedup,speedup_lo,speedup_hi,step_seconds,step_time_ratio,"

@@ -12,6 +12,19 @@
 
 namespace wlb {
 
+namespace detail {
+// The nearest existing folder above `path` is a folder (not a file), so the missing ones
+// below it can be made when the output is written.
+inline void requireWritableAncestor(const std::string& path, const std::string& what, bool collective) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path up = fs::absolute(fs::path(path), ec).parent_path();
+  while (!up.empty() && !fs::exists(up, ec) && up != up.root_path()) up = up.parent_path();
+  if (!fs::is_directory(up, ec))
+    throw InputError(what + " '" + path + "': " + up.string() + " is not a directory", collective);
+}
+}  // namespace detail
+
 /// `path` (named `what` in the error: "--out", "output.trace", ...) can be written: it is not
 /// empty, not a directory, not one of `inputs`, and its nearest existing ancestor is a
 /// directory (missing folders below it are created when the output is written).
@@ -26,9 +39,26 @@ inline void checkOutputPath(const std::string& path, const std::string& what,
   if (name.empty() || name == "." || name == "..") fail("names a folder, not a file");
   for (const auto& in : inputs)
     if (!in.empty() && fs::equivalent(path, in, ec)) fail("is also an input of this command (" + in + ")");
-  fs::path up = fs::absolute(fs::path(path), ec).parent_path();
-  while (!up.empty() && !fs::exists(up, ec) && up != up.root_path()) up = up.parent_path();
-  if (!fs::is_directory(up, ec)) fail(up.string() + " is not a directory");
+  detail::requireWritableAncestor(path, what, collective);
+}
+
+/// A folder a command writes its files into (`--gradients DIR`, `simulate --out DIR`): not
+/// an existing file, and makeable where it does not exist yet.
+inline void checkOutputFolder(const std::string& dir, const std::string& what, bool collective = false) {
+  namespace fs = std::filesystem;
+  if (dir.empty()) throw InputError(what + ": the output folder is empty", collective);
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    throw InputError(what + " '" + dir + "': is a file; name a folder", collective);
+  if (!fs::exists(dir, ec)) detail::requireWritableAncestor(dir, what, collective);
+}
+
+/// Makes the missing folders above the file `path`; a failure is left to the open that
+/// follows, which names the output.
+inline void makeParentFolders(const std::string& path) {
+  std::error_code ec;
+  if (const auto dir = std::filesystem::path(path).parent_path(); !dir.empty())
+    std::filesystem::create_directories(dir, ec);
 }
 
 }  // namespace wlb

@@ -242,13 +242,7 @@ class GeneratorSource final : public LengthSource {
 class ArraySource final : public LengthSource {
  public:
   ArraySource(std::vector<std::int64_t> lengths, std::string desc, std::int64_t seqs, std::int64_t window)
-      : LengthSource(seqs, window), lengths_(std::move(lengths)), desc_(std::move(desc)) {
-    if (lengths_.empty()) throw InputError(desc_ + ": no document lengths", true);
-    for (std::size_t i = 0; i < lengths_.size(); ++i)
-      if (lengths_[i] < 1 || lengths_[i] > kMaxDocTokens)
-        throw InputError(
-            fmt::format("{}: length {} of document {} is not in [1, {}]", desc_, lengths_[i], i, kMaxDocTokens), true);
-  }
+      : LengthSource(seqs, window), lengths_(std::move(lengths)), desc_(std::move(desc)) {}
   std::string describe() const override { return desc_; }
   std::int64_t documentsPerEpoch() const override { return static_cast<std::int64_t>(lengths_.size()); }
 

@@ -129,8 +129,9 @@ std::string resolvePath(const Deck& deck, const std::string& path);
 constexpr std::int64_t kMaxDocTokens = (std::int64_t{1} << 31) - 1;
 
 /// A source over lengths held in memory (a file's, or an array a caller passes), drawn in
-/// order and wrapped around; `desc` names the stream in plans and checkpoints. InputError
-/// on an empty list or a length outside [1, kMaxDocTokens].
+/// order and wrapped around; `desc` names the stream in plans and checkpoints. The caller
+/// has validated `lengths` (non-empty, each in [1, kMaxDocTokens]), as the readers below and
+/// the Python module's array check do, each naming its own file or argument.
 std::unique_ptr<LengthSource> makeArraySource(std::vector<std::int64_t> lengths, std::string desc,
                                               std::int64_t sequences_per_step, std::int64_t context_window);
 

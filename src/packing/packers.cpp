@@ -96,9 +96,8 @@ std::vector<Segment> segsFromJson(const nlohmann::json& a) {
     const Segment s{e.at(0).get<DocId>(), e.at(1).get<std::int64_t>(), e.at(2).get<std::int64_t>(),
                     e.at(3).get<std::int64_t>(), e.size() > 4 ? e.at(4).get<std::int64_t>() : 0};
     // A held segment is a piece of a real document: what a packer never writes is refused.
-    constexpr std::int64_t kMaxTokens = (std::int64_t{1} << 31) - 1;
-    if (s.doc < 0 || s.offset < 0 || s.length < 1 || s.length > kMaxTokens || s.offset > kMaxTokens - s.length ||
-        s.arrival_step < 0 || s.q_offset < 0 || s.q_offset > s.offset)
+    if (s.doc < 0 || s.offset < 0 || s.length < 1 || s.length > data::kMaxDocTokens ||
+        s.offset > data::kMaxDocTokens - s.length || s.arrival_step < 0 || s.q_offset < 0 || s.q_offset > s.offset)
       throw InputError("packer state: segment " + e.dump() +
                        " is not [doc >= 0, offset >= 0, 1 <= length, arrival >= 0(, 0 <= q_offset <= offset)]");
     v.push_back(s);

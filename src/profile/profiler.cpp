@@ -28,6 +28,7 @@
 #include "core/error.hpp"
 #include "core/input_file.hpp"
 #include "core/kokkos_compat.hpp"
+#include "core/output_file.hpp"
 #include "core/types.hpp"
 #include "cp/shard_plan.hpp"
 #include "data/length_source.hpp"
@@ -893,9 +894,7 @@ ProfileResult measureProfile(ProfileOptions o) {
 void writeProfile(const nlohmann::json& profile, const std::string& path,
                   const std::function<void(const std::string&, bool)>& track_temporary) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  std::error_code ec;
-  if (const auto dir = std::filesystem::path(path).parent_path(); !dir.empty())
-    std::filesystem::create_directories(dir, ec);  // a failure shows as "cannot write" below
+  wlb::makeParentFolders(path);  // a failure shows as "cannot write" below
   if (track_temporary) track_temporary(tmp, true);
   const auto forget = [&] {
     if (track_temporary) track_temporary(tmp, false);
