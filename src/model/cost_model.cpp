@@ -369,8 +369,13 @@ double HardwareProfile::attnGflops(Phase p, double q, double k) const {
   const ThroughputTable& t = p == Phase::Fwd ? fwd : bwd;
   const double f = factors.attn[static_cast<std::size_t>(p)];
   if (!t.empty()) return attention_efficiency * t.at(q, k) * f;
-  // Analytic: short query tiles pay fixed per-row overheads (softmax, rescaling).
-  const double eff = 0.7 * q / (q + static_cast<double>(tile_q));
+  // Analytic: a piece of few query tiles keeps few tiles in flight, so the rate rises
+  // with the tile count. Counted in whole tiles because the padded FLOPs already charge
+  // a partial tile in full (the measured tables are flat below tile_q); counting rows
+  // here would charge a short piece twice and make 1 query dearer than 10.
+  const double tq = static_cast<double>(std::max<std::int64_t>(tile_q, 1));
+  const double q_pad = std::ceil(std::max(q, 1.0) / tq) * tq;
+  const double eff = 0.7 * q_pad / (q_pad + tq);
   return std::max(attention_efficiency * peak_gflops * eff * f, 1e-3);
 }
 

@@ -63,3 +63,33 @@ TEST(HardwareProfile, BadAttentionEfficiencyNamesFileAndKey) {
     }
   }
 }
+
+// The analytic curve counts whole query tiles, as the padded FLOPs do: a piece shorter
+// than a tile costs one tile (no more), and a longer piece never costs less than a shorter
+// one with the same prefix (a 1-query piece used to cost more than a 10-query one).
+TEST(HardwareProfile, AnalyticAttentionCostGrowsWithThePiece) {
+  const auto hw = model::HardwareProfile::analytic();
+  ASSERT_TRUE(hw.fwd.empty());
+  model::ModelDims dims;
+  dims.hidden = 256;
+  dims.heads = 4;
+  dims.kv_heads = 2;
+  dims.head_dim = 64;
+  dims.ffn = 704;
+  const model::CostModel cm(dims, hw);
+  for (auto p : {model::Phase::Fwd, model::Phase::Bwd}) {
+    for (std::int64_t q0 : {0, 100, 4096}) {
+      // Same key tiles when the prefix ends on a tile edge: then the same cost.
+      if (q0 % hw.tile_k == 0) EXPECT_DOUBLE_EQ(cm.attnSeconds(q0, 1, p), cm.attnSeconds(q0, hw.tile_q, p));
+      double prev = 0.0;
+      for (std::int64_t q = 1; q <= 4 * hw.tile_q + 3; ++q) {
+        const double s = cm.attnSeconds(q0, q, p);
+        EXPECT_GE(s, prev) << "q0 " << q0 << " q " << q;
+        prev = s;
+      }
+    }
+    // Whole tiles keep the curve they always had: 0.7 * q / (q + tile_q).
+    const double q = 4.0 * static_cast<double>(hw.tile_q);
+    EXPECT_NEAR(hw.attnGflops(p, q, q), hw.peak_gflops * 0.7 * 0.8, 1e-9 * hw.peak_gflops);
+  }
+}
