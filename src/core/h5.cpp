@@ -383,11 +383,13 @@ std::vector<std::string> Location::children() const {
   return out;
 }
 
-std::vector<hsize_t> Location::checkNumeric(const Dataset& ds, int expectRank) const {
+std::vector<hsize_t> Location::checkNumeric(const Dataset& ds, int expectRank, bool integral) const {
   auto t = ds.type();
   auto c = t.typeClass();
   if (c != H5T_INTEGER && c != H5T_FLOAT)
     throw InputError(ds.name() + ": dataset is not numeric");
+  if (integral && c != H5T_INTEGER)
+    throw InputError(ds.name() + ": dataset holds floating-point values where integers are expected");
   auto d = ds.dims();
   if (expectRank >= 0 && static_cast<int>(d.size()) != expectRank)
     throw InputError(ds.name() + ": expected a " + std::to_string(expectRank) + "-D dataset, found shape " +

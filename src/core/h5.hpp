@@ -266,12 +266,13 @@ class Location : public Object {
   }
   /// Read a whole numeric dataset (converted to T). If `expectRank` >= 0 the dataset must
   /// have that rank; `dims` (optional) receives the shape. InputError naming the dataset
-  /// on a missing dataset, wrong rank or non-numeric type.
+  /// on a missing dataset, wrong rank or non-numeric type, and on a floating-point dataset
+  /// read as integers (HDF5 would truncate 2.5 to 2 without a word).
   template <class T>
   std::vector<T> readDataset(const std::string& path, std::vector<hsize_t>* dims = nullptr,
                              int expectRank = -1) const {
     auto ds = openDataset(path);
-    auto d = checkNumeric(ds, expectRank);
+    auto d = checkNumeric(ds, expectRank, std::is_integral_v<T>);
     hsize_t n = 1;
     for (auto x : d) n *= x;
     std::vector<T> out(n);
@@ -293,7 +294,7 @@ class Location : public Object {
   std::vector<std::string> readStrings(const std::string& path) const;
 
  private:
-  std::vector<hsize_t> checkNumeric(const Dataset& ds, int expectRank) const;
+  std::vector<hsize_t> checkNumeric(const Dataset& ds, int expectRank, bool integral) const;
   [[noreturn]] void shapeMismatch(const std::string& path, const std::vector<hsize_t>& got,
                                   const std::vector<hsize_t>& want) const;
 };

@@ -83,6 +83,7 @@ bad dO_shape "d=f['dO'][:, :2]; del f['dO']; f['dO']=d" "dO"
 bad missing_q "del f['q']" "q"
 bad do_typo "f['do']=f['dO'][:]; del f['dO']" "did you mean 'dO'"
 bad q_rank "d=f['q'][:, 0]; del f['q']; f['q']=d" "q"
+bad cu_float "c=f['cu_seqlens_q'][:].astype(np.float64); c[1]+=0.5; del f['cu_seqlens_q']; f['cu_seqlens_q']=c" "floating-point"
 
 [ $fail -eq 0 ] && echo "PASS"
 exit $fail
