@@ -4,14 +4,8 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
 #include <csignal>
-#include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-
-#include "core/error.hpp"
 
 namespace wlb::app {
 namespace {
@@ -57,31 +51,11 @@ void forgetTemporary(const std::string& path) {
     }
 }
 
-void writeAtomically(const std::string& path, const std::string& what, const std::string& text,
-                     const std::function<void(const std::string& tmp)>& check) {
-  namespace fs = std::filesystem;
-  const auto fail = [&](const std::string& why) { throw InputError(what + " '" + path + "': " + why); };
-  std::error_code ec;
-  const fs::path parent = fs::path(path).parent_path();
-  if (!parent.empty() && !fs::is_directory(parent, ec) && !fs::create_directories(parent, ec))
-    fail("cannot make its folder (" + ec.message() + ")");
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const TemporaryGuard guard(tmp);
-  try {
-    {
-      std::ofstream f(tmp);
-      if (!f) fail(std::string("cannot write (") + std::strerror(errno) + ")");
-      f << text;
-      f.close();
-      if (!f) fail("write failed");
-    }
-    if (check) check(tmp);
-    if (std::rename(tmp.c_str(), path.c_str()) != 0)
-      fail(std::string("cannot rename into place (") + std::strerror(errno) + ")");
-  } catch (...) {
-    std::remove(tmp.c_str());
-    throw;
-  }
+void trackTemporary(const std::string& path, bool made) {
+  if (made)
+    registerTemporary(path);
+  else
+    forgetTemporary(path);
 }
 
 }  // namespace wlb::app

@@ -9,6 +9,8 @@
 #include <string>
 #include <utility>
 
+#include "core/output_file.hpp"
+
 namespace wlb::app {
 
 /// Remove `path` if the process is interrupted (until `forgetTemporary`). At most 64 at once;
@@ -29,11 +31,14 @@ class TemporaryGuard {
   std::string path_;
 };
 
-/// Writes `text` to `path`, the output `what` names in errors ("--out", "--json", ...): under
-/// a registered temporary name, renamed into place when complete (missing folders made
-/// first). `check`, when given, runs on the complete temporary before the rename (a profile
-/// must load, say). Throws InputError naming `what`; a failure leaves neither file behind.
-void writeAtomically(const std::string& path, const std::string& what, const std::string& text,
-                     const std::function<void(const std::string& tmp)>& check = {});
+/// The TemporaryTracker (core/output_file.hpp) the driver hands to library code:
+/// registers on (path, true), forgets on (path, false).
+void trackTemporary(const std::string& path, bool made);
+
+/// wlb::writeFileAtomically with the temporary registered for removal on a signal.
+inline void writeAtomically(const std::string& path, const std::string& what, const std::string& text,
+                            const std::function<void(const std::string& tmp)>& check = {}) {
+  writeFileAtomically(path, what, text, trackTemporary, check);
+}
 
 }  // namespace wlb::app

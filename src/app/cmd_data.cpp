@@ -97,12 +97,7 @@ int runPrepare(const Opts& o) {
   const bool root = app::worldRank() == 0;
   // one process writes; other ranks of an accidental mpiexec would race on the same files
   if (!root) return 0;
-  opt.track_temporary = [](const std::string& p, bool created) {
-    if (created)
-      app::registerTemporary(p);
-    else
-      app::forgetTemporary(p);
-  };
+  opt.track_temporary = app::trackTemporary;
   const auto r = data::prepareDataset(opt);
   std::cout << fmt::format(
       "source {}: {} regular files ({} shorter than --min-bytes {} skipped{}), {} symbolic "

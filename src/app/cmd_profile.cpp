@@ -23,12 +23,7 @@ int run(const Opts& o) {
   if (wlb::app::worldRank() != 0) return 0;
   wlb::checkOutputPath(o.out, "--out");  // may be --base: read whole before anything is written
   const auto r = wlb::profile::measureProfile(o.p);
-  wlb::profile::writeProfile(r.profile, o.out, [](const std::string& path, bool made) {
-    if (made)
-      wlb::app::registerTemporary(path);
-    else
-      wlb::app::forgetTemporary(path);
-  });
+  wlb::profile::writeProfile(r.profile, o.out, wlb::app::trackTemporary);
   std::printf("wlb profile: wrote %s (tiles %dx%d, head_dim %d, peak %.1f, linear %.1f GFLOP/s)\n", o.out.c_str(),
               r.tile_q, r.tile_k, r.head_dim, r.peak_gflops, r.linear_gflops);
   return 0;

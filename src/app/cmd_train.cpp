@@ -32,12 +32,7 @@ const bool registered = wlb::app::registerCommand(
         to.command = "wlb train " + o->deck.path + (o->resume ? " --resume" : "");
         to.resume = o->resume;
         to.progress = !o->quiet;
-        to.track_temporary = [](const std::string& p, bool created) {
-          if (created)
-            wlb::app::registerTemporary(p);
-          else
-            wlb::app::forgetTemporary(p);
-        };
+        to.track_temporary = wlb::app::trackTemporary;
         // Resume tests: WLB_TRAIN_KILL_AFTER_STEP=k kills the process (SIGKILL) after step k.
         if (const char* k = std::getenv("WLB_TRAIN_KILL_AFTER_STEP")) to.kill_after_step = std::atoll(k);
         const auto summary = wlb::train::train(deck, to);

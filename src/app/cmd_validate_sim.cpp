@@ -18,12 +18,7 @@ int run(wlb::profile::ValidateSimOptions o) {
   if (wlb::app::worldSize() > 1)
     throw wlb::InputError("wlb validate-sim runs as one process (it starts `mpirun` for the measured runs itself)",
                           true);
-  o.track_temporary = [](const std::string& path, bool made) {
-    if (made)
-      wlb::app::registerTemporary(path);
-    else
-      wlb::app::forgetTemporary(path);
-  };
+  o.track_temporary = wlb::app::trackTemporary;
   try {
     const auto r = wlb::profile::validateSim(o);
     std::fputs(r.table.c_str(), stdout);

@@ -5,6 +5,7 @@
 /// were written.
 
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,19 @@ inline void checkOutputFolder(const std::string& dir, const std::string& what, b
     throw InputError(what + " '" + dir + "': is a file; name a folder", collective);
   if (!fs::exists(dir, ec)) detail::requireWritableAncestor(dir, what, collective);
 }
+
+/// The driver's hook for temporaries: called with (path, true) when a temporary file is made
+/// and (path, false) when it is renamed or removed; the driver removes the tracked ones on
+/// SIGINT/SIGTERM. Library code takes one and installs no signal handler of its own.
+using TemporaryTracker = std::function<void(const std::string& path, bool made)>;
+
+/// Writes `text` to `path` (named `what` in errors: "--out", "--json", ...) under a temporary
+/// name, renamed into place when complete (missing folders made first). `check`, when given,
+/// runs on the complete temporary before the rename (a profile must load, say). Throws
+/// InputError naming `what`; a failure leaves neither file behind.
+void writeFileAtomically(const std::string& path, const std::string& what, const std::string& text,
+                         const TemporaryTracker& track = {},
+                         const std::function<void(const std::string& tmp)>& check = {});
 
 /// Makes the missing folders above the file `path`; a failure is left to the open that
 /// follows, which names the output.

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/output_file.hpp"
 #include "data/indexed_dataset.hpp"
 #include "data/tokenizer.hpp"
 
@@ -39,9 +40,7 @@ struct PrepareOptions {
   /// shuffle, as Megatron-LM shuffles its samples.
   bool shuffle = false;
   std::uint64_t shuffle_seed = 0;
-  /// Called with (path, true) when a temporary file is created and (path, false) when it
-  /// is renamed or removed (the driver removes registered ones on SIGINT).
-  std::function<void(const std::string&, bool)> track_temporary;
+  TemporaryTracker track_temporary;  ///< the driver's hook for temporaries (core/output_file.hpp)
   bool progress = true;  ///< progress lines on stderr for a long run
 };
 

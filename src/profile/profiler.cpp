@@ -891,33 +891,8 @@ ProfileResult measureProfile(ProfileOptions o) {
   return r;
 }
 
-void writeProfile(const nlohmann::json& profile, const std::string& path,
-                  const std::function<void(const std::string&, bool)>& track_temporary) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  wlb::makeParentFolders(path);  // a failure shows as "cannot write" below
-  if (track_temporary) track_temporary(tmp, true);
-  const auto forget = [&] {
-    if (track_temporary) track_temporary(tmp, false);
-  };
-  {
-    std::ofstream f(tmp);
-    if (!f) {
-      forget();
-      throw wlb::InputError("wlb profile: cannot write --out " + path);
-    }
-    f << profile.dump(2) << "\n";
-    if (!f) {
-      std::remove(tmp.c_str());
-      forget();
-      throw wlb::InputError("wlb profile: writing " + tmp + " failed");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    forget();
-    throw wlb::InputError("wlb profile: cannot rename " + tmp + " to " + path);
-  }
-  forget();
+void writeProfile(const nlohmann::json& profile, const std::string& path, const TemporaryTracker& track_temporary) {
+  wlb::writeFileAtomically(path, "wlb profile: --out", profile.dump(2) + "\n", track_temporary);
 }
 
 }  // namespace wlb::profile

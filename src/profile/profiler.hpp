@@ -22,6 +22,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/output_file.hpp"
+
 namespace wlb::profile {
 
 /// What to measure and how. Messages name the `wlb profile` options these fields stand for.
@@ -56,11 +58,8 @@ struct ProfileResult {
 /// Measure the profile. Bad options or decks -> wlb::InputError (before anything is timed).
 ProfileResult measureProfile(ProfileOptions o);
 
-/// Write `profile` to `path` under a temporary name, then rename it, so a failure leaves
-/// nothing half-written. `track_temporary(path, true)` is called when the temporary is
-/// created and `(path, false)` when it is renamed or removed (the driver removes tracked
-/// ones on SIGINT). An unwritable path -> wlb::InputError.
-void writeProfile(const nlohmann::json& profile, const std::string& path,
-                  const std::function<void(const std::string&, bool)>& track_temporary = {});
+/// Write `profile` to `path` with wlb::writeFileAtomically: a failure leaves nothing
+/// half-written; an unwritable path -> wlb::InputError naming --out.
+void writeProfile(const nlohmann::json& profile, const std::string& path, const TemporaryTracker& track_temporary = {});
 
 }  // namespace wlb::profile

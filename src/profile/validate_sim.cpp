@@ -255,29 +255,6 @@ std::string ordering(std::vector<std::pair<std::string, double>> v) {
   return s;
 }
 
-void writeAtomic(const fs::path& path, const std::string& text,
-                 const std::function<void(const std::string&, bool)>& track_temporary) {
-  const std::string tmp = path.string() + ".tmp." + std::to_string(::getpid());
-  if (track_temporary) track_temporary(tmp, true);
-  struct Forget {
-    const std::function<void(const std::string&, bool)>& f;
-    const std::string& path;
-    ~Forget() {
-      if (f) f(path, false);
-    }
-  } forget{track_temporary, tmp};
-  {
-    std::ofstream f(tmp);
-    f << text;
-    f.close();
-    if (!f) {
-      std::remove(tmp.c_str());
-      throw wlb::InputError("cannot write '" + tmp + "'");
-    }
-  }
-  fs::rename(tmp, path);
-}
-
 }  // namespace
 
 ValidateSimResult validateSim(const ValidateSimOptions& o) {
@@ -641,7 +618,8 @@ ValidateSimResult validateSim(const ValidateSimOptions& o) {
                         {"cpu_seconds", cpu_secs},
                         {"decks", deck_json},
                         {"stages", stages.record}};
-    writeAtomic(out / "validation.json", j.dump(2) + "\n", o.track_temporary);
+    wlb::writeFileAtomically((out / "validation.json").string(), "validation.json", j.dump(2) + "\n",
+                             o.track_temporary);
     ValidateSimResult r;
     r.pass = all_ok;
     r.max_abs_error_percent = worst;

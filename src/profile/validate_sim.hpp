@@ -19,6 +19,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/output_file.hpp"
+
 namespace wlb::profile {
 
 /// Exit code of `wlb validate-sim` when the comparison misses the tolerance or the
@@ -46,9 +48,7 @@ struct ValidateSimOptions {
   /// the heap (docs/simulator.md), unless the caller set GLIBC_TUNABLES.
   bool malloc_default = false;
   std::FILE* log = stdout;  ///< each stage's command and outcome as it runs
-  /// Called with (path, true) when a temporary file is created and (path, false) when it
-  /// is renamed or removed (the driver removes tracked ones on SIGINT).
-  std::function<void(const std::string&, bool)> track_temporary;
+  TemporaryTracker track_temporary;  ///< the driver's hook for temporaries (core/output_file.hpp)
 };
 
 struct ValidateSimResult {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/deck.hpp"
+#include "core/output_file.hpp"
 
 namespace wlb::train {
 
@@ -32,9 +33,7 @@ struct TrainOptions {
   /// Test hook: return after step k is complete as a killed run would stop there (no
   /// further checkpoint, no trace; -1: never).
   std::int64_t stop_after_step = -1;
-  /// Called with (path, true) when a temporary file is created and (path, false) when it
-  /// is renamed (the driver removes registered ones on SIGINT).
-  std::function<void(const std::string&, bool)> track_temporary;
+  TemporaryTracker track_temporary;  ///< the driver's hook for temporaries (core/output_file.hpp)
   MPI_Comm comm = MPI_COMM_WORLD;  ///< the ranks of the mesh (mesh.tp x mesh.cp x mesh.pp x mesh.dp of them)
   bool write_trace = true;         ///< output.dir/output.trace with the training metrics
   std::string command;             ///< command line stored in the trace metadata

@@ -25,6 +25,16 @@ std::string writeProfile(const std::string& name, const std::string& extra) {
   return path;
 }
 
+model::ModelDims smallDims() {
+  model::ModelDims dims;
+  dims.hidden = 256;
+  dims.heads = 4;
+  dims.kv_heads = 2;
+  dims.head_dim = 64;
+  dims.ffn = 704;
+  return dims;
+}
+
 }  // namespace
 
 TEST(HardwareProfile, AttentionEfficiencyScalesTableAndLatency) {
@@ -37,12 +47,7 @@ TEST(HardwareProfile, AttentionEfficiencyScalesTableAndLatency) {
       EXPECT_NEAR(eff.attnGflops(p, q, 1024.0), 0.8 * base.attnGflops(p, q, 1024.0), 1e-9);
   EXPECT_DOUBLE_EQ(base.attnGflops(model::Phase::Fwd, 1024, 1024), 80.0);
 
-  model::ModelDims dims;
-  dims.hidden = 256;
-  dims.heads = 4;
-  dims.kv_heads = 2;
-  dims.head_dim = 64;
-  dims.ffn = 704;
+  const model::ModelDims dims = smallDims();
   const model::CostModel a(dims, base), b(dims, eff);
   // Attention latency grows by 1/0.8; linear work is untouched.
   EXPECT_NEAR(b.attnSeconds(0, 1000, model::Phase::Bwd), a.attnSeconds(0, 1000, model::Phase::Bwd) / 0.8,
@@ -70,12 +75,7 @@ TEST(HardwareProfile, BadAttentionEfficiencyNamesFileAndKey) {
 TEST(HardwareProfile, AnalyticAttentionCostGrowsWithThePiece) {
   const auto hw = model::HardwareProfile::analytic();
   ASSERT_TRUE(hw.fwd.empty());
-  model::ModelDims dims;
-  dims.hidden = 256;
-  dims.heads = 4;
-  dims.kv_heads = 2;
-  dims.head_dim = 64;
-  dims.ffn = 704;
+  const model::ModelDims dims = smallDims();
   const model::CostModel cm(dims, hw);
   for (auto p : {model::Phase::Fwd, model::Phase::Bwd}) {
     for (std::int64_t q0 : {0, 100, 4096}) {

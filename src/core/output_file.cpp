@@ -1,0 +1,50 @@
+// The one temp-and-rename writer of whole text outputs (see output_file.hpp).
+#include "core/output_file.hpp"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+namespace wlb {
+
+void writeFileAtomically(const std::string& path, const std::string& what, const std::string& text,
+                         const TemporaryTracker& track, const std::function<void(const std::string& tmp)>& check) {
+  namespace fs = std::filesystem;
+  const auto fail = [&](const std::string& why) { throw InputError(what + " '" + path + "': " + why); };
+  std::error_code ec;
+  const fs::path parent = fs::path(path).parent_path();
+  if (!parent.empty() && !fs::is_directory(parent, ec) && !fs::create_directories(parent, ec))
+    fail("cannot make its folder (" + ec.message() + ")");
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  // Tracked for exactly the temporary's lifetime, whichever way this returns.
+  struct Tracked {
+    const TemporaryTracker& track;
+    const std::string& tmp;
+    Tracked(const TemporaryTracker& t, const std::string& p) : track(t), tmp(p) {
+      if (track) track(tmp, true);
+    }
+    ~Tracked() {
+      if (track) track(tmp, false);
+    }
+  } tracked(track, tmp);
+  try {
+    {
+      std::ofstream f(tmp);
+      if (!f) fail(std::string("cannot write (") + std::strerror(errno) + ")");
+      f << text;
+      f.close();
+      if (!f) fail("write failed");
+    }
+    if (check) check(tmp);
+    if (std::rename(tmp.c_str(), path.c_str()) != 0)
+      fail(std::string("cannot rename into place (") + std::strerror(errno) + ")");
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+}
+
+}  // namespace wlb
