@@ -216,6 +216,7 @@ __global__ void __launch_bounds__(128 * NWG, 1) forwardKernel(const cuda::Args a
   storeRows<BF, D, BQ>(a, o, m0, m1, l0, l1, wr, t, qb, q0, nq, h, slot);
 #else
   (void)a;
+  WLB_HOPPER_UNSUPPORTED();
 #endif
 }
 
@@ -259,6 +260,7 @@ __global__ void __launch_bounds__(64) combineKernel(const cuda::Args a, int rows
   }
 #else
   (void)a, (void)rows;
+  WLB_HOPPER_UNSUPPORTED();
 #endif
 }
 
@@ -403,6 +405,7 @@ __global__ void __launch_bounds__(256, 1) backwardKernel(const cuda::Args a) {
   }
 #else
   (void)a;
+  WLB_HOPPER_UNSUPPORTED();
 #endif
 }
 

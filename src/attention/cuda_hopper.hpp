@@ -45,6 +45,16 @@ int wsKeys(int head_dim);
 /// with row strides a multiple of 16 bytes.
 void forwardWs(void* stream, const cuda::Args& a);
 
+/// What the TMA descriptors of the warp-specialised kernels need: 16-byte aligned bases of
+/// q, k, v (and dO with `backward`) and row strides a multiple of 16 bytes (8 BF16 values).
+/// The dispatcher takes the synchronous kernels where this fails.
+inline bool tmaReady(const cuda::Args& a, bool backward) {
+  const auto ok = [](const void* p, std::int64_t s0) {
+    return reinterpret_cast<std::uintptr_t>(p) % 16 == 0 && s0 % 8 == 0;
+  };
+  return ok(a.q, a.q_s0) && ok(a.k, a.k_s0) && ok(a.v, a.v_s0) && (!backward || ok(a.dO, a.dO_s0));
+}
+
 /// The warp-specialised BF16 backward (cuda_hopper_ws.cu: a TMA producer warp, two
 /// consumer warpgroups, dQ added by bulk reductions): the same work list, arguments and
 /// contract as backward(), plus a.q_rows / a.k_rows as forwardWs() and a 16-byte aligned

@@ -316,6 +316,7 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1)
   }
 #else
   (void)tq, (void)tk, (void)tv, (void)a;
+  WLB_HOPPER_UNSUPPORTED();
 #endif
 }
 
@@ -523,6 +524,7 @@ __global__ void __launch_bounds__(384, 1)
   }
 #else
   (void)tq, (void)tdo, (void)tk, (void)tv, (void)a;
+  WLB_HOPPER_UNSUPPORTED();
 #endif
 }
 

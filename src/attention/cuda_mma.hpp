@@ -609,7 +609,7 @@ bool mmaForward(const Kokkos::Cuda& space, const Args& a, const VarlenBatch& b, 
 #if defined(WLB_HAVE_HOPPER)
   if (useHopper(a.head_dim, cfg.path != KernelConfig::Path::Sm80)) {
     constexpr bool bf = std::is_same<T, bf16>::value;
-    const bool ws = bf && cfg.warp_specialized;
+    const bool ws = bf && cfg.warp_specialized && hopper::tmaReady(a, false);
     const int rows = ws ? hopper::wsRows(a.head_dim) : hopper::forwardRows(bf, a.head_dim);
     const int keys = ws ? hopper::wsKeys(a.head_dim) : hopper::forwardKeys(bf, a.head_dim);
     Args h = a;
@@ -671,7 +671,7 @@ inline bool mmaBackward(const Kokkos::Cuda& space, const Args& a, const VarlenBa
     h.q_rows = b.q_tokens;
     h.k_rows = b.k_tokens;
     const bool bulk = reinterpret_cast<std::uintptr_t>(a.dq) % 16 == 0 && a.dq_s0 % 4 == 0;
-    if (cfg.warp_specialized && bulk)
+    if (cfg.warp_specialized && bulk && hopper::tmaReady(a, true))
       hopper::backwardWs(space.cuda_stream(), h);
     else
       hopper::backward(space.cuda_stream(), h);

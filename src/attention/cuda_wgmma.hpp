@@ -20,6 +20,13 @@ using namespace cuda::ptx;  // cp.async, conversions, exp2, quad shuffles, reduc
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define WLB_HOPPER_DEVICE 1
 #endif
+// A device pass for another architecture (a PTX fallback the driver might JIT) compiles
+// the kernels empty: they trap there instead of returning with the outputs unwritten.
+#if defined(__CUDA_ARCH__) && !defined(WLB_HOPPER_DEVICE)
+#define WLB_HOPPER_UNSUPPORTED() __trap()
+#else
+#define WLB_HOPPER_UNSUPPORTED() ((void)0)
+#endif
 
 // ---------------- PTX wrappers ----------------------------------------------------------
 
