@@ -443,7 +443,6 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
   // Everything that can fail on bad input is checked on every rank alike (collective).
   std::string err;
   std::unique_ptr<model::CostModel> cost;
-  LayerShape lshape;
   LlamaConfig mc;
   std::unique_ptr<TokenSource> tokens;
   std::vector<StrategyPair> strategies;
@@ -454,7 +453,7 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
   const int layers = static_cast<int>(deck.model.layers);
   try {
     cost = std::make_unique<model::CostModel>(model::CostModel::fromDeck(deck));
-    lshape = LayerShape::fromDims(cost->dims(), shape.tp());
+    (void)LayerShape::fromDims(cost->dims(), shape.tp());  // the executor's shape rules (tp | kv_heads, ...)
     strategies = resolveStrategies(deck);
     comm_mode = cp::parseCommMode(deck.cp.comm);
     precision = parsePrecision(deck.run.precision);
