@@ -80,7 +80,9 @@ TEST(HardwareProfile, AnalyticAttentionCostGrowsWithThePiece) {
   for (auto p : {model::Phase::Fwd, model::Phase::Bwd}) {
     for (std::int64_t q0 : {0, 100, 4096}) {
       // Same key tiles when the prefix ends on a tile edge: then the same cost.
-      if (q0 % hw.tile_k == 0) EXPECT_DOUBLE_EQ(cm.attnSeconds(q0, 1, p), cm.attnSeconds(q0, hw.tile_q, p));
+      if (q0 % hw.tile_k == 0) {
+        EXPECT_DOUBLE_EQ(cm.attnSeconds(q0, 1, p), cm.attnSeconds(q0, hw.tile_q, p));
+      }
       double prev = 0.0;
       for (std::int64_t q = 1; q <= 4 * hw.tile_q + 3; ++q) {
         const double s = cm.attnSeconds(q0, q, p);
