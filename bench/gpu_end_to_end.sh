@@ -16,8 +16,9 @@
 # (wlb train of that deck on DATA, a byte-level `wlb data prepare` prefix) and trainsmall
 # (a small wlb train in fp32 and bf16 whose losses are compared with the CPU build's),
 # gemm8b (run8b's plain strategy with --gemm-timing: every GEMM's rate in place),
-# attnws (the warp-specialised forward's tests and a quick timing beside the synchronous
-# kernel, cases a-c), and
+# attnws (the warp-specialised forward's tests — on a failure or a hang, compute-sanitizer's
+# synccheck and memcheck of them — and a quick timing beside the synchronous kernel, cases
+# a-c), and
 # attn: bench_attention_gpu (BIN must hold it) on cases a-d in BF16 on the synchronous and
 # the warp-specialised Hopper forward, each with and without split-KV, its precision checks
 # included, then the PyTorch anchors of cases a-d (d: varlen_attn)
@@ -188,9 +189,24 @@ ws_tests() {
   log "test_attention (CUDA build): the warp-specialised forward and the non-finite-rows contract"
   timeout 180 "$BIN/test_attention" --gtest_filter='Attention.WarpSpecialized*:Attention.NonFinite*:Attention.Bf16*' \
     > "$OUT/test_attention_ws.log" 2>&1
-  echo "test_attention rc=$?" | tee -a "$OUT/summary.txt"
+  local rc=$?
+  echo "test_attention rc=$rc" | tee -a "$OUT/summary.txt"
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|Which is|actual|trace" "$OUT/test_attention_ws.log" | head -30 |
     tee -a "$OUT/summary.txt"
+  # A failure or a hang (rc 124) of kernels never run before: in the same call, where the
+  # toolkit has it, compute-sanitizer's barrier check and then its memory check of the
+  # warp-specialised tests alone, their first reports in the summary.
+  local cs
+  cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+  if [ "$rc" -ne 0 ] && [ -n "$cs" ]; then
+    for tool in synccheck memcheck; do
+      log "compute-sanitizer --tool $tool of Attention.WarpSpecialized* (after rc=$rc)"
+      timeout 120 "$cs" --tool "$tool" --print-limit 20 "$BIN/test_attention" --gtest_filter='Attention.WarpSpecialized*' \
+        > "$OUT/ws_$tool.log" 2>&1
+      echo "$tool rc=$?" | tee -a "$OUT/summary.txt"
+      grep -E "=========|FAILED|PASSED" "$OUT/ws_$tool.log" | head -25 | tee -a "$OUT/summary.txt"
+    done
+  fi
 }
 # attnws: the first look at the warp-specialised forward in about two minutes — its tests,
 # then its checks and BF16 timings beside the synchronous kernel's on cases a, b and c.

@@ -44,7 +44,7 @@ void writeNpy(const std::string& path, const std::vector<float>& v) {
 }
 
 // --gradients DIR: each strategy's weight gradients of its last step (STRATEGY.npy,
-// tensor by tensor in model order, each as its TP slices: StrategyResult::gradients) and every step's loss
+// tensor by tensor in model order, each whole: StrategyResult::gradients) and every step's loss
 // (losses.json), to compare builds (CPU vs GPU) or meshes.
 void writeGradients(const std::string& dir, const wlb::runtime::RunReport& report) {
   std::filesystem::create_directories(dir);

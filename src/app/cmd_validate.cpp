@@ -7,6 +7,7 @@
 #include "core/deck_schema.hpp"
 #include "data/length_source.hpp"
 #include "model/cost_model.hpp"
+#include "pp/simulate_deck.hpp"
 
 namespace {
 struct Opts {
@@ -23,11 +24,14 @@ const bool registered = wlb::app::registerCommand(
       sub.add_flag("--cases", o->cases, "Also print every case of the deck's [sweep]");
       return [o]() -> int {
         // the files the deck names, read as the commands read them (InputError naming the
-        // file and line / byte offset / key)
+        // file and line / byte offset / key), and the strategies as run / train take them
+        // (a slimpack plan needs the packflow schedule)
         auto checkFiles = [](const wlb::Deck& d) {
           for (const auto& c : wlb::expandSweep(d)) {
             (void)wlb::data::makeLengthSource(c);
             (void)wlb::model::HardwareProfile::fromDeck(c);
+            wlb::pp::checkPackerSchedule(c, c.packing.strategy);  // wlb train's packer
+            for (const auto& s : wlb::resolveStrategies(c)) wlb::pp::checkPackerSchedule(c, s.packer);
           }
         };
         if (wlb::app::worldRank() != 0) {

@@ -557,7 +557,7 @@ std::vector<StrategyPair> resolveStrategies(const Deck& deck) {
       out.push_back({s, "fixed_greedy", "per_document"});
     else if (s == "wlb")
       out.push_back({s, "wlb", "adaptive"});
-    else if (s == "slimpack")  // slices are sharded evenly (cp = 1 in `wlb run`)
+    else if (s == "slimpack")  // under CP, each MicroPack is sharded per document
       out.push_back({s, "slimpack", "per_document"});
     else {
       const auto plus = s.find('+');

@@ -333,8 +333,10 @@ std::vector<GemmTimer::Row> gatherGemms(const GemmTimer& timer, MPI_Comm comm) {
   return sum.rows();
 }
 
-// Tests: the whole model's gradients on rank 0, tensor by tensor in model order, each as
-// its TP slices in TP order (ranks cp = dp = 0 hold the reduced ones).
+// Tests: the whole model's gradients on rank 0, tensor by tensor in model order, each whole
+// and row-major whatever mesh.tp is (a replicated tensor once, a column-split one with its
+// TP blocks put side by side again), so any two meshes compare element by element; ranks
+// cp = dp = 0 hold the reduced ones.
 std::vector<float> gatherGradients(const RunContext& rc, const Llama& model) {
   const auto& shape = rc.shape;
   std::vector<float> out;
@@ -350,23 +352,36 @@ std::vector<float> gatherGradients(const RunContext& rc, const Llama& model) {
     stages.push_back(Llama::layout(c));
   }
   const int tensors = 3 + 9 * static_cast<int>(model.config().layers);  // embed, 9 per layer, norm_f, head
+  std::vector<float> slices;
   for (int index = 0; index < tensors; ++index)
     for (int s = 0; s < shape.pp(); ++s)
       for (const TensorInfo& t : stages[static_cast<std::size_t>(s)]) {
         if (t.index != index) continue;
-        for (int tp = 0; tp < shape.tp(); ++tp) {
+        const int parts = t.slice == 0 ? 1 : shape.tp();  // a replicated tensor: TP rank 0's copy
+        const auto n = static_cast<std::size_t>(t.size);
+        if (me == 0) slices.assign(n * static_cast<std::size_t>(parts), 0.0f);
+        for (int tp = 0; tp < parts; ++tp) {
           const int src = shape.rankOf({tp, 0, s, 0});
-          const std::size_t at = out.size();
-          if (me == 0) out.resize(at + static_cast<std::size_t>(t.size));
-          if (me == src && me == 0) {
-            std::copy(h.data() + t.offset, h.data() + t.offset + t.size, out.begin() + static_cast<std::ptrdiff_t>(at));
-          } else if (me == src) {
+          float* dst = me == 0 ? slices.data() + n * static_cast<std::size_t>(tp) : nullptr;
+          if (me == src && me == 0)
+            std::copy(h.data() + t.offset, h.data() + t.offset + t.size, dst);
+          else if (me == src)
             MPI_Send(h.data() + t.offset, static_cast<int>(t.size), MPI_FLOAT, 0, kTag, rc.mesh.world());
-          } else if (me == 0) {
-            MPI_Recv(out.data() + at, static_cast<int>(t.size), MPI_FLOAT, src, kTag, rc.mesh.world(),
-                     MPI_STATUS_IGNORE);
-          }
+          else if (me == 0)
+            MPI_Recv(dst, static_cast<int>(t.size), MPI_FLOAT, src, kTag, rc.mesh.world(), MPI_STATUS_IGNORE);
         }
+        if (me != 0) continue;
+        if (t.slice != 1 || parts == 1) {  // row blocks in TP order are the whole tensor already
+          out.insert(out.end(), slices.begin(), slices.end());
+          continue;
+        }
+        const std::int64_t block = t.cols / parts;  // columns per TP rank
+        for (std::int64_t r = 0; r < t.rows; ++r)
+          for (int tp = 0; tp < parts; ++tp) {
+            const auto row = slices.begin() + static_cast<std::ptrdiff_t>(n * static_cast<std::size_t>(tp) +
+                                                                          static_cast<std::size_t>(r * block));
+            out.insert(out.end(), row, row + block);
+          }
       }
   return out;
 }

@@ -85,7 +85,7 @@ struct StrategyResult {
   std::vector<double> stage_peak_bytes;                 ///< [pp] max over every step
   std::vector<double> rank_busy, rank_comm, rank_attn;  ///< per world rank, mean per step
   std::vector<float> gradients;  ///< RunOptions::keep_gradients: last step, tensor by tensor in model order
-                                 ///< (runtime::Llama::layout), each as its TP slices
+                                 ///< (runtime::Llama::layout), each whole: the same layout on every mesh
 };
 
 struct RunReport {

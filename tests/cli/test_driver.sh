@@ -18,7 +18,6 @@ grep -q "head_dim = 64" "$tmp/out" || fail "resolved deck lacks derived head_dim
 
 printf '[model]\nhidden = 256\n[mesh]\ncpp = 2\n' > "$tmp/typo.toml"
 "$WLB" validate "$tmp/typo.toml" > "$tmp/out" 2> "$tmp/err"; rc=$?
-vocab = 256
 [ "$rc" = 2 ] || fail "typo deck exit $rc, wanted 2"
 grep -q "typo.toml:4: unknown key 'cpp' in table \[mesh\] (did you mean 'cp'?)" "$tmp/err" || fail "typo message: $(cat "$tmp/err")"
 [ ! -s "$tmp/out" ] || fail "bad deck printed output"
@@ -29,6 +28,15 @@ grep -q "mesh.cp" "$tmp/err" || fail "--set message lacks key"
 
 "$WLB" validate "$tmp/missing.toml" 2> "$tmp/err"; rc=$?
 [ "$rc" = 2 ] || fail "missing deck exit $rc"
+
+# a slimpack strategy needs the packflow schedule in run and train: validate says so first
+for set in 'packing.strategy="slimpack"' 'run.strategies=["plain","slimpack"]'; do
+  "$WLB" validate "$SRC/inputs/quickstart.toml" --set "$set" --set pipeline.schedule=1f1b 2> "$tmp/err" >/dev/null; rc=$?
+  [ "$rc" = 2 ] || fail "validate of slimpack under 1f1b ($set) exit $rc"
+  grep -q "pipeline.schedule" "$tmp/err" || fail "slimpack/1f1b message lacks the key: $(cat "$tmp/err")"
+  "$WLB" validate "$SRC/inputs/quickstart.toml" --set "$set" --set pipeline.schedule=packflow > /dev/null 2> "$tmp/err" \
+    || fail "validate of slimpack under packflow ($set): $(cat "$tmp/err")"
+done
 
 # a directory as the deck: exit 2 naming it (it used to run on the built-in defaults)
 for sub in validate plan shard simulate; do

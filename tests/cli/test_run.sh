@@ -124,6 +124,11 @@ mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set run.comm_
 for s in plain fixed wlb; do [ -s "$tmp/g2/$s.npy" ] || fail "no gradients for $s"; done
 /usr/bin/python3 "$SRC/bench/compare_runs.py" "$tmp/g1" "$tmp/g2" --tol 1e-4 > "$tmp/cmp" || fail "cp=1 vs cp=2: $(cat "$tmp/cmp")"
 grep -q PASS "$tmp/cmp" || fail "compare_runs: $(cat "$tmp/cmp")"
+# tp = 2: the gradients come back whole (a replicated tensor once, column blocks side by
+# side), so they compare with one rank's element by element
+mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set mesh.cp=1 --set mesh.tp=2 --steps 1 --warmup 0 \
+  --quiet --no-output --gradients "$tmp/g2tp" > "$tmp/log" 2> "$tmp/err" || fail "gradients tp=2: $(cat "$tmp/err")"
+/usr/bin/python3 "$SRC/bench/compare_runs.py" "$tmp/g1" "$tmp/g2tp" --tol 1e-4 > "$tmp/cmp" || fail "cp=1 vs tp=2: $(cat "$tmp/cmp")"
 # bf16 = BF16 storage of activations and working weights: within BF16's precision of FP32
 # (and not equal to it), on one rank and on cp = 2 (BF16 K/V on the wire).
 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set mesh.cp=1 --set run.precision='"bf16"' --steps 1 \

@@ -1,7 +1,8 @@
 // wlb-mpi-ranks: 1 2 4
 // wlb-timeout: 300
 // The pipeline executor (runtime/pipeline.hpp): the same deck gives the same losses and
-// weight gradients at pp = 1 and pp = world size (and pp = 2 x cp = 2 on 4 ranks), for
+// weight gradients at pp = 1 and pp = world size (and pp = 2 x cp = 2, tp = 2 on 2 ranks,
+// tp = 2 x pp = 2 on 4), for
 // every schedule, with variable-length and empty micro-batches (the wlb packer's drain
 // steps) and uneven layer splits (9 layers); every stage reports an activation peak (its
 // equality with the memory model is checked by tests/cli/test_run.sh and test_sliced).
@@ -120,19 +121,20 @@ TEST(Pipeline, EveryScheduleMatchesPpOne) {
     int pp, cp;
     const char* schedule;
     int chunks;
+    int tp = 1;  // the gradients come back whole on every mesh, so TP compares too
   };
   std::vector<Case> cases;
   if (n == 1) cases = {{1, 1, "gpipe", 1}, {1, 1, "interleaved", 3}};
-  if (n == 2) cases = {{2, 1, "gpipe", 1}, {2, 1, "1f1b", 1}, {2, 1, "interleaved", 2}};
+  if (n == 2) cases = {{2, 1, "gpipe", 1}, {2, 1, "1f1b", 1}, {2, 1, "interleaved", 2}, {1, 1, "1f1b", 1, 2}};
   if (n == 4)
-    cases = {
-        {4, 1, "gpipe", 1}, {4, 1, "1f1b", 1}, {4, 1, "interleaved", 2}, {2, 2, "1f1b", 1}, {2, 2, "interleaved", 2}};
+    cases = {{4, 1, "gpipe", 1}, {4, 1, "1f1b", 1},        {4, 1, "interleaved", 2},
+             {2, 2, "1f1b", 1},  {2, 2, "interleaved", 2}, {2, 1, "1f1b", 1, 2}};
   for (const Case& c : cases) {
-    const std::string what = "pp=" + std::to_string(c.pp) + " cp=" + std::to_string(c.cp) + " " + c.schedule +
-                             " chunks=" + std::to_string(c.chunks);
+    const std::string what = "tp=" + std::to_string(c.tp) + " pp=" + std::to_string(c.pp) +
+                             " cp=" + std::to_string(c.cp) + " " + c.schedule + " chunks=" + std::to_string(c.chunks);
     SCOPED_TRACE(what);
     const RunReport got = runOn(
-        {"mesh.pp=" + std::to_string(c.pp), "mesh.cp=" + std::to_string(c.cp),
+        {"mesh.tp=" + std::to_string(c.tp), "mesh.pp=" + std::to_string(c.pp), "mesh.cp=" + std::to_string(c.cp),
          std::string("pipeline.schedule=\"") + c.schedule + "\"", "mesh.virtual_stages=" + std::to_string(c.chunks)},
         MPI_COMM_WORLD);
     expectSame(got, ref, what);
