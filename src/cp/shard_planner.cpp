@@ -350,6 +350,27 @@ constexpr double kHybridAlphas[] = {0.0, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0};
 /// The hybrid search refines the group sizes of at most this many (longest) segments.
 constexpr std::size_t kHybridRefine = 16;
 
+/// Up to this CP degree the coordinate descent tries every group size in [2, C].
+constexpr int kHybridDenseSizes = 16;
+
+/// Group sizes the coordinate descent tries for one segment now of size `current`: every g
+/// in [2, C] up to kHybridDenseSizes ranks; beyond, a geometric ladder (x1.25) with C and
+/// the neighbours of `current`, so that a step at C = 64 costs ~20 trials per segment, not
+/// 63 (each trial is a full plan, comm plan and latency, O(C) or more).
+std::vector<int> hybridGroupSizes(int cp, int current) {
+  std::vector<int> gs;
+  if (cp <= kHybridDenseSizes) {
+    for (int g = 2; g <= cp; ++g) gs.push_back(g);
+    return gs;
+  }
+  for (int g = 2; g < cp; g = std::max(g + 1, static_cast<int>(g * 1.25))) gs.push_back(g);
+  for (int g : {cp, current - 1, current + 1})
+    if (g >= 2 && g <= cp) gs.push_back(g);
+  std::sort(gs.begin(), gs.end());
+  gs.erase(std::unique(gs.begin(), gs.end()), gs.end());
+  return gs;
+}
+
 struct HybridCandidate {
   double latency = 0, bytes = 0;
   std::vector<Raw> raws;
@@ -498,8 +519,8 @@ ShardPlan planShards(const MicroBatch& mb, Strategy strategy, int cp, const mode
           if (k == 0 && idx >= 0) wd_index = static_cast<std::size_t>(idx);
         }
       // (3) coordinate descent on the group sizes of the best candidate (latency, ties to
-      // fewer bytes): one sharded segment at a time (the first kHybridRefine), every g in
-      // [2, C], until no move improves.
+      // fewer bytes): one sharded segment at a time (the first kHybridRefine), every size of
+      // hybridGroupSizes, until no move improves.
       std::size_t best = 0;
       for (std::size_t i = 1; i < pool.size(); ++i)
         if (better(i, best)) best = i;
@@ -507,7 +528,7 @@ ShardPlan planShards(const MicroBatch& mb, Strategy strategy, int cp, const mode
         bool improved = false;
         const std::size_t k = std::min(pool[best].groups.size(), kHybridRefine);
         for (std::size_t i = 0; i < k; ++i)
-          for (int g = 2; g <= cp; ++g) {
+          for (int g : hybridGroupSizes(cp, pool[best].groups[i])) {
             std::vector<int> groups = pool[best].groups;
             if (groups[i] == g) continue;
             groups[i] = g;

@@ -60,8 +60,9 @@ Ratio throughputSpeedup(const std::vector<StepWork>& base, const std::vector<Ste
   if (n < 2 || resamples < 1) return r;
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<std::size_t> pick(0, n - 1);
-  std::vector<double> v(static_cast<std::size_t>(resamples));
-  for (auto& x : v) {
+  std::vector<double> v;
+  v.reserve(static_cast<std::size_t>(resamples));
+  for (int s = 0; s < resamples; ++s) {
     Throughput b, o;
     for (std::size_t k = 0; k < n; ++k) {
       const std::size_t i = pick(rng);
@@ -70,8 +71,11 @@ Ratio throughputSpeedup(const std::vector<StepWork>& base, const std::vector<Ste
       o.seconds += other[i].seconds;
       o.tokens += other[i].tokens;
     }
-    x = ratio(b, o);
+    // A resample of only empty baseline steps (a packer still filling its window) has no
+    // ratio: it is left out, not counted as 0.
+    if (b.tokensPerSecond() > 0) v.push_back(ratio(b, o));
   }
+  if (v.empty()) return r;
   std::sort(v.begin(), v.end());
   const auto q = [&](double p) { return v[static_cast<std::size_t>(p * static_cast<double>(v.size() - 1) + 0.5)]; };
   r.lo = q(0.025);

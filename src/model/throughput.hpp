@@ -49,7 +49,8 @@ std::vector<StepWork> foldDrain(std::vector<StepWork> steps, std::size_t drain);
 
 /// Throughput ratio `other` / `base` (tokens per second) with a 95% interval from a paired
 /// bootstrap over step indices (both vectors the same length; deterministic for a seed).
-/// With one step the interval is the point.
+/// With one step the interval is the point; resamples whose baseline steps are all empty
+/// (no tokens) have no ratio and are left out of the interval.
 struct Ratio {
   double value = 0, lo = 0, hi = 0;
 };

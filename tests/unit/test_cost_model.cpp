@@ -6,9 +6,11 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "core/error.hpp"
 #include "model/cost_model.hpp"
+#include "model/throughput.hpp"
 
 using namespace wlb;
 
@@ -94,4 +96,21 @@ TEST(HardwareProfile, AnalyticAttentionCostGrowsWithThePiece) {
     const double q = 4.0 * static_cast<double>(hw.tile_q);
     EXPECT_NEAR(hw.attnGflops(p, q, q), hw.peak_gflops * 0.7 * 0.8, 1e-9 * hw.peak_gflops);
   }
+}
+
+// The bootstrap interval of a throughput ratio leaves out resamples whose baseline steps
+// are all empty (a fixed_greedy window still filling: no tokens, no ratio); it used to count
+// them as 0, so a strategy compared with itself got [0, 1] around 1.
+TEST(Throughput, SpeedupIntervalSkipsResamplesWithoutBaseTokens) {
+  const std::vector<model::StepWork> steps = {{0.0, 0.0, 0.0}, {0.0, 0.0, 0.0}, {2.0, 100.0, 1e9}};
+  const auto self = model::throughputSpeedup(steps, steps);
+  EXPECT_DOUBLE_EQ(self.value, 1.0);
+  EXPECT_DOUBLE_EQ(self.lo, 1.0);
+  EXPECT_DOUBLE_EQ(self.hi, 1.0);
+  std::vector<model::StepWork> faster = steps;
+  faster[2].seconds = 1.0;
+  const auto r = model::throughputSpeedup(steps, faster);
+  EXPECT_DOUBLE_EQ(r.value, 2.0);
+  EXPECT_DOUBLE_EQ(r.lo, 2.0);
+  EXPECT_DOUBLE_EQ(r.hi, 2.0);
 }
