@@ -19,21 +19,15 @@ void registerTemporary(const std::string& path);
 /// The file was renamed or removed by the command itself.
 void forgetTemporary(const std::string& path);
 
-/// Registers `path` for its lifetime (forgotten on scope exit, renamed or not).
-class TemporaryGuard {
- public:
-  explicit TemporaryGuard(std::string path) : path_(std::move(path)) { registerTemporary(path_); }
-  ~TemporaryGuard() { forgetTemporary(path_); }
-  TemporaryGuard(const TemporaryGuard&) = delete;
-  TemporaryGuard& operator=(const TemporaryGuard&) = delete;
-
- private:
-  std::string path_;
-};
-
 /// The TemporaryTracker (core/output_file.hpp) the driver hands to library code:
 /// registers on (path, true), forgets on (path, false).
 void trackTemporary(const std::string& path, bool made);
+
+/// Registers `path` for its lifetime (forgotten on scope exit, renamed or not).
+class TemporaryGuard : TrackedTemporaries {
+ public:
+  explicit TemporaryGuard(std::string path) : TrackedTemporaries(trackTemporary, {std::move(path)}) {}
+};
 
 /// wlb::writeFileAtomically with the temporary registered for removal on a signal.
 inline void writeAtomically(const std::string& path, const std::string& what, const std::string& text,

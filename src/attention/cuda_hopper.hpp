@@ -45,14 +45,16 @@ int wsKeys(int head_dim);
 /// with row strides a multiple of 16 bytes.
 void forwardWs(void* stream, const cuda::Args& a);
 
-/// What the TMA descriptors of the warp-specialised kernels need: 16-byte aligned bases of
-/// q, k, v (and dO with `backward`) and row strides a multiple of 16 bytes (8 BF16 values).
-/// The dispatcher takes the synchronous kernels where this fails.
-inline bool tmaReady(const cuda::Args& a, bool backward) {
-  const auto ok = [](const void* p, std::int64_t s0) {
-    return reinterpret_cast<std::uintptr_t>(p) % 16 == 0 && s0 % 8 == 0;
+/// What the warp-specialised kernels need of their tensors: 16-byte aligned bases and row
+/// strides of a multiple of 16 bytes — for the TMA loads of q, k, v (and dO with
+/// `backward`), and for the backward's bulk dQ reductions of dq. The dispatcher takes the
+/// synchronous kernels where this fails.
+inline bool wsReady(const cuda::Args& a, bool backward) {
+  const auto ok = [](const void* p, std::int64_t stride_bytes) {
+    return reinterpret_cast<std::uintptr_t>(p) % 16 == 0 && stride_bytes % 16 == 0;
   };
-  return ok(a.q, a.q_s0) && ok(a.k, a.k_s0) && ok(a.v, a.v_s0) && (!backward || ok(a.dO, a.dO_s0));
+  const bool loads = ok(a.q, 2 * a.q_s0) && ok(a.k, 2 * a.k_s0) && ok(a.v, 2 * a.v_s0);
+  return loads && (!backward || (ok(a.dO, 2 * a.dO_s0) && ok(a.dq, 4 * a.dq_s0)));
 }
 
 /// The warp-specialised BF16 backward (cuda_hopper_ws.cu: a TMA producer warp, two

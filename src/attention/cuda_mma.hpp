@@ -609,7 +609,7 @@ bool mmaForward(const Kokkos::Cuda& space, const Args& a, const VarlenBatch& b, 
 #if defined(WLB_HAVE_HOPPER)
   if (useHopper(a.head_dim, cfg.path != KernelConfig::Path::Sm80)) {
     constexpr bool bf = std::is_same<T, bf16>::value;
-    const bool ws = bf && cfg.warp_specialized && hopper::tmaReady(a, false);
+    const bool ws = bf && cfg.warp_specialized && hopper::wsReady(a, false);
     const int rows = ws ? hopper::wsRows(a.head_dim) : hopper::forwardRows(bf, a.head_dim);
     const int keys = ws ? hopper::wsKeys(a.head_dim) : hopper::forwardKeys(bf, a.head_dim);
     Args h = a;
@@ -659,7 +659,7 @@ bool mmaForward(const Kokkos::Cuda& space, const Args& a, const VarlenBatch& b, 
 }
 
 /// BF16 tensor-core backward (the Hopper kernels where useHopper, cfg.path other than Sm80:
-/// the warp-specialised one with cfg.warp_specialized when dq suits its bulk reductions);
+/// the warp-specialised one with cfg.warp_specialized when the tensors meet hopper::wsReady);
 /// a.delta must hold rowsum(dO∘O). Accumulates into dq, dk, dv.
 inline bool mmaBackward(const Kokkos::Cuda& space, const Args& a, const VarlenBatch& b, const KernelConfig& cfg) {
 #if defined(WLB_HAVE_HOPPER)
@@ -670,8 +670,7 @@ inline bool mmaBackward(const Kokkos::Cuda& space, const Args& a, const VarlenBa
     h.nwork = static_cast<int>(work.extent(0));
     h.q_rows = b.q_tokens;
     h.k_rows = b.k_tokens;
-    const bool bulk = reinterpret_cast<std::uintptr_t>(a.dq) % 16 == 0 && a.dq_s0 % 4 == 0;
-    if (cfg.warp_specialized && bulk && hopper::tmaReady(a, true))
+    if (cfg.warp_specialized && hopper::wsReady(a, true))
       hopper::backwardWs(space.cuda_stream(), h);
     else
       hopper::backward(space.cuda_stream(), h);

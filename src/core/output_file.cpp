@@ -19,17 +19,7 @@ void writeFileAtomically(const std::string& path, const std::string& what, const
   if (!parent.empty() && !fs::is_directory(parent, ec) && !fs::create_directories(parent, ec))
     fail("cannot make its folder (" + ec.message() + ")");
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  // Tracked for exactly the temporary's lifetime, whichever way this returns.
-  struct Tracked {
-    const TemporaryTracker& track;
-    const std::string& tmp;
-    Tracked(const TemporaryTracker& t, const std::string& p) : track(t), tmp(p) {
-      if (track) track(tmp, true);
-    }
-    ~Tracked() {
-      if (track) track(tmp, false);
-    }
-  } tracked(track, tmp);
+  const TrackedTemporaries tracked(track, {tmp});  // whichever way this returns
   try {
     {
       std::ofstream f(tmp);

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.hpp"
@@ -58,6 +59,27 @@ inline void checkOutputFolder(const std::string& dir, const std::string& what, b
 /// and (path, false) when it is renamed or removed; the driver removes the tracked ones on
 /// SIGINT/SIGTERM. Library code takes one and installs no signal handler of its own.
 using TemporaryTracker = std::function<void(const std::string& path, bool made)>;
+
+/// The temporaries `paths` tracked for the guard's lifetime: (path, true) when it is made,
+/// (path, false) on scope exit, renamed or not. An empty tracker tracks nothing.
+class TrackedTemporaries {
+ public:
+  TrackedTemporaries(TemporaryTracker track, std::vector<std::string> paths)
+      : track_(std::move(track)), paths_(std::move(paths)) {
+    if (track_)
+      for (const auto& p : paths_) track_(p, true);
+  }
+  ~TrackedTemporaries() {
+    if (track_)
+      for (const auto& p : paths_) track_(p, false);
+  }
+  TrackedTemporaries(const TrackedTemporaries&) = delete;
+  TrackedTemporaries& operator=(const TrackedTemporaries&) = delete;
+
+ private:
+  TemporaryTracker track_;
+  std::vector<std::string> paths_;
+};
 
 /// Writes `text` to `path` (named `what` in errors: "--out", "--json", ...) under a temporary
 /// name, renamed into place when complete (missing folders made first). `check`, when given,

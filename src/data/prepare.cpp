@@ -146,20 +146,6 @@ std::vector<FileEntry> listFiles(const fs::path& root, const std::string& shown,
   return out;
 }
 
-/// Registers a writer's temporaries with the caller for its lifetime.
-struct Tracked {
-  const PrepareOptions& o;
-  std::vector<std::string> paths;
-  Tracked(const PrepareOptions& opt, std::vector<std::string> p) : o(opt), paths(std::move(p)) {
-    if (o.track_temporary)
-      for (const auto& t : paths) o.track_temporary(t, true);
-  }
-  ~Tracked() {
-    if (o.track_temporary)
-      for (const auto& t : paths) o.track_temporary(t, false);
-  }
-};
-
 }  // namespace
 
 PrepareResult prepareDataset(const PrepareOptions& o) {
@@ -192,7 +178,7 @@ PrepareResult prepareDataset(const PrepareOptions& o) {
   IndexedDatasetWriter train_out(r.train_prefix), valid_out(r.valid_prefix);
   std::vector<std::string> tmps = train_out.temporaries();
   for (auto& t : valid_out.temporaries()) tmps.push_back(t);
-  Tracked tracked(o, tmps);
+  const TrackedTemporaries tracked(o.track_temporary, tmps);
 
   std::vector<FileEntry> files;
   std::unique_ptr<TempDir> unpacked;

@@ -31,17 +31,12 @@ void fillTensor(const Space& space, Vec buf, const TensorInfo& t, std::uint64_t 
   }
   Mat full = newMat("wlb::runtime::init_full", 1, t.rows * t.cols);
   fillRandom(space, full, seed, stream, scale);
-  const std::int64_t cols = t.cols;
-  const std::int64_t local_cols = t.slice == 1 ? t.size / t.rows : cols;
-  // columns: [tp_rank * local_cols, +local_cols) of every row; rows: a contiguous block
-  const std::int64_t first = t.slice == 1 ? tp_rank * local_cols : tp_rank * t.size;
+  const SliceIndex whole(t, tp_rank);
   float* dst = slice.data();
   const float* src = full.data();
-  const int by_cols = t.slice == 1;
   Kokkos::parallel_for(
-      "wlb::runtime::init_slice", Policy(space, 0, t.size), KOKKOS_LAMBDA(const std::int64_t i) {
-        dst[i] = by_cols ? src[(i / local_cols) * cols + first + i % local_cols] : src[first + i];
-      });
+      "wlb::runtime::init_slice", Policy(space, 0, t.size),
+      KOKKOS_LAMBDA(const std::int64_t i) { dst[i] = src[whole(i)]; });
   kk::fence(space, "wlb::runtime::init_slice");  // `full` goes out of scope
 }
 

@@ -98,6 +98,25 @@ struct TensorInfo {
   int index = 0;  ///< position in the whole model's tensor list (its initialisation stream)
 };
 
+/// Where element i of a TP rank's slice of a tensor sits in the whole row-major tensor: the
+/// one statement of the TP slicing rule, for the initialisation (a slice holds the same
+/// numbers as its block of the whole tensor) and the whole-tensor gradient gather.
+struct SliceIndex {
+  bool by_cols = false;  ///< TensorInfo::slice == 1: a block of columns of every row
+  std::int64_t cols = 0, local_cols = 0;
+  std::int64_t first = 0;  ///< the slice's first column (by_cols) or element
+  SliceIndex(const TensorInfo& t, int tp_rank)
+      : by_cols(t.slice == 1),
+        cols(t.cols),
+        local_cols(by_cols ? t.size / t.rows : t.cols),
+        first(t.slice == 0 ? 0
+              : by_cols    ? tp_rank * local_cols
+                           : tp_rank * t.size) {}
+  KOKKOS_INLINE_FUNCTION std::int64_t operator()(std::int64_t i) const {
+    return by_cols ? (i / local_cols) * cols + first + i % local_cols : first + i;
+  }
+};
+
 class Llama {
  public:
   /// Weights from (seed, tensor index): embedding uniform in +-1, projections

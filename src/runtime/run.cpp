@@ -352,36 +352,28 @@ std::vector<float> gatherGradients(const RunContext& rc, const Llama& model) {
     stages.push_back(Llama::layout(c));
   }
   const int tensors = 3 + 9 * static_cast<int>(model.config().layers);  // embed, 9 per layer, norm_f, head
-  std::vector<float> slices;
+  std::vector<float> slice;
   for (int index = 0; index < tensors; ++index)
     for (int s = 0; s < shape.pp(); ++s)
       for (const TensorInfo& t : stages[static_cast<std::size_t>(s)]) {
         if (t.index != index) continue;
         const int parts = t.slice == 0 ? 1 : shape.tp();  // a replicated tensor: TP rank 0's copy
-        const auto n = static_cast<std::size_t>(t.size);
-        if (me == 0) slices.assign(n * static_cast<std::size_t>(parts), 0.0f);
+        const std::size_t at = out.size();
+        if (me == 0) out.resize(at + static_cast<std::size_t>(t.size * parts));
         for (int tp = 0; tp < parts; ++tp) {
           const int src = shape.rankOf({tp, 0, s, 0});
-          float* dst = me == 0 ? slices.data() + n * static_cast<std::size_t>(tp) : nullptr;
-          if (me == src && me == 0)
-            std::copy(h.data() + t.offset, h.data() + t.offset + t.size, dst);
-          else if (me == src)
+          if (me == src && me != 0)
             MPI_Send(h.data() + t.offset, static_cast<int>(t.size), MPI_FLOAT, 0, kTag, rc.mesh.world());
-          else if (me == 0)
-            MPI_Recv(dst, static_cast<int>(t.size), MPI_FLOAT, src, kTag, rc.mesh.world(), MPI_STATUS_IGNORE);
+          if (me != 0) continue;
+          slice.resize(static_cast<std::size_t>(t.size));
+          if (src == 0)
+            std::copy(h.data() + t.offset, h.data() + t.offset + t.size, slice.begin());
+          else
+            MPI_Recv(slice.data(), static_cast<int>(t.size), MPI_FLOAT, src, kTag, rc.mesh.world(), MPI_STATUS_IGNORE);
+          const SliceIndex whole(t, tp);
+          for (std::int64_t i = 0; i < t.size; ++i)
+            out[at + static_cast<std::size_t>(whole(i))] = slice[static_cast<std::size_t>(i)];
         }
-        if (me != 0) continue;
-        if (t.slice != 1 || parts == 1) {  // row blocks in TP order are the whole tensor already
-          out.insert(out.end(), slices.begin(), slices.end());
-          continue;
-        }
-        const std::int64_t block = t.cols / parts;  // columns per TP rank
-        for (std::int64_t r = 0; r < t.rows; ++r)
-          for (int tp = 0; tp < parts; ++tp) {
-            const auto row = slices.begin() + static_cast<std::ptrdiff_t>(n * static_cast<std::size_t>(tp) +
-                                                                          static_cast<std::size_t>(r * block));
-            out.insert(out.end(), row, row + block);
-          }
       }
   return out;
 }
@@ -811,8 +803,7 @@ std::string formatReport(const RunReport& rep) {
      << ", 95% paired bootstrap interval over steps; drain = steps run after the measured ones, with no new documents, "
         "until nothing is held (their time and tokens count), so every strategy trains its whole stream; GFLOP/s = "
         "useful FLOPs of the model run (causal attention + linear layers and LM head, fwd+bwd); step-x = step-time "
-        "ratio (flatters "
-        "deferral)\n";
+        "ratio (flatters deferral)\n";
   os << "\nPer-rank time per step [s]: busy = compute (GEMMs, attention, norms, head), comm = KV/TP/gradient "
         "communication incl. waiting for peers; unrecorded = share of the step outside every recorded region, "
         "mean over ranks; buffer allocations = blocks the ranks' activation pools had to allocate (runtime/pool.hpp)\n";
