@@ -712,6 +712,54 @@ def drain_window(root):
     return out
 
 
+CPU16 = "bench/results/cpu16/lease2"
+CPU16_DECKS = ("run16_cp4_dp4", "run16_tp2_cp2_pp2_dp2", "run16_pp4_dp4_packflow", "run16_cp8_dp2")
+
+
+@table("cpu16-first-runs", "docs/performance.md", *(f"{CPU16}/logs/calibration-{d}.log" for d in CPU16_DECKS),
+       f"{CPU16}/replay_calibration.log")
+def cpu16_first_runs(root):
+    sim = {}  # the log holds one simulate table per deck
+    for sec in (root / f"{CPU16}/replay_calibration.log").read_text().split("\n== ")[1:]:
+        tmp = [line for line in sec.splitlines() if not line.startswith("#")]
+        for r in columns(tmp, "case", 14):
+            sim.setdefault(r[0], {})[r[2]] = dict(tput=float(r[3]), x=float(r[5].rstrip("x")))
+    out = []
+    for d in CPU16_DECKS:
+        run = run_summary(root / f"{CPU16}/logs/calibration-{d}.log")
+        for st, m in run.items():
+            p = sim[d][st]
+            pred = p["tput"] * 1e3  # Mtok/s -> ktok/s
+            sp = ("{:.3f}", 1.0) if st == "plain" else ("{:.3f} [{:.3f}–{:.3f}]", m["x"], m["lo"], m["hi"])
+            out.append([(f"`{d}`",), (st,), ("{:.2f}", m["ktok"]), sp, ("{:.1f}", pred),
+                        ("{:+.0f}%", 100 * (pred / m["ktok"] - 1)), ("{:.3f}", p["x"])])
+    return out
+
+
+@table("cpu16-round1", "docs/performance.md", f"{CPU16}/campaign.md")
+def cpu16_round1(root):
+    return md_table(root / f"{CPU16}/campaign.md", "| deck | strategy", first_cells=2)
+
+
+@table("cpu16-waits", "docs/performance.md", f"{CPU16}/sync_waits.log")
+def cpu16_waits(root):
+    text = (root / f"{CPU16}/sync_waits.log").read_text()
+    out = []
+    for sec in re.split(r"^== ", text, flags=re.M)[1:]:
+        run = sec.split()[0].split("/")[-1]
+        for m in re.finditer(r"^(\S+): \d+ steps measured, \d+ replayed; step span measured ([0-9.]+) s, replayed ([0-9.]+) s"
+                             r"(?:(?!^\S).)*?CP-group skew \(slowest rank's compute / group mean, per micro-batch\): "
+                             r"measured ([0-9.]+), replayed ([0-9.]+); ranks waiting for the slowest: ([0-9.]+) vs "
+                             r"([0-9.]+) s", sec, re.M | re.S):
+            st = m.group(1)
+            if st not in ("plain", "wlb", "slimpack", "wlb+hybrid"):
+                continue
+            v = [float(x) for x in m.groups()[1:]]
+            out.append([(f"`{run}`",), (st,), ("{:.3f} / {:.3f}", v[0], v[1]), ("{:.3f} / {:.3f}", v[2], v[3]),
+                        ("{:.3f} / {:.3f}", v[4], v[5])])
+    return out
+
+
 def sci(values):
     """One cell of values in the docs' short scientific notation ("4.7e-9", "0"), joined by " / "."""
     fmts, vals = [], []

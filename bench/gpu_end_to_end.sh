@@ -183,13 +183,37 @@ if [[ " $parts " == *" trainsmall "* ]]; then
     tail -4 "$OUT/trainsmall_$p.log" | tee -a "$OUT/summary.txt"
   done
 fi
+# watched SECONDS LOG CMD...: CMD with its output in LOG, killed after SECONDS (rc 124); every
+# 15 s the GPU's utilisation and the process's state go to LOG.watch, so a test that looks
+# hung tells whether the GPU is busy (a kernel spinning) or idle (host work).
+watched() {
+  local limit=$1 logf=$2
+  shift 2
+  "$@" > "$logf" 2>&1 &
+  local pid=$! t=0
+  while kill -0 $pid 2>/dev/null; do
+    sleep 1
+    t=$((t + 1))
+    if [ $((t % 15)) -eq 0 ]; then
+      echo "t=${t}s gpu $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>/dev/null);" \
+        "process $(ps -o stat=,pcpu=,nlwp= -p $pid 2>/dev/null)" >> "$logf.watch"
+    fi
+    if [ $t -ge "$limit" ]; then
+      kill -9 $pid 2>/dev/null
+      wait $pid 2>/dev/null
+      return 124
+    fi
+  done
+  wait $pid
+}
 # The kernel tests of the warp-specialised forward (parts attn and attnws).
 ws_tests() {
   [ -x "$BIN/test_attention" ] || return 0
   log "test_attention (CUDA build): the warp-specialised forward and the non-finite-rows contract"
-  timeout 180 "$BIN/test_attention" --gtest_filter='Attention.WarpSpecialized*:Attention.NonFinite*:Attention.Bf16*' \
-    > "$OUT/test_attention_ws.log" 2>&1
+  watched 300 "$OUT/test_attention_ws.log" "$BIN/test_attention" \
+    --gtest_filter='Attention.WarpSpecialized*:Attention.NonFinite*:Attention.Bf16*'
   local rc=$?
+  tail -3 "$OUT/test_attention_ws.log.watch" 2>/dev/null | tee -a "$OUT/summary.txt"
   echo "test_attention rc=$rc" | tee -a "$OUT/summary.txt"
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|Which is|actual|trace" "$OUT/test_attention_ws.log" | head -30 |
     tee -a "$OUT/summary.txt"

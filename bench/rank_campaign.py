@@ -6,7 +6,7 @@ prediction of exactly the plans that ran (docs/performance.md, "16-rank campaign
     /usr/bin/python3 bench/rank_campaign.py [DECK ...] [--wlb build/bin/wlb] [--out DIR]
         [--rounds 3] [--seed-offset 1] [--mpirun "mpirun --bind-to core"] [--set KEY=VALUE ...]
         [--steps N] [--warmup W] [--quick-profile] [--no-calibrate] [--tolerance 5]
-        [--failure] [--failure-only] [--time-limit SECONDS]
+        [--failure] [--failure-only] [--time-limit SECONDS] [--profiles DIR]
 
 DECKs default to inputs/run16_*.toml (16 ranks each); any deck runs at its own mesh size, so
 the same script runs the 2-rank decks (inputs/run_cp2.toml ...) on any machine. Stages, each
@@ -35,6 +35,10 @@ from the last progress line to the exit; (c) `wlb train` on an N-rank mesh (fact
 over dp, pp, cp, tp), killed (SIGKILL) after a step between checkpoints and resumed, against
 an uninterrupted run: losses, gradient norms and learning rates bit-identical.
 --failure-only runs just that. The failure checks run before the measured stages.
+
+--profiles DIR takes each deck's calibrated profile from an earlier campaign on the same kind
+of host (DIR/profile.calibrated.DECK.json, DECK the deck file's stem) and skips stages 1 and
+2: a lease then goes to the measured rounds alone.
 
 --time-limit SECONDS fits the campaign into a lease: a calibration or measured run starts
 only if a run of its deck as long as its last one still ends in time (a deck's first run
@@ -98,6 +102,18 @@ def cpu_model():
     except OSError:
         pass
     return platform.processor() or "unknown CPU"
+
+
+def blas_core(wlb, env):
+    """The kernel family OpenBLAS picked on this CPU (its linear-layer rate depends on it; a
+    virtual machine that hides the CPU model can leave it on an older family)."""
+    try:
+        r = subprocess.run([wlb, "--version"], env=dict(env, OPENBLAS_VERBOSE="2"), capture_output=True, text=True,
+                           timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"^Core: (.+)$", r.stdout + r.stderr, re.M)
+    return m.group(1).strip() if m else None
 
 
 def load_avg():
@@ -222,9 +238,12 @@ def campaign(a, decks, stages, out, cores, deadline, checkpoint):
         return False
     set_args = [x for s in a.set for x in ("--set", s)]
     steps_args = (["--steps", str(a.steps)] if a.steps else []) + (["--warmup", str(a.warmup)] if a.warmup is not None else [])
+    if a.profiles:  # stages 1-2 done by an earlier campaign
+        for d in decks:
+            d["profile"] = pathlib.Path(a.profiles).resolve() / f"profile.calibrated.{d['name']}.json"
     # 1. profiles, one per layer shape
     groups = {}
-    for d in decks:
+    for d in decks if not a.profiles else []:
         groups.setdefault(d["shape"], []).append(d)
     for gi, (shape, ds) in enumerate(groups.items()):
         prof = out / ("profile.json" if len(groups) == 1 else f"profile.{ds[0]['name']}.json")
@@ -239,7 +258,7 @@ def campaign(a, decks, stages, out, cores, deadline, checkpoint):
         for d in ds:
             d["profile"] = prof
     # 2. calibration: each deck on its own documents (data.seed)
-    if not a.no_calibrate:
+    if not a.no_calibrate and not a.profiles:
         for d in decks:
             if not fits(d, "calibration"):
                 continue
@@ -512,6 +531,8 @@ def main():
     ap.add_argument("--profile", help="start from this profile instead of measuring one")
     ap.add_argument("--quick-profile", action="store_true", help="small profile grid, short timings (tests)")
     ap.add_argument("--no-calibrate", action="store_true", help="validate the profile as measured")
+    ap.add_argument("--profiles", metavar="DIR",
+                    help="each deck's calibrated profile from an earlier campaign (skips profile and calibration)")
     ap.add_argument("--tolerance", type=float, default=5.0, help="largest |error| per strategy, percent")
     ap.add_argument("--malloc-default", action="store_true",
                     help="leave glibc malloc at its defaults (else large buffers stay on the heap)")
@@ -544,6 +565,8 @@ def main():
             raise BadInput("--mpirun is empty")
         if a.profile and not pathlib.Path(a.profile).is_file():
             raise BadInput(f"--profile: {a.profile} not found")
+        if a.profiles and (a.profile or a.no_calibrate or a.quick_profile):
+            raise BadInput("--profiles replaces --profile, --no-calibrate and --quick-profile")
         paths = a.decks or sorted(glob.glob(str(pathlib.Path(__file__).resolve().parent.parent / "inputs" /
                                                 "run16_*.toml")))
         if not paths:
@@ -567,6 +590,10 @@ def main():
                           "shape": (md["hidden"], md["heads"], md["kv_heads"], md["ffn"], md["vocab"], m["tp"])})
         if (a.failure or a.failure_only) and not pathlib.Path(a.corpus).is_dir():
             raise BadInput(f"--corpus: {a.corpus} is not a directory")
+        for d in decks if a.profiles and not a.failure_only else []:
+            prof = pathlib.Path(a.profiles) / f"profile.calibrated.{d['name']}.json"
+            if not prof.is_file():
+                raise BadInput(f"--profiles: {prof} not found (the calibrated profile of {d['name']})")
     except BadInput as e:
         print(f"rank_campaign: error: {e}", file=sys.stderr)
         return 2
@@ -579,14 +606,18 @@ def main():
         env["GLIBC_TUNABLES"] = MALLOC
     cores = os.cpu_count() or 1
     stages = Stages(out, env)
+    blas = blas_core(a.wlb, env)  # before the clock starts: --time-limit is for the runs
     t_all = time.monotonic()
     listing = ", ".join(f"{d['name']} {d['ranks']} ranks" for d in decks)
     print(f"rank_campaign: {len(decks)} deck(s) ({listing}) on {cpu_model()} ({cores} cores); {a.rounds} round(s); "
           f"output {out}", flush=True)
     report = {"format": "wlb-rank-campaign", "version": 1, "cpu": cpu_model(), "cores": cores,
+              "blas_core": blas, "profiles": a.profiles,
               "rounds": a.rounds, "seed_offset": a.seed_offset, "tolerance_percent": a.tolerance,
               "mpirun": a.mpirun, "sets": a.set, "calibrated": not a.no_calibrate,
               "malloc": env.get("GLIBC_TUNABLES", "glibc defaults")}
+    print(f"  BLAS kernels: {report['blas_core'] or 'unknown'}"
+          + (f"; calibrated profiles from {a.profiles}" if a.profiles else ""), flush=True)
     deadline = None if a.time_limit is None else t_all + a.time_limit
 
     def write(text):

@@ -51,9 +51,10 @@ struct WsGeo {
   // the block's registers (its launch count, 168 or 128 per thread) re-split: a little for the
   // producer, the rest to the consumers; the sums are exactly the launch allocation, as
   // FlashAttention-3 splits them (an increase beyond what was released never returns)
+  static constexpr int launchRegs = NC == 2 ? 168 : 128;
   static constexpr int producerRegs = NC == 2 ? 24 : 32;
   static constexpr int consumerRegs = NC == 2 ? 240 : 160;
-  static_assert(producerRegs + NC * consumerRegs == (NC + 1) * (NC == 2 ? 168 : 128), "register split");
+  static_assert(producerRegs + NC * consumerRegs == (NC + 1) * launchRegs, "register split");
   static_assert(smem <= 227 * 1024, "shared memory of one block");
   static_assert(BN % 64 == 0 && BN <= 256 && rows <= 256, "TMA boxes of at most 256 rows");
 };
@@ -202,7 +203,7 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1)
 
     if (last) barArrive(kTurnBar, 256);  // consumer 0 issues first
     mbarWait(qFull, k & 1);
-    if (wfirst > wlast) {  // no valid row: keep the turns and releases, skip the math
+    if (wfirst > wlast || n <= 0) {  // no valid row (or tile): keep the turns and releases, skip the math
       releaseQ();
       for (int i = 0; i <= n; ++i) {
         if (i < n) waitK(it + i);
@@ -336,6 +337,8 @@ struct WsBwdGeo {
   static constexpr int oK = 0, oV = kvBytes, oQ = 2 * kvBytes, odO = oQ + ST * qBytes, odS = odO + ST * qBytes,
                        odQ = odS + 2 * dsBytes, oLD = odQ + dqBytes, oBar = oLD + ST * 2 * BM * 4;
   static constexpr int bars = 1 + 2 * ST;  ///< K/V full; per stage full, free
+  static constexpr int launchRegs = 168, producerRegs = 40, consumerRegs = 232;  ///< as the forward's
+  static_assert(producerRegs + 2 * consumerRegs == 3 * launchRegs, "register split");
   static constexpr int smem = 1024 + oBar + 8 * bars;
   static_assert(smem <= 227 * 1024, "shared memory of one block");
 };
@@ -398,7 +401,7 @@ __global__ void __launch_bounds__(384, 1)
 
   // ---- producer: warp 0 ----
   if (wg == 0) {
-    regsDec<40>();
+    regsDec<G::producerRegs>();
     if (tid >= 32) return;
     const int lane = tid;
     if (lane == 0) {
@@ -434,7 +437,7 @@ __global__ void __launch_bounds__(384, 1)
   }
 
   // ---- consumers: keys [64 c, 64 c + 64) of the tile ----
-  regsInc<232>();                                     // 40 + 2 x 232 = 3 x 168, the launch allocation
+  regsInc<G::consumerRegs>();
   const int c = __shfl_sync(0xffffffffu, wg - 1, 0);  // warp-uniform (see the forward)
   const int warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3, ct = tid & 127;
   mbarWait(kvFull, 0);
@@ -568,12 +571,28 @@ CUtensorMap tokenMap(const void* base, int D, int heads, std::int64_t rows, std:
   return m;
 }
 
+/// setmaxnreg re-splits the registers a block was launched with: a consumer's increase waits
+/// until the producer's decrease has freed them, so a kernel compiled to fewer registers than
+/// the split assumes would wait forever. Refused here instead (once per kernel).
+void checkRegisterPool(const void* kernel, int launchRegs, const char* what) {
+  cudaFuncAttributes f{};
+  check(cudaFuncGetAttributes(&f, kernel), "cudaFuncGetAttributes");
+  if (f.numRegs != launchRegs)
+    throw std::runtime_error(std::string("wlb::attention::hopper: the ") + what + " was compiled to " +
+                             std::to_string(f.numRegs) + " registers per thread, its register split assumes " +
+                             std::to_string(launchRegs));
+}
+
 template <int D, int BN, int ST, int NC>
 void launchWs(cudaStream_t st, const cuda::Args& a) {
   using G = WsGeo<D, BN, ST, NC>;
   static const cudaError_t attr =
       cudaFuncSetAttribute(forwardWsKernel<D, BN, ST, NC>, cudaFuncAttributeMaxDynamicSharedMemorySize, G::smem);
   check(attr, "cudaFuncSetAttribute");
+  static const bool pool = (checkRegisterPool(reinterpret_cast<const void*>(forwardWsKernel<D, BN, ST, NC>),
+                                              G::launchRegs, "warp-specialised forward"),
+                            true);
+  (void)pool;
   const CUtensorMap tq = tokenMap(a.q, D, a.heads, a.q_rows, a.q_s0, G::rows);
   const CUtensorMap tk = tokenMap(a.k, D, a.kv_heads, a.k_rows, a.k_s0, BN);
   const CUtensorMap tv = tokenMap(a.v, D, a.kv_heads, a.k_rows, a.v_s0, BN);
@@ -593,6 +612,10 @@ void launchBwdWs(cudaStream_t st, const cuda::Args& a) {
   static const cudaError_t attr =
       cudaFuncSetAttribute(backwardWsKernel<D, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, G::smem);
   check(attr, "cudaFuncSetAttribute");
+  static const bool pool = (checkRegisterPool(reinterpret_cast<const void*>(backwardWsKernel<D, ST>), G::launchRegs,
+                                              "warp-specialised backward"),
+                            true);
+  (void)pool;
   const CUtensorMap tq = tokenMap(a.q, D, a.heads, a.q_rows, a.q_s0, G::BM);
   const CUtensorMap tdo = tokenMap(a.dO, D, a.heads, a.q_rows, a.dO_s0, G::BM);
   const CUtensorMap tk = tokenMap(a.k, D, a.kv_heads, a.k_rows, a.k_s0, G::BN);

@@ -511,16 +511,26 @@ __device__ __forceinline__ void mbarArriveIf(std::uint64_t* b, bool pred) {
       "r"(static_cast<int>(pred))
       : "memory");
 }
-/// Waits until the phase of parity `parity` has completed (parity 1 on a fresh barrier
-/// returns at once: the phase before the first counts as complete).
-__device__ __forceinline__ void mbarWait(std::uint64_t* b, unsigned parity) {
+__device__ __forceinline__ bool mbarTryWait(std::uint64_t* b, unsigned parity) {
   unsigned done = 0;
-  do {
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done)
-                 : "r"(smemAddr(b)), "r"(parity)
-                 : "memory");
-  } while (!done);
+  asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+               : "=r"(done)
+               : "r"(smemAddr(b)), "r"(parity)
+               : "memory");
+  return done != 0;
+}
+/// SM cycles (about 4 s on an H100) after which an mbarrier wait is a deadlock: no phase of
+/// these kernels lasts a millisecond.
+inline constexpr long long kMbarWaitLimit = 1LL << 33;
+/// Waits until the phase of parity `parity` has completed (parity 1 on a fresh barrier
+/// returns at once: the phase before the first counts as complete). A wait past
+/// kMbarWaitLimit traps, so the launch fails (an illegal-instruction error) rather than
+/// hanging the process; no printf, whose call would serialise the kernels' wgmma pipeline.
+__device__ __forceinline__ void mbarWait(std::uint64_t* b, unsigned parity) {
+  if (mbarTryWait(b, parity)) return;
+  const long long t0 = clock64();
+  while (!mbarTryWait(b, parity))
+    if (clock64() - t0 > kMbarWaitLimit) __trap();
 }
 /// TMA: the box at coordinates (c0, c1, c2) of `map` into shared memory at `dst`,
 /// completing `bytes` on `bar` (elements outside the tensor arrive as zeros).

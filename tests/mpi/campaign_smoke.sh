@@ -84,4 +84,26 @@ grep -q "^- tiny (2 ranks, tp1 cp2 pp1 dp1): NOT MEASURED: round 1, round 2 did 
   || fail "--time-limit: $(cat t/campaign.md)"
 grep -q "^== calibration run" log_t.txt || fail "--time-limit: the calibration run did not start"
 grep -q "^== measured run" log_t.txt && fail "--time-limit: a run started after the budget was spent"
+# bench/sync_waits.py: round 1's trace against the --trace of its replay
+"$WLB" simulate tiny.toml --as-run --plans c/runs/tiny-r1 --set 'hardware.profile="c/profile.calibrated.tiny.json"' \
+  --set data.seed=9 --trace replay.h5 > /dev/null 2>&1 || fail "simulate --trace of round 1"
+/usr/bin/python3 "$SRC/bench/sync_waits.py" c/runs/tiny-r1/trace.h5 replay.h5 > waits.txt 2>&1 || fail "sync_waits: $(cat waits.txt)"
+for s in plain fixed wlb; do
+  grep -q "^$s: [0-9]* steps measured, [0-9]* replayed; step span measured" waits.txt || fail "sync_waits: no $s: $(cat waits.txt)"
+done
+grep -q "kv_exchange measured per rank and step: transfer" waits.txt || fail "sync_waits: no KV exchange split"
+grep -q "CP-group skew" waits.txt || fail "sync_waits: no CP-group skew"
+/usr/bin/python3 "$SRC/bench/sync_waits.py" c/runs/tiny-r1/trace.h5 c/calibration/tiny/trace.h5 > /dev/null 2>&1
+[ $? -eq 0 ] || fail "sync_waits: two runs of the same deck are comparable traces"
+/usr/bin/python3 "$SRC/bench/sync_waits.py" c/runs/tiny-r1/trace.h5 missing.h5 > /dev/null 2>&1
+[ $? -eq 2 ] || fail "sync_waits: a missing trace must exit 2"
+# --profiles: the first campaign's calibrated profile, no profile or calibration stage
+/usr/bin/python3 "$SRC/bench/rank_campaign.py" tiny.toml --wlb "$WLB" --out p --rounds 1 --profiles c > log_p.txt 2>&1
+rc=$?
+[ $rc -eq 0 ] || [ $rc -eq 3 ] || { tail -30 log_p.txt; fail "--profiles: exit $rc"; }
+grep -Eq "^== (profile|calibration run)" log_p.txt && fail "--profiles: a profile or calibration stage ran"
+grep -q "^== measured run" log_p.txt || fail "--profiles: no measured run"
+grep -q "calibrated profiles from c" log_p.txt || fail "--profiles: not announced"
+/usr/bin/python3 "$SRC/bench/rank_campaign.py" tiny.toml --wlb "$WLB" --out q --profiles nowhere > log_q.txt 2>&1
+[ $? -eq 2 ] && grep -q "profile.calibrated.tiny.json not found" log_q.txt || fail "--profiles nowhere: $(cat log_q.txt)"
 echo "campaign smoke test passed"

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <future>
 #include <limits>
 #include <random>
 #include <utility>
@@ -469,12 +470,23 @@ TEST(Attention, WarpSpecializedMatchesReference) {
     longKeys.k_tokens = 34000;
     cases.push_back(longKeys);
   }
-  for (const auto& c : cases)
+  // The double-precision reference of these cases takes minutes on one core (most of it the
+  // 3000-token mixes): each case's runs on a thread of its own, once for both configs.
+  std::vector<Inputs> inputs;
+  std::vector<std::future<Result>> refs;
+  for (const auto& c : cases) {
+    Inputs in = makeInputs(c, 29);
+    for (auto* x : {&in.q, &in.k, &in.v, &in.dO})
+      for (auto& e : *x) e = att::roundBf16(e);
+    inputs.push_back(std::move(in));
+  }
+  for (std::size_t i = 0; i < cases.size(); ++i)
+    refs.push_back(std::async(std::launch::async, [&, i] { return runReference(cases[i], inputs[i]); }));
+  for (std::size_t ci = 0; ci < cases.size(); ++ci) {
+    const Case& c = cases[ci];
+    const Inputs& in = inputs[ci];
+    const Result ref = refs[ci].get();
     for (bool split : {false, true}) {
-      Inputs in = makeInputs(c, 29);
-      for (auto* x : {&in.q, &in.k, &in.v, &in.dO})
-        for (auto& e : *x) e = att::roundBf16(e);
-      const Result ref = runReference(c, in);
       att::KernelConfig cfg = ws;
       cfg.split_kv = split;
       SCOPED_TRACE("D=" + std::to_string(c.head_dim) + " pieces=" + std::to_string(c.pieces.size()) +
@@ -487,6 +499,7 @@ TEST(Attention, WarpSpecializedMatchesReference) {
       EXPECT_LE(relErr(got.dk, ref.dk), 1e-2);
       EXPECT_LE(relErr(got.dv, ref.dv), 1e-2);
     }
+  }
 }
 
 TEST(Attention, Bf16Conversions) {
