@@ -736,6 +736,49 @@ def cpu16_first_runs(root):
     return out
 
 
+def sim_sections(path):
+    """{section title: {case: {strategy: Mtok/s}}} of a log of several `wlb simulate` tables,
+    each after a line "== TITLE"."""
+    out = {}
+    for sec in path.read_text().split("\n== ")[1:]:
+        title, body = sec.split("\n", 1)
+        rows = {}
+        for r in columns([x for x in body.splitlines() if not x.startswith("#")], "case", 14):
+            rows.setdefault(r[0], {})[r[2]] = float(r[3])
+        out[title.strip()] = rows
+    return out
+
+
+@table("cpu16-rank-speed", "docs/performance.md", *(f"{CPU16}/logs/calibration-{d}.log" for d in CPU16_DECKS),
+       f"{CPU16}/logs/run-run16_cp4_dp4-r1.log", f"{CPU16}/replay_calibration.log",
+       f"{CPU16}/rank_speed/replay_rank_speed.log")
+def cpu16_rank_speed(root):
+    before = sim_sections(root / f"{CPU16}/replay_calibration.log")
+    after = sim_sections(root / f"{CPU16}/rank_speed/replay_rank_speed.log")
+    out = []
+
+    def row(label, st, meas, b, a):
+        out.append([(label,), (st,), ("{:.2f}", meas), ("{:.1f} ({:+.0f}%)", b, 100 * (b / meas - 1)),
+                    ("{:.1f} ({:+.0f}%)", a, 100 * (a / meas - 1))])
+    for d in CPU16_DECKS:
+        b = next(v for k, v in before.items() if k.startswith(d + ":"))[d]
+        a = next(v for k, v in after.items() if k.startswith(f"in-sample replay: {d}'s"))[d]
+        for st, m in run_summary(root / f"{CPU16}/logs/calibration-{d}.log").items():
+            row(f"`{d}` first run, in-sample", st, m["ktok"], b[st] * 1e3, a[st] * 1e3)
+    r1 = run_summary(root / f"{CPU16}/logs/run-run16_cp4_dp4-r1.log")
+    own = next(v for k, v in after.items() if k.startswith("out of sample: run16_cp4_dp4 round 1 (data"))
+    cp8 = next(v for k, v in after.items() if k.startswith("out of sample: run16_cp4_dp4 round 1, the profile of run16_cp8"))
+    cp8_0 = next(v for k, v in after.items() if k.startswith("out of sample: the same without"))
+    camp = {r[1][0]: r[4][1] for r in md_table(root / f"{CPU16}/campaign.md", "| deck | strategy", first_cells=2)}
+    for st, m in r1.items():
+        row("`run16_cp4_dp4` round 1, its first run's profile", st, m["ktok"], camp[st] / 1e3,
+            own["run16_cp4_dp4"][st] * 1e3)
+    for st, m in r1.items():
+        row("`run16_cp4_dp4` round 1, `run16_cp8_dp2`'s profile", st, m["ktok"], cp8_0["run16_cp4_dp4"][st] * 1e3,
+            cp8["run16_cp4_dp4"][st] * 1e3)
+    return out
+
+
 @table("cpu16-round1", "docs/performance.md", f"{CPU16}/campaign.md")
 def cpu16_round1(root):
     return md_table(root / f"{CPU16}/campaign.md", "| deck | strategy", first_cells=2)

@@ -211,6 +211,14 @@ int run(const Opts& o) {
     else
       os << fmt::format("{:<14} {:>8.3f} {:>8} {:>8}  ({})\n", l.key, l.before, "-", "-", l.note);
   }
+  if (const auto& sp = fit.spread; sp.fitted)
+    os << fmt::format(
+        "rank_speed     spread {:.4f} -> {:.4f}, task_spread {:.4f} -> {:.4f}  ({} ranks, {} layer tasks: the "
+        "ranks' mean times and each layer's around its rank's, log of measured / predicted)\n",
+        sp.before_rank, sp.rank, sp.before_task, sp.task, sp.ranks, sp.tasks);
+  else
+    os << fmt::format("rank_speed     spread {:.4f}, task_spread {:.4f} kept  ({})\n", sp.before_rank, sp.before_task,
+                      sp.note);
   std::string jumps;
   for (const auto& f : fit.factors)
     if (f.fitted && (f.after > 2.0 * f.before || f.after < 0.5 * f.before))

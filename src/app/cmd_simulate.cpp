@@ -231,6 +231,7 @@ int run(const Opts& o) {
   wlb::Progress progress("wlb simulate", total_steps, "steps", rank == 0);
 
   std::vector<Row> rows;
+  std::vector<std::string> spread_notes;  // cases whose profile has a rank-speed spread
   const auto t_all = std::chrono::steady_clock::now();
   for (std::size_t ci = 0; ci < cases.size(); ++ci) {
     const Case& cs = cases[ci];
@@ -238,6 +239,8 @@ int run(const Opts& o) {
     const auto names = strategyNames(deck);
     const auto [steps, warmup] = stepCounts(deck);
     const wlb::model::CostModel cost = wlb::model::CostModel::fromDeck(deck);
+    if (const auto& hw = cost.hardware(); hw.rank_spread > 0 || hw.task_spread > 0)
+      spread_notes.push_back(fmt::format("{} spread {:g}, task_spread {:g}", cs.name, hw.rank_spread, hw.task_spread));
     std::unique_ptr<wlb::trace::Recorder> rec;
     std::unique_ptr<wlb::trace::Writer> writer;
     if (!o.trace.empty()) {
@@ -311,6 +314,11 @@ int run(const Opts& o) {
       "step-time ratio (flatters deferral); pp-only = wlb packing + per_sequence CP, cp-only = original packing + "
       "adaptive CP; simulated in {:.2f} s\n",
       cases.size(), rows.empty() ? std::string("plain") : rows.front().baseline, wall);
+  if (!spread_notes.empty()) {
+    os << "# rank speed (the profile's rank_speed): ";
+    for (std::size_t i = 0; i < spread_notes.size(); ++i) os << (i ? "; " : "") << spread_notes[i];
+    os << "; every sync group waits for its slowest member (docs/simulator.md, Rank speed)\n";
+  }
   if (!replay.empty()) {
     os << "# replayed the plans of " << o.plans << " (";
     for (std::size_t i = 0; i < replay.size(); ++i) os << (i ? ", " : "") << replay[i].path;

@@ -42,6 +42,99 @@ double round4(double x) {
   return std::round(x * scale) / scale;
 }
 
+// The compute of one (rank, strategy, step, micro-batch, layer, phase): measured seconds
+// and the prediction per factor key (profile before the fit), for the rank-speed spread.
+struct Task {
+  double measured = 0;
+  std::vector<double> predicted = std::vector<double>(Factors::keys().size(), 0.0);
+};
+using Tasks = std::map<std::tuple<int, int, std::int64_t, int, int, int>, Task>;
+
+SpreadFit fitSpread(const std::vector<MeasuredRun>& runs, const std::vector<Tasks>& tasks,
+                    const std::vector<FactorFit>& factors, const HardwareProfile& profile) {
+  SpreadFit f;
+  f.before_rank = f.rank = profile.rank_spread;
+  f.before_task = f.task = profile.task_spread;
+  std::vector<double> scale(factors.size(), 1.0);  // a prediction after the fit over before it
+  for (std::size_t i = 0; i < factors.size(); ++i)
+    if (factors[i].fitted && factors[i].after > 0) scale[i] = factors[i].before / factors[i].after;
+  double ss_task = 0, df_task = 0, ss_rank = 0, df_rank = 0, noise_in_rank = 0;
+  for (std::size_t ri = 0; ri < runs.size() && ri < tasks.size(); ++ri) {
+    struct X {
+      int rank;
+      double x;                                                 // log(measured / predicted)
+      std::tuple<int, std::int64_t, int, int, int, int> group;  // strategy, step, mb, layer, phase, dp
+    };
+    std::vector<X> xs;
+    for (const auto& [k, t] : tasks[ri]) {
+      double p = 0;
+      for (std::size_t i = 0; i < t.predicted.size() && i < scale.size(); ++i) p += t.predicted[i] * scale[i];
+      const auto [rank, strategy, step, mb, layer, phase] = k;
+      if (p > 0 && t.measured > 0 && rank >= 0 && static_cast<std::size_t>(rank) < runs[ri].ranks.size())
+        xs.push_back({rank,
+                      std::log(t.measured / p),
+                      {strategy, step, mb, layer, phase, runs[ri].ranks[static_cast<std::size_t>(rank)].dp}});
+    }
+    if (xs.size() < 2) continue;
+    // interference, as in the factor fit: far slower than the run's median is left out
+    std::vector<double> v;
+    for (const auto& e : xs) v.push_back(e.x);
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    const double cut = v[v.size() / 2] + std::log(kOutlierRatio);
+    xs.erase(std::remove_if(xs.begin(), xs.end(), [cut](const X& e) { return e.x > cut; }), xs.end());
+    std::map<int, std::pair<double, std::size_t>> by_rank;  // sum, count
+    for (const auto& e : xs) {
+      by_rank[e.rank].first += e.x;
+      ++by_rank[e.rank].second;
+    }
+    if (by_rank.size() < 2) continue;
+    double mean_of_means = 0, inv_n = 0;
+    for (const auto& [r, a] : by_rank) {
+      mean_of_means += a.first / static_cast<double>(a.second);
+      inv_n += 1.0 / static_cast<double>(a.second);
+    }
+    const auto R = static_cast<double>(by_rank.size());
+    mean_of_means /= R;
+    for (const auto& [r, a] : by_rank) {
+      const double m = a.first / static_cast<double>(a.second);
+      ss_rank += (m - mean_of_means) * (m - mean_of_means);
+    }
+    df_rank += R - 1;
+    noise_in_rank += (R - 1) * inv_n / R;  // each mean carries its rank's task variance / n_r
+    // Task noise: what differs between the members of one sync group (the TP x CP ranks
+    // computing the same layer of the same micro-batch), each without its rank's mean:
+    // variation common to the group (the host's load) makes nobody wait.
+    std::map<std::tuple<int, std::int64_t, int, int, int, int>, std::pair<double, std::size_t>> groups;
+    for (const auto& e : xs) {
+      const auto& a = by_rank[e.rank];
+      auto& g = groups[e.group];
+      g.first += e.x - a.first / static_cast<double>(a.second);
+      ++g.second;
+    }
+    for (const auto& e : xs) {
+      const auto& g = groups[e.group];
+      if (g.second < 2) continue;
+      const auto& a = by_rank[e.rank];
+      const double d = e.x - a.first / static_cast<double>(a.second) - g.first / static_cast<double>(g.second);
+      ss_task += d * d;
+      ++f.tasks;
+    }
+    for (const auto& [k, g] : groups)
+      if (g.second >= 2) df_task += static_cast<double>(g.second) - 1;
+    f.ranks += by_rank.size();
+  }
+  if (df_rank <= 0) {
+    f.note = "needs a trace of more than one rank";
+    return f;
+  }
+  const double task = df_task > 0 ? std::sqrt(ss_task / df_task) : 0.0;
+  const double rank = std::sqrt(std::max(0.0, (ss_rank - noise_in_rank * task * task) / df_rank));
+  f.task = std::min(0.999, std::round(task * 1e4) / 1e4);
+  f.rank = std::min(0.999, std::round(rank * 1e4) / 1e4);
+  f.fitted = true;
+  return f;
+}
+
 }  // namespace
 
 HardwareProfile CalibrationFit::apply(const HardwareProfile& profile) const {
@@ -52,6 +145,10 @@ HardwareProfile CalibrationFit::apply(const HardwareProfile& profile) const {
     if (!l.fitted) continue;
     if (l.key == "links.cp_gbps") p.cp_bandwidth_gbps = l.after;
     if (l.key == "links.dp_gbps") p.dp_bandwidth_gbps = l.after;
+  }
+  if (spread.fitted) {
+    p.rank_spread = spread.rank;
+    p.task_spread = spread.task;
   }
   if (p.version < 2) p.version = 2;
   return p;
@@ -68,6 +165,11 @@ CalibrationFit fitProfile(const std::vector<MeasuredRun>& runs, const HardwarePr
   std::map<std::string, std::vector<Obs>> obs;  // per factor key
   std::map<std::string, Acc> links;             // measured = seconds, predicted = bytes
   bool any_table = false;
+  std::vector<Tasks> tasks(runs.size());
+  const auto keyIndex = [](const std::string& key) {
+    const auto& k = Factors::keys();
+    return static_cast<std::size_t>(std::find(k.begin(), k.end(), key) - k.begin());
+  };
 
   for (std::size_t ri = 0; ri < runs.size(); ++ri) {
     const MeasuredRun& run = runs[ri];
@@ -131,6 +233,9 @@ CalibrationFit fitProfile(const std::vector<MeasuredRun>& runs, const HardwarePr
         double pred = 0;
         for (const auto& p : sh->pieces) pred += cost.attnSeconds(p.q0, p.q, ph);
         add(std::string("attn.") + phn, e.strategy, e.seconds, pred);
+        Task& t = tasks[ri][{e.rank, e.strategy, e.step, e.micro_batch, e.layer, e.phase}];
+        t.measured += e.seconds;
+        t.predicted[keyIndex(std::string("attn.") + phn)] += pred;
         continue;
       }
       if (const int op = linearOpOf(e.op); op >= 0) {
@@ -164,8 +269,12 @@ CalibrationFit fitProfile(const std::vector<MeasuredRun>& runs, const HardwarePr
         continue;
       }
       const auto tokens = static_cast<std::int64_t>(std::llround(v.second / per_token));
-      add(std::string(linearOpName(static_cast<LinearOp>(op))) + "." + phaseName(ph), strategy, v.first,
-          cost.linearOpSeconds(static_cast<LinearOp>(op), tokens, ph));
+      const std::string key = std::string(linearOpName(static_cast<LinearOp>(op))) + "." + phaseName(ph);
+      const double pred = cost.linearOpSeconds(static_cast<LinearOp>(op), tokens, ph);
+      add(key, strategy, v.first, pred);
+      Task& t = tasks[ri][{rank, strategy, step, mb, layer, phase}];
+      t.measured += v.first;
+      t.predicted[keyIndex(key)] += pred;
     }
 
     // Elementwise: fills + the step's time outside every op event, summed over the pipeline
@@ -269,6 +378,7 @@ CalibrationFit fitProfile(const std::vector<MeasuredRun>& runs, const HardwarePr
     }
     fit.links.push_back(l);
   }
+  fit.spread = fitSpread(runs, tasks, fit.factors, profile);
   // Residuals per run and strategy with the fitted factors (prediction scales as before / after).
   for (const auto& [rs, keys] : per_strategy)
     for (const auto& [key, a] : keys) {
@@ -301,14 +411,26 @@ nlohmann::json applyToJson(const nlohmann::json& profile_json, const Calibration
     j["links"][k] = std::round(l.after * 1e3) / 1e3;
     hist_l[l.key] = {{"before", l.before}, {"after", std::round(l.after * 1e3) / 1e3}, {"instances", l.instances}};
   }
+  nlohmann::json hist_s = nlohmann::json::object();
+  if (fit.spread.fitted) {
+    j["rank_speed"] = {{"spread", fit.spread.rank}, {"task_spread", fit.spread.task}};
+    hist_s = {{"before", {{"spread", fit.spread.before_rank}, {"task_spread", fit.spread.before_task}}},
+              {"after", {{"spread", fit.spread.rank}, {"task_spread", fit.spread.task}}},
+              {"ranks", fit.spread.ranks},
+              {"tasks", fit.spread.tasks}};
+  } else {
+    hist_s["note"] = fit.spread.note;
+  }
   if (!j.contains("calibration") || !j["calibration"].is_array()) j["calibration"] = nlohmann::json::array();
-  j["calibration"].push_back({{"created", created}, {"traces", trace_names}, {"factors", hist_f}, {"links", hist_l}});
+  j["calibration"].push_back(
+      {{"created", created}, {"traces", trace_names}, {"factors", hist_f}, {"links", hist_l}, {"rank_speed", hist_s}});
   std::string names;
   for (const auto& t : trace_names) names += (names.empty() ? "" : ", ") + t;
   if (!j.contains("sources") || !j["sources"].is_array()) j["sources"] = nlohmann::json::array();
   j["sources"].push_back("calibrated by `wlb calibrate` at " + created + " from " + names +
                          ": factors = profiled throughput x predicted / measured op time per op kind; links from the "
-                         "fastest member of each collective (see `calibration`)");
+                         "fastest member of each collective; rank_speed from the spread of each rank's layer times "
+                         "(see `calibration`)");
   return j;
 }
 

@@ -20,6 +20,7 @@
 /// new factor = old factor x (predicted seconds / measured seconds), so the fitted profile
 /// predicts each op kind's measured total exactly (over the calibration traces), after
 /// leaving out events stalled by interference (kOutlierRatio).
+/// Rank speed: SpreadFit (below).
 /// Links: `links.cp_gbps` from the KV exchange (and, with dp = 1, the gradient all-reduce),
 /// `links.dp_gbps` from the gradient all-reduce with dp > 1: bytes over the fastest
 /// member's duration per collective instance (the others also waited for peers).
@@ -100,6 +101,18 @@ struct LinkFit {
   std::string note;
 };
 
+/// Rank-speed spread (HardwareProfile::rank_spread / task_spread) from the compute of each
+/// (rank, step, micro-batch, layer, phase): x = log(measured / predicted with the fitted
+/// factors), centred per run; `rank` is the spread of the ranks' means (less what their
+/// task noise contributes to it), `task` that of x around its rank's mean. Pooled over the
+/// runs with more than one rank.
+struct SpreadFit {
+  double before_rank = 0, before_task = 0, rank = 0, task = 0;
+  std::size_t ranks = 0, tasks = 0;  ///< over the runs used
+  bool fitted = false;
+  std::string note;
+};
+
 /// Measured / predicted seconds of one factor key for one strategy of one run after the fit
 /// (1 = the fitted profile predicts this strategy's op time exactly).
 struct StrategyResidual {
@@ -111,6 +124,7 @@ struct StrategyResidual {
 struct CalibrationFit {
   std::vector<FactorFit> factors;  ///< one per Factors::keys()
   std::vector<LinkFit> links;
+  SpreadFit spread;
   std::vector<StrategyResidual> residuals;
   std::size_t unmatched_events = 0;  ///< attention/linear events without plan or FLOPs
   /// `profile` with the fitted factors and links.

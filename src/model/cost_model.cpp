@@ -331,6 +331,18 @@ HardwareProfile HardwareProfile::load(const std::string& path) {
       p.link_latency_us = positive(l, "latency_us", p.link_latency_us, path, "links.");
     }
     p.memory_gb = positive(j, "memory_gb", p.memory_gb, path);
+    if (j.contains("rank_speed")) {
+      const auto& r = j["rank_speed"];
+      if (!r.is_object()) bad(path, "rank_speed", "must be an object {spread, task_spread}");
+      const auto spread = [&](const char* key) {
+        if (!r.contains(key)) return 0.0;
+        if (!r[key].is_number() || r[key].get<double>() < 0 || r[key].get<double>() >= 1)
+          bad(path, std::string("rank_speed.") + key, "must be a number in [0, 1)");
+        return r[key].get<double>();
+      };
+      p.rank_spread = spread("spread");
+      p.task_spread = spread("task_spread");
+    }
     if (j.contains("linear_ops")) p.linear_ops = readLinearOps(j["linear_ops"], path);
     if (j.contains("factors")) p.factors = readFactors(j["factors"], path);
   } catch (const nlohmann::json::exception& e) {  // a field of the wrong JSON type

@@ -12,6 +12,7 @@
 
 #include "core/error.hpp"
 #include "cp/shard_plan.hpp"
+#include "data/length_source.hpp"
 #include "model/memory.hpp"
 #include "pp/slice_shards.hpp"
 #include "trace/recorder.hpp"
@@ -307,8 +308,41 @@ SimConfig SimConfig::fromDeck(const Deck& deck, const model::HardwareProfile& hw
   c.recompute = parseRecompute(deck.pipeline.recompute);
   c.net = Network::resolve(deck, hw);
   c.memory_bytes = hw.memory_gb * 1e9;
+  c.rank_spread = hw.rank_spread;
+  c.task_spread = hw.task_spread;
   return c;
 }
+
+namespace {
+
+/// The standard normal quantile (P. J. Acklam's rational approximation, relative error
+/// 1.2e-9).
+double normalQuantile(double p) {
+  static constexpr double a[] = {-3.969683028665376e+01, 2.209460984245205e+02,  -2.759285104469687e+02,
+                                 1.383577518672690e+02,  -3.066479806614716e+01, 2.506628277459239e+00};
+  static constexpr double b[] = {-5.447609879822406e+01, 1.615858368580409e+02, -1.556989798598866e+02,
+                                 6.680131188771972e+01, -1.328068155288572e+01};
+  static constexpr double c[] = {-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e+00,
+                                 -2.549732539343734e+00, 4.374664141464968e+00,  2.938163982698783e+00};
+  static constexpr double d[] = {7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00,
+                                 3.754408661907416e+00};
+  constexpr double low = 0.02425;
+  const auto tail = [&](double q) {
+    return (((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]) /
+           ((((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1);
+  };
+  if (p < low) return tail(std::sqrt(-2 * std::log(p)));
+  if (p > 1 - low) return -tail(std::sqrt(-2 * std::log(1 - p)));
+  const double q = p - 0.5, r = q * q;
+  return (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q /
+         (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1);
+}
+constexpr int kNoiseDraws = 64;  // half of them the negatives of the other half
+// The rank-speed spread's draws come from fixed seeds of the portable generator: the same on
+// every machine and every run, so a simulation stays a function of its inputs.
+constexpr std::uint64_t kScatterSeed = 0x5eed, kNoiseSeed = 0x7015e;
+
+}  // namespace
 
 // ---- StepSimulator ---------------------------------------------------------------------
 
@@ -318,6 +352,62 @@ StepSimulator::StepSimulator(SimConfig cfg, const model::CostModel& cost) : cfg_
   if (cost.dims().layers < cfg_.pp * cfg_.chunks)
     throw InputError("model.layers (" + std::to_string(cost.dims().layers) + ") must be at least pp * virtual_stages",
                      true);
+  if (cfg_.rank_spread < 0 || cfg_.rank_spread >= 1 || cfg_.task_spread < 0 || cfg_.task_spread >= 1)
+    throw InputError("simulator: rank_speed spreads must lie in [0, 1)", true);
+  const int n = cfg_.ranks();
+  if (cfg_.rank_spread > 0 && n > 1) {
+    // The normal quantiles (i + 1/2) / n, scattered over the ranks by a fixed shuffle: the
+    // slow ranks land in different groups, as nothing ties them to a coordinate.
+    std::vector<int> at(static_cast<std::size_t>(n));
+    std::iota(at.begin(), at.end(), 0);
+    data::Rng rng(kScatterSeed);
+    rank_factor_.assign(kPlacements, std::vector<double>(static_cast<std::size_t>(n)));
+    for (auto& factors : rank_factor_) {
+      for (int i = n - 1; i > 0; --i)
+        std::swap(at[static_cast<std::size_t>(i)], at[rng.nextU64() % static_cast<std::uint64_t>(i + 1)]);
+      for (int r = 0; r < n; ++r)
+        factors[static_cast<std::size_t>(r)] =
+            std::max(0.05, 1.0 + cfg_.rank_spread *
+                                     normalQuantile((at[static_cast<std::size_t>(r)] + 0.5) / static_cast<double>(n)));
+    }
+  }
+  const int members = cfg_.tp * cfg_.cp;
+  if (cfg_.task_spread > 0 && members > 1) {
+    noise_.resize(static_cast<std::size_t>(kNoiseDraws) * static_cast<std::size_t>(members));
+    data::Rng rng(kNoiseSeed);
+    const std::size_t half = noise_.size() / 2;
+    for (std::size_t i = 0; i < half; ++i) {
+      noise_[i] = rng.normal();
+      noise_[half + i] = -noise_[i];
+    }
+  }
+}
+
+double StepSimulator::rankFactor(int rank, int placement) const {
+  return rank_factor_.empty() ? 1.0
+                              : rank_factor_.at(static_cast<std::size_t>(placement)).at(static_cast<std::size_t>(rank));
+}
+
+double StepSimulator::groupSeconds(const std::vector<double>& x, int stage, int replica, int placement) const {
+  if (rank_factor_.empty() && noise_.empty()) return *std::max_element(x.begin(), x.end());
+  const MeshShape mesh = cfg_.mesh();
+  const int members = cfg_.tp * cfg_.cp;
+  // member (t, r): CP rank r's time on TP rank t's speed
+  double own[256];
+  std::vector<double> big;
+  double* a = members <= 256 ? own : (big.resize(static_cast<std::size_t>(members)), big.data());
+  for (int r = 0; r < cfg_.cp; ++r)
+    for (int t = 0; t < cfg_.tp; ++t)
+      a[r * cfg_.tp + t] = x[static_cast<std::size_t>(r)] * rankFactor(mesh.rankOf({t, r, stage, replica}), placement);
+  if (noise_.empty()) return *std::max_element(a, a + members);
+  double sum = 0;
+  for (int k = 0; k < kNoiseDraws; ++k) {
+    const double* z = noise_.data() + static_cast<std::size_t>(k) * static_cast<std::size_t>(members);
+    double m = 0;
+    for (int i = 0; i < members; ++i) m = std::max(m, a[i] * std::max(0.0, 1.0 + cfg_.task_spread * z[i]));
+    sum += m;
+  }
+  return sum / kNoiseDraws;
 }
 
 StepSimulator::StepSimulator(const Deck& deck, const model::CostModel& cost)
@@ -431,7 +521,7 @@ double StepSimulator::gradSyncSeconds(int stage) const {
   return 2.0 * (n - 1.0) / n * bytes / bw + 2.0 * (n - 1) * cfg_.net.latency_s;
 }
 
-PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mbs) const {
+PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mbs, int replica, int placement) const {
   const int M = static_cast<int>(mbs.size()), V = cfg_.pp * cfg_.chunks;
   PipelineCosts c(V, M, cfg_.pp);
   const double act_tok = activationBytesPerToken();
@@ -486,17 +576,17 @@ PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mb
         act += static_cast<double>(max_t) * static_cast<double>(d.vocab) * 4.0 / cfg_.tp;
       return act;
     };
+    std::vector<double> f(static_cast<std::size_t>(cfg_.cp)), b(f.size());
     for (int vs = 0; vs < V; ++vs) {
       const double l = layersOf(vs);
       const bool last = vs == V - 1;
-      double f = 0, b = 0;
       for (int r = 0; r < cfg_.cp; ++r) {
         const auto ri = static_cast<std::size_t>(r);
-        f = std::max(f, l * lc[ri].fwd + (last ? headSeconds(w.rank_tokens[ri], Phase::Fwd) : 0.0));
-        b = std::max(b, l * lc[ri].bwd + (last ? headSeconds(tokens_b[ri], Phase::Bwd) : 0.0));
+        f[ri] = l * lc[ri].fwd + (last ? headSeconds(w.rank_tokens[ri], Phase::Fwd) : 0.0);
+        b[ri] = l * lc[ri].bwd + (last ? headSeconds(tokens_b[ri], Phase::Bwd) : 0.0);
       }
-      c.fwd[c.at(vs, m)] = f;
-      c.bwd[c.at(vs, m)] = b;
+      c.fwd[c.at(vs, m)] = groupSeconds(f, vs % cfg_.pp, replica, placement);
+      c.bwd[c.at(vs, m)] = groupSeconds(b, vs % cfg_.pp, replica, placement);
       c.act_bytes[c.at(vs, m)] = actBytes(w.rank_tokens, w.rank_kv_tokens, max_tok, l, last);
       if (!c.free_bytes.empty())
         c.free_bytes[c.at(vs, m)] =
@@ -548,6 +638,18 @@ std::int64_t StepSimulator::microBatchTokenBudget() const {
 
 StepResult StepSimulator::simulate(const std::vector<std::vector<MicroBatchWork>>& works, trace::Recorder* rec,
                                    int step, double t0, const std::vector<PackFlowDeps>* flow) const {
+  if (rank_factor_.empty()) return simulateOnce(works, rec, step, t0, flow, 0);
+  // The median step over the scatters of the slow ranks, recorded (if asked) as simulated.
+  std::vector<std::pair<double, int>> by_step;
+  for (int p = 0; p < kPlacements; ++p)
+    by_step.emplace_back(simulateOnce(works, nullptr, step, t0, flow, p).step_seconds, p);
+  std::sort(by_step.begin(), by_step.end());
+  return simulateOnce(works, rec, step, t0, flow, by_step[by_step.size() / 2].second);
+}
+
+StepResult StepSimulator::simulateOnce(const std::vector<std::vector<MicroBatchWork>>& works, trace::Recorder* rec,
+                                       int step, double t0, const std::vector<PackFlowDeps>* flow,
+                                       int placement) const {
   if (static_cast<int>(works.size()) != cfg_.dp)
     throw std::logic_error("simulator: plan has " + std::to_string(works.size()) +
                            " replicas, mesh has dp = " + std::to_string(cfg_.dp));
@@ -586,7 +688,7 @@ StepResult StepSimulator::simulate(const std::vector<std::vector<MicroBatchWork>
   costs.reserve(static_cast<std::size_t>(D));
   for (int d = 0; d < D; ++d) {
     const auto& mbs = works[static_cast<std::size_t>(d)];
-    costs.push_back(pipelineCosts(mbs));
+    costs.push_back(pipelineCosts(mbs, d, placement));
     dags.push_back(simulateDag(*scheds[static_cast<std::size_t>(d)], costs.back()));
     const DagResult& r = dags.back();
     res.replica_seconds[d] = r.makespan;

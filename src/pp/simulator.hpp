@@ -166,6 +166,13 @@ struct SimConfig {
   /// With executor_memory: bytes per element of the activations the executor stores in
   /// run.precision's type (4, or 2 for bf16; model::executorLayerActivationBytes).
   int executor_storage_bytes = 4;
+  /// Rank-speed spread (the profile's `rank_speed`; 0 = every rank at the profile's speed).
+  /// Rank r runs every task at 1 + rank_spread x its normal quantile in a fixed scatter of
+  /// the quantiles over the mesh (the step is the median over kPlacements scatters, so no
+  /// one placement of the slow ranks decides it); each layer task adds noise of
+  /// `task_spread`, and a CP x TP group's task lasts its slowest member's time in
+  /// expectation (64 fixed draws). The slowest replica then paces the gradient reduction.
+  double rank_spread = 0, task_spread = 0;
   static SimConfig fromDeck(const Deck& deck, const model::HardwareProfile& hw);
   int ranks() const { return tp * cp * pp * dp; }
   /// The mesh's shape (rank <-> coordinate math, core/mesh_shape.hpp).
@@ -198,8 +205,13 @@ class StepSimulator {
   /// Layers held by virtual stage vs.
   int layersOf(int vstage) const;
 
-  /// Per-task costs of one replica (exposed for tests and the executor's comparisons).
-  PipelineCosts pipelineCosts(const std::vector<MicroBatchWork>& mbs) const;
+  /// Per-task costs of one replica (exposed for tests and the executor's comparisons);
+  /// `replica` and `placement` (< kPlacements) place its ranks for the rank-speed spread.
+  PipelineCosts pipelineCosts(const std::vector<MicroBatchWork>& mbs, int replica = 0, int placement = 0) const;
+  /// The time multiplier of world rank r in scatter `placement` (1 without rank_spread).
+  double rankFactor(int rank, int placement = 0) const;
+  /// Scatters of the slow ranks a step is simulated with when rank_spread > 0.
+  static constexpr int kPlacements = 7;
 
   /// Simulate one step: works[dp][m]. If `rec` is given, predicted events of every rank
   /// are recorded (times offset by t0_seconds, context step = `step`, current strategy).
@@ -244,8 +256,15 @@ class StepSimulator {
   /// One stage-to-stage transfer of a unit's activations (or their gradients).
   double p2pSeconds(std::int64_t tokens, const std::vector<std::int64_t>& rank_tokens) const;
   double gradSyncSeconds(int stage) const;
+  /// A CP group's task: CP rank r alone would take x[r] at the mean speed; the group takes
+  /// its slowest member's time over the TP x CP ranks of (stage, replica), with the spread.
+  double groupSeconds(const std::vector<double>& x, int stage, int replica, int placement) const;
+  StepResult simulateOnce(const std::vector<std::vector<MicroBatchWork>>& works, trace::Recorder* rec, int step,
+                          double t0_seconds, const std::vector<PackFlowDeps>* flow, int placement) const;
 
   SimConfig cfg_;
+  std::vector<std::vector<double>> rank_factor_;  ///< [placement][world rank], empty without rank_spread
+  std::vector<double> noise_;  ///< [draw][tp * cp member] standard normals, empty without task_spread
   const model::CostModel* cost_;
   mutable std::deque<std::pair<int, Schedule>> schedules_;  // deque: references stay valid
 };

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 
 #include "core/deck.hpp"
@@ -203,6 +204,15 @@ TEST(ProfileV2, BadContentNamesTheKey) {
   j = v2();
   j["linear_ops"]["speed"] = 1;
   expectInputError(j, "linear_ops.speed");
+  j = v2();
+  j["rank_speed"] = {{"spread", 1.5}};
+  expectInputError(j, "rank_speed.spread");
+  j["rank_speed"] = {{"task_spread", "wide"}};
+  expectInputError(j, "rank_speed.task_spread");
+  j["rank_speed"] = {{"spread", 0.12}, {"task_spread", 0.2}};
+  const auto p = model::HardwareProfile::load(write("spread.json", j));
+  EXPECT_EQ(p.rank_spread, 0.12);
+  EXPECT_EQ(p.task_spread, 0.2);
 }
 
 namespace {
@@ -488,4 +498,52 @@ TEST(Calibration, AppliedJsonIsVersionTwoWithHistoryAndLoads) {
   // calibrating again appends to the history
   const auto j2 = model::applyToJson(j, fit, {"b.h5"}, "2026-01-02T00:00:00Z");
   EXPECT_EQ(j2["calibration"].size(), 2u);
+}
+
+// Rank speed: eight ranks (cp 4 x dp 2) whose layer times carry a known factor per rank,
+// noise per layer task and a load common to each sync group; the fit recovers the rank and
+// task spreads (the common load is no spread: it makes nobody wait), and a one-rank run
+// leaves the profile's values.
+TEST(Calibration, RankSpeedSpreadFromLayerTimes) {
+  const auto truth = model::HardwareProfile::load(write("rs.json", v2()));
+  std::vector<model::MeasuredRun::Coord> coords;
+  for (int r = 0; r < 8; ++r) coords.push_back({0, r % 4, r / 4});
+  auto run = plainRun("rs.h5", coords);
+  const auto cost = costOf(run, truth);
+  const double logf[8] = {-0.15, 0.1, -0.05, 0.0, 0.15, 0.0, 0.05, -0.1};  // sample sd 0.1
+  std::mt19937_64 rng(7);
+  std::normal_distribution<double> task(0.0, 0.08), common(0.0, 0.2);
+  const std::int64_t n = 2000;
+  for (std::int64_t step = 0; step < 40; ++step)
+    for (int layer = 0; layer < 4; ++layer)
+      for (int phase = 1; phase <= 2; ++phase) {
+        const Phase ph = phase == 1 ? Phase::Fwd : Phase::Bwd;
+        const double load[2] = {common(rng), common(rng)};  // per dp group
+        for (int r = 0; r < 8; ++r) {
+          const double t =
+              cost.linearOpSeconds(model::LinearOp::Mlp, n, ph) * std::exp(logf[r] + task(rng) + load[r / 4]);
+          run.events.push_back(
+              {"mlp", phase, r, 0, step, 0, layer, t, cost.linearOpFlops(model::LinearOp::Mlp, n, ph)});
+        }
+      }
+  const auto fit = model::fitProfile({run}, truth);
+  ASSERT_TRUE(fit.spread.fitted) << fit.spread.note;
+  EXPECT_NEAR(fit.spread.rank, 0.1, 0.02);
+  EXPECT_NEAR(fit.spread.task, 0.08, 0.01);
+  EXPECT_EQ(fit.spread.ranks, 8u);
+  const auto fitted = fit.apply(truth);
+  EXPECT_EQ(fitted.rank_spread, fit.spread.rank);
+  EXPECT_EQ(fitted.task_spread, fit.spread.task);
+  const auto j = model::applyToJson(v2(), fit, {"rs.h5"}, "now");
+  EXPECT_EQ(j["rank_speed"]["spread"].get<double>(), fit.spread.rank);
+
+  auto one = plainRun("one.h5", {{0, 0, 0}});
+  for (std::int64_t step = 0; step < 4; ++step)
+    one.events.push_back({"mlp", 1, 0, 0, step, 0, 0, cost.linearOpSeconds(model::LinearOp::Mlp, n, Phase::Fwd),
+                          cost.linearOpFlops(model::LinearOp::Mlp, n, Phase::Fwd)});
+  auto seeded = truth;
+  seeded.rank_spread = 0.05;
+  const auto kept = model::fitProfile({one}, seeded);
+  EXPECT_FALSE(kept.spread.fitted);
+  EXPECT_EQ(kept.apply(seeded).rank_spread, 0.05);
 }

@@ -351,3 +351,46 @@ warmup = 1
     EXPECT_NE(std::string(e.what()).find("plan.plain.jsonl:4: step 7 where step 2"), std::string::npos) << e.what();
   }
 }
+
+// Rank-speed spread (the profile's rank_speed): ranks given equal work run at fixed factors
+// around 1 (mean 1, deterministic), a CP group waits for its slowest member, each layer
+// task's noise costs a group of n the expected maximum of n draws, and one rank or a
+// spread of 0 simulates as before.
+TEST(SimStep, RankSpeedSpreadMakesGroupsWaitForTheirSlowest) {
+  const model::CostModel cost(dims(), model::HardwareProfile::analytic(), 1);
+  std::vector<std::vector<MicroBatchWork>> w(2);
+  for (auto& replica : w)
+    for (int i = 0; i < 4; ++i) replica.push_back(balancedMicroBatchWork({8192, 4096}, 4, cost));
+  const StepSimulator plain(fastNet(1, 4, 1, 2), cost);
+  SimConfig cfg = fastNet(1, 4, 1, 2);
+  cfg.rank_spread = 0.1;
+  const StepSimulator spread(cfg, cost), again(cfg, cost);
+  double mean = 0, top = 0;
+  for (int r = 0; r < cfg.ranks(); ++r) {
+    mean += spread.rankFactor(r) / cfg.ranks();
+    top = std::max(top, spread.rankFactor(r));
+    EXPECT_EQ(spread.rankFactor(r), again.rankFactor(r));
+  }
+  EXPECT_NEAR(mean, 1.0, 1e-9);
+  EXPECT_NEAR(top, 1.0 + 0.1 * 1.5341, 1e-3);  // the normal quantile of 7.5 / 8
+  const StepResult a = plain.simulate(w), b = spread.simulate(w);
+  EXPECT_GT(b.step_seconds, a.step_seconds * 1.05);
+  EXPECT_LE(b.step_seconds, a.step_seconds * top + 1e-9);  // nobody slower than the slowest rank
+  EXPECT_EQ(b.step_seconds, again.simulate(w).step_seconds);
+
+  // task noise on equal work: a group of 8 takes about 1 + sigma x E[max of 8 normals]
+  SimConfig noisy = fastNet(1, 8, 1, 1);
+  noisy.task_spread = 0.2;
+  const MicroBatchWork eight = balancedMicroBatchWork({16384}, 8, cost);
+  const double quiet = StepSimulator(fastNet(1, 8, 1, 1), cost).pipelineCosts({eight}).fwd[0];
+  const double loud = StepSimulator(noisy, cost).pipelineCosts({eight}).fwd[0];
+  EXPECT_NEAR(loud / quiet, 1.0 + 0.2 * 1.4236, 0.05);
+
+  // one rank, or a group of one: nothing to wait for
+  SimConfig one = fastNet(1, 1, 1, 1);
+  one.rank_spread = 0.3;
+  one.task_spread = 0.3;
+  const MicroBatchWork solo = balancedMicroBatchWork({8192}, 1, cost);
+  EXPECT_EQ(StepSimulator(one, cost).simulate({{solo}}).step_seconds,
+            StepSimulator(fastNet(1, 1, 1, 1), cost).simulate({{solo}}).step_seconds);
+}
