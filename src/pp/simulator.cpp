@@ -530,6 +530,9 @@ PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mb
     c.free_bytes.assign(c.act_bytes.size(), 0.0);
     c.p2p_bwd.assign(c.p2p.size(), 0.0);
   }
+  // each CP rank's time of a task (a group at the rank-speed spread takes groupSeconds of it)
+  const bool spread = !rank_factor_.empty() || !noise_.empty();
+  std::vector<double> fr(static_cast<std::size_t>(cfg_.cp)), br(fr.size());
   for (int m = 0; m < M; ++m) {
     const MicroBatchWork& w = mbs[static_cast<std::size_t>(m)];
     if (w.cp() != cfg_.cp)
@@ -576,17 +579,19 @@ PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mb
         act += static_cast<double>(max_t) * static_cast<double>(d.vocab) * 4.0 / cfg_.tp;
       return act;
     };
-    std::vector<double> f(static_cast<std::size_t>(cfg_.cp)), b(f.size());
     for (int vs = 0; vs < V; ++vs) {
       const double l = layersOf(vs);
       const bool last = vs == V - 1;
+      double f = 0, b = 0;
       for (int r = 0; r < cfg_.cp; ++r) {
         const auto ri = static_cast<std::size_t>(r);
-        f[ri] = l * lc[ri].fwd + (last ? headSeconds(w.rank_tokens[ri], Phase::Fwd) : 0.0);
-        b[ri] = l * lc[ri].bwd + (last ? headSeconds(tokens_b[ri], Phase::Bwd) : 0.0);
+        fr[ri] = l * lc[ri].fwd + (last ? headSeconds(w.rank_tokens[ri], Phase::Fwd) : 0.0);
+        br[ri] = l * lc[ri].bwd + (last ? headSeconds(tokens_b[ri], Phase::Bwd) : 0.0);
+        f = std::max(f, fr[ri]);
+        b = std::max(b, br[ri]);
       }
-      c.fwd[c.at(vs, m)] = groupSeconds(f, vs % cfg_.pp, replica, placement);
-      c.bwd[c.at(vs, m)] = groupSeconds(b, vs % cfg_.pp, replica, placement);
+      c.fwd[c.at(vs, m)] = spread ? groupSeconds(fr, vs % cfg_.pp, replica, placement) : f;
+      c.bwd[c.at(vs, m)] = spread ? groupSeconds(br, vs % cfg_.pp, replica, placement) : b;
       c.act_bytes[c.at(vs, m)] = actBytes(w.rank_tokens, w.rank_kv_tokens, max_tok, l, last);
       if (!c.free_bytes.empty())
         c.free_bytes[c.at(vs, m)] =
