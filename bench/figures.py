@@ -716,14 +716,25 @@ CPU16 = "bench/results/cpu16/lease2"
 CPU16_DECKS = ("run16_cp4_dp4", "run16_tp2_cp2_pp2_dp2", "run16_pp4_dp4_packflow", "run16_cp8_dp2")
 
 
+def sim_sections(path):
+    """{section title: {case: {strategy: {"tput": Mtok/s, "x": speedup}}}} of a log of several
+    `wlb simulate` tables, each after a line "== TITLE"."""
+    out = {}
+    for sec in path.read_text().split("\n== ")[1:]:
+        title, body = sec.split("\n", 1)
+        rows = {}
+        for r in columns([x for x in body.splitlines() if not x.startswith("#")], "case", 14):
+            rows.setdefault(r[0], {})[r[2]] = dict(tput=float(r[3]), x=float(r[5].rstrip("x")))
+        out[title.strip()] = rows
+    return out
+
+
 @table("cpu16-first-runs", "docs/performance.md", *(f"{CPU16}/logs/calibration-{d}.log" for d in CPU16_DECKS),
        f"{CPU16}/replay_calibration.log")
 def cpu16_first_runs(root):
-    sim = {}  # the log holds one simulate table per deck
-    for sec in (root / f"{CPU16}/replay_calibration.log").read_text().split("\n== ")[1:]:
-        tmp = [line for line in sec.splitlines() if not line.startswith("#")]
-        for r in columns(tmp, "case", 14):
-            sim.setdefault(r[0], {})[r[2]] = dict(tput=float(r[3]), x=float(r[5].rstrip("x")))
+    sim = {}  # one simulate table per deck
+    for rows in sim_sections(root / f"{CPU16}/replay_calibration.log").values():
+        sim.update(rows)
     out = []
     for d in CPU16_DECKS:
         run = run_summary(root / f"{CPU16}/logs/calibration-{d}.log")
@@ -733,19 +744,6 @@ def cpu16_first_runs(root):
             sp = ("{:.3f}", 1.0) if st == "plain" else ("{:.3f} [{:.3f}–{:.3f}]", m["x"], m["lo"], m["hi"])
             out.append([(f"`{d}`",), (st,), ("{:.2f}", m["ktok"]), sp, ("{:.1f}", pred),
                         ("{:+.0f}%", 100 * (pred / m["ktok"] - 1)), ("{:.3f}", p["x"])])
-    return out
-
-
-def sim_sections(path):
-    """{section title: {case: {strategy: Mtok/s}}} of a log of several `wlb simulate` tables,
-    each after a line "== TITLE"."""
-    out = {}
-    for sec in path.read_text().split("\n== ")[1:]:
-        title, body = sec.split("\n", 1)
-        rows = {}
-        for r in columns([x for x in body.splitlines() if not x.startswith("#")], "case", 14):
-            rows.setdefault(r[0], {})[r[2]] = float(r[3])
-        out[title.strip()] = rows
     return out
 
 
@@ -764,7 +762,7 @@ def cpu16_rank_speed(root):
         b = next(v for k, v in before.items() if k.startswith(d + ":"))[d]
         a = next(v for k, v in after.items() if k.startswith(f"in-sample replay: {d}'s"))[d]
         for st, m in run_summary(root / f"{CPU16}/logs/calibration-{d}.log").items():
-            row(f"`{d}` first run, in-sample", st, m["ktok"], b[st] * 1e3, a[st] * 1e3)
+            row(f"`{d}` first run, in-sample", st, m["ktok"], b[st]["tput"] * 1e3, a[st]["tput"] * 1e3)
     r1 = run_summary(root / f"{CPU16}/logs/run-run16_cp4_dp4-r1.log")
     own = next(v for k, v in after.items() if k.startswith("out of sample: run16_cp4_dp4 round 1 (data"))
     cp8 = next(v for k, v in after.items() if k.startswith("out of sample: run16_cp4_dp4 round 1, the profile of run16_cp8"))
@@ -772,10 +770,10 @@ def cpu16_rank_speed(root):
     camp = {r[1][0]: r[4][1] for r in md_table(root / f"{CPU16}/campaign.md", "| deck | strategy", first_cells=2)}
     for st, m in r1.items():
         row("`run16_cp4_dp4` round 1, its first run's profile", st, m["ktok"], camp[st] / 1e3,
-            own["run16_cp4_dp4"][st] * 1e3)
+            own["run16_cp4_dp4"][st]["tput"] * 1e3)
     for st, m in r1.items():
-        row("`run16_cp4_dp4` round 1, `run16_cp8_dp2`'s profile", st, m["ktok"], cp8_0["run16_cp4_dp4"][st] * 1e3,
-            cp8["run16_cp4_dp4"][st] * 1e3)
+        row("`run16_cp4_dp4` round 1, `run16_cp8_dp2`'s profile", st, m["ktok"],
+            cp8_0["run16_cp4_dp4"][st]["tput"] * 1e3, cp8["run16_cp4_dp4"][st]["tput"] * 1e3)
     return out
 
 

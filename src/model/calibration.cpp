@@ -49,6 +49,8 @@ struct Task {
   std::vector<double> predicted = std::vector<double>(Factors::keys().size(), 0.0);
 };
 using Tasks = std::map<std::tuple<int, int, std::int64_t, int, int, int>, Task>;
+/// One sync group's layer task: strategy, step, micro-batch, layer, phase, DP replica.
+using GroupKey = std::tuple<int, std::int64_t, int, int, int, int>;
 
 SpreadFit fitSpread(const std::vector<MeasuredRun>& runs, const std::vector<Tasks>& tasks,
                     const std::vector<FactorFit>& factors, const HardwareProfile& profile) {
@@ -59,11 +61,11 @@ SpreadFit fitSpread(const std::vector<MeasuredRun>& runs, const std::vector<Task
   for (std::size_t i = 0; i < factors.size(); ++i)
     if (factors[i].fitted && factors[i].after > 0) scale[i] = factors[i].before / factors[i].after;
   double ss_task = 0, df_task = 0, ss_rank = 0, df_rank = 0, noise_in_rank = 0;
-  for (std::size_t ri = 0; ri < runs.size() && ri < tasks.size(); ++ri) {
+  for (std::size_t ri = 0; ri < runs.size(); ++ri) {
     struct X {
       int rank;
-      double x;                                                 // log(measured / predicted)
-      std::tuple<int, std::int64_t, int, int, int, int> group;  // strategy, step, mb, layer, phase, dp
+      double x;  // log(measured / predicted)
+      GroupKey group;
     };
     std::vector<X> xs;
     for (const auto& [k, t] : tasks[ri]) {
@@ -104,7 +106,7 @@ SpreadFit fitSpread(const std::vector<MeasuredRun>& runs, const std::vector<Task
     // Task noise: what differs between the members of one sync group (the TP x CP ranks
     // computing the same layer of the same micro-batch), each without its rank's mean:
     // variation common to the group (the host's load) makes nobody wait.
-    std::map<std::tuple<int, std::int64_t, int, int, int, int>, std::pair<double, std::size_t>> groups;
+    std::map<GroupKey, std::pair<double, std::size_t>> groups;
     for (const auto& e : xs) {
       const auto& a = by_rank[e.rank];
       auto& g = groups[e.group];

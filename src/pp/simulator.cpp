@@ -393,18 +393,18 @@ double StepSimulator::groupSeconds(const std::vector<double>& x, int stage, int 
   const MeshShape mesh = cfg_.mesh();
   const int members = cfg_.tp * cfg_.cp;
   // member (t, r): CP rank r's time on TP rank t's speed
-  double own[256];
-  std::vector<double> big;
-  double* a = members <= 256 ? own : (big.resize(static_cast<std::size_t>(members)), big.data());
+  std::vector<double> a(static_cast<std::size_t>(members));
   for (int r = 0; r < cfg_.cp; ++r)
     for (int t = 0; t < cfg_.tp; ++t)
-      a[r * cfg_.tp + t] = x[static_cast<std::size_t>(r)] * rankFactor(mesh.rankOf({t, r, stage, replica}), placement);
-  if (noise_.empty()) return *std::max_element(a, a + members);
+      a[static_cast<std::size_t>(r * cfg_.tp + t)] =
+          x[static_cast<std::size_t>(r)] * rankFactor(mesh.rankOf({t, r, stage, replica}), placement);
+  if (noise_.empty()) return *std::max_element(a.begin(), a.end());
   double sum = 0;
   for (int k = 0; k < kNoiseDraws; ++k) {
     const double* z = noise_.data() + static_cast<std::size_t>(k) * static_cast<std::size_t>(members);
     double m = 0;
-    for (int i = 0; i < members; ++i) m = std::max(m, a[i] * std::max(0.0, 1.0 + cfg_.task_spread * z[i]));
+    for (int i = 0; i < members; ++i)
+      m = std::max(m, a[static_cast<std::size_t>(i)] * std::max(0.0, 1.0 + cfg_.task_spread * z[i]));
     sum += m;
   }
   return sum / kNoiseDraws;
@@ -530,8 +530,7 @@ PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mb
     c.free_bytes.assign(c.act_bytes.size(), 0.0);
     c.p2p_bwd.assign(c.p2p.size(), 0.0);
   }
-  // each CP rank's time of a task (a group at the rank-speed spread takes groupSeconds of it)
-  const bool spread = !rank_factor_.empty() || !noise_.empty();
+  // each CP rank's time of a task, of which groupSeconds makes the group's
   std::vector<double> fr(static_cast<std::size_t>(cfg_.cp)), br(fr.size());
   for (int m = 0; m < M; ++m) {
     const MicroBatchWork& w = mbs[static_cast<std::size_t>(m)];
@@ -582,16 +581,13 @@ PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mb
     for (int vs = 0; vs < V; ++vs) {
       const double l = layersOf(vs);
       const bool last = vs == V - 1;
-      double f = 0, b = 0;
       for (int r = 0; r < cfg_.cp; ++r) {
         const auto ri = static_cast<std::size_t>(r);
         fr[ri] = l * lc[ri].fwd + (last ? headSeconds(w.rank_tokens[ri], Phase::Fwd) : 0.0);
         br[ri] = l * lc[ri].bwd + (last ? headSeconds(tokens_b[ri], Phase::Bwd) : 0.0);
-        f = std::max(f, fr[ri]);
-        b = std::max(b, br[ri]);
       }
-      c.fwd[c.at(vs, m)] = spread ? groupSeconds(fr, vs % cfg_.pp, replica, placement) : f;
-      c.bwd[c.at(vs, m)] = spread ? groupSeconds(br, vs % cfg_.pp, replica, placement) : b;
+      c.fwd[c.at(vs, m)] = groupSeconds(fr, vs % cfg_.pp, replica, placement);
+      c.bwd[c.at(vs, m)] = groupSeconds(br, vs % cfg_.pp, replica, placement);
       c.act_bytes[c.at(vs, m)] = actBytes(w.rank_tokens, w.rank_kv_tokens, max_tok, l, last);
       if (!c.free_bytes.empty())
         c.free_bytes[c.at(vs, m)] =
@@ -644,12 +640,17 @@ std::int64_t StepSimulator::microBatchTokenBudget() const {
 StepResult StepSimulator::simulate(const std::vector<std::vector<MicroBatchWork>>& works, trace::Recorder* rec,
                                    int step, double t0, const std::vector<PackFlowDeps>* flow) const {
   if (rank_factor_.empty()) return simulateOnce(works, rec, step, t0, flow, 0);
-  // The median step over the scatters of the slow ranks, recorded (if asked) as simulated.
-  std::vector<std::pair<double, int>> by_step;
-  for (int p = 0; p < kPlacements; ++p)
-    by_step.emplace_back(simulateOnce(works, nullptr, step, t0, flow, p).step_seconds, p);
-  std::sort(by_step.begin(), by_step.end());
-  return simulateOnce(works, rec, step, t0, flow, by_step[by_step.size() / 2].second);
+  // The median step over the scatters of the slow ranks; its events recorded (if asked) by
+  // simulating that scatter once more with the recorder.
+  std::vector<StepResult> results;
+  std::vector<int> order(kPlacements);
+  for (int p = 0; p < kPlacements; ++p) results.push_back(simulateOnce(works, nullptr, step, t0, flow, p));
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) {
+    return std::make_pair(results[a].step_seconds, a) < std::make_pair(results[b].step_seconds, b);
+  });
+  const int median = order[order.size() / 2];
+  return rec ? simulateOnce(works, rec, step, t0, flow, median) : std::move(results[median]);
 }
 
 StepResult StepSimulator::simulateOnce(const std::vector<std::vector<MicroBatchWork>>& works, trace::Recorder* rec,
