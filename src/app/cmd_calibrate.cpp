@@ -213,12 +213,14 @@ int run(const Opts& o) {
   }
   if (const auto& sp = fit.spread; sp.fitted)
     os << fmt::format(
-        "rank_speed     spread {:.4f} -> {:.4f}, task_spread {:.4f} -> {:.4f}  ({} ranks, {} layer tasks: the "
-        "ranks' mean times and each layer's around its rank's, log of measured / predicted)\n",
-        sp.before_rank, sp.rank, sp.before_task, sp.task, sp.ranks, sp.tasks);
+        "rank_speed     spread {:.4f} -> {:.4f}, step_spread {:.4f} -> {:.4f}, task_spread {:.4f} -> {:.4f}  ({} "
+        "ranks, "
+        "{} layer tasks: log of measured / predicted, the ranks' means, their steps' around them, each layer's "
+        "around its rank's step)\n",
+        sp.before_rank, sp.rank, sp.before_step, sp.step, sp.before_task, sp.task, sp.ranks, sp.tasks);
   else
-    os << fmt::format("rank_speed     spread {:.4f}, task_spread {:.4f} kept  ({})\n", sp.before_rank, sp.before_task,
-                      sp.note);
+    os << fmt::format("rank_speed     spread {:.4f}, step_spread {:.4f}, task_spread {:.4f} kept  ({})\n",
+                      sp.before_rank, sp.before_step, sp.before_task, sp.note);
   std::string jumps;
   for (const auto& f : fit.factors)
     if (f.fitted && (f.after > 2.0 * f.before || f.after < 0.5 * f.before))

@@ -41,7 +41,7 @@ struct Opts {
   wlb::app::DeckArgs deck;
   std::vector<std::string> more_decks;
   std::int64_t steps = -1, warmup = -1;
-  bool as_run = false;
+  bool as_run = false, mean_speed = false;
   std::string out, trace, plans;
   std::vector<std::string> strategies;
 };
@@ -239,8 +239,10 @@ int run(const Opts& o) {
     const auto names = strategyNames(deck);
     const auto [steps, warmup] = stepCounts(deck);
     const wlb::model::CostModel cost = wlb::model::CostModel::fromDeck(deck);
-    if (const auto& hw = cost.hardware(); hw.rank_spread > 0 || hw.task_spread > 0)
-      spread_notes.push_back(fmt::format("{} spread {:g}, task_spread {:g}", cs.name, hw.rank_spread, hw.task_spread));
+    if (const auto& hw = cost.hardware();
+        !o.mean_speed && (hw.rank_spread > 0 || hw.step_spread > 0 || hw.task_spread > 0))
+      spread_notes.push_back(fmt::format("{} spread {:g}, step_spread {:g}, task_spread {:g}", cs.name, hw.rank_spread,
+                                         hw.step_spread, hw.task_spread));
     std::unique_ptr<wlb::trace::Recorder> rec;
     std::unique_ptr<wlb::trace::Writer> writer;
     if (!o.trace.empty()) {
@@ -266,6 +268,7 @@ int run(const Opts& o) {
     so.steps = steps;
     so.warmup = warmup;
     so.as_run = o.as_run;
+    so.mean_speed = o.mean_speed;
     so.recorder = rec.get();
     so.replay = replay;
     so.on_plan = [&](const std::string& strategy, const wlb::StepPlan& plan) {
@@ -409,6 +412,8 @@ const bool registered = wlb::app::registerCommand(
       sub.add_flag("--as-run", opts->as_run,
                    "Model what `wlb run` executes: layers only (no embedding/LM head), fp32 "
                    "KV and gradient communication");
+      sub.add_flag("--mean-speed", opts->mean_speed,
+                   "Run every rank at the profile's mean speed: leave out the profile's rank_speed spreads");
       sub.add_option("--out", opts->out, "Write simulate.csv and simulate.json into DIR")->type_name("DIR");
       sub.add_option("--trace", opts->trace,
                      "Write predicted events (trace schema, /meta/source = simulated) to FILE "

@@ -49,33 +49,57 @@ struct Task {
   std::vector<double> predicted = std::vector<double>(Factors::keys().size(), 0.0);
 };
 using Tasks = std::map<std::tuple<int, int, std::int64_t, int, int, int>, Task>;
-/// One sync group's layer task: strategy, step, micro-batch, layer, phase, DP replica.
+/// A sync group's layer task (strategy, step, micro-batch, layer, phase, DP replica): the
+/// TP x CP ranks computing it at once. With layer -1, the micro-batch's every layer task in
+/// the replica (the same work on every stage, up to the prediction).
 using GroupKey = std::tuple<int, std::int64_t, int, int, int, int>;
+/// One rank's (or every rank's) step: rank, strategy, step.
+using RankStep = std::tuple<int, int, std::int64_t>;
+
+struct MeanAcc {
+  double sum = 0;
+  std::size_t n = 0;
+  void add(double x) {
+    sum += x;
+    ++n;
+  }
+  double mean() const { return sum / static_cast<double>(n); }
+};
 
 SpreadFit fitSpread(const std::vector<MeasuredRun>& runs, const std::vector<Tasks>& tasks,
                     const std::vector<FactorFit>& factors, const HardwareProfile& profile) {
   SpreadFit f;
   f.before_rank = f.rank = profile.rank_spread;
+  f.before_step = f.step = profile.step_spread;
   f.before_task = f.task = profile.task_spread;
   std::vector<double> scale(factors.size(), 1.0);  // a prediction after the fit over before it
   for (std::size_t i = 0; i < factors.size(); ++i)
     if (factors[i].fitted && factors[i].after > 0) scale[i] = factors[i].before / factors[i].after;
-  double ss_task = 0, df_task = 0, ss_rank = 0, df_rank = 0, noise_in_rank = 0;
+  // Sums of squares, their degrees of freedom, and how much of the task (step) noise the
+  // means of the coarser levels carry: E[ss_step] = df_step * step^2 + step_noise * task^2,
+  // E[ss_rank] = df_rank * rank^2 + rank_task * task^2 + rank_step * step^2.
+  double ss_task = 0, df_task = 0, ss_step = 0, df_step = 0, step_noise = 0;
+  double ss_rank = 0, df_rank = 0, rank_task = 0, rank_step = 0;
   for (std::size_t ri = 0; ri < runs.size(); ++ri) {
     struct X {
       int rank;
       double x;  // log(measured / predicted)
-      GroupKey group;
+      RankStep rank_step;
+      GroupKey group, micro_batch;
     };
     std::vector<X> xs;
     for (const auto& [k, t] : tasks[ri]) {
       double p = 0;
       for (std::size_t i = 0; i < t.predicted.size() && i < scale.size(); ++i) p += t.predicted[i] * scale[i];
       const auto [rank, strategy, step, mb, layer, phase] = k;
-      if (p > 0 && t.measured > 0 && rank >= 0 && static_cast<std::size_t>(rank) < runs[ri].ranks.size())
+      if (p > 0 && t.measured > 0 && rank >= 0 && static_cast<std::size_t>(rank) < runs[ri].ranks.size()) {
+        const int dp = runs[ri].ranks[static_cast<std::size_t>(rank)].dp;
         xs.push_back({rank,
                       std::log(t.measured / p),
-                      {strategy, step, mb, layer, phase, runs[ri].ranks[static_cast<std::size_t>(rank)].dp}});
+                      {rank, strategy, step},
+                      {strategy, step, mb, layer, phase, dp},
+                      {strategy, step, mb, -1, phase, dp}});
+      }
     }
     if (xs.size() < 2) continue;
     // interference, as in the factor fit: far slower than the run's median is left out
@@ -84,45 +108,76 @@ SpreadFit fitSpread(const std::vector<MeasuredRun>& runs, const std::vector<Task
     std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
     const double cut = v[v.size() / 2] + std::log(kOutlierRatio);
     xs.erase(std::remove_if(xs.begin(), xs.end(), [cut](const X& e) { return e.x > cut; }), xs.end());
-    std::map<int, std::pair<double, std::size_t>> by_rank;  // sum, count
+    std::map<int, MeanAcc> by_rank;
+    std::map<RankStep, MeanAcc> by_rank_step;
     for (const auto& e : xs) {
-      by_rank[e.rank].first += e.x;
-      ++by_rank[e.rank].second;
+      by_rank[e.rank].add(e.x);
+      by_rank_step[e.rank_step].add(e.x);
     }
     if (by_rank.size() < 2) continue;
-    double mean_of_means = 0, inv_n = 0;
-    for (const auto& [r, a] : by_rank) {
-      mean_of_means += a.first / static_cast<double>(a.second);
-      inv_n += 1.0 / static_cast<double>(a.second);
-    }
     const auto R = static_cast<double>(by_rank.size());
-    mean_of_means /= R;
-    for (const auto& [r, a] : by_rank) {
-      const double m = a.first / static_cast<double>(a.second);
-      ss_rank += (m - mean_of_means) * (m - mean_of_means);
-    }
-    df_rank += R - 1;
-    noise_in_rank += (R - 1) * inv_n / R;  // each mean carries its rank's task variance / n_r
-    // Task noise: what differs between the members of one sync group (the TP x CP ranks
-    // computing the same layer of the same micro-batch), each without its rank's mean:
-    // variation common to the group (the host's load) makes nobody wait.
-    std::map<GroupKey, std::pair<double, std::size_t>> groups;
-    for (const auto& e : xs) {
-      const auto& a = by_rank[e.rank];
-      auto& g = groups[e.group];
-      g.first += e.x - a.first / static_cast<double>(a.second);
-      ++g.second;
-    }
+
+    // Task noise: each layer task around its rank's time in that step, less what its sync
+    // group shares (a load common to the TP x CP ranks of a layer makes none of them wait;
+    // the work's own error in the prediction). A layer without TP and CP has no group: its
+    // micro-batch's layers on the other stages stand in (the same work at other times).
+    std::map<GroupKey, MeanAcc> groups;
+    for (const auto& e : xs) groups[e.group].add(0.0);
+    for (auto& e : xs)
+      if (groups[e.group].n < 2) e.group = e.micro_batch;
+    groups.clear();
+    for (const auto& e : xs) groups[e.group].add(e.x - by_rank_step[e.rank_step].mean());
+    std::set<RankStep> task_rank_steps;
+    double n_task = 0, n_groups = 0;
     for (const auto& e : xs) {
       const auto& g = groups[e.group];
-      if (g.second < 2) continue;
-      const auto& a = by_rank[e.rank];
-      const double d = e.x - a.first / static_cast<double>(a.second) - g.first / static_cast<double>(g.second);
+      if (g.n < 2) continue;
+      const double d = e.x - by_rank_step[e.rank_step].mean() - g.mean();
       ss_task += d * d;
+      ++n_task;
+      task_rank_steps.insert(e.rank_step);
       ++f.tasks;
     }
-    for (const auto& [k, g] : groups)
-      if (g.second >= 2) df_task += static_cast<double>(g.second) - 1;
+    for (const auto& [k, g] : groups) n_groups += g.n >= 2 ? 1 : 0;
+    df_task += std::max(0.0, n_task - static_cast<double>(task_rank_steps.size()) - n_groups + 1);
+
+    // Step wander: each rank's step around its run's mean, less the step's common part (the
+    // host's load in that step slows every rank alike and makes nobody wait).
+    std::map<std::tuple<int, std::int64_t, int>, MeanAcc> step_common;
+    std::map<int, std::size_t> steps_of_rank;
+    for (const auto& [k, a] : by_rank_step) {
+      const auto [rank, strategy, step] = k;
+      step_common[{strategy, step, runs[ri].ranks[static_cast<std::size_t>(rank)].dp}].add(a.mean() -
+                                                                                           by_rank[rank].mean());
+      ++steps_of_rank[rank];
+    }
+    const double df_s = static_cast<double>(by_rank_step.size()) - R - static_cast<double>(step_common.size()) + 1;
+    if (df_s > 0) {
+      double inv_n = 0;
+      for (const auto& [k, a] : by_rank_step) {
+        const auto [rank, strategy, step] = k;
+        const double d = a.mean() - by_rank[rank].mean() -
+                         step_common[{strategy, step, runs[ri].ranks[static_cast<std::size_t>(rank)].dp}].mean();
+        ss_step += d * d;
+        inv_n += 1.0 / static_cast<double>(a.n);
+      }
+      df_step += df_s;
+      step_noise += df_s * inv_n / static_cast<double>(by_rank_step.size());
+    }
+
+    // Rank spread: the ranks' means around their mean; each carries its steps' wander / S_r
+    // and its tasks' noise / n_r.
+    double mean_of_means = 0, inv_n = 0, inv_s = 0;
+    for (const auto& [r, a] : by_rank) {
+      mean_of_means += a.mean();
+      inv_n += 1.0 / static_cast<double>(a.n);
+      inv_s += 1.0 / static_cast<double>(steps_of_rank[r]);
+    }
+    mean_of_means /= R;
+    for (const auto& [r, a] : by_rank) ss_rank += (a.mean() - mean_of_means) * (a.mean() - mean_of_means);
+    df_rank += R - 1;
+    rank_task += (R - 1) * inv_n / R;
+    rank_step += (R - 1) * inv_s / R;
     f.ranks += by_rank.size();
   }
   if (df_rank <= 0) {
@@ -130,8 +185,10 @@ SpreadFit fitSpread(const std::vector<MeasuredRun>& runs, const std::vector<Task
     return f;
   }
   const double task = df_task > 0 ? std::sqrt(ss_task / df_task) : 0.0;
-  const double rank = std::sqrt(std::max(0.0, (ss_rank - noise_in_rank * task * task) / df_rank));
+  const double step = df_step > 0 ? std::sqrt(std::max(0.0, (ss_step - step_noise * task * task) / df_step)) : 0.0;
+  const double rank = std::sqrt(std::max(0.0, (ss_rank - rank_task * task * task - rank_step * step * step) / df_rank));
   f.task = std::min(0.999, std::round(task * 1e4) / 1e4);
+  f.step = std::min(0.999, std::round(step * 1e4) / 1e4);
   f.rank = std::min(0.999, std::round(rank * 1e4) / 1e4);
   f.fitted = true;
   return f;
@@ -150,6 +207,7 @@ HardwareProfile CalibrationFit::apply(const HardwareProfile& profile) const {
   }
   if (spread.fitted) {
     p.rank_spread = spread.rank;
+    p.step_spread = spread.step;
     p.task_spread = spread.task;
   }
   if (p.version < 2) p.version = 2;
@@ -415,11 +473,13 @@ nlohmann::json applyToJson(const nlohmann::json& profile_json, const Calibration
   }
   nlohmann::json hist_s = nlohmann::json::object();
   if (fit.spread.fitted) {
-    j["rank_speed"] = {{"spread", fit.spread.rank}, {"task_spread", fit.spread.task}};
-    hist_s = {{"before", {{"spread", fit.spread.before_rank}, {"task_spread", fit.spread.before_task}}},
-              {"after", {{"spread", fit.spread.rank}, {"task_spread", fit.spread.task}}},
-              {"ranks", fit.spread.ranks},
-              {"tasks", fit.spread.tasks}};
+    const auto& sp = fit.spread;
+    j["rank_speed"] = {{"spread", sp.rank}, {"step_spread", sp.step}, {"task_spread", sp.task}};
+    hist_s = {
+        {"before", {{"spread", sp.before_rank}, {"step_spread", sp.before_step}, {"task_spread", sp.before_task}}},
+        {"after", {{"spread", sp.rank}, {"step_spread", sp.step}, {"task_spread", sp.task}}},
+        {"ranks", fit.spread.ranks},
+        {"tasks", fit.spread.tasks}};
   } else {
     hist_s["note"] = fit.spread.note;
   }

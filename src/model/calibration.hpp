@@ -101,13 +101,16 @@ struct LinkFit {
   std::string note;
 };
 
-/// Rank-speed spread (HardwareProfile::rank_spread / task_spread) from the compute of each
-/// (rank, step, micro-batch, layer, phase): x = log(measured / predicted with the fitted
-/// factors), centred per run; `rank` is the spread of the ranks' means (less what their
-/// task noise contributes to it), `task` that of x around its rank's mean. Pooled over the
-/// runs with more than one rank.
+/// Rank-speed spread (HardwareProfile::rank_spread / step_spread / task_spread) from the
+/// compute of each (rank, step, micro-batch, layer, phase): x = log(measured / predicted with
+/// the fitted factors). `task` is the spread of x around its rank's mean in that step, less
+/// the mean its micro-batch's tasks share in the replica (the work's own prediction error);
+/// `step` that of a rank's step means around its run's mean, less the step's mean over the
+/// ranks (load common to every rank) and less what the task noise adds to them; `rank` that
+/// of the ranks' run means, less what both add. Pooled over the runs with more than one
+/// rank.
 struct SpreadFit {
-  double before_rank = 0, before_task = 0, rank = 0, task = 0;
+  double before_rank = 0, before_step = 0, before_task = 0, rank = 0, step = 0, task = 0;
   std::size_t ranks = 0, tasks = 0;  ///< over the runs used
   bool fitted = false;
   std::string note;

@@ -333,7 +333,7 @@ HardwareProfile HardwareProfile::load(const std::string& path) {
     p.memory_gb = positive(j, "memory_gb", p.memory_gb, path);
     if (j.contains("rank_speed")) {
       const auto& r = j["rank_speed"];
-      if (!r.is_object()) bad(path, "rank_speed", "must be an object {spread, task_spread}");
+      if (!r.is_object()) bad(path, "rank_speed", "must be an object {spread, step_spread, task_spread}");
       const auto spread = [&](const char* key) {
         if (!r.contains(key)) return 0.0;
         if (!r[key].is_number() || r[key].get<double>() < 0 || r[key].get<double>() >= 1)
@@ -341,6 +341,7 @@ HardwareProfile HardwareProfile::load(const std::string& path) {
         return r[key].get<double>();
       };
       p.rank_spread = spread("spread");
+      p.step_spread = spread("step_spread");
       p.task_spread = spread("task_spread");
     }
     if (j.contains("linear_ops")) p.linear_ops = readLinearOps(j["linear_ops"], path);

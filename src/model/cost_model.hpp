@@ -109,10 +109,11 @@ struct HardwareProfile {
   double memory_gb = 80.0;
   /// Speed spread of ranks given equal work (profile key `rank_speed`, fitted by `wlb
   /// calibrate` from a multi-rank trace; 0 = every rank at the profile's speed): `spread`, the
-  /// standard deviation of a rank's time over a run relative to the ranks' mean, and
-  /// `task_spread`, that of one layer's compute around its rank's own mean. The simulator
+  /// standard deviation of a rank's time over a run relative to the ranks' mean,
+  /// `step_spread`, that of its time in one step around its run's mean (the log), and
+  /// `task_spread`, that of one layer task around its rank's time in that step. The simulator
   /// draws the slow ranks from them and makes every sync group wait for its slowest member.
-  double rank_spread = 0, task_spread = 0;
+  double rank_spread = 0, step_spread = 0, task_spread = 0;
   /// Format version read (1, or 2 with `linear_ops` / `factors`); both load.
   int version = 1;
   /// Deck-shaped linear ops (version 2); empty -> linear_gflops for every op.

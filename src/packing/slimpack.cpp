@@ -295,6 +295,9 @@ pp::SimConfig simConfigOf(const PackerOptions& o, const model::CostModel& c) {
   s.pp = static_cast<int>(o.pp);
   // A SlimPack plan runs under PackFlow, whatever schedule the deck names for other packers.
   s.schedule = pp::ScheduleKind::PackFlow;
+  // Candidates are compared at the profile's mean speed: the rank-speed spread is what the
+  // simulator predicts of a plan, and its scatters would multiply the planner's time.
+  s.rank_spread = s.step_spread = s.task_spread = 0;
   s.chunks = 1;
   return s;
 }

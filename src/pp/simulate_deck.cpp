@@ -95,6 +95,7 @@ std::vector<SimStrategyResult> simulateDeck(const Deck& deck_in, const SimulateO
     sim_cfg.executor_memory = true;
     sim_cfg.executor_storage_bytes = deck.run.precision == "bf16" ? 2 : 4;
   }
+  if (opt.mean_speed) sim_cfg.rank_spread = sim_cfg.step_spread = sim_cfg.task_spread = 0;
   const StepSimulator sim(sim_cfg, cost);
   trace::Recorder* rec = opt.recorder;
 

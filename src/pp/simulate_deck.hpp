@@ -31,6 +31,8 @@ struct SimulateOptions {
   std::int64_t steps = -1, warmup = -1;  ///< < 0: the deck's run.steps / run.warmup
   /// What `wlb run` executes: transformer layers only, fp32 on the wire and in memory.
   bool as_run = false;
+  /// Every rank at the profile's mean speed: the profile's rank_speed spreads left out.
+  bool mean_speed = false;
   trace::Recorder* recorder = nullptr;  ///< predicted events of every rank, if given
   /// Called with each planned step (e.g. to add it to a trace file).
   std::function<void(const std::string& strategy, const StepPlan& plan)> on_plan;

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
@@ -309,6 +310,7 @@ SimConfig SimConfig::fromDeck(const Deck& deck, const model::HardwareProfile& hw
   c.net = Network::resolve(deck, hw);
   c.memory_bytes = hw.memory_gb * 1e9;
   c.rank_spread = hw.rank_spread;
+  c.step_spread = hw.step_spread;
   c.task_spread = hw.task_spread;
   return c;
 }
@@ -337,10 +339,9 @@ double normalQuantile(double p) {
   return (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q /
          (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1);
 }
-constexpr int kNoiseDraws = 64;  // half of them the negatives of the other half
 // The rank-speed spread's draws come from fixed seeds of the portable generator: the same on
 // every machine and every run, so a simulation stays a function of its inputs.
-constexpr std::uint64_t kScatterSeed = 0x5eed, kNoiseSeed = 0x7015e;
+constexpr std::uint64_t kScatterSeed = 0x5eed, kNoiseSeed = 0x7015e, kStepSeed = 0x57e9;
 
 }  // namespace
 
@@ -352,7 +353,8 @@ StepSimulator::StepSimulator(SimConfig cfg, const model::CostModel& cost) : cfg_
   if (cost.dims().layers < cfg_.pp * cfg_.chunks)
     throw InputError("model.layers (" + std::to_string(cost.dims().layers) + ") must be at least pp * virtual_stages",
                      true);
-  if (cfg_.rank_spread < 0 || cfg_.rank_spread >= 1 || cfg_.task_spread < 0 || cfg_.task_spread >= 1)
+  if (cfg_.rank_spread < 0 || cfg_.rank_spread >= 1 || cfg_.step_spread < 0 || cfg_.step_spread >= 1 ||
+      cfg_.task_spread < 0 || cfg_.task_spread >= 1)
     throw InputError("simulator: rank_speed spreads must lie in [0, 1)", true);
   const int n = cfg_.ranks();
   if (cfg_.rank_spread > 0 && n > 1) {
@@ -371,16 +373,6 @@ StepSimulator::StepSimulator(SimConfig cfg, const model::CostModel& cost) : cfg_
                                      normalQuantile((at[static_cast<std::size_t>(r)] + 0.5) / static_cast<double>(n)));
     }
   }
-  const int members = cfg_.tp * cfg_.cp;
-  if (cfg_.task_spread > 0 && members > 1) {
-    noise_.resize(static_cast<std::size_t>(kNoiseDraws) * static_cast<std::size_t>(members));
-    data::Rng rng(kNoiseSeed);
-    const std::size_t half = noise_.size() / 2;
-    for (std::size_t i = 0; i < half; ++i) {
-      noise_[i] = rng.normal();
-      noise_[half + i] = -noise_[i];
-    }
-  }
 }
 
 double StepSimulator::rankFactor(int rank, int placement) const {
@@ -388,26 +380,45 @@ double StepSimulator::rankFactor(int rank, int placement) const {
                               : rank_factor_.at(static_cast<std::size_t>(placement)).at(static_cast<std::size_t>(rank));
 }
 
-double StepSimulator::groupSeconds(const std::vector<double>& x, int stage, int replica, int placement) const {
-  if (rank_factor_.empty() && noise_.empty()) return *std::max_element(x.begin(), x.end());
-  const MeshShape mesh = cfg_.mesh();
-  const int members = cfg_.tp * cfg_.cp;
-  // member (t, r): CP rank r's time on TP rank t's speed
-  std::vector<double> a(static_cast<std::size_t>(members));
-  for (int r = 0; r < cfg_.cp; ++r)
-    for (int t = 0; t < cfg_.tp; ++t)
-      a[static_cast<std::size_t>(r * cfg_.tp + t)] =
-          x[static_cast<std::size_t>(r)] * rankFactor(mesh.rankOf({t, r, stage, replica}), placement);
-  if (noise_.empty()) return *std::max_element(a.begin(), a.end());
-  double sum = 0;
-  for (int k = 0; k < kNoiseDraws; ++k) {
-    const double* z = noise_.data() + static_cast<std::size_t>(k) * static_cast<std::size_t>(members);
-    double m = 0;
-    for (int i = 0; i < members; ++i)
-      m = std::max(m, a[static_cast<std::size_t>(i)] * std::max(0.0, 1.0 + cfg_.task_spread * z[i]));
-    sum += m;
+bool StepSimulator::noisy() const {
+  return cfg_.task_spread > 0 && cfg_.ranks() > 1;
+}
+
+std::vector<double> StepSimulator::rankSpeeds(int placement, int step) const {
+  const int n = cfg_.ranks();
+  const bool wander = cfg_.step_spread > 0 && n > 1;
+  if (rank_factor_.empty() && !wander) return {};
+  std::vector<double> f(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) f[static_cast<std::size_t>(r)] = rankFactor(r, placement);
+  if (wander) {
+    // A rank's speed also wanders from step to step (log-normal, mean 1): its own draw per
+    // (step, scatter), fixed seeds, so two strategies' same step share them.
+    data::Rng rng(kStepSeed,
+                  static_cast<std::uint64_t>(std::max(step, 0)) * kPlacements + static_cast<std::uint64_t>(placement));
+    const double shift = 0.5 * cfg_.step_spread * cfg_.step_spread;
+    for (auto& x : f) x *= std::exp(cfg_.step_spread * rng.normal() - shift);
   }
-  return sum / kNoiseDraws;
+  return f;
+}
+
+double StepSimulator::groupSeconds(const std::vector<double>& x, int stage, int replica,
+                                   const std::vector<double>& speed, data::Rng* noise) const {
+  if (speed.empty() && !noise) return *std::max_element(x.begin(), x.end());
+  const MeshShape mesh = cfg_.mesh();
+  // Each member's own draw: the group waits for its slowest, and the draw of the task on
+  // the next stage is another one, so noise both lengthens groups and travels down the
+  // pipeline and into the slowest replica. Log-normal with mean 1: the profile's times stay
+  // the mean, and task_spread is the log's standard deviation, as calibrate fits it.
+  const double shift = 0.5 * cfg_.task_spread * cfg_.task_spread;
+  double m = 0;
+  for (int r = 0; r < cfg_.cp; ++r)
+    for (int t = 0; t < cfg_.tp; ++t) {
+      double a = x[static_cast<std::size_t>(r)];
+      if (!speed.empty()) a *= speed[static_cast<std::size_t>(mesh.rankOf({t, r, stage, replica}))];
+      if (noise) a *= std::exp(cfg_.task_spread * noise->normal() - shift);
+      m = std::max(m, a);
+    }
+  return m;
 }
 
 StepSimulator::StepSimulator(const Deck& deck, const model::CostModel& cost)
@@ -521,7 +532,8 @@ double StepSimulator::gradSyncSeconds(int stage) const {
   return 2.0 * (n - 1.0) / n * bytes / bw + 2.0 * (n - 1) * cfg_.net.latency_s;
 }
 
-PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mbs, int replica, int placement) const {
+PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mbs, int replica, int placement,
+                                           int step) const {
   const int M = static_cast<int>(mbs.size()), V = cfg_.pp * cfg_.chunks;
   PipelineCosts c(V, M, cfg_.pp);
   const double act_tok = activationBytesPerToken();
@@ -532,6 +544,16 @@ PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mb
   }
   // each CP rank's time of a task, of which groupSeconds makes the group's
   std::vector<double> fr(static_cast<std::size_t>(cfg_.cp)), br(fr.size());
+  // The task noise's draws: a fixed stream per (step, scatter, replica), so a simulation
+  // stays a function of its inputs and two strategies' same step share their draws.
+  std::optional<data::Rng> rng;
+  if (noisy())
+    rng.emplace(kNoiseSeed,
+                (static_cast<std::uint64_t>(std::max(step, 0)) * kPlacements + static_cast<std::uint64_t>(placement)) *
+                        static_cast<std::uint64_t>(cfg_.dp) +
+                    static_cast<std::uint64_t>(replica));
+  data::Rng* noise = rng ? &*rng : nullptr;
+  const std::vector<double> speed = rankSpeeds(placement, step);
   for (int m = 0; m < M; ++m) {
     const MicroBatchWork& w = mbs[static_cast<std::size_t>(m)];
     if (w.cp() != cfg_.cp)
@@ -586,8 +608,8 @@ PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mb
         fr[ri] = l * lc[ri].fwd + (last ? headSeconds(w.rank_tokens[ri], Phase::Fwd) : 0.0);
         br[ri] = l * lc[ri].bwd + (last ? headSeconds(tokens_b[ri], Phase::Bwd) : 0.0);
       }
-      c.fwd[c.at(vs, m)] = groupSeconds(fr, vs % cfg_.pp, replica, placement);
-      c.bwd[c.at(vs, m)] = groupSeconds(br, vs % cfg_.pp, replica, placement);
+      c.fwd[c.at(vs, m)] = groupSeconds(fr, vs % cfg_.pp, replica, speed, noise);
+      c.bwd[c.at(vs, m)] = groupSeconds(br, vs % cfg_.pp, replica, speed, noise);
       c.act_bytes[c.at(vs, m)] = actBytes(w.rank_tokens, w.rank_kv_tokens, max_tok, l, last);
       if (!c.free_bytes.empty())
         c.free_bytes[c.at(vs, m)] =
@@ -639,9 +661,9 @@ std::int64_t StepSimulator::microBatchTokenBudget() const {
 
 StepResult StepSimulator::simulate(const std::vector<std::vector<MicroBatchWork>>& works, trace::Recorder* rec,
                                    int step, double t0, const std::vector<PackFlowDeps>* flow) const {
-  if (rank_factor_.empty()) return simulateOnce(works, rec, step, t0, flow, 0);
-  // The median step over the scatters of the slow ranks; its events recorded (if asked) by
-  // simulating that scatter once more with the recorder.
+  if (rank_factor_.empty() && cfg_.step_spread <= 0 && !noisy()) return simulateOnce(works, rec, step, t0, flow, 0);
+  // The median step over the scatters of the slow ranks and the draws of the task noise;
+  // its events recorded (if asked) by simulating that scatter once more with the recorder.
   std::vector<StepResult> results;
   std::vector<int> order(kPlacements);
   for (int p = 0; p < kPlacements; ++p) results.push_back(simulateOnce(works, nullptr, step, t0, flow, p));
@@ -694,7 +716,7 @@ StepResult StepSimulator::simulateOnce(const std::vector<std::vector<MicroBatchW
   costs.reserve(static_cast<std::size_t>(D));
   for (int d = 0; d < D; ++d) {
     const auto& mbs = works[static_cast<std::size_t>(d)];
-    costs.push_back(pipelineCosts(mbs, d, placement));
+    costs.push_back(pipelineCosts(mbs, d, placement, step));
     dags.push_back(simulateDag(*scheds[static_cast<std::size_t>(d)], costs.back()));
     const DagResult& r = dags.back();
     res.replica_seconds[d] = r.makespan;

@@ -29,6 +29,10 @@ namespace wlb::trace {
 class Recorder;
 }
 
+namespace wlb::data {
+class Rng;
+}  // namespace wlb::data
+
 namespace wlb::pp {
 
 enum class Recompute { None, Selective, Full };
@@ -168,11 +172,13 @@ struct SimConfig {
   int executor_storage_bytes = 4;
   /// Rank-speed spread (the profile's `rank_speed`; 0 = every rank at the profile's speed).
   /// Rank r runs every task at 1 + rank_spread x its normal quantile in a fixed scatter of
-  /// the quantiles over the mesh (the step is the median over kPlacements scatters, so no
-  /// one placement of the slow ranks decides it); each layer task adds noise of
-  /// `task_spread`, and a CP x TP group's task lasts its slowest member's time in
-  /// expectation (64 fixed draws). The slowest replica then paces the gradient reduction.
-  double rank_spread = 0, task_spread = 0;
+  /// the quantiles over the mesh, times a log-normal factor of mean 1 and log standard
+  /// deviation `step_spread` drawn per rank and step; each member of each task draws another
+  /// of `task_spread`. So a CP x TP group's task lasts its slowest member's time, a slow
+  /// task delays the stages after it, and the slowest replica paces the gradient reduction.
+  /// The step is the median over kPlacements scatters and draws (fixed seeds), so no one
+  /// placement of the slow ranks decides it.
+  double rank_spread = 0, step_spread = 0, task_spread = 0;
   static SimConfig fromDeck(const Deck& deck, const model::HardwareProfile& hw);
   int ranks() const { return tp * cp * pp * dp; }
   /// The mesh's shape (rank <-> coordinate math, core/mesh_shape.hpp).
@@ -206,11 +212,14 @@ class StepSimulator {
   int layersOf(int vstage) const;
 
   /// Per-task costs of one replica (exposed for tests and the executor's comparisons);
-  /// `replica` and `placement` (< kPlacements) place its ranks for the rank-speed spread.
-  PipelineCosts pipelineCosts(const std::vector<MicroBatchWork>& mbs, int replica = 0, int placement = 0) const;
+  /// `replica` and `placement` (< kPlacements) place its ranks for the rank-speed spread;
+  /// `placement` and `step` select the task noise's draws.
+  PipelineCosts pipelineCosts(const std::vector<MicroBatchWork>& mbs, int replica = 0, int placement = 0,
+                              int step = 0) const;
   /// The time multiplier of world rank r in scatter `placement` (1 without rank_spread).
   double rankFactor(int rank, int placement = 0) const;
-  /// Scatters of the slow ranks a step is simulated with when rank_spread > 0.
+  /// Scatters of the slow ranks (and draws of the task noise) a step is simulated with when
+  /// the profile has a rank-speed spread.
   static constexpr int kPlacements = 7;
 
   /// Simulate one step: works[dp][m]. If `rec` is given, predicted events of every rank
@@ -257,14 +266,20 @@ class StepSimulator {
   double p2pSeconds(std::int64_t tokens, const std::vector<std::int64_t>& rank_tokens) const;
   double gradSyncSeconds(int stage) const;
   /// A CP group's task: CP rank r alone would take x[r] at the mean speed; the group takes
-  /// its slowest member's time over the TP x CP ranks of (stage, replica), with the spread.
-  double groupSeconds(const std::vector<double>& x, int stage, int replica, int placement) const;
+  /// its slowest member's time over the TP x CP ranks of (stage, replica), each at its rank's
+  /// `speed` (rankSpeeds) and, with `noise`, its own draw of the task noise.
+  double groupSeconds(const std::vector<double>& x, int stage, int replica, const std::vector<double>& speed,
+                      data::Rng* noise) const;
+  /// Every world rank's speed factor in scatter `placement` of step `step` (rank and step
+  /// spread); empty when both are 0.
+  std::vector<double> rankSpeeds(int placement, int step) const;
+  /// Whether tasks draw noise: a task_spread and more than one rank to wait for.
+  bool noisy() const;
   StepResult simulateOnce(const std::vector<std::vector<MicroBatchWork>>& works, trace::Recorder* rec, int step,
                           double t0_seconds, const std::vector<PackFlowDeps>* flow, int placement) const;
 
   SimConfig cfg_;
   std::vector<std::vector<double>> rank_factor_;  ///< [placement][world rank], empty without rank_spread
-  std::vector<double> noise_;  ///< [draw][tp * cp member] standard normals, empty without task_spread
   const model::CostModel* cost_;
   mutable std::deque<std::pair<int, Schedule>> schedules_;  // deque: references stay valid
 };

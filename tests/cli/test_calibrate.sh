@@ -90,11 +90,20 @@ assert b["version"] == 2 and len(b["calibration"]) == 1, b.get("calibration")
 assert b["calibration"][0]["traces"] == ["out/trace.h5"], b["calibration"][0]["traces"]
 assert b["attention"] == a["attention"] and b["linear_ops"] == a["linear_ops"]  # only factors and links move
 assert all(v > 0 for v in b["factors"].values())
+rs = b["rank_speed"]  # two ranks: the rank-speed spreads are fitted
+assert sorted(rs) == ["spread", "step_spread", "task_spread"] and all(0 <= v < 1 for v in rs.values()), rs
+assert any(v > 0 for v in rs.values()), rs
 print("calibrated profile ok")
 PY
 ls | grep -q '\.tmp\.' && fail "temporary left behind"
-# the calibrated profile drives the simulator
+grep -Eq "^rank_speed +spread [0-9.]+ -> [0-9.]+, step_spread [0-9.]+ -> [0-9.]+, task_spread" cal.txt \
+  || fail "no rank_speed row: $(cat cal.txt)"
+# the calibrated profile drives the simulator, with its spreads or at the mean speed
 "$WLB" simulate tiny.toml --as-run --set 'hardware.profile="p2.json"' > log 2>&1 || fail "simulate with p2: $(cat log)"
+grep -q "^# rank speed (the profile's rank_speed): .*step_spread" log || fail "no rank-speed note: $(cat log)"
+"$WLB" simulate tiny.toml --as-run --mean-speed --set 'hardware.profile="p2.json"' > mean.log 2>&1 \
+  || fail "simulate --mean-speed: $(cat mean.log)"
+grep -q "^# rank speed" mean.log && fail "--mean-speed kept the spreads: $(cat mean.log)"
 # calibrating in place appends to the history
 cp p2.json p3.json
 "$WLB" calibrate out/trace.h5 --profile p3.json --out p3.json --quiet || fail "in-place calibrate"

@@ -209,10 +209,16 @@ TEST(ProfileV2, BadContentNamesTheKey) {
   expectInputError(j, "rank_speed.spread");
   j["rank_speed"] = {{"task_spread", "wide"}};
   expectInputError(j, "rank_speed.task_spread");
+  j["rank_speed"] = {{"step_spread", -0.1}};
+  expectInputError(j, "rank_speed.step_spread");
   j["rank_speed"] = {{"spread", 0.12}, {"task_spread", 0.2}};
-  const auto p = model::HardwareProfile::load(write("spread.json", j));
+  auto p = model::HardwareProfile::load(write("spread.json", j));
   EXPECT_EQ(p.rank_spread, 0.12);
+  EXPECT_EQ(p.step_spread, 0.0);  // a profile of the first version: no step wander
   EXPECT_EQ(p.task_spread, 0.2);
+  j["rank_speed"]["step_spread"] = 0.15;
+  p = model::HardwareProfile::load(write("spread.json", j));
+  EXPECT_EQ(p.step_spread, 0.15);
 }
 
 namespace {
@@ -500,10 +506,10 @@ TEST(Calibration, AppliedJsonIsVersionTwoWithHistoryAndLoads) {
   EXPECT_EQ(j2["calibration"].size(), 2u);
 }
 
-// Rank speed: eight ranks (cp 4 x dp 2) whose layer times carry a known factor per rank,
-// noise per layer task and a load common to each sync group; the fit recovers the rank and
-// task spreads (the common load is no spread: it makes nobody wait), and a one-rank run
-// leaves the profile's values.
+// Rank speed: eight ranks (cp 4 x dp 2) whose layer times carry a known factor per rank, a
+// wander per rank and step, noise per layer task and a load common to each sync group; the
+// fit recovers the rank, step and task spreads (the common load is no spread: it makes
+// nobody wait), and a one-rank run leaves the profile's values.
 TEST(Calibration, RankSpeedSpreadFromLayerTimes) {
   const auto truth = model::HardwareProfile::load(write("rs.json", v2()));
   std::vector<model::MeasuredRun::Coord> coords;
@@ -512,30 +518,60 @@ TEST(Calibration, RankSpeedSpreadFromLayerTimes) {
   const auto cost = costOf(run, truth);
   const double logf[8] = {-0.15, 0.1, -0.05, 0.0, 0.15, 0.0, 0.05, -0.1};  // sample sd 0.1
   std::mt19937_64 rng(7);
-  std::normal_distribution<double> task(0.0, 0.08), common(0.0, 0.2);
+  std::normal_distribution<double> task(0.0, 0.08), wander(0.0, 0.06), common(0.0, 0.2);
   const std::int64_t n = 2000;
-  for (std::int64_t step = 0; step < 40; ++step)
+  for (std::int64_t step = 0; step < 100; ++step) {
+    double w[8];
+    for (double& x : w) x = wander(rng);
     for (int layer = 0; layer < 4; ++layer)
       for (int phase = 1; phase <= 2; ++phase) {
         const Phase ph = phase == 1 ? Phase::Fwd : Phase::Bwd;
         const double load[2] = {common(rng), common(rng)};  // per dp group
         for (int r = 0; r < 8; ++r) {
           const double t =
-              cost.linearOpSeconds(model::LinearOp::Mlp, n, ph) * std::exp(logf[r] + task(rng) + load[r / 4]);
+              cost.linearOpSeconds(model::LinearOp::Mlp, n, ph) * std::exp(logf[r] + w[r] + task(rng) + load[r / 4]);
           run.events.push_back(
               {"mlp", phase, r, 0, step, 0, layer, t, cost.linearOpFlops(model::LinearOp::Mlp, n, ph)});
         }
       }
+  }
   const auto fit = model::fitProfile({run}, truth);
   ASSERT_TRUE(fit.spread.fitted) << fit.spread.note;
   EXPECT_NEAR(fit.spread.rank, 0.1, 0.02);
+  EXPECT_NEAR(fit.spread.step, 0.06, 0.01);
   EXPECT_NEAR(fit.spread.task, 0.08, 0.01);
   EXPECT_EQ(fit.spread.ranks, 8u);
   const auto fitted = fit.apply(truth);
   EXPECT_EQ(fitted.rank_spread, fit.spread.rank);
+  EXPECT_EQ(fitted.step_spread, fit.spread.step);
   EXPECT_EQ(fitted.task_spread, fit.spread.task);
   const auto j = model::applyToJson(v2(), fit, {"rs.h5"}, "now");
   EXPECT_EQ(j["rank_speed"]["spread"].get<double>(), fit.spread.rank);
+  EXPECT_EQ(j["rank_speed"]["step_spread"].get<double>(), fit.spread.step);
+  EXPECT_EQ(model::HardwareProfile::load(write("rs2.json", j)).step_spread, fit.spread.step);
+
+  // A pipeline (four stages of one layer each, two replicas): a layer has no TP or CP peer,
+  // so the micro-batch's layers on the other stages are its reference. The prediction's own
+  // error per micro-batch (common to its stages) is no noise.
+  std::vector<model::MeasuredRun::Coord> stages;
+  for (int r = 0; r < 8; ++r) stages.push_back({0, 0, r / 4});
+  auto pipe = plainRun("pp.h5", stages);
+  std::normal_distribution<double> error(0.0, 0.3);
+  for (std::int64_t step = 0; step < 20; ++step)
+    for (int mb = 0; mb < 8; ++mb)
+      for (int phase = 1; phase <= 2; ++phase) {
+        const Phase ph = phase == 1 ? Phase::Fwd : Phase::Bwd;
+        const double err[2] = {error(rng), error(rng)};
+        for (int r = 0; r < 8; ++r)
+          pipe.events.push_back({"mlp", phase, r, 0, step, mb, r % 4,
+                                 cost.linearOpSeconds(model::LinearOp::Mlp, n, ph) * std::exp(task(rng) + err[r / 4]),
+                                 cost.linearOpFlops(model::LinearOp::Mlp, n, ph)});
+      }
+  const auto pfit = model::fitProfile({pipe}, truth);
+  ASSERT_TRUE(pfit.spread.fitted) << pfit.spread.note;
+  EXPECT_NEAR(pfit.spread.task, 0.08, 0.01);
+  EXPECT_LT(pfit.spread.step, 0.03);
+  EXPECT_LT(pfit.spread.rank, 0.03);
 
   auto one = plainRun("one.h5", {{0, 0, 0}});
   for (std::int64_t step = 0; step < 4; ++step)

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <numeric>
 #include <set>
 
 #include "core/deck.hpp"
@@ -353,9 +354,10 @@ warmup = 1
 }
 
 // Rank-speed spread (the profile's rank_speed): ranks given equal work run at fixed factors
-// around 1 (mean 1, deterministic), a CP group waits for its slowest member, each layer
-// task's noise costs a group of n the expected maximum of n draws, and one rank or a
-// spread of 0 simulates as before.
+// around 1 (mean 1, deterministic), a CP group waits for its slowest member, each member's
+// task noise costs a group of n the expected maximum of n draws, a rank's step wander costs
+// the gradient reduction the slowest replica, noise travels down a pipeline, and one rank or
+// a spread of 0 simulates as before.
 TEST(SimStep, RankSpeedSpreadMakesGroupsWaitForTheirSlowest) {
   const model::CostModel cost(dims(), model::HardwareProfile::analytic(), 1);
   std::vector<std::vector<MicroBatchWork>> w(2);
@@ -378,17 +380,41 @@ TEST(SimStep, RankSpeedSpreadMakesGroupsWaitForTheirSlowest) {
   EXPECT_LE(b.step_seconds, a.step_seconds * top + 1e-9);  // nobody slower than the slowest rank
   EXPECT_EQ(b.step_seconds, again.simulate(w).step_seconds);
 
-  // task noise on equal work: a group of 8 takes about 1 + sigma x E[max of 8 normals]
+  // task noise on equal work: a group of 8 takes the expected maximum of 8 log-normal draws
+  // of mean 1 (1.313 for a log sd of 0.2), averaged over 400 tasks; fixed draws
   SimConfig noisy = fastNet(1, 8, 1, 1);
   noisy.task_spread = 0.2;
-  const MicroBatchWork eight = balancedMicroBatchWork({16384}, 8, cost);
-  const double quiet = StepSimulator(fastNet(1, 8, 1, 1), cost).pipelineCosts({eight}).fwd[0];
-  const double loud = StepSimulator(noisy, cost).pipelineCosts({eight}).fwd[0];
-  EXPECT_NEAR(loud / quiet, 1.0 + 0.2 * 1.4236, 0.05);
+  const std::vector<MicroBatchWork> eights(400, balancedMicroBatchWork({16384}, 8, cost));
+  const double quiet = StepSimulator(fastNet(1, 8, 1, 1), cost).pipelineCosts({eights[0]}).fwd[0];
+  const PipelineCosts loud = StepSimulator(noisy, cost).pipelineCosts(eights);
+  EXPECT_NEAR(std::accumulate(loud.fwd.begin(), loud.fwd.end(), 0.0) / 400 / quiet, 1.313, 0.02);
+  EXPECT_EQ(loud.fwd, StepSimulator(noisy, cost).pipelineCosts(eights).fwd);
+  EXPECT_NE(loud.fwd, StepSimulator(noisy, cost).pipelineCosts(eights, 0, 1).fwd);  // another scatter
+
+  // step wander: two replicas of one rank each; the reduction waits for the slower, about
+  // E[max of 2 draws] = 1.112 of the quiet step over many steps, and steps differ
+  SimConfig wander = fastNet(1, 1, 1, 2);
+  wander.step_spread = 0.2;
+  const std::vector<std::vector<MicroBatchWork>> two(2, {balancedMicroBatchWork({8192}, 1, cost)});
+  const double still = StepSimulator(fastNet(1, 1, 1, 2), cost).simulate(two).step_seconds;
+  const StepSimulator wandering(wander, cost);
+  double sum = 0;
+  for (int step = 0; step < 200; ++step) sum += wandering.simulate(two, nullptr, step).step_seconds / still;
+  EXPECT_NEAR(sum / 200, 1.112, 0.03);
+  EXPECT_NE(wandering.simulate(two, nullptr, 0).step_seconds, wandering.simulate(two, nullptr, 1).step_seconds);
+
+  // a pipeline: a slow task delays the stages after it, so noise of mean 1 lengthens the step
+  SimConfig pipe = fastNet(1, 1, 4, 1);
+  pipe.task_spread = 0.2;
+  const std::vector<std::vector<MicroBatchWork>> eight_mbs(
+      1, std::vector<MicroBatchWork>(8, balancedMicroBatchWork({8192}, 1, cost)));
+  EXPECT_GT(StepSimulator(pipe, cost).simulate(eight_mbs).step_seconds,
+            StepSimulator(fastNet(1, 1, 4, 1), cost).simulate(eight_mbs).step_seconds * 1.03);
 
   // one rank, or a group of one: nothing to wait for
   SimConfig one = fastNet(1, 1, 1, 1);
   one.rank_spread = 0.3;
+  one.step_spread = 0.3;
   one.task_spread = 0.3;
   const MicroBatchWork solo = balancedMicroBatchWork({8192}, 1, cost);
   EXPECT_EQ(StepSimulator(one, cost).simulate({{solo}}).step_seconds,
