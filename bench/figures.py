@@ -747,33 +747,74 @@ def cpu16_first_runs(root):
     return out
 
 
+def sim_tokens(path):
+    """{section title: {case: {strategy: tokens/s}}} from the "# tokens/s CASE STRATEGY V"
+    lines a replay log prints after each `wlb simulate` table (full precision)."""
+    out = {}
+    for sec in path.read_text().split("\n== ")[1:]:
+        title, body = sec.split("\n", 1)
+        rows = {}
+        for m in re.finditer(r"^# tokens/s (\S+) (\S+) ([0-9.e+]+)$", body, re.M):
+            rows.setdefault(m.group(1), {})[m.group(2)] = float(m.group(3))
+        out[title.strip()] = rows
+    return out
+
+
+WANDER = f"{CPU16}/step_wander/replay_step_wander.log"
+
+
 @table("cpu16-rank-speed", "docs/performance.md", *(f"{CPU16}/logs/calibration-{d}.log" for d in CPU16_DECKS),
        f"{CPU16}/logs/run-run16_cp4_dp4-r1.log", f"{CPU16}/replay_calibration.log",
-       f"{CPU16}/rank_speed/replay_rank_speed.log")
+       f"{CPU16}/rank_speed/replay_rank_speed.log", WANDER)
 def cpu16_rank_speed(root):
     before = sim_sections(root / f"{CPU16}/replay_calibration.log")
-    after = sim_sections(root / f"{CPU16}/rank_speed/replay_rank_speed.log")
+    spread = sim_sections(root / f"{CPU16}/rank_speed/replay_rank_speed.log")
+    wander = sim_tokens(root / WANDER)
     out = []
 
-    def row(label, st, meas, b, a):
-        out.append([(label,), (st,), ("{:.2f}", meas), ("{:.1f} ({:+.0f}%)", b, 100 * (b / meas - 1)),
-                    ("{:.1f} ({:+.0f}%)", a, 100 * (a / meas - 1))])
+    def row(label, st, meas, *pred):
+        out.append([(label,), (st,), ("{:.2f}", meas)] +
+                   [("{:.1f} ({:+.0f}%)", p, 100 * (p / meas - 1)) for p in pred])
+
+    def section(logs, start):
+        return next(v for k, v in logs.items() if k.startswith(start))
     for d in CPU16_DECKS:
         b = next(v for k, v in before.items() if k.startswith(d + ":"))[d]
-        a = next(v for k, v in after.items() if k.startswith(f"in-sample replay: {d}'s"))[d]
+        a = section(spread, f"in-sample replay: {d}'s")[d]
+        w = section(wander, f"in-sample replay: {d}'s")[d]
         for st, m in run_summary(root / f"{CPU16}/logs/calibration-{d}.log").items():
-            row(f"`{d}` first run, in-sample", st, m["ktok"], b[st]["tput"] * 1e3, a[st]["tput"] * 1e3)
+            row(f"`{d}` first run, in-sample", st, m["ktok"], b[st]["tput"] * 1e3, a[st]["tput"] * 1e3, w[st] / 1e3)
     r1 = run_summary(root / f"{CPU16}/logs/run-run16_cp4_dp4-r1.log")
-    own = next(v for k, v in after.items() if k.startswith("out of sample: run16_cp4_dp4 round 1 (data"))
-    cp8 = next(v for k, v in after.items() if k.startswith("out of sample: run16_cp4_dp4 round 1, the profile of run16_cp8"))
-    cp8_0 = next(v for k, v in after.items() if k.startswith("out of sample: the same without"))
+    own = section(spread, "out of sample: run16_cp4_dp4 round 1 (data")["run16_cp4_dp4"]
+    cp8 = section(spread, "out of sample: run16_cp4_dp4 round 1, the profile of run16_cp8")["run16_cp4_dp4"]
+    cp8_0 = section(spread, "out of sample: the same without")["run16_cp4_dp4"]
+    own_w = section(wander, "out of sample: run16_cp4_dp4 round 1 (data")["run16_cp4_dp4"]
+    cp8_w = section(wander, "out of sample: run16_cp4_dp4 round 1, the profile of run16_cp8")["run16_cp4_dp4"]
     camp = {r[1][0]: r[4][1] for r in md_table(root / f"{CPU16}/campaign.md", "| deck | strategy", first_cells=2)}
     for st, m in r1.items():
         row("`run16_cp4_dp4` round 1, its first run's profile", st, m["ktok"], camp[st] / 1e3,
-            own["run16_cp4_dp4"][st]["tput"] * 1e3)
+            own[st]["tput"] * 1e3, own_w[st] / 1e3)
     for st, m in r1.items():
-        row("`run16_cp4_dp4` round 1, `run16_cp8_dp2`'s profile", st, m["ktok"],
-            cp8_0["run16_cp4_dp4"][st]["tput"] * 1e3, cp8["run16_cp4_dp4"][st]["tput"] * 1e3)
+        row("`run16_cp4_dp4` round 1, `run16_cp8_dp2`'s profile", st, m["ktok"], cp8_0[st]["tput"] * 1e3,
+            cp8[st]["tput"] * 1e3, cp8_w[st] / 1e3)
+    return out
+
+
+@table("cpu16-r1-speedups", "docs/performance.md", f"{CPU16}/campaign.md", f"{CPU16}/rank_speed/replay_rank_speed.log",
+       WANDER)
+def cpu16_r1_speedups(root):
+    camp = {r[1][0]: r for r in md_table(root / f"{CPU16}/campaign.md", "| deck | strategy", first_cells=2)}
+    spread = sim_sections(root / f"{CPU16}/rank_speed/replay_rank_speed.log")
+    wander = sim_tokens(root / WANDER)
+    cp8_0 = next(v for k, v in spread.items() if k.startswith("out of sample: the same without"))["run16_cp4_dp4"]
+    cp8 = next(v for k, v in spread.items()
+               if k.startswith("out of sample: run16_cp4_dp4 round 1, the profile of run16_cp8"))["run16_cp4_dp4"]
+    cp8_w = next(v for k, v in wander.items()
+                 if k.startswith("out of sample: run16_cp4_dp4 round 1, the profile of run16_cp8"))["run16_cp4_dp4"]
+    out = []
+    for st in ("fixed", "wlb"):
+        out.append([(st,), ("{:.3f}", camp[st][3][1]), ("{:.3f}", cp8_0[st]["x"]), ("{:.3f}", cp8[st]["x"]),
+                    ("{:.3f}", cp8_w[st] / cp8_w["plain"])])
     return out
 
 
