@@ -800,21 +800,31 @@ def cpu16_rank_speed(root):
     return out
 
 
-@table("cpu16-r1-speedups", "docs/performance.md", f"{CPU16}/campaign.md", f"{CPU16}/rank_speed/replay_rank_speed.log",
-       WANDER)
-def cpu16_r1_speedups(root):
-    camp = {r[1][0]: r for r in md_table(root / f"{CPU16}/campaign.md", "| deck | strategy", first_cells=2)}
+@table("cpu16-speedups", "docs/performance.md", *(f"{CPU16}/logs/calibration-{d}.log" for d in CPU16_DECKS),
+       f"{CPU16}/campaign.md", f"{CPU16}/replay_calibration.log", f"{CPU16}/rank_speed/replay_rank_speed.log", WANDER)
+def cpu16_speedups(root):
+    before = sim_sections(root / f"{CPU16}/replay_calibration.log")
     spread = sim_sections(root / f"{CPU16}/rank_speed/replay_rank_speed.log")
     wander = sim_tokens(root / WANDER)
-    cp8_0 = next(v for k, v in spread.items() if k.startswith("out of sample: the same without"))["run16_cp4_dp4"]
-    cp8 = next(v for k, v in spread.items()
-               if k.startswith("out of sample: run16_cp4_dp4 round 1, the profile of run16_cp8"))["run16_cp4_dp4"]
-    cp8_w = next(v for k, v in wander.items()
-                 if k.startswith("out of sample: run16_cp4_dp4 round 1, the profile of run16_cp8"))["run16_cp4_dp4"]
+
+    def section(logs, start):
+        return next(v for k, v in logs.items() if k.startswith(start))
     out = []
+    for d in CPU16_DECKS:
+        b = next(v for k, v in before.items() if k.startswith(d + ":"))[d]
+        a = section(spread, f"in-sample replay: {d}'s")[d]
+        w = section(wander, f"in-sample replay: {d}'s")[d]
+        for st, m in run_summary(root / f"{CPU16}/logs/calibration-{d}.log").items():
+            if st != "plain":
+                out.append([(f"`{d}` first run, in-sample",), (st,), ("{:.3f}", m["x"]), ("{:.3f}", b[st]["x"]),
+                            ("{:.3f}", a[st]["x"]), ("{:.3f}", w[st] / w["plain"])])
+    camp = {r[1][0]: r for r in md_table(root / f"{CPU16}/campaign.md", "| deck | strategy", first_cells=2)}
+    cp8_0 = section(spread, "out of sample: the same without")["run16_cp4_dp4"]
+    cp8 = section(spread, "out of sample: run16_cp4_dp4 round 1, the profile of run16_cp8")["run16_cp4_dp4"]
+    cp8_w = section(wander, "out of sample: run16_cp4_dp4 round 1, the profile of run16_cp8")["run16_cp4_dp4"]
     for st in ("fixed", "wlb"):
-        out.append([(st,), ("{:.3f}", camp[st][3][1]), ("{:.3f}", cp8_0[st]["x"]), ("{:.3f}", cp8[st]["x"]),
-                    ("{:.3f}", cp8_w[st] / cp8_w["plain"])])
+        out.append([("`run16_cp4_dp4` round 1, `run16_cp8_dp2`'s profile",), (st,), ("{:.3f}", camp[st][3][1]),
+                    ("{:.3f}", cp8_0[st]["x"]), ("{:.3f}", cp8[st]["x"]), ("{:.3f}", cp8_w[st] / cp8_w["plain"])])
     return out
 
 
