@@ -21,10 +21,12 @@ an ordinary `wlb` command printed before it runs, its output in DIR/logs/:
              rounds are interleaved deck by deck, strategies step by step inside a run
 4. replay    per run: `wlb simulate DECK --as-run --plans RUN_DIR`, the same profile: the
              simulator times exactly the documents and micro-batches that ran (warm-up and
-             drain steps included), so a prediction never differs from the run by its plans
+             drain steps included), so a prediction never differs from the run by its plans;
+             once more with --mean-speed (the profile's rank-speed spreads left out)
 5. table     per deck and strategy: measured tokens/s (mean over rounds, 95% interval),
              speedup vs plain (per-round ratio, mean, 95% interval), predicted tokens/s,
-             error = predicted / measured - 1, predicted speedup, drain steps; per deck the
+             error = predicted / measured - 1, predicted speedup, the same at the mean
+             speed, drain steps; per deck the
              ordering by throughput measured vs predicted ("same up to ties" when a swapped
              pair is closer than either strategy's spread over the rounds)
 
@@ -297,10 +299,17 @@ def campaign(a, decks, stages, out, cores, deadline, checkpoint):
                        [wlb, "simulate", d["path"], "--as-run", "--plans", str(run_dir)] + set_args + [
                            "--set", f'hardware.profile="{d["profile"]}"', "--set", f"data.seed={seed}",
                            "--out", str(sim_dir)], f"replay-{d['name']}-r{r + 1}.log")
+            # the same plans at the profile's mean speed: what the rank-speed spreads change
+            mean_dir = out / "replay" / f"{d['name']}-r{r + 1}-mean-speed"
+            stages.run(f"mean-speed replay: {d['name']} round {r + 1}, the same without the rank-speed spreads",
+                       [wlb, "simulate", d["path"], "--as-run", "--mean-speed", "--plans", str(run_dir)] + set_args + [
+                           "--set", f'hardware.profile="{d["profile"]}"', "--set", f"data.seed={seed}",
+                           "--out", str(mean_dir)], f"replay-{d['name']}-r{r + 1}-mean-speed.log")
             summary = json.loads((run_dir / "summary.json").read_text())
             sim = {s["strategy"]: s for s in json.loads((sim_dir / "simulate.json").read_text())}
+            mean_sim = {s["strategy"]: s for s in json.loads((mean_dir / "simulate.json").read_text())}
             d.setdefault("rounds", []).append({"dir": str(run_dir), "core_share": rec.get("core_share"),
-                                               "summary": summary, "replay": sim})
+                                               "summary": summary, "replay": sim, "replay_mean_speed": mean_sim})
             checkpoint(table(a, decks))
     return table(a, decks)
 
@@ -326,6 +335,8 @@ def table(a, decks):
                          for rd in d["rounds"]]
             pred = [rd["replay"][s]["tokens_per_second"] for rd in d["rounds"]]
             pred_base = [rd["replay"][base]["tokens_per_second"] for rd in d["rounds"]]
+            flat = [rd["replay_mean_speed"][s]["tokens_per_second"] for rd in d["rounds"]]
+            flat_base = [rd["replay_mean_speed"][base]["tokens_per_second"] for rd in d["rounds"]]
             m_tok = [next(x for x in rd["summary"]["strategies"] if x["strategy"] == s)["tokens"] for rd in d["rounds"]]
             p_tok = [rd["replay"][s]["tokens"] for rd in d["rounds"]]
             m_drain = next(x for x in d["rounds"][0]["summary"]["strategies"] if x["strategy"] == s)["drain_steps"]
@@ -340,7 +351,11 @@ def table(a, decks):
                    "measured_tokens_per_second_rounds": meas, "speedup": sp, "speedup_interval": [sp_lo, sp_hi],
                    "predicted_tokens_per_second": p, "predicted_rounds": pred,
                    "predicted_speedup": statistics.fmean([x / y for x, y in zip(pred, pred_base)]),
-                   "error_percent": err, "drain_steps_measured": m_drain,
+                   "error_percent": err,
+                   "mean_speed_tokens_per_second": statistics.fmean(flat),
+                   "mean_speed_error_percent": (statistics.fmean(flat) / mean - 1) * 100 if mean > 0 else 0.0,
+                   "mean_speed_speedup": statistics.fmean([x / y for x, y in zip(flat, flat_base)]),
+                   "drain_steps_measured": m_drain,
                    "drain_steps_predicted": d["rounds"][0]["replay"][s]["drain_steps"],
                    "tokens_measured": m_tok, "tokens_replayed": p_tok, "replay_same_tokens": same_docs}
             if abs(err) > a.tolerance:
@@ -385,8 +400,8 @@ def fmt_table(a, rows, deck_rows, worst, cores):
     lines = [f"Measured (`wlb run`, {a.rounds} round(s)) vs predicted (`wlb simulate --as-run --plans`: the same "
              f"plans) on {cpu_model()} ({cores} cores)", ""]
     lines.append("| deck | strategy | measured tok/s [95%] | speedup vs plain [95%] | predicted tok/s | error | "
-                 "predicted speedup | drain m/p |")
-    lines.append("|---|---|---|---|---|---|---|---|")
+                 "predicted speedup | at mean speed: tok/s, error, speedup | drain m/p |")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         lo, hi = r["measured_interval"]
         slo, shi = r["speedup_interval"]
@@ -397,6 +412,8 @@ def fmt_table(a, rows, deck_rows, worst, cores):
         lines.append(f"| {r['deck']} | {r['strategy']} | {r['measured_tokens_per_second']:.1f} {mi} | "
                      f"{r['speedup']:.3f} {si} | {r['predicted_tokens_per_second']:.1f} | "
                      f"{r['error_percent']:+.1f}% | {r['predicted_speedup']:.3f} | "
+                     f"{r['mean_speed_tokens_per_second']:.1f}, {r['mean_speed_error_percent']:+.1f}%, "
+                     f"{r['mean_speed_speedup']:.3f} | "
                      f"{r['drain_steps_measured']}/{r['drain_steps_predicted']}{mark} |")
     lines.append("")
     for d in deck_rows:

@@ -64,11 +64,13 @@ for r in rows:
     lo, hi = r["measured_interval"]
     assert lo <= r["measured_tokens_per_second"] <= hi, r
     assert r["drain_steps_measured"] == r["drain_steps_predicted"], r
-assert rows[0]["speedup"] == 1.0 and rows[0]["predicted_speedup"] == 1.0
+    assert r["mean_speed_tokens_per_second"] > 0, r  # the same plans without the rank-speed spreads
+assert rows[0]["speedup"] == 1.0 and rows[0]["predicted_speedup"] == 1.0 and rows[0]["mean_speed_speedup"] == 1.0
 d = j["decks"][0]
 assert d["ranks"] == 2 and d["data_seed"] == 8 and d["profile"].endswith("profile.calibrated.tiny.json"), d
 stages = [s["stage"] for s in j["stages"]]
 assert sum(s.startswith("measured run") for s in stages) == 2 and sum(s.startswith("replay") for s in stages) == 2
+assert sum(s.startswith("mean-speed replay") for s in stages) == 2
 f = {x["check"]: x for x in j["failure"]}
 for check in ("inject throw", "inject kill", "train kill + resume"):
     assert f[check]["ok"], f[check]
@@ -97,6 +99,11 @@ grep -q "CP-group skew" waits.txt || fail "sync_waits: no CP-group skew"
 [ $? -eq 0 ] || fail "sync_waits: two runs of the same deck are comparable traces"
 /usr/bin/python3 "$SRC/bench/sync_waits.py" c/runs/tiny-r1/trace.h5 missing.h5 > /dev/null 2>&1
 [ $? -eq 2 ] || fail "sync_waits: a missing trace must exit 2"
+# bench/rank_noise.py: a deck without pipeline stages has no reference of the same work
+/usr/bin/python3 "$SRC/bench/rank_noise.py" c/runs/tiny-r1/trace.h5 > noise.txt 2>&1 || fail "rank_noise: $(cat noise.txt)"
+grep -q "^plain: no other stage holds the same work (pp = 1)" noise.txt || fail "rank_noise: $(cat noise.txt)"
+/usr/bin/python3 "$SRC/bench/rank_noise.py" missing.h5 > /dev/null 2>&1
+[ $? -eq 2 ] || fail "rank_noise: a missing trace must exit 2"
 # --profiles: the first campaign's calibrated profile, no profile or calibration stage
 /usr/bin/python3 "$SRC/bench/rank_campaign.py" tiny.toml --wlb "$WLB" --out p --rounds 1 --profiles c > log_p.txt 2>&1
 rc=$?
