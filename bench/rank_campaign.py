@@ -42,6 +42,11 @@ an uninterrupted run: losses, gradient norms and learning rates bit-identical.
 of host (DIR/profile.calibrated.DECK.json, DECK the deck file's stem) and skips stages 1 and
 2: a lease then goes to the measured rounds alone.
 
+--resume keeps the rounds that an earlier campaign with the same --out measured and replayed
+(DIR/runs/DECK-rK/summary.json and both replays' simulate.json, each written when its stage
+ended) and runs the others: `--rounds 2` in one call and `--rounds 3 --resume` in the next
+make three rounds. Run it with the same decks, --profiles and --set as the first call.
+
 --time-limit SECONDS fits the campaign into a lease: a calibration or measured run starts
 only if a run of its deck as long as its last one still ends in time (a deck's first run
 starts while any time is left), and campaign.md / campaign.json are rewritten after every measured run, so
@@ -281,12 +286,23 @@ def campaign(a, decks, stages, out, cores, deadline, checkpoint):
     # 3-4. measured runs on other documents, rounds interleaved deck by deck; each replayed
     for r in range(a.rounds):
         for d in decks:
-            if not fits(d, f"round {r + 1}"):
-                continue
             seed = d["seed"] + a.seed_offset
             run_dir = out / "runs" / f"{d['name']}-r{r + 1}"
             sim_dir = out / "replay" / f"{d['name']}-r{r + 1}"
-            for x in (run_dir, sim_dir):
+            mean_dir = out / "replay" / f"{d['name']}-r{r + 1}-mean-speed"
+            done = [run_dir / "summary.json", sim_dir / "simulate.json", mean_dir / "simulate.json"]
+            if a.resume and all(x.is_file() for x in done):  # written last: the run and its replays ended
+                print(f"\n== kept: {d['name']} round {r + 1}, measured and replayed by an earlier campaign "
+                      f"({run_dir})", flush=True)
+                d.setdefault("rounds", []).append({
+                    "dir": str(run_dir), "core_share": None, "kept": True,
+                    "summary": json.loads(done[0].read_text()),
+                    "replay": {s["strategy"]: s for s in json.loads(done[1].read_text())},
+                    "replay_mean_speed": {s["strategy"]: s for s in json.loads(done[2].read_text())}})
+                continue
+            if not fits(d, f"round {r + 1}"):
+                continue
+            for x in (run_dir, sim_dir, mean_dir):
                 shutil.rmtree(x, ignore_errors=True)  # a replay takes every plan file of the directory
             launcher, d["oversubscribed"] = mpirun_for(a.mpirun_words, d["ranks"], cores)
             args = launcher + [wlb, "run", d["path"], "--quiet"] + set_args + [
@@ -300,7 +316,6 @@ def campaign(a, decks, stages, out, cores, deadline, checkpoint):
                            "--set", f'hardware.profile="{d["profile"]}"', "--set", f"data.seed={seed}",
                            "--out", str(sim_dir)], f"replay-{d['name']}-r{r + 1}.log")
             # the same plans at the profile's mean speed: what the rank-speed spreads change
-            mean_dir = out / "replay" / f"{d['name']}-r{r + 1}-mean-speed"
             stages.run(f"mean-speed replay: {d['name']} round {r + 1}, the same without the rank-speed spreads",
                        [wlb, "simulate", d["path"], "--as-run", "--mean-speed", "--plans", str(run_dir)] + set_args + [
                            "--set", f'hardware.profile="{d["profile"]}"', "--set", f"data.seed={seed}",
@@ -392,7 +407,8 @@ def table(a, decks):
                           "data_seed": d["seed"] + a.seed_offset, "profile": str(d["profile"]),
                           "measured_order": " > ".join(mo), "predicted_order": " > ".join(po),
                           "same_order": mo == po, "order_ok": order_ok, "swapped_pairs": swapped,
-                          "min_core_share": min(shares) if shares else None})
+                          "min_core_share": min(shares) if shares else None,
+                          "kept_rounds": sum(1 for rd in d["rounds"] if rd.get("kept"))})
     return rows, deck_rows, worst, all_ok, timing_ok
 
 
@@ -427,8 +443,9 @@ def fmt_table(a, rows, deck_rows, worst, cores):
             if d["oversubscribed"] else ""
         cut = f"; {d['rounds']} of {a.rounds} round(s), {', '.join(d['skipped'])} cut by --time-limit" \
             if d["skipped"] else ""
+        kept = f"; {d['kept_rounds']} round(s) kept from an earlier call (--resume)" if d["kept_rounds"] else ""
         lines.append(f"- {d['deck']} ({d['ranks']} ranks, {d['mesh']}): ordering measured {d['measured_order']}; "
-                     f"predicted {d['predicted_order']}: {verdict}{share}{over}{cut}")
+                     f"predicted {d['predicted_order']}: {verdict}{share}{over}{cut}{kept}")
         for s in d["swapped_pairs"]:
             lines.append(f"  - swapped: {s}")
     lines.append("")
@@ -550,6 +567,9 @@ def main():
     ap.add_argument("--no-calibrate", action="store_true", help="validate the profile as measured")
     ap.add_argument("--profiles", metavar="DIR",
                     help="each deck's calibrated profile from an earlier campaign (skips profile and calibration)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the rounds an earlier campaign in --out measured and replayed (its runs/ and replay/ "
+                         "files) and run the rest: a campaign split over several calls")
     ap.add_argument("--tolerance", type=float, default=5.0, help="largest |error| per strategy, percent")
     ap.add_argument("--malloc-default", action="store_true",
                     help="leave glibc malloc at its defaults (else large buffers stay on the heap)")
@@ -607,6 +627,9 @@ def main():
                           "shape": (md["hidden"], md["heads"], md["kv_heads"], md["ffn"], md["vocab"], m["tp"])})
         if (a.failure or a.failure_only) and not pathlib.Path(a.corpus).is_dir():
             raise BadInput(f"--corpus: {a.corpus} is not a directory")
+        if a.resume and not (a.profiles or a.no_calibrate):
+            raise BadInput("--resume needs --profiles (or --no-calibrate): a new calibration would replay the "
+                           "rounds it keeps with another profile than the rounds it runs")
         for d in decks if a.profiles and not a.failure_only else []:
             prof = pathlib.Path(a.profiles) / f"profile.calibrated.{d['name']}.json"
             if not prof.is_file():
@@ -631,7 +654,7 @@ def main():
     report = {"format": "wlb-rank-campaign", "version": 1, "cpu": cpu_model(), "cores": cores,
               "blas_core": blas, "profiles": a.profiles,
               "rounds": a.rounds, "seed_offset": a.seed_offset, "tolerance_percent": a.tolerance,
-              "mpirun": a.mpirun, "sets": a.set, "calibrated": not a.no_calibrate,
+              "mpirun": a.mpirun, "sets": a.set, "calibrated": not a.no_calibrate, "resume": a.resume,
               "malloc": env.get("GLIBC_TUNABLES", "glibc defaults")}
     print(f"  BLAS kernels: {report['blas_core'] or 'unknown'}"
           + (f"; calibrated profiles from {a.profiles}" if a.profiles else ""), flush=True)

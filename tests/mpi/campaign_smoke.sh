@@ -111,6 +111,22 @@ rc=$?
 grep -Eq "^== (profile|calibration run)" log_p.txt && fail "--profiles: a profile or calibration stage ran"
 grep -q "^== measured run" log_p.txt || fail "--profiles: no measured run"
 grep -q "calibrated profiles from c" log_p.txt || fail "--profiles: not announced"
+# --resume: a second call keeps p's round 1 and runs round 2 alone
+/usr/bin/python3 "$SRC/bench/rank_campaign.py" tiny.toml --wlb "$WLB" --out p --rounds 2 --profiles c --resume \
+  > log_r.txt 2>&1
+rc=$?
+[ $rc -eq 0 ] || [ $rc -eq 3 ] || { tail -30 log_r.txt; fail "--resume: exit $rc"; }
+grep -q "^== kept: tiny round 1" log_r.txt || fail "--resume: round 1 not kept: $(cat log_r.txt)"
+[ "$(grep -c '^== measured run' log_r.txt)" -eq 1 ] || fail "--resume: expected one measured run: $(cat log_r.txt)"
+grep -q "1 round(s) kept from an earlier call" p/campaign.md || fail "--resume: $(cat p/campaign.md)"
+/usr/bin/python3 - p/campaign.json <<'PY' || fail "--resume: campaign.json"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert all(len(r["measured_tokens_per_second_rounds"]) == 2 for r in j["strategies"]), j["strategies"]
+assert j["decks"][0]["rounds"] == 2 and j["decks"][0]["kept_rounds"] == 1, j["decks"]
+PY
+/usr/bin/python3 "$SRC/bench/rank_campaign.py" tiny.toml --wlb "$WLB" --out p --resume > log_r2.txt 2>&1
+[ $? -eq 2 ] && grep -q "\-\-resume needs \-\-profiles" log_r2.txt || fail "--resume without --profiles: $(cat log_r2.txt)"
 /usr/bin/python3 "$SRC/bench/rank_campaign.py" tiny.toml --wlb "$WLB" --out q --profiles nowhere > log_q.txt 2>&1
 [ $? -eq 2 ] && grep -q "profile.calibrated.tiny.json not found" log_q.txt || fail "--profiles nowhere: $(cat log_q.txt)"
 echo "campaign smoke test passed"
