@@ -104,6 +104,7 @@ SpreadFit fitSpread(const std::vector<MeasuredRun>& runs, const std::vector<Task
     if (xs.size() < 2) continue;
     // interference, as in the factor fit: far slower than the run's median is left out
     std::vector<double> v;
+    v.reserve(xs.size());
     for (const auto& e : xs) v.push_back(e.x);
     std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
     const double cut = v[v.size() / 2] + std::log(kOutlierRatio);

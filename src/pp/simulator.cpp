@@ -665,6 +665,7 @@ StepResult StepSimulator::simulate(const std::vector<std::vector<MicroBatchWork>
   // The median step over the scatters of the slow ranks and the draws of the task noise;
   // its events recorded (if asked) by simulating that scatter once more with the recorder.
   std::vector<StepResult> results;
+  results.reserve(kPlacements);
   std::vector<int> order(kPlacements);
   for (int p = 0; p < kPlacements; ++p) results.push_back(simulateOnce(works, nullptr, step, t0, flow, p));
   std::iota(order.begin(), order.end(), 0);
