@@ -128,37 +128,54 @@ SpreadFit fitSpread(const std::vector<MeasuredRun>& runs, const std::vector<Task
       if (groups[e.group].n < 2) e.group = e.micro_batch;
     groups.clear();
     for (const auto& e : xs) groups[e.group].add(e.x - by_rank_step[e.rank_step].mean());
-    std::set<RankStep> task_rank_steps;
-    double n_task = 0, n_groups = 0;
+    // Degrees of freedom of the two-way layout (rank steps x groups), per block of one
+    // replica's step: a rank step and a group always lie in one.
+    struct Block {
+      double n = 0;
+      std::set<RankStep> rank_steps;
+      std::set<GroupKey> groups;
+    };
+    std::map<std::tuple<int, std::int64_t, int>, Block> blocks;
     for (const auto& e : xs) {
       const auto& g = groups[e.group];
       if (g.n < 2) continue;
       const double d = e.x - by_rank_step[e.rank_step].mean() - g.mean();
       ss_task += d * d;
-      ++n_task;
-      task_rank_steps.insert(e.rank_step);
+      auto& b = blocks[{std::get<0>(e.group), std::get<1>(e.group), std::get<5>(e.group)}];
+      ++b.n;
+      b.rank_steps.insert(e.rank_step);
+      b.groups.insert(e.group);
       ++f.tasks;
     }
-    for (const auto& [k, g] : groups) n_groups += g.n >= 2 ? 1 : 0;
-    df_task += std::max(0.0, n_task - static_cast<double>(task_rank_steps.size()) - n_groups + 1);
+    for (const auto& [k, b] : blocks)
+      df_task += std::max(0.0, b.n - static_cast<double>(b.rank_steps.size() + b.groups.size()) + 1);
 
-    // Step wander: each rank's step around its run's mean, less the step's common part (the
-    // host's load in that step slows every rank alike and makes nobody wait).
-    std::map<std::tuple<int, std::int64_t, int>, MeanAcc> step_common;
-    std::map<int, std::size_t> steps_of_rank;
+    // Step wander: each rank's step around its run's mean, less the step's common part in its
+    // replica (a load that slows the replica's ranks alike makes none of them wait; a
+    // replica of one rank has no such part, and the step's on every rank stands in).
+    using StepKey = std::tuple<int, std::int64_t, int>;  // strategy, step, DP replica (-1: all)
+    std::map<StepKey, std::size_t> replica_ranks;
     for (const auto& [k, a] : by_rank_step) {
       const auto [rank, strategy, step] = k;
-      step_common[{strategy, step, runs[ri].ranks[static_cast<std::size_t>(rank)].dp}].add(a.mean() -
-                                                                                           by_rank[rank].mean());
-      ++steps_of_rank[rank];
+      ++replica_ranks[{strategy, step, runs[ri].ranks[static_cast<std::size_t>(rank)].dp}];
+    }
+    const auto stepKey = [&](const RankStep& k) {
+      const int rank = std::get<0>(k), strategy = std::get<1>(k);
+      const std::int64_t step = std::get<2>(k);
+      const StepKey own{strategy, step, runs[ri].ranks[static_cast<std::size_t>(rank)].dp};
+      return replica_ranks[own] >= 2 ? own : StepKey{strategy, step, -1};
+    };
+    std::map<StepKey, MeanAcc> step_common;
+    std::map<int, std::size_t> steps_of_rank;
+    for (const auto& [k, a] : by_rank_step) {
+      step_common[stepKey(k)].add(a.mean() - by_rank[std::get<0>(k)].mean());
+      ++steps_of_rank[std::get<0>(k)];
     }
     const double df_s = static_cast<double>(by_rank_step.size()) - R - static_cast<double>(step_common.size()) + 1;
     if (df_s > 0) {
       double inv_n = 0;
       for (const auto& [k, a] : by_rank_step) {
-        const auto [rank, strategy, step] = k;
-        const double d = a.mean() - by_rank[rank].mean() -
-                         step_common[{strategy, step, runs[ri].ranks[static_cast<std::size_t>(rank)].dp}].mean();
+        const double d = a.mean() - by_rank[std::get<0>(k)].mean() - step_common[stepKey(k)].mean();
         ss_step += d * d;
         inv_n += 1.0 / static_cast<double>(a.n);
       }

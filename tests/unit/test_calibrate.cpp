@@ -573,6 +573,26 @@ TEST(Calibration, RankSpeedSpreadFromLayerTimes) {
   EXPECT_LT(pfit.spread.step, 0.03);
   EXPECT_LT(pfit.spread.rank, 0.03);
 
+  // Data parallelism alone (eight replicas of one rank): a replica has no second rank, so
+  // the step's mean over every rank is the reference of a rank's step.
+  std::vector<model::MeasuredRun::Coord> replicas;
+  for (int r = 0; r < 8; ++r) replicas.push_back({0, 0, r});
+  auto dp = plainRun("dp.h5", replicas);
+  std::normal_distribution<double> host(0.0, 0.3);
+  for (std::int64_t step = 0; step < 100; ++step) {
+    const double load = host(rng);  // every rank alike: no wander
+    for (int r = 0; r < 8; ++r) {
+      const double w = wander(rng);
+      for (int layer = 0; layer < 4; ++layer)
+        dp.events.push_back({"mlp", 1, r, 0, step, 0, layer,
+                             cost.linearOpSeconds(model::LinearOp::Mlp, n, Phase::Fwd) * std::exp(w + task(rng) + load),
+                             cost.linearOpFlops(model::LinearOp::Mlp, n, Phase::Fwd)});
+    }
+  }
+  const auto dfit = model::fitProfile({dp}, truth);
+  ASSERT_TRUE(dfit.spread.fitted) << dfit.spread.note;
+  EXPECT_NEAR(dfit.spread.step, 0.06, 0.012);
+
   auto one = plainRun("one.h5", {{0, 0, 0}});
   for (std::int64_t step = 0; step < 4; ++step)
     one.events.push_back({"mlp", 1, 0, 0, step, 0, 0, cost.linearOpSeconds(model::LinearOp::Mlp, n, Phase::Fwd),
