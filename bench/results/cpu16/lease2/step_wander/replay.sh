@@ -34,3 +34,14 @@ replay "out of sample: run16_cp4_dp4 round 1 (data.seed 2027), the profile of it
   "$D/runs/run16_cp4_dp4-r1" "$R/profile.calibrated.run16_cp4_dp4.json" 2027
 replay "out of sample: run16_cp4_dp4 round 1, the profile of run16_cp8_dp2's first run (undisturbed)" run16_cp4_dp4 \
   "$D/runs/run16_cp4_dp4-r1" "$R/profile.calibrated.run16_cp8_dp2.json" 2027
+# round 1 calibrated on its own (undisturbed) trace: what the spreads cost each strategy
+echo "== calibrate: run16_cp4_dp4 round 1"
+"$WLB" calibrate "$TRACES/runs/run16_cp4_dp4-r1/trace.h5" --profile "$D/profile.run16_cp4_dp4.json" \
+  --out "$R/profile.calibrated.run16_cp4_dp4-r1.json" | grep -E "^(wlb calibrate|rank_speed)"
+replay "in-sample replay: run16_cp4_dp4 round 1, its own profile" run16_cp4_dp4 "$D/runs/run16_cp4_dp4-r1" \
+  "$R/profile.calibrated.run16_cp4_dp4-r1.json" 2027
+echo "== in-sample replay: run16_cp4_dp4 round 1, its own profile at the mean speed"
+"$WLB" simulate inputs/run16_cp4_dp4.toml --as-run --mean-speed --plans "$D/runs/run16_cp4_dp4-r1" \
+  --set "hardware.profile=\"$R/profile.calibrated.run16_cp4_dp4-r1.json\"" --set data.seed=2027 --out "$OUT" |
+  grep -E "^(case|run16)"
+awk -F, 'NR > 1 {printf "# tokens/s %s %s %s\n", $1, $5, $11}' "$OUT/simulate.csv"
