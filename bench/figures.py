@@ -828,6 +828,18 @@ def cpu16_speedups(root):
     return out
 
 
+@table("cpu16-noise-cost", "docs/performance.md", f"{CPU16}/logs/run-run16_cp4_dp4-r1.log", WANDER)
+def cpu16_noise_cost(root):
+    wander = sim_tokens(root / WANDER)
+    spread = wander["in-sample replay: run16_cp4_dp4 round 1, its own profile"]["run16_cp4_dp4"]
+    mean = wander["in-sample replay: run16_cp4_dp4 round 1, its own profile at the mean speed"]["run16_cp4_dp4"]
+    out = []
+    for st, m in run_summary(root / f"{CPU16}/logs/run-run16_cp4_dp4-r1.log").items():
+        out.append([(st,), ("{:.2f}", m["ktok"]), ("{:.2f}", mean[st] / 1e3), ("{:.2f}", spread[st] / 1e3),
+                    ("{:.3f}", m["ktok"] * 1e3 / mean[st]), ("{:.3f}", spread[st] / mean[st])])
+    return out
+
+
 @table("cpu16-round1", "docs/performance.md", f"{CPU16}/campaign.md")
 def cpu16_round1(root):
     return md_table(root / f"{CPU16}/campaign.md", "| deck | strategy", first_cells=2)
