@@ -15,7 +15,11 @@ coordinate and replica (other stages: the same work, at other times):
 - lag-1 / lag-4: autocorrelation of a rank's task deviations in time order (a slow period
   spans several tasks when they are short);
 - busy ranks: correlation of a task's deviation with how many ranks computed during it
-  (0 when a rank's speed does not depend on the host's load).
+  (0 when a rank's speed does not depend on the host's load);
+- time correlation (every deck): a layer task's log time around its sync group (the TP x CP
+  ranks of the same layer, micro-batch and replica; without TP and CP, the same
+  micro-batch's layers on the other stages), each rank's mean removed; the correlation of
+  two tasks of one rank by the time between their starts (how long a slow period lasts).
 """
 
 import argparse
@@ -40,6 +44,49 @@ def pooled_sd(dev, rank):
         x[rank == r] -= x[rank == r].mean()
     df = len(x) - len(np.unique(rank))
     return float(np.sqrt((x ** 2).sum() / df)) if df > 0 else float("nan"), x
+
+
+LAGS = (0.1, 0.5, 2.0, 5.0)  # seconds: the upper edges of the time-correlation bins
+
+
+def time_correlation(e, comp, coord):
+    """Correlation of a rank's layer-task deviations by the time between their starts."""
+    tasks, start = collections.defaultdict(float), {}
+    for r in e[np.isin(e["region"], comp)]:
+        k = (int(r["rank"]), int(r["step"]), int(r["micro_batch"]), int(r["layer"]), int(r["phase"]))
+        tasks[k] += (r["end_ns"] - r["start_ns"]) / 1e9
+        start[k] = min(start.get(k, np.inf), r["start_ns"] / 1e9)
+    peers = max(c[0] for c in coord.values()) + max(c[1] for c in coord.values()) > 0  # TP or CP
+
+    def group(k):
+        t, c, p, d = coord[k[0]]
+        return (k[1], k[2], k[3], k[4], p, d) if peers else (k[1], k[2], k[4], d)
+    groups = collections.defaultdict(list)
+    for k, v in tasks.items():
+        groups[group(k)].append(np.log(v))
+    per_rank = collections.defaultdict(list)
+    for k, v in tasks.items():
+        g = groups[group(k)]
+        if len(g) > 1:
+            per_rank[k[0]].append((start[k], np.log(v) - np.mean(g)))
+    num, cnt, var = np.zeros(len(LAGS) + 1), np.zeros(len(LAGS) + 1), []
+    for items in per_rank.values():
+        items.sort()
+        t = np.array([a for a, _ in items])
+        y = np.array([b for _, b in items])
+        y -= y.mean()
+        var.append(np.mean(y * y))
+        for lag in range(1, min(400, len(y))):
+            at = np.searchsorted(LAGS, t[lag:] - t[:-lag])
+            np.add.at(num, at, y[lag:] * y[:-lag])
+            np.add.at(cnt, at, 1)
+    if not var:
+        return "no layer task has a group"
+    c0 = float(np.mean(var))
+    edges = ("0", *(f"{x:g}" for x in LAGS))
+    cells = [f"{lo}-{hi} s {num[i] / cnt[i] / c0:+.2f}" for i, (lo, hi) in enumerate(zip(edges, edges[1:]))
+             if cnt[i] >= 200]
+    return f"time correlation (log sd {np.sqrt(c0):.3f}): " + ", ".join(cells)
 
 
 def analyse(path):
@@ -77,6 +124,7 @@ def analyse(path):
         for k, v in tasks.items():
             groups[ref(k)].append(np.log(v))
         keys = [k for k in tasks if len(groups[ref(k)]) > 1]
+        print(f"{name}: {time_correlation(e[e['step'] >= 1], comp, coord)}")
         if not keys:
             print(f"{name}: no other stage holds the same work (pp = 1)")
             continue
