@@ -716,16 +716,28 @@ CPU16 = "bench/results/cpu16/lease2"
 CPU16_DECKS = ("run16_cp4_dp4", "run16_tp2_cp2_pp2_dp2", "run16_pp4_dp4_packflow", "run16_cp8_dp2")
 
 
-def sim_sections(path):
-    """{section title: {case: {strategy: {"tput": Mtok/s, "x": speedup}}}} of a log of several
-    `wlb simulate` tables, each after a line "== TITLE"."""
-    out = {}
+def log_sections(path):
+    """(title, body) of each section of a log of several `wlb simulate` tables, each after a
+    line "== TITLE"."""
     for sec in path.read_text().split("\n== ")[1:]:
         title, body = sec.split("\n", 1)
+        yield title.strip(), body
+
+
+def section(logs, start):
+    """The section of `logs` (sim_sections / sim_tokens) whose title starts with `start`."""
+    return next(v for k, v in logs.items() if k.startswith(start))
+
+
+def sim_sections(path):
+    """{section title: {case: {strategy: {"tput": Mtok/s, "x": speedup}}}} of a log of several
+    `wlb simulate` tables (log_sections)."""
+    out = {}
+    for title, body in log_sections(path):
         rows = {}
         for r in columns([x for x in body.splitlines() if not x.startswith("#")], "case", 14):
             rows.setdefault(r[0], {})[r[2]] = dict(tput=float(r[3]), x=float(r[5].rstrip("x")))
-        out[title.strip()] = rows
+        out[title] = rows
     return out
 
 
@@ -751,12 +763,11 @@ def sim_tokens(path):
     """{section title: {case: {strategy: tokens/s}}} from the "# tokens/s CASE STRATEGY V"
     lines a replay log prints after each `wlb simulate` table (full precision)."""
     out = {}
-    for sec in path.read_text().split("\n== ")[1:]:
-        title, body = sec.split("\n", 1)
+    for title, body in log_sections(path):
         rows = {}
         for m in re.finditer(r"^# tokens/s (\S+) (\S+) ([0-9.e+]+)$", body, re.M):
             rows.setdefault(m.group(1), {})[m.group(2)] = float(m.group(3))
-        out[title.strip()] = rows
+        out[title] = rows
     return out
 
 
@@ -776,10 +787,8 @@ def cpu16_rank_speed(root):
         out.append([(label,), (st,), ("{:.2f}", meas)] +
                    [("{:.1f} ({:+.0f}%)", p, 100 * (p / meas - 1)) for p in pred])
 
-    def section(logs, start):
-        return next(v for k, v in logs.items() if k.startswith(start))
     for d in CPU16_DECKS:
-        b = next(v for k, v in before.items() if k.startswith(d + ":"))[d]
+        b = section(before, d + ":")[d]
         a = section(spread, f"in-sample replay: {d}'s")[d]
         w = section(wander, f"in-sample replay: {d}'s")[d]
         for st, m in run_summary(root / f"{CPU16}/logs/calibration-{d}.log").items():
@@ -807,11 +816,9 @@ def cpu16_speedups(root):
     spread = sim_sections(root / f"{CPU16}/rank_speed/replay_rank_speed.log")
     wander = sim_tokens(root / WANDER)
 
-    def section(logs, start):
-        return next(v for k, v in logs.items() if k.startswith(start))
     out = []
     for d in CPU16_DECKS:
-        b = next(v for k, v in before.items() if k.startswith(d + ":"))[d]
+        b = section(before, d + ":")[d]
         a = section(spread, f"in-sample replay: {d}'s")[d]
         w = section(wander, f"in-sample replay: {d}'s")[d]
         for st, m in run_summary(root / f"{CPU16}/logs/calibration-{d}.log").items():

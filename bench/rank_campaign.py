@@ -291,42 +291,45 @@ def campaign(a, decks, stages, out, cores, deadline, checkpoint):
             sim_dir = out / "replay" / f"{d['name']}-r{r + 1}"
             mean_dir = out / "replay" / f"{d['name']}-r{r + 1}-mean-speed"
             done = [run_dir / "summary.json", sim_dir / "simulate.json", mean_dir / "simulate.json"]
-            if a.resume and all(x.is_file() for x in done):  # written last: the run and its replays ended
+            kept = a.resume and all(x.is_file() for x in done)  # written last: the run and its replays ended
+            core_share = None
+            if kept:
                 print(f"\n== kept: {d['name']} round {r + 1}, measured and replayed by an earlier campaign "
                       f"({run_dir})", flush=True)
-                d.setdefault("rounds", []).append({
-                    "dir": str(run_dir), "core_share": None, "kept": True,
-                    "summary": json.loads(done[0].read_text()),
-                    "replay": {s["strategy"]: s for s in json.loads(done[1].read_text())},
-                    "replay_mean_speed": {s["strategy"]: s for s in json.loads(done[2].read_text())}})
-                continue
-            if not fits(d, f"round {r + 1}"):
-                continue
-            for x in (run_dir, sim_dir, mean_dir):
-                shutil.rmtree(x, ignore_errors=True)  # a replay takes every plan file of the directory
-            launcher, d["oversubscribed"] = mpirun_for(a.mpirun_words, d["ranks"], cores)
-            args = launcher + [wlb, "run", d["path"], "--quiet"] + set_args + [
-                "--set", f'hardware.profile="{d["profile"]}"', "--set", f"data.seed={seed}",
-                "--set", f'output.dir="{run_dir}"', "--set", 'output.trace="trace.h5"'] + steps_args
-            rec = stages.run(f"measured run: {d['name']} (data.seed = {seed}, {d['ranks']} ranks, round {r + 1}/"
-                             f"{a.rounds})", args, f"run-{d['name']}-r{r + 1}.log", ranks=d["ranks"])
-            last[d["name"]] = rec["seconds"]
-            stages.run(f"replay: {d['name']} round {r + 1}, the run's plans in the simulator",
-                       [wlb, "simulate", d["path"], "--as-run", "--plans", str(run_dir)] + set_args + [
-                           "--set", f'hardware.profile="{d["profile"]}"', "--set", f"data.seed={seed}",
-                           "--out", str(sim_dir)], f"replay-{d['name']}-r{r + 1}.log")
-            # the same plans at the profile's mean speed: what the rank-speed spreads change
-            stages.run(f"mean-speed replay: {d['name']} round {r + 1}, the same without the rank-speed spreads",
-                       [wlb, "simulate", d["path"], "--as-run", "--mean-speed", "--plans", str(run_dir)] + set_args + [
-                           "--set", f'hardware.profile="{d["profile"]}"', "--set", f"data.seed={seed}",
-                           "--out", str(mean_dir)], f"replay-{d['name']}-r{r + 1}-mean-speed.log")
-            summary = json.loads((run_dir / "summary.json").read_text())
-            sim = {s["strategy"]: s for s in json.loads((sim_dir / "simulate.json").read_text())}
-            mean_sim = {s["strategy"]: s for s in json.loads((mean_dir / "simulate.json").read_text())}
-            d.setdefault("rounds", []).append({"dir": str(run_dir), "core_share": rec.get("core_share"),
-                                               "summary": summary, "replay": sim, "replay_mean_speed": mean_sim})
-            checkpoint(table(a, decks))
+            else:
+                if not fits(d, f"round {r + 1}"):
+                    continue
+                for x in (run_dir, sim_dir, mean_dir):
+                    shutil.rmtree(x, ignore_errors=True)  # a replay takes every plan file of the directory
+                launcher, d["oversubscribed"] = mpirun_for(a.mpirun_words, d["ranks"], cores)
+                args = launcher + [wlb, "run", d["path"], "--quiet"] + set_args + [
+                    "--set", f'hardware.profile="{d["profile"]}"', "--set", f"data.seed={seed}",
+                    "--set", f'output.dir="{run_dir}"', "--set", 'output.trace="trace.h5"'] + steps_args
+                rec = stages.run(f"measured run: {d['name']} (data.seed = {seed}, {d['ranks']} ranks, round "
+                                 f"{r + 1}/{a.rounds})", args, f"run-{d['name']}-r{r + 1}.log", ranks=d["ranks"])
+                last[d["name"]] = rec["seconds"]
+                core_share = rec.get("core_share")
+                # the run's plans in the simulator, then the same at the profile's mean speed: what
+                # the rank-speed spreads change
+                for flags, sim, title, log in (
+                        ([], sim_dir, "replay: {} round {}, the run's plans in the simulator", ""),
+                        (["--mean-speed"], mean_dir,
+                         "mean-speed replay: {} round {}, the same without the rank-speed spreads", "-mean-speed")):
+                    stages.run(title.format(d["name"], r + 1),
+                               [wlb, "simulate", d["path"], "--as-run", *flags, "--plans", str(run_dir)] + set_args +
+                               ["--set", f'hardware.profile="{d["profile"]}"', "--set", f"data.seed={seed}",
+                                "--out", str(sim)], f"replay-{d['name']}-r{r + 1}{log}.log")
+            d.setdefault("rounds", []).append({"dir": str(run_dir), "core_share": core_share, "kept": kept,
+                                               "summary": json.loads(done[0].read_text()),
+                                               "replay": by_strategy(done[1]), "replay_mean_speed": by_strategy(done[2])})
+            if not kept:
+                checkpoint(table(a, decks))
     return table(a, decks)
+
+
+def by_strategy(path):
+    """A `wlb simulate --out` directory's simulate.json, by strategy."""
+    return {s["strategy"]: s for s in json.loads(path.read_text())}
 
 
 def table(a, decks):
@@ -408,7 +411,7 @@ def table(a, decks):
                           "measured_order": " > ".join(mo), "predicted_order": " > ".join(po),
                           "same_order": mo == po, "order_ok": order_ok, "swapped_pairs": swapped,
                           "min_core_share": min(shares) if shares else None,
-                          "kept_rounds": sum(1 for rd in d["rounds"] if rd.get("kept"))})
+                          "kept_rounds": sum(1 for rd in d["rounds"] if rd["kept"])})
     return rows, deck_rows, worst, all_ok, timing_ok
 
 

@@ -26,15 +26,11 @@ import argparse
 import collections
 import sys
 
-import h5py
 import numpy as np
 
-COMPUTE = ("attn", "qkv_proj", "out_proj", "mlp")
+from sync_waits import COMPUTE, Trace
+
 ANY = COMPUTE + ("norm", "loss", "embed")
-
-
-def text(v):
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def pooled_sd(dev, rank):
@@ -90,16 +86,12 @@ def time_correlation(e, comp, coord):
 
 
 def analyse(path):
-    with h5py.File(path, "r") as f:
-        ev = f["events"][:]
-        regions = [text(r) for r in f["regions"][:]]
-        strategies = [text(s) for s in f["meta/strategies"][:]]
-        ranks = f["ranks"][:]
-    coord = {int(r["rank"]): (int(r["tp"]), int(r["cp"]), int(r["pp"]), int(r["dp"])) for r in ranks}
-    comp = [regions.index(n) for n in COMPUTE if n in regions]
-    busy_ids = [regions.index(n) for n in ANY if n in regions]
+    trace = Trace(path)
+    ev = trace.ev
+    coord = {r: (c["tp"], c["cp"], c["pp"], c["dp"]) for r, c in trace.coord.items()}
+    comp, busy_ids = trace.region_ids(COMPUTE), trace.region_ids(ANY)
     print(f"== {path}")
-    for si, name in enumerate(strategies):
+    for si, name in enumerate(trace.strategies):
         e = ev[(ev["strategy"] == si) & (ev["step"] >= 0)]
         busy = e[np.isin(e["region"], busy_ids)]
         edges = np.concatenate([busy["start_ns"], busy["end_ns"]])

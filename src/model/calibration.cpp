@@ -122,11 +122,11 @@ SpreadFit fitSpread(const std::vector<MeasuredRun>& runs, const std::vector<Task
     // group shares (a load common to the TP x CP ranks of a layer makes none of them wait;
     // the work's own error in the prediction). A layer without TP and CP has no group: its
     // micro-batch's layers on the other stages stand in (the same work at other times).
-    std::map<GroupKey, MeanAcc> groups;
-    for (const auto& e : xs) groups[e.group].add(0.0);
+    std::map<GroupKey, std::size_t> members;
+    for (const auto& e : xs) ++members[e.group];
     for (auto& e : xs)
-      if (groups[e.group].n < 2) e.group = e.micro_batch;
-    groups.clear();
+      if (members[e.group] < 2) e.group = e.micro_batch;
+    std::map<GroupKey, MeanAcc> groups;
     for (const auto& e : xs) groups[e.group].add(e.x - by_rank_step[e.rank_step].mean());
     // Degrees of freedom of the two-way layout (rank steps x groups), per block of one
     // replica's step: a rank step and a group always lie in one.

@@ -384,13 +384,16 @@ bool StepSimulator::noisy() const {
   return cfg_.task_spread > 0 && cfg_.ranks() > 1;
 }
 
+bool StepSimulator::wanders() const {
+  return cfg_.step_spread > 0 && cfg_.ranks() > 1;
+}
+
 std::vector<double> StepSimulator::rankSpeeds(int placement, int step) const {
+  if (rank_factor_.empty() && !wanders()) return {};
   const int n = cfg_.ranks();
-  const bool wander = cfg_.step_spread > 0 && n > 1;
-  if (rank_factor_.empty() && !wander) return {};
   std::vector<double> f(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r) f[static_cast<std::size_t>(r)] = rankFactor(r, placement);
-  if (wander) {
+  if (wanders()) {
     // A rank's speed also wanders from step to step (log-normal, mean 1): its own draw per
     // (step, scatter), fixed seeds, so two strategies' same step share them.
     data::Rng rng(kStepSeed,
@@ -661,7 +664,7 @@ std::int64_t StepSimulator::microBatchTokenBudget() const {
 
 StepResult StepSimulator::simulate(const std::vector<std::vector<MicroBatchWork>>& works, trace::Recorder* rec,
                                    int step, double t0, const std::vector<PackFlowDeps>* flow) const {
-  if (rank_factor_.empty() && cfg_.step_spread <= 0 && !noisy()) return simulateOnce(works, rec, step, t0, flow, 0);
+  if (rank_factor_.empty() && !wanders() && !noisy()) return simulateOnce(works, rec, step, t0, flow, 0);
   // The median step over the scatters of the slow ranks and the draws of the task noise;
   // its events recorded (if asked) by simulating that scatter once more with the recorder.
   std::vector<StepResult> results;

@@ -275,6 +275,8 @@ class StepSimulator {
   std::vector<double> rankSpeeds(int placement, int step) const;
   /// Whether tasks draw noise: a task_spread and more than one rank to wait for.
   bool noisy() const;
+  /// Whether ranks draw a step factor: a step_spread and more than one rank.
+  bool wanders() const;
   StepResult simulateOnce(const std::vector<std::vector<MicroBatchWork>>& works, trace::Recorder* rec, int step,
                           double t0_seconds, const std::vector<PackFlowDeps>* flow, int placement) const;
 
