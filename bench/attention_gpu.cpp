@@ -5,7 +5,7 @@
 //
 //   bench_attention_gpu [--check-only] [--bench-only] [--quick] [--repeats N]
 //                       [--modes fp32,tf32,bf16] [--cases a,b,c,d]
-//                       [--paths auto,sm80,split,ws,ws-split] [--json FILE]
+//                       [--paths auto,sm80,sync,split,ws,...] [--json FILE]
 //
 // Useful FLOPs: forward 4*D*heads*pairs (pairs = unmasked query-key pairs), backward 2.5x
 // forward. Case a: one 8192-token document, 32 heads / 8 KV heads, D = 128. Case b: 65536
@@ -13,10 +13,12 @@
 // sigma 1.2, seed 0, capped at 32768). Case c: case a with D = 64. Case d: the CP-piece
 // grid, one piece of q queries at the end of a k-key prefix (what per-document CP and
 // SlimPack slices make), q in {64, 256, 1024} x k in {16K, 64K, 128K}, 32 / 8 heads, D 128;
-// rows "d:q64k16K" etc. Paths: auto (Hopper wgmma forward where the device has it), sm80,
-// split (auto with KernelConfig::split_kv: split-KV for pieces of <= 256 queries over
-// >= 16K keys), ws (auto with KernelConfig::warp_specialized: the BF16 forward on the
-// warp-specialised TMA kernel; other modes run auto) and ws-split (both). Timing: fence, steady
+// rows "d:q64k16K" etc. Paths: sm80 (the sm_80 kernels even on a Hopper GPU) and the
+// Hopper variants of attention::setHopperVariant (docs/attention.md): auto (the default:
+// the warp-specialised BF16 forward, the synchronous backward), sync (the synchronous
+// kernels), split / sync-split (split-KV for pieces of <= 256 queries over >= 16K keys),
+// ws / ws-split (the warp-specialised backward too); BF16 only, other modes run the
+// synchronous kernels. Timing: fence, steady
 // clock around a loop of calls, median and range over repeats. Precision: documents of
 // 1, 17, 300, 1000 and 4097 tokens packed together plus CP-style pieces (queries shorter
 // than their key prefix), GQA 8/2, D 64 and 128, fresh random inputs, outputs poisoned with
@@ -57,8 +59,7 @@ struct Opts {
   int repeats = 7;
   std::vector<std::string> modes{"fp32", "tf32", "bf16"};
   std::vector<std::string> cases{"a", "b", "c"};
-  /// kernel families: auto (the Hopper wgmma forward where the device has it), sm80, split,
-  /// ws, ws-split
+  /// kernel families: sm80 and the Hopper variants (auto, sync, split, ws, ...)
   std::vector<std::string> paths{"auto"};
   std::string json;
 };
@@ -72,7 +73,8 @@ att::KernelConfig pathOf(const std::string& p) {
     return cfg;
   }
   if (att::setHopperVariant(cfg, p)) return cfg;
-  std::fprintf(stderr, "bench_attention_gpu: unknown path '%s' (auto, sm80, split, ws, ws-split)\n", p.c_str());
+  std::fprintf(stderr, "bench_attention_gpu: unknown path '%s' (sm80, %s)\n", p.c_str(),
+               att::hopperVariantList().c_str());
   std::exit(2);
 }
 

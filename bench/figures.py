@@ -315,6 +315,55 @@ def attention_h100(root):
     return out
 
 
+H100_WS = f"{H100}/attention_ws"
+
+
+def _ws_rows(root, name):
+    """{(case, path): row} of a bench_attention_gpu JSON of the warp-specialised session."""
+    import json
+    return {(r["case"], r["path"]): r for r in json.loads((root / H100_WS / name).read_text())["rows"]}
+
+
+def _torch_rows(root, name):
+    import json
+    return {(r["case"], r["kernel"]): r for r in json.loads((root / H100_WS / name).read_text())["results"]}
+
+
+@table("attention-h100-ws", "docs/performance.md", f"{H100_WS}/attention_ws.json",
+       f"{H100_WS}/attention_torch_abc.json")
+def attention_h100_ws(root):
+    wlb, torch = _ws_rows(root, "attention_ws.json"), _torch_rows(root, "attention_torch_abc.json")
+    out = []
+    for case in "abc":
+        s, w = wlb[(case, "auto")], wlb[(case, "ws")]
+        t = {k: (torch[(case, k)]["fwd"]["tflops"]["median"], torch[(case, k)]["bwd"]["tflops"]["median"])
+             for k in ("sdpa_bf16_cudnn", "flex_bf16", "varlen_bf16")}
+        pair = "{:.1f} / {:.1f}"
+        cud = t["sdpa_bf16_cudnn"]
+        out.append([(case,), (pair, s["fwd_tflops"], s["bwd_tflops"]), (pair, w["fwd_tflops"], w["bwd_tflops"]),
+                    (pair, *cud), (pair, *t["flex_bf16"]), (pair, *t["varlen_bf16"]),
+                    ("{:.2f} / {:.2f}", w["fwd_tflops"] / cud[0], s["bwd_tflops"] / cud[1])])
+    return out
+
+
+@table("attention-h100-cp-pieces", "docs/performance.md", f"{H100_WS}/attention_wlb_d.json",
+       f"{H100_WS}/attention_torch_d.json")
+def attention_h100_cp_pieces(root):
+    wlb, torch = _ws_rows(root, "attention_wlb_d.json"), _torch_rows(root, "attention_torch_d.json")
+    out = []
+    for q in (64, 256, 1024):
+        for k in ("16K", "64K", "128K"):
+            cell = f"d:q{q}k{k}"
+            s, w, ws = wlb[(cell, "auto")], wlb[(cell, "ws")], wlb[(cell, "ws-split")]
+            v = torch[(cell, "varlen_bf16")]
+            vf, vb = v["fwd"]["tflops"]["median"], v["bwd"]["tflops"]["median"]
+            pair = "{:.1f} / {:.1f}"
+            out.append([(f"{q} × {k}",), (pair, s["fwd_tflops"], s["bwd_tflops"]),
+                        (pair, w["fwd_tflops"], w["bwd_tflops"]), ("{:.1f}", ws["fwd_tflops"]), (pair, vf, vb),
+                        ("{:.2f} / {:.2f}", w["fwd_tflops"] / vf, s["bwd_tflops"] / vb)])
+    return out
+
+
 def run_summary(path):
     """{strategy: fields} from the summary table and per-rank busy lines `wlb run` prints."""
     lines = [line for line in path.read_text().splitlines() if not line.startswith("#")]

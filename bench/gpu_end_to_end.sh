@@ -19,9 +19,10 @@
 # attnws (the warp-specialised forward's tests — on a failure or a hang, compute-sanitizer's
 # synccheck and memcheck of them — and a quick timing beside the synchronous kernel, cases
 # a-c), and
-# attn: bench_attention_gpu (BIN must hold it) on cases a-d in BF16 on the synchronous and
-# the warp-specialised Hopper forward, each with and without split-KV, its precision checks
-# included, then the PyTorch anchors of cases a-d (d: varlen_attn)
+# attn: bench_attention_gpu (BIN must hold it) on cases a-d in BF16 on the Hopper variants
+# sync, auto (warp-specialised forward), split (auto with split-KV) and ws (warp-specialised
+# backward too), its precision checks included, then the PyTorch anchors of cases a-d
+# (d: varlen_attn)
 # (bench/attention_torch.py; docs/attention.md, "Split-KV").
 # RUN_PRECISIONS: the extra precisions of `run` besides bf16 (default "fp32 tf32").
 set -uo pipefail
@@ -236,20 +237,20 @@ ws_tests() {
 # then its checks and BF16 timings beside the synchronous kernel's on cases a, b and c.
 if [[ " $parts " == *" attnws "* ]]; then
   ws_tests
-  log "bench_attention_gpu (bf16; paths auto and ws; quick checks, then cases a, b, c with 3 repeats)"
-  timeout 120 "$BIN/bench_attention_gpu" --check-only --quick --modes bf16 --paths auto,ws,ws-split \
+  log "bench_attention_gpu (bf16; paths sync, auto, ws; quick checks, then sync and ws on cases a, b, c with 3 repeats)"
+  timeout 120 "$BIN/bench_attention_gpu" --check-only --quick --modes bf16 --paths sync,auto,ws,ws-split \
     > "$OUT/attention_ws_check.log" 2>&1
   echo "bench_attention_gpu checks rc=$?" | tee -a "$OUT/summary.txt"
   grep -E "check" "$OUT/attention_ws_check.log" | tail -20 | tee -a "$OUT/summary.txt"
-  timeout 240 "$BIN/bench_attention_gpu" --bench-only --modes bf16 --paths auto,ws --cases a,b,c --repeats 3 \
+  timeout 240 "$BIN/bench_attention_gpu" --bench-only --modes bf16 --paths sync,ws --cases a,b,c --repeats 3 \
     --json "$OUT/attention_ws.json" > "$OUT/attention_ws.log" 2>&1
   echo "bench_attention_gpu rc=$?" | tee -a "$OUT/summary.txt"
   grep -E "^[a-c] " "$OUT/attention_ws.log" | tail -12 | tee -a "$OUT/summary.txt"
 fi
 if [[ " $parts " == *" attn "* ]]; then
   ws_tests
-  log "bench_attention_gpu (bf16; paths auto, split, ws, ws-split; cases a, b, c and the CP-piece grid d)"
-  timeout 420 "$BIN/bench_attention_gpu" --modes bf16 --paths auto,split,ws,ws-split --cases a,b,c,d \
+  log "bench_attention_gpu (bf16; paths sync, auto, split, ws; cases a, b, c and the CP-piece grid d)"
+  timeout 420 "$BIN/bench_attention_gpu" --modes bf16 --paths sync,auto,split,ws --cases a,b,c,d \
     --json "$OUT/attention_wlb.json" > "$OUT/attention_wlb.log" 2>&1
   echo "bench_attention_gpu rc=$?" | tee -a "$OUT/summary.txt"
   grep -E "check|^[a-d]" "$OUT/attention_wlb.log" | tail -40 | tee -a "$OUT/summary.txt"

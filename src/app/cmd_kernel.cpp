@@ -144,7 +144,7 @@ int run(const Opts& o) {
   cfg.tile_k = o.tile_k;
   if (o.portable) cfg.path = att::KernelConfig::Path::Portable;
   if (!att::setHopperVariant(cfg, o.attention))
-    throw wlb::InputError("wlb kernel: --attention: '" + o.attention + "' is not one of auto, split, ws, ws-split");
+    throw wlb::InputError("wlb kernel: --attention: '" + o.attention + "' is not one of " + att::hopperVariantList());
   // fp32 / tf32: float storage; bf16: bf16 storage (inputs rounded once, O back to float)
   const bool bf16 = o.precision == "bf16";
   if (o.precision == "tf32")
@@ -254,10 +254,7 @@ const bool registered = wlb::app::registerCommand(
       sub.add_flag("--portable", o->portable, "Force the portable (device) kernel path");
       sub.add_option("--precision", o->precision,
                      "fp32 (default), tf32 (TF32 tensor cores on CUDA) or bf16 (BF16 storage and tensor cores)");
-      sub.add_option(
-          "--attention", o->attention,
-          "Kernel variant on a Hopper GPU: auto (default), split (split-KV forward), ws (warp-specialised) or "
-          "ws-split; other devices ignore it");
+      sub.add_option("--attention", o->attention, att::hopperVariantHelp());
       return [o]() -> int { return run(*o); };
     });
 

@@ -9,6 +9,7 @@
 
 #include "app/cleanup.hpp"
 #include "app/command.hpp"
+#include "attention/flops.hpp"
 #include "core/output_file.hpp"
 #include "profile/profiler.hpp"
 
@@ -56,11 +57,8 @@ const bool registered = wlb::app::registerCommand(
                      "Arithmetic of the timed attention kernels and GEMM: fp32, tf32 or bf16 (GPU tensor cores; host "
                      "builds compute every mode in FP32)")
           ->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
-      sub.add_option(
-             "--attention", o->p.attention,
-             "Attention kernel variant on a Hopper GPU: auto, split (split-KV forward), ws (warp-specialised) or "
-             "ws-split; other devices ignore it")
-          ->check(CLI::IsMember({"auto", "split", "ws", "ws-split"}));
+      sub.add_option("--attention", o->p.attention, wlb::attention::hopperVariantHelp())
+          ->check(CLI::IsMember(wlb::attention::hopperVariants()));
       sub.add_option("--base", o->p.base,
                      "Profile JSON whose fields this command does not measure (links, topology, memory, peak) are "
                      "kept");

@@ -437,7 +437,10 @@ inline const char* cudaKernelName(int D, const KernelConfig& cfg, bool bf16_stor
   if (!cudaFastPath(cfg, D, bf16_storage)) return "portable";
   const bool wg = cuda::useHopper(D, cfg.path != KernelConfig::Path::Sm80);
   if (bf16_storage || cfg.precision == KernelConfig::Precision::Bf16)
-    return !wg ? "cuda-mma-bf16" : cfg.warp_specialized ? "cuda-wgmma-ws-bf16" : "cuda-wgmma-bf16";
+    return !wg                     ? "cuda-mma-bf16"
+           : !cfg.warp_specialized ? "cuda-wgmma-bf16"
+           : cfg.ws_backward       ? "cuda-wgmma-ws-bf16"
+                                   : "cuda-wgmma-wsfwd-bf16";  // warp-specialised forward only
   if (cfg.precision == KernelConfig::Precision::Tf32) return wg ? "cuda-wgmma-tf32" : "cuda-mma-tf32";
   return "cuda-simt-fp32";
 }

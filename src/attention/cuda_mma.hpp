@@ -659,7 +659,7 @@ bool mmaForward(const Kokkos::Cuda& space, const Args& a, const VarlenBatch& b, 
 }
 
 /// BF16 tensor-core backward (the Hopper kernels where useHopper, cfg.path other than Sm80:
-/// the warp-specialised one with cfg.warp_specialized when the tensors meet hopper::wsReady);
+/// the warp-specialised one with cfg.ws_backward when the tensors meet hopper::wsReady);
 /// a.delta must hold rowsum(dO∘O). Accumulates into dq, dk, dv.
 inline bool mmaBackward(const Kokkos::Cuda& space, const Args& a, const VarlenBatch& b, const KernelConfig& cfg) {
 #if defined(WLB_HAVE_HOPPER)
@@ -670,7 +670,7 @@ inline bool mmaBackward(const Kokkos::Cuda& space, const Args& a, const VarlenBa
     h.nwork = static_cast<int>(work.extent(0));
     h.q_rows = b.q_tokens;
     h.k_rows = b.k_tokens;
-    if (cfg.warp_specialized && hopper::wsReady(a, true))
+    if (cfg.ws_backward && hopper::wsReady(a, true))
       hopper::backwardWs(space.cuda_stream(), h);
     else
       hopper::backward(space.cuda_stream(), h);

@@ -31,34 +31,74 @@ struct KernelConfig {
   enum class Precision : int { Fp32 = 0, Tf32 = 1, Bf16 = 2 } precision = Precision::Fp32;
   /// Split-KV in the Hopper forward (split_kv.hpp): pieces with at most 256 queries over at
   /// least 16K keys run as several work items over parts of their keys, merged by their
-  /// LSE. Off by default until measured on an H100; other paths ignore it.
+  /// LSE. Off by default: on the H100 it paid only for 64 queries over 128K keys (1.07x)
+  /// and cost up to 6x elsewhere on the CP-piece grid; other paths ignore it.
   bool split_kv = false;
-  /// BF16 on a Hopper device: the warp-specialised kernels (cuda_hopper_ws.cu) instead of
-  /// the synchronous ones — a persistent forward with a TMA producer warpgroup, consumer
-  /// warpgroups in ping-pong and the next tile's QK^T issued before this tile's softmax, and
-  /// a backward with a TMA producer and dQ added by bulk reductions. Off by default until
-  /// measured on an H100; other paths and precisions ignore it.
-  bool warp_specialized = false;
+  /// BF16 on a Hopper device: the warp-specialised forward (cuda_hopper_ws.cu: a
+  /// persistent kernel with a TMA producer warpgroup, consumer warpgroups in ping-pong and
+  /// the next tile's QK^T issued before this tile's softmax) instead of the synchronous one.
+  /// On by default: measured 1.5-1.7x the synchronous forward on the H100 (docs/attention.md,
+  /// "Measured on the H100"); other paths and precisions ignore it.
+  bool warp_specialized = true;
+  /// BF16 on a Hopper device: the warp-specialised backward (a TMA producer, dQ added by
+  /// bulk reductions) instead of the synchronous one. Off by default: measured at half the
+  /// synchronous backward's rate at D = 128 (1.09x it at D = 64).
+  bool ws_backward = false;
 };
 
 /// The Hopper kernel variants by name (deck `run.attention`, `wlb profile --attention`,
-/// `bench_attention_gpu --paths`): "auto" (the synchronous kernels), "split" (split_kv),
-/// "ws" (warp_specialized), "ws-split" (both). False for another name (cfg unchanged).
-inline bool setHopperVariant(KernelConfig& cfg, const std::string& name) {
-  const bool split = name == "split" || name == "ws-split", ws = name == "ws" || name == "ws-split";
-  if (!split && !ws && name != "auto") return false;
-  cfg.split_kv = split;
-  cfg.warp_specialized = ws;
-  return true;
+/// `wlb kernel --attention`, `bench_attention_gpu --paths`): which forward and backward run
+/// and whether split-KV is on. "auto" is the fastest measured pair.
+struct HopperVariant {
+  const char* name;
+  bool ws_forward, ws_backward, split_kv;
+};
+inline const std::vector<HopperVariant>& hopperVariantTable() {
+  static const std::vector<HopperVariant> t{{"auto", true, false, false},  {"split", true, false, true},
+                                            {"ws", true, true, false},     {"ws-split", true, true, true},
+                                            {"sync", false, false, false}, {"sync-split", false, false, true}};
+  return t;
 }
+/// Sets cfg's variant; false for another name (cfg unchanged).
+inline bool setHopperVariant(KernelConfig& cfg, const std::string& name) {
+  for (const HopperVariant& v : hopperVariantTable())
+    if (name == v.name) {
+      cfg.warp_specialized = v.ws_forward;
+      cfg.ws_backward = v.ws_backward;
+      cfg.split_kv = v.split_kv;
+      return true;
+    }
+  return false;
+}
+/// cfg's variant name ("custom" for a combination no name gives: a warp-specialised
+/// backward after the synchronous forward).
 inline const char* hopperVariant(const KernelConfig& cfg) {
-  if (cfg.warp_specialized) return cfg.split_kv ? "ws-split" : "ws";
-  return cfg.split_kv ? "split" : "auto";
+  for (const HopperVariant& v : hopperVariantTable())
+    if (cfg.warp_specialized == v.ws_forward && cfg.ws_backward == v.ws_backward && cfg.split_kv == v.split_kv)
+      return v.name;
+  return "custom";
 }
 /// The variant names setHopperVariant takes.
 inline const std::vector<std::string>& hopperVariants() {
-  static const std::vector<std::string> v{"auto", "split", "ws", "ws-split"};
+  static const std::vector<std::string> v = [] {
+    std::vector<std::string> names;
+    for (const HopperVariant& h : hopperVariantTable()) names.push_back(h.name);
+    return names;
+  }();
   return v;
+}
+/// What each name selects (help texts of the deck key and the commands).
+inline const char* hopperVariantHelp() {
+  return "Attention kernels on a Hopper GPU (BF16): auto (the warp-specialised forward and the synchronous "
+         "backward, the fastest measured), split (auto with split-KV for pieces of <= 256 queries over >= 16K keys), "
+         "ws (warp-specialised forward and backward), ws-split (ws with split-KV), sync (the synchronous kernels), "
+         "sync-split (sync with split-KV); other devices ignore it.";
+}
+/// The names joined by ", " (error messages and help texts).
+inline std::string hopperVariantList() {
+  std::string s;
+  for (const std::string& n : hopperVariants()) s += (s.empty() ? "" : ", ") + n;
+  return s;
 }
 
 /// Unmasked query-key pairs of a piece: nq*(nk-nq) + nq*(nq+1)/2.

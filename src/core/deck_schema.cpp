@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "attention/flops.hpp"
+
 namespace wlb {
 
 namespace {
@@ -155,10 +157,7 @@ const std::vector<KeySpec>& deckSchema() {
           "host builds widen BF16 to FP32 to compute)."),
         S("run", "comm_backend", {"auto", "mpi", "nccl"}, WLB_F(run.comm_backend),
           "Executor collectives: host-staged mpi, nccl (CUDA build, one GPU per rank) or auto (nccl when it can run)."),
-        S("run", "attention", {"auto", "split", "ws", "ws-split"}, WLB_F(run.attention),
-          "Attention kernels on a Hopper GPU: auto (synchronous wgmma kernels), split (split-KV forward for pieces of "
-          "<= 256 queries over >= 16K keys), ws (warp-specialised TMA kernels, forward and backward, BF16), ws-split "
-          "(both); other devices ignore it."),
+        S("run", "attention", attention::hopperVariants(), WLB_F(run.attention), attention::hopperVariantHelp()),
 
         S("train", "dataset", {}, WLB_F(train.dataset),
           "wlb train: dataset PREFIX from `wlb data prepare` (reads PREFIX_train and PREFIX_valid .bin/.idx; relative "

@@ -17,6 +17,7 @@
 #include "core/kokkos_compat.hpp"
 #include "cp/row_moves.hpp"
 #include "model/cost_model.hpp"
+#include "runtime/pool.hpp"
 #include "trace/recorder.hpp"
 
 namespace wlb::cp {
@@ -118,23 +119,10 @@ namespace {
 
 using Mem = DistViews::mem;
 using IdxView = rows::IdxView;
-using Buf = Kokkos::View<float*, Mem>;
 
 using rows::upload;
 
-Buf newBuf(const char* label, std::int64_t n) {
-  return Buf(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), static_cast<std::size_t>(n));
-}
-
 using rows::moveRows;
-
-// Element buffers (BF16 rows travel as word pairs: row_moves.hpp).
-template <class E>
-using EBuf = Kokkos::View<E*, Mem>;
-template <class E>
-EBuf<E> newEBuf(const char* label, std::int64_t n) {
-  return EBuf<E>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), static_cast<std::size_t>(n));
-}
 using rows::scaled;
 using rows::wordCount;
 using rows::words;
@@ -168,6 +156,25 @@ void DistributedAttention::buildMaps() {
   for (auto i : m.to) m.to_slots.push_back(upload(transferKvSlots(comm_plan_->transfers[i])));
 }
 
+template <class T>
+Kokkos::View<T***, Kokkos::LayoutRight, DistViews::mem> DistributedAttention::rowBuffer(const Space& space,
+                                                                                        const char* label,
+                                                                                        std::int64_t rows,
+                                                                                        bool zero) const {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, attention::bf16>);
+  Kokkos::View<T***, Kokkos::LayoutRight, Mem> out;
+  if (!opt_.pool)
+    out =
+        decltype(out)(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), rows, kv_heads_, head_dim_);
+  else if constexpr (std::is_same_v<T, float>)
+    out = opt_.pool->act3(label, rows, kv_heads_, head_dim_);
+  else
+    out = opt_.pool->bact3(label, rows, kv_heads_, head_dim_);
+  // Zeroed on this object's instance, which the kernels that accumulate into it run on.
+  if (zero) Kokkos::deep_copy(space, out, T{});
+  return out;
+}
+
 // ---- forward -------------------------------------------------------------------------
 
 template <class T>
@@ -186,8 +193,8 @@ void DistributedAttention::exchangeKvForward(const Space& space, const T* k, con
     if (plan.cp > 1) {
       const std::int64_t ww = wordCount<T>(width);
       const auto counts = scaled(cpl.gather_counts, ww), displs = scaled(cpl.gather_displs, ww);
-      EBuf<T> gk = newEBuf<T>("wlb::cp::dist_attn::gathered_k", total * width);
-      EBuf<T> gv = newEBuf<T>("wlb::cp::dist_attn::gathered_v", total * width);
+      const auto gk = rowBuffer<T>(space, "wlb::cp::dist_attn::gathered_k", total);
+      const auto gv = rowBuffer<T>(space, "wlb::cp::dist_attn::gathered_v", total);
       group_->allgatherv(space, words(k), words(gk.data()), counts, displs);
       group_->allgatherv(space, words(v), words(gv.data()), counts, displs);
       moveRows(space, kv_k, none, gk.data(), m.ag_index, kv_tokens_, width, false);
@@ -203,16 +210,16 @@ void DistributedAttention::exchangeKvForward(const Space& space, const T* k, con
     MaybeScope sc(opt_.recorder, trace::labels::kKvExchange, space, trace::Phase::Fwd, 0,
                   2.0 * eb * static_cast<double>(recv_tokens * width));
     // Messages: K rows of the transfer's runs, then V rows.
-    std::vector<EBuf<T>> rbuf, sbuf;
+    std::vector<Kokkos::View<T***, Kokkos::LayoutRight, Mem>> rbuf, sbuf;
     std::vector<parallel::GroupComm::Msg> recvs, sends;
     for (std::size_t j = 0; j < m.to.size(); ++j) {
       const Transfer& t = cpl.transfers[m.to[j]];
-      rbuf.push_back(newEBuf<T>("wlb::cp::dist_attn::recv", 2 * t.tokens * width));
+      rbuf.push_back(rowBuffer<T>(space, "wlb::cp::dist_attn::recv", 2 * t.tokens));
       recvs.push_back({t.src, words(rbuf.back().data()), wordCount<T>(2 * t.tokens * width)});
     }
     for (std::size_t j = 0; j < m.from.size(); ++j) {
       const Transfer& t = cpl.transfers[m.from[j]];
-      sbuf.push_back(newEBuf<T>("wlb::cp::dist_attn::send", 2 * t.tokens * width));
+      sbuf.push_back(rowBuffer<T>(space, "wlb::cp::dist_attn::send", 2 * t.tokens));
       moveRows(space, sbuf.back().data(), none, k, m.from_local[j], t.tokens, width, false);
       moveRows(space, sbuf.back().data() + t.tokens * width, none, v, m.from_local[j], t.tokens, width, false);
       sends.push_back({t.dst, words(sbuf.back().data()), wordCount<T>(2 * t.tokens * width)});
@@ -249,10 +256,8 @@ void DistributedAttention::forwardT(const Space& space, Kokkos::View<const T***,
   times_ = DistAttentionTimes{};
   releaseKv();
   using V3 = Kokkos::View<T***, Kokkos::LayoutRight, DistViews::mem>;
-  const V3 kv_k(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::cp::dist_attn::kv_k"), kv_tokens_, kv_heads_,
-                head_dim_);
-  const V3 kv_v(Kokkos::view_alloc(Kokkos::WithoutInitializing, "wlb::cp::dist_attn::kv_v"), kv_tokens_, kv_heads_,
-                head_dim_);
+  const V3 kv_k = rowBuffer<T>(space, "wlb::cp::dist_attn::kv_k", kv_tokens_);
+  const V3 kv_v = rowBuffer<T>(space, "wlb::cp::dist_attn::kv_v", kv_tokens_);
   if constexpr (std::is_same_v<T, float>) {
     kv_k_ = kv_k;
     kv_v_ = kv_v;
@@ -298,8 +303,8 @@ void DistributedAttention::returnKvGradBackward(const Space& space, View3 dk, Vi
                   2.0 * eb * static_cast<double>(local_tokens_ * width) * (plan.cp - 1));
     if (plan.cp > 1) {
       const auto counts = scaled(cpl.gather_counts, width), displs = scaled(cpl.gather_displs, width);
-      Buf gk("wlb::cp::dist_attn::gathered_dk", static_cast<std::size_t>(total * width));
-      Buf gv("wlb::cp::dist_attn::gathered_dv", static_cast<std::size_t>(total * width));
+      const View3 gk = rowBuffer<float>(space, "wlb::cp::dist_attn::gathered_dk", total, true);
+      const View3 gv = rowBuffer<float>(space, "wlb::cp::dist_attn::gathered_dv", total, true);
       // A rank's KV slots map to distinct gathered rows: a plain scatter into zeros.
       moveRows(space, gk.data(), m.ag_index, kv_k_.data(), none, kv_tokens_, width, false);
       moveRows(space, gv.data(), m.ag_index, kv_v_.data(), none, kv_tokens_, width, false);
@@ -319,16 +324,16 @@ void DistributedAttention::returnKvGradBackward(const Space& space, View3 dk, Vi
     for (auto i : m.from) recv_tokens += cpl.transfers[i].tokens;
     MaybeScope sc(opt_.recorder, trace::labels::kKvExchange, space, trace::Phase::Bwd, 0,
                   2.0 * eb * static_cast<double>(recv_tokens * width));
-    std::vector<Buf> rbuf, sbuf;
+    std::vector<View3> rbuf, sbuf;
     std::vector<parallel::GroupComm::Msg> recvs, sends;
     for (std::size_t j = 0; j < m.from.size(); ++j) {
       const Transfer& t = cpl.transfers[m.from[j]];
-      rbuf.push_back(newBuf("wlb::cp::dist_attn::recv", 2 * t.tokens * width));
+      rbuf.push_back(rowBuffer<float>(space, "wlb::cp::dist_attn::recv", 2 * t.tokens));
       recvs.push_back({t.dst, rbuf.back().data(), 2 * t.tokens * width});
     }
     for (std::size_t j = 0; j < m.to.size(); ++j) {
       const Transfer& t = cpl.transfers[m.to[j]];
-      sbuf.push_back(newBuf("wlb::cp::dist_attn::send", 2 * t.tokens * width));
+      sbuf.push_back(rowBuffer<float>(space, "wlb::cp::dist_attn::send", 2 * t.tokens));
       moveRows(space, sbuf.back().data(), none, kv_k_.data(), m.to_slots[j], t.tokens, width, false);
       moveRows(space, sbuf.back().data() + t.tokens * width, none, kv_v_.data(), m.to_slots[j], t.tokens, width, false);
       sends.push_back({t.src, sbuf.back().data(), 2 * t.tokens * width});
@@ -376,8 +381,8 @@ void DistributedAttention::backwardT(const Space& space,
                                 std::to_string(local_tokens_) + " local tokens");
   auto t0 = Clock::now();
   // KV-buffer gradients (zeroed: the kernel accumulates).
-  View3 dkv_k("wlb::cp::dist_attn::dkv_k", kv_tokens_, kv_heads_, head_dim_);
-  View3 dkv_v("wlb::cp::dist_attn::dkv_v", kv_tokens_, kv_heads_, head_dim_);
+  View3 dkv_k = rowBuffer<float>(space, "wlb::cp::dist_attn::dkv_k", kv_tokens_, true);
+  View3 dkv_v = rowBuffer<float>(space, "wlb::cp::dist_attn::dkv_v", kv_tokens_, true);
   Kokkos::deep_copy(space, dq, 0.0f);
   {
     MaybeScope sc(opt_.recorder, trace::labels::kAttn, space, trace::Phase::Bwd, attnFlops(true));

@@ -31,6 +31,9 @@
 /// The KV buffer built in forward is kept by the object and reused by backward (no second
 /// exchange). Every MPI call is preceded by a fence of the execution space. The plan and
 /// comm plan must be identical on every rank of the communicator and outlive the object.
+/// Every buffer (KV buffer, messages, gathered rows, KV-buffer gradient) is a
+/// [rows][kv_heads][head_dim] block of DistAttentionOptions::pool when one is given, so a
+/// repeated step allocates nothing here either.
 
 #include <mpi.h>
 
@@ -49,6 +52,9 @@ class CostModel;
 }
 namespace wlb::trace {
 class Recorder;
+}
+namespace wlb::runtime {
+class BufferPool;
 }
 
 namespace wlb::cp {
@@ -78,6 +84,10 @@ struct DistAttentionOptions {
   /// Moves the bytes (mpi host-staged or nccl); must be over the same ranks as `comm`.
   /// Null -> a host-staged MPI group over `comm`.
   parallel::GroupComm* group = nullptr;
+  /// Buffers come from here when non-null (the stage's activation pool: cached across
+  /// layers, micro-batches and steps, and a failed allocation first gives the pool's free
+  /// blocks back); else each call allocates its own. Must outlive the object.
+  runtime::BufferPool* pool = nullptr;
 };
 
 /// Seconds spent by the last forward()/backward() call of this rank.
@@ -155,6 +165,10 @@ class DistributedAttention {
   template <class T>
   void exchangeKvForward(const Space& space, const T* k, const T* v, T* kv_k, T* kv_v);
   void returnKvGradBackward(const Space& space, View3 dk, View3 dv);
+  /// A [rows][kv_heads][head_dim] buffer of T from opt_.pool, else allocated; zeroed when asked.
+  template <class T>
+  Kokkos::View<T***, Kokkos::LayoutRight, DistViews::mem> rowBuffer(const Space& space, const char* label,
+                                                                    std::int64_t rows, bool zero = false) const;
   void buildMaps();
   struct Maps;  // the plan's row maps in device memory (built once per object)
 

@@ -724,8 +724,8 @@ ProfileResult measureProfile(ProfileOptions o) {
   cfg.tile_k = o.tile_k;
   cfg.precision = wlb::runtime::parsePrecision(o.precision, "--precision");
   if (!att::setHopperVariant(cfg, o.attention))
-    throw wlb::InputError("wlb profile: --attention: unknown variant '" + o.attention +
-                          "' (auto, split, ws, ws-split)");
+    throw wlb::InputError("wlb profile: --attention: unknown variant '" + o.attention + "' (" +
+                          att::hopperVariantList() + ")");
   try {
     att::validateConfig(cfg);
   } catch (const std::invalid_argument& e) {

@@ -500,6 +500,7 @@ LayerStep::LayerStep(const LayerEnv& env, const Llama& model, int layer, const c
   opt.cost = env.cost;
   opt.recorder = env.recorder;
   opt.group = env.cp_group;
+  opt.pool = env.pool;
   const LayerShape s = LayerShape::of(model.config());
   attn_ = std::make_unique<cp::DistributedAttention>(plan, comm, env.cp_comm, s.heads, s.kv_heads, s.head_dim, opt,
                                                      like && like->attn_ ? like->attn_.get() : nullptr);

@@ -23,6 +23,7 @@
 #include "cp/shard_plan.hpp"
 #include "model/cost_model.hpp"
 #include "mpi_world.hpp"
+#include "runtime/pool.hpp"
 #include "trace/clock_sync.hpp"
 #include "trace/recorder.hpp"
 
@@ -140,7 +141,7 @@ Reference singleRank(const MicroBatch& mb, const std::vector<float>& q, const st
 }
 
 void checkOne(const MicroBatch& mb, Strategy strategy, CommMode mode, MPI_Comm comm, unsigned seed,
-              trace::Recorder* rec = nullptr) {
+              trace::Recorder* rec = nullptr, runtime::BufferPool* pool = nullptr) {
   int cp = 1, rank = 0;
   MPI_Comm_size(comm, &cp);
   MPI_Comm_rank(comm, &rank);
@@ -176,6 +177,7 @@ void checkOne(const MicroBatch& mb, Strategy strategy, CommMode mode, MPI_Comm c
   DistAttentionOptions opt;
   opt.cost = &cost;
   opt.recorder = rec;
+  opt.pool = pool;
   DistributedAttention da(plan, cpl, comm, kHeads, kKvHeads, kHeadDim, opt);
   da.forward(space, lq, lk, lv, o, lse);
   da.backward(space, lq, o, lse, ldo, dq, dk, dv);
@@ -203,6 +205,24 @@ TEST(CpEquivalence, EveryStrategyAndCommModeMatchesSingleRank) {
     for (Strategy s : allStrategies())
       for (CommMode m : {CommMode::AllGather, CommMode::ShardingAware}) checkOne(mb, s, m, MPI_COMM_WORLD, seed += 10);
   }
+}
+
+// Buffers from an activation pool: a second micro-batch of the same plan (other values)
+// allocates nothing and still matches one rank, so a reused block's old contents (the
+// KV-buffer gradient and the gathered dK/dV are accumulated into) never leak through.
+TEST(CpEquivalence, PoolBuffersAreReusedAndStillMatchSingleRank) {
+  const MicroBatch mb = makeMb({5, 90, 3, 41, 120});
+  for (Strategy s : {Strategy::PerSequence, Strategy::PerDocument})
+    for (CommMode m : {CommMode::AllGather, CommMode::ShardingAware}) {
+      ES space;
+      runtime::BufferPool pool(space);
+      checkOne(mb, s, m, MPI_COMM_WORLD, 300, nullptr, &pool);
+      const std::int64_t first = pool.misses();
+      EXPECT_GT(first, 0);
+      checkOne(mb, s, m, MPI_COMM_WORLD, 400, nullptr, &pool);
+      EXPECT_EQ(pool.misses(), first) << strategyName(s) << "/" << commModeName(m);
+      EXPECT_GT(pool.hits(), 0);
+    }
 }
 
 // A CP group that is a sub-communicator (cp=2 groups side by side, each with its own

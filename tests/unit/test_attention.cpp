@@ -430,9 +430,10 @@ TEST(Attention, NonFiniteKeysOutsidePiecesNeverReachTheOutputs) {
         in.v[r * row + e] = std::numeric_limits<float>::infinity();
       }
   const Result ref = runReference(c, in);
-  att::KernelConfig ws;
-  ws.warp_specialized = true;
-  for (const att::KernelConfig& cfg : {att::KernelConfig{}, ws}) {
+  att::KernelConfig sync, ws;
+  ASSERT_TRUE(att::setHopperVariant(sync, "sync"));
+  ASSERT_TRUE(att::setHopperVariant(ws, "ws"));
+  for (const att::KernelConfig& cfg : {sync, att::KernelConfig{}, ws}) {
     SCOPED_TRACE(std::string("kernel ") + att::kernelName<ES>(c.head_dim, cfg, true));
     const Result got = runKernelBf16(c, in, cfg);
     for (const auto* x : {&got.o, &got.lse, &got.dq, &got.dk, &got.dv}) EXPECT_TRUE(allFinite(*x));
@@ -444,17 +445,18 @@ TEST(Attention, NonFiniteKeysOutsidePiecesNeverReachTheOutputs) {
   EXPECT_LE(relErr(f32.o, ref.o), 1e-5);
 }
 
-// The warp-specialised Hopper kernels (KernelConfig::warp_specialized: the forward, alone
-// and with split-KV, and the backward), on whole documents long enough to wrap its stage ring, short ones that leave
+// The warp-specialised Hopper kernels (KernelConfig::warp_specialized, the forward, alone
+// and with split-KV, and ws_backward), on whole documents long enough to wrap its stage ring, short ones that leave
 // consumer warpgroups without rows, CP pieces, a piece of few queries over long keys, and
 // more work units (query tiles x heads) than an H100 has SMs, so that its persistent blocks
 // walk several units each.
 // Where the config selects no other kernel (every machine but a Hopper GPU) the tests
 // above cover what runs.
 TEST(Attention, WarpSpecializedMatchesReference) {
-  att::KernelConfig ws;
-  ws.warp_specialized = true;
-  if (std::string(att::kernelName<ES>(64, ws, true)) == att::kernelName<ES>(64, att::KernelConfig{}, true))
+  att::KernelConfig ws, sync;
+  ASSERT_TRUE(att::setHopperVariant(ws, "ws"));
+  ASSERT_TRUE(att::setHopperVariant(sync, "sync"));
+  if (std::string(att::kernelName<ES>(64, ws, true)) == att::kernelName<ES>(64, sync, true))
     GTEST_SKIP() << "the warp-specialised forward runs only on a Hopper GPU";
   std::vector<Case> cases = precisionCases();
   for (int d : {64, 128}) {
@@ -500,6 +502,27 @@ TEST(Attention, WarpSpecializedMatchesReference) {
       EXPECT_LE(relErr(got.dv, ref.dv), 1e-2);
     }
   }
+}
+
+// The Hopper variants by name: each name round-trips, the default configuration is "auto"
+// (the warp-specialised forward, the synchronous backward, no split-KV), and an unknown
+// name leaves the configuration as it was.
+TEST(Attention, HopperVariantsRoundTrip) {
+  EXPECT_STREQ(att::hopperVariant(att::KernelConfig{}), "auto");
+  EXPECT_TRUE(att::KernelConfig{}.warp_specialized);
+  EXPECT_FALSE(att::KernelConfig{}.ws_backward);
+  EXPECT_FALSE(att::KernelConfig{}.split_kv);
+  for (const std::string& name : att::hopperVariants()) {
+    att::KernelConfig cfg;
+    ASSERT_TRUE(att::setHopperVariant(cfg, name));
+    EXPECT_EQ(att::hopperVariant(cfg), name);
+  }
+  att::KernelConfig cfg;
+  ASSERT_TRUE(att::setHopperVariant(cfg, "sync-split"));
+  EXPECT_FALSE(att::setHopperVariant(cfg, "fast"));
+  EXPECT_STREQ(att::hopperVariant(cfg), "sync-split");
+  cfg.ws_backward = true;  // after the synchronous forward: no name gives it
+  EXPECT_STREQ(att::hopperVariant(cfg), "custom");
 }
 
 TEST(Attention, Bf16Conversions) {
