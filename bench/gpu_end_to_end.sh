@@ -23,8 +23,15 @@
 # sync, auto (warp-specialised forward), split (auto with split-KV) and ws (warp-specialised
 # backward too), its precision checks included, then the PyTorch anchors of cases a-d
 # (d: varlen_attn)
-# (bench/attention_torch.py; docs/attention.md, "Split-KV").
+# (bench/attention_torch.py; docs/attention.md, "Split-KV");
+# attnanchors: the PyTorch BF16 anchors of cases a-c alone (cuDNN SDPA, FlexAttention,
+# varlen_attn), about two minutes: what attnws's timings are read against;
+# attngrid: the CP-piece grid (case d) on the variants sync, auto, ws-split, then
+# varlen_attn on the same pieces, about four minutes.
 # RUN_PRECISIONS: the extra precisions of `run` besides bf16 (default "fp32 tf32").
+# The PyTorch peer (torch8b) runs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+# unless the variable is set: with the default allocator its wlb plan ran out of memory on
+# an 80 GB H100 (11 GiB reserved but unallocated).
 set -uo pipefail
 BIN=$1 REF=$2 OUT=$3 DATA=${DATA:-}
 shift 3
@@ -153,7 +160,8 @@ if [[ " $parts " == *" torch8b "* ]]; then
   for s in ${TORCH_PLANS-plain wlb}; do
     [ -f "$OUT/run8b/plan.$s.jsonl" ] || continue
     log "PyTorch peer on run8b's $s plan (bf16, torch.compile, varlen attention, AdamW)"
-    PYTHONUNBUFFERED=1 timeout 240 python3 bench/torch_step.py --plan "$OUT/run8b/plan.$s.jsonl" --deck inputs/run_gpu_8b.toml \
+    PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF-expandable_segments:True} PYTHONUNBUFFERED=1 \
+      timeout 240 python3 bench/torch_step.py --plan "$OUT/run8b/plan.$s.jsonl" --deck inputs/run_gpu_8b.toml \
       --json "$OUT/torch8b_$s.json" > "$OUT/torch8b_$s.log" 2>&1
     echo "torch8b $s rc=$?" | tee -a "$OUT/summary.txt"
     tail -6 "$OUT/torch8b_$s.log" | tee -a "$OUT/summary.txt"
@@ -259,5 +267,23 @@ if [[ " $parts " == *" attn "* ]]; then
     > "$OUT/attention_torch.log" 2>&1
   echo "attention_torch rc=$?" | tee -a "$OUT/summary.txt"
   tail -20 "$OUT/attention_torch.log" | tee -a "$OUT/summary.txt"
+fi
+if [[ " $parts " == *" attnanchors "* ]]; then
+  log "PyTorch BF16 anchors of cases a, b, c (bench/attention_torch.py: cuDNN SDPA, FlexAttention, varlen_attn)"
+  PYTHONUNBUFFERED=1 timeout 240 python3 bench/attention_torch.py --cases a,b,c \
+    --kernels sdpa_bf16_cudnn,flex_bf16,varlen_bf16 --json "$OUT/attention_torch_abc.json" > "$OUT/attention_torch_abc.log" 2>&1
+  echo "attention_torch a-c rc=$?" | tee -a "$OUT/summary.txt"
+  tail -12 "$OUT/attention_torch_abc.log" | tee -a "$OUT/summary.txt"
+fi
+if [[ " $parts " == *" attngrid "* ]]; then
+  log "CP-piece grid (case d): bench_attention_gpu on sync, auto, ws-split, then varlen_attn"
+  timeout 300 "$BIN/bench_attention_gpu" --bench-only --modes bf16 --paths sync,auto,ws-split --cases d \
+    --json "$OUT/attention_wlb_d.json" > "$OUT/attention_wlb_d.log" 2>&1
+  echo "bench_attention_gpu d rc=$?" | tee -a "$OUT/summary.txt"
+  grep -E "^d:" "$OUT/attention_wlb_d.log" | tee -a "$OUT/summary.txt"
+  PYTHONUNBUFFERED=1 timeout 120 python3 bench/attention_torch.py --cases d --kernels varlen_bf16 \
+    --json "$OUT/attention_torch_d.json" > "$OUT/attention_torch_d.log" 2>&1
+  echo "attention_torch d rc=$?" | tee -a "$OUT/summary.txt"
+  tail -10 "$OUT/attention_torch_d.log" | tee -a "$OUT/summary.txt"
 fi
 log "done"

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Parts of bench/gpu_end_to_end.sh within a time budget, for a GPU held for a fixed time (a
+# lent machine, a Slurm job's --time): the parts run in the order given, most important
+# first; a part whose estimated seconds no longer fit in what is left is skipped and says
+# so; the part running at the deadline is stopped; after every part OUT is packed into
+# PACK (default OUT.tar.gz), so what ran is kept even if the job is then killed.
+#
+#   bench/gpu_parts.sh BIN REF OUT LIMIT_S part[:seconds] ...
+#
+# BIN, REF, OUT and the environment (DATA, TORCH_PLANS, RUN_PRECISIONS, ...) as for
+# bench/gpu_end_to_end.sh; seconds: the part's estimate (default 60; what each part took on
+# the H100 is in its summary line). While it runs, `nvidia-smi dmon` writes power and clocks
+# every 5 s to OUT/dmon.log (the clocks a result ran at). The shared libraries BIN carries
+# (BIN/libs.tar.xz) are unpacked once, not per part. Example, the measurements the H100
+# session of 2026-11-26 ran, in about eight minutes:
+#
+#   DATA=PREFIX bench/gpu_parts.sh BIN none OUT 570 run8b:120 gemm8b:45 torch8b:150 \
+#     profile8b:40 train8b:60 trainsmall:30 attnws:150 attnanchors:120
+set -uo pipefail
+if [ $# -lt 5 ]; then
+  sed -n '2,19p' "$0" >&2
+  exit 2
+fi
+BIN=$1 REF=$2 OUT=$3 LIMIT=$4
+shift 4
+case $LIMIT in '' | *[!0-9]*) echo "gpu_parts.sh: LIMIT_S '$LIMIT' is not a whole number of seconds" >&2; exit 2 ;; esac
+mkdir -p "$OUT" || exit 2
+OUT=$(cd "$OUT" && pwd)
+BIN=$(cd "$BIN" && pwd) || { echo "gpu_parts.sh: BIN '$1' is not a directory" >&2; exit 2; }
+[ -e "$REF" ] && REF=$(cd "$(dirname "$REF")" && pwd)/$(basename "$REF")
+PACK=${PACK:-$OUT.tar.gz}
+case $PACK in /*) ;; *) PACK=$PWD/$PACK ;; esac
+start=$SECONDS
+cd "$(dirname "$0")/.." || exit 2
+
+# The carried libraries once: the system's where it has them (as gpu_end_to_end.sh does),
+# then every part runs with a BIN that carries none.
+run_bin=$BIN
+if [ -f "$BIN/libs.tar.xz" ]; then
+  lib=$(mktemp -d)
+  tar -C "$lib" -xJf "$BIN/libs.tar.xz"
+  for f in "$lib"/*; do
+    n=$(basename "$f")
+    if ldconfig -p | grep -q " $n "; then rm -f "$f"; fi
+  done
+  export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  run_bin=$(mktemp -d)
+  for f in "$BIN"/*; do [ "$(basename "$f")" = libs.tar.xz ] || ln -s "$(cd "$(dirname "$f")" && pwd)/$(basename "$f")" "$run_bin/"; done
+fi
+
+dmon=
+if command -v nvidia-smi > /dev/null; then
+  nvidia-smi dmon -s pc -d 5 > "$OUT/dmon.log" 2>&1 &
+  dmon=$!
+fi
+pack() {
+  tar -C "$(dirname "$OUT")" -czf "$PACK.tmp" "$(basename "$OUT")" && mv "$PACK.tmp" "$PACK"
+}
+for p in "$@"; do
+  name=${p%%:*} cost=60
+  [[ $p == *:* ]] && cost=${p##*:}
+  left=$((LIMIT - (SECONDS - start)))
+  if [ "$left" -lt "$cost" ]; then
+    echo "== skipped $name: $left s left, about $cost needed" | tee -a "$OUT/summary.txt"
+    continue
+  fi
+  t0=$SECONDS
+  timeout -k 5 $((left > 15 ? left - 10 : 5)) bash bench/gpu_end_to_end.sh "$run_bin" "$REF" "$OUT" "$name" \
+    > "$OUT/part_$name.out" 2>&1
+  echo "== part $name rc=$? took $((SECONDS - t0)) s (elapsed $((SECONDS - start)) s of $LIMIT)" | tee -a "$OUT/summary.txt"
+  pack
+done
+[ -n "$dmon" ] && kill "$dmon" 2> /dev/null
+pack
+echo "packed $OUT into $PACK"
