@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 
@@ -31,6 +32,14 @@ V leading(const V& block, std::int64_t rows) {
     return Kokkos::subview(block, r, Kokkos::ALL);
   else
     return Kokkos::subview(block, r, Kokkos::ALL, Kokkos::ALL);
+}
+
+template <class V>
+std::int64_t blockBytes(std::int64_t rows, std::int64_t e1, std::int64_t e2) {
+  std::int64_t n = rows;
+  if constexpr (V::rank >= 2) n *= e1;
+  if constexpr (V::rank >= 3) n *= e2;
+  return n * static_cast<std::int64_t>(sizeof(typename V::value_type));
 }
 
 template <class V>
@@ -66,8 +75,10 @@ V BufferPool::take(std::vector<Entry<V>>& list, const char* label, std::int64_t 
   for (auto& e : list)
     if (freeOfShape(e) && rowsOf(e) >= cap && rowsOf(e) <= 2 * cap && (!best || rowsOf(e) < rowsOf(*best))) best = &e;
   V out;
+  ++requests_;
   if (best) {
     best->idle = 0;
+    best->used = requests_;
     out = leading(best->block, rows);
     ++hits_;
   } else {
@@ -80,22 +91,59 @@ V BufferPool::take(std::vector<Entry<V>>& list, const char* label, std::int64_t 
       if (freeOfShape(*it) && rowsOf(*it) < cap && (smaller == list.end() || rowsOf(*it) > rowsOf(*smaller)))
         smaller = it;
     if (smaller != list.end()) list.erase(smaller);
+    // Out of memory (or past the capacity): give back the free blocks used longest ago, one
+    // at a time, until the block fits; with none left to give, the failure is the caller's.
+    const std::int64_t need = blockBytes<V>(cap, e1, e2);
+    bool fenced = false;
     V block;
-    try {
-      block = allocate<V>(label, cap, e1, e2);
-    } catch (const std::exception&) {
-      // Out of memory: give back every free block of every shape, then try once more (the
-      // second failure is the caller's).
-      Kokkos::fence();
-      releaseFree();
-      block = allocate<V>(label, cap, e1, e2);
+    for (;;) {
+      try {
+        if (capacity_ > 0 && cachedBytes() + need > capacity_)
+          throw std::runtime_error("wlb::runtime::BufferPool: " + std::string(label) + " (" + std::to_string(need) +
+                                   " bytes) does not fit the pool's capacity of " + std::to_string(capacity_) +
+                                   " bytes");
+        block = allocate<V>(label, cap, e1, e2);
+        break;
+      } catch (const std::exception&) {
+        if (!fenced) Kokkos::fence();  // kernels still reading a free block's last contents
+        fenced = true;
+        if (!releaseOldest()) throw;
+      }
     }
-    list.push_back({block, 0});
+    list.push_back({block, 0, requests_});
     out = leading(list.back().block, rows);
     ++misses_;
   }
   if (zero) Kokkos::deep_copy(space_, out, typename V::non_const_value_type{});
   return out;
+}
+
+bool BufferPool::releaseOldest() {
+  // The free block with the smallest `used` over every list; erased from its list.
+  std::uint64_t oldest = 0;
+  bool found = false;
+  const auto scan = [&](auto& list) {
+    for (const auto& e : list)
+      if (e.block.use_count() == 1 && (!found || e.used < oldest)) {
+        oldest = e.used;
+        found = true;
+      }
+  };
+  scan(vecs_);
+  scan(mats_);
+  scan(acts_);
+  scan(bmats_);
+  scan(bacts_);
+  if (!found) return false;
+  const auto drop = [&](auto& list) {
+    for (auto it = list.begin(); it != list.end(); ++it)
+      if (it->block.use_count() == 1 && it->used == oldest) {
+        list.erase(it);
+        return true;
+      }
+    return false;
+  };
+  return drop(vecs_) || drop(mats_) || drop(acts_) || drop(bmats_) || drop(bacts_);
 }
 
 void BufferPool::releaseFree() {

@@ -14,8 +14,10 @@
 /// * A miss allocates a new block of the bucket's rows (counted: misses()), replacing the
 ///   largest free block of the same trailing extents that is too small, so the same shapes
 ///   in the next step are hits and the pool holds about one block per buffer alive at
-///   once. When the allocation fails, every free block is given back and it is tried once
-///   more. endStep() drops the free blocks no request took in the last kKeepSteps steps, so
+///   once. When the allocation fails (or would take the pool past its capacity, when one
+///   is set), the free block used longest ago is given back and it is tried again, block
+///   by block, so a nearly full device keeps the rest of its cache; with no free block
+///   left the error is the caller's. endStep() drops the free blocks no request took in the last kKeepSteps steps, so
 ///   the pool holds the working set of the steps that repeat (`wlb run` interleaves its
 ///   strategies step by step), not every shape ever seen.
 /// * Uninitialised unless `zero` is asked for (zeroed on the pool's execution space).
@@ -32,7 +34,9 @@ namespace wlb::runtime {
 
 class BufferPool {
  public:
-  explicit BufferPool(const Space& space) : space_(space) {}
+  /// `capacity_bytes`: the most the pool may hold (0: what the device gives; a capacity
+  /// lets the host tests run the path a full GPU takes).
+  explicit BufferPool(const Space& space, std::int64_t capacity_bytes = 0) : space_(space), capacity_(capacity_bytes) {}
   Vec vec(const char* label, std::int64_t n, bool zero = false);
   Mat mat(const char* label, std::int64_t rows, std::int64_t cols, bool zero = false);
   Act3 act3(const char* label, std::int64_t rows, int heads, int dim, bool zero = false);
@@ -42,8 +46,10 @@ class BufferPool {
   static constexpr int kKeepSteps = 4;
   /// A step boundary: drop the free blocks not taken in the last kKeepSteps steps.
   void endStep();
-  /// Give back every block no view is using (what an allocation that failed does first).
+  /// Give back every block no view is using.
   void releaseFree();
+  /// Give back the free block used longest ago; false when no block is free.
+  bool releaseOldest();
   std::int64_t misses() const { return misses_; }  ///< blocks allocated so far
   std::int64_t hits() const { return hits_; }      ///< requests served from the cache
   std::int64_t cachedBytes() const;                ///< bytes of every block held
@@ -54,7 +60,8 @@ class BufferPool {
   template <class V>
   struct Entry {
     V block;
-    int idle = 0;  ///< endStep() calls since it was last handed out
+    int idle = 0;            ///< endStep() calls since it was last handed out
+    std::uint64_t used = 0;  ///< request count when it was last handed out
   };
   template <class V>
   V take(std::vector<Entry<V>>& list, const char* label, std::int64_t rows, std::int64_t e1, std::int64_t e2,
@@ -65,6 +72,8 @@ class BufferPool {
   std::vector<Entry<Act3>> acts_;
   std::vector<Entry<BMat>> bmats_;
   std::vector<Entry<BAct3>> bacts_;
+  std::int64_t capacity_ = 0;
+  std::uint64_t requests_ = 0;
   std::int64_t misses_ = 0, hits_ = 0;
 };
 

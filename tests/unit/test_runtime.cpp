@@ -287,6 +287,41 @@ TEST(RuntimePool, GrowsBlocksInsteadOfKeepingOnePerBucket) {
   EXPECT_EQ(pool.cachedBytes(), 4 * 64 * 8);  // held is alive
 }
 
+// A full pool (here a capacity; on a GPU a failed allocation) gives back only the free
+// blocks it must, the one used longest ago first, and keeps the rest of its cache; with
+// nothing free left to give the request fails, naming its label.
+TEST(RuntimePool, GivesBackTheOldestFreeBlocksOnlyAsFarAsNeeded) {
+  Space space;
+  const std::int64_t block = 4 * 64 * 16, wide = 4 * 64 * 17;  // 64-row buckets of 16 / 17 floats
+  BufferPool pool(space, 2 * block + wide);
+  const float *a = nullptr, *c = nullptr;
+  {
+    Mat ma = pool.mat("a", 64, 16), mb = pool.mat("b", 64, 16), mc = pool.mat("c", 64, 16);
+    a = ma.data();
+    c = mc.data();
+  }
+  EXPECT_EQ(pool.cachedBytes(), 3 * block);
+  { Mat again = pool.mat("a again", 64, 16); }  // a hit on a's block (the first that fits)
+  EXPECT_EQ(pool.misses(), 3);
+  EXPECT_EQ(pool.mat("e", 64, 17).extent(1), 17u);  // another shape: one block must go, b's
+  EXPECT_EQ(pool.misses(), 4);
+  EXPECT_EQ(pool.cachedBytes(), 2 * block + wide);
+  Mat x = pool.mat("x", 64, 16), y = pool.mat("y", 64, 16);
+  EXPECT_EQ(pool.misses(), 4);  // both served from the cache: a's and c's blocks
+  EXPECT_TRUE((x.data() == a && y.data() == c) || (x.data() == c && y.data() == a));
+  Mat z = pool.mat("z", 64, 16);  // the free 64 x 17 block goes to make room
+  EXPECT_EQ(pool.misses(), 5);
+  EXPECT_EQ(pool.cachedBytes(), 3 * block);
+  // Everything alive and too little room: the request fails and names itself.
+  try {
+    pool.mat("w", 64, 16);
+    ADD_FAILURE() << "a request past the capacity with nothing free must fail";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("w ("), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(pool.cachedBytes(), 3 * block);  // nothing alive was given back
+}
+
 // A step walked twice over the same units allocates nothing the second time.
 TEST(RuntimePool, RepeatedStepAllocatesNothing) {
   model::ModelDims d = dims(32, 2, 1, 48);
