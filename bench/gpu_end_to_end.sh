@@ -40,15 +40,8 @@ mkdir -p "$OUT"
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 
 # Shared libraries: the system's where it has them, the carried ones otherwise.
-if [ -f "$BIN/libs.tar.xz" ]; then
-  lib=$(mktemp -d)
-  tar -C "$lib" -xJf "$BIN/libs.tar.xz"
-  for f in "$lib"/*; do
-    n=$(basename "$f")
-    if ldconfig -p | grep -q " $n "; then rm -f "$f"; fi
-  done
-  export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+source "$(dirname "$0")/gpu_libs.sh"
+use_carried_libs "$BIN"
 for n in libcublas.so.13 libcublasLt.so.13 libnccl.so.2 libcudart.so.13; do
   if ! ldconfig -p | grep -q " $n "; then
     d=$(dirname "$(find / -xdev -name "$n" 2>/dev/null | head -1)")

@@ -33,20 +33,9 @@ case $PACK in /*) ;; *) PACK=$PWD/$PACK ;; esac
 start=$SECONDS
 cd "$(dirname "$0")/.." || exit 2
 
-# The carried libraries once: the system's where it has them (as gpu_end_to_end.sh does),
-# then every part runs with a BIN that carries none.
-run_bin=$BIN
-if [ -f "$BIN/libs.tar.xz" ]; then
-  lib=$(mktemp -d)
-  tar -C "$lib" -xJf "$BIN/libs.tar.xz"
-  for f in "$lib"/*; do
-    n=$(basename "$f")
-    if ldconfig -p | grep -q " $n "; then rm -f "$f"; fi
-  done
-  export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  run_bin=$(mktemp -d)
-  for f in "$BIN"/*; do [ "$(basename "$f")" = libs.tar.xz ] || ln -s "$(cd "$(dirname "$f")" && pwd)/$(basename "$f")" "$run_bin/"; done
-fi
+# The carried libraries once for every part (gpu_end_to_end.sh finds them unpacked).
+source bench/gpu_libs.sh
+use_carried_libs "$BIN"
 
 dmon=
 if command -v nvidia-smi > /dev/null; then
@@ -65,7 +54,7 @@ for p in "$@"; do
     continue
   fi
   t0=$SECONDS
-  timeout -k 5 $((left > 15 ? left - 10 : 5)) bash bench/gpu_end_to_end.sh "$run_bin" "$REF" "$OUT" "$name" \
+  timeout -k 5 $((left > 15 ? left - 10 : 5)) bash bench/gpu_end_to_end.sh "$BIN" "$REF" "$OUT" "$name" \
     > "$OUT/part_$name.out" 2>&1
   echo "== part $name rc=$? took $((SECONDS - t0)) s (elapsed $((SECONDS - start)) s of $LIMIT)" | tee -a "$OUT/summary.txt"
   pack

@@ -161,15 +161,8 @@ Kokkos::View<T***, Kokkos::LayoutRight, DistViews::mem> DistributedAttention::ro
                                                                                         const char* label,
                                                                                         std::int64_t rows,
                                                                                         bool zero) const {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, attention::bf16>);
-  Kokkos::View<T***, Kokkos::LayoutRight, Mem> out;
-  if (!opt_.pool)
-    out =
-        decltype(out)(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), rows, kv_heads_, head_dim_);
-  else if constexpr (std::is_same_v<T, float>)
-    out = opt_.pool->act3(label, rows, kv_heads_, head_dim_);
-  else
-    out = opt_.pool->bact3(label, rows, kv_heads_, head_dim_);
+  // From the pool when there is one, else a fresh allocation (runtime::newAct3T decides).
+  auto out = runtime::newAct3T<T>(opt_.pool, label, rows, kv_heads_, head_dim_);
   // Zeroed on this object's instance, which the kernels that accumulate into it run on.
   if (zero) Kokkos::deep_copy(space, out, T{});
   return out;

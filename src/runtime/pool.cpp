@@ -95,19 +95,23 @@ V BufferPool::take(std::vector<Entry<V>>& list, const char* label, std::int64_t 
     // at a time, until the block fits; with none left to give, the failure is the caller's.
     const std::int64_t need = blockBytes<V>(cap, e1, e2);
     bool fenced = false;
+    const auto giveBack = [&] {
+      if (!fenced) Kokkos::fence();  // kernels still reading a free block's last contents
+      fenced = true;
+      return releaseOldest();
+    };
     V block;
     for (;;) {
+      if (capacity_ > 0 && cachedBytes() + need > capacity_) {
+        if (giveBack()) continue;
+        throw std::runtime_error("wlb::runtime::BufferPool: " + std::string(label) + " (" + std::to_string(need) +
+                                 " bytes) does not fit the pool's capacity of " + std::to_string(capacity_) + " bytes");
+      }
       try {
-        if (capacity_ > 0 && cachedBytes() + need > capacity_)
-          throw std::runtime_error("wlb::runtime::BufferPool: " + std::string(label) + " (" + std::to_string(need) +
-                                   " bytes) does not fit the pool's capacity of " + std::to_string(capacity_) +
-                                   " bytes");
         block = allocate<V>(label, cap, e1, e2);
         break;
       } catch (const std::exception&) {
-        if (!fenced) Kokkos::fence();  // kernels still reading a free block's last contents
-        fenced = true;
-        if (!releaseOldest()) throw;
+        if (!giveBack()) throw;
       }
     }
     list.push_back({block, 0, requests_});
@@ -119,43 +123,31 @@ V BufferPool::take(std::vector<Entry<V>>& list, const char* label, std::int64_t 
 }
 
 bool BufferPool::releaseOldest() {
-  // The free block with the smallest `used` over every list; erased from its list.
+  // The free block with the smallest `used` over every list (each request hands out one
+  // block, so `used` names it), erased from its list.
   std::uint64_t oldest = 0;
   bool found = false;
-  const auto scan = [&](auto& list) {
+  eachList([&](const auto& list) {
     for (const auto& e : list)
       if (e.block.use_count() == 1 && (!found || e.used < oldest)) {
         oldest = e.used;
         found = true;
       }
-  };
-  scan(vecs_);
-  scan(mats_);
-  scan(acts_);
-  scan(bmats_);
-  scan(bacts_);
+  });
   if (!found) return false;
-  const auto drop = [&](auto& list) {
-    for (auto it = list.begin(); it != list.end(); ++it)
-      if (it->block.use_count() == 1 && it->used == oldest) {
-        list.erase(it);
-        return true;
-      }
-    return false;
-  };
-  return drop(vecs_) || drop(mats_) || drop(acts_) || drop(bmats_) || drop(bacts_);
+  eachList([&](auto& list) {
+    list.erase(std::remove_if(list.begin(), list.end(),
+                              [&](const auto& e) { return e.block.use_count() == 1 && e.used == oldest; }),
+               list.end());
+  });
+  return true;
 }
 
 void BufferPool::releaseFree() {
-  const auto drop = [](auto& list) {
+  eachList([](auto& list) {
     list.erase(std::remove_if(list.begin(), list.end(), [](const auto& e) { return e.block.use_count() == 1; }),
                list.end());
-  };
-  drop(vecs_);
-  drop(mats_);
-  drop(acts_);
-  drop(bmats_);
-  drop(bacts_);
+  });
 }
 
 Vec BufferPool::vec(const char* label, std::int64_t n, bool zero) {
@@ -179,27 +171,20 @@ BAct3 BufferPool::bact3(const char* label, std::int64_t rows, int heads, int dim
 }
 
 void BufferPool::endStep() {
-  const auto trim = [](auto& list) {
+  eachList([](auto& list) {
     for (auto& e : list) ++e.idle;
     list.erase(std::remove_if(list.begin(), list.end(),
                               [](const auto& e) { return e.idle > kKeepSteps && e.block.use_count() == 1; }),
                list.end());
-  };
-  trim(vecs_);
-  trim(mats_);
-  trim(acts_);
-  trim(bmats_);
-  trim(bacts_);
+  });
 }
 
 std::int64_t BufferPool::cachedBytes() const {
   std::int64_t b = 0;
-  for (const auto& e : vecs_) b += static_cast<std::int64_t>(e.block.span());
-  for (const auto& e : mats_) b += static_cast<std::int64_t>(e.block.span());
-  for (const auto& e : acts_) b += static_cast<std::int64_t>(e.block.span());
-  b *= 4;
-  for (const auto& e : bmats_) b += 2 * static_cast<std::int64_t>(e.block.span());
-  for (const auto& e : bacts_) b += 2 * static_cast<std::int64_t>(e.block.span());
+  eachList([&](const auto& list) {
+    for (const auto& e : list)
+      b += static_cast<std::int64_t>(e.block.span() * sizeof(typename std::decay_t<decltype(e.block)>::value_type));
+  });
   return b;
 }
 

@@ -63,6 +63,23 @@ class BufferPool {
     int idle = 0;            ///< endStep() calls since it was last handed out
     std::uint64_t used = 0;  ///< request count when it was last handed out
   };
+  /// f(list) for each of the five block lists (one per view type).
+  template <class F>
+  void eachList(F&& f) {
+    f(vecs_);
+    f(mats_);
+    f(acts_);
+    f(bmats_);
+    f(bacts_);
+  }
+  template <class F>
+  void eachList(F&& f) const {
+    f(vecs_);
+    f(mats_);
+    f(acts_);
+    f(bmats_);
+    f(bacts_);
+  }
   template <class V>
   V take(std::vector<Entry<V>>& list, const char* label, std::int64_t rows, std::int64_t e1, std::int64_t e2,
          bool zero);
