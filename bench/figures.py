@@ -285,7 +285,7 @@ def attention_h100(root):
     for m in re.finditer(r"case (\w) (tf32|bf16) \S+ +fwd +([0-9.]+) TFLOP/s.*bwd +([0-9.]+) .*fwd\+bwd +([0-9.]+)",
                          (root / H100 / "attention_wlb_sm80.log").read_text()):
         sm80[(m.group(1), m.group(2))] = [float(x) for x in m.group(3, 4, 5)]
-    torch = {(r["case"], r["kernel"]): r for r in json.loads((root / H100 / "attention_torch.json").read_text())["results"]}
+    torch = _torch_rows(root / H100 / "attention_torch.json")
     labels = {"a": ["wlb FP32 (`cuda-simt-fp32`, exact FP32)", "wlb TF32 (`cuda-wgmma-tf32`; backward exact FP32)",
                     "wlb BF16 (`cuda-wgmma-bf16`)", "wlb sm_80 kernels TF32 / BF16 (`cuda-mma-*`)",
                     "PyTorch SDPA FP32 (mem-efficient, KV expanded)", "PyTorch SDPA BF16 (cuDNN, GQA)",
@@ -324,15 +324,16 @@ def _ws_rows(root, name):
     return {(r["case"], r["path"]): r for r in json.loads((root / H100_WS / name).read_text())["rows"]}
 
 
-def _torch_rows(root, name):
+def _torch_rows(path):
+    """{(case, kernel): result} of a bench/attention_torch.py JSON."""
     import json
-    return {(r["case"], r["kernel"]): r for r in json.loads((root / H100_WS / name).read_text())["results"]}
+    return {(r["case"], r["kernel"]): r for r in json.loads(path.read_text())["results"]}
 
 
 @table("attention-h100-ws", "docs/performance.md", f"{H100_WS}/attention_ws.json",
        f"{H100_WS}/attention_torch_abc.json")
 def attention_h100_ws(root):
-    wlb, torch = _ws_rows(root, "attention_ws.json"), _torch_rows(root, "attention_torch_abc.json")
+    wlb, torch = _ws_rows(root, "attention_ws.json"), _torch_rows(root / H100_WS / "attention_torch_abc.json")
     out = []
     for case in "abc":
         s, w = wlb[(case, "auto")], wlb[(case, "ws")]
@@ -349,7 +350,7 @@ def attention_h100_ws(root):
 @table("attention-h100-cp-pieces", "docs/performance.md", f"{H100_WS}/attention_wlb_d.json",
        f"{H100_WS}/attention_torch_d.json")
 def attention_h100_cp_pieces(root):
-    wlb, torch = _ws_rows(root, "attention_wlb_d.json"), _torch_rows(root, "attention_torch_d.json")
+    wlb, torch = _ws_rows(root, "attention_wlb_d.json"), _torch_rows(root / H100_WS / "attention_torch_d.json")
     out = []
     for q in (64, 256, 1024):
         for k in ("16K", "64K", "128K"):
