@@ -184,8 +184,9 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1)
   const auto releaseK = [&](int i) { mbarArriveIf(kFree + i % ST, lane == 0); };
   const auto releaseV = [&](int i) { mbarArriveIf(vFree + i % ST, lane == 0); };
   const auto releaseQ = [&] { mbarArriveIf(qFree, lane == 0); };
-  const auto waitK = [&](int i) { mbarWait(kFull + i % ST, (i / ST) & 1); };
-  const auto waitV = [&](int i) { mbarWait(vFull + i % ST, (i / ST) & 1); };
+  ConsumerWaits wait;
+  const auto waitK = [&](int i) { wait(kFull + i % ST, (i / ST) & 1); };
+  const auto waitV = [&](int i) { wait(vFull + i % ST, (i / ST) & 1); };
 
   float o[D / 2];
   float s[BN / 2];
@@ -202,7 +203,7 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1)
     const char* sQc = sQ + c * 64 * 128;
 
     if (last) barArrive(kTurnBar, 256);  // consumer 0 issues first
-    mbarWait(qFull, k & 1);
+    wait(qFull, k & 1);
     if (wfirst > wlast || n <= 0) {  // no valid row (or tile): keep the turns and releases, skip the math
       releaseQ();
       for (int i = 0; i <= n; ++i) {
@@ -315,6 +316,7 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1)
 
     storeRows<true, D, BQ>(a, o, m0, m1, l0, l1, wr, t, w.qb, w.q0, w.nq, w.h, w.slot);
   }
+  wait.trapIfHung();
 #else
   (void)tq, (void)tk, (void)tv, (void)a;
   WLB_HOPPER_UNSUPPORTED();
@@ -440,7 +442,8 @@ __global__ void __launch_bounds__(384, 1)
   regsInc<G::consumerRegs>();
   const int c = __shfl_sync(0xffffffffu, wg - 1, 0);  // warp-uniform (see the forward)
   const int warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3, ct = tid & 127;
-  mbarWait(kvFull, 0);
+  ConsumerWaits wait;
+  wait(kvFull, 0);
   if (k0 + BN > nk) {  // ragged key tile: this consumer's rows past the piece's keys
     const int lo = nk - k0 > c * 64 ? nk - k0 : c * 64;
     if (lo < c * 64 + 64) {
@@ -466,7 +469,7 @@ __global__ void __launch_bounds__(384, 1)
     char* sdS = sm + G::odS + (st & 1) * G::dsBytes;
     const float* L = sLD + s * 2 * BM;
     const float* Dl = L + BM;
-    mbarWait(full + s, (st / ST) & 1);
+    wait(full + s, (st / ST) & 1);
     if (q0 + BM > nq) {  // ragged query tile: rows past the piece's queries
       zeroRows<BM, G::cpr>(sQ, nq - q0, BM, ct);
       zeroRows<BM, G::cpr>(sdO, nq - q0, BM, ct);
@@ -511,6 +514,7 @@ __global__ void __launch_bounds__(384, 1)
     }
   }
   if (ct < 64) bulkWait<0>();  // every reduction done before the block's shared memory goes
+  wait.trapIfHung();
 
 #pragma unroll
   for (int half = 0; half < 2; ++half) {

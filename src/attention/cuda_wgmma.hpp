@@ -532,6 +532,26 @@ __device__ __forceinline__ void mbarWait(std::uint64_t* b, unsigned parity) {
   while (!mbarTryWait(b, parity))
     if (clock64() - t0 > kMbarWaitLimit) __trap();
 }
+/// mbarWait for the loops of a consumer warpgroup (raised by setmaxnreg): a wait past
+/// kMbarWaitLimit marks the warpgroup hung, every later wait returns at once, and the
+/// kernel traps once, after its loop (trapIfHung). A trap inside such a loop costs the
+/// warpgroup its raised registers: with it, ptxas 13 spilled 508 bytes per thread of the
+/// D = 128 backward and serialised its wgmma; without it, neither.
+struct ConsumerWaits {
+  bool hung = false;
+  __device__ __forceinline__ void operator()(std::uint64_t* b, unsigned parity) {
+    if (hung || mbarTryWait(b, parity)) return;
+    const long long t0 = clock64();
+    while (!mbarTryWait(b, parity))
+      if (clock64() - t0 > kMbarWaitLimit) {
+        hung = true;
+        return;
+      }
+  }
+  __device__ __forceinline__ void trapIfHung() const {
+    if (hung) __trap();
+  }
+};
 /// TMA: the box at coordinates (c0, c1, c2) of `map` into shared memory at `dst`,
 /// completing `bytes` on `bar` (elements outside the tensor arrive as zeros).
 __device__ __forceinline__ void tmaLoad3(void* dst, const CUtensorMap* map, int c0, int c1, int c2,
