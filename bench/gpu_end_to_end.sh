@@ -16,9 +16,11 @@
 # (wlb train of that deck on DATA, a byte-level `wlb data prepare` prefix) and trainsmall
 # (a small wlb train in fp32 and bf16 whose losses are compared with the CPU build's),
 # gemm8b (run8b's plain strategy with --gemm-timing: every GEMM's rate in place),
-# attnws (the warp-specialised forward's tests — on a failure or a hang, compute-sanitizer's
-# synccheck and memcheck of them — and a quick timing beside the synchronous kernel, cases
-# a-c), and
+# run8bws (run8b's plain strategy with run.attention = "ws": the warp-specialised backward
+# in the step, against run8b's plain row),
+# attnws (the warp-specialised kernels' tests — on a failure or a hang, compute-sanitizer's
+# synccheck and memcheck of them — and a quick timing of sync and ws, forward and backward,
+# cases a-c), and
 # attn: bench_attention_gpu (BIN must hold it) on cases a-d in BF16 on the Hopper variants
 # sync, auto (warp-specialised forward), split (auto with split-KV) and ws (warp-specialised
 # backward too), its precision checks included, then the PyTorch anchors of cases a-d
@@ -142,6 +144,13 @@ if [[ " $parts " == *" run8b "* ]]; then
   echo "run8b rc=$?" | tee -a "$OUT/summary.txt"
   tail -22 "$OUT/run8b.log" | tee -a "$OUT/summary.txt"
 fi
+if [[ " $parts " == *" run8bws "* ]]; then
+  log "wlb run inputs/run_gpu_8b.toml, plain, run.attention = ws (the warp-specialised backward too)"
+  timeout 200 "$BIN/wlb" run "${deck8b[@]}" --set 'run.strategies=["plain"]' --set 'run.attention="ws"' \
+    --set output.dir="\"$OUT/run8bws\"" > "$OUT/run8bws.log" 2>&1
+  echo "run8bws rc=$?" | tee -a "$OUT/summary.txt"
+  tail -12 "$OUT/run8bws.log" | tee -a "$OUT/summary.txt"
+fi
 if [[ " $parts " == *" gemm8b "* ]]; then
   log "wlb run inputs/run_gpu_8b.toml --gemm-timing (bf16; each GEMM in place, plain only)"
   timeout 200 "$BIN/wlb" run "${deck8b[@]}" --set 'run.strategies=["plain"]' --steps 2 --warmup 1 --quiet \
@@ -208,10 +217,10 @@ watched() {
   done
   wait $pid
 }
-# The kernel tests of the warp-specialised forward (parts attn and attnws).
+# The kernel tests of the warp-specialised kernels (parts attn and attnws).
 ws_tests() {
   [ -x "$BIN/test_attention" ] || return 0
-  log "test_attention (CUDA build): the warp-specialised forward and the non-finite-rows contract"
+  log "test_attention (CUDA build): the warp-specialised kernels and the non-finite-rows contract"
   watched 300 "$OUT/test_attention_ws.log" "$BIN/test_attention" \
     --gtest_filter='Attention.WarpSpecialized*:Attention.NonFinite*:Attention.Bf16*'
   local rc=$?
@@ -234,8 +243,8 @@ ws_tests() {
     done
   fi
 }
-# attnws: the first look at the warp-specialised forward in about two minutes — its tests,
-# then its checks and BF16 timings beside the synchronous kernel's on cases a, b and c.
+# attnws: the warp-specialised kernels in about three minutes — their tests, then the
+# checks and BF16 timings (forward and backward) of sync and ws on cases a, b and c.
 if [[ " $parts " == *" attnws "* ]]; then
   ws_tests
   log "bench_attention_gpu (bf16; paths sync, auto, ws; quick checks, then sync and ws on cases a, b, c with 3 repeats)"
