@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "core/kokkos_compat.hpp"
 #include "trace/recorder.hpp"
@@ -82,14 +83,20 @@ LossResult lossRows(const LayerEnv& env, const Llama& model, const TokenRows& ro
   const std::int64_t C = std::min(n, kLossChunkRows);
   MatT<T> xf = newMatT<T>(env.pool, "wlb::runtime::xf", C, h);
   Mat logits = newMat(env.pool, "wlb::runtime::logits", C, V);
+  // dL/dlogits as the head's GEMMs read it: in place of the FP32 logits, or in storage T
+  // (written once, not rounded from an FP32 copy in a second pass)
+  MatT<T> dlogits;
+  if constexpr (std::is_same_v<T, float>)
+    dlogits = logits;
+  else if (backward)
+    dlogits = newMatT<T>(env.pool, "wlb::runtime::dlogits", C, V);
   Mat dxf = backward ? newMat(env.pool, "wlb::runtime::dxf", C, h) : Mat();
   Vec rstd = newVec(env.pool, "wlb::runtime::rstd_f", C);
-  Vec row_loss = newVec(env.pool, "wlb::runtime::row_loss", C);
+  Vec row_loss = newVec(env.pool, "wlb::runtime::row_loss", n);
   const Vec g = model.normF(), dg = model.normFGrad();
   const MatT<T> W = model.headWorking<T>();
   const Mat dW = model.headGrad();
   const float eps = env.norm_eps;
-  double total = 0;
   for (std::int64_t c0 = 0; c0 < n; c0 += C) {
     const std::int64_t m = std::min(C, n - c0);
     const auto rr = std::make_pair(c0, c0 + m);
@@ -97,51 +104,63 @@ LossResult lossRows(const LayerEnv& env, const Llama& model, const TokenRows& ro
     const Mat xc = Kokkos::subview(x, rr, Kokkos::ALL);
     const MatT<T> xfc = Kokkos::subview(xf, first, Kokkos::ALL);
     const Mat lc = Kokkos::subview(logits, first, Kokkos::ALL);
+    const MatT<T> dlc = backward ? MatT<T>(Kokkos::subview(dlogits, first, Kokkos::ALL)) : MatT<T>();
     const Vec rc = Kokkos::subview(rstd, first);
+    const Vec lossc = Kokkos::subview(row_loss, rr);
     const auto tgt = Kokkos::subview(rows.targets, rr);
     rmsNorm<T>(space, xc, g, eps, xfc, rc);  // final norm
     layerGemm(env, "head.fwd", Trans::N, Trans::N, 1.0f, xfc, W, 0.0f, lc);
-    // cross-entropy per row; with backward the logits become scale * dL/dlogits
+    // cross-entropy per row, reading the logits twice (memory-bound at a large vocabulary:
+    // every pass over them costs): once for the maximum and the sum of exponentials
+    // together (per thread online, then combined over the team), once, with backward, to
+    // write scale * dL/dlogits
     const bool bwd = backward;
     Kokkos::parallel_for(
         "wlb::runtime::cross_entropy", Team(space, m, Kokkos::AUTO), KOKKOS_LAMBDA(const Team::member_type& t) {
           const std::int64_t i = t.league_rank();
           const int target = tgt(i);
           if (target < 0) {
-            Kokkos::single(Kokkos::PerTeam(t), [&]() { row_loss(i) = 0; });
-            if (bwd) Kokkos::parallel_for(Kokkos::TeamThreadRange(t, V), [&](const std::int64_t j) { lc(i, j) = 0; });
+            Kokkos::single(Kokkos::PerTeam(t), [&]() { lossc(i) = 0; });
+            if (bwd)
+              Kokkos::parallel_for(Kokkos::TeamThreadRange(t, V),
+                                   [&](const std::int64_t j) { dlc(i, j) = attention::fromFloat<T>(0.0f); });
             return;
           }
-          float mx = lc(i, 0);
-          Kokkos::parallel_reduce(
-              Kokkos::TeamThreadRange(t, V), [&](const std::int64_t j, float& acc) { acc = kk::max(acc, lc(i, j)); },
-              Kokkos::Max<float>(mx));
-          float s = 0;
-          Kokkos::parallel_reduce(
-              Kokkos::TeamThreadRange(t, V), [&](const std::int64_t j, float& acc) { acc += kk::exp(lc(i, j) - mx); },
-              s);
+          float mk = Kokkos::reduction_identity<float>::max(), sk = 0;
+          for (std::int64_t j = t.team_rank(); j < V; j += t.team_size()) {
+            const float z = lc(i, j);
+            if (z > mk) {
+              sk = sk * kk::exp(mk - z) + 1.0f;
+              mk = z;
+            } else {
+              sk += kk::exp(z - mk);
+            }
+          }
+          float mx = mk;
+          t.team_reduce(Kokkos::Max<float>(mx));
+          float s = sk * kk::exp(mk - mx);
+          t.team_reduce(Kokkos::Sum<float>(s));
           const float lse = mx + kk::log(s);
           const float lt = lc(i, target);
-          t.team_barrier();  // every thread has read the logits before they are overwritten
-          Kokkos::single(Kokkos::PerTeam(t), [&]() { row_loss(i) = lse - lt; });
+          t.team_barrier();  // every thread has read the logits before they may be overwritten
+          Kokkos::single(Kokkos::PerTeam(t), [&]() { lossc(i) = lse - lt; });
           if (bwd)
             Kokkos::parallel_for(Kokkos::TeamThreadRange(t, V), [&](const std::int64_t j) {
-              lc(i, j) = (kk::exp(lc(i, j) - lse) - (j == target ? 1.0f : 0.0f)) * scale;
+              dlc(i, j) = attention::fromFloat<T>((kk::exp(lc(i, j) - lse) - (j == target ? 1.0f : 0.0f)) * scale);
             });
         });
-    double part = 0;
-    Kokkos::parallel_reduce(
-        "wlb::runtime::loss_sum", Policy(space, 0, m),
-        KOKKOS_LAMBDA(const std::int64_t i, double& acc) { acc += static_cast<double>(row_loss(i)); }, part);
-    total += part;
     if (!backward) continue;
     const Mat dxfc = Kokkos::subview(dxf, first, Kokkos::ALL), dxc = Kokkos::subview(out.dx, rr, Kokkos::ALL);
-    // the logits' gradient as the GEMMs read it (BF16: a rounded copy; FP32: the logits)
-    const MatT<T> dlc = storedAs<T>(space, env.pool, lc, "wlb::runtime::dlogits");
     layerGemm(env, "head.wgrad", Trans::T, Trans::N, 1.0f, xfc, dlc, 1.0f, dW);  // dHead += xf^T dlogits
     layerGemm(env, "head.dgrad", Trans::N, Trans::T, 1.0f, dlc, W, 0.0f, dxfc);  // dxf = dlogits Head^T
     rmsNormBackward(space, env.pool, xc, g, rc, dxfc, dxc, dg);
   }
+  // the rows' losses summed once, after every chunk (a reduction into a host value waits
+  // for the device, which per chunk would drain its queue between chunks)
+  double total = 0;
+  Kokkos::parallel_reduce(
+      "wlb::runtime::loss_sum", Policy(space, 0, n),
+      KOKKOS_LAMBDA(const std::int64_t i, double& acc) { acc += static_cast<double>(row_loss(i)); }, total);
   kk::fence(space, "wlb::runtime::loss");  // the chunk buffers go out of scope
   out.loss = total;
   return out;

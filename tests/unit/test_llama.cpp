@@ -11,6 +11,7 @@
 #include <numeric>
 #include <vector>
 
+#include "runtime/head.hpp"
 #include "runtime/llama.hpp"
 #include "runtime/pipeline.hpp"
 #include "runtime/tokens.hpp"
@@ -202,6 +203,86 @@ TEST(Llama, Bf16StorageTracksFp32) {
   std::int64_t off_grid = 0;
   for (std::size_t i = 0; i < w.size(); ++i) off_grid += wlb::attention::roundBf16(w(i)) != w(i);
   EXPECT_GT(off_grid, static_cast<std::int64_t>(w.size()) / 2);
+}
+
+// The loss head alone (final norm, LM head, cross-entropy; runtime::lossForward) over more
+// rows than one chunk of logits (kLossChunkRows), some without a target, against a
+// double-precision reference: the summed loss, and the head's weight gradient, which reads
+// the logits' gradient as the GEMMs store it (in place in FP32, written in BF16 in BF16
+// storage).
+TEST(Llama, LossOverChunksMatchesReference) {
+  using wlb::runtime::Precision;
+  for (const Precision prec : {Precision::Fp32, Precision::Bf16}) {
+    SCOPED_TRACE(prec == Precision::Bf16 ? "bf16" : "fp32");
+    LlamaConfig cfg = tinyConfig();
+    cfg.vocab = 300;
+    Llama model(cfg, 11, prec);
+    wlb::runtime::Space space;
+    const std::int64_t n = 2 * wlb::runtime::kLossChunkRows + 37, h = cfg.hidden, V = cfg.vocab;
+    wlb::runtime::Mat x("x", n, h);
+    wlb::runtime::IVec targets("targets", n);
+    auto xh = Kokkos::create_mirror_view(x);
+    auto th = Kokkos::create_mirror_view(targets);
+    for (std::int64_t i = 0; i < n; ++i) {
+      th(i) = i % 7 == 3 ? -1 : static_cast<std::int32_t>((i * 31 + 5) % V);
+      for (std::int64_t j = 0; j < h; ++j) xh(i, j) = static_cast<float>(std::sin(0.37 * i + 1.3 * j));
+    }
+    Kokkos::deep_copy(x, xh);
+    Kokkos::deep_copy(targets, th);
+    wlb::runtime::TokenRows rows;
+    rows.n = n;
+    rows.targets = targets;
+    wlb::runtime::LayerEnv env;
+    env.space = &space;
+    env.precision = prec;
+    env.norm_eps = cfg.norm_eps;
+    model.zeroGrads(space);
+    const float scale = 0.5f;
+    const auto got = wlb::runtime::lossForward(env, model, rows, x, true, scale);
+    ASSERT_EQ(got.dx.extent(0), static_cast<std::size_t>(n));
+
+    // the reference, in double, from the FP32 masters
+    auto g = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.normF());
+    auto W = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.head());
+    std::vector<double> dW(static_cast<std::size_t>(h * V), 0.0), xf(static_cast<std::size_t>(h)),
+        z(static_cast<std::size_t>(V));
+    double loss = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      if (th(i) < 0) continue;
+      double ss = 0;
+      for (std::int64_t j = 0; j < h; ++j) ss += static_cast<double>(xh(i, j)) * xh(i, j);
+      const double r = 1.0 / std::sqrt(ss / static_cast<double>(h) + cfg.norm_eps);
+      for (std::int64_t j = 0; j < h; ++j) xf[static_cast<std::size_t>(j)] = xh(i, j) * r * g(j);
+      double mx = -1e300;
+      for (std::int64_t v = 0; v < V; ++v) {
+        double a = 0;
+        for (std::int64_t j = 0; j < h; ++j) a += xf[static_cast<std::size_t>(j)] * W(j, v);
+        z[static_cast<std::size_t>(v)] = a;
+        mx = std::max(mx, a);
+      }
+      double se = 0;
+      for (std::int64_t v = 0; v < V; ++v) se += std::exp(z[static_cast<std::size_t>(v)] - mx);
+      const double lse = mx + std::log(se);
+      loss += lse - z[static_cast<std::size_t>(th(i))];
+      for (std::int64_t v = 0; v < V; ++v) {
+        const double dz = (std::exp(z[static_cast<std::size_t>(v)] - lse) - (v == th(i) ? 1.0 : 0.0)) * scale;
+        for (std::int64_t j = 0; j < h; ++j)
+          dW[static_cast<std::size_t>(j * V + v)] += xf[static_cast<std::size_t>(j)] * dz;
+      }
+    }
+    const double tol = prec == Precision::Bf16 ? 1e-4 : 1e-6;
+    EXPECT_NEAR(got.loss, loss, tol * loss);
+    auto gW = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.headGrad());
+    double err = 0, norm = 0;
+    for (std::int64_t j = 0; j < h; ++j)
+      for (std::int64_t v = 0; v < V; ++v) {
+        const double d = gW(j, v) - dW[static_cast<std::size_t>(j * V + v)];
+        err += d * d;
+        norm += dW[static_cast<std::size_t>(j * V + v)] * dW[static_cast<std::size_t>(j * V + v)];
+      }
+    std::printf("loss %.9g reference %.9g, head gradient relative error %.2e\n", got.loss, loss, std::sqrt(err / norm));
+    EXPECT_LT(std::sqrt(err / norm), prec == Precision::Bf16 ? 5e-3 : 1e-5);
+  }
 }
 
 }  // namespace
