@@ -10,7 +10,11 @@ directory, and reads every strategy's tokens/s and useful FLOP/s from the run's
 summary.json (docs/runtime.md). Per strategy it prints the median of the per-round ratios
 new / old and their range, for tokens/s and for useful FLOP/s (the second differs from the
 first when the binaries count different work, e.g. a model with more ops). Raw per-round
-figures go to --json. Needs OpenMPI's mpirun (`source run/mpienv` as root).
+figures go to --json. With --region LABEL (repeatable) it also reads each run's trace and
+reports the seconds per measured step spent in that region (the trace's events of that
+label, summed per rank, mean over ranks; docs/trace-schema.md), old and new and their
+ratio: a change inside one region shows there undiluted by the rest of the step. Needs
+OpenMPI's mpirun (`source run/mpienv` as root).
 """
 import argparse
 import json
@@ -20,8 +24,32 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "analysis"))
 
-def run_once(binary, deck, ranks, sets, out_dir):
+
+def region_seconds(trace_path, labels):
+    """Seconds per measured step in each region label, per strategy: {strategy: {label: s}}."""
+    import numpy as np
+    import wlb_metrics
+    import wlb_trace
+    tr = wlb_trace.load(str(trace_path))
+    ev = tr.events
+    ranks = len(np.unique(ev["rank"])) or 1
+    out = {}
+    for si, name in enumerate(tr.strategies):
+        steps = [s for s in wlb_metrics.steps_of(tr, si) if wlb_metrics.step_kind(tr, s) == "measured"]
+        out[name] = {}
+        for label in labels:
+            rid = tr.region_id(label)
+            if rid < 0:
+                sys.exit(f"{trace_path}: no region '{label}' (regions: {', '.join(tr.regions)})")
+            sel = (ev["strategy"] == si) & (ev["region"] == rid) & np.isin(ev["step"], steps)
+            ns = float(np.sum(ev["end_ns"][sel] - ev["start_ns"][sel]))
+            out[name][label] = ns / 1e9 / ranks / max(len(steps), 1)
+    return out
+
+
+def run_once(binary, deck, ranks, sets, out_dir, regions=()):
     cmd = ["mpirun", "-n", str(ranks), binary, "run", deck, "--quiet", "--set", f'output.dir="{out_dir}"']
     for s in sets:
         cmd += ["--set", s]
@@ -29,8 +57,12 @@ def run_once(binary, deck, ranks, sets, out_dir):
     if p.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
     summary = json.loads((pathlib.Path(out_dir) / "summary.json").read_text())
-    return {s["strategy"]: {"tokens_per_second": s["tokens_per_second"],
-                            "flops_per_second": s["useful_flops_per_second"]} for s in summary["strategies"]}
+    out = {s["strategy"]: {"tokens_per_second": s["tokens_per_second"],
+                           "flops_per_second": s["useful_flops_per_second"]} for s in summary["strategies"]}
+    if regions:
+        for name, secs in region_seconds(pathlib.Path(out_dir) / summary["trace"], regions).items():
+            out[name]["region_seconds"] = secs
+    return out
 
 
 def main():
@@ -42,13 +74,15 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--set", action="append", default=[], help="deck override for both binaries")
     ap.add_argument("--json", type=pathlib.Path, help="raw per-round figures")
+    ap.add_argument("--region", action="append", default=[],
+                    help="also report the seconds per step in this trace region (repeatable)")
     a = ap.parse_args()
     rounds = []
     with tempfile.TemporaryDirectory(prefix="wlb-ab-") as tmp:
         for r in range(a.rounds):
             row = {}
             for tag, binary in (("old", a.old), ("new", a.new)):
-                row[tag] = run_once(binary, a.deck, a.ranks, a.set, f"{tmp}/{tag}{r}")
+                row[tag] = run_once(binary, a.deck, a.ranks, a.set, f"{tmp}/{tag}{r}", a.region)
             rounds.append(row)
             print(f"round {r + 1}/{a.rounds} done", file=sys.stderr, flush=True)
     print(f"{'strategy':<10} {'old ktok/s':>11} {'new ktok/s':>11} {'tok/s new/old':>14} {'[range]':>15} "
@@ -64,6 +98,19 @@ def main():
         print(f"{name:<10} {old_k:11.2f} {new_k:11.2f} {statistics.median(tok):13.3f}x "
               f"{'[%.3f-%.3f]' % (min(tok), max(tok)):>15} {statistics.median(flo):14.3f}x "
               f"{'[%.3f-%.3f]' % (min(flo), max(flo)):>15}")
+    if a.region:
+        print(f"{'strategy':<10} {'region':<14} {'old s/step':>11} {'new s/step':>11} {'new/old':>9} {'[range]':>15}")
+    for name in rounds[0]["old"] if a.region else []:
+        for label in a.region:
+            old = [r["old"][name]["region_seconds"][label] for r in rounds]
+            new = [r["new"][name]["region_seconds"][label] for r in rounds]
+            q = [n / o for n, o in zip(new, old)]
+            result[name].setdefault("regions", {})[label] = {"old_median": statistics.median(old),
+                                                             "new_median": statistics.median(new),
+                                                             "ratio_median": statistics.median(q),
+                                                             "ratio_range": [min(q), max(q)]}
+            print(f"{name:<10} {label:<14} {statistics.median(old):11.3f} {statistics.median(new):11.3f} "
+                  f"{statistics.median(q):8.3f}x {'[%.3f-%.3f]' % (min(q), max(q)):>15}")
     if a.json:
         a.json.write_text(json.dumps({"deck": a.deck, "ranks": a.ranks, "sets": a.set, "rounds": rounds,
                                       "ratios": result}, indent=2) + "\n")
