@@ -553,6 +553,24 @@ def run_cp2_ab(root):
     return out
 
 
+@table("loss-ce-ab", "docs/performance.md", "bench/results/cpu/loss_ce_ab_fp32.log",
+       "bench/results/cpu/loss_ce_ab_bf16.log")
+def loss_ce_ab(root):
+    """binary_ab.py --region loss: the loss region per step and the step's tokens/s, old and
+    new binary, one row per precision."""
+    out = []
+    for prec in ("fp32", "bf16"):
+        body = log_body(root / f"bench/results/cpu/loss_ce_ab_{prec}.log")
+        tok = columns(body, "strategy", 7)[0]
+        reg = next(line.split() for line in body if line.split()[1:2] == ["loss"])
+        tlo, thi = tok[4].strip("[]").split("-")
+        rlo, rhi = reg[5].strip("[]").split("-")
+        out.append([(prec,), ("{:.3f}", float(reg[2])), ("{:.3f}", float(reg[3])),
+                    ("{:.3f} [{:.3f}–{:.3f}]", float(reg[4].rstrip("x")), float(rlo), float(rhi)),
+                    ("{:.3f} [{:.3f}–{:.3f}]", float(tok[3].rstrip("x")), float(tlo), float(thi))])
+    return out
+
+
 @table("profile-fields-h100", "docs/performance.md", "inputs/profiles/h100-sxm.json",
        "inputs/profiles/h100-torch-measured.json")
 def profile_fields_h100(root):
