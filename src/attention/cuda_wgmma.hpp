@@ -536,7 +536,10 @@ __device__ __forceinline__ void mbarWait(std::uint64_t* b, unsigned parity) {
 /// kMbarWaitLimit marks the warpgroup hung, every later wait returns at once, and the
 /// kernel traps once, after its loop (trapIfHung). A trap inside such a loop costs the
 /// warpgroup its raised registers: with it, ptxas 13 spilled 508 bytes per thread of the
-/// D = 128 backward and serialised its wgmma; without it, neither.
+/// D = 128 backward and serialised its wgmma; without it, neither. The spin loop is
+/// mbarWait's, written out again on purpose: built on a shared bool-returning wait instead,
+/// ptxas spilled 228-268 bytes in both warp-specialised forwards and serialised their wgmma
+/// (bench/ptxas_report.sh --check catches it).
 struct ConsumerWaits {
   bool hung = false;
   __device__ __forceinline__ void operator()(std::uint64_t* b, unsigned parity) {
