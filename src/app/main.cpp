@@ -11,9 +11,11 @@
 #include <vector>
 
 #include "app/command.hpp"
-#include "core/heap.hpp"
 #include "core/error.hpp"
+#include "core/heap.hpp"
 #include "core/version_info.hpp"
+#include "parallel/group_comm.hpp"
+#include "runtime/gemm.hpp"
 
 namespace wlb::app {
 namespace {
@@ -24,6 +26,13 @@ struct Entry {
 std::map<std::string, Entry>& registry() {
   static std::map<std::string, Entry> r;
   return r;
+}
+
+// `wlb --version`: core's provenance strings plus the backends the runtime was built with.
+std::string versionReport() {
+  return "wlb " + versionString() + " (git " + gitHash() + ")\n" + "  Kokkos " + kokkosVersion() + ", backend " +
+         kokkosBackend() + "\n" + "  MPI    " + mpiVersion() + "\n" + "  HDF5   " + hdf5Version() + "\n" + "  GEMM   " +
+         runtime::gemmBackend() + "\n" + "  NCCL   " + (parallel::ncclAvailable() ? "yes" : "no") + "\n";
 }
 }  // namespace
 
@@ -123,7 +132,7 @@ int main(int argc, char** argv) {
       }
       app.parse(static_cast<int>(cli_argv.size()), cli_argv.data());
       if (show_version) {
-        if (rank == 0) std::cout << wlb::versionReport();
+        if (rank == 0) std::cout << wlb::app::versionReport();
       } else if (app.get_subcommands().empty()) {
         if (rank == 0) std::cout << app.help();
       } else {

@@ -4,8 +4,6 @@
 #include <mpi.h>
 
 #include "core/kokkos_compat.hpp"
-#include "parallel/group_comm.hpp"
-#include "runtime/gemm.hpp"
 #include "wlb/version.hpp"
 
 namespace wlb {
@@ -37,15 +35,6 @@ std::string hdf5Version() {
   s += " (parallel)";
 #endif
   return s;
-}
-
-std::string versionReport() {
-  return "wlb " + versionString() + " (git " + gitHash() + ")\n" +
-         "  Kokkos " + kokkosVersion() + ", backend " + kokkosBackend() + "\n" +
-         "  MPI    " + mpiVersion() + "\n" +
-         "  HDF5   " + hdf5Version() + "\n" +
-         "  GEMM   " + runtime::gemmBackend() + "\n" +
-         "  NCCL   " + (parallel::ncclAvailable() ? "yes" : "no") + "\n";
 }
 
 }  // namespace wlb

@@ -1,6 +1,7 @@
 #pragma once
 /// \file version_info.hpp
-/// \brief Provenance strings for `wlb --version` and trace metadata.
+/// \brief Provenance strings for `wlb --version` and trace metadata (the report that adds the
+/// GEMM and NCCL backends is the driver's, app/main.cpp).
 
 #include <string>
 
@@ -12,7 +13,5 @@ std::string kokkosVersion();  ///< e.g. "3.4.1"
 std::string kokkosBackend();  ///< default execution space, e.g. "Serial"
 std::string mpiVersion();     ///< MPI library version string (first line)
 std::string hdf5Version();    ///< e.g. "1.10.8 (parallel)"
-/// Multi-line report of all of the above.
-std::string versionReport();
 
 }  // namespace wlb

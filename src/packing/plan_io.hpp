@@ -31,13 +31,10 @@ struct PlanHeader {
 nlohmann::json toJson(const PlanHeader& h);
 PlanHeader headerFromJson(const nlohmann::json& j);
 
-/// One step line: {"type":"step","step":t,"replicas":[[[[doc,offset,length,arrival],...],..],..],
-/// "delayed":[ids],"incoming":n,"metrics":{...}}.
+/// One step line: the plan's JSON (core/plan_json.hpp) plus "incoming":n and "metrics":{...};
+/// the reader ignores the two.
 nlohmann::json stepToJson(const StepPlan& plan, const StepMetrics& metrics, std::int64_t incoming_docs);
 StepPlan stepFromJson(const nlohmann::json& j);
-/// SlimPack's fields of a step (backward cuts, DP-Merge groups, memory record) into `j`,
-/// as the plan file has them (the trace's plan JSON writes the same).
-void addSlimpackFields(const StepPlan& plan, nlohmann::json& j);
 
 /// A whole plan file in memory.
 struct PlanFile {

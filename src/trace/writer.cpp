@@ -14,8 +14,8 @@
 
 #include "core/error.hpp"
 #include "core/h5.hpp"
+#include "core/plan_json.hpp"
 #include "core/version_info.hpp"
-#include "packing/plan_io.hpp"
 #include "trace/schema.hpp"
 
 namespace wlb::trace {
@@ -107,29 +107,8 @@ Writer::~Writer() {
 }
 
 std::string Writer::planToJson(const std::string& strategy, const StepPlan& plan) {
-  // Same shape as a step line of the plan JSONL format (packing/plan_io.hpp):
-  // replicas[dp][mb] = [[doc, offset, length, arrival_step(, q_offset)], ...], "backward".
-  nlohmann::json j;
-  j["type"] = "step";
-  j["step"] = plan.step;
+  nlohmann::json j = wlb::planToJson(plan);  // a plan file's step line, without its metrics
   j["strategy"] = strategy;
-  nlohmann::json reps = nlohmann::json::array();
-  for (const auto& rep : plan.replicas) {
-    nlohmann::json mbs = nlohmann::json::array();
-    for (const auto& mb : rep) {
-      nlohmann::json segs = nlohmann::json::array();
-      for (const auto& s : mb.segments) {
-        nlohmann::json e = {s.doc, s.offset, s.length, s.arrival_step};
-        if (s.q_offset != 0) e.push_back(s.q_offset);  // slimpack slices, as plan_io writes them
-        segs.push_back(std::move(e));
-      }
-      mbs.push_back(segs);
-    }
-    reps.push_back(mbs);
-  }
-  j["replicas"] = reps;
-  j["delayed"] = plan.delayed;
-  packing::addSlimpackFields(plan, j);  // as the plan file has them
   return j.dump();
 }
 

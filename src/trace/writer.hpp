@@ -139,8 +139,8 @@ class Writer {
   /// Returns the final path. Throws h5::Error (I/O failure) on every rank.
   std::string commit(const Recorder& rec);
 
-  /// JSON text used for a step when no packing JSON is given: a step line of the plan
-  /// JSONL format (packing/plan_io.hpp) without metrics, plus "strategy".
+  /// JSON text used for a step when no packing JSON is given: the plan's JSON
+  /// (core/plan_json.hpp, a plan file's step line without its metrics) plus "strategy".
   static std::string planToJson(const std::string& strategy, const StepPlan& plan);
 
  private:
