@@ -495,15 +495,15 @@ LayerStep::LayerStep(const LayerEnv& env, const Llama& model, int layer, const c
   int cp_rank = 0;
   MPI_Comm_rank(env.cp_comm, &cp_rank);
   n_ = plan.ranks[static_cast<std::size_t>(cp_rank)].tokens;
-  cp::DistAttentionOptions opt;
+  DistAttentionOptions opt;
   opt.kernel = env.kernel;
   opt.cost = env.cost;
   opt.recorder = env.recorder;
   opt.group = env.cp_group;
   opt.pool = env.pool;
   const LayerShape s = LayerShape::of(model.config());
-  attn_ = std::make_unique<cp::DistributedAttention>(plan, comm, env.cp_comm, s.heads, s.kv_heads, s.head_dim, opt,
-                                                     like && like->attn_ ? like->attn_.get() : nullptr);
+  attn_ = std::make_unique<DistributedAttention>(plan, comm, env.cp_comm, s.heads, s.kv_heads, s.head_dim, opt,
+                                                 like && like->attn_ ? like->attn_.get() : nullptr);
 }
 
 std::int64_t LayerStep::savedBytes() const {

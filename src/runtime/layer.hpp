@@ -2,7 +2,7 @@
 /// \file layer.hpp
 /// \brief One layer of the model (llama.hpp) on one rank, forward and backward
 /// (docs/runtime.md): RMSNorm -> Q/K/V -> RoPE -> context-parallel attention
-/// (cp/distributed_attention.hpp) -> out-projection -> residual -> RMSNorm -> SwiGLU MLP ->
+/// (runtime/distributed_attention.hpp) -> out-projection -> residual -> RMSNorm -> SwiGLU MLP ->
 /// residual. Heads, KV heads and MLP columns are split over TP (column-parallel QKV/W1/W3,
 /// row-parallel Wo/W2): the outputs of Wo and W2 and the input gradients of the two norms'
 /// branches are summed over the TP group.
@@ -20,11 +20,11 @@
 #include <vector>
 
 #include "core/types.hpp"
-#include "cp/distributed_attention.hpp"
 #include "cp/shard_plan.hpp"
 #include "model/cost_model.hpp"
 #include "parallel/group_comm.hpp"
 #include "parallel/mesh.hpp"
+#include "runtime/distributed_attention.hpp"
 #include "runtime/gemm.hpp"
 #include "runtime/gemm_timer.hpp"
 #include "runtime/llama.hpp"
@@ -203,7 +203,7 @@ class LayerStep {
   const Llama* model_;
   int layer_;
   std::int64_t n_;
-  std::unique_ptr<cp::DistributedAttention> attn_;
+  std::unique_ptr<DistributedAttention> attn_;
   LayerActsT<float> acts_;
   LayerActsT<bf16> bacts_;  ///< with BF16 storage
   double attn_seconds_ = 0;

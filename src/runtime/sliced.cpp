@@ -30,8 +30,8 @@ Act3T<T> rowsOf(const Act3T<T>& a, std::int64_t r0, std::int64_t r1) {
 template <class T>
 void copyRows(const Space& space, const Act3T<T>& dst, const Act3T<T>& src, bool add) {
   if (dst.size() != src.size()) throw std::logic_error("SlicedStage: row copy of different sizes");
-  const cp::rows::IdxView identity;
-  cp::rows::moveRows(space, dst.data(), identity, src.data(), identity, 1, static_cast<std::int64_t>(dst.size()), add);
+  const rows::IdxView identity;
+  rows::moveRows(space, dst.data(), identity, src.data(), identity, 1, static_cast<std::int64_t>(dst.size()), add);
 }
 
 }  // namespace
@@ -245,9 +245,8 @@ const SlicedStage::GatherMap& SlicedStage::gatherMap(const Unit& u) {
   auto it = gather_.find(key);
   if (it != gather_.end()) return it->second;
   GatherMap g;
-  g.index =
-      cp::rows::upload(shards_->gatherIndex(u.bwd ? slices_->bwd_cuts : slices_->fwd_cuts, u.k, &g.counts, &g.displs),
-                       "wlb::runtime::sliced::gather_map");
+  g.index = rows::upload(shards_->gatherIndex(u.bwd ? slices_->bwd_cuts : slices_->fwd_cuts, u.k, &g.counts, &g.displs),
+                         "wlb::runtime::sliced::gather_map");
   return gather_.emplace(key, std::move(g)).first->second;
 }
 
@@ -258,7 +257,7 @@ void SlicedStage::packedKv(const Unit& u, const Act3T<T>& k, const Act3T<T>& v, 
     pv = v;
     return;
   }
-  namespace rw = cp::rows;
+  namespace rw = wlb::runtime::rows;
   const Space& space = *env_.space;
   const LayerShape sh = LayerShape::of(model_->config());
   const std::int64_t width = static_cast<std::int64_t>(sh.kv_heads) * sh.head_dim, ww = rw::wordCount<T>(width);
@@ -279,7 +278,7 @@ void SlicedStage::packedKv(const Unit& u, const Act3T<T>& k, const Act3T<T>& v, 
 
 Act3 SlicedStage::ownKvGrad(const Unit& u, const Act3& dpacked) {
   if (cp_ == 1) return dpacked;
-  namespace rw = cp::rows;
+  namespace rw = wlb::runtime::rows;
   const Space& space = *env_.space;
   const LayerShape sh = LayerShape::of(model_->config());
   const std::int64_t width = static_cast<std::int64_t>(sh.kv_heads) * sh.head_dim;

@@ -39,10 +39,10 @@
 #include <utility>
 #include <vector>
 
-#include "cp/row_moves.hpp"
 #include "pp/schedule.hpp"
 #include "pp/slice_shards.hpp"
 #include "runtime/layer.hpp"
+#include "runtime/row_moves.hpp"
 #include "runtime/tokens.hpp"
 
 namespace wlb::runtime {
@@ -156,7 +156,7 @@ class SlicedStage {
   /// The gather map of a unit (cp > 1), built once: packed row -> gathered row, and the
   /// rows of every rank.
   struct GatherMap {
-    cp::rows::IdxView index;
+    rows::IdxView index;
     std::vector<std::int64_t> counts, displs;
   };
   const GatherMap& gatherMap(const Unit& u);

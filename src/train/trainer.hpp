@@ -6,7 +6,7 @@
 /// split; atomic checkpoints (weights, AdamW moments, step, packer and data-source state) that a resumed run continues
 /// from with bit-identical losses; training metrics in the HDF5 trace. Runs on a TP x CP x PP x DP mesh: rank 0 packs
 /// every step and broadcasts the plan, DP rank d trains replica d, the CP ranks of a replica share each micro-batch
-/// through cp::DistributedAttention, the TP ranks split heads and MLP columns, the PP
+/// through runtime::DistributedAttention, the TP ranks split heads and MLP columns, the PP
 /// stages hold their layer blocks and walk pipeline.schedule (gpipe, 1f1b, interleaved, or
 /// packflow for SlimPack plans) through runtime::PipelineStage, and the gradients of each
 /// (TP slice, stage) are summed over DP x CP.

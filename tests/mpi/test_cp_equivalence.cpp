@@ -19,16 +19,20 @@
 #include "attention/attention.hpp"
 #include "core/deck.hpp"
 #include "core/types.hpp"
-#include "cp/distributed_attention.hpp"
 #include "cp/shard_plan.hpp"
 #include "model/cost_model.hpp"
 #include "mpi_world.hpp"
+#include "runtime/distributed_attention.hpp"
 #include "runtime/pool.hpp"
 #include "trace/clock_sync.hpp"
 #include "trace/recorder.hpp"
 
 using namespace wlb;
 using namespace wlb::cp;
+using wlb::runtime::DistAttentionOptions;
+using wlb::runtime::DistributedAttention;
+using wlb::runtime::DistViews;
+using wlb::runtime::gatherToPacked;
 using ES = Kokkos::DefaultExecutionSpace;
 using V3 = DistViews::View3;
 using V2 = DistViews::View2;

@@ -17,10 +17,10 @@
 #include "core/deck.hpp"
 #include "core/error.hpp"
 #include "core/types.hpp"
-#include "cp/distributed_attention.hpp"
 #include "cp/shard_plan.hpp"
 #include "model/cost_model.hpp"
 #include "mpi_world.hpp"
+#include "runtime/distributed_attention.hpp"
 #include "runtime/layer.hpp"
 #include "runtime/llama.hpp"
 #include "runtime/run.hpp"
@@ -115,8 +115,8 @@ LayerOut runLayers(const MicroBatch& mb, const std::string& strategy, cp::CommMo
   Mat y = l1.forward(l0.forward(fromHost(lx, n, H), rows.positions), rows.positions);
   Mat dx = l0.backward(l1.backward(fromHost(lg, n, H), rows.positions), rows.positions);
   LayerOut out;
-  out.y = cp::gatherToPacked(plan, cpl, comm, host(y).data(), H);
-  out.dx = cp::gatherToPacked(plan, cpl, comm, host(dx).data(), H);
+  out.y = runtime::gatherToPacked(plan, cpl, comm, host(y).data(), H);
+  out.dx = runtime::gatherToPacked(plan, cpl, comm, host(dx).data(), H);
   auto gb = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.grads());
   out.grads.assign(gb.data(), gb.data() + gb.size());
   MPI_Allreduce(MPI_IN_PLACE, out.grads.data(), static_cast<int>(out.grads.size()), MPI_FLOAT, MPI_SUM, comm);

@@ -55,9 +55,6 @@ class Recorder;
 }
 namespace wlb::runtime {
 class BufferPool;
-}
-
-namespace wlb::cp {
 
 /// Device views used by the distributed attention (default execution space).
 struct DistViews {
@@ -87,7 +84,7 @@ struct DistAttentionOptions {
   /// Buffers come from here when non-null (the stage's activation pool: cached across
   /// layers, micro-batches and steps, and a failed allocation first gives the pool's free
   /// blocks back); else each call allocates its own. Must outlive the object.
-  runtime::BufferPool* pool = nullptr;
+  BufferPool* pool = nullptr;
 };
 
 /// Seconds spent by the last forward()/backward() call of this rank.
@@ -113,7 +110,7 @@ class DistributedAttention {
   /// `like`: another object of the same plan, comm plan and communicator (a micro-batch's
   /// other layer) whose varlen batch and device row maps this one shares instead of
   /// building and uploading its own (they depend on the plan alone).
-  DistributedAttention(const ShardPlan& plan, const CommPlan& comm_plan, MPI_Comm comm, int heads, int kv_heads,
+  DistributedAttention(const cp::ShardPlan& plan, const cp::CommPlan& comm_plan, MPI_Comm comm, int heads, int kv_heads,
                        int head_dim, DistAttentionOptions opt = {}, const DistributedAttention* like = nullptr);
   ~DistributedAttention();
   DistributedAttention(const DistributedAttention&) = delete;
@@ -172,8 +169,8 @@ class DistributedAttention {
   void buildMaps();
   struct Maps;  // the plan's row maps in device memory (built once per object)
 
-  const ShardPlan* plan_;
-  const CommPlan* comm_plan_;
+  const cp::ShardPlan* plan_;
+  const cp::CommPlan* comm_plan_;
   MPI_Comm comm_;
   int rank_ = 0;
   int heads_, kv_heads_, head_dim_;
@@ -192,7 +189,7 @@ class DistributedAttention {
 /// Gather a rank-local buffer ([local tokens][width] floats, local order) of every CP
 /// rank back into packed (sequence) order on every rank: out[p] = local_{owner[p]}
 /// [local_index[p]]. Collective (MPI_Allgatherv). Used by tests and diagnostics.
-std::vector<float> gatherToPacked(const ShardPlan& plan, const CommPlan& comm_plan, MPI_Comm comm, const float* local,
-                                  std::int64_t width);
+std::vector<float> gatherToPacked(const cp::ShardPlan& plan, const cp::CommPlan& comm_plan, MPI_Comm comm,
+                                  const float* local, std::int64_t width);
 
-}  // namespace wlb::cp
+}  // namespace wlb::runtime

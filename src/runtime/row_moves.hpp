@@ -12,14 +12,14 @@
 #include <type_traits>
 #include <vector>
 
-namespace wlb::cp::rows {
+namespace wlb::runtime::rows {
 
 using Space = Kokkos::DefaultExecutionSpace;
 using Mem = Space::memory_space;
 using IdxView = Kokkos::View<const std::int64_t*, Mem>;
 
 /// A row map in device memory.
-inline IdxView upload(const std::vector<std::int64_t>& v, const char* label = "wlb::cp::row_map") {
+inline IdxView upload(const std::vector<std::int64_t>& v, const char* label = "wlb::runtime::row_map") {
   Kokkos::View<std::int64_t*, Mem> d(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), v.size());
   Kokkos::deep_copy(d, Kokkos::View<const std::int64_t*, Kokkos::HostSpace>(v.data(), v.size()));
   return d;
@@ -48,7 +48,7 @@ void moveRows(const Space& space, E* dst, const IdxView& dmap, const E* src, con
   if (n == 0 || width == 0) return;
   const bool hd = dmap.extent(0) > 0, hs = smap.extent(0) > 0;
   Kokkos::parallel_for(
-      "wlb::cp::move_rows", Kokkos::RangePolicy<Space>(space, 0, n * width), KOKKOS_LAMBDA(const std::int64_t e) {
+      "wlb::runtime::move_rows", Kokkos::RangePolicy<Space>(space, 0, n * width), KOKKOS_LAMBDA(const std::int64_t e) {
         const std::int64_t i = e / width, c = e % width;
         const std::int64_t d = (hd ? dmap(i) : i) * width + c, s = (hs ? smap(i) : i) * width + c;
         moveElement(dst[d], src[s], add);
@@ -77,4 +77,4 @@ inline std::vector<std::int64_t> scaled(const std::vector<std::int64_t>& v, std:
   return out;
 }
 
-}  // namespace wlb::cp::rows
+}  // namespace wlb::runtime::rows

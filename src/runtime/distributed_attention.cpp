@@ -3,7 +3,7 @@
 /// math comes from the shard/comm plan helpers of shard_plan.hpp; this file only moves
 /// bytes and calls the kernels.
 
-#include "cp/distributed_attention.hpp"
+#include "runtime/distributed_attention.hpp"
 
 #include <chrono>
 #include <climits>
@@ -15,12 +15,22 @@
 
 #include "attention/flops.hpp"
 #include "core/kokkos_compat.hpp"
-#include "cp/row_moves.hpp"
 #include "model/cost_model.hpp"
 #include "runtime/pool.hpp"
+#include "runtime/row_moves.hpp"
 #include "trace/recorder.hpp"
 
-namespace wlb::cp {
+namespace wlb::runtime {
+
+// The plan types this executor runs (cp/shard_plan.hpp).
+using cp::CommMode;
+using cp::CommPlan;
+using cp::Piece;
+using cp::RankShard;
+using cp::RowMap;
+using cp::ShardPlan;
+using cp::Transfer;
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -30,7 +40,7 @@ double since(Clock::time_point t0) {
 
 int toCount(std::int64_t n, const char* what) {
   if (n < 0 || n > INT_MAX)
-    throw std::invalid_argument(std::string("wlb::cp::DistributedAttention: ") + what +
+    throw std::invalid_argument(std::string("wlb::runtime::DistributedAttention: ") + what +
                                 " exceeds the MPI int count range");
   return static_cast<int>(n);
 }
@@ -58,11 +68,11 @@ DistributedAttention::DistributedAttention(const ShardPlan& plan, const CommPlan
   MPI_Comm_size(comm, &size);
   MPI_Comm_rank(comm, &rank_);
   if (size != plan.cp || comm_plan.cp != plan.cp)
-    throw std::invalid_argument("wlb::cp::DistributedAttention: communicator has " + std::to_string(size) +
+    throw std::invalid_argument("wlb::runtime::DistributedAttention: communicator has " + std::to_string(size) +
                                 " ranks but the plan has cp=" + std::to_string(plan.cp) +
                                 " (comm plan cp=" + std::to_string(comm_plan.cp) + ")");
   if (heads <= 0 || kv_heads <= 0 || head_dim <= 0 || heads % kv_heads != 0)
-    throw std::invalid_argument("wlb::cp::DistributedAttention: bad heads/kv_heads/head_dim");
+    throw std::invalid_argument("wlb::runtime::DistributedAttention: bad heads/kv_heads/head_dim");
   const RankShard& rs = plan.ranks[rank_];
   local_tokens_ = rs.tokens;
   kv_tokens_ = rs.kv_tokens;
@@ -78,7 +88,8 @@ DistributedAttention::DistributedAttention(const ShardPlan& plan, const CommPlan
   }
   if (opt_.group) {
     if (opt_.group->size() != plan.cp)
-      throw std::invalid_argument("wlb::cp::DistributedAttention: group communicator size differs from the plan's cp");
+      throw std::invalid_argument(
+          "wlb::runtime::DistributedAttention: group communicator size differs from the plan's cp");
     group_ = opt_.group;
   } else {
     own_group_ = parallel::makeGroupComm(comm, parallel::CommBackend::Mpi);
@@ -161,8 +172,8 @@ Kokkos::View<T***, Kokkos::LayoutRight, DistViews::mem> DistributedAttention::ro
                                                                                         const char* label,
                                                                                         std::int64_t rows,
                                                                                         bool zero) const {
-  // From the pool when there is one, else a fresh allocation (runtime::newAct3T decides).
-  auto out = runtime::newAct3T<T>(opt_.pool, label, rows, kv_heads_, head_dim_);
+  // From the pool when there is one, else a fresh allocation (newAct3T decides).
+  auto out = newAct3T<T>(opt_.pool, label, rows, kv_heads_, head_dim_);
   // Zeroed on this object's instance, which the kernels that accumulate into it run on.
   if (zero) Kokkos::deep_copy(space, out, T{});
   return out;
@@ -186,8 +197,8 @@ void DistributedAttention::exchangeKvForward(const Space& space, const T* k, con
     if (plan.cp > 1) {
       const std::int64_t ww = wordCount<T>(width);
       const auto counts = scaled(cpl.gather_counts, ww), displs = scaled(cpl.gather_displs, ww);
-      const auto gk = rowBuffer<T>(space, "wlb::cp::dist_attn::gathered_k", total);
-      const auto gv = rowBuffer<T>(space, "wlb::cp::dist_attn::gathered_v", total);
+      const auto gk = rowBuffer<T>(space, "wlb::runtime::dist_attn::gathered_k", total);
+      const auto gv = rowBuffer<T>(space, "wlb::runtime::dist_attn::gathered_v", total);
       group_->allgatherv(space, words(k), words(gk.data()), counts, displs);
       group_->allgatherv(space, words(v), words(gv.data()), counts, displs);
       moveRows(space, kv_k, none, gk.data(), m.ag_index, kv_tokens_, width, false);
@@ -207,12 +218,12 @@ void DistributedAttention::exchangeKvForward(const Space& space, const T* k, con
     std::vector<parallel::GroupComm::Msg> recvs, sends;
     for (std::size_t j = 0; j < m.to.size(); ++j) {
       const Transfer& t = cpl.transfers[m.to[j]];
-      rbuf.push_back(rowBuffer<T>(space, "wlb::cp::dist_attn::recv", 2 * t.tokens));
+      rbuf.push_back(rowBuffer<T>(space, "wlb::runtime::dist_attn::recv", 2 * t.tokens));
       recvs.push_back({t.src, words(rbuf.back().data()), wordCount<T>(2 * t.tokens * width)});
     }
     for (std::size_t j = 0; j < m.from.size(); ++j) {
       const Transfer& t = cpl.transfers[m.from[j]];
-      sbuf.push_back(rowBuffer<T>(space, "wlb::cp::dist_attn::send", 2 * t.tokens));
+      sbuf.push_back(rowBuffer<T>(space, "wlb::runtime::dist_attn::send", 2 * t.tokens));
       moveRows(space, sbuf.back().data(), none, k, m.from_local[j], t.tokens, width, false);
       moveRows(space, sbuf.back().data() + t.tokens * width, none, v, m.from_local[j], t.tokens, width, false);
       sends.push_back({t.dst, words(sbuf.back().data()), wordCount<T>(2 * t.tokens * width)});
@@ -227,7 +238,7 @@ void DistributedAttention::exchangeKvForward(const Space& space, const T* k, con
     }
     bytes = 2.0 * eb * static_cast<double>(recv_tokens * width);
   }
-  kk::fence(space, "wlb::cp::dist_attn::fwd::kv");
+  kk::fence(space, "wlb::runtime::dist_attn::fwd::kv");
   times_.bytes_fwd = bytes;
   have_kv_ = true;
 }
@@ -242,15 +253,15 @@ void DistributedAttention::forwardT(const Space& space, Kokkos::View<const T***,
       static_cast<std::int64_t>(v.extent(0)) != local_tokens_ ||
       static_cast<std::int64_t>(o.extent(0)) != local_tokens_ ||
       static_cast<std::int64_t>(lse.extent(0)) != local_tokens_)
-    throw std::invalid_argument("wlb::cp::DistributedAttention::forward: buffers must have the rank's " +
+    throw std::invalid_argument("wlb::runtime::DistributedAttention::forward: buffers must have the rank's " +
                                 std::to_string(local_tokens_) + " local tokens");
   if ((static_cast<std::int64_t>(kv_heads_) * head_dim_ * static_cast<std::int64_t>(sizeof(T))) % 4 != 0)
-    throw std::invalid_argument("wlb::cp::DistributedAttention: BF16 K/V need an even kv_heads * head_dim");
+    throw std::invalid_argument("wlb::runtime::DistributedAttention: BF16 K/V need an even kv_heads * head_dim");
   times_ = DistAttentionTimes{};
   releaseKv();
   using V3 = Kokkos::View<T***, Kokkos::LayoutRight, DistViews::mem>;
-  const V3 kv_k = rowBuffer<T>(space, "wlb::cp::dist_attn::kv_k", kv_tokens_);
-  const V3 kv_v = rowBuffer<T>(space, "wlb::cp::dist_attn::kv_v", kv_tokens_);
+  const V3 kv_k = rowBuffer<T>(space, "wlb::runtime::dist_attn::kv_k", kv_tokens_);
+  const V3 kv_v = rowBuffer<T>(space, "wlb::runtime::dist_attn::kv_v", kv_tokens_);
   if constexpr (std::is_same_v<T, float>) {
     kv_k_ = kv_k;
     kv_v_ = kv_v;
@@ -266,7 +277,7 @@ void DistributedAttention::forwardT(const Space& space, Kokkos::View<const T***,
     MaybeScope sc(opt_.recorder, trace::labels::kAttn, space, trace::Phase::Fwd, attnFlops(false));
     if (!batch_->pieces.empty())
       attention::forward<Space>(space, q, kv_k, kv_v, *batch_, o, lse, opt_.kernel, opt_.softmax_scale);
-    kk::fence(space, "wlb::cp::dist_attn::fwd::attn");
+    kk::fence(space, "wlb::runtime::dist_attn::fwd::attn");
   }
   times_.attn_fwd = since(t0);
 }
@@ -296,8 +307,8 @@ void DistributedAttention::returnKvGradBackward(const Space& space, View3 dk, Vi
                   2.0 * eb * static_cast<double>(local_tokens_ * width) * (plan.cp - 1));
     if (plan.cp > 1) {
       const auto counts = scaled(cpl.gather_counts, width), displs = scaled(cpl.gather_displs, width);
-      const View3 gk = rowBuffer<float>(space, "wlb::cp::dist_attn::gathered_dk", total, true);
-      const View3 gv = rowBuffer<float>(space, "wlb::cp::dist_attn::gathered_dv", total, true);
+      const View3 gk = rowBuffer<float>(space, "wlb::runtime::dist_attn::gathered_dk", total, true);
+      const View3 gv = rowBuffer<float>(space, "wlb::runtime::dist_attn::gathered_dv", total, true);
       // A rank's KV slots map to distinct gathered rows: a plain scatter into zeros.
       moveRows(space, gk.data(), m.ag_index, kv_k_.data(), none, kv_tokens_, width, false);
       moveRows(space, gv.data(), m.ag_index, kv_v_.data(), none, kv_tokens_, width, false);
@@ -321,12 +332,12 @@ void DistributedAttention::returnKvGradBackward(const Space& space, View3 dk, Vi
     std::vector<parallel::GroupComm::Msg> recvs, sends;
     for (std::size_t j = 0; j < m.from.size(); ++j) {
       const Transfer& t = cpl.transfers[m.from[j]];
-      rbuf.push_back(rowBuffer<float>(space, "wlb::cp::dist_attn::recv", 2 * t.tokens));
+      rbuf.push_back(rowBuffer<float>(space, "wlb::runtime::dist_attn::recv", 2 * t.tokens));
       recvs.push_back({t.dst, rbuf.back().data(), 2 * t.tokens * width});
     }
     for (std::size_t j = 0; j < m.to.size(); ++j) {
       const Transfer& t = cpl.transfers[m.to[j]];
-      sbuf.push_back(rowBuffer<float>(space, "wlb::cp::dist_attn::send", 2 * t.tokens));
+      sbuf.push_back(rowBuffer<float>(space, "wlb::runtime::dist_attn::send", 2 * t.tokens));
       moveRows(space, sbuf.back().data(), none, kv_k_.data(), m.to_slots[j], t.tokens, width, false);
       moveRows(space, sbuf.back().data() + t.tokens * width, none, kv_v_.data(), m.to_slots[j], t.tokens, width, false);
       sends.push_back({t.src, sbuf.back().data(), 2 * t.tokens * width});
@@ -344,7 +355,7 @@ void DistributedAttention::returnKvGradBackward(const Space& space, View3 dk, Vi
     }
     bytes = 2.0 * eb * static_cast<double>(recv_tokens * width);
   }
-  kk::fence(space, "wlb::cp::dist_attn::bwd::kv");
+  kk::fence(space, "wlb::runtime::dist_attn::bwd::kv");
   times_.bytes_bwd = bytes;
 }
 
@@ -354,7 +365,7 @@ void DistributedAttention::backwardT(const Space& space,
                                      Kokkos::View<const T***, Kokkos::LayoutRight, DistViews::mem> o, Const2 lse,
                                      Kokkos::View<const T***, Kokkos::LayoutRight, DistViews::mem> dO, View3 dq,
                                      View3 dk, View3 dv) {
-  if (!have_kv_) throw std::logic_error("wlb::cp::DistributedAttention::backward: no KV buffer (forward() first)");
+  if (!have_kv_) throw std::logic_error("wlb::runtime::DistributedAttention::backward: no KV buffer (forward() first)");
   using V3 = Kokkos::View<T***, Kokkos::LayoutRight, DistViews::mem>;
   V3 kv_k, kv_v;
   if constexpr (std::is_same_v<T, float>) {
@@ -365,24 +376,24 @@ void DistributedAttention::backwardT(const Space& space,
     kv_v = kv_vb_;
   }
   if (kv_k.extent(0) != static_cast<std::size_t>(kv_tokens_))
-    throw std::logic_error("wlb::cp::DistributedAttention::backward: the forward ran in another storage type");
+    throw std::logic_error("wlb::runtime::DistributedAttention::backward: the forward ran in another storage type");
   if (static_cast<std::int64_t>(dq.extent(0)) != local_tokens_ ||
       static_cast<std::int64_t>(dk.extent(0)) != local_tokens_ ||
       static_cast<std::int64_t>(dv.extent(0)) != local_tokens_ ||
       static_cast<std::int64_t>(dO.extent(0)) != local_tokens_)
-    throw std::invalid_argument("wlb::cp::DistributedAttention::backward: buffers must have the rank's " +
+    throw std::invalid_argument("wlb::runtime::DistributedAttention::backward: buffers must have the rank's " +
                                 std::to_string(local_tokens_) + " local tokens");
   auto t0 = Clock::now();
   // KV-buffer gradients (zeroed: the kernel accumulates).
-  View3 dkv_k = rowBuffer<float>(space, "wlb::cp::dist_attn::dkv_k", kv_tokens_, true);
-  View3 dkv_v = rowBuffer<float>(space, "wlb::cp::dist_attn::dkv_v", kv_tokens_, true);
+  View3 dkv_k = rowBuffer<float>(space, "wlb::runtime::dist_attn::dkv_k", kv_tokens_, true);
+  View3 dkv_v = rowBuffer<float>(space, "wlb::runtime::dist_attn::dkv_v", kv_tokens_, true);
   Kokkos::deep_copy(space, dq, 0.0f);
   {
     MaybeScope sc(opt_.recorder, trace::labels::kAttn, space, trace::Phase::Bwd, attnFlops(true));
     if (!batch_->pieces.empty())
       attention::backward<Space>(space, q, kv_k, kv_v, o, lse, dO, *batch_, dq, dkv_k, dkv_v, opt_.kernel,
                                  opt_.softmax_scale);
-    kk::fence(space, "wlb::cp::dist_attn::bwd::attn");
+    kk::fence(space, "wlb::runtime::dist_attn::bwd::attn");
   }
   times_.attn_bwd = since(t0);
   t0 = Clock::now();
@@ -431,4 +442,4 @@ std::vector<float> gatherToPacked(const ShardPlan& plan, const CommPlan& comm_pl
   return out;
 }
 
-}  // namespace wlb::cp
+}  // namespace wlb::runtime
