@@ -28,7 +28,7 @@
 #include "model/cost_model.hpp"
 #include "model/throughput.hpp"
 #include "packing/packer.hpp"
-#include "pp/simulate_deck.hpp"
+#include "packing/simulate_deck.hpp"
 #include "pp/simulator.hpp"
 #include "trace/recorder.hpp"
 #include "trace/writer.hpp"
@@ -67,8 +67,8 @@ std::string specOf(const std::string& s) {
   return s;
 }
 
-/// One table row: a case's strategy (pp::simulateDeck's result) with the case's labels.
-struct Row : wlb::pp::SimStrategyResult {
+/// One table row: a case's strategy (packing::simulateDeck's result) with the case's labels.
+struct Row : wlb::packing::SimStrategyResult {
   std::string case_name, mesh, model;
   std::int64_t window = 0;
 };
@@ -174,8 +174,8 @@ int run(const Opts& o) {
       const wlb::pp::StepSimulator sim(deck, cost);
       const auto [steps, warmup] = stepCounts(deck);
       for (const auto& r : replay) {
-        wlb::pp::checkReplay(deck, r, steps + warmup);
-        wlb::pp::checkPackerSchedule(deck, r.file.header.packer);
+        wlb::packing::checkReplay(deck, r, steps + warmup);
+        wlb::packing::checkPackerSchedule(deck, r.file.header.packer);
       }
       continue;
     }
@@ -187,7 +187,7 @@ int run(const Opts& o) {
     const wlb::pp::StepSimulator sim(deck, cost);
     (void)sim.schedule(static_cast<int>(wlb::data::microBatchesPerReplica(deck)));
     for (const auto& pr : wlb::resolveStrategies(deck)) {
-      wlb::pp::checkPackerSchedule(deck, pr.packer);
+      wlb::packing::checkPackerSchedule(deck, pr.packer);
       (void)wlb::packing::makePacker(pr.packer, deck, cost);
       (void)wlb::cp::parseStrategy(pr.sharding);
     }
@@ -261,9 +261,9 @@ int run(const Opts& o) {
       if (rank == 0) writer = std::make_unique<wlb::trace::Writer>(traceName(o.trace, ci, cases.size()), meta);
     }
     const std::string mesh = fmt::format("{}x{}x{}x{}", deck.mesh.tp, deck.mesh.cp, deck.mesh.pp, deck.mesh.dp);
-    // The strategy loop is the library's (pp/simulate_deck.hpp); this driver adds the
+    // The strategy loop is the library's (packing/simulate_deck.hpp); this driver adds the
     // trace file, progress and the output formats.
-    wlb::pp::SimulateOptions so;
+    wlb::packing::SimulateOptions so;
     so.strategies = names;
     so.steps = steps;
     so.warmup = warmup;
@@ -275,9 +275,9 @@ int run(const Opts& o) {
       if (writer) writer->addPlan(strategy, plan);
     };
     so.on_step = [&](const std::string& strategy) { progress.update(++done_steps, cs.name + " " + strategy); };
-    for (auto& r : wlb::pp::simulateDeck(deck, so)) {
+    for (auto& r : wlb::packing::simulateDeck(deck, so)) {
       Row row;
-      static_cast<wlb::pp::SimStrategyResult&>(row) = std::move(r);
+      static_cast<wlb::packing::SimStrategyResult&>(row) = std::move(r);
       row.case_name = cs.name;
       row.mesh = mesh;
       row.model = deck.model.name;

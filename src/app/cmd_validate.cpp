@@ -7,7 +7,7 @@
 #include "core/deck_schema.hpp"
 #include "data/length_source.hpp"
 #include "model/cost_model.hpp"
-#include "pp/simulate_deck.hpp"
+#include "packing/simulate_deck.hpp"
 
 namespace {
 struct Opts {
@@ -30,8 +30,8 @@ const bool registered = wlb::app::registerCommand(
           for (const auto& c : wlb::expandSweep(d)) {
             (void)wlb::data::makeLengthSource(c);
             (void)wlb::model::HardwareProfile::fromDeck(c);
-            wlb::pp::checkPackerSchedule(c, c.packing.strategy);  // wlb train's packer
-            for (const auto& s : wlb::resolveStrategies(c)) wlb::pp::checkPackerSchedule(c, s.packer);
+            wlb::packing::checkPackerSchedule(c, c.packing.strategy);  // wlb train's packer
+            for (const auto& s : wlb::resolveStrategies(c)) wlb::packing::checkPackerSchedule(c, s.packer);
           }
         };
         if (wlb::app::worldRank() != 0) {

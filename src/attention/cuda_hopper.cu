@@ -389,20 +389,7 @@ __global__ void __launch_bounds__(256, 1) backwardKernel(const cuda::Args a) {
     }
   }
 
-  const float sc = a.scale;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int key = key0 + 8 * half;
-    if (key >= nk) continue;
-    const std::int64_t r = kb + key;
-    float* dkr = a.dk + r * a.dk_s0 + hk * D + 2 * t;
-    float* dvr = a.dv + r * a.dv_s0 + hk * D + 2 * t;
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-      redAdd2(dkr + 8 * i, dk[4 * i + 2 * half] * sc, dk[4 * i + 2 * half + 1] * sc);
-      redAdd2(dvr + 8 * i, dv[4 * i + 2 * half], dv[4 * i + 2 * half + 1]);
-    }
-  }
+  addKeyGrads<D>(a, dk, dv, key0, nk, kb, hk, t);
 #else
   (void)a;
   WLB_HOPPER_UNSUPPORTED();

@@ -444,6 +444,28 @@ __device__ __forceinline__ void bwdDq(float (&dq)[32], float (&dk)[D / 2], float
   fenceRegs(dk);
 }
 
+/// A backward block's dK and dV, added to the key rows key0 and key0 + 8 that this thread's
+/// accumulators hold (rows past the piece's nk keys skipped): the other blocks over the
+/// same keys (GQA heads, CP pieces) add theirs, so a reduction, not a store.
+template <int D>
+__device__ __forceinline__ void addKeyGrads(const cuda::Args& a, const float (&dk)[D / 2], const float (&dv)[D / 2],
+                                            int key0, int nk, int kb, int hk, int t) {
+  const float sc = a.scale;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int key = key0 + 8 * half;
+    if (key >= nk) continue;
+    const std::int64_t r = kb + key;
+    float* dkr = a.dk + r * a.dk_s0 + hk * D + 2 * t;
+    float* dvr = a.dv + r * a.dv_s0 + hk * D + 2 * t;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      redAdd2(dkr + 8 * i, dk[4 * i + 2 * half] * sc, dk[4 * i + 2 * half + 1] * sc);
+      redAdd2(dvr + 8 * i, dv[4 * i + 2 * half], dv[4 * i + 2 * half + 1]);
+    }
+  }
+}
+
 // ---------------- forward epilogue --------------------------------------------------------
 
 /// One thread's share of a forward work item's output: rows wr and wr + 8 of the m64nD

@@ -124,9 +124,12 @@ inline double paddedPairs(std::int64_t nq, std::int64_t nk, const KernelConfig& 
 inline double forwardFlops(double pairs, std::int64_t heads, std::int64_t head_dim) {
   return 4.0 * pairs * static_cast<double>(heads) * static_cast<double>(head_dim);
 }
-/// Backward FLOPs, counted as 2.5x forward (docs/attention.md).
+/// Backward / forward FLOPs: the backward recomputes the scores (QK^T) and runs four more
+/// products (dV, dP, dQ, dK), counted as 2.5x forward (docs/attention.md).
+inline constexpr double kBackwardFactor = 2.5;
+/// Backward FLOPs for `pairs` pairs.
 inline double backwardFlops(double pairs, std::int64_t heads, std::int64_t head_dim) {
-  return 2.5 * forwardFlops(pairs, heads, head_dim);
+  return kBackwardFactor * forwardFlops(pairs, heads, head_dim);
 }
 
 }  // namespace wlb::attention

@@ -416,23 +416,18 @@ CostModel CostModel::fromDeck(const Deck& deck) {
 double CostModel::attnFlops(std::int64_t q0, std::int64_t q, Phase p) const {
   if (q <= 0) return 0.0;
   const double heads = static_cast<double>(dims_.heads) / static_cast<double>(tp_);
-  const double f = 4.0 * attnPairs(q0, q) * static_cast<double>(dims_.head_dim) * heads;
+  const double f = attention::forwardFlops(attnPairs(q0, q), 1, dims_.head_dim) * heads;
   return p == Phase::Fwd ? f : kAttnBwdFactor * f;
 }
 
 double CostModel::attnPaddedFlops(std::int64_t q0, std::int64_t q, Phase p) const {
   if (q <= 0) return 0.0;
-  // A tiled kernel visits, per query tile, every key tile up to the diagonal: count
-  // whole tile_q x tile_k blocks of the bottom-right-aligned causal trapezoid.
-  const std::int64_t tq = hw_.tile_q, tk = hw_.tile_k;
-  double blocks = 0.0;
-  for (std::int64_t r0 = 0; r0 < q; r0 += tq) {
-    const std::int64_t last_row = std::min(r0 + tq, q) - 1;  // within the piece
-    const std::int64_t keys = q0 + last_row + 1;             // keys seen by that row
-    blocks += static_cast<double>((keys + tk - 1) / tk);
-  }
+  // The pairs of the whole tile_q x tile_k blocks a tiled kernel visits (attention/flops.hpp)
+  attention::KernelConfig tiles;
+  tiles.tile_q = static_cast<int>(hw_.tile_q);
+  tiles.tile_k = static_cast<int>(hw_.tile_k);
   const double heads = static_cast<double>(dims_.heads) / static_cast<double>(tp_);
-  const double f = 4.0 * blocks * static_cast<double>(tq * tk) * static_cast<double>(dims_.head_dim) * heads;
+  const double f = attention::forwardFlops(attention::paddedPairs(q, q0 + q, tiles), 1, dims_.head_dim) * heads;
   return p == Phase::Fwd ? f : kAttnBwdFactor * f;
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/flops.hpp"
 #include "core/deck.hpp"
 
 namespace wlb::model {
@@ -19,14 +20,15 @@ inline const char* phaseName(Phase p) {
 }
 
 /// Query-key pairs of the query range [q0, q0+q) of a document attending causally to its
-/// keys from the document start: q*q0 + q*(q+1)/2.
+/// keys from the document start: a piece of q queries over q0 + q keys, whose pairs the
+/// kernels' own accounting counts (attention/flops.hpp).
 inline double attnPairs(std::int64_t q0, std::int64_t q) {
-  const double qd = static_cast<double>(q);
-  return qd * static_cast<double>(q0) + qd * (qd + 1.0) / 2.0;
+  return attention::usefulPairs(q, q0 + q);
 }
 
-/// Backward/forward FLOP ratios (flash-attention recomputes scores; GEMM backward = 2 GEMMs).
-inline constexpr double kAttnBwdFactor = 2.5;
+/// Backward/forward FLOP ratios (the attention's, as its kernels count it; a GEMM's
+/// backward is 2 GEMMs).
+inline constexpr double kAttnBwdFactor = attention::kBackwardFactor;
 inline constexpr double kLinearBwdFactor = 2.0;
 
 struct ModelDims {

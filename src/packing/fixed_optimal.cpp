@@ -262,9 +262,9 @@ MinMaxResult solveMinMaxSquares(const std::vector<std::int64_t>& lengths, int bi
 namespace detail {
 namespace {
 
-class FixedOptimalPacker final : public Packer {
+class FixedOptimalPacker final : public CarryPacker {
  public:
-  FixedOptimalPacker(PackerOptions o, const model::CostModel& c) : Packer(std::move(o), c) {}
+  FixedOptimalPacker(PackerOptions o, const model::CostModel& c) : CarryPacker(std::move(o), c) {}
   std::string name() const override { return "fixed_optimal"; }
 
   StepPlan pack(std::int64_t step, const std::vector<Document>& incoming) override {
@@ -346,13 +346,9 @@ class FixedOptimalPacker final : public Packer {
     fillDelayed(plan, {&carry_});
     return plan;
   }
-  nlohmann::json saveState() const override { return {{"carry", segsToJson(carry_)}}; }
-  void loadState(const nlohmann::json& s) override { carry_ = segsFromJson(s.at("carry")); }
-  std::vector<Segment> heldSegments() const override { return carry_; }
   nlohmann::json lastSolverInfo() const override { return info_; }
 
  private:
-  std::vector<Segment> carry_;
   nlohmann::json info_;
 };
 

@@ -18,6 +18,19 @@ std::int64_t tokensOf(const std::vector<Segment>& v);
 /// or, when `work` is given, snake-dealt by decreasing work.
 void distribute(StepPlan& plan, std::vector<MicroBatch>& mbs, const PackerOptions& opt,
                 const std::vector<double>* work);
+/// A packer whose only state between steps is the segments it carries over to the next
+/// (original, best_fit, fixed_optimal): saved, restored and reported as held here.
+class CarryPacker : public Packer {
+ public:
+  using Packer::Packer;
+  nlohmann::json saveState() const override { return {{"carry", segsToJson(carry_)}}; }
+  void loadState(const nlohmann::json& s) override { carry_ = segsFromJson(s.at("carry")); }
+  std::vector<Segment> heldSegments() const override { return carry_; }
+
+ protected:
+  std::vector<Segment> carry_;
+};
+
 /// Fast W(d) = cost.segmentWork(d) for d <= max_len: reproduces the cost model's tile-padded
 /// attention count with a prefix table (O(1) per call instead of O(d / tile)). At
 /// construction it compares itself with cost.segmentWork on sample lengths and falls back

@@ -203,9 +203,9 @@ using namespace detail;
 namespace {
 
 // ---- original ------------------------------------------------------------------------
-class OriginalPacker final : public Packer {
+class OriginalPacker final : public CarryPacker {
  public:
-  OriginalPacker(PackerOptions o, const model::CostModel& c) : Packer(std::move(o), c) {}
+  OriginalPacker(PackerOptions o, const model::CostModel& c) : CarryPacker(std::move(o), c) {}
   std::string name() const override { return "original"; }
 
   StepPlan pack(std::int64_t step, const std::vector<Document>& incoming) override {
@@ -237,18 +237,12 @@ class OriginalPacker final : public Packer {
     fillDelayed(plan, {&carry_});
     return plan;
   }
-  nlohmann::json saveState() const override { return {{"carry", segsToJson(carry_)}}; }
-  void loadState(const nlohmann::json& s) override { carry_ = segsFromJson(s.at("carry")); }
-  std::vector<Segment> heldSegments() const override { return carry_; }
-
- private:
-  std::vector<Segment> carry_;
 };
 
 // ---- best_fit (length only) ------------------------------------------------------------
-class BestFitPacker final : public Packer {
+class BestFitPacker final : public CarryPacker {
  public:
-  BestFitPacker(PackerOptions o, const model::CostModel& c) : Packer(std::move(o), c) {}
+  BestFitPacker(PackerOptions o, const model::CostModel& c) : CarryPacker(std::move(o), c) {}
   std::string name() const override { return "best_fit"; }
 
   StepPlan pack(std::int64_t step, const std::vector<Document>& incoming) override {
@@ -278,12 +272,6 @@ class BestFitPacker final : public Packer {
     fillDelayed(plan, {&carry_});
     return plan;
   }
-  nlohmann::json saveState() const override { return {{"carry", segsToJson(carry_)}}; }
-  void loadState(const nlohmann::json& s) override { carry_ = segsFromJson(s.at("carry")); }
-  std::vector<Segment> heldSegments() const override { return carry_; }
-
- private:
-  std::vector<Segment> carry_;
 };
 
 // ---- fixed_greedy (window of k global batches) -----------------------------------------

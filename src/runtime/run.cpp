@@ -28,11 +28,11 @@
 #include "model/throughput.hpp"
 #include "packing/packer.hpp"
 #include "packing/plan_io.hpp"
+#include "packing/simulate_deck.hpp"
 #include "parallel/comm.hpp"
 #include "parallel/group_comm.hpp"
 #include "parallel/mesh.hpp"
 #include "pp/schedule.hpp"
-#include "pp/simulate_deck.hpp"
 #include "pp/simulator.hpp"
 #include "runtime/layer.hpp"
 #include "runtime/llama.hpp"
@@ -434,6 +434,24 @@ void summarise(StrategyResult& res, int world_size) {
 
 }  // namespace
 
+trace::RunMeta measuredMeta(const Deck& deck, const MeshShape& shape, const std::string& command, const char* executor,
+                            Precision precision, parallel::CommBackend backend) {
+  trace::RunMeta meta;
+  meta.source = "measured";
+  meta.deck_toml = deck.toToml();
+  meta.command = command;
+  meta.tp = shape.tp();
+  meta.cp = shape.cp();
+  meta.pp = shape.pp();
+  meta.dp = shape.dp();
+  meta.extra = {{"executor", executor},
+                {"gemm", gemmBackend()},
+                {"precision", precisionName(precision)},
+                {"comm_backend", parallel::commBackendName(backend)},
+                {"execution_space", Space::name()}};
+  return meta;
+}
+
 RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
   Deck deck = deck_in;
   if (opt.steps >= 0) deck.run.steps = opt.steps;
@@ -466,7 +484,7 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
     precision = parsePrecision(deck.run.precision);
     for (const auto& s : strategies) {
       (void)cp::parseStrategy(s.sharding);
-      pp::checkPackerSchedule(deck, s.packer);
+      packing::checkPackerSchedule(deck, s.packer);
     }
     if (strategies.empty()) throw InputError("run.strategies resolves to no strategy");
     const pp::PipelineLayout layout = pp::pipelineLayout(deck);
@@ -526,21 +544,9 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
   report.warmup = warmup;
   report.layers = layers;
   if (opt.write_outputs) {
-    trace::RunMeta meta;
-    meta.source = "measured";
-    meta.deck_toml = deck.toToml();
-    meta.command = opt.command;
-    meta.tp = shape.tp();
-    meta.cp = shape.cp();
-    meta.pp = shape.pp();
-    meta.dp = shape.dp();
+    trace::RunMeta meta = measuredMeta(deck, shape, opt.command, "wlb::runtime::runDeck", precision, backend);
     meta.warmup = static_cast<int>(warmup);
     meta.extra.emplace_back("measured_steps", std::to_string(steps));  // drain steps follow them
-    meta.extra.emplace_back("executor", "wlb::runtime::runDeck");
-    meta.extra.emplace_back("gemm", gemmBackend());
-    meta.extra.emplace_back("precision", precisionName(precision));
-    meta.extra.emplace_back("comm_backend", parallel::commBackendName(backend));
-    meta.extra.emplace_back("execution_space", Space::name());
     meta.extra.emplace_back("pipeline_schedule", pp::scheduleKindName(schedule.kind));
     meta.extra.emplace_back("pipeline_chunks", std::to_string(schedule.chunks));
     report.trace_path = (std::filesystem::path(deck.output.dir) / deck.output.trace).string();

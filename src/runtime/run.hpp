@@ -17,8 +17,12 @@
 #include <nlohmann/json.hpp>
 
 #include "core/deck.hpp"
+#include "core/mesh_shape.hpp"
 #include "model/throughput.hpp"
+#include "parallel/group_comm.hpp"
+#include "runtime/gemm.hpp"
 #include "runtime/gemm_timer.hpp"
+#include "trace/writer.hpp"
 
 namespace wlb::runtime {
 
@@ -104,6 +108,12 @@ struct RunReport {
 /// Run every strategy of the deck (resolveStrategies). Collective over `opt.comm`; Kokkos
 /// must be initialised. InputError (collective) for a mesh that does not match the world
 /// size, dimensions the layer cannot split, or a pipeline the schedule cannot build.
+/// The /meta of a measured run's trace, `wlb run`'s and `wlb train`'s alike
+/// (docs/trace-schema.md): the resolved deck, the command, the mesh and what the step ran on
+/// (GEMM backend, precision, communication backend, execution space); each adds its own.
+trace::RunMeta measuredMeta(const Deck& deck, const MeshShape& shape, const std::string& command, const char* executor,
+                            Precision precision, parallel::CommBackend backend);
+
 RunReport runDeck(const Deck& deck, const RunOptions& opt = {});
 
 /// The comparison as JSON (`wlb-run-summary` version 1, docs/runtime.md): per strategy the

@@ -32,15 +32,16 @@
 #include "model/cost_model.hpp"
 #include "packing/packer.hpp"
 #include "packing/plan_io.hpp"
+#include "packing/simulate_deck.hpp"
 #include "parallel/comm.hpp"
 #include "parallel/group_comm.hpp"
 #include "parallel/mesh.hpp"
 #include "parallel/progress_thread.hpp"
 #include "pp/schedule.hpp"
-#include "pp/simulate_deck.hpp"
 #include "runtime/gemm.hpp"
 #include "runtime/llama.hpp"
 #include "runtime/pipeline.hpp"
+#include "runtime/run.hpp"
 #include "runtime/tokens.hpp"
 #include "trace/clock_sync.hpp"
 #include "trace/recorder.hpp"
@@ -286,7 +287,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
                                  mc_deck.pp, md.layers),
                      true);
   const pp::PipelineLayout pipe = pp::pipelineLayout(deck);  // InputError naming pipeline.schedule
-  pp::checkPackerSchedule(deck, deck.packing.strategy);      // packflow <-> slimpack
+  packing::checkPackerSchedule(deck, deck.packing.strategy);  // packflow <-> slimpack
   if (mc_deck.tp > 1 && (md.heads % mc_deck.tp != 0 || md.kv_heads % mc_deck.tp != 0 || md.ffn % mc_deck.tp != 0))
     throw InputError(fmt::format("mesh.tp = {}: tensor parallelism splits the heads, KV heads and MLP columns, so "
                                  "it must divide model.heads ({}), model.kv_heads ({}) and model.ffn ({})",
@@ -491,18 +492,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   rec.setStrategy(d.packing.strategy);
   std::unique_ptr<trace::Writer> writer;
   if (opt.write_trace) {
-    trace::RunMeta meta;
-    meta.source = "measured";
-    meta.deck_toml = deck.toToml();
-    meta.command = opt.command;
-    meta.tp = shape.tp();
-    meta.cp = shape.cp();
-    meta.pp = shape.pp();
-    meta.dp = shape.dp();
-    meta.extra.emplace_back("executor", "wlb::train::train");
-    meta.extra.emplace_back("gemm", runtime::gemmBackend());
-    meta.extra.emplace_back("comm_backend", parallel::commBackendName(backend));
-    meta.extra.emplace_back("execution_space", Space::name());
+    trace::RunMeta meta = runtime::measuredMeta(deck, shape, opt.command, "wlb::train::train", precision, backend);
     meta.extra.emplace_back("first_step", std::to_string(start));
     sum.trace_path = (out_dir / deck.output.trace).string();
     writer = std::make_unique<trace::Writer>(sum.trace_path, meta, world);

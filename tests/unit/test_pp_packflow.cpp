@@ -16,15 +16,18 @@
 #include "model/cost_model.hpp"
 #include "model/throughput.hpp"
 #include "packing/packer.hpp"
+#include "packing/simulate_deck.hpp"
 #include "pp/dag.hpp"
 #include "pp/schedule.hpp"
-#include "pp/simulate_deck.hpp"
 #include "pp/simulator.hpp"
 #include "pp/slice_shards.hpp"
 
 using namespace wlb;
 using namespace wlb::pp;
 using model::Phase;
+using packing::checkPackerSchedule;
+using packing::simulateDeck;
+using packing::SimulateOptions;
 
 namespace {
 

@@ -15,7 +15,7 @@
 #include "data/length_source.hpp"
 #include "model/cost_model.hpp"
 #include "packing/packer.hpp"
-#include "pp/simulate_deck.hpp"
+#include "packing/simulate_deck.hpp"
 #include "pp/simulator.hpp"
 #include "trace/recorder.hpp"
 
@@ -222,7 +222,7 @@ TEST(SimStep, Mesh4096RanksPlansAndSimulates) {
   for (std::size_t s = 0; s < r.peak_bytes.size(); ++s) EXPECT_GT(r.peak_bytes[s], r.static_bytes[s]);
 }
 
-// The strategy loop behind `wlb simulate` (pp/simulate_deck.hpp): every strategy trains
+// The strategy loop behind `wlb simulate` (packing/simulate_deck.hpp): every strategy trains
 // the same documents over its window (measured steps + drain), the baseline's speedup is
 // 1, and --as-run predicts the executor's activation memory per stage.
 TEST(SimulateDeck, EveryStrategyTrainsTheSameDocuments) {
@@ -247,12 +247,12 @@ steps = 6
 warmup = 0
 )",
                               "simulate-deck-test");
-  pp::SimulateOptions opt;
+  packing::SimulateOptions opt;
   opt.strategies = {{"plain", "plain"}, {"fixed", "fixed"}, {"wlb", "wlb"}};
   opt.as_run = true;
   int steps_seen = 0;
   opt.on_step = [&](const std::string&) { ++steps_seen; };
-  const auto rows = pp::simulateDeck(deck, opt);
+  const auto rows = packing::simulateDeck(deck, opt);
   ASSERT_EQ(rows.size(), 3u);
   EXPECT_EQ(steps_seen, 18);
   EXPECT_DOUBLE_EQ(rows[0].speedup, 1.0);
@@ -296,7 +296,7 @@ steps = 4
 warmup = 1
 )",
                               "replay-test");
-  pp::SimulateOptions opt;
+  packing::SimulateOptions opt;
   opt.strategies = {{"plain", "plain"}, {"wlb", "wlb"}};
   opt.as_run = true;
   std::vector<packing::RunPlans::Strategy> replay(2);
@@ -305,7 +305,7 @@ warmup = 1
     r.file.steps.push_back(plan);
     r.file.step_lines.push_back(static_cast<std::int64_t>(r.file.steps.size()) + 1);
   };
-  const auto planned = pp::simulateDeck(deck, opt);
+  const auto planned = packing::simulateDeck(deck, opt);
   const std::string shardings[] = {"per_sequence", "adaptive"};
   for (int i = 0; i < 2; ++i) {
     auto& r = replay[static_cast<std::size_t>(i)];
@@ -317,10 +317,10 @@ warmup = 1
     r.file.header.micro_batches = 4;
     r.file.header.context_window = 4096;
   }
-  pp::SimulateOptions ro;
+  packing::SimulateOptions ro;
   ro.as_run = true;
   ro.replay = replay;
-  const auto replayed = pp::simulateDeck(deck, ro);
+  const auto replayed = packing::simulateDeck(deck, ro);
   ASSERT_EQ(replayed.size(), 2u);
   for (std::size_t i = 0; i < 2; ++i) {
     EXPECT_EQ(replayed[i].strategy, planned[i].strategy);
@@ -332,21 +332,21 @@ warmup = 1
   }
   EXPECT_GT(replayed[1].drain_steps, 0);
   // plans of another mesh, or fewer steps than warm-up + measured: refused, naming the file
-  pp::SimulateOptions bad = ro;
+  packing::SimulateOptions bad = ro;
   bad.replay[1].file.header.dp = 4;
   try {
-    (void)pp::simulateDeck(deck, bad);
+    (void)packing::simulateDeck(deck, bad);
     ADD_FAILURE() << "dp mismatch accepted";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("plan.wlb.jsonl:1:"), std::string::npos) << e.what();
   }
   bad = ro;
   bad.steps = 100;
-  EXPECT_THROW((void)pp::simulateDeck(deck, bad), InputError);
+  EXPECT_THROW((void)packing::simulateDeck(deck, bad), InputError);
   bad = ro;
   bad.replay[0].file.steps[2].step = 7;
   try {
-    (void)pp::simulateDeck(deck, bad);
+    (void)packing::simulateDeck(deck, bad);
     ADD_FAILURE() << "steps out of order accepted";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("plan.plain.jsonl:4: step 7 where step 2"), std::string::npos) << e.what();

@@ -1,7 +1,7 @@
 /// \file simulate_deck.cpp
 /// \brief The simulated strategy comparison (see simulate_deck.hpp).
 
-#include "pp/simulate_deck.hpp"
+#include "packing/simulate_deck.hpp"
 
 #include <algorithm>
 #include <memory>
@@ -18,7 +18,7 @@
 #include "pp/simulator.hpp"
 #include "trace/recorder.hpp"
 
-namespace wlb::pp {
+namespace wlb::packing {
 
 void checkPackerSchedule(const Deck& deck, const std::string& packer) {
   if (packer == "slimpack" && deck.pipeline.schedule != "packflow")
@@ -29,7 +29,7 @@ void checkPackerSchedule(const Deck& deck, const std::string& packer) {
                      true);
 }
 
-void checkReplay(const Deck& deck, const packing::RunPlans::Strategy& r, std::int64_t needed) {
+void checkReplay(const Deck& deck, const RunPlans::Strategy& r, std::int64_t needed) {
   const auto& h = r.file.header;
   const auto fail = [&](std::int64_t line, const std::string& what) {
     throw InputError(fmt::format("{}:{}: {}", r.path, line, what), true);
@@ -84,7 +84,7 @@ std::vector<SimStrategyResult> simulateDeck(const Deck& deck_in, const SimulateO
   for (const auto& pr : pairs) checkPackerSchedule(deck, pr.packer);
 
   const model::CostModel cost = model::CostModel::fromDeck(deck);
-  SimConfig sim_cfg = SimConfig::fromDeck(deck, cost.hardware());
+  pp::SimConfig sim_cfg = pp::SimConfig::fromDeck(deck, cost.hardware());
   if (opt.as_run) {
     // What `wlb run` executes (docs/runtime.md): the embedding and the fused loss are timed
     // through the deck-shaped profile's per-micro-batch part (fill_ns), not as an LM head
@@ -96,19 +96,19 @@ std::vector<SimStrategyResult> simulateDeck(const Deck& deck_in, const SimulateO
     sim_cfg.executor_storage_bytes = deck.run.precision == "bf16" ? 2 : 4;
   }
   if (opt.mean_speed) sim_cfg.rank_spread = sim_cfg.step_spread = sim_cfg.task_spread = 0;
-  const StepSimulator sim(sim_cfg, cost);
+  const pp::StepSimulator sim(sim_cfg, cost);
   trace::Recorder* rec = opt.recorder;
 
   std::vector<SimStrategyResult> rows;
   for (std::size_t si = 0; si < pairs.size(); ++si) {
     const auto& pr = pairs[si];
     const std::string& name = si < names.size() ? names[si].first : pr.name;
-    const packing::RunPlans::Strategy* replay = opt.replay.empty() ? nullptr : &opt.replay[si];
+    const RunPlans::Strategy* replay = opt.replay.empty() ? nullptr : &opt.replay[si];
     std::unique_ptr<data::LengthSource> src;
-    std::unique_ptr<packing::Packer> packer;
+    std::unique_ptr<Packer> packer;
     if (!replay) {
       src = data::makeLengthSource(deck);
-      packer = packing::makePacker(pr.packer, deck, cost);
+      packer = makePacker(pr.packer, deck, cost);
     }
     if (rec) rec->setStrategy(name);
     SimStrategyResult row;
@@ -124,7 +124,7 @@ std::vector<SimStrategyResult> simulateDeck(const Deck& deck_in, const SimulateO
     for (std::int64_t step = 0;; ++step) {
       const bool drain = step >= warmup + steps;
       StepPlan plan;
-      StepResult r;
+      pp::StepResult r;
       if (replay) {
         // the run's steps, its drain included: they end where the file does
         const auto& pf = replay->file;
@@ -199,4 +199,4 @@ std::vector<SimStrategyResult> simulateDeck(const Deck& deck_in, const SimulateO
   return rows;
 }
 
-}  // namespace wlb::pp
+}  // namespace wlb::packing

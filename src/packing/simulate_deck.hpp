@@ -22,7 +22,7 @@ namespace wlb::trace {
 class Recorder;
 }
 
-namespace wlb::pp {
+namespace wlb::packing {
 
 struct SimulateOptions {
   /// (display name, strategy spec) pairs, in order; the first named "plain" (else the
@@ -42,7 +42,7 @@ struct SimulateOptions {
   /// instead of planning the deck's length stream. Each file's steps are the warm-up, the
   /// measured steps and then drain steps, as `wlb run` wrote them; its sharding (else the
   /// deck's cp.strategy) shards them. `strategies` is ignored when this is set.
-  std::vector<packing::RunPlans::Strategy> replay;
+  std::vector<RunPlans::Strategy> replay;
 };
 
 /// One strategy's predicted comparison numbers (the `wlb simulate` table row).
@@ -71,10 +71,10 @@ void checkPackerSchedule(const Deck& deck, const std::string& packer);
 /// A replayed plan file must be the deck's: its replicas, micro-batches per replica and
 /// window, its steps numbered in order, at least `needed` (warm-up + measured) steps, a
 /// known sharding. InputError naming the file and line otherwise.
-void checkReplay(const Deck& deck, const packing::RunPlans::Strategy& plans, std::int64_t needed);
+void checkReplay(const Deck& deck, const RunPlans::Strategy& plans, std::int64_t needed);
 
 /// Simulate every strategy of `deck`. InputError for bad decks, strategies or schedules, and
 /// for replayed plans that do not fit the deck (naming the file and line).
 std::vector<SimStrategyResult> simulateDeck(const Deck& deck, const SimulateOptions& opt = {});
 
-}  // namespace wlb::pp
+}  // namespace wlb::packing
