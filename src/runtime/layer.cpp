@@ -315,9 +315,10 @@ template struct LayerActsT<float>;
 template struct LayerActsT<bf16>;
 
 // ---- the parts around the attention ----------------------------------------------------
-// With BF16 storage the residual stream (x, h, y) and every gradient stay FP32; what the
-// GEMMs and the attention read is BF16 (norm outputs, Q/K/V/O, the MLP's activations, and
-// rounded copies of dy, dh, dQ/dK/dV), their products accumulate in FP32.
+// With BF16 storage the residual stream (x, h, y) and the gradients outside the MLP stay
+// FP32; what the GEMMs and the attention read is BF16 (norm outputs, Q/K/V/O, the MLP's
+// activations and their gradients, and rounded copies of dy, dh, dQ/dK/dV), their products
+// accumulate in FP32.
 
 template <class T>
 void qkvForward(const LayerEnv& env, const LayerShape& s, const LayerParamsT<T>& w, LayerActsT<T>& a, const IVec& pos) {
@@ -400,7 +401,10 @@ Act3T<T> outMlpBackward(const LayerEnv& env, const LayerParamsT<T>& w, const Lay
   {
     Region r(rec, trace::labels::kMlp, space, P, linearOpFlops(*env.cost, LinearOp::Mlp, n, B));
     const MatT<T> dyt = stored<T>(env, dy, "wlb::runtime::dy_bf16");
-    Mat ds = newMat(env.pool, "wlb::runtime::ds", n, ffn);
+    // ds in the storage type, as the forward's a1 and a3: with BF16 it is the GEMM's FP32
+    // sum rounded once, read once by the SwiGLU backward (an FP32 ds would be the step's
+    // largest temporary, [tokens][ffn]: 3.8 GB at 64K tokens of Llama-3-8B).
+    const MatT<T> ds = newMatT<T>(env.pool, "wlb::runtime::ds", n, ffn);
     layerGemm(env, "mlp.w2.wgrad", Trans::T, Trans::N, 1.0f, a.s, dyt, 1.0f, g.w2);  // dW2 += s^T dy
     layerGemm(env, "mlp.w2.dgrad", Trans::N, Trans::T, 1.0f, dyt, w.w2, 0.0f, ds);   // ds = dy W2^T
     // s and a3 are read here for the last time: their storage takes d(a1) and d(a3)
@@ -408,7 +412,7 @@ Act3T<T> outMlpBackward(const LayerEnv& env, const LayerParamsT<T>& w, const Lay
     Kokkos::parallel_for(
         "wlb::runtime::swiglu_bwd", Policy(space, 0, static_cast<std::int64_t>(ds.size())),
         KOKKOS_LAMBDA(const std::int64_t i) {
-          const float v = attention::toFloat(a1.data()[i]), sg = sigmoid(v), d = ds.data()[i];
+          const float v = attention::toFloat(a1.data()[i]), sg = sigmoid(v), d = attention::toFloat(ds.data()[i]);
           const float a3v = attention::toFloat(da3.data()[i]);
           da1.data()[i] = attention::fromFloat<T>(d * a3v * sg * (1.0f + v * (1.0f - sg)));
           da3.data()[i] = attention::fromFloat<T>(d * v * sg);
