@@ -52,6 +52,7 @@ class WorkTable {
   double lin_per_token_ = 0;   ///< linear (fwd + bwd) seconds per token
 };
 
+std::unique_ptr<Packer> makeWlb(const PackerOptions& opt, const model::CostModel& cost);
 std::unique_ptr<Packer> makeFixedOptimal(const PackerOptions& opt, const model::CostModel& cost);
 std::unique_ptr<Packer> makeSlimPack(const PackerOptions& opt, const model::CostModel& cost);
 }  // namespace wlb::packing::detail
