@@ -15,7 +15,8 @@
 # profile8b (wlb profile --deck of that deck, for `wlb simulate --as-run --plans`), train8b
 # (wlb train of that deck on DATA, a byte-level `wlb data prepare` prefix) and trainsmall
 # (a small wlb train in fp32 and bf16 whose losses are compared with the CPU build's),
-# gemm8b (run8b's plain strategy with --gemm-timing: every GEMM's rate in place),
+# gemm8b (run8b's plain strategy with --gemm-timing and --kernel-timing: every GEMM's rate
+# and every Kokkos kernel's time in place),
 # run8bws (run8b's plain strategy with run.attention = "ws": the warp-specialised backward
 # in the step, against run8b's plain row),
 # attnws (the warp-specialised kernels' tests — on a failure or a hang, compute-sanitizer's
@@ -152,11 +153,12 @@ if [[ " $parts " == *" run8bws "* ]]; then
   tail -12 "$OUT/run8bws.log" | tee -a "$OUT/summary.txt"
 fi
 if [[ " $parts " == *" gemm8b "* ]]; then
-  log "wlb run inputs/run_gpu_8b.toml --gemm-timing (bf16; each GEMM in place, plain only)"
+  log "wlb run inputs/run_gpu_8b.toml --gemm-timing --kernel-timing (bf16; each GEMM and kernel in place, plain only)"
   timeout 200 "$BIN/wlb" run "${deck8b[@]}" --set 'run.strategies=["plain"]' --steps 2 --warmup 1 --quiet \
-    --gemm-timing --set output.dir="\"$OUT/gemm8b\"" > "$OUT/gemm8b.log" 2>&1
+    --gemm-timing --kernel-timing --set output.dir="\"$OUT/gemm8b\"" > "$OUT/gemm8b.log" 2>&1
   echo "gemm8b rc=$?" | tee -a "$OUT/summary.txt"
   grep -A 28 "^GEMMs timed" "$OUT/gemm8b.log" | tee -a "$OUT/summary.txt"
+  grep -A 24 "^Kokkos kernels and deep copies timed" "$OUT/gemm8b.log" | tee -a "$OUT/summary.txt"
 fi
 if [[ " $parts " == *" torch8b "* ]]; then
   for s in ${TORCH_PLANS-plain wlb}; do

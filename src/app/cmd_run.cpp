@@ -22,7 +22,7 @@ namespace {
 struct Opts {
   wlb::app::DeckArgs deck;
   long long steps = -1, warmup = -1;
-  bool quiet = false, no_output = false, gemm_timing = false;
+  bool quiet = false, no_output = false, gemm_timing = false, kernel_timing = false;
   std::string gradients;
 };
 
@@ -74,6 +74,9 @@ const bool registered = wlb::app::registerCommand(
       sub.add_flag("--gemm-timing", o->gemm_timing,
                    "Time every GEMM of the measured steps on its own (fenced before and after) and report each "
                    "product's rate; the steps lose launch overlap, so their times are not a throughput figure");
+      sub.add_flag("--kernel-timing", o->kernel_timing,
+                   "Time every Kokkos kernel and deep copy of the measured steps on its own (fenced before and after: "
+                   "norms, RoPE, SwiGLU, residuals, cross-entropy, KV moves) and report each label's time");
       sub.add_option(
           "--gradients", o->gradients,
           "Write each strategy's last-step weight gradients (DIR/STRATEGY.npy) and losses (DIR/losses.json)");
@@ -97,11 +100,13 @@ const bool registered = wlb::app::registerCommand(
         ro.write_outputs = !o->no_output;
         ro.keep_gradients = !o->gradients.empty();
         ro.gemm_timing = o->gemm_timing;
+        ro.kernel_timing = o->kernel_timing;
         ro.command = "wlb run " + o->deck.path;
         for (const auto& s : o->deck.overrides) ro.command += " --set " + s;
         if (o->steps >= 0) ro.command += " --steps " + std::to_string(o->steps);
         if (o->warmup >= 0) ro.command += " --warmup " + std::to_string(o->warmup);
         if (o->gemm_timing) ro.command += " --gemm-timing";
+        if (o->kernel_timing) ro.command += " --kernel-timing";
         // Failure-handling tests: WLB_INJECT_FAILURE=RANK:STEP makes that rank throw mid-step,
         // RANK:STEP:kill makes it die there (SIGKILL).
         if (const char* f = std::getenv("WLB_INJECT_FAILURE")) {

@@ -26,8 +26,8 @@
 #include "parallel/mesh.hpp"
 #include "runtime/distributed_attention.hpp"
 #include "runtime/gemm.hpp"
-#include "runtime/gemm_timer.hpp"
 #include "runtime/llama.hpp"
+#include "runtime/op_timer.hpp"
 #include "runtime/pool.hpp"
 
 namespace wlb::trace {
@@ -92,7 +92,7 @@ struct LayerEnv {
   /// Activations and temporaries come from here (pool.hpp); null -> fresh allocations.
   BufferPool* pool = nullptr;
   /// `wlb run --gemm-timing`: times every product by name while active; null -> untimed.
-  GemmTimer* gemm_timer = nullptr;
+  OpTimer* gemm_timer = nullptr;
   /// A rank of `mesh`: its CP and TP groups (with their collectives), GEMMs and attention at
   /// `precision` (`wlb run` and `wlb train` alike).
   bool bf16Storage() const { return precision == Precision::Bf16; }

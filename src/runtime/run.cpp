@@ -11,6 +11,7 @@
 #include <fstream>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -311,9 +312,9 @@ StepRecord gatherStep(const RunContext& rc, const std::vector<double>& row, cons
   return sr;
 }
 
-// --gemm-timing: every rank's table on rank 0, rows of the same strategy and product summed
-// (rank 0's order first). Collective over `comm`.
-std::vector<GemmTimer::Row> gatherGemms(const GemmTimer& timer, MPI_Comm comm) {
+// --gemm-timing, --kernel-timing: every rank's table on rank 0, rows of the same strategy
+// and operation summed (rank 0's order first). Collective over `comm`.
+std::vector<OpTimer::Row> gatherTimes(const OpTimer& timer, MPI_Comm comm) {
   int me = 0, n = 1;
   MPI_Comm_rank(comm, &me);
   MPI_Comm_size(comm, &n);
@@ -328,8 +329,8 @@ std::vector<GemmTimer::Row> gatherGemms(const GemmTimer& timer, MPI_Comm comm) {
   }
   MPI_Gatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(), MPI_CHAR, 0, comm);
   if (me != 0) return {};
-  GemmTimer sum;
-  sum.merge(GemmTimer::parse(all));
+  OpTimer sum;
+  sum.merge(OpTimer::parse(all));
   return sum.rows();
 }
 
@@ -562,8 +563,10 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
 
   LayerEnv env = LayerEnv::onMesh(space, mesh, *cost, &rec, precision, cp_group.get(), tp_group.get());
   attention::setHopperVariant(env.kernel, deck.run.attention);  // validated with the deck
-  GemmTimer gemm_timer;
+  OpTimer gemm_timer, kernel_timer;
   if (opt.gemm_timing) env.gemm_timer = &gemm_timer;
+  std::optional<KernelHooks> kernel_hooks;
+  if (opt.kernel_timing) kernel_hooks.emplace(kernel_timer);
   PipelineStage stage(env, model, schedule, mesh.pp());
 
   std::vector<StratState> states(strategies.size());
@@ -637,8 +640,11 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
       writer->addPlan(st.strat.name, ps.plan, ps.text, shardJson(rc, ps.plan, st.strat.sharding));
       if (st.plan_out) st.plan_out << ps.text << "\n";
     }
+    const bool measured = step >= warmup && !drain;
     gemm_timer.setStrategy(st.strat.name);
-    gemm_timer.setActive(opt.gemm_timing && step >= warmup && !drain);  // the measured steps
+    gemm_timer.setActive(opt.gemm_timing && measured);
+    kernel_timer.setStrategy(st.strat.name);
+    kernel_timer.setActive(opt.kernel_timing && measured);
     const std::vector<double> row = executeStep(rc, stage, model, *dpcp_group, rec, in, rc.slots(ps.plan));
     StepRecord sr = gatherStep(rc, row, ps, step, drain);
     rc.tokens.forget();
@@ -685,7 +691,9 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
       if (hold[i]) runStep(states[i], step, true);
   }
 
-  if (opt.gemm_timing) report.gemms = gatherGemms(gemm_timer, mesh.world());
+  kernel_hooks.reset();
+  if (opt.gemm_timing) report.gemms = gatherTimes(gemm_timer, mesh.world());
+  if (opt.kernel_timing) report.kernels = gatherTimes(kernel_timer, mesh.world());
 
   if (world_rank == 0)
     for (StratState& st : states) {
@@ -778,6 +786,12 @@ nlohmann::json toJson(const RunReport& rep) {
                    {"flops_per_second", r.seconds > 0 ? r.flops / r.seconds : 0.0}});
     j["gemm_timing"] = g;
   }
+  if (!rep.kernels.empty()) {
+    nlohmann::json k = nlohmann::json::array();
+    for (const auto& r : rep.kernels)
+      k.push_back({{"strategy", r.strategy}, {"kernel", r.name}, {"calls", r.calls}, {"seconds", r.seconds}});
+    j["kernel_timing"] = k;
+  }
   return j;
 }
 
@@ -864,6 +878,36 @@ std::string formatReport(const RunReport& rep) {
       os << buf;
     }
     total();
+  }
+  if (!rep.kernels.empty()) {
+    os << "\nKokkos kernels and deep copies timed one by one (--kernel-timing; fenced before and after, so these "
+          "steps are not a throughput figure; not in it: cuBLAS products, raw Hopper attention launches, "
+          "communication): measured steps, summed over ranks, longest first\n";
+    std::vector<std::string> order;  // strategies in first-row order
+    for (const auto& k : rep.kernels)
+      if (std::find(order.begin(), order.end(), k.strategy) == order.end()) order.push_back(k.strategy);
+    for (const auto& strategy : order) {
+      std::vector<const OpTimer::Row*> rows;
+      double all = 0;
+      for (const auto& k : rep.kernels)
+        if (k.strategy == strategy) {
+          rows.push_back(&k);
+          all += k.seconds;
+        }
+      std::stable_sort(rows.begin(), rows.end(), [](const auto* a, const auto* b) { return a->seconds > b->seconds; });
+      std::snprintf(buf, sizeof buf, "  %s\n    %-52s %8s %10s %10s %7s\n", strategy.c_str(), "kernel", "calls", "ms",
+                    "ms/call", "share");
+      os << buf;
+      for (const auto* k : rows) {
+        std::snprintf(buf, sizeof buf, "    %-52s %8lld %10.3f %10.4f %6.1f%%\n", k->name.c_str(),
+                      static_cast<long long>(k->calls), 1e3 * k->seconds,
+                      k->calls > 0 ? 1e3 * k->seconds / static_cast<double>(k->calls) : 0.0,
+                      all > 0 ? 100.0 * k->seconds / all : 0.0);
+        os << buf;
+      }
+      std::snprintf(buf, sizeof buf, "    %-52s %8s %10.3f\n", "all", "", 1e3 * all);
+      os << buf;
+    }
   }
   if (!rep.trace_path.empty()) os << "\ntrace: " << rep.trace_path << "\n";
   for (const auto& p : rep.plan_paths) os << "plan:  " << p << "\n";

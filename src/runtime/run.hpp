@@ -21,7 +21,7 @@
 #include "model/throughput.hpp"
 #include "parallel/group_comm.hpp"
 #include "runtime/gemm.hpp"
-#include "runtime/gemm_timer.hpp"
+#include "runtime/op_timer.hpp"
 #include "trace/writer.hpp"
 
 namespace wlb::runtime {
@@ -43,8 +43,11 @@ struct RunOptions {
   std::int64_t fail_step = -1;
   /// ... and instead of throwing, kills itself (SIGKILL): a rank that dies without a word.
   bool fail_kill = false;
-  /// Time every GEMM of the measured steps on its own (gemm_timer.hpp; RunReport::gemms).
+  /// Time every GEMM of the measured steps on its own (op_timer.hpp; RunReport::gemms).
   bool gemm_timing = false;
+  /// Time every Kokkos kernel and deep copy of the measured steps on its own
+  /// (op_timer.hpp's KernelHooks; RunReport::kernels).
+  bool kernel_timing = false;
 };
 
 /// Measured numbers of one step (rank 0's view after gathering every rank).
@@ -102,7 +105,10 @@ struct RunReport {
   std::string summary_path;  ///< output.dir/summary.json (toJson), "" when outputs are off
   /// RunOptions::gemm_timing: every product's calls, seconds and FLOPs over the measured
   /// steps, summed over ranks, per strategy (rank 0).
-  std::vector<GemmTimer::Row> gemms;
+  std::vector<OpTimer::Row> gemms;
+  /// RunOptions::kernel_timing: every Kokkos kernel's and deep copy's calls and seconds over
+  /// the measured steps, summed over ranks, per strategy (rank 0).
+  std::vector<OpTimer::Row> kernels;
 };
 
 /// Run every strategy of the deck (resolveStrategies). Collective over `opt.comm`; Kokkos

@@ -68,6 +68,31 @@ for s, g in by.items():
         assert rows == mlp_rows, (s, w, rows, mlp_rows)
 PY
 
+# --kernel-timing: the labelled Kokkos kernels of every strategy's measured steps, summed
+# over the ranks; each layer kernel as often as its layer passes, alongside --gemm-timing
+mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set "output.dir=\"$tmp/kt\"" --steps 2 --warmup 1 \
+  --quiet --kernel-timing --gemm-timing > "$tmp/log" 2> "$tmp/err" || fail "--kernel-timing: $(cat "$tmp/err")"
+grep -q "^Kokkos kernels and deep copies timed one by one" "$tmp/log" || fail "no kernel table: $(cat "$tmp/log")"
+/usr/bin/python3 - "$tmp/kt/summary.json" <<'PY' || fail "kernel_timing in summary.json"
+import json, sys
+j = json.load(open(sys.argv[1]))
+by = {}
+for r in j["kernel_timing"]:
+    assert r["calls"] > 0 and r["seconds"] >= 0, r
+    by.setdefault(r["strategy"], {})[r["kernel"]] = r
+assert set(by) == {"plain", "fixed", "wlb"}, by.keys()
+gemm = {}
+for r in j["gemm_timing"]:
+    gemm.setdefault(r["strategy"], {})[r["gemm"]] = r["calls"]
+for s, k in by.items():
+    need = {"wlb::runtime::swiglu", "wlb::runtime::swiglu_bwd", "wlb::runtime::rmsnorm_fwd", "wlb::runtime::rope",
+            "wlb::runtime::cross_entropy", "wlb::attention::fwd", "wlb::attention::bwd"}
+    assert need <= set(k), (s, sorted(k))
+    assert any(n.startswith("deep_copy ") for n in k), (s, sorted(k))
+    # one SwiGLU forward and backward per layer pass, as the MLP's W2 product
+    assert k["wlb::runtime::swiglu"]["calls"] == k["wlb::runtime::swiglu_bwd"]["calls"] == gemm[s]["mlp.w2.fwd"], s
+PY
+
 # a run killed part-way leaves no plan under its final name (only *.partial temporaries,
 # which the next run overwrites)
 mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set "output.dir=\"$tmp/killed\"" \

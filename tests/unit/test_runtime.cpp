@@ -6,7 +6,10 @@
 #include <mpi.h>
 
 #include <cmath>
+#include <map>
 #include <random>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "core/error.hpp"
@@ -18,6 +21,7 @@
 #include "runtime/gemm.hpp"
 #include "runtime/layer.hpp"
 #include "runtime/llama.hpp"
+#include "runtime/op_timer.hpp"
 #include "runtime/pipeline.hpp"
 #include "runtime/pool.hpp"
 #include "runtime/tokens.hpp"
@@ -55,7 +59,53 @@ std::vector<float> host(const Mat& m) {
   return std::vector<float>(h.data(), h.data() + h.size());
 }
 
+// Labelled kernels for the kernel-timing test (a device lambda may not live in a test body).
+void fill(const Vec& v, const char* label) {
+  Kokkos::parallel_for(
+      label, Kokkos::RangePolicy<Space>(0, static_cast<std::int64_t>(v.extent(0))),
+      KOKKOS_LAMBDA(const std::int64_t i) { v(i) = static_cast<float>(i); });
+}
+double sum(const Vec& v) {
+  double s = 0;
+  Kokkos::parallel_reduce(
+      "wlb::test::sum", Kokkos::RangePolicy<Space>(0, static_cast<std::int64_t>(v.extent(0))),
+      KOKKOS_LAMBDA(const std::int64_t i, double& a) { a += v(i); }, s);
+  return s;
+}
+
 }  // namespace
+
+// --kernel-timing: while the timer is active the hooks time every labelled kernel and deep
+// copy under its label, nothing while it is not, one hook set at a time, and once they are
+// gone nothing reaches the timer.
+TEST(RuntimeOpTimer, KernelHooksTimeLabelledKernelsWhileActive) {
+  OpTimer timer;
+  const Vec v("wlb::test::v", 1000), w("wlb::test::w", 1000);
+  {
+    KernelHooks hooks(timer);
+    EXPECT_THROW(KernelHooks second(timer), std::logic_error);
+    fill(v, "wlb::test::before");  // inactive
+    timer.setStrategy("s");
+    timer.setActive(true);
+    for (int i = 0; i < 3; ++i) fill(v, "wlb::test::fill");
+    EXPECT_EQ(sum(v), 499500.0);
+    Kokkos::deep_copy(w, v);
+    timer.setActive(false);
+    fill(v, "wlb::test::fill");
+  }
+  timer.setActive(true);
+  fill(v, "wlb::test::after");
+  std::map<std::string, std::int64_t> calls;
+  for (const auto& r : timer.rows()) {
+    EXPECT_EQ(r.strategy, "s");
+    EXPECT_GE(r.seconds, 0.0);
+    calls[r.name] = r.calls;
+  }
+  const std::map<std::string, std::int64_t> want{
+      {"wlb::test::fill", 3}, {"wlb::test::sum", 1}, {"deep_copy wlb::test::w", 1}};
+  EXPECT_EQ(calls, want);
+  KernelHooks again(timer);  // the first one is gone
+}
 
 TEST(RuntimeGemm, AllTransposeCombinationsMatchNaive) {
   Space space;
