@@ -571,6 +571,40 @@ def loss_ce_ab(root):
     return out
 
 
+@table("rope-kernel", "docs/performance.md", "bench/results/cpu/run_cp2_kernels_old.log",
+       "bench/results/cpu/run_cp2_kernels.log")
+def rope_kernel(root):
+    """--kernel-timing: the RoPE kernel's calls and milliseconds per call, and its share of the
+    timed kernels, before and after the 3-D range."""
+    row = []
+    for name in ("run_cp2_kernels_old", "run_cp2_kernels"):
+        body = log_body(root / f"bench/results/cpu/{name}.log")
+        f = next(line.split() for line in body if line.split()[:1] == ["wlb::runtime::rope"])
+        row.append((int(f[1]), float(f[3]), float(f[4].rstrip("%"))))
+    (c0, old, sh0), (_, new, sh1) = row
+    return [[("{:d}", c0), ("{:.3f} ({:.1f}%)", old, sh0), ("{:.3f} ({:.1f}%)", new, sh1), ("{:.3f}", new / old)]]
+
+
+@table("rope-ab", "docs/performance.md", "bench/results/cpu/rope_ab.log")
+def rope_ab(root):
+    """binary_ab.py --region qkv_proj: the region per step and the step's tokens/s, old and new
+    binary, per strategy."""
+    body = log_body(root / "bench/results/cpu/rope_ab.log")
+    tok = {r[0]: r for r in columns(body, "strategy", 7)}
+    out = []
+    for line in body:
+        f = line.split()
+        if f[1:2] != ["qkv_proj"]:
+            continue
+        t = tok[f[0]]
+        rlo, rhi = f[5].strip("[]").split("-")
+        tlo, thi = t[4].strip("[]").split("-")
+        out.append([(f[0],), ("{:.3f}", float(f[2])), ("{:.3f}", float(f[3])),
+                    ("{:.3f} [{:.3f}–{:.3f}]", float(f[4].rstrip("x")), float(rlo), float(rhi)),
+                    ("{:.3f} [{:.3f}–{:.3f}]", float(t[3].rstrip("x")), float(tlo), float(thi))])
+    return out
+
+
 @table("profile-fields-h100", "docs/performance.md", "inputs/profiles/h100-sxm.json",
        "inputs/profiles/h100-torch-measured.json")
 def profile_fields_h100(root):
