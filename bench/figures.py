@@ -553,22 +553,31 @@ def run_cp2_ab(root):
     return out
 
 
+def ab_region_cells(body, region):
+    """binary_ab.py --region REGION's output: per strategy, the region's old and new seconds
+    per step, its new / old [range] and the step's tokens/s new / old [range], as cells."""
+    tok = {r[0]: r for r in columns(body, "strategy", 7)}
+    rows = {}
+    for line in body:
+        f = line.split()
+        if f[1:2] != [region]:
+            continue
+        t = tok[f[0]]
+        rlo, rhi = f[5].strip("[]").split("-")
+        tlo, thi = t[4].strip("[]").split("-")
+        rows[f[0]] = [("{:.3f}", float(f[2])), ("{:.3f}", float(f[3])),
+                      ("{:.3f} [{:.3f}–{:.3f}]", float(f[4].rstrip("x")), float(rlo), float(rhi)),
+                      ("{:.3f} [{:.3f}–{:.3f}]", float(t[3].rstrip("x")), float(tlo), float(thi))]
+    return rows
+
+
 @table("loss-ce-ab", "docs/performance.md", "bench/results/cpu/loss_ce_ab_fp32.log",
        "bench/results/cpu/loss_ce_ab_bf16.log")
 def loss_ce_ab(root):
     """binary_ab.py --region loss: the loss region per step and the step's tokens/s, old and
-    new binary, one row per precision."""
-    out = []
-    for prec in ("fp32", "bf16"):
-        body = log_body(root / f"bench/results/cpu/loss_ce_ab_{prec}.log")
-        tok = columns(body, "strategy", 7)[0]
-        reg = next(line.split() for line in body if line.split()[1:2] == ["loss"])
-        tlo, thi = tok[4].strip("[]").split("-")
-        rlo, rhi = reg[5].strip("[]").split("-")
-        out.append([(prec,), ("{:.3f}", float(reg[2])), ("{:.3f}", float(reg[3])),
-                    ("{:.3f} [{:.3f}–{:.3f}]", float(reg[4].rstrip("x")), float(rlo), float(rhi)),
-                    ("{:.3f} [{:.3f}–{:.3f}]", float(tok[3].rstrip("x")), float(tlo), float(thi))])
-    return out
+    new binary, one row per precision (plain only)."""
+    return [[(prec,)] + ab_region_cells(log_body(root / f"bench/results/cpu/loss_ce_ab_{prec}.log"), "loss")["plain"]
+            for prec in ("fp32", "bf16")]
 
 
 @table("rope-kernel", "docs/performance.md", "bench/results/cpu/run_cp2_kernels_old.log",
@@ -589,20 +598,8 @@ def rope_kernel(root):
 def rope_ab(root):
     """binary_ab.py --region qkv_proj: the region per step and the step's tokens/s, old and new
     binary, per strategy."""
-    body = log_body(root / "bench/results/cpu/rope_ab.log")
-    tok = {r[0]: r for r in columns(body, "strategy", 7)}
-    out = []
-    for line in body:
-        f = line.split()
-        if f[1:2] != ["qkv_proj"]:
-            continue
-        t = tok[f[0]]
-        rlo, rhi = f[5].strip("[]").split("-")
-        tlo, thi = t[4].strip("[]").split("-")
-        out.append([(f[0],), ("{:.3f}", float(f[2])), ("{:.3f}", float(f[3])),
-                    ("{:.3f} [{:.3f}–{:.3f}]", float(f[4].rstrip("x")), float(rlo), float(rhi)),
-                    ("{:.3f} [{:.3f}–{:.3f}]", float(t[3].rstrip("x")), float(tlo), float(thi))])
-    return out
+    return [[(st,)] + cells for st, cells in ab_region_cells(log_body(root / "bench/results/cpu/rope_ab.log"),
+                                                             "qkv_proj").items()]
 
 
 @table("profile-fields-h100", "docs/performance.md", "inputs/profiles/h100-sxm.json",
