@@ -47,7 +47,9 @@ source "$(dirname "$0")/gpu_libs.sh"
 use_carried_libs "$BIN"
 for n in libcublas.so.13 libcublasLt.so.13 libnccl.so.2 libcudart.so.13; do
   if ! ldconfig -p | grep -q " $n "; then
-    d=$(dirname "$(find / -xdev -name "$n" 2>/dev/null | head -1)")
+    # where CUDA and PyTorch's wheels put them; not all of /, which on a machine without
+    # them (the CPU test of gpu_parts.sh) is a long walk over every build tree
+    d=$(dirname "$(find /usr /opt -xdev -name "$n" 2>/dev/null | head -1)")
     [ -n "$d" ] && [ "$d" != . ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   fi
 done

@@ -64,8 +64,9 @@ namespace kt = Kokkos::Tools::Experimental;
 using Clock = std::chrono::steady_clock;
 
 // The process-wide state the callbacks (plain function pointers) reach: the timer, the
-// callbacks KernelHooks replaced, and the kernels begun and not yet ended (kernels do not
-// nest, but a deep copy may run inside a reduction's return to the host: a short list).
+// callbacks KernelHooks replaced, and the operations begun and not yet ended, a stack, so
+// that one begun inside another's begin and end (should Kokkos issue one there) still ends
+// in order. The id Kokkos hands back only tells a timed kernel from an untimed one.
 struct Open {
   std::string name;
   Clock::time_point start;
@@ -73,12 +74,11 @@ struct Open {
 OpTimer* g_timer = nullptr;
 kt::EventSet g_saved;
 std::vector<Open> g_open;
-std::uint64_t g_next = 0;
+constexpr std::uint64_t kUntimed = ~std::uint64_t{0};
 
-std::uint64_t begin(std::string name) {
+void begin(std::string name) {
   Kokkos::fence();  // what ran before is not this kernel's
   g_open.push_back(Open{std::move(name), Clock::now()});
-  return g_next++;
 }
 void end() {
   if (g_open.empty()) return;
@@ -88,14 +88,12 @@ void end() {
   g_timer->add(o.name.c_str(), std::chrono::duration<double>(Clock::now() - o.start).count(), 0.0);
 }
 void beginKernel(const char* name, const std::uint32_t, std::uint64_t* id) {
-  if (g_timer && g_timer->active()) {
-    *id = begin(name);
-  } else {
-    *id = ~std::uint64_t{0};  // not timed
-  }
+  const bool timed = g_timer && g_timer->active();
+  if (timed) begin(name);
+  *id = timed ? 0 : kUntimed;
 }
 void endKernel(std::uint64_t id) {
-  if (id != ~std::uint64_t{0} && g_timer) end();
+  if (id != kUntimed && g_timer) end();
 }
 // Deep copies have no id: an untimed one pushes nothing, so its end must know.
 std::vector<bool> g_copy_timed;
