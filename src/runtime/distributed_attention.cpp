@@ -262,13 +262,8 @@ void DistributedAttention::forwardT(const Space& space, Kokkos::View<const T***,
   using V3 = Kokkos::View<T***, Kokkos::LayoutRight, DistViews::mem>;
   const V3 kv_k = rowBuffer<T>(space, "wlb::runtime::dist_attn::kv_k", kv_tokens_);
   const V3 kv_v = rowBuffer<T>(space, "wlb::runtime::dist_attn::kv_v", kv_tokens_);
-  if constexpr (std::is_same_v<T, float>) {
-    kv_k_ = kv_k;
-    kv_v_ = kv_v;
-  } else {
-    kv_kb_ = kv_k;
-    kv_vb_ = kv_v;
-  }
+  keptK<T>() = kv_k;
+  keptV<T>() = kv_v;
   auto t0 = Clock::now();
   exchangeKvForward<T>(space, k.data(), v.data(), kv_k.data(), kv_v.data());
   times_.comm_fwd = since(t0);
@@ -367,14 +362,7 @@ void DistributedAttention::backwardT(const Space& space,
                                      View3 dk, View3 dv) {
   if (!have_kv_) throw std::logic_error("wlb::runtime::DistributedAttention::backward: no KV buffer (forward() first)");
   using V3 = Kokkos::View<T***, Kokkos::LayoutRight, DistViews::mem>;
-  V3 kv_k, kv_v;
-  if constexpr (std::is_same_v<T, float>) {
-    kv_k = kv_k_;
-    kv_v = kv_v_;
-  } else {
-    kv_k = kv_kb_;
-    kv_v = kv_vb_;
-  }
+  const V3 kv_k = keptK<T>(), kv_v = keptV<T>();
   if (kv_k.extent(0) != static_cast<std::size_t>(kv_tokens_))
     throw std::logic_error("wlb::runtime::DistributedAttention::backward: the forward ran in another storage type");
   if (static_cast<std::int64_t>(dq.extent(0)) != local_tokens_ ||

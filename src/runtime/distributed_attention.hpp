@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "attention/attention.hpp"
 #include "cp/shard_plan.hpp"
@@ -179,6 +180,21 @@ class DistributedAttention {
   std::shared_ptr<const attention::VarlenBatch> batch_;
   View3 kv_k_, kv_v_;     ///< KV buffer (kept from forward for backward), FP32 storage
   BView3 kv_kb_, kv_vb_;  ///< the same, BF16 storage
+  /// The kept K or V buffer of storage type T: forward stores it, backward reads it.
+  template <class T>
+  auto& keptK() {
+    if constexpr (std::is_same_v<T, float>)
+      return kv_k_;
+    else
+      return kv_kb_;
+  }
+  template <class T>
+  auto& keptV() {
+    if constexpr (std::is_same_v<T, float>)
+      return kv_v_;
+    else
+      return kv_vb_;
+  }
   bool have_kv_ = false;
   DistAttentionTimes times_;
   std::unique_ptr<parallel::GroupComm> own_group_;
