@@ -17,7 +17,8 @@
 // Hopper variants of attention::setHopperVariant (docs/attention.md): auto (the default:
 // the warp-specialised BF16 forward, the synchronous backward), sync (the synchronous
 // kernels), split / sync-split (split-KV for pieces of <= 256 queries over >= 16K keys),
-// ws / ws-split (the warp-specialised backward too); BF16 only, other modes run the
+// ws / ws-split (the warp-specialised backward too), ws-r64 (ws with the backward's
+// 64-row step at D = 64 instead of 128); BF16 only, other modes run the
 // synchronous kernels. Timing: fence, steady
 // clock around a loop of calls, median and range over repeats. Precision: documents of
 // 1, 17, 300, 1000 and 4097 tokens packed together plus CP-style pieces (queries shorter
@@ -72,15 +73,21 @@ att::KernelConfig pathOf(const std::string& p) {
     cfg.path = att::KernelConfig::Path::Sm80;
     return cfg;
   }
+  if (p == "ws-r64") {  // ws with the previous 64-row backward step at D = 64
+    att::setHopperVariant(cfg, "ws");
+    cfg.ws_bwd_rows = 64;
+    return cfg;
+  }
   if (att::setHopperVariant(cfg, p)) return cfg;
-  std::fprintf(stderr, "bench_attention_gpu: unknown path '%s' (sm80, %s)\n", p.c_str(),
+  std::fprintf(stderr, "bench_attention_gpu: unknown path '%s' (sm80, ws-r64, %s)\n", p.c_str(),
                att::hopperVariantList().c_str());
   std::exit(2);
 }
 
 /// The path name of a kernel configuration (pathOf's inverse).
 const char* pathName(const att::KernelConfig& cfg) {
-  return cfg.path == att::KernelConfig::Path::Sm80 ? "sm80" : att::hopperVariant(cfg);
+  if (cfg.path == att::KernelConfig::Path::Sm80) return "sm80";
+  return cfg.ws_bwd_rows == 64 ? "ws-r64" : att::hopperVariant(cfg);
 }
 
 std::vector<std::string> splitList(const std::string& s) {
@@ -525,7 +532,7 @@ int main(int argc, char** argv) {
     else if (a == "--help" || a == "-h") {
       std::printf(
           "usage: bench_attention_gpu [--check-only] [--bench-only] [--quick] [--repeats N] "
-          "[--modes fp32,tf32,bf16] [--cases a,b,c,d] [--paths auto,sm80,split,ws,ws-split] [--json FILE]\n");
+          "[--modes fp32,tf32,bf16] [--cases a,b,c,d] [--paths auto,sm80,split,ws,ws-split,ws-r64] [--json FILE]\n");
       return 0;
     } else if (a.rfind("--kokkos", 0) != 0) {
       std::fprintf(stderr, "bench_attention_gpu: unknown argument '%s'\n", a.c_str());

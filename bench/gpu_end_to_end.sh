@@ -20,8 +20,8 @@
 # run8bws (run8b's plain strategy with run.attention = "ws": the warp-specialised backward
 # in the step, against run8b's plain row),
 # attnws (the warp-specialised kernels' tests — on a failure or a hang, compute-sanitizer's
-# synccheck and memcheck of them — and a quick timing of sync and ws, forward and backward,
-# cases a-c), and
+# synccheck and memcheck of them — and a quick timing of sync, ws and ws-r64 (ws with the
+# backward's former 64-row step at D = 64), forward and backward, cases a-c), and
 # attn: bench_attention_gpu (BIN must hold it) on cases a-d in BF16 on the Hopper variants
 # sync, auto (warp-specialised forward), split (auto with split-KV) and ws (warp-specialised
 # backward too), its precision checks included, then the PyTorch anchors of cases a-d
@@ -252,11 +252,11 @@ ws_tests() {
 if [[ " $parts " == *" attnws "* ]]; then
   ws_tests
   log "bench_attention_gpu (bf16; paths sync, auto, ws; quick checks, then sync and ws on cases a, b, c with 3 repeats)"
-  timeout 120 "$BIN/bench_attention_gpu" --check-only --quick --modes bf16 --paths sync,auto,ws,ws-split \
+  timeout 120 "$BIN/bench_attention_gpu" --check-only --quick --modes bf16 --paths sync,auto,ws,ws-split,ws-r64 \
     > "$OUT/attention_ws_check.log" 2>&1
   echo "bench_attention_gpu checks rc=$?" | tee -a "$OUT/summary.txt"
   grep -E "check" "$OUT/attention_ws_check.log" | tail -20 | tee -a "$OUT/summary.txt"
-  timeout 240 "$BIN/bench_attention_gpu" --bench-only --modes bf16 --paths sync,ws --cases a,b,c --repeats 3 \
+  timeout 240 "$BIN/bench_attention_gpu" --bench-only --modes bf16 --paths sync,ws,ws-r64 --cases a,b,c --repeats 3 \
     --json "$OUT/attention_ws.json" > "$OUT/attention_ws.log" 2>&1
   echo "bench_attention_gpu rc=$?" | tee -a "$OUT/summary.txt"
   grep -E "^[a-c] " "$OUT/attention_ws.log" | tail -12 | tee -a "$OUT/summary.txt"

@@ -12,6 +12,9 @@ void validateConfig(const KernelConfig& cfg) {
   if (!ok(cfg.tile_q) || !ok(cfg.tile_k))
     throw std::invalid_argument("wlb::attention: tile_q/tile_k must be multiples of 16 in [16, 256] (got " +
                                 std::to_string(cfg.tile_q) + ", " + std::to_string(cfg.tile_k) + ")");
+  if (cfg.ws_bwd_rows != 0 && cfg.ws_bwd_rows != 64 && cfg.ws_bwd_rows != 128)
+    throw std::invalid_argument("wlb::attention: ws_bwd_rows must be 0, 64 or 128 (got " +
+                                std::to_string(cfg.ws_bwd_rows) + ")");
 }
 
 VarlenBatch VarlenBatch::fromRanges(std::vector<PieceRange> pieces) {

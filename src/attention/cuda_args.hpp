@@ -33,6 +33,7 @@ struct Args {
   const int* ranges = nullptr;  ///< [pieces][4]: q_begin, q_end, k_begin, k_end
   const int* work = nullptr;    ///< [nwork][2]: piece, tile index; longest first
   int nwork = 0;
+  int bwd_rows = 0;  ///< query rows per step of the warp-specialised backward at D = 64 (KernelConfig::ws_bwd_rows)
   // Split-KV (Hopper forward, split_kv.hpp); null `split`: every item walks all its visible
   // key tiles and writes O.
   const int* split = nullptr;   ///< [nwork][3]: first key tile, end key tile, partial slot (-1: O)

@@ -325,30 +325,117 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1)
 
 // ---------------- warp-specialised backward ------------------------------------------------
 
-template <int D, int ST>
+template <int D, int ST, int BM_>
 struct WsBwdGeo {
-  static constexpr int BN = kBwdKeys, BM = kBwdRows;  ///< keys per block (64 per consumer), query rows per step
+  static constexpr int BN = kBwdKeys, BM = BM_;  ///< keys per block (64 per consumer), query rows per step
+  static_assert(BM == 64 || (BM == 128 && D == 64), "128 query rows per step only at D = 64");
   static constexpr int rowBytes = D * 2, cpr = rowBytes / 16;
   static constexpr int kvBytes = BN * rowBytes;  ///< K or V
   static constexpr int qBytes = BM * rowBytes;   ///< one Q or dO stage
-  static constexpr int dsBytes = BN * BM * 2;    ///< one dS^T buffer [128 keys][64 queries]
+  static constexpr int dsBytes = BN * BM * 2;    ///< one dS^T buffer [128 keys][BM queries]
   /// staged dQ rows in floats: padded by 4 (16 bytes: rows stay aligned for the bulk
-  /// reduction, fragment stores spread over the banks); D = 64: one buffer per consumer
+  /// reduction, fragment stores spread over the banks). Each consumer's dQ tile is 64 rows
+  /// x 64 columns; D = 64: one buffer per consumer (BM = 64: both over the same rows;
+  /// BM = 128: each over its own half of the step's rows)
   static constexpr int dqStride = D + 4;
-  static constexpr int dqBytes = (D == 128 ? 1 : 2) * BM * dqStride * 4;
+  static constexpr int dqBytes = (D == 128 ? 1 : 2) * 64 * dqStride * 4;
   static constexpr int oK = 0, oV = kvBytes, oQ = 2 * kvBytes, odO = oQ + ST * qBytes, odS = odO + ST * qBytes,
                        odQ = odS + 2 * dsBytes, oLD = odQ + dqBytes, oBar = oLD + ST * 2 * BM * 4;
   static constexpr int bars = 1 + 2 * ST;  ///< K/V full; per stage full, free
-  static constexpr int launchRegs = 168, producerRegs = 40, consumerRegs = 232;  ///< as the forward's
+  static constexpr int launchRegs = 168, producerRegs = 40, consumerRegs = 232;
   static_assert(producerRegs + 2 * consumerRegs == 3 * launchRegs, "register split");
   static constexpr int smem = 1024 + oBar + 8 * bars;
   static_assert(smem <= 227 * 1024, "shared memory of one block");
 };
 
+/// One consumer's share of a 128-row step at D = 64 (keys [64 c, 64 c + 64) of the tile
+/// against the step's 128 queries), ordered to fit the consumer's registers: the 64-row
+/// step's order (S^T and dP^T issued together, bwdScores) would hold four 64-key x 128-query
+/// or 64 x 64 accumulators at once, 192 registers before any index, and ptxas spilled. Here
+/// S^T = K_c Q^T is waited for alone and becomes P^T as BF16 A fragments (pa); then dP^T =
+/// V_c dO^T and dV += P^T dO are issued together and dP^T waited for; dS^T = P^T (dP^T -
+/// delta) is formed from the BF16 P^T (the value dV's product uses; dS^T is rounded to BF16
+/// next anyway) into da and the dS^T tile; dK += dS^T Q is issued. bwdDq waits for dV and
+/// dK. Thread (warp, g, t) holds keys key0 and key0 + 8, queries q0 + 8i + 2t + {0, 1}.
+__device__ __forceinline__ void bwdStepWide(float (&dk)[32], float (&dv)[32], unsigned (&pa)[8][4],
+                                            unsigned (&da)[8][4], const char* sK, const char* sV, const char* sQ,
+                                            const char* sdO, char* sdS, const float* L, const float* Dl, float sl2,
+                                            bool masked, int c, int key0, int q0, int r0, int t, int off, int nq,
+                                            int nk) {
+  constexpr int BM = 128;
+  float acc[64];
+  // S^T (64 keys x 128 queries)
+#pragma unroll
+  for (int e = 0; e < 64; ++e) acc[e] = 0.0f;
+  fenceRegs(acc);
+  wgmmaFence();
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks)
+    mmaSS<true, BM>(acc, desc(sK + c * 64 * 128 + ks * 32, 16, 1024), desc(sQ + ks * 32, 16, 1024));
+  wgmmaCommit();
+  wgmmaWait<0>();
+  fenceRegs(acc);
+  // P^T from the LSE, masked where the tile needs it, as BF16 A fragments
+#pragma unroll
+  for (int i = 0; i < BM / 8; ++i) {
+    const float2 l2 = *reinterpret_cast<const float2*>(L + 8 * i + 2 * t);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float pv = fastExp2(fmaf(acc[4 * i + e], sl2, -((e & 1) ? l2.y : l2.x)));
+      if (masked) {
+        const int key = key0 + (e < 2 ? 0 : 8), q = q0 + 8 * i + 2 * t + (e & 1);
+        if (key > q + off || q >= nq || key >= nk) pv = 0.0f;
+      }
+      acc[4 * i + e] = pv;
+    }
+  }
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) pa[kk][r] = packBf16(acc[8 * kk + 2 * r], acc[8 * kk + 2 * r + 1]);
+      // dP^T (64 keys x 128 queries) and dV += P^T dO (k = the queries, dO read transposed)
+#pragma unroll
+  for (int e = 0; e < 64; ++e) acc[e] = 0.0f;
+  fenceRegs(acc);
+  fenceRegs(dv);
+  wgmmaFence();
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks)
+    mmaSS<true, BM>(acc, desc(sV + c * 64 * 128 + ks * 32, 16, 1024), desc(sdO + ks * 32, 16, 1024));
+  wgmmaCommit();
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) mmaRS<true, 64>(dv, pa[kk], desc(sdO + kk * 16 * 128, BM * 128, 1024));
+  wgmmaCommit();
+  wgmmaWait<1>();  // dP^T; dV may still run
+  fenceRegs(acc);
+  // dS^T = P^T (dP^T - delta), P^T from its BF16 fragment (element 4i + e: pa[i / 2][2 (i & 1) + e / 2], half e & 1)
+#pragma unroll
+  for (int i = 0; i < BM / 8; ++i) {
+    const float2 d2 = *reinterpret_cast<const float2*>(Dl + 8 * i + 2 * t);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const unsigned pw = pa[i >> 1][2 * (i & 1) + (e >> 1)];
+      const float pv = __uint_as_float((e & 1) ? (pw & 0xFFFF0000u) : (pw << 16));
+      acc[4 * i + e] = pv * (acc[4 * i + e] - ((e & 1) ? d2.y : d2.x));
+    }
+  }
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) da[kk][r] = packBf16(acc[8 * kk + 2 * r], acc[8 * kk + 2 * r + 1]);
+  storeDsT<BM>(sdS, da, r0, t);
+  // dK += dS^T Q (k = the queries, Q read transposed)
+  fenceRegs(dk);
+  wgmmaFence();
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) mmaRS<true, 64>(dk, da[kk], desc(sQ + kk * 16 * 128, BM * 128, 1024));
+  wgmmaCommit();
+}
+
 /// One block per (key tile of 128 keys, KV head), as the synchronous backward
 /// (cuda_hopper.cu), whose per-step arithmetic it keeps: one producer warpgroup, two
 /// consumers of 64 keys each with their dK and dV in registers. The producer's warp 0 loads
-/// K and V once (TMA), then per step of 64 query rows (the GQA group's heads x the query
+/// K and V once (TMA), then per step of BM query rows (the GQA group's heads x the query
 /// tiles that see the key tile) Q and dO by TMA into an ST-stage ring and that step's LSE
 /// and delta by its 32 lanes; a stage's "full" mbarrier counts the TMA bytes and the 32
 /// lanes' arrivals, its "free" one lane 0 of every consumer warp. Per step each consumer:
@@ -356,16 +443,20 @@ struct WsBwdGeo {
 /// without waiting, dS^T to a double-buffered tile, one barrier with the other consumer,
 /// dQ = dS K, and the scaled dQ tile staged in shared memory and added to dq by bulk
 /// reductions (one per row: 64 instead of 2048 vector reductions per consumer and step).
+/// BM = 128 (D = 64, as FlashAttention-3's tile there): twice the queries per step, so
+/// every product is twice as wide (S^T and dP^T m64n128) or deep (dV, dK and dQ over 128)
+/// for the same waits and barriers, and each consumer forms dQ for its half of the rows
+/// over all 128 keys (half the bulk reductions of BM = 64, where both add the same rows).
 /// Rows past the piece's queries (ragged query tile) and keys (ragged key tile) are zeroed
 /// in shared memory: the TMA boxes load whatever lies there, and P = 0 must not meet a
 /// non-finite value.
-template <int D, int ST>
+template <int D, int ST, int BM_>
 __global__ void __launch_bounds__(384, 1)
     backwardWsKernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
                      const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
                      const cuda::Args a) {
 #if defined(WLB_HOPPER_DEVICE)
-  using G = WsBwdGeo<D, ST>;
+  using G = WsBwdGeo<D, ST, BM_>;
   constexpr int BN = G::BN, BM = G::BM;
   constexpr int kPairBar = 1;  // both consumers
   constexpr int kOwnBar = 2;   // 2, 3: one consumer alone
@@ -460,7 +551,8 @@ __global__ void __launch_bounds__(384, 1)
   const int key0 = k0 + c * 64 + warp * 16 + g;  // this thread's accumulator rows key0, key0 + 8
   const float sl2 = a.scale_log2, sc = a.scale;
   const int colBase = D == 128 ? c * 64 : 0;  // dQ columns of this consumer
-  char* sdQ = sm + G::odQ + (D == 128 ? 0 : c * BM * G::dqStride * 4);
+  const int rowBase = BM == 128 ? c * 64 : 0;  // dQ rows of this consumer within the step
+  char* sdQ = sm + G::odQ + (D == 128 ? 0 : c * 64 * G::dqStride * 4);
 
   for (int st = 0; st < steps; ++st) {
     const int s = st % ST, h = stepHead(st), q0 = stepRow(st);
@@ -480,19 +572,24 @@ __global__ void __launch_bounds__(384, 1)
     // S^T = K_c Q^T, dP^T = V_c dO^T (64 keys x 64 queries); P^T and dS^T; dV += P^T dO,
     // dK += dS^T Q issued; dS^T to this step's buffer for dQ (the other buffer may still feed
     // the other consumer's dQ product of the previous step)
-    float sv[32], dp[32];
-    bwdScores<D>(sv, dp, sK, sV, sQ, sdO, c);
     const bool diag = q0 + off < k0 + c * 64 + 63 || q0 + BM > nq || k0 + BN > nk;
-    bwdProbs(sv, dp, L, Dl, sl2, diag, key0, q0, t, off, nq, nk);
-    unsigned pa[4][4], da[4][4];
-    bwdDkDv<D>(dk, dv, pa, da, sv, dp, sQ, sdO);
-    storeDsT(sdS, da, c * 64 + warp * 16 + g, t);
+    unsigned pa[BM / 16][4], da[BM / 16][4];
+    if constexpr (BM == 128) {
+      bwdStepWide(dk, dv, pa, da, sK, sV, sQ, sdO, sdS, L, Dl, sl2, diag, c, key0, q0, c * 64 + warp * 16 + g, t, off,
+                  nq, nk);
+    } else {
+      float sv[32], dp[32];
+      bwdScores<D>(sv, dp, sK, sV, sQ, sdO, c);
+      bwdProbs(sv, dp, L, Dl, sl2, diag, key0, q0, t, off, nq, nk);
+      bwdDkDv<D>(dk, dv, pa, da, sv, dp, sQ, sdO);
+      storeDsT(sdS, da, c * 64 + warp * 16 + g, t);
+    }
     fenceProxyAsync();
     barSync(kPairBar, 256);  // both consumers' dS^T (and zeroed K rows) visible
 
     // dQ (64 queries x 64 columns) = dS K (and dV, dK waited for)
     float dq[32];
-    bwdDq<D>(dq, dk, dv, sdS, sK, c);
+    bwdDq<D, BM>(dq, dk, dv, sdS, sK, c);
     mbarArriveIf(free + s, lane == 0);  // Q, dO, LSE and delta of the stage read
 
     // dQ staged (scaled) and added to dq in bulk, one row per thread of the first 64
@@ -507,8 +604,8 @@ __global__ void __launch_bounds__(384, 1)
     }
     fenceProxyAsync();
     barSync(kOwnBar + c, 128);
-    if (ct < 64 && q0 + ct < nq) {
-      bulkReduceAddF32(a.dq + static_cast<std::int64_t>(qb + q0 + ct) * a.dq_s0 + h * D + colBase,
+    if (ct < 64 && q0 + rowBase + ct < nq) {
+      bulkReduceAddF32(a.dq + static_cast<std::int64_t>(qb + q0 + rowBase + ct) * a.dq_s0 + h * D + colBase,
                        sdQ + (ct * G::dqStride + colBase) * 4, 64 * 4);
       bulkCommit();
     }
@@ -598,13 +695,13 @@ void launchWs(cudaStream_t st, const cuda::Args& a) {
   combineParts(st, a, true, G::rows);
 }
 
-template <int D, int ST>
+template <int D, int ST, int BM>
 void launchBwdWs(cudaStream_t st, const cuda::Args& a) {
-  using G = WsBwdGeo<D, ST>;
+  using G = WsBwdGeo<D, ST, BM>;
   static const cudaError_t attr =
-      cudaFuncSetAttribute(backwardWsKernel<D, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, G::smem);
+      cudaFuncSetAttribute(backwardWsKernel<D, ST, BM>, cudaFuncAttributeMaxDynamicSharedMemorySize, G::smem);
   check(attr, "cudaFuncSetAttribute");
-  static const bool pool = (checkRegisterPool(reinterpret_cast<const void*>(backwardWsKernel<D, ST>), G::launchRegs,
+  static const bool pool = (checkRegisterPool(reinterpret_cast<const void*>(backwardWsKernel<D, ST, BM>), G::launchRegs,
                                               "warp-specialised backward"),
                             true);
   (void)pool;
@@ -612,7 +709,7 @@ void launchBwdWs(cudaStream_t st, const cuda::Args& a) {
   const CUtensorMap tdo = tokenMap(a.dO, D, a.heads, a.q_rows, a.dO_s0, G::BM);
   const CUtensorMap tk = tokenMap(a.k, D, a.kv_heads, a.k_rows, a.k_s0, G::BN);
   const CUtensorMap tv = tokenMap(a.v, D, a.kv_heads, a.k_rows, a.v_s0, G::BN);
-  backwardWsKernel<D, ST><<<a.nwork * a.kv_heads, 384, G::smem, st>>>(tq, tdo, tk, tv, a);
+  backwardWsKernel<D, ST, BM><<<a.nwork * a.kv_heads, 384, G::smem, st>>>(tq, tdo, tk, tv, a);
   check(cudaGetLastError(), "warp-specialised backward launch");
 }
 
@@ -637,9 +734,10 @@ int wsKeys(int) {
 void backwardWs(void* stream, const cuda::Args& a) {
   if (a.nwork == 0) return;
   const auto st = static_cast<cudaStream_t>(stream);
-  // D = 128: 2 Q/dO stages (195 KiB in all); D = 64: 3 (148 KiB)
-  if (a.head_dim == 64) return launchBwdWs<64, 3>(st, a);
-  if (a.head_dim == 128) return launchBwdWs<128, 2>(st, a);
+  // D = 128: 64 query rows per step, 2 Q/dO stages (195 KiB in all); D = 64: 128 rows, 2
+  // stages (197 KiB), or with a.bwd_rows = 64 the previous tile: 64 rows, 3 stages (148 KiB)
+  if (a.head_dim == 64) return a.bwd_rows == 64 ? launchBwdWs<64, 3, 64>(st, a) : launchBwdWs<64, 2, 128>(st, a);
+  if (a.head_dim == 128) return launchBwdWs<128, 2, 64>(st, a);
   throw std::runtime_error("wlb::attention::hopper: head_dim " + std::to_string(a.head_dim) + " not supported");
 }
 

@@ -670,6 +670,7 @@ inline bool mmaBackward(const Kokkos::Cuda& space, const Args& a, const VarlenBa
     h.nwork = static_cast<int>(work.extent(0));
     h.q_rows = b.q_tokens;
     h.k_rows = b.k_tokens;
+    h.bwd_rows = cfg.ws_bwd_rows;
     if (cfg.ws_backward && hopper::wsReady(a, true))
       hopper::backwardWs(space.cuda_stream(), h);
     else

@@ -325,8 +325,9 @@ __device__ __forceinline__ void packP(unsigned (&pa)[BN / (BF ? 16 : 8)][4], con
 // ---------------- backward step ------------------------------------------------------------
 // One warpgroup's share of a step of the BF16 backward, shared by the synchronous and the
 // warp-specialised kernels: keys [64 w, 64 w + 64) of a tile of kBwdKeys keys against
-// kBwdRows query rows, all tiles in the swizzled layout (K, V: kBwdKeys rows; Q, dO:
-// kBwdRows rows). Thread (warp, g, t) holds keys key0 = k0 + 64 w + 16 warp + g and
+// kBwdRows query rows (the warp-specialised kernel's 128-row step at D = 64 is its own,
+// bwdStepWide, and shares storeDsT and bwdDq), all tiles in the swizzled layout (K, V:
+// kBwdKeys rows; Q, dO: the step's rows). Thread (warp, g, t) holds keys key0 = k0 + 64 w + 16 warp + g and
 // key0 + 8, queries q0 + 8i + 2t + {0, 1}.
 
 constexpr int kBwdKeys = 128;  ///< keys per block: 64 per warpgroup
@@ -405,28 +406,38 @@ __device__ __forceinline__ void bwdDkDv(float (&dk)[D / 2], float (&dv)[D / 2], 
   wgmmaCommit();
 }
 
-/// This thread's dS^T fragments (rows r0 and r0 + 8 of the [kBwdKeys keys][kBwdRows queries]
-/// tile, 128-byte rows, swizzled), for the dQ product.
-__device__ __forceinline__ void storeDsT(char* sdS, const unsigned (&da)[4][4], int r0, int t) {
+/// This thread's dS^T fragments (rows r0 and r0 + 8 of the [kBwdKeys keys][BM queries]
+/// tile, stored as 128-byte column blocks of 64 queries, swizzled), for the dQ product.
+template <int BM = kBwdRows>
+__device__ __forceinline__ void storeDsT(char* sdS, const unsigned (&da)[BM / 16][4], int r0, int t) {
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < BM / 8; ++i) {
     const int kk = i >> 1, hi = (i & 1) * 2;
-    *reinterpret_cast<unsigned*>(sdS + r0 * 128 + ((i ^ (r0 & 7)) << 4) + 4 * t) = da[kk][hi];
-    *reinterpret_cast<unsigned*>(sdS + (r0 + 8) * 128 + ((i ^ ((r0 + 8) & 7)) << 4) + 4 * t) = da[kk][hi + 1];
+    char* blk = sdS + (i >> 3) * kBwdKeys * 128;  // the column block of queries 8i..8i+7
+    *reinterpret_cast<unsigned*>(blk + r0 * 128 + (((i & 7) ^ (r0 & 7)) << 4) + 4 * t) = da[kk][hi];
+    *reinterpret_cast<unsigned*>(blk + (r0 + 8) * 128 + (((i & 7) ^ ((r0 + 8) & 7)) << 4) + 4 * t) = da[kk][hi + 1];
   }
 }
 
-/// dQ (kBwdRows queries x 64 columns) = dS K, A = dS (dS^T read transposed), B = K read
-/// transposed — D = 128: columns [64 w, 64 w + 64) over all the tile's keys; D = 64: every
-/// column over warpgroup w's keys — then waits for it and for dV and dK.
-template <int D>
+/// dQ (64 queries x 64 columns) = dS K, A = dS (dS^T read transposed), B = K read
+/// transposed — BM = 64: D = 128, columns [64 w, 64 w + 64) over all the tile's keys; D =
+/// 64, every column over warpgroup w's keys; BM = 128 (the warp-specialised kernel at D =
+/// 64): every column of the step's queries [64 w, 64 w + 64) over all the tile's keys —
+/// then waits for it and for dV and dK.
+template <int D, int BM = kBwdRows>
 __device__ __forceinline__ void bwdDq(float (&dq)[32], float (&dk)[D / 2], float (&dv)[D / 2], const char* sdS,
                                       const char* sK, int w) {
+  static_assert(BM == 64 || D == 64, "128 query rows per step only at D = 64");
 #pragma unroll
   for (int e = 0; e < 32; ++e) dq[e] = 0.0f;
   fenceRegs(dq);
   wgmmaFence();
-  if constexpr (D == 128) {
+  if constexpr (BM == 128) {
+#pragma unroll
+    for (int kk = 0; kk < kBwdKeys / 16; ++kk)
+      wgmmaSS_bf16_n64_tt(dq, desc(sdS + w * kBwdKeys * 128 + kk * 16 * 128, kBwdKeys * 128, 1024),
+                          desc(sK + kk * 16 * 128, kBwdKeys * 128, 1024));
+  } else if constexpr (D == 128) {
 #pragma unroll
     for (int kk = 0; kk < kBwdKeys / 16; ++kk)
       wgmmaSS_bf16_n64_tt(dq, desc(sdS + kk * 16 * 128, kBwdRows * 128, 1024),

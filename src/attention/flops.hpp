@@ -44,6 +44,11 @@ struct KernelConfig {
   /// bulk reductions) instead of the synchronous one. Off by default: measured at half the
   /// synchronous backward's rate at D = 128 (1.09x it at D = 64).
   bool ws_backward = false;
+  /// Query rows per step of the warp-specialised backward at D = 64: 0 (the default) = 128,
+  /// FlashAttention-3's tile there; 64 = the tile of D = 128 (the kernel measured on the
+  /// H100 before 2026-11-27), kept to compare the two on one card. D = 128 always steps 64
+  /// rows (128 would not fit the consumers' registers).
+  int ws_bwd_rows = 0;
 };
 
 /// The Hopper kernel variants by name (deck `run.attention`, `wlb profile --attention`,

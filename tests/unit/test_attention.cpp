@@ -205,6 +205,11 @@ TEST(Attention, RejectsBadBatchesAndShapes) {
   att::KernelConfig bad;
   bad.tile_q = 24;
   EXPECT_THROW(att::validateConfig(bad), std::invalid_argument);
+  att::KernelConfig rows;
+  rows.ws_bwd_rows = 96;
+  EXPECT_THROW(att::validateConfig(rows), std::invalid_argument);
+  rows.ws_bwd_rows = 64;
+  EXPECT_NO_THROW(att::validateConfig(rows));
   const auto b = att::VarlenBatch::fromDocLengths({10});
   V3 q("q", 10, 2, 16), k("k", 10, 2, 16), v("v", 9, 2, 16), o("o", 10, 2, 16);
   V2 lse("lse", 10, 2);
@@ -446,12 +451,10 @@ TEST(Attention, NonFiniteKeysOutsidePiecesNeverReachTheOutputs) {
 }
 
 // The warp-specialised Hopper kernels (KernelConfig::warp_specialized, the forward, alone
-// and with split-KV, and ws_backward), on whole documents long enough to wrap its stage ring, short ones that leave
-// consumer warpgroups without rows, CP pieces, a piece of few queries over long keys, and
-// more work units (query tiles x heads) than an H100 has SMs, so that its persistent blocks
-// walk several units each.
-// Where the config selects no other kernel (every machine but a Hopper GPU) the tests
-// above cover what runs.
+// and with split-KV, and ws_backward with both its step heights at D = 64), on whole documents long enough to wrap its
+// stage ring, short ones that leave consumer warpgroups without rows, CP pieces, a piece of few queries over long keys,
+// and more work units (query tiles x heads) than an H100 has SMs, so that its persistent blocks walk several units
+// each. Where the config selects no other kernel (every machine but a Hopper GPU) the tests above cover what runs.
 TEST(Attention, WarpSpecializedMatchesReference) {
   att::KernelConfig ws, sync;
   ASSERT_TRUE(att::setHopperVariant(ws, "ws"));
@@ -488,11 +491,13 @@ TEST(Attention, WarpSpecializedMatchesReference) {
     const Case& c = cases[ci];
     const Inputs& in = inputs[ci];
     const Result ref = refs[ci].get();
-    for (bool split : {false, true}) {
+    // the default backward tile, split-KV, and at D = 64 the backward's 64-row step
+    for (int variant = 0; variant < (c.head_dim == 64 ? 3 : 2); ++variant) {
       att::KernelConfig cfg = ws;
-      cfg.split_kv = split;
+      cfg.split_kv = variant == 1;
+      cfg.ws_bwd_rows = variant == 2 ? 64 : 0;
       SCOPED_TRACE("D=" + std::to_string(c.head_dim) + " pieces=" + std::to_string(c.pieces.size()) +
-                   " split=" + std::to_string(split));
+                   " split=" + std::to_string(cfg.split_kv) + " bwd_rows=" + std::to_string(cfg.ws_bwd_rows));
       const Result got = runKernelBf16(c, in, cfg);
       for (const auto* x : {&got.o, &got.lse, &got.dq, &got.dk, &got.dv}) EXPECT_TRUE(allFinite(*x));
       EXPECT_LE(relErr(got.o, ref.o), 1e-2);
