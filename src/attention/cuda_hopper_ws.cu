@@ -390,10 +390,11 @@ __device__ __forceinline__ void bwdStepWide(float (&dk)[32], float (&dv)[32], un
     }
   }
 #pragma unroll
-  for (int kk = 0; kk < 8; ++kk)
+  for (int kk = 0; kk < 8; ++kk) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) pa[kk][r] = packBf16(acc[8 * kk + 2 * r], acc[8 * kk + 2 * r + 1]);
-      // dP^T (64 keys x 128 queries) and dV += P^T dO (k = the queries, dO read transposed)
+  }
+  // dP^T (64 keys x 128 queries) and dV += P^T dO (k = the queries, dO read transposed)
 #pragma unroll
   for (int e = 0; e < 64; ++e) acc[e] = 0.0f;
   fenceRegs(acc);
@@ -420,9 +421,10 @@ __device__ __forceinline__ void bwdStepWide(float (&dk)[32], float (&dv)[32], un
     }
   }
 #pragma unroll
-  for (int kk = 0; kk < 8; ++kk)
+  for (int kk = 0; kk < 8; ++kk) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) da[kk][r] = packBf16(acc[8 * kk + 2 * r], acc[8 * kk + 2 * r + 1]);
+  }
   storeDsT<BM>(sdS, da, r0, t);
   // dK += dS^T Q (k = the queries, Q read transposed)
   fenceRegs(dk);
