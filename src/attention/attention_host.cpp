@@ -9,15 +9,7 @@
 #include <cstring>
 #include <limits>
 
-// Vector path, decided once: AVX-512 intrinsics, AVX2+FMA intrinsics, or plain GCC vectors.
-#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
-#define WLB_HOST_AVX2 1
-#else
-#define WLB_HOST_AVX2 0
-#endif
-#if defined(__AVX512F__) || WLB_HOST_AVX2
-#include <immintrin.h>
-#endif
+#include "attention/host_simd.hpp"
 
 // GCC 12 flags _mm512_undefined_ps inside the AVX-512 reduce intrinsics.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -25,131 +17,6 @@
 
 namespace wlb::attention::host {
 namespace {
-
-// ---- W-float vectors -------------------------------------------------------------------
-// One native register: 16 floats (zmm) with AVX-512, 8 (ymm) otherwise. A wider GCC vector
-// than the hardware has is split into pieces by the compiler and the register-blocked
-// micro-kernels then spill, so the width follows the target (-march=native).
-#if defined(__AVX512F__)
-#define WLB_VW 16
-#else
-#define WLB_VW 8
-#endif
-constexpr int W = WLB_VW;
-typedef float vf __attribute__((vector_size(4 * WLB_VW)));
-typedef float vfu __attribute__((vector_size(4 * WLB_VW), aligned(4), may_alias));
-typedef int vi __attribute__((vector_size(4 * WLB_VW)));
-
-#define WLB_AI inline __attribute__((always_inline))
-
-WLB_AI vf ld(const float* p) { return *reinterpret_cast<const vfu*>(p); }
-WLB_AI void st(float* p, vf x) { *reinterpret_cast<vfu*>(p) = x; }
-WLB_AI vf bc(float x) {
-  // an intrinsic, not vf{} + x: the add of +0.0 cannot be folded (it maps -0 to +0), and
-  // would put an extra add in front of every broadcast of the micro-kernels
-#if defined(__AVX512F__)
-  return _mm512_set1_ps(x);
-#elif WLB_HOST_AVX2
-  return _mm256_set1_ps(x);
-#else
-  vf r;
-  for (int i = 0; i < W; ++i) r[i] = x;
-  return r;
-#endif
-}
-WLB_AI vf fmadd(vf a, vf b, vf c) {
-#if defined(__AVX512F__)
-  return _mm512_fmadd_ps(a, b, c);
-#elif WLB_HOST_AVX2
-  return _mm256_fmadd_ps(a, b, c);
-#else
-  return a * b + c;
-#endif
-}
-WLB_AI vf vmax(vf a, vf b) {
-#if defined(__AVX512F__)
-  return _mm512_max_ps(a, b);
-#elif WLB_HOST_AVX2
-  return _mm256_max_ps(a, b);
-#else
-  return a > b ? a : b;
-#endif
-}
-WLB_AI float hmax(vf a) {
-#if defined(__AVX512F__)
-  return _mm512_reduce_max_ps(a);
-#else
-  float m = a[0];
-  for (int i = 1; i < W; ++i) m = a[i] > m ? a[i] : m;
-  return m;
-#endif
-}
-WLB_AI float hsum(vf a) {
-#if defined(__AVX512F__)
-  return _mm512_reduce_add_ps(a);
-#else
-  float s = 0.0f;
-  for (int i = 0; i < W; ++i) s += a[i];
-  return s;
-#endif
-}
-/// any lane of a > b
-WLB_AI bool anyGreater(vf a, float b) {
-#if defined(__AVX512F__)
-  return _mm512_cmp_ps_mask(a, _mm512_set1_ps(b), _CMP_GT_OQ) != 0;
-#elif WLB_HOST_AVX2
-  return _mm256_movemask_ps(_mm256_cmp_ps(a, _mm256_set1_ps(b), _CMP_GT_OQ)) != 0;
-#else
-  for (int i = 0; i < W; ++i)
-    if (a[i] > b) return true;
-  return false;
-#endif
-}
-WLB_AI vi iotaW() {
-  vi r;
-  for (int i = 0; i < W; ++i) r[i] = i;
-  return r;
-}
-WLB_AI vi bci(int x) { return vi{} + x; }
-
-/// 2^x for x <= ~0 (scores minus the running max); 0 for x < -126 and -inf; relative error
-/// < 2e-7 (degree-5 minimax polynomial of 2^f on f in [-0.5, 0.5], evaluated in float).
-WLB_AI vf exp2v(vf x) {
-  constexpr float c1 = 6.9314700365e-01f, c2 = 2.4022242427e-01f, c3 = 5.5507335812e-02f,
-                  c4 = 9.6715129912e-03f, c5 = 1.3264727313e-03f;
-#if defined(__AVX512F__)
-  x = _mm512_max_ps(x, _mm512_set1_ps(-200.0f));
-  const vf n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const vf f = x - n;
-  vf p = fmadd(bc(c5), f, bc(c4));
-  p = fmadd(p, f, bc(c3));
-  p = fmadd(p, f, bc(c2));
-  p = fmadd(p, f, bc(c1));
-  p = fmadd(p, f, bc(1.0f));
-  return _mm512_scalef_ps(p, n);
-#else
-  const vi under = x < bc(-126.0f);
-  x = under ? bc(-126.0f) : x;
-#if WLB_HOST_AVX2
-  const vf n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const vi ni = __builtin_convertvector(n, vi);
-#else
-  const vi ni = __builtin_convertvector(x + 128.5f, vi) - 128;  // floor(x + 0.5)
-  const vf n = __builtin_convertvector(ni, vf);
-#endif
-  const vf f = x - n;
-  vf p = fmadd(bc(c5), f, bc(c4));
-  p = fmadd(p, f, bc(c3));
-  p = fmadd(p, f, bc(c2));
-  p = fmadd(p, f, bc(c1));
-  p = fmadd(p, f, bc(1.0f));
-  vf sc;
-  const vi bits = (ni + 127) << 23;
-  std::memcpy(&sc, &bits, sizeof sc);
-  const vf r = p * sc;
-  return under ? vf{} : r;
-#endif
-}
 
 // ---- register-blocked GEMM micro-kernels ----------------------------------------------
 // C[M][N] (= or +=) A[M][K] * B[K][N]; row-major with leading dimensions; M % RB == 0 and

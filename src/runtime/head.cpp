@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "core/kokkos_compat.hpp"
+#include "runtime/host_kernels.hpp"
 #include "trace/recorder.hpp"
 
 namespace wlb::runtime {
@@ -67,6 +68,70 @@ void embedBackward(const LayerEnv& env, const Llama& model, const TokenRows& row
 
 namespace {
 
+/// Per row of logits lc: lossc = lse - the target's logit, and with dlc (not null) dL/dlogits
+/// = (softmax - one-hot) * scale; rows whose target is < 0 get 0 and a zero gradient. dlc may
+/// be lc itself (FP32 storage).
+template <class T>
+void crossEntropy(const Space& space, const Mat& lc, const MatT<T>& dlc, const IVec& tgt, const Vec& lossc,
+                  float scale) {
+  const std::int64_t m = static_cast<std::int64_t>(lc.extent(0)), V = static_cast<std::int64_t>(lc.extent(1));
+  const bool bwd = dlc.data() != nullptr;
+#if WLB_ATTN_HOST_SIMD
+  if constexpr (Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) {
+    // host: a row per work item, vectorised (host_kernels.hpp)
+    Kokkos::parallel_for("wlb::runtime::cross_entropy", Policy(space, 0, m), [=](const std::int64_t i) {
+      const int target = tgt(i);
+      T* dl = bwd ? &dlc(i, 0) : nullptr;
+      if (target < 0) {
+        lossc(i) = 0;
+        if (bwd) std::fill(dl, dl + V, attention::fromFloat<T>(0.0f));
+        return;
+      }
+      lossc(i) = simd::crossEntropyRow(&lc(i, 0), V, target, scale, dl);
+    });
+    return;
+  }
+#endif
+  // device: a team per row, reading the logits twice (memory-bound at a large vocabulary:
+  // every pass over them costs): once for the maximum and the sum of exponentials
+  // together (per thread online, then combined over the team), once, with backward, to
+  // write scale * dL/dlogits
+  Kokkos::parallel_for(
+      "wlb::runtime::cross_entropy", Team(space, m, Kokkos::AUTO), KOKKOS_LAMBDA(const Team::member_type& t) {
+        const std::int64_t i = t.league_rank();
+        const int target = tgt(i);
+        if (target < 0) {
+          Kokkos::single(Kokkos::PerTeam(t), [&]() { lossc(i) = 0; });
+          if (bwd)
+            Kokkos::parallel_for(Kokkos::TeamThreadRange(t, V),
+                                 [&](const std::int64_t j) { dlc(i, j) = attention::fromFloat<T>(0.0f); });
+          return;
+        }
+        float mk = Kokkos::reduction_identity<float>::max(), sk = 0;
+        for (std::int64_t j = t.team_rank(); j < V; j += t.team_size()) {
+          const float z = lc(i, j);
+          if (z > mk) {
+            sk = sk * kk::exp(mk - z) + 1.0f;
+            mk = z;
+          } else {
+            sk += kk::exp(z - mk);
+          }
+        }
+        float mx = mk;
+        t.team_reduce(Kokkos::Max<float>(mx));
+        float s = sk * kk::exp(mk - mx);
+        t.team_reduce(Kokkos::Sum<float>(s));
+        const float lse = mx + kk::log(s);
+        const float lt = lc(i, target);
+        t.team_barrier();  // every thread has read the logits before they may be overwritten
+        Kokkos::single(Kokkos::PerTeam(t), [&]() { lossc(i) = lse - lt; });
+        if (bwd)
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, V), [&](const std::int64_t j) {
+            dlc(i, j) = attention::fromFloat<T>((kk::exp(lc(i, j) - lse) - (j == target ? 1.0f : 0.0f)) * scale);
+          });
+      });
+}
+
 // The final norm's output and the head in storage T; logits, loss and gradients in FP32.
 template <class T>
 LossResult lossRows(const LayerEnv& env, const Llama& model, const TokenRows& rows, const Mat& x, bool backward,
@@ -110,45 +175,7 @@ LossResult lossRows(const LayerEnv& env, const Llama& model, const TokenRows& ro
     const auto tgt = Kokkos::subview(rows.targets, rr);
     rmsNorm<T>(space, xc, g, eps, xfc, rc);  // final norm
     layerGemm(env, "head.fwd", Trans::N, Trans::N, 1.0f, xfc, W, 0.0f, lc);
-    // cross-entropy per row, reading the logits twice (memory-bound at a large vocabulary:
-    // every pass over them costs): once for the maximum and the sum of exponentials
-    // together (per thread online, then combined over the team), once, with backward, to
-    // write scale * dL/dlogits
-    const bool bwd = backward;
-    Kokkos::parallel_for(
-        "wlb::runtime::cross_entropy", Team(space, m, Kokkos::AUTO), KOKKOS_LAMBDA(const Team::member_type& t) {
-          const std::int64_t i = t.league_rank();
-          const int target = tgt(i);
-          if (target < 0) {
-            Kokkos::single(Kokkos::PerTeam(t), [&]() { lossc(i) = 0; });
-            if (bwd)
-              Kokkos::parallel_for(Kokkos::TeamThreadRange(t, V),
-                                   [&](const std::int64_t j) { dlc(i, j) = attention::fromFloat<T>(0.0f); });
-            return;
-          }
-          float mk = Kokkos::reduction_identity<float>::max(), sk = 0;
-          for (std::int64_t j = t.team_rank(); j < V; j += t.team_size()) {
-            const float z = lc(i, j);
-            if (z > mk) {
-              sk = sk * kk::exp(mk - z) + 1.0f;
-              mk = z;
-            } else {
-              sk += kk::exp(z - mk);
-            }
-          }
-          float mx = mk;
-          t.team_reduce(Kokkos::Max<float>(mx));
-          float s = sk * kk::exp(mk - mx);
-          t.team_reduce(Kokkos::Sum<float>(s));
-          const float lse = mx + kk::log(s);
-          const float lt = lc(i, target);
-          t.team_barrier();  // every thread has read the logits before they may be overwritten
-          Kokkos::single(Kokkos::PerTeam(t), [&]() { lossc(i) = lse - lt; });
-          if (bwd)
-            Kokkos::parallel_for(Kokkos::TeamThreadRange(t, V), [&](const std::int64_t j) {
-              dlc(i, j) = attention::fromFloat<T>((kk::exp(lc(i, j) - lse) - (j == target ? 1.0f : 0.0f)) * scale);
-            });
-        });
+    crossEntropy<T>(space, lc, dlc, tgt, lossc, scale);
     if (!backward) continue;
     const Mat dxfc = Kokkos::subview(dxf, first, Kokkos::ALL), dxc = Kokkos::subview(out.dx, rr, Kokkos::ALL);
     layerGemm(env, "head.wgrad", Trans::T, Trans::N, 1.0f, xfc, dlc, 1.0f, dW);  // dHead += xf^T dlogits

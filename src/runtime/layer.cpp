@@ -11,6 +11,7 @@
 
 #include "core/error.hpp"
 #include "core/kokkos_compat.hpp"
+#include "runtime/host_kernels.hpp"
 #include "trace/recorder.hpp"
 
 namespace wlb::runtime {
@@ -318,6 +319,57 @@ LayerActsT<T> LayerActsT<T>::concat(const Space& space, const std::vector<const 
 template struct LayerActsT<float>;
 template struct LayerActsT<bf16>;
 
+// ---- SwiGLU ------------------------------------------------------------------------------
+// On a host space the vectorised bodies (host_kernels.hpp) run over chunks: the scalar
+// lambda's libm expf kept it from vectorising. Same labels either way.
+namespace {
+
+template <class T>
+void swigluForward(const Space& space, const MatT<T>& a1, const MatT<T>& a3, const MatT<T>& s) {
+  const std::int64_t n = static_cast<std::int64_t>(s.size());
+#if WLB_ATTN_HOST_SIMD
+  if constexpr (Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) {
+    const T *x1 = a1.data(), *x3 = a3.data();
+    T* y = s.data();
+    Kokkos::parallel_for(
+        "wlb::runtime::swiglu", Policy(space, 0, (n + simd::kChunk - 1) / simd::kChunk),
+        [=](const std::int64_t c) { simd::swiglu(x1, x3, y, c * simd::kChunk, std::min(n, (c + 1) * simd::kChunk)); });
+    return;
+  }
+#endif
+  Kokkos::parallel_for(
+      "wlb::runtime::swiglu", Policy(space, 0, n), KOKKOS_LAMBDA(const std::int64_t i) {
+        const float v = attention::toFloat(a1.data()[i]);
+        s.data()[i] = attention::fromFloat<T>(v * sigmoid(v) * attention::toFloat(a3.data()[i]));
+      });
+}
+
+/// da3 may be a3 (the backward writes d(a3) over a3, read for the last time).
+template <class T>
+void swigluBackward(const Space& space, const MatT<T>& a1, const MatT<T>& ds, const MatT<T>& da1, const MatT<T>& da3) {
+  const std::int64_t n = static_cast<std::int64_t>(ds.size());
+#if WLB_ATTN_HOST_SIMD
+  if constexpr (Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) {
+    const T *x1 = a1.data(), *d = ds.data();
+    T *y1 = da1.data(), *y3 = da3.data();
+    Kokkos::parallel_for(
+        "wlb::runtime::swiglu_bwd", Policy(space, 0, (n + simd::kChunk - 1) / simd::kChunk), [=](const std::int64_t c) {
+          simd::swigluBackward(x1, y3, d, y1, y3, c * simd::kChunk, std::min(n, (c + 1) * simd::kChunk));
+        });
+    return;
+  }
+#endif
+  Kokkos::parallel_for(
+      "wlb::runtime::swiglu_bwd", Policy(space, 0, n), KOKKOS_LAMBDA(const std::int64_t i) {
+        const float v = attention::toFloat(a1.data()[i]), sg = sigmoid(v), d = attention::toFloat(ds.data()[i]);
+        const float a3v = attention::toFloat(da3.data()[i]);
+        da1.data()[i] = attention::fromFloat<T>(d * a3v * sg * (1.0f + v * (1.0f - sg)));
+        da3.data()[i] = attention::fromFloat<T>(d * v * sg);
+      });
+}
+
+}  // namespace
+
 // ---- the parts around the attention ----------------------------------------------------
 // With BF16 storage the residual stream (x, h, y) and the gradients outside the MLP stay
 // FP32; what the GEMMs and the attention read is BF16 (norm outputs, Q/K/V/O, the MLP's
@@ -374,14 +426,8 @@ Mat outMlpForward(const LayerEnv& env, const LayerParamsT<T>& w, LayerActsT<T>& 
     a.s = newMatT<T>(env.pool, "wlb::runtime::s", n, ffn);
     layerGemm(env, "mlp.w1.fwd", Trans::N, Trans::N, 1.0f, a.hn, w.w1, 0.0f, a.a1);
     layerGemm(env, "mlp.w3.fwd", Trans::N, Trans::N, 1.0f, a.hn, w.w3, 0.0f, a.a3);
-    MatT<T> a1 = a.a1, a3 = a.a3, sv = a.s;
-    Kokkos::parallel_for(
-        "wlb::runtime::swiglu", Policy(space, 0, static_cast<std::int64_t>(sv.size())),
-        KOKKOS_LAMBDA(const std::int64_t i) {
-          const float v = attention::toFloat(a1.data()[i]);
-          sv.data()[i] = attention::fromFloat<T>(v * sigmoid(v) * attention::toFloat(a3.data()[i]));
-        });
-    layerGemm(env, "mlp.w2.fwd", Trans::N, Trans::N, 1.0f, sv, w.w2, 0.0f, y);
+    swigluForward(space, a.a1, a.a3, a.s);
+    layerGemm(env, "mlp.w2.fwd", Trans::N, Trans::N, 1.0f, a.s, w.w2, 0.0f, y);
   }
   tpAllreduce(env, y, false);
   {
@@ -412,15 +458,8 @@ Act3T<T> outMlpBackward(const LayerEnv& env, const LayerParamsT<T>& w, const Lay
     layerGemm(env, "mlp.w2.wgrad", Trans::T, Trans::N, 1.0f, a.s, dyt, 1.0f, g.w2);  // dW2 += s^T dy
     layerGemm(env, "mlp.w2.dgrad", Trans::N, Trans::T, 1.0f, dyt, w.w2, 0.0f, ds);   // ds = dy W2^T
     // s and a3 are read here for the last time: their storage takes d(a1) and d(a3)
-    MatT<T> a1 = a.a1, da3 = a.a3, da1 = a.s;
-    Kokkos::parallel_for(
-        "wlb::runtime::swiglu_bwd", Policy(space, 0, static_cast<std::int64_t>(ds.size())),
-        KOKKOS_LAMBDA(const std::int64_t i) {
-          const float v = attention::toFloat(a1.data()[i]), sg = sigmoid(v), d = attention::toFloat(ds.data()[i]);
-          const float a3v = attention::toFloat(da3.data()[i]);
-          da1.data()[i] = attention::fromFloat<T>(d * a3v * sg * (1.0f + v * (1.0f - sg)));
-          da3.data()[i] = attention::fromFloat<T>(d * v * sg);
-        });
+    MatT<T> da3 = a.a3, da1 = a.s;
+    swigluBackward(space, a.a1, ds, da1, da3);
     layerGemm(env, "mlp.w1.wgrad", Trans::T, Trans::N, 1.0f, a.hn, da1, 1.0f, g.w1);  // dW1 += hn^T da1
     layerGemm(env, "mlp.w3.wgrad", Trans::T, Trans::N, 1.0f, a.hn, da3, 1.0f, g.w3);  // dW3 += hn^T da3
     layerGemm(env, "mlp.w1.dgrad", Trans::N, Trans::T, 1.0f, da1, w.w1, 0.0f, dhn);   // dhn = da1 W1^T

@@ -1,7 +1,8 @@
 // wlb-timeout: 120
 // Runtime building blocks: the GEMM wrapper against a naive product, per-op linear FLOPs
-// against the cost model, layer-shape validation, and the transformer layer's backward
-// (RMSNorm, RoPE, GQA attention, SwiGLU) against finite differences (single rank, cp = 1).
+// against the cost model, layer-shape validation, the transformer layer's backward
+// (RMSNorm, RoPE, GQA attention, SwiGLU) against finite differences (single rank, cp = 1),
+// and the vectorised host SwiGLU against its scalar formula.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/bf16.hpp"
 #include "core/error.hpp"
 #include "core/types.hpp"
 #include "cp/shard_plan.hpp"
@@ -19,6 +21,7 @@
 #include "model/memory.hpp"
 #include "pp/schedule.hpp"
 #include "runtime/gemm.hpp"
+#include "runtime/host_kernels.hpp"
 #include "runtime/layer.hpp"
 #include "runtime/llama.hpp"
 #include "runtime/op_timer.hpp"
@@ -167,6 +170,104 @@ TEST(RuntimeGemm, Bf16OperandsMatchTheirFp32Products) {
   BMat bad("bad", 3, 3);
   EXPECT_THROW(gemm(space, Trans::N, Trans::N, 1, BMat("a", 2, 4), BMat("b", 3, 3), 0, bad), std::invalid_argument);
 }
+
+#if WLB_ATTN_HOST_SIMD
+// The vectorised host SwiGLU (host_kernels.hpp) against the scalar formula in double, FP32
+// and BF16 storage, every ragged length up to a few vectors and chunk boundaries inside the
+// array: each element the same whatever the range it was computed in, NaN kept, arguments
+// far into the saturated tails of the sigmoid, and the backward writing d(a3) over a3.
+TEST(RuntimeHostKernels, SwigluMatchesTheScalarFormula) {
+  namespace att = wlb::attention;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-12.0f, 12.0f);
+  const int n = 301;
+  std::vector<float> a1(n), a3(n), ds(n);
+  for (int i = 0; i < n; ++i) a1[i] = u(rng), a3[i] = u(rng) / 4, ds[i] = u(rng) / 8;
+  a1[0] = -100.0f, a1[1] = 100.0f, a1[2] = 0.0f, a1[3] = std::nanf("");
+  const auto sig = [](double v) { return 1.0 / (1.0 + std::exp(-v)); };
+  std::vector<float> s(n), whole(n);
+  simd::swiglu(a1.data(), a3.data(), whole.data(), 0, n);
+  for (int i = 0; i < n; ++i) {
+    if (i == 3) {
+      EXPECT_TRUE(std::isnan(whole[i]));
+      continue;
+    }
+    const double ref = a1[i] * sig(a1[i]) * a3[i];
+    EXPECT_NEAR(whole[i], ref, 4e-7 * std::abs(ref) + 1e-30) << "element " << i << " a1 " << a1[i];
+  }
+  for (int len = 1; len <= 40; ++len)  // ragged ends through the padded copy: the same bits
+    for (int b = 0; b + len <= n; b += 37) {
+      std::fill(s.begin(), s.end(), -1.0f);
+      simd::swiglu(a1.data(), a3.data(), s.data(), b, b + len);
+      for (int i = 0; i < n; ++i) {
+        if (i < b || i >= b + len) {
+          ASSERT_EQ(s[i], -1.0f) << "written outside [" << b << ", " << b + len << ")";
+        } else if (i != 3) {
+          ASSERT_EQ(s[i], whole[i]) << "element " << i << " of [" << b << ", " << b + len << ")";
+        }
+      }
+    }
+  // backward, d(a3) over a3
+  std::vector<float> da1(n), a3w = a3;
+  simd::swigluBackward(a1.data(), a3w.data(), ds.data(), da1.data(), a3w.data(), 0, n);
+  for (int i = 4; i < n; ++i) {
+    const double sg = sig(a1[i]), r1 = ds[i] * a3[i] * sg * (1.0 + a1[i] * (1.0 - sg)), r3 = ds[i] * a1[i] * sg;
+    // 1 + a1 (1 - sg) cancels near a1 = -1.28: the error scales with its terms, not its sum
+    const double scale1 = std::abs(ds[i] * a3[i] * sg) * (1.0 + std::abs(a1[i] * (1.0 - sg)));
+    EXPECT_NEAR(da1[i], r1, 1e-6 * scale1 + 1e-30) << "element " << i;
+    EXPECT_NEAR(a3w[i], r3, 1e-6 * std::abs(r3) + 1e-30) << "element " << i;
+  }
+  EXPECT_TRUE(std::isnan(da1[3]) && std::isnan(a3w[3]));
+  // BF16 storage: the float result rounded once (inputs exact in BF16)
+  std::vector<att::bf16> h1(n), h3(n), hs(n);
+  for (int i = 0; i < n; ++i) h1[i] = att::toBf16(a1[i]), h3[i] = att::toBf16(a3[i]);
+  std::vector<float> r1(n), r3(n), rs(n);
+  for (int i = 0; i < n; ++i) r1[i] = att::toFloat(h1[i]), r3[i] = att::toFloat(h3[i]);
+  simd::swiglu(r1.data(), r3.data(), rs.data(), 0, n);
+  simd::swiglu(h1.data(), h3.data(), hs.data(), 0, n);
+  for (int i = 0; i < n; ++i) {
+    if (i == 3) {
+      EXPECT_TRUE(std::isnan(att::toFloat(hs[i])));
+    } else {
+      EXPECT_EQ(hs[i].bits, att::toBf16(rs[i]).bits) << "element " << i;
+    }
+  }
+}
+
+// The vectorised host cross-entropy of one row against double: rows shorter than a vector,
+// ragged and whole, the target anywhere (first, last, in the ragged end), the gradient in
+// place over FP32 logits and in BF16, and the loss alone.
+TEST(RuntimeHostKernels, CrossEntropyRowMatchesDouble) {
+  namespace att = wlb::attention;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-30.0f, 30.0f);
+  for (std::int64_t V : {1, 3, 8, 9, 17, 256, 1001}) {
+    std::vector<float> z(V);
+    for (auto& x : z) x = u(rng);
+    for (std::int64_t target : {std::int64_t{0}, V / 2, V - 1}) {
+      double mx = -1e300, sum = 0;
+      for (float x : z) mx = std::max(mx, static_cast<double>(x));
+      for (float x : z) sum += std::exp(x - mx);
+      const double lse = mx + std::log(sum), scale = 0.25;
+      SCOPED_TRACE("V=" + std::to_string(V) + " target=" + std::to_string(target));
+      std::vector<float> zz = z;
+      EXPECT_NEAR(simd::crossEntropyRow<float>(zz.data(), V, target, 0.25f, nullptr), lse - z[target],
+                  1e-6 * std::abs(lse) + 1e-6);
+      EXPECT_EQ(zz, z);  // the loss alone writes nothing
+      std::vector<att::bf16> dl(V);
+      const float l2 = simd::crossEntropyRow(zz.data(), V, target, 0.25f, dl.data());
+      const float l1 = simd::crossEntropyRow(zz.data(), V, target, 0.25f, zz.data());  // in place
+      EXPECT_EQ(l1, l2);
+      for (std::int64_t j = 0; j < V; ++j) {
+        const double p = std::exp(z[j] - lse), g = (p - (j == target ? 1.0 : 0.0)) * scale;
+        // z - lse in float (a few ulp of |lse| in the exponent), then the float result rounded
+        EXPECT_NEAR(zz[j], g, 4e-7 * (std::abs(lse) + 1.0) * p * scale + 1.2e-7 * std::abs(g) + 1e-12) << "j=" << j;
+        EXPECT_EQ(dl[j].bits, att::toBf16(zz[j]).bits) << "j=" << j;
+      }
+    }
+  }
+}
+#endif
 
 TEST(RuntimeFlops, LinearOpsSumToCostModel) {
   for (int tp : {1, 2}) {
