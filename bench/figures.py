@@ -602,6 +602,31 @@ def rope_ab(root):
                                                              "qkv_proj").items()]
 
 
+@table("host-simd-kernels", "docs/performance.md", "bench/results/cpu/run_cp2_kernels_simd_old.log",
+       "bench/results/cpu/run_cp2_kernels_simd.log")
+def host_simd_kernels(root):
+    """--kernel-timing: the SwiGLU and cross-entropy kernels' calls, milliseconds per call and
+    share of the timed kernels, scalar (old) and vectorised (new) host bodies."""
+    bodies = [log_body(root / f"bench/results/cpu/{n}.log") for n in ("run_cp2_kernels_simd_old", "run_cp2_kernels_simd")]
+    rows = []
+    for k in ("swiglu", "swiglu_bwd", "cross_entropy"):
+        (c0, old, sh0), (_, new, sh1) = [
+            (int(f[1]), float(f[3]), float(f[4].rstrip("%")))
+            for f in (next(line.split() for line in b if line.split()[:1] == [f"wlb::runtime::{k}"]) for b in bodies)]
+        rows.append([(f"`{k}`",), ("{:d}", c0), ("{:.3f} ({:.1f}%)", old, sh0), ("{:.3f} ({:.1f}%)", new, sh1),
+                     ("{:.3f}", new / old)])
+    return rows
+
+
+@table("host-simd-ab", "docs/performance.md", "bench/results/cpu/host_simd_ab.log")
+def host_simd_ab(root):
+    """binary_ab.py --region mlp --region loss: both regions per step (old, new, new / old) and
+    the step's tokens/s new / old, per strategy."""
+    body = log_body(root / "bench/results/cpu/host_simd_ab.log")
+    mlp, loss = ab_region_cells(body, "mlp"), ab_region_cells(body, "loss")
+    return [[(st,)] + mlp[st][:3] + loss[st][:3] + mlp[st][3:] for st in mlp]
+
+
 @table("profile-fields-h100", "docs/performance.md", "inputs/profiles/h100-sxm.json",
        "inputs/profiles/h100-torch-measured.json")
 def profile_fields_h100(root):
