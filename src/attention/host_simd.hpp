@@ -43,9 +43,13 @@ namespace wlb::attention::host {
 #define WLB_VW 8
 #endif
 constexpr int W = WLB_VW;
+// typedefs, not aliases: GCC documents its vector, alignment and may_alias attributes on
+// typedef declarations
+// NOLINTBEGIN(modernize-use-using)
 typedef float vf __attribute__((vector_size(4 * WLB_VW)));
 typedef float vfu __attribute__((vector_size(4 * WLB_VW), aligned(4), may_alias));
 typedef int vi __attribute__((vector_size(4 * WLB_VW)));
+// NOLINTEND(modernize-use-using)
 
 #define WLB_AI inline __attribute__((always_inline))
 

@@ -16,9 +16,13 @@ namespace hs = attention::host;
 using hs::vf;
 using hs::vi;
 constexpr int W = hs::W;
+// typedefs, not aliases: GCC documents its vector, alignment and may_alias attributes on
+// typedef declarations
+// NOLINTBEGIN(modernize-use-using)
 typedef std::uint16_t vh __attribute__((vector_size(2 * WLB_VW)));
 typedef std::uint16_t vhu __attribute__((vector_size(2 * WLB_VW), aligned(2), may_alias));
 typedef std::uint32_t vu __attribute__((vector_size(4 * WLB_VW)));
+// NOLINTEND(modernize-use-using)
 
 // W values of the storage type, widened to float / rounded back (bf16.hpp's conversions:
 // round to nearest even, a NaN stays a quiet NaN).
