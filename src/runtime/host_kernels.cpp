@@ -132,6 +132,66 @@ float crossEntropyRow(const float* z, std::int64_t V, std::int64_t target, float
   return loss;
 }
 
+template <class T>
+float rmsNormRow(const float* x, const float* g, float eps, std::int64_t h, T* y) {
+  const std::int64_t full = h - h % W, m = h - full;
+  vf acc{};
+  for (std::int64_t j = 0; j < full; j += W) {
+    const vf v = hs::ld(x + j);
+    acc = hs::fmadd(v, v, acc);
+  }
+  float tx[W] = {}, tg[W] = {};  // the ragged end, zero-padded (adds nothing to the sum)
+  std::copy(x + full, x + h, tx);
+  std::copy(g + full, g + h, tg);
+  const vf vt = hs::ld(tx);
+  acc = hs::fmadd(vt, vt, acc);
+  const float r = 1.0f / std::sqrt(hs::hsum(acc) / static_cast<float>(h) + eps);
+  const vf vr = hs::bc(r);
+  for (std::int64_t j = 0; j < full; j += W) store(y + j, hs::ld(x + j) * vr * hs::ld(g + j));
+  if (m > 0) {
+    T out[W];
+    store(out, vt * vr * hs::ld(tg));
+    std::copy(out, out + m, y + full);
+  }
+  return r;
+}
+
+void rmsNormBackwardRow(const float* x, const float* g, const float* dy, float r, std::int64_t h, float* dx) {
+  const std::int64_t full = h - h % W, m = h - full;
+  const vf vr = hs::bc(r);
+  vf acc{};
+  for (std::int64_t j = 0; j < full; j += W) acc += hs::ld(g + j) * hs::ld(dy + j) * hs::ld(x + j) * vr;
+  float tx[W] = {}, tg[W] = {}, tdy[W] = {}, tdx[W] = {};  // the ragged end, zero-padded
+  std::copy(x + full, x + h, tx);
+  std::copy(g + full, g + h, tg);
+  std::copy(dy + full, dy + h, tdy);
+  std::copy(dx + full, dx + h, tdx);
+  acc += hs::ld(tg) * hs::ld(tdy) * hs::ld(tx) * vr;
+  const vf dot = hs::bc(hs::hsum(acc) / static_cast<float>(h));
+  const auto step = [&](const float* xj, const float* gj, const float* dyj, float* dxj) {
+    hs::st(dxj, hs::ld(dxj) + vr * (hs::ld(gj) * hs::ld(dyj) - hs::ld(xj) * vr * dot));
+  };
+  for (std::int64_t j = 0; j < full; j += W) step(x + j, g + j, dy + j, dx + j);
+  if (m > 0) {
+    step(tx, tg, tdy, tdx);
+    std::copy(tdx, tdx + m, dx + full);
+  }
+}
+
+void gainGradRows(const float* x, std::int64_t ldx, const float* dy, std::int64_t lddy, const float* rstd,
+                  std::int64_t i0, std::int64_t i1, std::int64_t h, float* part) {
+  const std::int64_t full = h - h % W;
+  std::fill(part, part + h, 0.0f);
+  for (std::int64_t i = i0; i < i1; ++i) {
+    const float* xi = x + i * ldx;
+    const float* dyi = dy + i * lddy;
+    const vf vr = hs::bc(rstd[i]);
+    for (std::int64_t j = 0; j < full; j += W)
+      hs::st(part + j, hs::ld(part + j) + hs::ld(dyi + j) * hs::ld(xi + j) * vr);
+    for (std::int64_t j = full; j < h; ++j) part[j] += dyi[j] * xi[j] * rstd[i];
+  }
+}
+
 template void swiglu<float>(const float*, const float*, float*, std::int64_t, std::int64_t);
 template void swiglu<attention::bf16>(const attention::bf16*, const attention::bf16*, attention::bf16*, std::int64_t,
                                       std::int64_t);
@@ -141,6 +201,8 @@ template void swigluBackward<attention::bf16>(const attention::bf16*, const atte
                                               attention::bf16*, attention::bf16*, std::int64_t, std::int64_t);
 template float crossEntropyRow<float>(const float*, std::int64_t, std::int64_t, float, float*);
 template float crossEntropyRow<attention::bf16>(const float*, std::int64_t, std::int64_t, float, attention::bf16*);
+template float rmsNormRow<float>(const float*, const float*, float, std::int64_t, float*);
+template float rmsNormRow<attention::bf16>(const float*, const float*, float, std::int64_t, attention::bf16*);
 
 }  // namespace wlb::runtime::simd
 

@@ -3,10 +3,11 @@
 /// \brief Internal: vectorised host (CPU) bodies of the executor's kernels whose scalar form
 /// calls libm's expf, which keeps the compiler from vectorising the loop (the SwiGLU forward
 /// and backward ran at about 5 ns per element on a 2-core AMD EPYC, all of it the
-/// exponential): the SwiGLU and the loss's cross-entropy. Each call covers elements [b, e) of contiguous arrays; the
-/// caller's labelled Kokkos kernel hands out chunks. Defined where WLB_ATTN_HOST_SIMD is 1 (GCC/Clang host compilers);
-/// elsewhere the Kokkos lambdas run. A ragged end runs as a whole vector on a padded copy, so an element's result never
-/// depends on where a chunk or the array ends.
+/// exponential): the SwiGLU and the loss's cross-entropy; and the RMSNorm's row kernels,
+/// whose float sums the compiler may not reorder into vector lanes by itself. Each call covers elements [b, e) of
+/// contiguous arrays; the caller's labelled Kokkos kernel hands out chunks. Defined where WLB_ATTN_HOST_SIMD is 1
+/// (GCC/Clang host compilers); elsewhere the Kokkos lambdas run. A ragged end runs as a whole vector on a padded copy,
+/// so an element's result never depends on where a chunk or the array ends.
 
 #include <cstdint>
 
@@ -35,5 +36,18 @@ void swigluBackward(const T* a1, const T* a3, const T* ds, T* da1, T* da3, std::
 /// one online pass at the price of two exponentials per element.
 template <class T>
 float crossEntropyRow(const float* z, std::int64_t V, std::int64_t target, float scale, T* dl);
+
+/// RMSNorm of one row of h values: returns rstd = 1 / sqrt(mean(x^2) + eps) and writes
+/// y = x rstd g in storage T.
+template <class T>
+float rmsNormRow(const float* x, const float* g, float eps, std::int64_t h, T* y);
+
+/// RMSNorm backward of one row (rstd r): dx += r (g dy - x r mean(g dy x r)).
+void rmsNormBackwardRow(const float* x, const float* g, const float* dy, float r, std::int64_t h, float* dx);
+
+/// An RMSNorm gain's gradient over rows [i0, i1) (row strides ldx, lddy): part[j] = sum of
+/// dy(i, j) x(i, j) rstd(i), rows in order; the columns run as vectors.
+void gainGradRows(const float* x, std::int64_t ldx, const float* dy, std::int64_t lddy, const float* rstd,
+                  std::int64_t i0, std::int64_t i1, std::int64_t h, float* part);
 
 }  // namespace wlb::runtime::simd

@@ -20,6 +20,10 @@ namespace {
 using Policy = Kokkos::RangePolicy<Space>;
 using Team = Kokkos::TeamPolicy<Space>;
 using Region = trace::PhaseScope;  // timed region, no-op without a recorder
+#if WLB_ATTN_HOST_SIMD
+// A host space: the kernels below run host_kernels.hpp's vectorised bodies there.
+constexpr bool kHost = Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible;
+#endif
 
 }  // namespace
 
@@ -112,14 +116,23 @@ void gainGrad(const Space& space, BufferPool* pool, const Mat& x, const Vec& rst
   if (n == 0) return;
   const std::int64_t R = kGainGradRows, B = (n + R - 1) / R;
   const Mat part = newMat(pool, "wlb::runtime::gain_grad_part", B, h);
-  Kokkos::parallel_for(
-      "wlb::runtime::rmsnorm_gain_part", Policy(space, 0, B * h), KOKKOS_LAMBDA(const std::int64_t idx) {
-        const std::int64_t b = idx / h, j = idx % h;
-        const std::int64_t i1 = kk::min(n, (b + 1) * R);
-        float s = 0;
-        for (std::int64_t i = b * R; i < i1; ++i) s += dy(i, j) * x(i, j) * rstd(i);
-        part(b, j) = s;
-      });
+#if WLB_ATTN_HOST_SIMD
+  if constexpr (kHost) {  // a block's rows in order, its columns as vectors
+    Kokkos::parallel_for("wlb::runtime::rmsnorm_gain_part", Policy(space, 0, B), [=](const std::int64_t b) {
+      simd::gainGradRows(x.data(), static_cast<std::int64_t>(x.stride(0)), dy.data(),
+                         static_cast<std::int64_t>(dy.stride(0)), rstd.data(), b * R, std::min(n, (b + 1) * R), h,
+                         &part(b, 0));
+    });
+  } else
+#endif
+    Kokkos::parallel_for(
+        "wlb::runtime::rmsnorm_gain_part", Policy(space, 0, B * h), KOKKOS_LAMBDA(const std::int64_t idx) {
+          const std::int64_t b = idx / h, j = idx % h;
+          const std::int64_t i1 = kk::min(n, (b + 1) * R);
+          float s = 0;
+          for (std::int64_t i = b * R; i < i1; ++i) s += dy(i, j) * x(i, j) * rstd(i);
+          part(b, j) = s;
+        });
   Kokkos::parallel_for(
       "wlb::runtime::rmsnorm_gain_sum", Policy(space, 0, h), KOKKOS_LAMBDA(const std::int64_t j) {
         float s = 0;
@@ -135,6 +148,14 @@ template <class T>
 void rmsNorm(const Space& space, const Mat& x, const Vec& g, float eps, const MatT<T>& y, const Vec& rstd) {
   const std::int64_t n = static_cast<std::int64_t>(x.extent(0)), h = static_cast<std::int64_t>(x.extent(1));
   if (n == 0) return;
+#if WLB_ATTN_HOST_SIMD
+  if constexpr (kHost) {  // a row per work item, its sum in vector lanes
+    Kokkos::parallel_for("wlb::runtime::rmsnorm_fwd", Policy(space, 0, n), [=](const std::int64_t i) {
+      rstd(i) = simd::rmsNormRow(&x(i, 0), g.data(), eps, h, &y(i, 0));
+    });
+    return;
+  }
+#endif
   Kokkos::parallel_for(
       "wlb::runtime::rmsnorm_fwd", Team(space, n, Kokkos::AUTO), KOKKOS_LAMBDA(const Team::member_type& t) {
         const std::int64_t i = t.league_rank();
@@ -155,6 +176,15 @@ void rmsNormBackward(const Space& space, BufferPool* pool, const Mat& x, const V
                      const Mat& dx, const Vec& dg) {
   const std::int64_t n = static_cast<std::int64_t>(x.extent(0)), h = static_cast<std::int64_t>(x.extent(1));
   if (n == 0) return;
+#if WLB_ATTN_HOST_SIMD
+  if constexpr (kHost) {
+    Kokkos::parallel_for("wlb::runtime::rmsnorm_bwd_x", Policy(space, 0, n), [=](const std::int64_t i) {
+      simd::rmsNormBackwardRow(&x(i, 0), g.data(), &dy(i, 0), rstd(i), h, &dx(i, 0));
+    });
+    gainGrad(space, pool, x, rstd, dy, dg);
+    return;
+  }
+#endif
   Kokkos::parallel_for(
       "wlb::runtime::rmsnorm_bwd_x", Team(space, n, Kokkos::AUTO), KOKKOS_LAMBDA(const Team::member_type& t) {
         const std::int64_t i = t.league_rank();
@@ -328,7 +358,7 @@ template <class T>
 void swigluForward(const Space& space, const MatT<T>& a1, const MatT<T>& a3, const MatT<T>& s) {
   const std::int64_t n = static_cast<std::int64_t>(s.size());
 #if WLB_ATTN_HOST_SIMD
-  if constexpr (Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) {
+  if constexpr (kHost) {
     const T *x1 = a1.data(), *x3 = a3.data();
     T* y = s.data();
     Kokkos::parallel_for(
@@ -349,7 +379,7 @@ template <class T>
 void swigluBackward(const Space& space, const MatT<T>& a1, const MatT<T>& ds, const MatT<T>& da1, const MatT<T>& da3) {
   const std::int64_t n = static_cast<std::int64_t>(ds.size());
 #if WLB_ATTN_HOST_SIMD
-  if constexpr (Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) {
+  if constexpr (kHost) {
     const T *x1 = a1.data(), *d = ds.data();
     T *y1 = da1.data(), *y3 = da3.data();
     Kokkos::parallel_for(

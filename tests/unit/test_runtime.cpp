@@ -2,7 +2,7 @@
 // Runtime building blocks: the GEMM wrapper against a naive product, per-op linear FLOPs
 // against the cost model, layer-shape validation, the transformer layer's backward
 // (RMSNorm, RoPE, GQA attention, SwiGLU) against finite differences (single rank, cp = 1),
-// and the vectorised host SwiGLU against its scalar formula.
+// and the vectorised host kernels (SwiGLU, cross-entropy, RMSNorm) against double.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -264,6 +264,61 @@ TEST(RuntimeHostKernels, CrossEntropyRowMatchesDouble) {
         EXPECT_NEAR(zz[j], g, 4e-7 * (std::abs(lse) + 1.0) * p * scale + 1.2e-7 * std::abs(g) + 1e-12) << "j=" << j;
         EXPECT_EQ(dl[j].bits, att::toBf16(zz[j]).bits) << "j=" << j;
       }
+    }
+  }
+}
+
+// The vectorised host RMSNorm rows against double: every row length class (shorter than a
+// vector, ragged, whole), the forward's rstd and output (FP32 and BF16), the backward adding
+// into dx, and the gain gradient over a block of rows.
+TEST(RuntimeHostKernels, RmsNormRowsMatchDouble) {
+  namespace att = wlb::attention;
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  const float eps = 1e-5f;
+  for (std::int64_t h : {1, 5, 8, 13, 16, 37, 256}) {
+    SCOPED_TRACE("h=" + std::to_string(h));
+    const std::int64_t rows = 5, ld = h + 3;  // padded row stride
+    std::vector<float> x(rows * ld), dy(rows * ld), g(h), rstd(rows);
+    for (auto& v : x) v = u(rng);
+    for (auto& v : dy) v = u(rng);
+    for (auto& v : g) v = u(rng);
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const float* xi = x.data() + i * ld;
+      double ss = 0;
+      for (std::int64_t j = 0; j < h; ++j) ss += static_cast<double>(xi[j]) * xi[j];
+      const double r = 1.0 / std::sqrt(ss / h + eps);
+      std::vector<float> y(h);
+      std::vector<att::bf16> yb(h);
+      rstd[i] = simd::rmsNormRow(xi, g.data(), eps, h, y.data());
+      EXPECT_EQ(simd::rmsNormRow(xi, g.data(), eps, h, yb.data()), rstd[i]);
+      EXPECT_NEAR(rstd[i], r, 1e-6 * r);
+      for (std::int64_t j = 0; j < h; ++j) {
+        EXPECT_NEAR(y[j], xi[j] * r * g[j], 1e-6 * std::abs(xi[j] * r * g[j]) + 1e-7) << "j=" << j;
+        EXPECT_EQ(yb[j].bits, att::toBf16(y[j]).bits) << "j=" << j;
+      }
+      // backward: dx += r (g dy - x r mean(g dy x r)), into a dx that already holds 1
+      const float* dyi = dy.data() + i * ld;
+      double dot = 0;
+      for (std::int64_t j = 0; j < h; ++j) dot += static_cast<double>(g[j]) * dyi[j] * xi[j] * rstd[i];
+      dot /= h;
+      std::vector<float> dx(h, 1.0f);
+      simd::rmsNormBackwardRow(xi, g.data(), dyi, rstd[i], h, dx.data());
+      for (std::int64_t j = 0; j < h; ++j) {
+        const double ref = 1.0 + rstd[i] * (g[j] * dyi[j] - xi[j] * rstd[i] * dot);
+        EXPECT_NEAR(dx[j], ref, 1e-5 * (1.0 + std::abs(ref))) << "j=" << j;
+      }
+    }
+    // gain gradient over rows [1, 4)
+    std::vector<float> part(h, -7.0f);
+    simd::gainGradRows(x.data(), ld, dy.data(), ld, rstd.data(), 1, 4, h, part.data());
+    for (std::int64_t j = 0; j < h; ++j) {
+      double ref = 0, mag = 0;
+      for (std::int64_t i = 1; i < 4; ++i) {
+        ref += static_cast<double>(dy[i * ld + j]) * x[i * ld + j] * rstd[i];
+        mag += std::abs(static_cast<double>(dy[i * ld + j]) * x[i * ld + j] * rstd[i]);
+      }
+      EXPECT_NEAR(part[j], ref, 1e-6 * mag + 1e-12) << "j=" << j;
     }
   }
 }
