@@ -602,20 +602,34 @@ def rope_ab(root):
                                                              "qkv_proj").items()]
 
 
-@table("host-simd-kernels", "docs/performance.md", "bench/results/cpu/run_cp2_kernels_simd_old.log",
-       "bench/results/cpu/run_cp2_kernels_simd.log")
-def host_simd_kernels(root):
-    """--kernel-timing: the SwiGLU and cross-entropy kernels' calls, milliseconds per call and
-    share of the timed kernels, scalar (old) and vectorised (new) host bodies."""
-    bodies = [log_body(root / f"bench/results/cpu/{n}.log") for n in ("run_cp2_kernels_simd_old", "run_cp2_kernels_simd")]
+def kernel_rows(root, old_log, new_log, kernels):
+    """--kernel-timing tables of two runs: per kernel its calls, milliseconds per call and
+    share of the timed kernels, old and new, and new / old."""
+    bodies = [log_body(root / f"bench/results/cpu/{n}.log") for n in (old_log, new_log)]
     rows = []
-    for k in ("swiglu", "swiglu_bwd", "cross_entropy"):
+    for k in kernels:
         (c0, old, sh0), (_, new, sh1) = [
             (int(f[1]), float(f[3]), float(f[4].rstrip("%")))
             for f in (next(line.split() for line in b if line.split()[:1] == [f"wlb::runtime::{k}"]) for b in bodies)]
         rows.append([(f"`{k}`",), ("{:d}", c0), ("{:.3f} ({:.1f}%)", old, sh0), ("{:.3f} ({:.1f}%)", new, sh1),
                      ("{:.3f}", new / old)])
     return rows
+
+
+@table("host-simd-kernels", "docs/performance.md", "bench/results/cpu/run_cp2_kernels_simd_old.log",
+       "bench/results/cpu/run_cp2_kernels_simd.log")
+def host_simd_kernels(root):
+    """--kernel-timing: the SwiGLU and cross-entropy kernels, scalar (old) and vectorised
+    (new) host bodies."""
+    return kernel_rows(root, "run_cp2_kernels_simd_old", "run_cp2_kernels_simd", ("swiglu", "swiglu_bwd", "cross_entropy"))
+
+
+@table("host-rmsnorm-kernels", "docs/performance.md", "bench/results/cpu/run_cp2_kernels_rmsnorm_old.log",
+       "bench/results/cpu/run_cp2_kernels_rmsnorm.log")
+def host_rmsnorm_kernels(root):
+    """--kernel-timing: the RMSNorm kernels, team (old) and vectorised (new) host bodies."""
+    return kernel_rows(root, "run_cp2_kernels_rmsnorm_old", "run_cp2_kernels_rmsnorm",
+                       ("rmsnorm_fwd", "rmsnorm_bwd_x", "rmsnorm_gain_part"))
 
 
 @table("host-simd-ab", "docs/performance.md", "bench/results/cpu/host_simd_ab.log")
@@ -625,6 +639,15 @@ def host_simd_ab(root):
     body = log_body(root / "bench/results/cpu/host_simd_ab.log")
     mlp, loss = ab_region_cells(body, "mlp"), ab_region_cells(body, "loss")
     return [[(st,)] + mlp[st][:3] + loss[st][:3] + mlp[st][3:] for st in mlp]
+
+
+@table("host-rmsnorm-ab", "docs/performance.md", "bench/results/cpu/host_rmsnorm_ab.log")
+def host_rmsnorm_ab(root):
+    """binary_ab.py --region qkv_proj --region mlp: both regions per step (old, new, new / old)
+    and the step's tokens/s new / old, per strategy."""
+    body = log_body(root / "bench/results/cpu/host_rmsnorm_ab.log")
+    qkv, mlp = ab_region_cells(body, "qkv_proj"), ab_region_cells(body, "mlp")
+    return [[(st,)] + qkv[st][:3] + mlp[st][:3] + qkv[st][3:] for st in qkv]
 
 
 @table("profile-fields-h100", "docs/performance.md", "inputs/profiles/h100-sxm.json",
