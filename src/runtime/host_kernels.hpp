@@ -2,7 +2,7 @@
 /// \file host_kernels.hpp
 /// \brief Internal: vectorised host (CPU) bodies of the executor's kernels whose scalar form
 /// calls libm's expf, which keeps the compiler from vectorising the loop (the SwiGLU forward
-/// and backward ran at about 5 ns per element on a 2-core AMD EPYC, all of it the
+/// and backward ran at 5-6 ns per element on a 2-core AMD EPYC, all of it the
 /// exponential): the SwiGLU and the loss's cross-entropy; and the RMSNorm's row kernels,
 /// whose float sums the compiler may not reorder into vector lanes by itself. Each call covers elements [b, e) of
 /// contiguous arrays; the caller's labelled Kokkos kernel hands out chunks. Defined where WLB_ATTN_HOST_SIMD is 1
