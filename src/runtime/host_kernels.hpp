@@ -1,13 +1,15 @@
 #pragma once
 /// \file host_kernels.hpp
-/// \brief Internal: vectorised host (CPU) bodies of the executor's kernels whose scalar form
-/// calls libm's expf, which keeps the compiler from vectorising the loop (the SwiGLU forward
-/// and backward ran at 5-6 ns per element on a 2-core AMD EPYC, all of it the
-/// exponential): the SwiGLU and the loss's cross-entropy; and the RMSNorm's row kernels,
-/// whose float sums the compiler may not reorder into vector lanes by itself. Each call covers elements [b, e) of
-/// contiguous arrays; the caller's labelled Kokkos kernel hands out chunks. Defined where WLB_ATTN_HOST_SIMD is 1
-/// (GCC/Clang host compilers); elsewhere the Kokkos lambdas run. A ragged end runs as a whole vector on a padded copy,
-/// so an element's result never depends on where a chunk or the array ends.
+/// \brief Internal: vectorised host (CPU) bodies of executor kernels the compiler left
+/// scalar. The SwiGLU and the loss's cross-entropy called libm's expf, which keeps a loop
+/// from vectorising (the SwiGLU forward and backward ran at 5-6 ns per element on a 2-core
+/// AMD EPYC, all of it the exponential); the RMSNorm summed each row as one float chain,
+/// which the compiler may not reorder into vector lanes by itself. The caller's labelled
+/// Kokkos kernel hands out the work: chunks of kChunk elements (SwiGLU), rows
+/// (cross-entropy, RMSNorm) or blocks of rows (the gain's gradient). Defined where
+/// WLB_ATTN_HOST_SIMD is 1 (GCC/Clang host compilers); elsewhere the Kokkos lambdas run.
+/// A ragged end runs as a whole vector on a padded copy, so an element's result never
+/// depends on where a chunk or the array ends.
 
 #include <cstdint>
 
