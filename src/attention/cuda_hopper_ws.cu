@@ -376,24 +376,8 @@ __device__ __forceinline__ void bwdStepWide(float (&dk)[32], float (&dv)[32], un
   wgmmaWait<0>();
   fenceRegs(acc);
   // P^T from the LSE, masked where the tile needs it, as BF16 A fragments
-#pragma unroll
-  for (int i = 0; i < BM / 8; ++i) {
-    const float2 l2 = *reinterpret_cast<const float2*>(L + 8 * i + 2 * t);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float pv = fastExp2(fmaf(acc[4 * i + e], sl2, -((e & 1) ? l2.y : l2.x)));
-      if (masked) {
-        const int key = key0 + (e < 2 ? 0 : 8), q = q0 + 8 * i + 2 * t + (e & 1);
-        if (key > q + off || q >= nq || key >= nk) pv = 0.0f;
-      }
-      acc[4 * i + e] = pv;
-    }
-  }
-#pragma unroll
-  for (int kk = 0; kk < 8; ++kk) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) pa[kk][r] = packBf16(acc[8 * kk + 2 * r], acc[8 * kk + 2 * r + 1]);
-  }
+  bwdP<BM>(acc, L, sl2, masked, key0, q0, t, off, nq, nk);
+  packP<true, BM>(pa, acc);
   // dP^T (64 keys x 128 queries) and dV += P^T dO (k = the queries, dO read transposed)
 #pragma unroll
   for (int e = 0; e < 64; ++e) acc[e] = 0.0f;
@@ -420,11 +404,7 @@ __device__ __forceinline__ void bwdStepWide(float (&dk)[32], float (&dv)[32], un
       acc[4 * i + e] = pv * (acc[4 * i + e] - ((e & 1) ? d2.y : d2.x));
     }
   }
-#pragma unroll
-  for (int kk = 0; kk < 8; ++kk) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) da[kk][r] = packBf16(acc[8 * kk + 2 * r], acc[8 * kk + 2 * r + 1]);
-  }
+  packP<true, BM>(da, acc);
   storeDsT<BM>(sdS, da, r0, t);
   // dK += dS^T Q (k = the queries, Q read transposed)
   fenceRegs(dk);

@@ -360,9 +360,35 @@ __device__ __forceinline__ void bwdScores(float (&sv)[32], float (&dp)[32], cons
   fenceRegs(dp);
 }
 
-/// P^T from the LSE (base 2, L[query]) into sv and dS^T = P^T (dP^T - delta) (Dl[query])
-/// into dp; with `masked` (diagonal or ragged tile), P = 0 past the causal limit, the
-/// piece's queries and its keys. The softmax scale is applied at the end.
+/// One element of P^T from its score: accumulator element 4i + e of a 64-key tile (key
+/// key0 + 8 (e / 2), query q0 + 8i + 2t + e % 2) against the LSE pair l2 (base 2) of its
+/// query pair; with `masked` (diagonal or ragged tile), 0 past the causal limit, the
+/// piece's queries and its keys.
+__device__ __forceinline__ float bwdPElem(float sv, float2 l2, int i, int e, float sl2, bool masked, int key0, int q0,
+                                          int t, int off, int nq, int nk) {
+  float pv = fastExp2(fmaf(sv, sl2, -((e & 1) ? l2.y : l2.x)));
+  if (masked) {
+    const int key = key0 + (e < 2 ? 0 : 8), q = q0 + 8 * i + 2 * t + (e & 1);
+    if (key > q + off || q >= nq || key >= nk) pv = 0.0f;
+  }
+  return pv;
+}
+
+/// P^T from the LSE (L[query], base 2) in place of S^T (64 keys x N queries).
+template <int N>
+__device__ __forceinline__ void bwdP(float (&sv)[N / 2], const float* L, float sl2, bool masked, int key0, int q0,
+                                     int t, int off, int nq, int nk) {
+#pragma unroll
+  for (int i = 0; i < N / 8; ++i) {
+    const float2 l2 = *reinterpret_cast<const float2*>(L + 8 * i + 2 * t);
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      sv[4 * i + e] = bwdPElem(sv[4 * i + e], l2, i, e, sl2, masked, key0, q0, t, off, nq, nk);
+  }
+}
+
+/// P^T into sv (as bwdP) and dS^T = P^T (dP^T - delta) (Dl[query]) into dp, in one pass.
+/// The softmax scale is applied at the end.
 __device__ __forceinline__ void bwdProbs(float (&sv)[32], float (&dp)[32], const float* L, const float* Dl, float sl2,
                                          bool masked, int key0, int q0, int t, int off, int nq, int nk) {
 #pragma unroll
@@ -371,11 +397,7 @@ __device__ __forceinline__ void bwdProbs(float (&sv)[32], float (&dp)[32], const
     const float2 d2 = *reinterpret_cast<const float2*>(Dl + 8 * i + 2 * t);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      float pv = fastExp2(fmaf(sv[4 * i + e], sl2, -((e & 1) ? l2.y : l2.x)));
-      if (masked) {
-        const int key = key0 + (e < 2 ? 0 : 8), q = q0 + 8 * i + 2 * t + (e & 1);
-        if (key > q + off || q >= nq || key >= nk) pv = 0.0f;
-      }
+      const float pv = bwdPElem(sv[4 * i + e], l2, i, e, sl2, masked, key0, q0, t, off, nq, nk);
       sv[4 * i + e] = pv;
       dp[4 * i + e] = pv * (dp[4 * i + e] - ((e & 1) ? d2.y : d2.x));
     }
@@ -388,6 +410,8 @@ template <int D>
 __device__ __forceinline__ void bwdDkDv(float (&dk)[D / 2], float (&dv)[D / 2], unsigned (&pa)[4][4],
                                         unsigned (&da)[4][4], const float (&sv)[32], const float (&dp)[32],
                                         const char* sQ, const char* sdO) {
+  // packP's layout, both fragments in one loop: packP twice perturbs ptxas's allocation
+  // (the warp-specialised D = 128 kernel then spills 4 bytes)
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk)
 #pragma unroll

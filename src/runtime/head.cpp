@@ -77,8 +77,7 @@ void crossEntropy(const Space& space, const Mat& lc, const MatT<T>& dlc, const I
   const std::int64_t m = static_cast<std::int64_t>(lc.extent(0)), V = static_cast<std::int64_t>(lc.extent(1));
   const bool bwd = dlc.data() != nullptr;
 #if WLB_ATTN_HOST_SIMD
-  if constexpr (Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) {
-    // host: a row per work item, vectorised (host_kernels.hpp)
+  if constexpr (simd::kOnHost) {  // a row per work item, vectorised (host_kernels.hpp)
     Kokkos::parallel_for("wlb::runtime::cross_entropy", Policy(space, 0, m), [=](const std::int64_t i) {
       const int target = tgt(i);
       T* dl = bwd ? &dlc(i, 0) : nullptr;

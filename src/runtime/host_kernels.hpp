@@ -18,6 +18,12 @@
 
 namespace wlb::runtime::simd {
 
+#if WLB_ATTN_HOST_SIMD
+/// The executor's space (Kokkos' default) runs on the host: its kernels take these bodies.
+inline constexpr bool kOnHost =
+    Kokkos::SpaceAccessibility<Kokkos::DefaultExecutionSpace, Kokkos::HostSpace>::accessible;
+#endif
+
 /// Elements per work item of the chunked host kernels (a multiple of every vector width).
 inline constexpr std::int64_t kChunk = 4096;
 

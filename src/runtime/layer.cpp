@@ -20,10 +20,6 @@ namespace {
 using Policy = Kokkos::RangePolicy<Space>;
 using Team = Kokkos::TeamPolicy<Space>;
 using Region = trace::PhaseScope;  // timed region, no-op without a recorder
-#if WLB_ATTN_HOST_SIMD
-// A host space: the kernels below run host_kernels.hpp's vectorised bodies there.
-constexpr bool kHost = Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible;
-#endif
 
 }  // namespace
 
@@ -117,7 +113,7 @@ void gainGrad(const Space& space, BufferPool* pool, const Mat& x, const Vec& rst
   const std::int64_t R = kGainGradRows, B = (n + R - 1) / R;
   const Mat part = newMat(pool, "wlb::runtime::gain_grad_part", B, h);
 #if WLB_ATTN_HOST_SIMD
-  if constexpr (kHost) {  // a block's rows in order, its columns as vectors
+  if constexpr (simd::kOnHost) {  // a block's rows in order, its columns as vectors
     Kokkos::parallel_for("wlb::runtime::rmsnorm_gain_part", Policy(space, 0, B), [=](const std::int64_t b) {
       simd::gainGradRows(x.data(), static_cast<std::int64_t>(x.stride(0)), dy.data(),
                          static_cast<std::int64_t>(dy.stride(0)), rstd.data(), b * R, std::min(n, (b + 1) * R), h,
@@ -149,7 +145,7 @@ void rmsNorm(const Space& space, const Mat& x, const Vec& g, float eps, const Ma
   const std::int64_t n = static_cast<std::int64_t>(x.extent(0)), h = static_cast<std::int64_t>(x.extent(1));
   if (n == 0) return;
 #if WLB_ATTN_HOST_SIMD
-  if constexpr (kHost) {  // a row per work item, its sum in vector lanes
+  if constexpr (simd::kOnHost) {  // a row per work item, its sum in vector lanes
     Kokkos::parallel_for("wlb::runtime::rmsnorm_fwd", Policy(space, 0, n), [=](const std::int64_t i) {
       rstd(i) = simd::rmsNormRow(&x(i, 0), g.data(), eps, h, &y(i, 0));
     });
@@ -177,26 +173,24 @@ void rmsNormBackward(const Space& space, BufferPool* pool, const Mat& x, const V
   const std::int64_t n = static_cast<std::int64_t>(x.extent(0)), h = static_cast<std::int64_t>(x.extent(1));
   if (n == 0) return;
 #if WLB_ATTN_HOST_SIMD
-  if constexpr (kHost) {
+  if constexpr (simd::kOnHost) {
     Kokkos::parallel_for("wlb::runtime::rmsnorm_bwd_x", Policy(space, 0, n), [=](const std::int64_t i) {
       simd::rmsNormBackwardRow(&x(i, 0), g.data(), &dy(i, 0), rstd(i), h, &dx(i, 0));
     });
-    gainGrad(space, pool, x, rstd, dy, dg);
-    return;
-  }
+  } else
 #endif
-  Kokkos::parallel_for(
-      "wlb::runtime::rmsnorm_bwd_x", Team(space, n, Kokkos::AUTO), KOKKOS_LAMBDA(const Team::member_type& t) {
-        const std::int64_t i = t.league_rank();
-        const float r = rstd(i);
-        float dot = 0;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(t, h),
-            [&](const std::int64_t j, float& acc) { acc += g(j) * dy(i, j) * x(i, j) * r; }, dot);
-        dot /= static_cast<float>(h);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(t, h),
-                             [&](const std::int64_t j) { dx(i, j) += r * (g(j) * dy(i, j) - x(i, j) * r * dot); });
-      });
+    Kokkos::parallel_for(
+        "wlb::runtime::rmsnorm_bwd_x", Team(space, n, Kokkos::AUTO), KOKKOS_LAMBDA(const Team::member_type& t) {
+          const std::int64_t i = t.league_rank();
+          const float r = rstd(i);
+          float dot = 0;
+          Kokkos::parallel_reduce(
+              Kokkos::TeamThreadRange(t, h),
+              [&](const std::int64_t j, float& acc) { acc += g(j) * dy(i, j) * x(i, j) * r; }, dot);
+          dot /= static_cast<float>(h);
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, h),
+                               [&](const std::int64_t j) { dx(i, j) += r * (g(j) * dy(i, j) - x(i, j) * r * dot); });
+        });
   gainGrad(space, pool, x, rstd, dy, dg);
 }
 
@@ -354,16 +348,24 @@ template struct LayerActsT<bf16>;
 // lambda's libm expf kept it from vectorising. Same labels either way.
 namespace {
 
+#if WLB_ATTN_HOST_SIMD
+/// body(b, e) over [0, n) in chunks of simd::kChunk elements, a chunk per work item.
+template <class Body>
+void hostChunks(const Space& space, const char* label, std::int64_t n, Body body) {
+  Kokkos::parallel_for(label, Policy(space, 0, (n + simd::kChunk - 1) / simd::kChunk),
+                       [=](const std::int64_t c) { body(c * simd::kChunk, std::min(n, (c + 1) * simd::kChunk)); });
+}
+#endif
+
 template <class T>
 void swigluForward(const Space& space, const MatT<T>& a1, const MatT<T>& a3, const MatT<T>& s) {
   const std::int64_t n = static_cast<std::int64_t>(s.size());
 #if WLB_ATTN_HOST_SIMD
-  if constexpr (kHost) {
+  if constexpr (simd::kOnHost) {
     const T *x1 = a1.data(), *x3 = a3.data();
     T* y = s.data();
-    Kokkos::parallel_for(
-        "wlb::runtime::swiglu", Policy(space, 0, (n + simd::kChunk - 1) / simd::kChunk),
-        [=](const std::int64_t c) { simd::swiglu(x1, x3, y, c * simd::kChunk, std::min(n, (c + 1) * simd::kChunk)); });
+    hostChunks(space, "wlb::runtime::swiglu", n,
+               [=](std::int64_t b, std::int64_t e) { simd::swiglu(x1, x3, y, b, e); });
     return;
   }
 #endif
@@ -379,13 +381,11 @@ template <class T>
 void swigluBackward(const Space& space, const MatT<T>& a1, const MatT<T>& ds, const MatT<T>& da1, const MatT<T>& da3) {
   const std::int64_t n = static_cast<std::int64_t>(ds.size());
 #if WLB_ATTN_HOST_SIMD
-  if constexpr (kHost) {
+  if constexpr (simd::kOnHost) {
     const T *x1 = a1.data(), *d = ds.data();
     T *y1 = da1.data(), *y3 = da3.data();
-    Kokkos::parallel_for(
-        "wlb::runtime::swiglu_bwd", Policy(space, 0, (n + simd::kChunk - 1) / simd::kChunk), [=](const std::int64_t c) {
-          simd::swigluBackward(x1, y3, d, y1, y3, c * simd::kChunk, std::min(n, (c + 1) * simd::kChunk));
-        });
+    hostChunks(space, "wlb::runtime::swiglu_bwd", n,
+               [=](std::int64_t b, std::int64_t e) { simd::swigluBackward(x1, y3, d, y1, y3, b, e); });
     return;
   }
 #endif
