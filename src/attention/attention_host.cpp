@@ -156,17 +156,27 @@ float* workspace(int slot, std::size_t floats) {
   return w.slot[slot].get(floats == 0 ? 16 : floats);
 }
 
+namespace {
+
+/// dst[c * ldd + r] = s * src[r * lds + c] for c < C, r < T: a tile of n <= T rows of C
+/// floats transposed to C rows of T, zero past row n (C and T multiples of 8).
+void packTile(const float* src, std::int64_t lds, std::int64_t n, int C, float* dst, std::int64_t T, float s) {
+  for (std::int64_t r0 = 0; r0 < T; r0 += 8) {
+    const std::int64_t nr = std::clamp<std::int64_t>(n - r0, 0, 8);
+    for (int c0 = 0; c0 < C; c0 += 8)
+      packTransposed8(nr > 0 ? src + r0 * lds + c0 : src, lds, nr, dst + static_cast<std::int64_t>(c0) * T + r0, T, s);
+  }
+}
+
+}  // namespace
+
 void packKeyTile(const Args& a, std::int64_t piece, std::int64_t kt, int hk) {
   const PieceRange& pr = a.pieces[piece];
   const int D = a.head_dim, TK = a.tile_k;
   float* dst = a.KT + ((static_cast<std::int64_t>(hk) * a.nkblk + a.kb_off[piece] + kt) * D) * TK;
   const std::int64_t k0 = kt * TK, cnt = std::min<std::int64_t>(TK, pr.nk() - k0);
   const float* src = a.k + (pr.k_begin + k0) * a.k_s0 + static_cast<std::int64_t>(hk) * D;
-  for (int d = 0; d < D; ++d) {
-    float* row = dst + static_cast<std::int64_t>(d) * TK;
-    for (std::int64_t j = 0; j < cnt; ++j) row[j] = src[j * a.k_s0 + d];
-    for (std::int64_t j = cnt; j < TK; ++j) row[j] = 0.0f;
-  }
+  packTile(src, a.k_s0, cnt, D, dst, TK, 1.0f);
 }
 
 void forwardTile(const Args& a, std::int64_t piece, std::int64_t qg, int h) {
@@ -310,22 +320,10 @@ void packQueryTile(const Args& a, std::int64_t piece, std::int64_t qt, int h) {
       lse2[r] = 0.0f;
     }
   }
-  // transposes: d outer so the stores run along contiguous rows of the blocks
   const float* qb = a.q + (pr.q_begin + q0) * a.q_s0 + static_cast<std::int64_t>(h) * D;
   const float* db = a.dO + (pr.q_begin + q0) * a.dO_s0 + static_cast<std::int64_t>(h) * D;
-  const float sc2 = a.scale2;
-  for (int d = 0; d < D; ++d) {
-    float* qrow = qt_ + static_cast<std::int64_t>(d) * TQ;
-    float* drow = dot + static_cast<std::int64_t>(d) * TQ;
-    for (std::int64_t r = 0; r < rows; ++r) {
-      qrow[r] = qb[r * a.q_s0 + d] * sc2;
-      drow[r] = db[r * a.dO_s0 + d];
-    }
-    for (std::int64_t r = rows; r < TQ; ++r) {
-      qrow[r] = 0.0f;
-      drow[r] = 0.0f;
-    }
-  }
+  packTile(qb, a.q_s0, rows, D, qt_, TQ, a.scale2);
+  packTile(db, a.dO_s0, rows, D, dot, TQ, 1.0f);
 }
 
 void backwardKvHead(const Args& a, int hk) {
@@ -452,10 +450,11 @@ void unpackDq(const Args& a, std::int64_t piece, std::int64_t qt, int h) {
   const std::int64_t q0 = qt * TQ, rows = std::min<std::int64_t>(TQ, pr.nq() - q0);
   const std::int64_t blk = static_cast<std::int64_t>(h) * a.nqblk + a.qb_off[piece] + qt;
   const float* src = a.dQT + blk * D * TQ;
-  for (std::int64_t r = 0; r < rows; ++r) {
-    float* dst = a.dq + (pr.q_begin + q0 + r) * a.dq_s0 + static_cast<std::int64_t>(h) * D;
-    for (int d = 0; d < D; ++d) dst[d] += a.scale * src[static_cast<std::int64_t>(d) * TQ + r];
-  }
+  float* dst = a.dq + (pr.q_begin + q0) * a.dq_s0 + static_cast<std::int64_t>(h) * D;
+  for (std::int64_t r0 = 0; r0 < rows; r0 += 8)
+    for (int d0 = 0; d0 < D; d0 += 8)
+      addTransposed8(src + d0 * TQ + r0, TQ, dst + r0 * a.dq_s0 + d0, a.dq_s0, std::min<std::int64_t>(8, rows - r0),
+                     a.scale);
 }
 
 }  // namespace wlb::attention::host

@@ -36,6 +36,16 @@ Mat embedRows(const LayerEnv& env, const Llama& model, const TokenRows& rows) {
   Region r(env.recorder, trace::labels::kEmbed, space, trace::Phase::Fwd);
   const MatT<T> E = model.embedWorking<T>();
   const IVec tok = rows.tokens;
+#if WLB_ATTN_HOST_SIMD
+  if constexpr (simd::kOnHost) {  // a row per work item: no division per element
+    Kokkos::parallel_for("wlb::runtime::embed", Policy(space, 0, n), [=](const std::int64_t i) {
+      const T* e = &E(tok(i), 0);
+      float* y = &x(i, 0);
+      for (std::int64_t j = 0; j < h; ++j) y[j] = attention::toFloat(e[j]);
+    });
+    return x;
+  }
+#endif
   Kokkos::parallel_for(
       "wlb::runtime::embed", Policy(space, 0, n * h),
       KOKKOS_LAMBDA(const std::int64_t i) { x(i / h, i % h) = attention::toFloat(E(tok(i / h), i % h)); });
@@ -57,6 +67,16 @@ void embedBackward(const LayerEnv& env, const Llama& model, const TokenRows& row
   // deterministic without atomics (each token's row of dE has one writer)
   const IVec by = rows.by_token, begin = rows.token_begin, uniq = rows.unique_tokens;
   const std::int64_t U = static_cast<std::int64_t>(uniq.extent(0));
+#if WLB_ATTN_HOST_SIMD
+  if constexpr (simd::kOnHost) {  // a distinct token per work item, its rows streamed in order
+    const float* x = dx.data();
+    const std::int64_t ld = static_cast<std::int64_t>(dx.stride(0));
+    Kokkos::parallel_for("wlb::runtime::embed_bwd", Policy(space, 0, U), [=](const std::int64_t u) {
+      simd::sumRowsInto(x, ld, by.data(), begin(u), begin(u + 1), h, &dE(uniq(u), 0));
+    });
+    return;
+  }
+#endif
   Kokkos::parallel_for(
       "wlb::runtime::embed_bwd", Policy(space, 0, U * h), KOKKOS_LAMBDA(const std::int64_t idx) {
         const std::int64_t u = idx / h, j = idx % h;

@@ -192,6 +192,32 @@ void gainGradRows(const float* x, std::int64_t ldx, const float* dy, std::int64_
   }
 }
 
+void sumRowsInto(const float* x, std::int64_t ldx, const std::int32_t* rows, std::int64_t b, std::int64_t e,
+                 std::int64_t h, float* out) {
+  constexpr int kAcc = 8;  // independent accumulators: loads, not the add latency, set the pace
+  std::int64_t j = 0;
+  for (; j + kAcc * W <= h; j += kAcc * W) {
+    vf acc[kAcc] = {};
+    for (std::int64_t k = b; k < e; ++k) {
+      const float* r = x + rows[k] * ldx + j;
+#pragma GCC unroll 8
+      for (int a = 0; a < kAcc; ++a) acc[a] += hs::ld(r + a * W);
+    }
+#pragma GCC unroll 8
+    for (int a = 0; a < kAcc; ++a) hs::st(out + j + a * W, hs::ld(out + j + a * W) + acc[a]);
+  }
+  for (; j + W <= h; j += W) {
+    vf acc{};
+    for (std::int64_t k = b; k < e; ++k) acc += hs::ld(x + rows[k] * ldx + j);
+    hs::st(out + j, hs::ld(out + j) + acc);
+  }
+  for (; j < h; ++j) {
+    float acc = 0.0f;
+    for (std::int64_t k = b; k < e; ++k) acc += x[rows[k] * ldx + j];
+    out[j] += acc;
+  }
+}
+
 template void swiglu<float>(const float*, const float*, float*, std::int64_t, std::int64_t);
 template void swiglu<attention::bf16>(const attention::bf16*, const attention::bf16*, attention::bf16*, std::int64_t,
                                       std::int64_t);

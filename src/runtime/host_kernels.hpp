@@ -53,6 +53,12 @@ float rmsNormRow(const float* x, const float* g, float eps, std::int64_t h, T* y
 /// RMSNorm backward of one row (rstd r): dx += r (g dy - x r mean(g dy x r)).
 void rmsNormBackwardRow(const float* x, const float* g, const float* dy, float r, std::int64_t h, float* dx);
 
+/// out[j] += the sum of x(rows[k], j) over k in [b, e), formed from 0 in the order of k and
+/// then added (what the device kernel of the embedding's gradient computes, bit for bit);
+/// the columns run as vectors, blocks of them held in registers while the rows stream by.
+void sumRowsInto(const float* x, std::int64_t ldx, const std::int32_t* rows, std::int64_t b, std::int64_t e,
+                 std::int64_t h, float* out);
+
 /// An RMSNorm gain's gradient over rows [i0, i1) (row strides ldx, lddy): part[j] = sum of
 /// dy(i, j) x(i, j) rstd(i), rows in order; the columns run as vectors.
 void gainGradRows(const float* x, std::int64_t ldx, const float* dy, std::int64_t lddy, const float* rstd,

@@ -7,6 +7,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -39,13 +40,12 @@ KOKKOS_INLINE_FUNCTION void moveElement(E& d, const E& s, bool add) {
   }
 }
 
-/// dst row dmap[i] (or i) = / += src row smap[i] (or i), for i < n; an empty map is the
-/// identity. (The constexpr-if lives in moveElement: nvcc's extended lambdas may not first
-/// capture a variable inside one.)
+/// Device spaces: a work item per element, so a warp's accesses coalesce along a row. (The
+/// constexpr-if lives in moveElement: nvcc's extended lambdas may not first capture a
+/// variable inside one.)
 template <class E>
-void moveRows(const Space& space, E* dst, const IdxView& dmap, const E* src, const IdxView& smap, std::int64_t n,
-              std::int64_t width, bool add) {
-  if (n == 0 || width == 0) return;
+void moveRowsByElement(const Space& space, E* dst, const IdxView& dmap, const E* src, const IdxView& smap,
+                       std::int64_t n, std::int64_t width, bool add) {
   const bool hd = dmap.extent(0) > 0, hs = smap.extent(0) > 0;
   Kokkos::parallel_for(
       "wlb::runtime::move_rows", Kokkos::RangePolicy<Space>(space, 0, n * width), KOKKOS_LAMBDA(const std::int64_t e) {
@@ -53,6 +53,37 @@ void moveRows(const Space& space, E* dst, const IdxView& dmap, const E* src, con
         const std::int64_t d = (hd ? dmap(i) : i) * width + c, s = (hs ? smap(i) : i) * width + c;
         moveElement(dst[d], src[s], add);
       });
+}
+
+/// Host spaces: a work item per row, copied or added along it (no division per element, and
+/// the inner loop vectorises).
+template <class E>
+void moveRowsByRow(const Space& space, E* dst, const IdxView& dmap, const E* src, const IdxView& smap, std::int64_t n,
+                   std::int64_t width, bool add) {
+  const bool hd = dmap.extent(0) > 0, hs = smap.extent(0) > 0;
+  Kokkos::parallel_for("wlb::runtime::move_rows", Kokkos::RangePolicy<Space>(space, 0, n), [=](const std::int64_t i) {
+    E* d = dst + (hd ? dmap(i) : i) * width;
+    const E* s = src + (hs ? smap(i) : i) * width;
+    if constexpr (std::is_same_v<E, float>) {
+      if (add) {
+        for (std::int64_t c = 0; c < width; ++c) d[c] += s[c];
+        return;
+      }
+    }
+    std::copy(s, s + width, d);
+  });
+}
+
+/// dst row dmap[i] (or i) = / += src row smap[i] (or i), for i < n; an empty map is the
+/// identity.
+template <class E>
+void moveRows(const Space& space, E* dst, const IdxView& dmap, const E* src, const IdxView& smap, std::int64_t n,
+              std::int64_t width, bool add) {
+  if (n == 0 || width == 0) return;
+  if constexpr (Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible)
+    moveRowsByRow(space, dst, dmap, src, smap, n, width, add);
+  else
+    moveRowsByElement(space, dst, dmap, src, smap, n, width, add);
 }
 
 // GroupComm moves floats: BF16 rows travel as pairs in 32-bit words (bit-exact; the row

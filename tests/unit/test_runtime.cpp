@@ -322,6 +322,31 @@ TEST(RuntimeHostKernels, RmsNormRowsMatchDouble) {
     }
   }
 }
+
+// The embedding gradient's host body: each column's rows summed from 0 in the order given and
+// then added, the same bits as the device kernel's loop, for widths with and without a
+// ragged tail of the vector blocks, repeated and unsorted rows and an empty row range.
+TEST(RuntimeHostKernels, SumRowsIsTheOrderedSum) {
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  const std::int64_t ld = 300, nrows = 40;
+  std::vector<float> x(nrows * ld);
+  for (auto& v : x) v = u(rng);
+  const std::vector<std::int32_t> rows = {7, 3, 3, 39, 0, 12, 25, 7, 18, 31, 2};
+  for (std::int64_t h : {1, 5, 8, 37, 64, 129, 256, 300})
+    for (std::int64_t b : {0, 4})
+      for (std::int64_t e : {b, b + 1, static_cast<std::int64_t>(rows.size())}) {
+        std::vector<float> out(h), ref(h);
+        for (std::int64_t j = 0; j < h; ++j) out[j] = ref[j] = u(rng);
+        simd::sumRowsInto(x.data(), ld, rows.data(), b, e, h, out.data());
+        for (std::int64_t j = 0; j < h; ++j) {
+          float acc = 0.0f;
+          for (std::int64_t k = b; k < e; ++k) acc += x[rows[k] * ld + j];
+          ref[j] += acc;
+        }
+        EXPECT_EQ(out, ref) << "h=" << h << " rows [" << b << ", " << e << ")";
+      }
+}
 #endif
 
 TEST(RuntimeFlops, LinearOpsSumToCostModel) {
