@@ -608,9 +608,10 @@ def kernel_rows(root, old_log, new_log, kernels):
     bodies = [log_body(root / f"bench/results/cpu/{n}.log") for n in (old_log, new_log)]
     rows = []
     for k in kernels:
+        label = k if "::" in k else f"wlb::runtime::{k}"  # the executor's kernels by their short name
         (c0, old, sh0), (_, new, sh1) = [
             (int(f[1]), float(f[3]), float(f[4].rstrip("%")))
-            for f in (next(line.split() for line in b if line.split()[:1] == [f"wlb::runtime::{k}"]) for b in bodies)]
+            for f in (next(line.split() for line in b if line.split()[:1] == [label]) for b in bodies)]
         rows.append([(f"`{k}`",), ("{:d}", c0), ("{:.3f} ({:.1f}%)", old, sh0), ("{:.3f} ({:.1f}%)", new, sh1),
                      ("{:.3f}", new / old)])
     return rows
@@ -632,6 +633,16 @@ def host_rmsnorm_kernels(root):
                        ("rmsnorm_fwd", "rmsnorm_bwd_x", "rmsnorm_gain_part"))
 
 
+@table("host-rows-kernels", "docs/performance.md", "bench/results/cpu/run_cp2_kernels_rows_old.log",
+       "bench/results/cpu/run_cp2_kernels_rows.log")
+def host_rows_kernels(root):
+    """--kernel-timing: the row moves, the embedding and the attention's tile packers, before
+    and after they walk rows and transpose in registers."""
+    return kernel_rows(root, "run_cp2_kernels_rows_old", "run_cp2_kernels_rows",
+                       ("move_rows", "embed", "embed_bwd", "wlb::attention::pack_k", "wlb::attention::bwd::pack_q",
+                        "wlb::attention::bwd::unpack_dq"))
+
+
 @table("host-simd-ab", "docs/performance.md", "bench/results/cpu/host_simd_ab.log")
 def host_simd_ab(root):
     """binary_ab.py --region mlp --region loss: both regions per step (old, new, new / old) and
@@ -648,6 +659,15 @@ def host_rmsnorm_ab(root):
     body = log_body(root / "bench/results/cpu/host_rmsnorm_ab.log")
     qkv, mlp = ab_region_cells(body, "qkv_proj"), ab_region_cells(body, "mlp")
     return [[(st,)] + qkv[st][:3] + mlp[st][:3] + qkv[st][3:] for st in qkv]
+
+
+@table("host-rows-ab", "docs/performance.md", "bench/results/cpu/host_rows_ab.log")
+def host_rows_ab(root):
+    """binary_ab.py --region embed --region attn --region kv_exchange: the three regions per
+    step (old, new, new / old) and the step's tokens/s new / old, per strategy."""
+    body = log_body(root / "bench/results/cpu/host_rows_ab.log")
+    cells = [ab_region_cells(body, r) for r in ("embed", "attn", "kv_exchange")]
+    return [[(st,)] + [c for r in cells for c in r[st][:3]] + cells[0][st][3:] for st in cells[0]]
 
 
 @table("profile-fields-h100", "docs/performance.md", "inputs/profiles/h100-sxm.json",
