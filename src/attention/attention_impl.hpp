@@ -493,7 +493,9 @@ bool forwardCuda(const Kokkos::Cuda& space, QV q, QV k, QV v, const VarlenBatch&
   if (!cudaFastPath(cfg, D, bfs) || !cudaRowsOk(q, D) || !cudaRowsOk(k, D) || !cudaRowsOk(v, D) || !cudaRowsOk(o, D) ||
       lse.stride(1) != 1)
     return false;
-  const auto rng = cuda::ranges(b);
+  const auto lease = cuda::DeviceScratch::lease();
+  const cuda::FenceOnExit done{space, "wlb::attention::cuda::fwd_done"};  // before the lease ends
+  const auto rng = cuda::ranges(space, b);
   cuda::Args a = cudaArgs(q, k, v, o, s);
   a.ranges = rng.data();
   a.o_out = o.data();
@@ -553,7 +555,9 @@ bool backwardCuda(const Kokkos::Cuda& space, QV q, QV k, QV v, QV o, LV lse, QV 
       !cudaRowsOk(dO, D) || !innerContiguous(dq, D) || !innerContiguous(dk, D) || !innerContiguous(dv, D) ||
       lse.stride(1) != 1)
     return false;
-  const auto rng = cuda::ranges(b);
+  const auto lease = cuda::DeviceScratch::lease();
+  const cuda::FenceOnExit done{space, "wlb::attention::cuda::bwd_done"};  // before the lease ends
+  const auto rng = cuda::ranges(space, b);
   cuda::Args a = cudaArgs(q, k, v, o, s);
   a.ranges = rng.data();
   a.o = o.data();
@@ -567,11 +571,10 @@ bool backwardCuda(const Kokkos::Cuda& space, QV q, QV k, QV v, QV o, LV lse, QV 
   a.dq_s0 = dq.stride(0);
   a.dk_s0 = dk.stride(0);
   a.dv_s0 = dv.stride(0);
-  Kokkos::View<float*, Kokkos::CudaSpace> delta(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("wlb::attention::cuda::delta")),
-      static_cast<std::size_t>(b.q_tokens) * s.heads);
-  cuda::computeDelta<T>(space, a, b.q_tokens, delta.data());
-  a.delta = delta.data();
+  float* delta =
+      cuda::DeviceScratch::get<float>(cuda::DeviceScratch::kDelta, static_cast<std::size_t>(b.q_tokens) * s.heads);
+  cuda::computeDelta<T>(space, a, b.q_tokens, delta);
+  a.delta = delta;
   bool ok = false;
   if constexpr (bfs) {
     ok = cuda::mmaBackward(space, a, b, cfg);
@@ -595,7 +598,6 @@ bool backwardCuda(const Kokkos::Cuda& space, QV q, QV k, QV v, QV o, LV lse, QV 
       ok = cuda::mmaBackward(space, ab, b, cfg);
     }
   }
-  wlb::kk::fence(space, "wlb::attention::cuda::bwd");  // delta dies with this scope
   return ok;
 }
 #endif  // KOKKOS_ENABLE_CUDA

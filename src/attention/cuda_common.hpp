@@ -12,7 +12,9 @@
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <mutex>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -25,20 +27,86 @@
 
 namespace wlb::attention::cuda {
 
-using WorkView = Kokkos::View<int* [2], Kokkos::LayoutRight, Kokkos::CudaSpace>;
-using RangeView = Kokkos::View<int* [4], Kokkos::LayoutRight, Kokkos::CudaSpace>;
-
-inline RangeView ranges(const VarlenBatch& b) {
-  RangeView r("wlb::attention::cuda::ranges", b.pieces.size());
-  auto h = Kokkos::create_mirror_view(r);
-  for (std::size_t i = 0; i < b.pieces.size(); ++i) {
-    h(i, 0) = static_cast<int>(b.pieces[i].q_begin);
-    h(i, 1) = static_cast<int>(b.pieces[i].q_end);
-    h(i, 2) = static_cast<int>(b.pieces[i].k_begin);
-    h(i, 3) = static_cast<int>(b.pieces[i].k_end);
+/// Device memory that a call's bookkeeping reuses from call to call: the piece ranges, the
+/// work lists, split-KV's plan and partial outputs, rowsum(dO∘O). Allocated per call, they
+/// cost a cudaMalloc and a cudaFree each (the free synchronises the device; the partial
+/// outputs are tens of MB), against kernels of 10 µs to 1 ms on CP pieces. A slot grows and
+/// never shrinks; Kokkos' finalize hook gives the memory back. A call holds the lease for
+/// as long as it uses the slots and fences its instance before it returns, so the next call
+/// finds them free; calls from other host threads wait for the lease.
+class DeviceScratch {
+ public:
+  enum Slot : int { kRanges, kWork, kSplit, kGroups, kOPart, kLsePart, kDelta, kSlots };
+  [[nodiscard]] static std::unique_lock<std::mutex> lease() { return std::unique_lock<std::mutex>(instance().mutex_); }
+  /// At least `n` elements of T in `slot`, contents undefined (the caller holds the lease).
+  template <class T>
+  static T* get(Slot slot, std::size_t n) {
+    Buf& b = instance().bufs_[slot];
+    const std::size_t bytes = std::max<std::size_t>(n, 1) * sizeof(T);
+    if (b.extent(0) < bytes) {
+      b = Buf();  // give the old block back first: the new one may reuse its memory
+      b = Buf(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("wlb::attention::cuda::scratch")),
+              bytes + bytes / 4);  // headroom: the next batch is rarely the same size
+    }
+    return reinterpret_cast<T*>(b.data());
   }
-  Kokkos::deep_copy(r, h);
-  return r;
+
+ private:
+  using Buf = Kokkos::View<unsigned char*, Kokkos::CudaSpace>;
+  static DeviceScratch& instance() {
+    // never destroyed: device memory must go before Kokkos::finalize, not at exit
+    static DeviceScratch* const s = [] {
+      auto* p = new DeviceScratch;
+      Kokkos::push_finalize_hook([p] {
+        const std::lock_guard<std::mutex> g(p->mutex_);
+        for (Buf& b : p->bufs_) b = Buf();
+      });
+      return p;
+    }();
+    return *s;
+  }
+  std::mutex mutex_;
+  std::array<Buf, kSlots> bufs_;
+};
+
+/// Fences its instance when it goes out of scope: a call's last kernels and copies are done
+/// before its lease on the scratch ends, on every return path. (A fence with nothing queued
+/// costs a few microseconds; the cudaFree calls it replaces synchronised the whole device.)
+struct FenceOnExit {
+  const Kokkos::Cuda& space;
+  const char* label;
+  FenceOnExit(const Kokkos::Cuda& s, const char* l) : space(s), label(l) {}
+  FenceOnExit(const FenceOnExit&) = delete;
+  FenceOnExit& operator=(const FenceOnExit&) = delete;
+  ~FenceOnExit() { space.fence(label); }
+};
+
+/// Views over DeviceScratch slots (unmanaged: the slot owns the memory).
+using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
+using WorkView = Kokkos::View<int* [2], Kokkos::LayoutRight, Kokkos::CudaSpace, Unmanaged>;
+using RangeView = Kokkos::View<int* [4], Kokkos::LayoutRight, Kokkos::CudaSpace, Unmanaged>;
+
+/// `n` rows of C ints from the host into `slot`, ordered on `space` (a pageable source is
+/// staged before the copy returns, so `host` may go right after).
+template <int C>
+Kokkos::View<int* [C], Kokkos::LayoutRight, Kokkos::CudaSpace, Unmanaged> uploadInts(const Kokkos::Cuda& space,
+                                                                                     DeviceScratch::Slot slot,
+                                                                                     const std::vector<int>& host) {
+  const std::size_t n = host.size() / C;
+  Kokkos::View<int* [C], Kokkos::LayoutRight, Kokkos::CudaSpace, Unmanaged> d(
+      DeviceScratch::get<int>(slot, host.size()), n);
+  if (n > 0)
+    Kokkos::deep_copy(space, d,
+                      Kokkos::View<const int* [C], Kokkos::LayoutRight, Kokkos::HostSpace, Unmanaged>(host.data(), n));
+  return d;
+}
+
+inline RangeView ranges(const Kokkos::Cuda& space, const VarlenBatch& b) {
+  std::vector<int> h;
+  h.reserve(4 * b.pieces.size());
+  for (const PieceRange& p : b.pieces)
+    for (std::int64_t x : {p.q_begin, p.q_end, p.k_begin, p.k_end}) h.push_back(static_cast<int>(x));
+  return uploadInts<4>(space, DeviceScratch::kRanges, h);
 }
 
 namespace detail {
@@ -48,70 +116,51 @@ struct WorkItem {
 };
 /// Longest first (stable: equal costs keep piece order, so heads of one piece stay close),
 /// then to the device.
-inline WorkView uploadWork(std::vector<WorkItem> items, const char* label) {
+inline WorkView uploadWork(const Kokkos::Cuda& space, std::vector<WorkItem> items) {
   std::stable_sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& c) { return a.cost > c.cost; });
-  WorkView w(std::string(label), items.size());
-  auto h = Kokkos::create_mirror_view(w);
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    h(i, 0) = items[i].p;
-    h(i, 1) = items[i].t;
-  }
-  Kokkos::deep_copy(w, h);
-  return w;
+  std::vector<int> h;
+  h.reserve(2 * items.size());
+  for (const WorkItem& it : items) h.insert(h.end(), {it.p, it.t});
+  return uploadInts<2>(space, DeviceScratch::kWork, h);
 }
 }  // namespace detail
 
 /// Query tiles of `bq` rows; cost = key tiles of `bk` the tile visits. Longest first, so the
 /// long diagonal tiles start early and the short ones fill the tail (no idle SMs at the end).
-inline WorkView queryWork(const VarlenBatch& b, int bq, int bk) {
+inline WorkView queryWork(const Kokkos::Cuda& space, const VarlenBatch& b, int bq, int bk) {
   std::vector<detail::WorkItem> items;
   for (std::size_t p = 0; p < b.pieces.size(); ++p)
     for (std::int64_t t = 0; t * bq < b.pieces[p].nq(); ++t)
       items.push_back({static_cast<int>(p), static_cast<int>(t), split_kv::visibleTiles(b.pieces[p], t, bq, bk)});
-  return detail::uploadWork(std::move(items), "wlb::attention::cuda::qwork");
+  return detail::uploadWork(space, std::move(items));
 }
 
 /// A split-KV plan (split_kv.hpp) on the device: the work list and its key-tile ranges and
 /// slots, the combine groups, and the partial outputs (`per_slot` floats of O and
-/// `lse_per_slot` of LSE per slot).
+/// `lse_per_slot` of LSE per slot), all in DeviceScratch slots.
 struct SplitWork {
   WorkView work;
-  Kokkos::View<int* [3], Kokkos::LayoutRight, Kokkos::CudaSpace> split;
-  Kokkos::View<int* [4], Kokkos::LayoutRight, Kokkos::CudaSpace> groups;
-  Kokkos::View<float*, Kokkos::CudaSpace> o_part, lse_part;
-  SplitWork(const split_kv::Plan& plan, std::int64_t per_slot, std::int64_t lse_per_slot)
-      : work("wlb::attention::cuda::split_work", plan.items.size()),
-        split("wlb::attention::cuda::split_ranges", plan.items.size()),
-        groups("wlb::attention::cuda::split_groups", plan.groups.size()),
-        o_part(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("wlb::attention::cuda::o_part")),
-               plan.slots * per_slot),
-        lse_part(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("wlb::attention::cuda::lse_part")),
-                 plan.slots * lse_per_slot) {
-    auto hw = Kokkos::create_mirror_view(work);
-    auto hs = Kokkos::create_mirror_view(split);
-    auto hg = Kokkos::create_mirror_view(groups);
-    for (std::size_t i = 0; i < plan.items.size(); ++i) {
-      const split_kv::Item& it = plan.items[i];
-      hw(i, 0) = it.piece;
-      hw(i, 1) = it.tile;
-      hs(i, 0) = it.first;
-      hs(i, 1) = it.end;
-      hs(i, 2) = it.slot;
+  Kokkos::View<int* [3], Kokkos::LayoutRight, Kokkos::CudaSpace, Unmanaged> split;
+  Kokkos::View<int* [4], Kokkos::LayoutRight, Kokkos::CudaSpace, Unmanaged> groups;
+  float* o_part = nullptr;
+  float* lse_part = nullptr;
+  SplitWork(const Kokkos::Cuda& space, const split_kv::Plan& plan, std::int64_t per_slot, std::int64_t lse_per_slot) {
+    std::vector<int> hw, hs, hg;
+    for (const split_kv::Item& it : plan.items) {
+      hw.insert(hw.end(), {it.piece, it.tile});
+      hs.insert(hs.end(), {it.first, it.end, it.slot});
     }
-    for (std::size_t i = 0; i < plan.groups.size(); ++i) {
-      hg(i, 0) = plan.groups[i].piece;
-      hg(i, 1) = plan.groups[i].tile;
-      hg(i, 2) = plan.groups[i].slot0;
-      hg(i, 3) = plan.groups[i].parts;
-    }
-    Kokkos::deep_copy(work, hw);
-    Kokkos::deep_copy(split, hs);
-    Kokkos::deep_copy(groups, hg);
+    for (const split_kv::Group& g : plan.groups) hg.insert(hg.end(), {g.piece, g.tile, g.slot0, g.parts});
+    work = uploadInts<2>(space, DeviceScratch::kWork, hw);
+    split = uploadInts<3>(space, DeviceScratch::kSplit, hs);
+    groups = uploadInts<4>(space, DeviceScratch::kGroups, hg);
+    o_part = DeviceScratch::get<float>(DeviceScratch::kOPart, static_cast<std::size_t>(plan.slots * per_slot));
+    lse_part = DeviceScratch::get<float>(DeviceScratch::kLsePart, static_cast<std::size_t>(plan.slots * lse_per_slot));
   }
 };
 
 /// Key tiles of `bk` keys (pieces with queries only); cost = query rows that see the tile.
-inline WorkView keyWork(const VarlenBatch& b, int bk) {
+inline WorkView keyWork(const Kokkos::Cuda& space, const VarlenBatch& b, int bk) {
   std::vector<detail::WorkItem> items;
   for (std::size_t p = 0; p < b.pieces.size(); ++p) {
     const std::int64_t nq = b.pieces[p].nq(), nk = b.pieces[p].nk(), off = nk - nq;
@@ -121,7 +170,7 @@ inline WorkView keyWork(const VarlenBatch& b, int bk) {
       items.push_back({static_cast<int>(p), static_cast<int>(t), nq - first});
     }
   }
-  return detail::uploadWork(std::move(items), "wlb::attention::cuda::kwork");
+  return detail::uploadWork(space, std::move(items));
 }
 
 /// delta[t][h] = sum_d dO(t,h,d) * O(t,h,d) for every query row of every piece: one warp

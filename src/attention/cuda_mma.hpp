@@ -554,7 +554,7 @@ KOKKOS_INLINE_FUNCTION void backwardEntry(const Args& a, int item, int hk, int t
 template <class T, int D>
 void launchForward(const Kokkos::Cuda& space, Args a, const VarlenBatch& b) {
   using G = FwdTile<T, D>;
-  const WorkView work = queryWork(b, G::rows, G::bk);  // a.ranges: set by the caller
+  const WorkView work = queryWork(space, b, G::rows, G::bk);  // a.ranges: set by the caller
   a.work = work.data();
   a.nwork = static_cast<int>(work.extent(0));
   if (a.nwork == 0) return;
@@ -567,13 +567,13 @@ void launchForward(const Kokkos::Cuda& space, Args a, const VarlenBatch& b) {
         forwardEntry<T, D>(a, team.league_rank() / H, team.league_rank() % H, team.team_rank(),
                            team.team_scratch(0).get_shmem(static_cast<int>(G::scratch)));
       });
-  space.fence("wlb::attention::cuda::fwd");  // the work list dies with this scope
+  space.fence("wlb::attention::cuda::fwd");  // the work list is reused by the next call
 }
 
 template <int D>
 void launchBackward(const Kokkos::Cuda& space, Args a, const VarlenBatch& b) {
   using G = BwdTile<D>;
-  const WorkView work = keyWork(b, kBwdKeys);  // a.ranges: set by the caller
+  const WorkView work = keyWork(space, b, kBwdKeys);  // a.ranges: set by the caller
   a.work = work.data();
   a.nwork = static_cast<int>(work.extent(0));
   if (a.nwork == 0) return;
@@ -620,25 +620,25 @@ bool mmaForward(const Kokkos::Cuda& space, const Args& a, const VarlenBatch& b, 
         hopper::forwardWs(space.cuda_stream(), h);
       else
         hopper::forward(space.cuda_stream(), h, bf);
-      space.fence(label);  // the work list (and split buffers) die with the caller's scope
+      space.fence(label);  // the work list and split buffers are reused by the next call
     };
     if (cfg.split_kv) {
       const split_kv::Plan plan = split_kv::plan(b.pieces, rows, keys);
       if (!plan.groups.empty()) {
-        SplitWork sw(plan, static_cast<std::int64_t>(rows) * a.heads * a.head_dim,
+        SplitWork sw(space, plan, static_cast<std::int64_t>(rows) * a.heads * a.head_dim,
                      static_cast<std::int64_t>(rows) * a.heads);
         h.work = sw.work.data();
         h.nwork = static_cast<int>(sw.work.extent(0));
         h.split = sw.split.data();
         h.groups = sw.groups.data();
         h.ngroups = static_cast<int>(sw.groups.extent(0));
-        h.o_part = sw.o_part.data();
-        h.lse_part = sw.lse_part.data();
+        h.o_part = sw.o_part;
+        h.lse_part = sw.lse_part;
         run("wlb::attention::hopper::fwd_split");
         return true;
       }
     }
-    const WorkView work = queryWork(b, rows, keys);
+    const WorkView work = queryWork(space, b, rows, keys);
     h.work = work.data();
     h.nwork = static_cast<int>(work.extent(0));
     run("wlb::attention::hopper::fwd");
@@ -664,7 +664,7 @@ bool mmaForward(const Kokkos::Cuda& space, const Args& a, const VarlenBatch& b, 
 inline bool mmaBackward(const Kokkos::Cuda& space, const Args& a, const VarlenBatch& b, const KernelConfig& cfg) {
 #if defined(WLB_HAVE_HOPPER)
   if (useHopper(a.head_dim, cfg.path != KernelConfig::Path::Sm80)) {
-    const WorkView work = keyWork(b, hopper::backwardKeys());
+    const WorkView work = keyWork(space, b, hopper::backwardKeys());
     Args h = a;
     h.work = work.data();
     h.nwork = static_cast<int>(work.extent(0));

@@ -675,14 +675,14 @@ inline bool simtSupports(int head_dim) {
 /// FP32 forward: overwrites o_out rows and lse_out of every piece's queries (a.ranges set by
 /// the caller). Returns false without launching when the head_dim is unsupported or a
 /// pointer / row stride is not 16-byte aligned (cp.async and float4 stores need it).
-/// Fences `space` before returning (the work list is freed on return).
+/// Fences `space` before returning (the next call reuses the work list's memory).
 inline bool simtForward(const Kokkos::Cuda& space, Args a, const VarlenBatch& b) {
   if (!simtSupports(a.head_dim)) return false;
   if (!simt::aligned16(a.q) || !simt::aligned16(a.k) || !simt::aligned16(a.v) || !simt::aligned16(a.o_out) ||
       !simt::strideOk(a.q_s0) || !simt::strideOk(a.k_s0) || !simt::strideOk(a.v_s0) || !simt::strideOk(a.o_s0))
     return false;
   if (b.pieces.empty() || a.heads <= 0) return true;
-  const WorkView work = queryWork(b, simt::FwdCfg<64>::BQ, simt::FwdCfg<64>::BK);
+  const WorkView work = queryWork(space, b, simt::FwdCfg<64>::BQ, simt::FwdCfg<64>::BK);
   a.work = work.data();
   a.nwork = static_cast<int>(work.extent(0));
   if (a.nwork > 0) {
@@ -707,7 +707,7 @@ inline bool simtBackward(const Kokkos::Cuda& space, Args a, const VarlenBatch& b
       !simt::strideOk(a.dk_s0) || !simt::strideOk(a.dv_s0))
     return false;
   if (b.pieces.empty() || a.kv_heads <= 0) return true;
-  const WorkView work = keyWork(b, simt::BwdCfg<64>::BK);
+  const WorkView work = keyWork(space, b, simt::BwdCfg<64>::BK);
   a.work = work.data();
   a.nwork = static_cast<int>(work.extent(0));
   if (a.nwork > 0) {
