@@ -305,7 +305,6 @@ void packQueryTile(const Args& a, std::int64_t piece, std::int64_t qt, int h) {
   float* dot = a.dOT + blk * D * TQ;
   float* lse2 = a.LSE2 + blk * TQ;
   float* dlt = a.DLT + blk * TQ;
-  std::memset(a.dQT + blk * D * TQ, 0, sizeof(float) * D * TQ);  // accumulated later
   for (std::int64_t r = 0; r < TQ; ++r) {
     if (r < rows) {
       const std::int64_t t = pr.q_begin + q0 + r;
@@ -422,7 +421,12 @@ void backwardKvHead(const Args& a, int hk) {
             // ST now holds P^T, dPT holds dS^T
             gemm<true>(TK, D, qcnt, ST, TQ, dOrows, a.dO_s0, dV, D);
             gemm<true>(TK, D, qcnt, dPT, TQ, Qrows, a.q_s0, dK, D);
-            gemm<true>(D, TQ, kcnt, KTblk, TK, dPT, TQ, dQTb, TQ);
+            // key tile 0 (every query sees key 0) writes the block, the later ones add: no
+            // zeroing pass over dQ^T, and the same sums as adding to zeros
+            if (kt == 0)
+              gemm<false>(D, TQ, kcnt, KTblk, TK, dPT, TQ, dQTb, TQ);
+            else
+              gemm<true>(D, TQ, kcnt, KTblk, TK, dPT, TQ, dQTb, TQ);
           }
         }
       }

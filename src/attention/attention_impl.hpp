@@ -348,8 +348,8 @@ void backwardHost(const ExecSpace& space, typename Views<ExecSpace>::In3 q, type
   const HostOffsets offs(b, cfg);
   const std::size_t D = static_cast<std::size_t>(s.head_dim);
   const std::size_t nq_el = static_cast<std::size_t>(offs.nqblk) * s.heads * cfg.tile_q;
-  // cached, uninitialised host workspaces (packers write every element; dQT is zeroed
-  // block by block in packQueryTile)
+  // cached, uninitialised host workspaces (packers write every element; each dQT block is
+  // written by its first key tile, tile 0, which every query sees)
   float* KT = host::workspace(0, static_cast<std::size_t>(offs.nkblk * s.kv_heads) * D * cfg.tile_k);
   float* QT = host::workspace(1, nq_el * D);
   float* dOT = host::workspace(2, nq_el * D);
