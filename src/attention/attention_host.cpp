@@ -163,8 +163,8 @@ namespace {
 void packTile(const float* src, std::int64_t lds, std::int64_t n, int C, float* dst, std::int64_t T, float s) {
   for (std::int64_t r0 = 0; r0 < T; r0 += 8) {
     const std::int64_t nr = std::clamp<std::int64_t>(n - r0, 0, 8);
-    for (int c0 = 0; c0 < C; c0 += 8)
-      packTransposed8(nr > 0 ? src + r0 * lds + c0 : src, lds, nr, dst + static_cast<std::int64_t>(c0) * T + r0, T, s);
+    for (std::int64_t c0 = 0; c0 < C; c0 += 8)
+      packTransposed8(nr > 0 ? src + r0 * lds + c0 : src, lds, nr, dst + c0 * T + r0, T, s);
   }
 }
 
@@ -456,7 +456,7 @@ void unpackDq(const Args& a, std::int64_t piece, std::int64_t qt, int h) {
   const float* src = a.dQT + blk * D * TQ;
   float* dst = a.dq + (pr.q_begin + q0) * a.dq_s0 + static_cast<std::int64_t>(h) * D;
   for (std::int64_t r0 = 0; r0 < rows; r0 += 8)
-    for (int d0 = 0; d0 < D; d0 += 8)
+    for (std::int64_t d0 = 0; d0 < D; d0 += 8)
       addTransposed8(src + d0 * TQ + r0, TQ, dst + r0 * a.dq_s0 + d0, a.dq_s0, std::min<std::int64_t>(8, rows - r0),
                      a.scale);
 }

@@ -194,19 +194,20 @@ void gainGradRows(const float* x, std::int64_t ldx, const float* dy, std::int64_
 
 void sumRowsInto(const float* x, std::int64_t ldx, const std::int32_t* rows, std::int64_t b, std::int64_t e,
                  std::int64_t h, float* out) {
-  constexpr int kAcc = 8;  // independent accumulators: loads, not the add latency, set the pace
+  constexpr std::int64_t kAcc = 8;  // independent accumulators: loads, not the add latency, set the pace
+  constexpr std::int64_t kVec = W;
   std::int64_t j = 0;
-  for (; j + kAcc * W <= h; j += kAcc * W) {
+  for (; j + kAcc * kVec <= h; j += kAcc * kVec) {
     vf acc[kAcc] = {};
     for (std::int64_t k = b; k < e; ++k) {
       const float* r = x + rows[k] * ldx + j;
 #pragma GCC unroll 8
-      for (int a = 0; a < kAcc; ++a) acc[a] += hs::ld(r + a * W);
+      for (std::int64_t a = 0; a < kAcc; ++a) acc[a] += hs::ld(r + a * kVec);
     }
 #pragma GCC unroll 8
-    for (int a = 0; a < kAcc; ++a) hs::st(out + j + a * W, hs::ld(out + j + a * W) + acc[a]);
+    for (std::int64_t a = 0; a < kAcc; ++a) hs::st(out + j + a * kVec, hs::ld(out + j + a * kVec) + acc[a]);
   }
-  for (; j + W <= h; j += W) {
+  for (; j + kVec <= h; j += kVec) {
     vf acc{};
     for (std::int64_t k = b; k < e; ++k) acc += hs::ld(x + rows[k] * ldx + j);
     hs::st(out + j, hs::ld(out + j) + acc);
