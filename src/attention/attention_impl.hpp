@@ -540,7 +540,6 @@ bool forwardCuda(const Kokkos::Cuda& space, QV q, QV k, QV v, const VarlenBatch&
           const std::int64_t t = i / per, r = i % per;
           if (owned(t)) o(t, r / n2, r % n2) = toFloat(ob(t, r / n2, r % n2));
         });
-    wlb::kk::fence(space, "wlb::attention::cuda::o_from_bf16");
     return true;
   }
 }

@@ -70,7 +70,8 @@ class DeviceScratch {
 };
 
 /// Fences its instance when it goes out of scope: a call's last kernels and copies are done
-/// before its lease on the scratch ends, on every return path. (A fence with nothing queued
+/// before its lease on the scratch ends, on every return path. The one fence of a CUDA
+/// attention call: the launchers below it queue their kernels and return. (A fence with nothing queued
 /// costs a few microseconds; the cudaFree calls it replaces synchronised the whole device.)
 struct FenceOnExit {
   const Kokkos::Cuda& space;

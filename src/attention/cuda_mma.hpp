@@ -567,7 +567,6 @@ void launchForward(const Kokkos::Cuda& space, Args a, const VarlenBatch& b) {
         forwardEntry<T, D>(a, team.league_rank() / H, team.league_rank() % H, team.team_rank(),
                            team.team_scratch(0).get_shmem(static_cast<int>(G::scratch)));
       });
-  space.fence("wlb::attention::cuda::fwd");  // the work list is reused by the next call
 }
 
 template <int D>
@@ -586,7 +585,6 @@ void launchBackward(const Kokkos::Cuda& space, Args a, const VarlenBatch& b) {
         backwardEntry<D>(a, team.league_rank() / Hkv, team.league_rank() % Hkv, team.team_rank(),
                          team.team_scratch(0).get_shmem(static_cast<int>(G::scratch)));
       });
-  space.fence("wlb::attention::cuda::bwd");
 }
 
 /// True when the forward of this element type and head_dim runs the Hopper wgmma kernels
@@ -615,12 +613,11 @@ bool mmaForward(const Kokkos::Cuda& space, const Args& a, const VarlenBatch& b, 
     Args h = a;
     h.q_rows = b.q_tokens;
     h.k_rows = b.k_tokens;
-    const auto run = [&](const char* label) {
+    const auto run = [&] {
       if (ws)
         hopper::forwardWs(space.cuda_stream(), h);
       else
         hopper::forward(space.cuda_stream(), h, bf);
-      space.fence(label);  // the work list and split buffers are reused by the next call
     };
     if (cfg.split_kv) {
       const split_kv::Plan plan = split_kv::plan(b.pieces, rows, keys);
@@ -634,14 +631,14 @@ bool mmaForward(const Kokkos::Cuda& space, const Args& a, const VarlenBatch& b, 
         h.ngroups = static_cast<int>(sw.groups.extent(0));
         h.o_part = sw.o_part;
         h.lse_part = sw.lse_part;
-        run("wlb::attention::hopper::fwd_split");
+        run();
         return true;
       }
     }
     const WorkView work = queryWork(space, b, rows, keys);
     h.work = work.data();
     h.nwork = static_cast<int>(work.extent(0));
-    run("wlb::attention::hopper::fwd");
+    run();
     return true;
   }
 #else
@@ -675,7 +672,6 @@ inline bool mmaBackward(const Kokkos::Cuda& space, const Args& a, const VarlenBa
       hopper::backwardWs(space.cuda_stream(), h);
     else
       hopper::backward(space.cuda_stream(), h);
-    space.fence("wlb::attention::hopper::bwd");
     return true;
   }
 #else

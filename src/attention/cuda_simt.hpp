@@ -675,7 +675,7 @@ inline bool simtSupports(int head_dim) {
 /// FP32 forward: overwrites o_out rows and lse_out of every piece's queries (a.ranges set by
 /// the caller). Returns false without launching when the head_dim is unsupported or a
 /// pointer / row stride is not 16-byte aligned (cp.async and float4 stores need it).
-/// Fences `space` before returning (the next call reuses the work list's memory).
+/// Asynchronous on `space`: the caller fences (forwardCuda).
 inline bool simtForward(const Kokkos::Cuda& space, Args a, const VarlenBatch& b) {
   if (!simtSupports(a.head_dim)) return false;
   if (!simt::aligned16(a.q) || !simt::aligned16(a.k) || !simt::aligned16(a.v) || !simt::aligned16(a.o_out) ||
@@ -691,14 +691,13 @@ inline bool simtForward(const Kokkos::Cuda& space, Args a, const VarlenBatch& b)
     else
       simt::launchForward<64>(space, a);
   }
-  space.fence("wlb::attention::cuda::simt::fwd");
   return true;
 }
 
 /// FP32 backward: a.delta (rowsum(dO∘O), [q_tokens][heads]), a.lse, a.dO set by the caller;
 /// ACCUMULATES (+=) into dq, dk and dv with vector reductions. Returns false without
 /// launching when the head_dim is unsupported or a pointer / row stride is misaligned.
-/// Fences `space` before returning.
+/// Asynchronous on `space`: the caller fences (backwardCuda).
 inline bool simtBackward(const Kokkos::Cuda& space, Args a, const VarlenBatch& b) {
   if (!simtSupports(a.head_dim)) return false;
   if (!simt::aligned16(a.q) || !simt::aligned16(a.k) || !simt::aligned16(a.v) || !simt::aligned16(a.dO) ||
@@ -716,7 +715,6 @@ inline bool simtBackward(const Kokkos::Cuda& space, Args a, const VarlenBatch& b
     else
       simt::launchBackward<64>(space, a);
   }
-  space.fence("wlb::attention::cuda::simt::bwd");
   return true;
 }
 
