@@ -250,6 +250,34 @@ struct HostOffsets {
   }
 };
 
+/// The fields forward and backward share: Q, K, V with their row strides, the shape and
+/// tiles, the pieces and their tile offsets (which `offs` must outlive the call).
+template <class In3>
+host::Args hostArgs(const In3& q, const In3& k, const In3& v, const VarlenBatch& b, const HostOffsets& offs,
+                    const KernelConfig& cfg, Shape s) {
+  host::Args a;
+  a.q = q.data();
+  a.k = k.data();
+  a.v = v.data();
+  a.q_s0 = q.stride(0);
+  a.k_s0 = k.stride(0);
+  a.v_s0 = v.stride(0);
+  a.heads = s.heads;
+  a.kv_heads = s.kv_heads;
+  a.head_dim = s.head_dim;
+  a.tile_q = cfg.tile_q;
+  a.tile_k = cfg.tile_k;
+  a.scale = s.scale;
+  a.scale2 = s.scale * 1.4426950408889634f;
+  a.pieces = b.pieces.data();
+  a.num_pieces = static_cast<std::int64_t>(b.pieces.size());
+  a.kb_off = offs.kb_off.data();
+  a.nkblk = offs.nkblk;
+  a.qb_off = offs.qb_off.data();
+  a.nqblk = offs.nqblk;
+  return a;
+}
+
 template <class ExecSpace>
 void packKeys(const ExecSpace& space, const host::Args& a, const VarlenBatch& b) {
   std::vector<std::int64_t> items;  // piece, key tile
@@ -300,30 +328,11 @@ void forwardHost(const ExecSpace& space, typename Views<ExecSpace>::In3 q, typen
   // host workspaces: cached per calling thread, uninitialised (the packers write every
   // element, padding included)
   float* KT = host::workspace(0, static_cast<std::size_t>(offs.nkblk * s.kv_heads * s.head_dim * cfg.tile_k));
-  host::Args a;
-  a.q = q.data();
-  a.k = k.data();
-  a.v = v.data();
+  host::Args a = hostArgs(q, k, v, b, offs, cfg, s);
   a.o_out = o.data();
   a.lse_out = lse.data();
-  a.q_s0 = q.stride(0);
-  a.k_s0 = k.stride(0);
-  a.v_s0 = v.stride(0);
   a.o_s0 = o.stride(0);
   a.lse_s0 = lse.stride(0);
-  a.heads = s.heads;
-  a.kv_heads = s.kv_heads;
-  a.head_dim = s.head_dim;
-  a.tile_q = cfg.tile_q;
-  a.tile_k = cfg.tile_k;
-  a.scale = s.scale;
-  a.scale2 = s.scale * 1.4426950408889634f;
-  a.pieces = b.pieces.data();
-  a.num_pieces = static_cast<std::int64_t>(b.pieces.size());
-  a.kb_off = offs.kb_off.data();
-  a.nkblk = offs.nkblk;
-  a.qb_off = offs.qb_off.data();
-  a.nqblk = offs.nqblk;
   a.KT = KT;
   packKeys(space, a, b);
   // work items of q_group query tiles (fewer, shorter groups when a thread would idle)
@@ -356,38 +365,19 @@ void backwardHost(const ExecSpace& space, typename Views<ExecSpace>::In3 q, type
   float* dQT = host::workspace(3, nq_el * D);
   float* LSE2 = host::workspace(4, nq_el);
   float* DLT = host::workspace(5, nq_el);
-  host::Args a;
-  a.q = q.data();
-  a.k = k.data();
-  a.v = v.data();
+  host::Args a = hostArgs(q, k, v, b, offs, cfg, s);
   a.o = o.data();
   a.lse = lse.data();
   a.dO = dO.data();
   a.dq = dq.data();
   a.dk = dk.data();
   a.dv = dv.data();
-  a.q_s0 = q.stride(0);
-  a.k_s0 = k.stride(0);
-  a.v_s0 = v.stride(0);
   a.o_s0 = o.stride(0);
   a.lse_s0 = lse.stride(0);
   a.dO_s0 = dO.stride(0);
   a.dq_s0 = dq.stride(0);
   a.dk_s0 = dk.stride(0);
   a.dv_s0 = dv.stride(0);
-  a.heads = s.heads;
-  a.kv_heads = s.kv_heads;
-  a.head_dim = s.head_dim;
-  a.tile_q = cfg.tile_q;
-  a.tile_k = cfg.tile_k;
-  a.scale = s.scale;
-  a.scale2 = s.scale * 1.4426950408889634f;
-  a.pieces = b.pieces.data();
-  a.num_pieces = static_cast<std::int64_t>(b.pieces.size());
-  a.kb_off = offs.kb_off.data();
-  a.nkblk = offs.nkblk;
-  a.qb_off = offs.qb_off.data();
-  a.nqblk = offs.nqblk;
   a.KT = KT;
   a.QT = QT;
   a.dOT = dOT;
