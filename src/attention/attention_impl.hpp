@@ -484,6 +484,10 @@ bool forwardCuda(const Kokkos::Cuda& space, QV q, QV k, QV v, const VarlenBatch&
       lse.stride(1) != 1)
     return false;
   const auto lease = cuda::DeviceScratch::lease();
+  // BF16 copies of FP32 storage: declared before `done`, so they are freed only after the
+  // fence that the kernels reading them end with
+  CudaBf16View qb, kb, vb, ob;
+  Kokkos::View<std::uint8_t*, Kokkos::CudaSpace> owned;
   const cuda::FenceOnExit done{space, "wlb::attention::cuda::fwd_done"};  // before the lease ends
   const auto rng = cuda::ranges(space, b);
   cuda::Args a = cudaArgs(q, k, v, o, s);
@@ -497,11 +501,11 @@ bool forwardCuda(const Kokkos::Cuda& space, QV q, QV k, QV v, const VarlenBatch&
     if (cfg.precision == KernelConfig::Precision::Tf32) return cuda::mmaForward<float>(space, a, b, cfg);
     if (cfg.precision == KernelConfig::Precision::Fp32) return cuda::simtForward(space, a, b);
     // BF16 arithmetic on FP32 storage: round the inputs once, run the BF16 kernels
-    const auto qb = toBf16View(space, q, "wlb::attention::q_bf16");
-    const auto kb = toBf16View(space, k, "wlb::attention::k_bf16");
-    const auto vb = toBf16View(space, v, "wlb::attention::v_bf16");
-    CudaBf16View ob(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("wlb::attention::o_bf16")), o.extent(0),
-                    o.extent(1), o.extent(2));
+    qb = toBf16View(space, q, "wlb::attention::q_bf16");
+    kb = toBf16View(space, k, "wlb::attention::k_bf16");
+    vb = toBf16View(space, v, "wlb::attention::v_bf16");
+    ob = CudaBf16View(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("wlb::attention::o_bf16")),
+                      o.extent(0), o.extent(1), o.extent(2));
     cuda::Args ab = cudaArgs(qb, kb, vb, ob, s);
     ab.ranges = rng.data();
     ab.o_out = ob.data();
@@ -513,7 +517,7 @@ bool forwardCuda(const Kokkos::Cuda& space, QV q, QV k, QV v, const VarlenBatch&
     // document's copy to one block)
     const std::int64_t per = static_cast<std::int64_t>(o.extent(1) * o.extent(2));
     const std::int64_t n2 = o.extent(2);
-    Kokkos::View<std::uint8_t*, Kokkos::CudaSpace> owned("wlb::attention::cuda::owned_rows", o.extent(0));
+    owned = Kokkos::View<std::uint8_t*, Kokkos::CudaSpace>("wlb::attention::cuda::owned_rows", o.extent(0));
     Kokkos::parallel_for(
         "wlb::attention::cuda::mark_rows",
         Kokkos::TeamPolicy<Kokkos::Cuda>(space, static_cast<int>(rng.extent(0)), Kokkos::AUTO),
@@ -545,6 +549,7 @@ bool backwardCuda(const Kokkos::Cuda& space, QV q, QV k, QV v, QV o, LV lse, QV 
       lse.stride(1) != 1)
     return false;
   const auto lease = cuda::DeviceScratch::lease();
+  CudaBf16View qb, kb, vb, dOb;                                           // as in forwardCuda: freed after the fence
   const cuda::FenceOnExit done{space, "wlb::attention::cuda::bwd_done"};  // before the lease ends
   const auto rng = cuda::ranges(space, b);
   cuda::Args a = cudaArgs(q, k, v, o, s);
@@ -571,10 +576,10 @@ bool backwardCuda(const Kokkos::Cuda& space, QV q, QV k, QV v, QV o, LV lse, QV 
     if (cfg.precision != KernelConfig::Precision::Bf16) {
       ok = cuda::simtBackward(space, a, b);
     } else {
-      const auto qb = toBf16View(space, q, "wlb::attention::q_bf16");
-      const auto kb = toBf16View(space, k, "wlb::attention::k_bf16");
-      const auto vb = toBf16View(space, v, "wlb::attention::v_bf16");
-      const auto dOb = toBf16View(space, dO, "wlb::attention::dO_bf16");
+      qb = toBf16View(space, q, "wlb::attention::q_bf16");
+      kb = toBf16View(space, k, "wlb::attention::k_bf16");
+      vb = toBf16View(space, v, "wlb::attention::v_bf16");
+      dOb = toBf16View(space, dO, "wlb::attention::dO_bf16");
       cuda::Args ab = a;
       ab.q = qb.data();
       ab.k = kb.data();

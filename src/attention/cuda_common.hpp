@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <exception>
 #include <mutex>
 #include <numeric>
 #include <string>
@@ -73,13 +74,25 @@ class DeviceScratch {
 /// before its lease on the scratch ends, on every return path. The one fence of a CUDA
 /// attention call: the launchers below it queue their kernels and return. (A fence with nothing queued
 /// costs a few microseconds; the cudaFree calls it replaces synchronised the whole device.)
+/// A fence that fails on a normal return throws (an error the caller can report, not
+/// std::terminate); while another exception unwinds the call, its error is dropped.
 struct FenceOnExit {
   const Kokkos::Cuda& space;
   const char* label;
+  int unwinding = std::uncaught_exceptions();
   FenceOnExit(const Kokkos::Cuda& s, const char* l) : space(s), label(l) {}
   FenceOnExit(const FenceOnExit&) = delete;
   FenceOnExit& operator=(const FenceOnExit&) = delete;
-  ~FenceOnExit() { space.fence(label); }
+  ~FenceOnExit() noexcept(false) {
+    if (std::uncaught_exceptions() == unwinding) {
+      space.fence(label);
+      return;
+    }
+    try {
+      space.fence(label);
+    } catch (...) {  // NOLINT(bugprone-empty-catch): the exception in flight is the one to report
+    }
+  }
 };
 
 /// Views over DeviceScratch slots (unmanaged: the slot owns the memory).
