@@ -82,6 +82,7 @@ int runPlan(const Opts& o) {
     if (!o.summary_json.empty()) checkOutputPath(o.summary_json, "--summary-json");
   });
   std::vector<std::unique_ptr<packing::Packer>> packers;
+  packers.reserve(names.size());
   for (const auto& n : names) packers.push_back(packing::makePacker(n, deck, cost));
   nlohmann::json resume;
   if (!o.resume.empty()) {

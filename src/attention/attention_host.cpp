@@ -15,6 +15,9 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
+// Products of tile, vector and head_dim indices (at most tile x head_dim, far below 2^31)
+// are formed in int and widened only as offsets.
+// NOLINTBEGIN(bugprone-implicit-widening-of-multiplication-result)
 namespace wlb::attention::host {
 namespace {
 
@@ -462,5 +465,6 @@ void unpackDq(const Args& a, std::int64_t piece, std::int64_t qt, int h) {
 }
 
 }  // namespace wlb::attention::host
+// NOLINTEND(bugprone-implicit-widening-of-multiplication-result)
 
 #endif  // WLB_ATTN_HOST_SIMD

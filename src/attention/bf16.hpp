@@ -11,7 +11,7 @@
 
 namespace wlb::attention {
 
-struct bf16 {
+struct bf16 {  // NOLINT(readability-identifier-naming): named as a built-in float type, like float and half
   std::uint16_t bits = 0;
 };
 

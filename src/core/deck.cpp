@@ -201,7 +201,7 @@ double checkFloat(const KeySpec& k, const TomlValue& v, const Origin& o) {
 
 std::string checkString(const KeySpec& k, const TomlValue& v, const Origin& o) {
   if (!v.is_string()) fail(o, "key '" + k.name() + "' must be a string, got " + typeName(v) + " " + literalOf(v));
-  const std::string s = v.as_string().str;
+  std::string s = v.as_string().str;
   if (!k.choices.empty() && std::find(k.choices.begin(), k.choices.end(), s) == k.choices.end()) {
     std::string allowed;
     for (const auto& c : k.choices) allowed += (allowed.empty() ? "" : ", ") + c;
@@ -272,7 +272,7 @@ std::string applyOverride(Deck& d, const std::string& text, const std::string& o
   const auto eq = text.find('=');
   if (eq == std::string::npos) fail(o, "expected table.key=value");
   std::string lhs = text.substr(0, eq), rhs = text.substr(eq + 1);
-  auto trim = [](std::string s) {
+  auto trim = [](const std::string& s) {
     const auto b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
     return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
   };

@@ -18,6 +18,7 @@ std::string num(double v) {
 }
 
 // Field accessors: `F(model.hidden)` -> a function returning &deck.model.hidden.
+// NOLINTNEXTLINE(bugprone-macro-parentheses): `path` is a member path, not an expression
 #define WLB_F(path) [](Deck& d) -> void* { return &d.path; }
 
 KeySpec I(const char* t, const char* k, double lo, double hi, std::function<void*(Deck&)> p, const char* help) {

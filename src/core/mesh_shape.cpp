@@ -42,7 +42,7 @@ std::vector<int> MeshShape::groupOf(int rank, const std::vector<Axis>& axes) con
   for (Axis a : axes) vary[static_cast<int>(a)] = true;
   std::vector<int> out;
   std::array<int, 4> b{base.tp, base.cp, base.pp, base.dp};
-  std::array<int, 4> lo, hi;
+  std::array<int, 4> lo{}, hi{};
   for (int a = 0; a < 4; ++a) {
     lo[a] = vary[a] ? 0 : b[a];
     hi[a] = vary[a] ? dims_[a] : b[a] + 1;

@@ -42,7 +42,7 @@ class MeshShape {
   std::string describe() const;  ///< "tp=2 cp=2 pp=1 dp=1 (4 ranks)"
 
  private:
-  std::array<int, 4> dims_;
+  std::array<int, 4> dims_{};
 };
 
 }  // namespace wlb

@@ -285,7 +285,7 @@ std::string resolvePath(const Deck& deck, const std::string& path) {
   if (!deck.source_path.empty()) {
     const auto slash = deck.source_path.find_last_of('/');
     const std::string dir = slash == std::string::npos ? "." : deck.source_path.substr(0, slash);
-    const std::string cand = dir + "/" + path;
+    std::string cand = dir + "/" + path;
     std::ifstream f(cand);
     if (f.good()) return cand;
   }

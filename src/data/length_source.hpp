@@ -42,7 +42,7 @@ class Rng {
   double normal();   ///< standard normal (Box-Muller, no cached spare)
 
  private:
-  std::uint64_t s_[4];
+  std::uint64_t s_[4]{};
 };
 
 /// A document-length distribution (one generator preset), in tokens before scaling.

@@ -97,6 +97,7 @@ void untar(const std::string& tarball, const fs::path& into) {
   std::vector<std::string> args = {
       "tar", "-x", "-f", tarball, "-C", into.string(), "--no-same-owner", "--no-same-permissions"};
   std::vector<char*> argv;
+  argv.reserve(args.size() + 1);
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   pid_t pid = 0;

@@ -2,6 +2,7 @@
 #include "model/throughput.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <stdexcept>
 
@@ -77,7 +78,9 @@ Ratio throughputSpeedup(const std::vector<StepWork>& base, const std::vector<Ste
   }
   if (v.empty()) return r;
   std::sort(v.begin(), v.end());
-  const auto q = [&](double p) { return v[static_cast<std::size_t>(p * static_cast<double>(v.size() - 1) + 0.5)]; };
+  const auto q = [&](double p) {
+    return v[static_cast<std::size_t>(std::lround(p * static_cast<double>(v.size() - 1)))];
+  };
   r.lo = q(0.025);
   r.hi = q(0.975);
   return r;

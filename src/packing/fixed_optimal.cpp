@@ -179,7 +179,8 @@ MinMaxResult solveMinMaxSquares(const std::vector<std::int64_t>& lengths, int bi
   if (have_warm) {
     sol.assign(static_cast<std::size_t>(ncols), 0.0);
     if (reduced) {
-      for (std::size_t k = 0; k < nf; ++k) sol[static_cast<std::size_t>(first_col[k] + (*warm)[order[k]])] = 1.0;
+      for (std::size_t k = 0; k < nf; ++k)
+        sol[static_cast<std::size_t>(first_col[k]) + static_cast<std::size_t>((*warm)[order[k]])] = 1.0;
     } else {
       // Relabel bins by first use in sorted order so the warm start obeys symmetry breaking.
       std::vector<int> relabel(static_cast<std::size_t>(bins), -1);
@@ -187,7 +188,7 @@ MinMaxResult solveMinMaxSquares(const std::vector<std::int64_t>& lengths, int bi
       for (std::size_t k = 0; k < n; ++k) {
         int& b = relabel[static_cast<std::size_t>((*warm)[order[k]])];
         if (b < 0) b = next++;
-        sol[static_cast<std::size_t>(first_col[k] + b)] = 1.0;
+        sol[static_cast<std::size_t>(first_col[k]) + static_cast<std::size_t>(b)] = 1.0;
       }
     }
     sol[static_cast<std::size_t>(zcol)] = warm_obj / scale;

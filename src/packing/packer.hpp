@@ -112,6 +112,7 @@ std::unique_ptr<Packer> makePacker(const std::string& name, const PackerOptions&
 /// over all dp*M micro-batches of the step (empty ones count as 0 work; 1.0 when the step
 /// has no work). Segments are independent causal attention spans (types.hpp), so
 /// W_a(segment) = attnSeconds(0, length). Delays are token-weighted over trained tokens.
+// NOLINTNEXTLINE(bugprone-exception-escape): flagged for its nlohmann::json member, whose moves do not throw
 struct StepMetrics {
   std::int64_t step = 0;
   std::int64_t micro_batches = 0, segments = 0, tokens = 0, delayed_docs = 0;

@@ -151,9 +151,10 @@ WorkTable::WorkTable(const model::CostModel& cost, std::int64_t max_len) : cost_
   if (tq < 1 || tk < 1) return;
   const std::int64_t rows = max_len / tq + 2;
   prefix_.assign(static_cast<std::size_t>(rows + 1), 0.0);
-  for (std::int64_t i = 1; i <= rows; ++i)
-    prefix_[static_cast<std::size_t>(i)] =
-        prefix_[static_cast<std::size_t>(i - 1)] + static_cast<double>((i * tq + tk - 1) / tk);
+  for (std::int64_t i = 1; i <= rows; ++i) {
+    const std::int64_t key_tiles = (i * tq + tk - 1) / tk;
+    prefix_[static_cast<std::size_t>(i)] = prefix_[static_cast<std::size_t>(i - 1)] + static_cast<double>(key_tiles);
+  }
   const auto& d = cost.dims();
   const double heads = static_cast<double>(d.heads) / static_cast<double>(cost.tp());
   flops_per_block_fwd_ = 4.0 * static_cast<double>(tq * tk) * static_cast<double>(d.head_dim) * heads;
@@ -176,7 +177,8 @@ double WorkTable::fastAttn(std::int64_t len) const {
   const auto& hw = cost_->hardware();
   const std::int64_t tq = hw.tile_q, tk = hw.tile_k;
   const std::int64_t row_tiles = (len + tq - 1) / tq;
-  const double blocks = prefix_[static_cast<std::size_t>(row_tiles - 1)] + static_cast<double>((len + tk - 1) / tk);
+  const std::int64_t key_tiles = (len + tk - 1) / tk;
+  const double blocks = prefix_[static_cast<std::size_t>(row_tiles - 1)] + static_cast<double>(key_tiles);
   const double f = blocks * flops_per_block_fwd_;
   const double q = static_cast<double>(len);
   return f / (hw.attnGflops(Phase::Fwd, q, q) * 1e9) +

@@ -427,7 +427,7 @@ class WlbPacker final : public Packer {
   /// function of the length).
   struct Item {
     Segment s;
-    double w;
+    double w = 0;
   };
   struct Cand {
     std::size_t q, i, base;

@@ -175,7 +175,8 @@ CommBackend resolveCommBackend(const std::string& name, MPI_Comm world) {
   std::vector<long long> all(static_cast<std::size_t>(2 * size));
   MPI_Allgather(key, 2, MPI_LONG_LONG, all.data(), 2, MPI_LONG_LONG, world);
   std::vector<std::pair<long long, long long>> pairs;
-  for (int r = 0; r < size; ++r) pairs.emplace_back(all[2 * r], all[2 * r + 1]);
+  pairs.reserve(static_cast<std::size_t>(size));
+  for (std::size_t r = 0; r < static_cast<std::size_t>(size); ++r) pairs.emplace_back(all[2 * r], all[2 * r + 1]);
   std::sort(pairs.begin(), pairs.end());
   const bool shared = std::adjacent_find(pairs.begin(), pairs.end()) != pairs.end();
   if (!shared) return CommBackend::Nccl;

@@ -30,7 +30,8 @@ double DagResult::bubbleFraction() const {
 
 DagResult simulateDag(const Schedule& sched, const PipelineCosts& costs, const std::vector<ExtraDep>& extra) {
   const int p = sched.stages, M = sched.micro_batches, V = sched.virtualStages();
-  if (costs.vstages != V || costs.micro_batches != M || costs.fwd.size() != static_cast<std::size_t>(V * M) ||
+  if (costs.vstages != V || costs.micro_batches != M ||
+      costs.fwd.size() != static_cast<std::size_t>(V) * static_cast<std::size_t>(M) ||
       costs.bwd.size() != costs.fwd.size() || costs.p2p.size() != static_cast<std::size_t>(M) ||
       (!costs.free_bytes.empty() && costs.free_bytes.size() != costs.fwd.size()) ||
       (!costs.p2p_bwd.empty() && costs.p2p_bwd.size() != costs.p2p.size()))

@@ -49,7 +49,7 @@ Schedule blank(ScheduleKind kind, int stages, int micro_batches, int chunks) {
   s.micro_batches = micro_batches;
   s.chunks = chunks;
   s.order.assign(static_cast<std::size_t>(stages), {});
-  for (auto& o : s.order) o.reserve(static_cast<std::size_t>(2 * micro_batches * chunks));
+  for (auto& o : s.order) o.reserve(2 * static_cast<std::size_t>(micro_batches) * static_cast<std::size_t>(chunks));
   return s;
 }
 }  // namespace
@@ -323,7 +323,7 @@ void validateSchedule(const Schedule& s) {
   if (static_cast<int>(s.order.size()) != s.stages)
     throw std::logic_error("schedule: order has " + std::to_string(s.order.size()) + " stages, expected " +
                            std::to_string(s.stages));
-  const std::size_t per = static_cast<std::size_t>(s.micro_batches * s.chunks);
+  const std::size_t per = static_cast<std::size_t>(s.micro_batches) * static_cast<std::size_t>(s.chunks);
   for (int st = 0; st < s.stages; ++st) {
     const auto& o = s.order[static_cast<std::size_t>(st)];
     if (o.size() != 2 * per)
@@ -333,7 +333,8 @@ void validateSchedule(const Schedule& s) {
     for (const Task& t : o) {
       if (t.mb < 0 || t.mb >= s.micro_batches || t.chunk < 0 || t.chunk >= s.chunks)
         throw std::logic_error("schedule: stage " + std::to_string(st) + " has an out-of-range task");
-      const std::size_t key = static_cast<std::size_t>(t.mb * s.chunks + t.chunk);
+      const std::size_t key =
+          static_cast<std::size_t>(t.mb) * static_cast<std::size_t>(s.chunks) + static_cast<std::size_t>(t.chunk);
       if (t.phase == Phase::Fwd) {
         if (seen[key]++) throw std::logic_error("schedule: duplicate forward task");
       } else {

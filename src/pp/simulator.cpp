@@ -350,7 +350,7 @@ constexpr std::uint64_t kScatterSeed = 0x5eed, kNoiseSeed = 0x7015e, kStepSeed =
 StepSimulator::StepSimulator(SimConfig cfg, const model::CostModel& cost) : cfg_(cfg), cost_(&cost) {
   if (cfg_.tp < 1 || cfg_.cp < 1 || cfg_.pp < 1 || cfg_.dp < 1 || cfg_.chunks < 1)
     throw InputError("simulator: mesh dimensions must be >= 1", true);
-  if (cost.dims().layers < cfg_.pp * cfg_.chunks)
+  if (cost.dims().layers < static_cast<std::int64_t>(cfg_.pp) * cfg_.chunks)
     throw InputError("model.layers (" + std::to_string(cost.dims().layers) + ") must be at least pp * virtual_stages",
                      true);
   if (cfg_.rank_spread < 0 || cfg_.rank_spread >= 1 || cfg_.step_spread < 0 || cfg_.step_spread >= 1 ||
@@ -710,7 +710,7 @@ StepResult StepSimulator::simulateOnce(const std::vector<std::vector<MicroBatchW
   StepResult res;
   res.replica_seconds.assign(static_cast<std::size_t>(D), 0.0);
   res.peak_bytes.assign(static_cast<std::size_t>(P), 0.0);
-  res.rank_busy.assign(static_cast<std::size_t>(D * P * C), 0.0);
+  res.rank_busy.assign(static_cast<std::size_t>(D) * static_cast<std::size_t>(P) * static_cast<std::size_t>(C), 0.0);
   std::vector<double> stage_done(static_cast<std::size_t>(P), 0.0), grad(static_cast<std::size_t>(P));
   for (int s = 0; s < P; ++s) grad[s] = gradSyncSeconds(s);
 
@@ -834,7 +834,7 @@ StepResult StepSimulator::simulateOnce(const std::vector<std::vector<MicroBatchW
             }
           }
         }
-        res.rank_busy[static_cast<std::size_t>((d * P + s) * C + c)] = busy;
+        res.rank_busy[(static_cast<std::size_t>(d) * P + s) * C + c] = busy;
         busy_total += busy * cfg_.tp;
         if (rec && grad[s] > 0)
           for (int tr = 0; tr < cfg_.tp; ++tr) {

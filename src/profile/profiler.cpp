@@ -354,6 +354,7 @@ std::vector<std::int64_t> geomGrid(std::int64_t lo, std::int64_t hi, int points)
   lo = std::max<std::int64_t>(1, lo);
   if (hi <= lo || points < 2) return {lo};
   std::vector<std::int64_t> v;
+  v.reserve(static_cast<std::size_t>(points));
   for (int i = 0; i < points; ++i)
     v.push_back(std::llround(static_cast<double>(lo) *
                              std::pow(static_cast<double>(hi) / static_cast<double>(lo), i / (points - 1.0))));
@@ -799,7 +800,7 @@ ProfileResult measureProfile(ProfileOptions o) {
   const Ctx ctx{o, cfg, clock};
   nlohmann::json fwd = nlohmann::json::array(), bwd = nlohmann::json::array();
   const auto t_cells = std::chrono::steady_clock::now();
-  const auto cells = static_cast<long long>(o.q_lens.size() * o.k_lens.size());
+  const auto cells = static_cast<long long>(o.q_lens.size()) * static_cast<long long>(o.k_lens.size());
   long long done = 0;
   for (auto nq : o.q_lens) {
     nlohmann::json rf = nlohmann::json::array(), rb = nlohmann::json::array();

@@ -48,6 +48,7 @@ struct ProfileOptions {
   bool progress = true;                      ///< a line per measured cell on stderr
 };
 
+// NOLINTNEXTLINE(bugprone-exception-escape): flagged for its nlohmann::json member, whose moves do not throw
 struct ProfileResult {
   nlohmann::json profile;  ///< the profile document (docs/profile-format.md)
   /// As measured (the document rounds them and records 220 when no peak was measured).

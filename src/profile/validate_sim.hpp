@@ -51,6 +51,7 @@ struct ValidateSimOptions {
   TemporaryTracker track_temporary;  ///< the driver's hook for temporaries (core/output_file.hpp)
 };
 
+// NOLINTNEXTLINE(bugprone-exception-escape): flagged for its nlohmann::json member, whose moves do not throw
 struct ValidateSimResult {
   bool pass = false;                 ///< every |error| within tolerance, every ordering the same up to ties
   double max_abs_error_percent = 0;  ///< over every deck and strategy

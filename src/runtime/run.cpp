@@ -102,7 +102,7 @@ struct RunContext {
   parallel::Mesh& mesh;
   const model::CostModel& cost;
   const TokenSource& tokens;
-  cp::CommMode comm_mode;
+  cp::CommMode comm_mode{};
   std::int64_t M = 0;
   int layers = 0;
   pp::Schedule schedule;
@@ -325,7 +325,7 @@ std::vector<OpTimer::Row> gatherTimes(const OpTimer& timer, MPI_Comm comm) {
   std::string all;
   if (me == 0) {
     for (int r = 1; r < n; ++r) offs[r] = offs[r - 1] + lens[r - 1];
-    all.resize(static_cast<std::size_t>(offs[n - 1] + lens[n - 1]));
+    all.resize(static_cast<std::size_t>(offs[n - 1]) + static_cast<std::size_t>(lens[n - 1]));
   }
   MPI_Gatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(), MPI_CHAR, 0, comm);
   if (me != 0) return {};
@@ -660,8 +660,8 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
       if (drain)
         std::snprintf(where, sizeof where, "(drain)");
       else
-        std::snprintf(where, sizeof where, "(%lld of %lld)%s", static_cast<long long>(step + 1),
-                      static_cast<long long>(warmup + steps), sr.warmup ? " (warm-up)" : "");
+        std::snprintf(where, sizeof where, "(%lld of %lld)%s", static_cast<long long>(step) + 1,
+                      static_cast<long long>(warmup) + steps, sr.warmup ? " (warm-up)" : "");
       char bubble[32] = "";
       if (shape.pp() > 1) std::snprintf(bubble, sizeof bubble, "  bubble %.2f", sr.bubble);
       std::fprintf(opt.out,

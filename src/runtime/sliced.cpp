@@ -327,7 +327,7 @@ Mat SlicedStage::forwardT(int k, int l, const Mat& x, const IVec& pos) {
     attn_seconds_ = std::chrono::duration<double>(Clock::now() - t).count();
   }
   kbuf = vbuf = Act3T<T>();
-  const Mat y = outMlpForward(env_, w, a);
+  Mat y = outMlpForward(env_, w, a);
   // Save: one run per backward MicroPack the forward MicroPack feeds.
   Saved<T>& sv = saved<T>()[l];
   const auto& bc = slices_->bwd_cuts;

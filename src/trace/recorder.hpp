@@ -165,6 +165,7 @@ class Recorder {
       fence_ = [](const void* s) { static_cast<const ExecSpace*>(s)->fence(); };
     }
     template <class ExecSpace>
+    // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init): the constructor it delegates to does
     Scope(Recorder& rec, std::string_view label, const ExecSpace& space, double flops = 0, double bytes = 0)
         : Scope(rec, rec.region(label), space, flops, bytes) {}
     ~Scope() { stop(); }

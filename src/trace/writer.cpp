@@ -211,7 +211,7 @@ std::string Writer::commit(const Recorder& rec) {
     std::vector<RankCoord> coords = rec.virtualRanks();
     int max_rank = events.empty() ? 0 : events.back().rank;
     if (coords.empty()) {
-      coords.assign(static_cast<std::size_t>(std::max(max_rank, rec.rank()) + 1), RankCoord{});
+      coords.assign(static_cast<std::size_t>(std::max(max_rank, rec.rank())) + 1, RankCoord{});
       coords[static_cast<std::size_t>(rec.rank())] = rec.coord();
     }
     if (!events.empty() && (events.front().rank < 0 || max_rank >= static_cast<int>(coords.size())))

@@ -789,7 +789,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
         const double eta = el / static_cast<double>(step + 1 - start) * static_cast<double>(total_steps - step - 1);
         const std::string evs = ev >= 0 ? fmt::format("  eval {:.4f}", ev) : "";
         std::fprintf(stderr, "wlb train: step %lld/%lld  loss %.4f%s  lr %.3g  gnorm %.3g  %.0f tok/s  ETA %.0f s\n",
-                     static_cast<long long>(step + 1), static_cast<long long>(total_steps), loss, evs.c_str(),
+                     static_cast<long long>(step) + 1, static_cast<long long>(total_steps), loss, evs.c_str(),
                      oc.lrAt(step), gnorm, busy > 0 ? static_cast<double>(run_tokens) / busy : 0.0, eta);
         std::fflush(stderr);
       }
