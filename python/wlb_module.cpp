@@ -490,7 +490,10 @@ struct PyPacker {
       out->plan_us = std::chrono::duration<double, std::micro>(t1 - t0).count();
       out->incoming = static_cast<std::int64_t>(docs.size());
       out->solver = packer->lastSolverInfo();
-      out->docs = given ? *given : std::move(drawn);
+      if (given)
+        out->docs = *given;
+      else
+        out->docs = std::move(drawn);  // the plan is made: `docs` is not read again
     }
     out->cost = cost;
     last_step = step;
