@@ -33,7 +33,25 @@ void requireShape(const View& v, std::int64_t rows, std::int64_t d1, std::int64_
 struct Shape {
   int heads = 0, kv_heads = 0, head_dim = 0;
   float scale = 1.0f;
+  /// The scale in the kernels' exp2 units (scale * log2(e)).
+  float scaleLog2() const { return scale * 1.4426950408889634f; }
 };
+
+/// The argument fields the host and CUDA argument blocks share (host::Args, cuda::Args):
+/// Q, K, V with their row strides, and the shape.
+template <class A, class V>
+void setInputs(A& a, const V& q, const V& k, const V& v, Shape s) {
+  a.q = q.data();
+  a.k = k.data();
+  a.v = v.data();
+  a.q_s0 = q.stride(0);
+  a.k_s0 = k.stride(0);
+  a.v_s0 = v.stride(0);
+  a.heads = s.heads;
+  a.kv_heads = s.kv_heads;
+  a.head_dim = s.head_dim;
+  a.scale = s.scale;
+}
 
 template <class In3>
 Shape checkCommon(const In3& q, const In3& k, const In3& v, const VarlenBatch& b, const KernelConfig& cfg,
@@ -250,25 +268,16 @@ struct HostOffsets {
   }
 };
 
-/// The fields forward and backward share: Q, K, V with their row strides, the shape and
-/// tiles, the pieces and their tile offsets (which `offs` must outlive the call).
+/// The fields forward and backward share: the inputs and shape (setInputs), the tiles, the
+/// pieces and their tile offsets (which `offs` must outlive the call).
 template <class In3>
 host::Args hostArgs(const In3& q, const In3& k, const In3& v, const VarlenBatch& b, const HostOffsets& offs,
                     const KernelConfig& cfg, Shape s) {
   host::Args a;
-  a.q = q.data();
-  a.k = k.data();
-  a.v = v.data();
-  a.q_s0 = q.stride(0);
-  a.k_s0 = k.stride(0);
-  a.v_s0 = v.stride(0);
-  a.heads = s.heads;
-  a.kv_heads = s.kv_heads;
-  a.head_dim = s.head_dim;
+  setInputs(a, q, k, v, s);
+  a.scale2 = s.scaleLog2();
   a.tile_q = cfg.tile_q;
   a.tile_k = cfg.tile_k;
-  a.scale = s.scale;
-  a.scale2 = s.scale * 1.4426950408889634f;
   a.pieces = b.pieces.data();
   a.num_pieces = static_cast<std::int64_t>(b.pieces.size());
   a.kb_off = offs.kb_off.data();
@@ -458,18 +467,9 @@ CudaBf16View toBf16View(const Kokkos::Cuda& space, const V& x, const char* label
 template <class QV, class OV>
 cuda::Args cudaArgs(const QV& q, const QV& k, const QV& v, const OV& o, Shape s) {
   cuda::Args a;
-  a.q = q.data();
-  a.k = k.data();
-  a.v = v.data();
-  a.q_s0 = q.stride(0);
-  a.k_s0 = k.stride(0);
-  a.v_s0 = v.stride(0);
+  setInputs(a, q, k, v, s);
+  a.scale_log2 = s.scaleLog2();
   a.o_s0 = o.stride(0);
-  a.heads = s.heads;
-  a.kv_heads = s.kv_heads;
-  a.head_dim = s.head_dim;
-  a.scale = s.scale;
-  a.scale_log2 = s.scale * 1.4426950408889634f;
   return a;
 }
 

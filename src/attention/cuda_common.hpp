@@ -84,13 +84,10 @@ struct FenceOnExit {
   FenceOnExit(const FenceOnExit&) = delete;
   FenceOnExit& operator=(const FenceOnExit&) = delete;
   ~FenceOnExit() noexcept(false) {
-    if (std::uncaught_exceptions() == unwinding) {
-      space.fence(label);
-      return;
-    }
     try {
       space.fence(label);
-    } catch (...) {  // NOLINT(bugprone-empty-catch): the exception in flight is the one to report
+    } catch (...) {
+      if (std::uncaught_exceptions() == unwinding) throw;  // else the exception in flight is the one to report
     }
   }
 };
