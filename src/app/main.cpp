@@ -87,6 +87,92 @@ int worldSize() {
 
 }  // namespace wlb::app
 
+namespace {
+
+/// Kokkos, the option parser and the chosen subcommand; returns the exit code. Errors from
+/// the subcommand are handled here; main() catches what setting up throws.
+int dispatch(int argc, char** argv) {
+  int rc = 0;
+  // Kokkos sees only --kokkos-* arguments (so `wlb --help` is ours), CLI11 the rest.
+  std::vector<char*> kokkos_argv{argv[0]}, cli_argv{argv[0]};
+  for (int i = 1; i < argc; ++i)
+    (std::string(argv[i]).rfind("--kokkos-", 0) == 0 ? kokkos_argv : cli_argv).push_back(argv[i]);
+  int kokkos_argc = static_cast<int>(kokkos_argv.size());
+  {
+    Kokkos::ScopeGuard kokkos(kokkos_argc, kokkos_argv.data());
+    const int rank = wlb::app::worldRank();
+
+    CLI::App app{"wlb — workload-balanced 4D-parallel LLM training: plan, run, simulate, analyse"};
+    app.require_subcommand(0, 1);
+    app.option_defaults()->always_capture_default();  // --help shows every option's default
+    bool show_version = false;
+    app.add_flag("--version", show_version, "Print version, git hash, Kokkos, MPI and HDF5");
+
+    std::map<std::string, std::pair<CLI::App*, wlb::app::Runner>> subs;
+    for (auto& [name, entry] : wlb::app::registry()) {
+      CLI::App* sub = app.add_subcommand(name, entry.description);
+      subs[name] = {sub, entry.setup(*sub)};
+    }
+
+    try {
+      // the first word must be a subcommand (the driver has no positional arguments)
+      if (cli_argv.size() > 1 && cli_argv[1][0] != '-' && !subs.count(cli_argv[1])) {
+        const std::string word = cli_argv[1];
+        std::vector<std::string> names;
+        names.reserve(subs.size());
+        for (const auto& entry : subs) names.push_back(entry.first);
+        const std::string best = wlb::nearest(word, names);
+        std::string list;
+        for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+        throw wlb::InputError(
+            "unknown subcommand '" + word + "'" +
+                (wlb::editDistance(word, best) <= 2 ? " (did you mean '" + best + "'?)" : std::string()) +
+                "; subcommands: " + list,
+            true);
+      }
+      app.parse(static_cast<int>(cli_argv.size()), cli_argv.data());
+      if (show_version) {
+        if (rank == 0) std::cout << wlb::app::versionReport();
+      } else if (app.get_subcommands().empty()) {
+        if (rank == 0) std::cout << app.help();
+      } else {
+        const auto* chosen = app.get_subcommands().front();
+        rc = subs.at(chosen->get_name()).second();
+      }
+    } catch (const CLI::ParseError& e) {
+      // --help and friends are "errors" with exit code 0.
+      if (rank == 0)
+        rc = app.exit(e);
+      else
+        rc = e.get_exit_code();
+      if (rc != 0) rc = wlb::kExitBadInput;
+    } catch (const wlb::InputError& e) {
+      if (!e.collective() || rank == 0) {
+        if (e.collective() || wlb::app::worldSize() == 1)
+          std::fprintf(stderr, "wlb: error: %s\n", e.what());
+        else
+          std::fprintf(stderr, "wlb: error (rank %d): %s\n", rank, e.what());
+      }
+      rc = wlb::kExitBadInput;
+    } catch (const std::filesystem::filesystem_error& e) {
+      // a path the user gave (an output under a file, an unwritable directory): bad input,
+      // not an internal error; other ranks may be waiting in a collective, so abort them
+      // with the same exit code
+      std::fprintf(stderr, "wlb: error (rank %d): %s\n", rank, e.what());
+      std::fflush(stderr);
+      if (wlb::app::worldSize() > 1) MPI_Abort(MPI_COMM_WORLD, wlb::kExitBadInput);
+      rc = wlb::kExitBadInput;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "wlb: internal error (rank %d): %s\n", rank, e.what());
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+  }
+  return rc;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   wlb::keepFreedHeap();  // large buffers stay with the process (core/heap.hpp)
   // THREAD_MULTIPLE where the library has it: the pipeline executor drives transfers from a
@@ -94,84 +180,10 @@ int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int rc = 0;
-  // Setting up (Kokkos, the option parser) can throw before the handlers below exist: end
-  // every rank with the message rather than std::terminate.
+  // Setting up (Kokkos, the option parser) can throw outside dispatch's handlers: end every
+  // rank with the message rather than std::terminate.
   try {
-    // Kokkos sees only --kokkos-* arguments (so `wlb --help` is ours), CLI11 the rest.
-    std::vector<char*> kokkos_argv{argv[0]}, cli_argv{argv[0]};
-    for (int i = 1; i < argc; ++i)
-      (std::string(argv[i]).rfind("--kokkos-", 0) == 0 ? kokkos_argv : cli_argv).push_back(argv[i]);
-    int kokkos_argc = static_cast<int>(kokkos_argv.size());
-    {
-      Kokkos::ScopeGuard kokkos(kokkos_argc, kokkos_argv.data());
-      const int rank = wlb::app::worldRank();
-
-      CLI::App app{"wlb — workload-balanced 4D-parallel LLM training: plan, run, simulate, analyse"};
-      app.require_subcommand(0, 1);
-      app.option_defaults()->always_capture_default();  // --help shows every option's default
-      bool show_version = false;
-      app.add_flag("--version", show_version, "Print version, git hash, Kokkos, MPI and HDF5");
-
-      std::map<std::string, std::pair<CLI::App*, wlb::app::Runner>> subs;
-      for (auto& [name, entry] : wlb::app::registry()) {
-        CLI::App* sub = app.add_subcommand(name, entry.description);
-        subs[name] = {sub, entry.setup(*sub)};
-      }
-
-      try {
-        // the first word must be a subcommand (the driver has no positional arguments)
-        if (cli_argv.size() > 1 && cli_argv[1][0] != '-' && !subs.count(cli_argv[1])) {
-          const std::string word = cli_argv[1];
-          std::vector<std::string> names;
-          names.reserve(subs.size());
-          for (const auto& entry : subs) names.push_back(entry.first);
-          const std::string best = wlb::nearest(word, names);
-          std::string list;
-          for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
-          throw wlb::InputError(
-              "unknown subcommand '" + word + "'" +
-                  (wlb::editDistance(word, best) <= 2 ? " (did you mean '" + best + "'?)" : std::string()) +
-                  "; subcommands: " + list,
-              true);
-        }
-        app.parse(static_cast<int>(cli_argv.size()), cli_argv.data());
-        if (show_version) {
-          if (rank == 0) std::cout << wlb::app::versionReport();
-        } else if (app.get_subcommands().empty()) {
-          if (rank == 0) std::cout << app.help();
-        } else {
-          const auto* chosen = app.get_subcommands().front();
-          rc = subs.at(chosen->get_name()).second();
-        }
-      } catch (const CLI::ParseError& e) {
-        // --help and friends are "errors" with exit code 0.
-        if (rank == 0)
-          rc = app.exit(e);
-        else
-          rc = e.get_exit_code();
-        if (rc != 0) rc = wlb::kExitBadInput;
-      } catch (const wlb::InputError& e) {
-        if (!e.collective() || rank == 0) {
-          if (e.collective() || wlb::app::worldSize() == 1)
-            std::fprintf(stderr, "wlb: error: %s\n", e.what());
-          else
-            std::fprintf(stderr, "wlb: error (rank %d): %s\n", rank, e.what());
-        }
-        rc = wlb::kExitBadInput;
-      } catch (const std::filesystem::filesystem_error& e) {
-        // a path the user gave (an output under a file, an unwritable directory): bad input,
-        // not an internal error; other ranks may be waiting in a collective, so abort them
-        // with the same exit code
-        std::fprintf(stderr, "wlb: error (rank %d): %s\n", rank, e.what());
-        std::fflush(stderr);
-        if (wlb::app::worldSize() > 1) MPI_Abort(MPI_COMM_WORLD, wlb::kExitBadInput);
-        rc = wlb::kExitBadInput;
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "wlb: internal error (rank %d): %s\n", rank, e.what());
-        std::fflush(stderr);
-        MPI_Abort(MPI_COMM_WORLD, 1);
-      }
-    }
+    rc = dispatch(argc, argv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "wlb: internal error while setting up: %s\n", e.what());
     std::fflush(stderr);
