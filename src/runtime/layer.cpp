@@ -12,6 +12,7 @@
 #include "core/error.hpp"
 #include "core/kokkos_compat.hpp"
 #include "runtime/host_kernels.hpp"
+#include "runtime/pool.hpp"
 #include "trace/recorder.hpp"
 
 namespace wlb::runtime {
@@ -270,30 +271,33 @@ auto rowsOf(const V& v, std::int64_t r0, std::int64_t r1) {
   else
     return Kokkos::subview(v, std::make_pair(r0, r1), Kokkos::ALL, Kokkos::ALL);
 }
+// From the pool (tokens of a SlimPack slice change every step: docs/runtime.md, "Buffers").
 template <class V>
-V alloc(const char* label, std::int64_t rows, const V& like) {
-  const auto a = Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label));
-  if constexpr (V::rank == 1)
-    return V(a, rows);
-  else if constexpr (V::rank == 2)
-    return V(a, rows, like.extent(1));
-  else
-    return V(a, rows, like.extent(1), like.extent(2));
+V alloc(BufferPool* pool, const char* label, std::int64_t rows, const V& like) {
+  using T = typename V::non_const_value_type;
+  if constexpr (V::rank == 1) {
+    static_assert(std::is_same_v<V, Vec>, "alloc: a rank-1 field is a Vec");
+    return newVec(pool, label, rows);
+  } else if constexpr (V::rank == 2) {
+    return newMatT<T>(pool, label, rows, static_cast<std::int64_t>(like.extent(1)));
+  } else {
+    return newAct3T<T>(pool, label, rows, static_cast<int>(like.extent(1)), static_cast<int>(like.extent(2)));
+  }
 }
 template <class V>
-V copyOf(const Space& space, const V& v, std::int64_t r0, std::int64_t r1, const char* label) {
+V copyOf(const Space& space, BufferPool* pool, const V& v, std::int64_t r0, std::int64_t r1, const char* label) {
   if (v.extent(0) == 0) return V();
-  V out = alloc(label, r1 - r0, v);
+  V out = alloc(pool, label, r1 - r0, v);
   Kokkos::deep_copy(space, out, rowsOf(v, r0, r1));
   return out;
 }
 template <class A, class V>
-V concatOf(const Space& space, const std::vector<const A*>& parts, V A::*field, const char* label) {
+V concatOf(const Space& space, BufferPool* pool, const std::vector<const A*>& parts, V A::*field, const char* label) {
   std::int64_t n = 0;
   const V& first = parts.front()->*field;
   if (first.extent(0) == 0 && parts.front()->rows() > 0) return V();  // not kept
   for (const A* p : parts) n += static_cast<std::int64_t>((p->*field).extent(0));
-  V out = alloc(label, n, first);
+  V out = alloc(pool, label, n, first);
   std::int64_t at = 0;
   for (const A* p : parts) {
     const V& src = p->*field;
@@ -325,18 +329,18 @@ void eachField(F&& f) {
 }  // namespace
 
 template <class T>
-LayerActsT<T> LayerActsT<T>::copyRows(const Space& space, std::int64_t r0, std::int64_t r1) const {
+LayerActsT<T> LayerActsT<T>::copyRows(const Space& space, BufferPool* pool, std::int64_t r0, std::int64_t r1) const {
   LayerActsT c;
-  eachField<T>([&](auto field, const char* label) { c.*field = copyOf(space, this->*field, r0, r1, label); });
+  eachField<T>([&](auto field, const char* label) { c.*field = copyOf(space, pool, this->*field, r0, r1, label); });
   return c;
 }
 
 template <class T>
-LayerActsT<T> LayerActsT<T>::concat(const Space& space, const std::vector<const LayerActsT*>& parts) {
+LayerActsT<T> LayerActsT<T>::concat(const Space& space, BufferPool* pool, const std::vector<const LayerActsT*>& parts) {
   if (parts.empty()) return {};
   if (parts.size() == 1) return *parts.front();
   LayerActsT c;
-  eachField<T>([&](auto field, const char* label) { c.*field = concatOf(space, parts, field, label); });
+  eachField<T>([&](auto field, const char* label) { c.*field = concatOf(space, pool, parts, field, label); });
   return c;
 }
 

@@ -135,10 +135,12 @@ struct LayerActsT {
   Lse lse;
   std::int64_t rows() const { return static_cast<std::int64_t>(x.extent(0)); }
   std::int64_t bytes() const;
-  /// A deep copy of rows [r0, r1) (a SlimPack slice's share of its forward MicroPack).
-  LayerActsT copyRows(const Space& space, std::int64_t r0, std::int64_t r1) const;
-  /// The rows of `parts` one after another (deep copies; one part is returned as is).
-  static LayerActsT concat(const Space& space, const std::vector<const LayerActsT*>& parts);
+  /// A deep copy of rows [r0, r1) (a SlimPack slice's share of its forward MicroPack), in
+  /// buffers from `pool` (null: allocated).
+  LayerActsT copyRows(const Space& space, BufferPool* pool, std::int64_t r0, std::int64_t r1) const;
+  /// The rows of `parts` one after another (deep copies from `pool`; one part is returned
+  /// as is).
+  static LayerActsT concat(const Space& space, BufferPool* pool, const std::vector<const LayerActsT*>& parts);
 };
 using LayerActs = LayerActsT<float>;
 

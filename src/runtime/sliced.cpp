@@ -310,7 +310,7 @@ Mat SlicedStage::forwardT(int k, int l, const Mat& x, const IVec& pos) {
   Act3T<T> pk, pv, kbuf, vbuf;
   const Keys keys = keyLayout(u);
   {
-    trace::PhaseScope r(kvRecorder(), trace::labels::kKvAllgather, space, trace::Phase::Fwd, 0, gatherBytes<T>(u));
+    trace::PhaseScope r(env_.recorder, trace::labels::kKvAllgather, space, trace::Phase::Fwd, 0, gatherBytes<T>(u));
     packedKv<T>(u, a.k, a.v, pk, pv);
     kbuf = pk, vbuf = pv;
     if (!keys.own) buildKv<T>(u, l, keys, pk, pv, kbuf, vbuf);
@@ -341,7 +341,7 @@ Mat SlicedStage::forwardT(int k, int l, const Mat& x, const IVec& pos) {
       run.acts = a;
     } else {
       const std::int64_t end = r1 < u.s1 ? fwd_row_[static_cast<std::size_t>(r1)] : n;
-      run.acts = a.copyRows(space, fwd_row_[static_cast<std::size_t>(r0)], end);
+      run.acts = a.copyRows(space, env_.pool, fwd_row_[static_cast<std::size_t>(r0)], end);
     }
     run.bytes = run.acts.bytes();
     held_ += run.bytes;
@@ -383,7 +383,7 @@ Mat SlicedStage::backwardT(int j, int l, const Mat& dy, const IVec& pos) {
   std::vector<const LayerActsT<T>*> parts;
   for (auto it = sv.runs.lower_bound(u.s0); it != sv.runs.end() && it->first < u.s1; ++it)
     parts.push_back(&it->second.acts);
-  LayerActsT<T> A = LayerActsT<T>::concat(space, parts);
+  LayerActsT<T> A = LayerActsT<T>::concat(space, env_.pool, parts);
   if (A.rows() != n) throw std::logic_error("SlicedStage::backward: saved rows do not cover the MicroPack");
   Mat dh;
   const Act3T<T> d_o = outMlpBackward(env_, w, g, A, dy, dh);
@@ -391,7 +391,7 @@ Mat SlicedStage::backwardT(int j, int l, const Mat& dy, const IVec& pos) {
   Act3T<T> kbuf, vbuf;
   const Keys keys = keyLayout(u);
   {
-    trace::PhaseScope r(kvRecorder(), trace::labels::kKvAllgather, space, trace::Phase::Bwd, 0, gatherBytes<T>(u));
+    trace::PhaseScope r(env_.recorder, trace::labels::kKvAllgather, space, trace::Phase::Bwd, 0, gatherBytes<T>(u));
     Act3T<T> pk, pv;
     packedKv<T>(u, A.k, A.v, pk, pv);
     kbuf = pk, vbuf = pv;
@@ -417,7 +417,7 @@ Mat SlicedStage::backwardT(int j, int l, const Mat& dy, const IVec& pos) {
   // later slices sent back, all added by now) joins its rows.
   Act3 dk, dv;
   {
-    trace::PhaseScope kv_scope(kvRecorder(), trace::labels::kKvAllgather, space, trace::Phase::Bwd, 0,
+    trace::PhaseScope kv_scope(env_.recorder, trace::labels::kKvAllgather, space, trace::Phase::Bwd, 0,
                                4.0 * static_cast<double>(n * sh.kv_heads * sh.head_dim) * 2 * (cp_ - 1));
     Act3 dpk = dkb, dpv = dvb;
     if (!keys.own) {

@@ -135,10 +135,6 @@ class SlicedStage {
   void packedKv(const Unit& u, const Act3T<T>& k, const Act3T<T>& v, Act3T<T>& pk, Act3T<T>& pv);
   /// cp > 1: the sum over the group of the packed key gradient, each rank's own rows.
   Act3 ownKvGrad(const Unit& u, const Act3& dpacked);
-  /// Where the KV work of a unit is recorded (label kv_allgather: the gather, the key
-  /// buffers, the key gradient's assembly and reduce-scatter): the recorder with cp > 1,
-  /// else nowhere (cp = 1 moves no KV between ranks).
-  trace::Recorder* kvRecorder() const { return cp_ > 1 ? env_.recorder : nullptr; }
   /// Bytes this rank receives in the all-gather of unit u's K and V.
   template <class T>
   double gatherBytes(const Unit& u) const {

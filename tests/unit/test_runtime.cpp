@@ -484,7 +484,7 @@ TEST(RuntimePool, ReusesFreedBlocksByRowBucket) {
 }
 
 // A larger request replaces a free block too small for it instead of caching a second
-// set; smaller requests then take the larger block while it is at most twice their bucket;
+// set; smaller requests take the smallest free block that holds them, however much larger;
 // a failed allocation gives back every free block before it fails.
 TEST(RuntimePool, GrowsBlocksInsteadOfKeepingOnePerBucket) {
   Space space;
@@ -498,16 +498,22 @@ TEST(RuntimePool, GrowsBlocksInsteadOfKeepingOnePerBucket) {
     EXPECT_EQ(pool.cachedBytes(), 4 * 2048 * 16);
   }
   {
-    Mat c = pool.mat("c", 1000, 16);          // 2048 <= 2 * 1024: the grown block
+    Mat c = pool.mat("c", 1000, 16);  // the grown block
     EXPECT_EQ(c.data(), grown);
     EXPECT_EQ(pool.hits(), 1);
-    Mat d = pool.mat("d", 128, 16);           // 2048 > 2 * 128: a block of its own
+    Mat d = pool.mat("d", 128, 16);  // c holds it: a block of its own
     EXPECT_NE(d.data(), grown);
     EXPECT_EQ(pool.misses(), 3);
     EXPECT_EQ(pool.cachedBytes(), 4 * (2048 + 128) * 16);
   }
   { Mat e = pool.mat("e", 120, 16); }         // best fit: the 128-row block, not the 2048
   EXPECT_EQ(pool.hits(), 2);
+  {
+    Mat f = pool.mat("f", 100, 16), g = pool.mat("g", 100, 16);  // the 128 block, then the 2048
+    EXPECT_EQ(g.data(), grown);
+    EXPECT_EQ(pool.misses(), 3);
+    EXPECT_EQ(pool.hits(), 4);
+  }
   Mat held = pool.mat("held", 64, 8);
 #if !defined(__SANITIZE_ADDRESS__)
   // 2^40 rows of 16 floats cannot be allocated: the free blocks go, the error stays.
