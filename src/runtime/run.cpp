@@ -666,10 +666,10 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
       if (shape.pp() > 1) std::snprintf(bubble, sizeof bubble, "  bubble %.2f", sr.bubble);
       std::fprintf(opt.out,
                    "[%-5s] step %lld %s  %.3f s  tokens %lld  loss %.4f  mb-imbalance %.2f  cp-imbalance %.2f  "
-                   "(predicted %.2f)%s  ETA %.0f s\n",
+                   "(predicted %.2f)%s  allocations %lld  ETA %.0f s\n",
                    st.strat.name.c_str(), static_cast<long long>(step), where, sr.seconds,
                    static_cast<long long>(sr.tokens), sr.loss, sr.mb_imbalance, sr.cp_imbalance, sr.predicted_imbalance,
-                   bubble, eta);
+                   bubble, static_cast<long long>(sr.allocations), eta);
       std::fflush(opt.out);
     }
     st.res.steps.push_back(std::move(sr));
