@@ -453,7 +453,6 @@ void runLayerPasses(const model::ModelDims& dims, std::int64_t tp, std::int64_t 
     t.embed_bwd = rec.now();
     t.cpu_seconds = cpuSeconds() - cpu0;
     x = y = dy = dx = rt::Mat();
-    pool.endStep();
     on_pass(it, t);
   }
 }

@@ -502,7 +502,6 @@ StageStepResult PipelineStage::run(const StageStepInput& in, std::int64_t t0_ns)
     for (auto& o : outgoing) MPI_Wait(&o.req, MPI_STATUS_IGNORE);
   }
   res.allocations = pool_.misses() - misses0;
-  pool_.endStep();
   return res;
 }
 

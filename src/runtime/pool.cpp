@@ -80,7 +80,6 @@ V BufferPool::take(std::vector<Entry<V>>& list, const char* label, std::int64_t 
   V out;
   ++requests_;
   if (best) {
-    best->idle = 0;
     best->used = requests_;
     out = leading(best->block, rows);
     ++hits_;
@@ -117,7 +116,7 @@ V BufferPool::take(std::vector<Entry<V>>& list, const char* label, std::int64_t 
         if (!giveBack()) throw;
       }
     }
-    list.push_back({block, 0, requests_});
+    list.push_back({block, requests_});
     out = leading(list.back().block, rows);
     ++misses_;
   }
@@ -171,15 +170,6 @@ BMat BufferPool::bmat(const char* label, std::int64_t rows, std::int64_t cols) {
 
 BAct3 BufferPool::bact3(const char* label, std::int64_t rows, int heads, int dim) {
   return take(bacts_, label, rows, heads, dim, false);
-}
-
-void BufferPool::endStep() {
-  eachList([](auto& list) {
-    for (auto& e : list) ++e.idle;
-    list.erase(std::remove_if(list.begin(), list.end(),
-                              [](const auto& e) { return e.idle > kKeepSteps && e.block.use_count() == 1; }),
-               list.end());
-  });
 }
 
 std::int64_t BufferPool::cachedBytes() const {

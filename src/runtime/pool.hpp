@@ -16,9 +16,11 @@
 ///   once. When the allocation fails (or would take the pool past its capacity, when one
 ///   is set), the free block used longest ago is given back and it is tried again, block
 ///   by block, so a nearly full device keeps the rest of its cache; with no free block
-///   left the error is the caller's. endStep() drops the free blocks no request took in the last kKeepSteps steps, so
-///   the pool holds the working set of the steps that repeat (`wlb run` interleaves its
-///   strategies step by step), not every shape ever seen.
+///   left the error is the caller's. Nothing else gives blocks back (as PyTorch's caching
+///   allocator): the shapes of SlimPack slices and KV messages change every step, and a
+///   step with the longest slices, which needs the largest blocks, comes back after any
+///   number of steps; evicting blocks idle for 4 or 8 steps re-allocated hundreds of blocks
+///   when it did (docs/runtime.md, "Buffers").
 /// * Uninitialised unless `zero` is asked for (zeroed on the pool's execution space).
 /// * One pool per rank and execution-space instance; not thread-safe.
 
@@ -41,11 +43,6 @@ class BufferPool {
   Act3 act3(const char* label, std::int64_t rows, int heads, int dim, bool zero = false);
   BMat bmat(const char* label, std::int64_t rows, std::int64_t cols);
   BAct3 bact3(const char* label, std::int64_t rows, int heads, int dim);
-  /// Steps a free block is kept without being taken (SlimPack's steps with long slices, which
-  /// need the largest blocks, came back within 4 to 6 steps on inputs/run_slimpack_pp2.toml).
-  static constexpr int kKeepSteps = 8;
-  /// A step boundary: drop the free blocks not taken in the last kKeepSteps steps.
-  void endStep();
   /// Give back every block no view is using.
   void releaseFree();
   /// Give back the free block used longest ago; false when no block is free.
@@ -60,7 +57,6 @@ class BufferPool {
   template <class V>
   struct Entry {
     V block;
-    int idle = 0;            ///< endStep() calls since it was last handed out
     std::uint64_t used = 0;  ///< request count when it was last handed out
   };
   /// f(list) for each of the five block lists (one per view type).

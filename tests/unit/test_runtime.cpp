@@ -451,8 +451,7 @@ TEST(RuntimeLayer, BackwardMatchesFiniteDifferences) {
 }
 
 // The activation pool: a block comes back once no view of it is alive, requests of the
-// same row bucket share it, zeroing on request, endStep() drops what kKeepSteps steps did
-// not take.
+// same row bucket share it, zeroing on request; free blocks stay cached until released.
 TEST(RuntimePool, ReusesFreedBlocksByRowBucket) {
   Space space;
   BufferPool pool(space);
@@ -475,10 +474,8 @@ TEST(RuntimePool, ReusesFreedBlocksByRowBucket) {
   for (std::size_t i = 0; i < h.size(); ++i) ASSERT_EQ(h.data()[i], 0.0f);
   EXPECT_EQ(pool.mat("d", 1000, 17).extent(1), 17u);  // other trailing extent: a miss
   EXPECT_EQ(pool.misses(), 3);
-  const std::int64_t all = pool.cachedBytes();
-  for (int i = 0; i < BufferPool::kKeepSteps; ++i) pool.endStep();
-  EXPECT_EQ(pool.cachedBytes(), all);  // kept while idle for kKeepSteps steps
-  pool.endStep();                      // then the free ones go; c's block is still held
+  EXPECT_EQ(pool.cachedBytes(), 4 * 1024 * (16 + 16 + 17));  // the free blocks stay cached
+  pool.releaseFree();                                        // until released; c's is held
   EXPECT_EQ(pool.cachedBytes(), 4 * 1024 * 16);
   EXPECT_EQ(pool.act3("e", 0, 2, 4).extent(0), 0u);
 }
