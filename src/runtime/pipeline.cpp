@@ -502,6 +502,7 @@ StageStepResult PipelineStage::run(const StageStepInput& in, std::int64_t t0_ns)
     for (auto& o : outgoing) MPI_Wait(&o.req, MPI_STATUS_IGNORE);
   }
   res.allocations = pool_.misses() - misses0;
+  res.pool_bytes = pool_.cachedBytes();
   return res;
 }
 

@@ -132,6 +132,9 @@ struct StageStepResult {
   /// Buffers the step had to allocate (the pool's misses): 0 once the pool holds a step's
   /// working set and the shapes repeat (pool.hpp).
   std::int64_t allocations = 0;
+  /// Bytes the stage's pool holds at the step's end, its free blocks included (the pool is
+  /// the stage's, shared by every strategy of a run).
+  std::int64_t pool_bytes = 0;
 };
 
 /// A rank's pipeline stage: its layer blocks and the schedule it walks.

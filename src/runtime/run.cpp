@@ -91,7 +91,7 @@ std::string planPath(const Deck& deck, const std::string& strategy, std::size_t 
 
 // Per-rank, per-step measurements shipped to rank 0 (gatherStep): a head, then per
 // micro-batch m: attention s, task s, local tokens.
-enum Head : int { kStepS, kBusyS, kCommS, kAttnS, kTaskS, kPipeS, kLoss, kPeakBytes, kAllocs, kHead };
+enum Head : int { kStepS, kBusyS, kCommS, kAttnS, kTaskS, kPipeS, kLoss, kPeakBytes, kAllocs, kPoolBytes, kHead };
 constexpr int kPerMb = 3;
 
 // Everything about the run that is fixed on this rank.
@@ -233,6 +233,7 @@ std::vector<double> executeStep(const RunContext& rc, PipelineStage& stage, Llam
   row[kLoss] = sr.loss;
   row[kPeakBytes] = static_cast<double>(sr.peak_activation_bytes);
   row[kAllocs] = static_cast<double>(sr.allocations);
+  row[kPoolBytes] = static_cast<double>(sr.pool_bytes);
   for (std::size_t m = 0; m < sr.mb_attn.size(); ++m) {
     row[kHead + kPerMb * m] = sr.mb_attn[m];
     row[kHead + kPerMb * m + 1] = sr.mb_seconds[m];
@@ -260,6 +261,7 @@ StepRecord gatherStep(const RunContext& rc, const std::vector<double>& row, cons
   const auto& shape = rc.shape;
   auto at = [&](int r, int k) { return all[static_cast<std::size_t>(r) * nrow + k]; };
   sr.stage_peak_bytes.assign(static_cast<std::size_t>(shape.pp()), 0.0);
+  sr.stage_pool_bytes.assign(static_cast<std::size_t>(shape.pp()), 0.0);
   for (int r = 0; r < W; ++r) {
     sr.seconds = std::max(sr.seconds, at(r, kStepS));
     sr.rank_busy.push_back(at(r, kBusyS));
@@ -270,6 +272,8 @@ StepRecord gatherStep(const RunContext& rc, const std::vector<double>& row, cons
     sr.allocations += static_cast<std::int64_t>(at(r, kAllocs));
     auto& peak = sr.stage_peak_bytes[static_cast<std::size_t>(shape.coordOf(r).pp)];
     peak = std::max(peak, at(r, kPeakBytes));
+    auto& held = sr.stage_pool_bytes[static_cast<std::size_t>(shape.coordOf(r).pp)];
+    held = std::max(held, at(r, kPoolBytes));
   }
   // Micro-batch latency: over stages, the slowest (cp, tp) rank's task time.
   std::vector<double> latencies, cp_imb;
@@ -391,6 +395,9 @@ void summarise(StrategyResult& res, int world_size) {
     if (res.stage_peak_bytes.size() < s.stage_peak_bytes.size()) res.stage_peak_bytes.resize(s.stage_peak_bytes.size());
     for (std::size_t p = 0; p < s.stage_peak_bytes.size(); ++p)
       res.stage_peak_bytes[p] = std::max(res.stage_peak_bytes[p], s.stage_peak_bytes[p]);
+    if (res.stage_pool_bytes.size() < s.stage_pool_bytes.size()) res.stage_pool_bytes.resize(s.stage_pool_bytes.size());
+    for (std::size_t p = 0; p < s.stage_pool_bytes.size(); ++p)
+      res.stage_pool_bytes[p] = std::max(res.stage_pool_bytes[p], s.stage_pool_bytes[p]);
     if (s.warmup) continue;
     work.push_back({s.seconds, static_cast<double>(s.tokens), s.flops});
     if (s.drain) {
@@ -764,7 +771,8 @@ nlohmann::json toJson(const RunReport& rep) {
                   {"bubble_fraction", s.bubble},
                   {"unrecorded_fraction", s.unrecorded},
                   {"allocations_per_step", s.allocations},
-                  {"stage_peak_activation_bytes", s.stage_peak_bytes}});
+                  {"stage_peak_activation_bytes", s.stage_peak_bytes},
+                  {"stage_pool_bytes", s.stage_pool_bytes}});
   nlohmann::json j = {{"format", "wlb-run-summary"},
                       {"version", 1},
                       {"mesh", rep.mesh},
@@ -840,12 +848,18 @@ std::string formatReport(const RunReport& rep) {
   }
   os << "\nPipeline " << rep.pipeline
      << ": bubble = 1 - task time / (ranks x pipeline span), mean over steps; peak = activations kept from "
-        "forward to backward, max over the stage's ranks and steps\n";
+        "forward to backward, max over the stage's ranks and steps; pool = bytes the stage's activation pool held "
+        "after the strategy's steps, its free blocks included (one pool per stage, shared by the strategies)\n";
   for (const auto& s : rep.strategies) {
     std::snprintf(buf, sizeof buf, "  %-8s bubble %.3f  peak [MiB]", s.name.c_str(), s.bubble);
     os << buf;
     for (std::size_t p = 0; p < s.stage_peak_bytes.size(); ++p) {
       std::snprintf(buf, sizeof buf, "  stage %zu %.2f", p, s.stage_peak_bytes[p] / (1024.0 * 1024.0));
+      os << buf;
+    }
+    os << "  pool [MiB]";
+    for (std::size_t p = 0; p < s.stage_pool_bytes.size(); ++p) {
+      std::snprintf(buf, sizeof buf, "  stage %zu %.2f", p, s.stage_pool_bytes[p] / (1024.0 * 1024.0));
       os << buf;
     }
     os << "\n";

@@ -71,6 +71,7 @@ struct StepRecord {
   double loss = 0;                       ///< mean cross-entropy over the step's predicted rows (tokens.hpp)
   double bubble = 0;                     ///< mean over replicas of 1 - stage task time / pipeline span
   std::vector<double> stage_peak_bytes;  ///< [pp] max over the stage's ranks of saved activations
+  std::vector<double> stage_pool_bytes;  ///< [pp] max over the stage's ranks of the pool's bytes at the end
 };
 
 struct StrategyResult {
@@ -90,6 +91,7 @@ struct StrategyResult {
   double unrecorded = 0;                                ///< StepRecord::unrecorded, mean over the measured steps
   double allocations = 0;                               ///< StepRecord::allocations, mean over the measured steps
   std::vector<double> stage_peak_bytes;                 ///< [pp] max over every step
+  std::vector<double> stage_pool_bytes;                 ///< [pp] max over every step
   std::vector<double> rank_busy, rank_comm, rank_attn;  ///< per world rank, mean per step
   std::vector<float> gradients;  ///< RunOptions::keep_gradients: last step, tensor by tensor in model order
                                  ///< (runtime::Llama::layout), each whole: the same layout on every mesh
