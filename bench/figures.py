@@ -524,6 +524,32 @@ def run_peaks(text):
             re.finditer(r"^  (\w+) +bubble [0-9.]+  peak \[MiB\]  stage 0 ([0-9.]+)", text, re.M)}
 
 
+def pool_figures(text):
+    """{strategy: (allocations per step, unrecorded %, pool MiB stage 0, peak MiB stage 0)} from `wlb run`'s report."""
+    alloc = {m.group(1): (float(m.group(3)), float(m.group(2))) for m in
+             re.finditer(r"^  (\w+) \(unrecorded ([0-9.]+)%, ([0-9.]+) buffer allocations per step\)", text, re.M)}
+    pool = {m.group(1): float(m.group(2)) for m in
+            re.finditer(r"^  (\w+) +bubble .*  pool \[MiB\]  stage 0 ([0-9.]+)", text, re.M)}
+    peak = run_peaks(text)
+    return {k: (alloc[k][0], alloc[k][1], pool[k], peak[k]) for k in alloc}
+
+
+POOL_LOGS = [f"bench/results/cpu/{d}_pool{w}.log" for d in ("run_cp2", "run_slimpack_pp2") for w in ("_window", "")]
+
+
+@table("pool-policy", "docs/runtime.md", *POOL_LOGS)
+def pool_policy(root):
+    out = []
+    for deck, strategies in (("run_cp2", ("plain", "fixed", "wlb")), ("run_slimpack_pp2", ("slimpack",))):
+        before = pool_figures((root / f"bench/results/cpu/{deck}_pool_window.log").read_text())
+        now = pool_figures((root / f"bench/results/cpu/{deck}_pool.log").read_text())
+        for st in strategies:
+            b, n = before[st], now[st]
+            out.append([(f"{deck}, {st}",), ("{:.1f}", b[0]), ("{:.1f}", n[0]), ("{:.2f}", b[2]), ("{:.2f}", n[2]),
+                        ("{:.2f}", n[3]), ("{:.1f}%", n[1])])
+    return out
+
+
 @table("slices-cp2", "docs/performance.md", "bench/results/cpu/run_cp2_slimpack.log")
 def slices_cp2(root):
     path = root / "bench/results/cpu/run_cp2_slimpack.log"

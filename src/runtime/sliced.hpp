@@ -12,15 +12,15 @@
 /// * A unit's rows on this rank are its pieces of the unit's segments (pp::SliceShards);
 ///   at cp = 1 every segment is whole.
 /// * Forward of MicroPack k, per layer: QKV of its rows; with cp > 1 the MicroPack's K/V are
-///   all-gathered over the CP group (trace label kv_allgather) into its packed rows. A
-///   piece's keys are its segment's chain followed by the segment's tokens up to the piece's
-///   last query; one key block per segment serves all the rank's pieces of it. The chain's
-///   K/V come from the MicroPack itself or, at cp = 1, from the saved K and V (nothing is
-///   kept twice); with cp > 1 every rank keeps the whole K/V of each continued segment (the
-///   KV cache) until that segment's backward. Attention; out-projection and MLP. The saved
-///   activations are cut into runs of segments at the backward cut points, so each backward
-///   MicroPack frees exactly its own slices. A continued segment also keeps a zeroed dK/dV
-///   accumulator of its length from its forward to its backward.
+///   all-gathered over the CP group into its packed rows. A piece's keys are its segment's
+///   chain followed by the segment's tokens up to the piece's last query; one key block per
+///   segment serves all the rank's pieces of it. The chain's K/V come from the MicroPack
+///   itself or, at cp = 1, from the saved K and V (nothing is kept twice); with cp > 1 every
+///   rank keeps the whole K/V of each continued segment (the KV cache) until that segment's
+///   backward. Attention; out-projection and MLP. The saved activations are cut into runs of
+///   segments at the backward cut points, so each backward MicroPack frees exactly its own
+///   slices. A continued segment also keeps a zeroed dK/dV accumulator of its length from
+///   its forward to its backward.
 /// * Backward of MicroPack j, per layer: its runs concatenated; MLP and out-projection
 ///   backward; with cp > 1 the MicroPack's K/V gathered again; attention backward over the
 ///   forward's key layout. The rows of each key block's chain are added to the chain's
@@ -32,6 +32,9 @@
 ///   kv_tokens = the tokens of continued segments (their FP32 accumulators and, cp > 1,
 ///   their cached K/V), summed over the saved forward MicroPacks, as the simulator's
 ///   `--as-run` memory model predicts it.
+/// * Trace: the gather and the key blocks' assembly (forward and backward), and the key
+///   gradient's accumulation and reduce-scatter, are `kv_allgather` events at every cp
+///   (0 bytes at cp = 1, as LayerStep's copy of its own K/V), so no KV work is unrecorded.
 
 #include <cstdint>
 #include <map>
