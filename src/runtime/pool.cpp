@@ -72,8 +72,7 @@ V BufferPool::take(std::vector<Entry<V>>& list, const char* label, std::int64_t 
   const auto rowsOf = [](const Entry<V>& e) { return static_cast<std::int64_t>(e.block.extent(0)); };
   // Best fit among the free blocks of this shape holding at least cap rows. No upper bound:
   // the rows of SlimPack slices and KV messages vary by orders of magnitude from unit to
-  // unit, and a bound (2 cap was tried) made every such unit a miss while the pool held
-  // more, not less (docs/runtime.md, "Buffers").
+  // unit, and with one (2 cap) most of them missed (docs/runtime.md, "Buffers").
   Entry<V>* best = nullptr;
   for (auto& e : list)
     if (freeOfShape(e) && rowsOf(e) >= cap && (!best || rowsOf(e) < rowsOf(*best))) best = &e;

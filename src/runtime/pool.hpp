@@ -19,8 +19,8 @@
 ///   left the error is the caller's. Nothing else gives blocks back (as PyTorch's caching
 ///   allocator): the shapes of SlimPack slices and KV messages change every step, and a
 ///   step with the longest slices, which needs the largest blocks, comes back after any
-///   number of steps; evicting blocks idle for 4 or 8 steps re-allocated hundreds of blocks
-///   when it did (docs/runtime.md, "Buffers").
+///   number of steps, and evicting blocks idle for 4 steps made it allocate them again
+///   (docs/runtime.md, "Buffers").
 /// * Uninitialised unless `zero` is asked for (zeroed on the pool's execution space).
 /// * One pool per rank and execution-space instance; not thread-safe.
 
