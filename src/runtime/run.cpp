@@ -59,6 +59,12 @@ bool isComm(const std::string& l) {
          l == labels::kGradAllreduce || l == labels::kPpSend || l == labels::kPpRecv;
 }
 
+// into[i] = max(into[i], v[i]), `into` grown to v's size (per-stage peaks over steps).
+void maxInto(std::vector<double>& into, const std::vector<double>& v) {
+  if (into.size() < v.size()) into.resize(v.size(), 0.0);
+  for (std::size_t i = 0; i < v.size(); ++i) into[i] = std::max(into[i], v[i]);
+}
+
 double maxOverMean(const std::vector<double>& v) {
   if (v.empty()) return 1.0;
   const double mx = *std::max_element(v.begin(), v.end());
@@ -270,10 +276,9 @@ StepRecord gatherStep(const RunContext& rc, const std::vector<double>& row, cons
     sr.rank_attn.push_back(at(r, kAttnS));
     sr.loss += at(r, kLoss);
     sr.allocations += static_cast<std::int64_t>(at(r, kAllocs));
-    auto& peak = sr.stage_peak_bytes[static_cast<std::size_t>(shape.coordOf(r).pp)];
-    peak = std::max(peak, at(r, kPeakBytes));
-    auto& held = sr.stage_pool_bytes[static_cast<std::size_t>(shape.coordOf(r).pp)];
-    held = std::max(held, at(r, kPoolBytes));
+    const auto stage = static_cast<std::size_t>(shape.coordOf(r).pp);
+    sr.stage_peak_bytes[stage] = std::max(sr.stage_peak_bytes[stage], at(r, kPeakBytes));
+    sr.stage_pool_bytes[stage] = std::max(sr.stage_pool_bytes[stage], at(r, kPoolBytes));
   }
   // Micro-batch latency: over stages, the slowest (cp, tp) rank's task time.
   std::vector<double> latencies, cp_imb;
@@ -392,12 +397,8 @@ void summarise(StrategyResult& res, int world_size) {
   std::vector<model::StepWork> work;
   for (const auto& s : res.steps) {
     // the memory peak over every step (warm-up too, as `wlb simulate` counts it)
-    if (res.stage_peak_bytes.size() < s.stage_peak_bytes.size()) res.stage_peak_bytes.resize(s.stage_peak_bytes.size());
-    for (std::size_t p = 0; p < s.stage_peak_bytes.size(); ++p)
-      res.stage_peak_bytes[p] = std::max(res.stage_peak_bytes[p], s.stage_peak_bytes[p]);
-    if (res.stage_pool_bytes.size() < s.stage_pool_bytes.size()) res.stage_pool_bytes.resize(s.stage_pool_bytes.size());
-    for (std::size_t p = 0; p < s.stage_pool_bytes.size(); ++p)
-      res.stage_pool_bytes[p] = std::max(res.stage_pool_bytes[p], s.stage_pool_bytes[p]);
+    maxInto(res.stage_peak_bytes, s.stage_peak_bytes);
+    maxInto(res.stage_pool_bytes, s.stage_pool_bytes);
     if (s.warmup) continue;
     work.push_back({s.seconds, static_cast<double>(s.tokens), s.flops});
     if (s.drain) {
