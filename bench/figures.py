@@ -529,7 +529,7 @@ def pool_figures(text):
     alloc = {m.group(1): (float(m.group(3)), float(m.group(2))) for m in
              re.finditer(r"^  (\w+) \(unrecorded ([0-9.]+)%, ([0-9.]+) buffer allocations per step\)", text, re.M)}
     pool = {m.group(1): float(m.group(2)) for m in
-            re.finditer(r"^  (\w+) +bubble .*  pool \[MiB\]  stage 0 ([0-9.]+)", text, re.M)}
+            re.finditer(r"^  (\w+) +bubble .*  pool (?:/ in use / asked )?\[MiB\]  stage 0 ([0-9.]+)", text, re.M)}
     peak = run_peaks(text)
     return {k: (alloc[k][0], alloc[k][1], pool[k], peak[k]) for k in alloc}
 

@@ -228,6 +228,7 @@ StageStepResult PipelineStage::run(const StageStepInput& in, std::int64_t t0_ns)
   trace::Recorder* rec = env_.recorder;
   const LlamaConfig& mc = model_->config();
   const std::int64_t misses0 = pool_.misses();
+  pool_.resetPeaks();
   const int hidden = mc.hidden;
   const bool train = !in.forward_only;
   int cp_rank = 0, cp_size = 1, tp_rank = 0;
@@ -503,6 +504,8 @@ StageStepResult PipelineStage::run(const StageStepInput& in, std::int64_t t0_ns)
   }
   res.allocations = pool_.misses() - misses0;
   res.pool_bytes = pool_.cachedBytes();
+  res.pool_live_bytes = pool_.peakLiveBytes();
+  res.pool_requested_bytes = pool_.peakRequestedBytes();
   return res;
 }
 

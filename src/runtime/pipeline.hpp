@@ -135,6 +135,10 @@ struct StageStepResult {
   /// Bytes the stage's pool holds at the step's end, its free blocks included (the pool is
   /// the stage's, shared by every strategy of a run).
   std::int64_t pool_bytes = 0;
+  /// Over the step: the most bytes of the pool's blocks in use at once, and the most bytes
+  /// the buffers alive at once asked for (pool.hpp; 0 without a pool).
+  std::int64_t pool_live_bytes = 0;
+  std::int64_t pool_requested_bytes = 0;
 };
 
 /// A rank's pipeline stage: its layer blocks and the schedule it walks.

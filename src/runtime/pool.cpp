@@ -78,8 +78,10 @@ V BufferPool::take(std::vector<Entry<V>>& list, const char* label, std::int64_t 
     if (freeOfShape(e) && rowsOf(e) >= cap && (!best || rowsOf(e) < rowsOf(*best))) best = &e;
   V out;
   ++requests_;
+  const std::int64_t asked = blockBytes<V>(rows, e1, e2);
   if (best) {
     best->used = requests_;
+    best->bytes = asked;
     out = leading(best->block, rows);
     ++hits_;
   } else {
@@ -115,12 +117,29 @@ V BufferPool::take(std::vector<Entry<V>>& list, const char* label, std::int64_t 
         if (!giveBack()) throw;
       }
     }
-    list.push_back({block, requests_});
+    list.push_back({block, requests_, asked});
     out = leading(list.back().block, rows);
     ++misses_;
   }
+  notePeaks();
   if (zero) Kokkos::deep_copy(space_, out, typename V::non_const_value_type{});
   return out;
+}
+
+void BufferPool::notePeaks() {
+  // Frees are implicit (a block is free when its last view dies), so what is alive is
+  // counted at each request; the peak is reached at a request, since only requests add.
+  std::int64_t live = 0, asked = 0;
+  eachList([&](const auto& list) {
+    for (const auto& e : list)
+      if (e.block.use_count() > 1) {
+        live +=
+            static_cast<std::int64_t>(e.block.span() * sizeof(typename std::decay_t<decltype(e.block)>::value_type));
+        asked += e.bytes;
+      }
+  });
+  peak_live_ = std::max(peak_live_, live);
+  peak_requested_ = std::max(peak_requested_, asked);
 }
 
 bool BufferPool::releaseOldest() {

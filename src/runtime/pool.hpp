@@ -50,6 +50,12 @@ class BufferPool {
   std::int64_t misses() const { return misses_; }  ///< blocks allocated so far
   std::int64_t hits() const { return hits_; }      ///< requests served from the cache
   std::int64_t cachedBytes() const;                ///< bytes of every block held
+  /// Since the last resetPeaks(): the most bytes in blocks in use at once, and the most
+  /// bytes the requests alive at once asked for (rows asked, not the block's rows). Their
+  /// gap to cachedBytes() is what caching costs over allocating each buffer exactly.
+  std::int64_t peakLiveBytes() const { return peak_live_; }
+  std::int64_t peakRequestedBytes() const { return peak_requested_; }
+  void resetPeaks() { peak_live_ = peak_requested_ = 0; }
   /// Rows a request of `rows` is served with.
   static std::int64_t bucketRows(std::int64_t rows);
 
@@ -58,6 +64,7 @@ class BufferPool {
   struct Entry {
     V block;
     std::uint64_t used = 0;  ///< request count when it was last handed out
+    std::int64_t bytes = 0;  ///< bytes the last request asked for
   };
   /// f(list) for each of the five block lists (one per view type).
   template <class F>
@@ -79,6 +86,7 @@ class BufferPool {
   template <class V>
   V take(std::vector<Entry<V>>& list, const char* label, std::int64_t rows, std::int64_t e1, std::int64_t e2,
          bool zero);
+  void notePeaks();
   Space space_;
   std::vector<Entry<Vec>> vecs_;
   std::vector<Entry<Mat>> mats_;
@@ -88,6 +96,7 @@ class BufferPool {
   std::int64_t capacity_ = 0;
   std::uint64_t requests_ = 0;
   std::int64_t misses_ = 0, hits_ = 0;
+  std::int64_t peak_live_ = 0, peak_requested_ = 0;
 };
 
 /// From `pool` when given, else a fresh allocation (tests and tools without a pool).

@@ -97,7 +97,21 @@ std::string planPath(const Deck& deck, const std::string& strategy, std::size_t 
 
 // Per-rank, per-step measurements shipped to rank 0 (gatherStep): a head, then per
 // micro-batch m: attention s, task s, local tokens.
-enum Head : int { kStepS, kBusyS, kCommS, kAttnS, kTaskS, kPipeS, kLoss, kPeakBytes, kAllocs, kPoolBytes, kHead };
+enum Head : int {
+  kStepS,
+  kBusyS,
+  kCommS,
+  kAttnS,
+  kTaskS,
+  kPipeS,
+  kLoss,
+  kPeakBytes,
+  kAllocs,
+  kPoolBytes,
+  kLiveBytes,
+  kAskedBytes,
+  kHead
+};
 constexpr int kPerMb = 3;
 
 // Everything about the run that is fixed on this rank.
@@ -240,6 +254,8 @@ std::vector<double> executeStep(const RunContext& rc, PipelineStage& stage, Llam
   row[kPeakBytes] = static_cast<double>(sr.peak_activation_bytes);
   row[kAllocs] = static_cast<double>(sr.allocations);
   row[kPoolBytes] = static_cast<double>(sr.pool_bytes);
+  row[kLiveBytes] = static_cast<double>(sr.pool_live_bytes);
+  row[kAskedBytes] = static_cast<double>(sr.pool_requested_bytes);
   for (std::size_t m = 0; m < sr.mb_attn.size(); ++m) {
     row[kHead + kPerMb * m] = sr.mb_attn[m];
     row[kHead + kPerMb * m + 1] = sr.mb_seconds[m];
@@ -268,6 +284,7 @@ StepRecord gatherStep(const RunContext& rc, const std::vector<double>& row, cons
   auto at = [&](int r, int k) { return all[static_cast<std::size_t>(r) * nrow + k]; };
   sr.stage_peak_bytes.assign(static_cast<std::size_t>(shape.pp()), 0.0);
   sr.stage_pool_bytes.assign(static_cast<std::size_t>(shape.pp()), 0.0);
+  sr.stage_live_bytes = sr.stage_asked_bytes = sr.stage_pool_bytes;
   for (int r = 0; r < W; ++r) {
     sr.seconds = std::max(sr.seconds, at(r, kStepS));
     sr.rank_busy.push_back(at(r, kBusyS));
@@ -279,6 +296,8 @@ StepRecord gatherStep(const RunContext& rc, const std::vector<double>& row, cons
     const auto stage = static_cast<std::size_t>(shape.coordOf(r).pp);
     sr.stage_peak_bytes[stage] = std::max(sr.stage_peak_bytes[stage], at(r, kPeakBytes));
     sr.stage_pool_bytes[stage] = std::max(sr.stage_pool_bytes[stage], at(r, kPoolBytes));
+    sr.stage_live_bytes[stage] = std::max(sr.stage_live_bytes[stage], at(r, kLiveBytes));
+    sr.stage_asked_bytes[stage] = std::max(sr.stage_asked_bytes[stage], at(r, kAskedBytes));
   }
   // Micro-batch latency: over stages, the slowest (cp, tp) rank's task time.
   std::vector<double> latencies, cp_imb;
@@ -399,6 +418,8 @@ void summarise(StrategyResult& res, int world_size) {
     // the memory peak over every step (warm-up too, as `wlb simulate` counts it)
     maxInto(res.stage_peak_bytes, s.stage_peak_bytes);
     maxInto(res.stage_pool_bytes, s.stage_pool_bytes);
+    maxInto(res.stage_live_bytes, s.stage_live_bytes);
+    maxInto(res.stage_asked_bytes, s.stage_asked_bytes);
     if (s.warmup) continue;
     work.push_back({s.seconds, static_cast<double>(s.tokens), s.flops});
     if (s.drain) {
@@ -773,7 +794,9 @@ nlohmann::json toJson(const RunReport& rep) {
                   {"unrecorded_fraction", s.unrecorded},
                   {"allocations_per_step", s.allocations},
                   {"stage_peak_activation_bytes", s.stage_peak_bytes},
-                  {"stage_pool_bytes", s.stage_pool_bytes}});
+                  {"stage_pool_bytes", s.stage_pool_bytes},
+                  {"stage_pool_live_bytes", s.stage_live_bytes},
+                  {"stage_pool_requested_bytes", s.stage_asked_bytes}});
   nlohmann::json j = {{"format", "wlb-run-summary"},
                       {"version", 1},
                       {"mesh", rep.mesh},
@@ -850,7 +873,9 @@ std::string formatReport(const RunReport& rep) {
   os << "\nPipeline " << rep.pipeline
      << ": bubble = 1 - task time / (ranks x pipeline span), mean over steps; peak = activations kept from "
         "forward to backward, max over the stage's ranks and steps; pool = bytes the stage's activation pool held "
-        "after the strategy's steps, its free blocks included (one pool per stage, shared by the strategies)\n";
+        "after the strategy's steps, its free blocks included (one pool per stage, shared by the strategies); in use = "
+        "the most of the pool's bytes in use at once in a step, asked = what the buffers alive then asked for "
+        "(rows asked, not the blocks' rows)\n";
   for (const auto& s : rep.strategies) {
     std::snprintf(buf, sizeof buf, "  %-8s bubble %.3f  peak [MiB]", s.name.c_str(), s.bubble);
     os << buf;
@@ -858,9 +883,10 @@ std::string formatReport(const RunReport& rep) {
       std::snprintf(buf, sizeof buf, "  stage %zu %.2f", p, s.stage_peak_bytes[p] / (1024.0 * 1024.0));
       os << buf;
     }
-    os << "  pool [MiB]";
+    os << "  pool / in use / asked [MiB]";
     for (std::size_t p = 0; p < s.stage_pool_bytes.size(); ++p) {
-      std::snprintf(buf, sizeof buf, "  stage %zu %.2f", p, s.stage_pool_bytes[p] / (1024.0 * 1024.0));
+      std::snprintf(buf, sizeof buf, "  stage %zu %.2f / %.2f / %.2f", p, s.stage_pool_bytes[p] / (1024.0 * 1024.0),
+                    s.stage_live_bytes[p] / (1024.0 * 1024.0), s.stage_asked_bytes[p] / (1024.0 * 1024.0));
       os << buf;
     }
     os << "\n";

@@ -72,6 +72,8 @@ struct StepRecord {
   double bubble = 0;                     ///< mean over replicas of 1 - stage task time / pipeline span
   std::vector<double> stage_peak_bytes;  ///< [pp] max over the stage's ranks of saved activations
   std::vector<double> stage_pool_bytes;  ///< [pp] max over the stage's ranks of the pool's bytes at the end
+  std::vector<double> stage_live_bytes;  ///< [pp] max over the stage's ranks of the pool's blocks in use at once
+  std::vector<double> stage_asked_bytes;  ///< [pp] the same, counting only the rows the live buffers asked for
 };
 
 struct StrategyResult {
@@ -92,6 +94,8 @@ struct StrategyResult {
   double allocations = 0;                               ///< StepRecord::allocations, mean over the measured steps
   std::vector<double> stage_peak_bytes;                 ///< [pp] max over every step
   std::vector<double> stage_pool_bytes;                 ///< [pp] max over every step
+  std::vector<double> stage_live_bytes;                 ///< [pp] max over every step
+  std::vector<double> stage_asked_bytes;                ///< [pp] max over every step
   std::vector<double> rank_busy, rank_comm, rank_attn;  ///< per world rank, mean per step
   std::vector<float> gradients;  ///< RunOptions::keep_gradients: last step, tensor by tensor in model order
                                  ///< (runtime::Llama::layout), each whole: the same layout on every mesh

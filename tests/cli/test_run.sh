@@ -117,7 +117,7 @@ mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set mesh.cp=1
   --set packing.micro_batches=4 --set "output.dir=\"$tmp/pp\"" > "$tmp/log" 2> "$tmp/err"; rc=$?
 [ "$rc" = 0 ] || fail "pp=2 exit $rc: $(cat "$tmp/err")"
 grep -q "^Pipeline 1f1b, 2 stage(s), 1 chunk(s), 4 micro-batch(es)" "$tmp/log" || fail "pp=2: no pipeline section: $(cat "$tmp/log")"
-grep -Eq "^  plain +bubble 0\.[0-9]+  peak \[MiB\]  stage 0 [0-9.]+  stage 1 [0-9.]+  pool \[MiB\]  stage 0 [0-9.]+  stage 1 [0-9.]+$" "$tmp/log" ||
+grep -Eq "^  plain +bubble 0\.[0-9]+  peak \[MiB\]  stage 0 [0-9.]+  stage 1 [0-9.]+  pool / in use / asked \[MiB\]  stage 0 [0-9.]+ / [0-9.]+ / [0-9.]+  stage 1 [0-9.]+ / [0-9.]+ / [0-9.]+$" "$tmp/log" ||
   fail "pp=2: no bubble/peak line: $(cat "$tmp/log")"
 /usr/bin/python3 - "$tmp/pp/summary.json" <<'EOF' || fail "pp=2 summary.json"
 import json, sys
@@ -128,6 +128,9 @@ for st in s["strategies"]:
     assert 0 < st["bubble_fraction"] < 1, st
     # the pool holds at least what the step keeps from forward to backward
     assert all(h >= p > 0 for h, p in zip(st["stage_pool_bytes"], st["stage_peak_activation_bytes"])), st
+    # what is in use at once is part of what the pool holds; the buffers ask for at most their blocks
+    assert all(h >= u >= a > 0 for h, u, a in zip(st["stage_pool_bytes"], st["stage_pool_live_bytes"],
+                                                  st["stage_pool_requested_bytes"])), st
     assert st["allocations_per_step"] >= 0, st
 EOF
 # the simulator's executor memory model predicts the measured activation peak per stage

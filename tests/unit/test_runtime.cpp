@@ -480,6 +480,28 @@ TEST(RuntimePool, ReusesFreedBlocksByRowBucket) {
   EXPECT_EQ(pool.act3("e", 0, 2, 4).extent(0), 0u);
 }
 
+// The pool's peaks: bytes of the blocks in use at once, and what their requests asked for
+// (a block serves a smaller request whole, so the two differ), from one reset to the next.
+TEST(RuntimePool, CountsPeakBytesInUseAndAsked) {
+  Space space;
+  BufferPool pool(space);
+  const std::int64_t row = 4 * 16;  // one row of 16 floats
+  {
+    Mat a = pool.mat("a", 1000, 16), b = pool.mat("b", 100, 16);
+    EXPECT_EQ(pool.peakLiveBytes(), row * (1024 + BufferPool::bucketRows(100)));
+    EXPECT_EQ(pool.peakRequestedBytes(), row * 1100);
+  }
+  { Mat c = pool.mat("c", 1000, 16); }  // the peak stays until reset
+  EXPECT_EQ(pool.peakRequestedBytes(), row * 1100);
+  pool.resetPeaks();
+  {
+    Mat d = pool.mat("d", 300, 16);  // the smallest free block holding it is a's 1024 rows
+    EXPECT_EQ(pool.peakLiveBytes(), row * 1024);
+    EXPECT_EQ(pool.peakRequestedBytes(), row * 300);
+  }
+  EXPECT_EQ(pool.cachedBytes(), row * (1024 + BufferPool::bucketRows(100)));
+}
+
 // A larger request replaces a free block too small for it instead of caching a second
 // set; smaller requests take the smallest free block that holds them, however much larger;
 // a failed allocation gives back every free block before it fails.
