@@ -372,12 +372,14 @@ void DistributedAttention::backwardT(const Space& space,
     throw std::invalid_argument("wlb::runtime::DistributedAttention::backward: buffers must have the rank's " +
                                 std::to_string(local_tokens_) + " local tokens");
   auto t0 = Clock::now();
-  // KV-buffer gradients (zeroed: the kernel accumulates).
-  View3 dkv_k = rowBuffer<float>(space, "wlb::runtime::dist_attn::dkv_k", kv_tokens_, true);
-  View3 dkv_v = rowBuffer<float>(space, "wlb::runtime::dist_attn::dkv_v", kv_tokens_, true);
-  Kokkos::deep_copy(space, dq, 0.0f);
+  View3 dkv_k, dkv_v;
   {
     MaybeScope sc(opt_.recorder, trace::labels::kAttn, space, trace::Phase::Bwd, attnFlops(true));
+    // The kernel accumulates into dq and the KV-buffer gradients: zeroing them is part of
+    // the operator (and of times_.attn_bwd), so it lies inside the region too.
+    dkv_k = rowBuffer<float>(space, "wlb::runtime::dist_attn::dkv_k", kv_tokens_, true);
+    dkv_v = rowBuffer<float>(space, "wlb::runtime::dist_attn::dkv_v", kv_tokens_, true);
+    Kokkos::deep_copy(space, dq, 0.0f);
     if (!batch_->pieces.empty())
       attention::backward<Space>(space, q, kv_k, kv_v, o, lse, dO, *batch_, dq, dkv_k, dkv_v, opt_.kernel,
                                  opt_.softmax_scale);

@@ -397,13 +397,15 @@ Mat SlicedStage::backwardT(int j, int l, const Mat& dy, const IVec& pos) {
     kbuf = pk, vbuf = pv;
     if (!keys.own) buildKv<T>(u, l, keys, pk, pv, kbuf, vbuf);
   }
-  Act3 dq = newAct3(env_.pool, "wlb::runtime::dq", n, sh.heads, sh.head_dim, true);
-  Act3 dkb = newAct3(env_.pool, "wlb::runtime::sliced::dkv_k", keys.rows, sh.kv_heads, sh.head_dim, true);
-  Act3 dvb = newAct3(env_.pool, "wlb::runtime::sliced::dkv_v", keys.rows, sh.kv_heads, sh.head_dim, true);
+  Act3 dq, dkb, dvb;
   {
     const double flops = attnFlops(u, model::Phase::Bwd);
     const auto t = Clock::now();
     trace::PhaseScope r(env_.recorder, trace::labels::kAttn, space, trace::Phase::Bwd, flops);
+    // zeroed inside the region, as DistributedAttention does: the kernel accumulates
+    dq = newAct3(env_.pool, "wlb::runtime::dq", n, sh.heads, sh.head_dim, true);
+    dkb = newAct3(env_.pool, "wlb::runtime::sliced::dkv_k", keys.rows, sh.kv_heads, sh.head_dim, true);
+    dvb = newAct3(env_.pool, "wlb::runtime::sliced::dkv_v", keys.rows, sh.kv_heads, sh.head_dim, true);
     const auto batch = attention::VarlenBatch::fromRanges(keys.pieces);
     attention::backward<Space>(space, A.q, kbuf, vbuf, A.o, A.lse, d_o, batch, dq, dkb, dvb, env_.kernel);
     kk::fence(space, "wlb::runtime::sliced::attn_bwd");
