@@ -550,6 +550,37 @@ def pool_policy(root):
     return out
 
 
+def pool_use_figures(text):
+    """{strategy: [(pool, in use, asked, peak) MiB per stage]} and {strategy: (allocations, unrecorded %)}."""
+    alloc = {m.group(1): (float(m.group(3)), float(m.group(2))) for m in
+             re.finditer(r"^  (\w+) \(unrecorded ([0-9.]+)%, ([0-9.]+) buffer allocations per step\)", text, re.M)}
+    stages = {}
+    for m in re.finditer(r"^  (\w+) +bubble [0-9.]+  peak \[MiB\]((?:  stage \d+ [0-9.]+)+)  pool / in use / asked "
+                         r"\[MiB\]((?:  stage \d+ [0-9.]+ / [0-9.]+ / [0-9.]+)+)$", text, re.M):
+        peaks = [float(x) for x in re.findall(r"stage \d+ ([0-9.]+)", m.group(2))]
+        pools = re.findall(r"stage \d+ ([0-9.]+) / ([0-9.]+) / ([0-9.]+)", m.group(3))
+        stages[m.group(1)] = [tuple(float(x) for x in p) + (k,) for p, k in zip(pools, peaks)]
+    return stages, alloc
+
+
+POOL_USE_LOGS = [f"bench/results/cpu/{n}.log" for n in
+                 ("run_cp2_pool_use", "run_slimpack_pp2_pool_use", "run_slimpack_pp2_pool_fit2")]
+
+
+@table("pool-use", "docs/runtime.md", *POOL_USE_LOGS)
+def pool_use(root):
+    out = []
+    for log, label, strategies in (("run_cp2_pool_use", "run_cp2", ("plain", "wlb")),
+                                   ("run_slimpack_pp2_pool_use", "run_slimpack_pp2", ("wlb", "slimpack")),
+                                   ("run_slimpack_pp2_pool_fit2", "run_slimpack_pp2, fit ≤ 2 buckets", ("slimpack",))):
+        stages, alloc = pool_use_figures((root / f"bench/results/cpu/{log}.log").read_text())
+        for st in strategies:
+            for i, (pool, live, asked, peak) in enumerate(stages[st]):
+                out.append([(f"{label}, {st}",), ("{}", i), ("{:.2f}", pool), ("{:.2f}", live), ("{:.2f}", asked),
+                            ("{:.2f}", peak), ("{:.1f}", alloc[st][0])])
+    return out
+
+
 @table("slices-cp2", "docs/performance.md", "bench/results/cpu/run_cp2_slimpack.log")
 def slices_cp2(root):
     path = root / "bench/results/cpu/run_cp2_slimpack.log"
