@@ -24,32 +24,31 @@ V allocate(const char* label, std::int64_t rows, std::int64_t e1, std::int64_t e
 }
 
 template <class V>
-V leading(const V& block, std::int64_t rows) {
-  const auto r = std::make_pair(std::int64_t{0}, rows);
-  if constexpr (V::rank == 1)
-    return Kokkos::subview(block, r);
-  else if constexpr (V::rank == 2)
-    return Kokkos::subview(block, r, Kokkos::ALL);
-  else
-    return Kokkos::subview(block, r, Kokkos::ALL, Kokkos::ALL);
-}
-
-template <class V>
-std::int64_t blockBytes(std::int64_t rows, std::int64_t e1, std::int64_t e2) {
+std::int64_t viewBytes(std::int64_t rows, std::int64_t e1, std::int64_t e2) {
   std::int64_t n = rows;
   if constexpr (V::rank >= 2) n *= e1;
   if constexpr (V::rank >= 3) n *= e2;
   return n * static_cast<std::int64_t>(sizeof(typename V::value_type));
 }
 
-template <class V>
-bool sameTrailing(const V& block, std::int64_t e1, std::int64_t e2) {
+/// A V of [rows][e1][e2] over the first bytes of `mem` that shares its allocation record:
+/// the block stays alive, and counted as used, while the view does. Built from an unmanaged
+/// view's mapping and the block's tracker (View's constructor from a tracker and a mapping,
+/// in Kokkos 3.4 and 4.x alike); Kokkos allocations are aligned for any element type.
+template <class V, class B>
+V carve(const B& mem, std::int64_t rows, std::int64_t e1, std::int64_t e2) {
+  using T = typename V::value_type;
+  using U = Kokkos::View<typename V::data_type, typename V::array_layout, typename V::memory_space,
+                         Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  T* p = reinterpret_cast<T*>(mem.data());
+  U u;
   if constexpr (V::rank == 1)
-    return true;
+    u = U(p, rows);
   else if constexpr (V::rank == 2)
-    return static_cast<std::int64_t>(block.extent(1)) == e1;
+    u = U(p, rows, e1);
   else
-    return static_cast<std::int64_t>(block.extent(1)) == e1 && static_cast<std::int64_t>(block.extent(2)) == e2;
+    u = U(p, rows, e1, e2);
+  return V(mem.impl_track(), u.impl_map());
 }
 
 }  // namespace
@@ -62,65 +61,65 @@ std::int64_t BufferPool::bucketRows(std::int64_t rows) {
   return (rows + g - 1) / g * g;
 }
 
-template <class V>
-V BufferPool::take(std::vector<Entry<V>>& list, const char* label, std::int64_t rows, std::int64_t e1, std::int64_t e2,
-                   bool zero) {
-  if (rows == 0) return allocate<V>(label, 0, e1, e2);
-  const std::int64_t cap = bucketRows(rows);
-  // use_count 1: only the pool holds the block, every view handed out of it is gone
-  const auto freeOfShape = [&](const Entry<V>& e) { return e.block.use_count() == 1 && sameTrailing(e.block, e1, e2); };
-  const auto rowsOf = [](const Entry<V>& e) { return static_cast<std::int64_t>(e.block.extent(0)); };
-  // Best fit among the free blocks of this shape holding at least cap rows. No upper bound:
-  // the rows of SlimPack slices and KV messages vary by orders of magnitude from unit to
-  // unit, and with one (2 cap) most of them missed (docs/runtime.md, "Buffers").
-  Entry<V>* best = nullptr;
-  for (auto& e : list)
-    if (freeOfShape(e) && rowsOf(e) >= cap && (!best || rowsOf(e) < rowsOf(*best))) best = &e;
-  V out;
-  ++requests_;
-  const std::int64_t asked = blockBytes<V>(rows, e1, e2);
-  if (best) {
-    best->used = requests_;
-    best->bytes = asked;
-    out = leading(best->block, rows);
-    ++hits_;
-  } else {
-    // A free block of this shape too small for the request is replaced, not kept beside the
-    // new one: the pool then holds as many blocks of a shape as are alive at once, each as
-    // large as the largest request, instead of one set per row bucket (a 64K-token window
-    // of varied micro-batches would otherwise cache several sets of activations).
-    auto smaller = list.end();
-    for (auto it = list.begin(); it != list.end(); ++it)
-      if (freeOfShape(*it) && rowsOf(*it) < cap && (smaller == list.end() || rowsOf(*it) > rowsOf(*smaller)))
-        smaller = it;
-    if (smaller != list.end()) list.erase(smaller);
-    // Out of memory (or past the capacity): give back the free blocks used longest ago, one
-    // at a time, until the block fits; with none left to give, the failure is the caller's.
-    const std::int64_t need = blockBytes<V>(cap, e1, e2);
-    bool fenced = false;
-    const auto giveBack = [&] {
-      if (!fenced) Kokkos::fence();  // kernels still reading a free block's last contents
-      fenced = true;
-      return releaseOldest();
-    };
-    V block;
-    for (;;) {
-      if (capacity_ > 0 && cachedBytes() + need > capacity_) {
-        if (giveBack()) continue;
-        throw std::runtime_error("wlb::runtime::BufferPool: " + std::string(label) + " (" + std::to_string(need) +
-                                 " bytes) does not fit the pool's capacity of " + std::to_string(capacity_) + " bytes");
-      }
-      try {
-        block = allocate<V>(label, cap, e1, e2);
-        break;
-      } catch (const std::exception&) {
-        if (!giveBack()) throw;
-      }
+BufferPool::Bytes BufferPool::allocateBlock(const char* label, std::int64_t bytes) {
+  // Out of memory (or past the capacity): give back the free blocks used longest ago, one
+  // at a time, until the block fits; with none left to give, the failure is the caller's.
+  bool fenced = false;
+  const auto giveBack = [&] {
+    if (!fenced) Kokkos::fence();  // kernels still reading a free block's last contents
+    fenced = true;
+    return releaseOldest();
+  };
+  for (;;) {
+    if (capacity_ > 0 && cachedBytes() + bytes > capacity_) {
+      if (giveBack()) continue;
+      throw std::runtime_error("wlb::runtime::BufferPool: " + std::string(label) + " (" + std::to_string(bytes) +
+                               " bytes) does not fit the pool's capacity of " + std::to_string(capacity_) + " bytes");
     }
-    list.push_back({block, requests_, asked});
-    out = leading(list.back().block, rows);
-    ++misses_;
+    try {
+      return Bytes(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), bytes);
+    } catch (const std::exception&) {
+      if (!giveBack()) throw;
+    }
   }
+}
+
+template <class V>
+V BufferPool::take(const char* label, std::int64_t rows, std::int64_t e1, std::int64_t e2, bool zero) {
+  if (rows == 0) return allocate<V>(label, 0, e1, e2);
+  const std::int64_t need = viewBytes<V>(bucketRows(rows), e1, e2), asked = viewBytes<V>(rows, e1, e2);
+  // use_count 1: only the pool holds the block, every view handed out of it is gone
+  const auto isFree = [](const Block& b) { return b.mem.use_count() == 1; };
+  const auto bytesOf = [](const Block& b) { return static_cast<std::int64_t>(b.mem.extent(0)); };
+  // Best fit among the free blocks holding the bucket, whatever they held before. No upper
+  // bound: the rows of SlimPack slices and KV messages vary by orders of magnitude from
+  // unit to unit, and with one (2 buckets) most of them missed (docs/runtime.md, "Buffers").
+  Block* best = nullptr;
+  for (auto& b : blocks_)
+    if (isFree(b) && bytesOf(b) >= need && (!best || bytesOf(b) < bytesOf(*best))) best = &b;
+  ++requests_;
+  if (!best) {
+    // A free block too small for the request is replaced, not kept beside the new one: the
+    // pool then holds as many blocks as buffers are alive at once, each as large as the
+    // largest request, instead of one set per bucket (a 64K-token window of varied
+    // micro-batches would otherwise cache several sets of activations).
+    auto smaller = blocks_.end();
+    for (auto it = blocks_.begin(); it != blocks_.end(); ++it)
+      if (isFree(*it) && bytesOf(*it) < need &&
+          (smaller == blocks_.end() || bytesOf(*it) > bytesOf(*smaller) ||
+           (bytesOf(*it) == bytesOf(*smaller) && it->used < smaller->used)))
+        smaller = it;
+    if (smaller != blocks_.end()) blocks_.erase(smaller);
+    Bytes mem = allocateBlock(label, need);
+    blocks_.push_back({mem, 0, 0});
+    best = &blocks_.back();
+    ++misses_;
+  } else {
+    ++hits_;
+  }
+  best->used = requests_;
+  best->asked = asked;
+  V out = carve<V>(best->mem, rows, e1, e2);
   notePeaks();
   if (zero) Kokkos::deep_copy(space_, out, typename V::non_const_value_type{});
   return out;
@@ -130,73 +129,53 @@ void BufferPool::notePeaks() {
   // Frees are implicit (a block is free when its last view dies), so what is alive is
   // counted at each request; the peak is reached at a request, since only requests add.
   std::int64_t live = 0, asked = 0;
-  eachList([&](const auto& list) {
-    for (const auto& e : list)
-      if (e.block.use_count() > 1) {
-        live +=
-            static_cast<std::int64_t>(e.block.span() * sizeof(typename std::decay_t<decltype(e.block)>::value_type));
-        asked += e.bytes;
-      }
-  });
+  for (const auto& b : blocks_)
+    if (b.mem.use_count() > 1) {
+      live += static_cast<std::int64_t>(b.mem.extent(0));
+      asked += b.asked;
+    }
   peak_live_ = std::max(peak_live_, live);
   peak_requested_ = std::max(peak_requested_, asked);
 }
 
 bool BufferPool::releaseOldest() {
-  // The free block with the smallest `used` over every list (each request hands out one
-  // block, so `used` names it), erased from its list.
-  std::uint64_t oldest = 0;
-  bool found = false;
-  eachList([&](const auto& list) {
-    for (const auto& e : list)
-      if (e.block.use_count() == 1 && (!found || e.used < oldest)) {
-        oldest = e.used;
-        found = true;
-      }
-  });
-  if (!found) return false;
-  eachList([&](auto& list) {
-    list.erase(std::remove_if(list.begin(), list.end(),
-                              [&](const auto& e) { return e.block.use_count() == 1 && e.used == oldest; }),
-               list.end());
-  });
+  auto oldest = blocks_.end();
+  for (auto it = blocks_.begin(); it != blocks_.end(); ++it)
+    if (it->mem.use_count() == 1 && (oldest == blocks_.end() || it->used < oldest->used)) oldest = it;
+  if (oldest == blocks_.end()) return false;
+  blocks_.erase(oldest);
   return true;
 }
 
 void BufferPool::releaseFree() {
-  eachList([](auto& list) {
-    list.erase(std::remove_if(list.begin(), list.end(), [](const auto& e) { return e.block.use_count() == 1; }),
-               list.end());
-  });
+  blocks_.erase(std::remove_if(blocks_.begin(), blocks_.end(), [](const Block& b) { return b.mem.use_count() == 1; }),
+                blocks_.end());
 }
 
 Vec BufferPool::vec(const char* label, std::int64_t n, bool zero) {
-  return take(vecs_, label, n, 0, 0, zero);
+  return take<Vec>(label, n, 0, 0, zero);
 }
 
 Mat BufferPool::mat(const char* label, std::int64_t rows, std::int64_t cols, bool zero) {
-  return take(mats_, label, rows, cols, 0, zero);
+  return take<Mat>(label, rows, cols, 0, zero);
 }
 
 Act3 BufferPool::act3(const char* label, std::int64_t rows, int heads, int dim, bool zero) {
-  return take(acts_, label, rows, heads, dim, zero);
+  return take<Act3>(label, rows, heads, dim, zero);
 }
 
 BMat BufferPool::bmat(const char* label, std::int64_t rows, std::int64_t cols) {
-  return take(bmats_, label, rows, cols, 0, false);
+  return take<BMat>(label, rows, cols, 0, false);
 }
 
 BAct3 BufferPool::bact3(const char* label, std::int64_t rows, int heads, int dim) {
-  return take(bacts_, label, rows, heads, dim, false);
+  return take<BAct3>(label, rows, heads, dim, false);
 }
 
 std::int64_t BufferPool::cachedBytes() const {
-  std::int64_t b = 0;
-  eachList([&](const auto& list) {
-    for (const auto& e : list)
-      b += static_cast<std::int64_t>(e.block.span() * sizeof(typename std::decay_t<decltype(e.block)>::value_type));
-  });
-  return b;
+  std::int64_t n = 0;
+  for (const auto& b : blocks_) n += static_cast<std::int64_t>(b.mem.extent(0));
+  return n;
 }
 
 Vec newVec(BufferPool* pool, const char* label, std::int64_t n, bool zero) {

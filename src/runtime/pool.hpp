@@ -5,22 +5,24 @@
 /// walker take their activations and temporaries from.
 ///
 /// Contract:
-/// * A request for [rows][...] is served by the smallest free cached block of the same
-///   trailing extents holding at least its row bucket (rows rounded up to a granularity of
-///   1/8 of their power of two, at least 64 rows), and handed out as the block's leading
-///   `rows` rows: a managed subview, so the block is free again as soon as no view of it is
-///   alive (its use count is the pool's own). Nothing has to be returned by hand.
-/// * A miss allocates a new block of the bucket's rows (counted: misses()), replacing the
-///   largest free block of the same trailing extents that is too small, so the same shapes
-///   in the next step are hits and the pool holds about one block per buffer alive at
-///   once. When the allocation fails (or would take the pool past its capacity, when one
-///   is set), the free block used longest ago is given back and it is tried again, block
-///   by block, so a nearly full device keeps the rest of its cache; with no free block
-///   left the error is the caller's. Nothing else gives blocks back (as PyTorch's caching
-///   allocator): the shapes of SlimPack slices and KV messages change every step, and a
-///   step with the longest slices, which needs the largest blocks, comes back after any
-///   number of steps, and evicting blocks idle for 4 steps made it allocate them again
-///   (docs/runtime.md, "Buffers").
+/// * Blocks are untyped device memory. A request for [rows][...] of type T is served by the
+///   smallest free cached block holding its bucket (rows rounded up to a granularity of 1/8
+///   of their power of two, at least 64 rows, times the trailing extents and sizeof(T)),
+///   whatever shape and type the block served before, and handed out as a view of the
+///   request's shape over the block's first bytes. The view shares the block's allocation
+///   record, so the block is free again as soon as no view of it is alive (its use count is
+///   the pool's own). Nothing has to be returned by hand.
+/// * A miss allocates a new block of the bucket's bytes (counted: misses()), replacing the
+///   largest free block too small for it (the oldest of equal ones), so the same requests
+///   in the next step are hits and the pool holds about one block per buffer alive at once.
+///   When the allocation fails (or would take the pool past its capacity, when one is set),
+///   the free block used longest ago is given back and it is tried again, block by block,
+///   so a nearly full device keeps the rest of its cache; with no free block left the error
+///   is the caller's. Nothing else gives blocks back (as PyTorch's caching allocator): the
+///   shapes of SlimPack slices and KV messages change every step, and a step with the
+///   longest slices, which needs the largest blocks, comes back after any number of steps,
+///   and evicting blocks idle for 4 steps made it allocate them again (docs/runtime.md,
+///   "Buffers").
 /// * Uninitialised unless `zero` is asked for (zeroed on the pool's execution space).
 /// * One pool per rank and execution-space instance; not thread-safe.
 
@@ -60,39 +62,18 @@ class BufferPool {
   static std::int64_t bucketRows(std::int64_t rows);
 
  private:
-  template <class V>
-  struct Entry {
-    V block;
+  using Bytes = Kokkos::View<char*, Mem>;
+  struct Block {
+    Bytes mem;
     std::uint64_t used = 0;  ///< request count when it was last handed out
-    std::int64_t bytes = 0;  ///< bytes the last request asked for
+    std::int64_t asked = 0;  ///< bytes the last request asked for
   };
-  /// f(list) for each of the five block lists (one per view type).
-  template <class F>
-  void eachList(F&& f) {
-    f(vecs_);
-    f(mats_);
-    f(acts_);
-    f(bmats_);
-    f(bacts_);
-  }
-  template <class F>
-  void eachList(F&& f) const {
-    f(vecs_);
-    f(mats_);
-    f(acts_);
-    f(bmats_);
-    f(bacts_);
-  }
   template <class V>
-  V take(std::vector<Entry<V>>& list, const char* label, std::int64_t rows, std::int64_t e1, std::int64_t e2,
-         bool zero);
+  V take(const char* label, std::int64_t rows, std::int64_t e1, std::int64_t e2, bool zero);
+  Bytes allocateBlock(const char* label, std::int64_t bytes);
   void notePeaks();
   Space space_;
-  std::vector<Entry<Vec>> vecs_;
-  std::vector<Entry<Mat>> mats_;
-  std::vector<Entry<Act3>> acts_;
-  std::vector<Entry<BMat>> bmats_;
-  std::vector<Entry<BAct3>> bacts_;
+  std::vector<Block> blocks_;
   std::int64_t capacity_ = 0;
   std::uint64_t requests_ = 0;
   std::int64_t misses_ = 0, hits_ = 0;
