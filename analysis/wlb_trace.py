@@ -27,7 +27,9 @@ TRAIN_STEP_FIELDS = ("step", "tokens", "predicted", "documents", "loss", "eval_l
 TRAIN_RANK_FIELDS = ("step", "rank", "tokens", "step_seconds", "data_seconds", "compute_seconds",
                      "attn_seconds", "cp_comm_seconds", "tp_comm_seconds", "allreduce_seconds", "optimizer_seconds",
                      "eval_seconds")
-_TRAIN_INTS = ("step", "rank", "tokens", "predicted", "documents")
+# the rank's activation pool in the step; traces written before these fields lack them
+TRAIN_RANK_POOL_FIELDS = ("allocations", "pool_bytes", "pool_live_bytes", "pool_requested_bytes")
+_TRAIN_INTS = ("step", "rank", "tokens", "predicted", "documents") + TRAIN_RANK_POOL_FIELDS
 
 
 class TraceError(Exception):
@@ -114,8 +116,9 @@ def _table(f, path, fields, fname):
     return out
 
 
-def _train_table(f, path, fields, fname):
-    """A /train table (absent -> {}), integer fields int64, the others float64."""
+def _train_table(f, path, fields, fname, optional=()):
+    """A /train table (absent -> {}), integer fields int64, the others float64; `optional`
+    fields are read where the file has them."""
     if path not in f:
         return {}
     out = _table(f, path, (), fname)
@@ -124,6 +127,9 @@ def _train_table(f, path, fields, fname):
         if k not in data.dtype.names:
             raise TraceError(f"{fname}: /{path} lacks the field '{k}'")
         out[k] = np.asarray(data[k]).astype(np.int64 if k in _TRAIN_INTS else np.float64)
+    for k in optional:
+        if k in data.dtype.names:
+            out[k] = np.asarray(data[k]).astype(np.int64)
     return out
 
 
@@ -167,7 +173,7 @@ def load(path: str) -> Trace:
             steps["packing_json"] = _strings(f["plan/packing_json"])
             steps["shard_json"] = _strings(f["plan/shard_json"])
             train_steps = _train_table(f, "train/steps", TRAIN_STEP_FIELDS, path)
-            train_ranks = _train_table(f, "train/ranks", TRAIN_RANK_FIELDS, path)
+            train_ranks = _train_table(f, "train/ranks", TRAIN_RANK_FIELDS, path, TRAIN_RANK_POOL_FIELDS)
     except TraceError:
         raise
     except (OSError, KeyError, ValueError, TypeError) as e:

@@ -96,7 +96,11 @@ h5::Datatype trainRankMemType() {
       .insert("tp_comm_seconds", offsetof(TrainRankRow, tp_comm_seconds), H5T_NATIVE_DOUBLE)
       .insert("allreduce_seconds", offsetof(TrainRankRow, allreduce_seconds), H5T_NATIVE_DOUBLE)
       .insert("optimizer_seconds", offsetof(TrainRankRow, optimizer_seconds), H5T_NATIVE_DOUBLE)
-      .insert("eval_seconds", offsetof(TrainRankRow, eval_seconds), H5T_NATIVE_DOUBLE);
+      .insert("eval_seconds", offsetof(TrainRankRow, eval_seconds), H5T_NATIVE_DOUBLE)
+      .insert("allocations", offsetof(TrainRankRow, allocations), H5T_NATIVE_INT64)
+      .insert("pool_bytes", offsetof(TrainRankRow, pool_bytes), H5T_NATIVE_INT64)
+      .insert("pool_live_bytes", offsetof(TrainRankRow, pool_live_bytes), H5T_NATIVE_INT64)
+      .insert("pool_requested_bytes", offsetof(TrainRankRow, pool_requested_bytes), H5T_NATIVE_INT64);
   return t;
 }
 

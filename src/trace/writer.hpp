@@ -98,6 +98,13 @@ struct TrainRankRow {
   double allreduce_seconds = 0;  ///< DP x CP gradient all-reduce and loss sum
   double optimizer_seconds = 0;  ///< AdamW
   double eval_seconds = 0;       ///< evaluation after the step (0 when none)
+  /// The rank's activation pool in the step (runtime/pool.hpp): blocks it allocated, bytes
+  /// it held at the end, the most bytes of its blocks in use at once, and what the buffers
+  /// alive then asked for.
+  std::int64_t allocations = 0;
+  std::int64_t pool_bytes = 0;
+  std::int64_t pool_live_bytes = 0;
+  std::int64_t pool_requested_bytes = 0;
 };
 
 /// Options mostly useful for tests.

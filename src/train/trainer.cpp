@@ -272,6 +272,10 @@ enum RankCol : int {
   kOptimizerS,
   kEvalS,
   kTokens,
+  kAllocs,
+  kPoolBytes,
+  kLiveBytes,
+  kAskedBytes,
   kCols
 };
 
@@ -576,6 +580,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   const auto t0 = Clock::now();
   double busy = 0;
   std::int64_t run_tokens = 0;
+  std::int64_t later_allocs = 0;  // the pools' allocations in this invocation's steps after its first
   bool have_first = false;  // the summary's first loss is that of the first step with tokens
   sum.first_step = start;
   rank_rows.reserve(static_cast<std::size_t>((total_steps - start) * W));
@@ -643,6 +648,10 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
       const runtime::StageStepResult r = stage_walker.run(in, rec.now());
       loss_part = r.loss;
       for (const double t : r.mb_tokens) row[kTokens] += t;
+      row[kAllocs] = static_cast<double>(r.allocations);
+      row[kPoolBytes] = static_cast<double>(r.pool_bytes);
+      row[kLiveBytes] = static_cast<double>(r.pool_live_bytes);
+      row[kAskedBytes] = static_cast<double>(r.pool_requested_bytes);
     } catch (const InputError& e) {
       err = e.what();
     }
@@ -710,6 +719,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
     MPI_Gather(row.data(), kCols, MPI_DOUBLE, all.data(), kCols, MPI_DOUBLE, 0, world);
     double secs = row[kStepS];
     if (rank == 0) {
+      std::int64_t step_allocs = 0;
       for (int r = 0; r < W; ++r) {
         const double* a = &all[static_cast<std::size_t>(r) * kCols];
         secs = std::max(secs, a[kStepS]);
@@ -726,8 +736,17 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
         rr.allreduce_seconds = a[kAllreduceS];
         rr.optimizer_seconds = a[kOptimizerS];
         rr.eval_seconds = a[kEvalS];
+        rr.allocations = static_cast<std::int64_t>(a[kAllocs]);
+        rr.pool_bytes = static_cast<std::int64_t>(a[kPoolBytes]);
+        rr.pool_live_bytes = static_cast<std::int64_t>(a[kLiveBytes]);
+        rr.pool_requested_bytes = static_cast<std::int64_t>(a[kAskedBytes]);
+        step_allocs += rr.allocations;
+        sum.pool_bytes = std::max(sum.pool_bytes, rr.pool_bytes);
+        sum.pool_live_bytes = std::max(sum.pool_live_bytes, rr.pool_live_bytes);
+        sum.pool_requested_bytes = std::max(sum.pool_requested_bytes, rr.pool_requested_bytes);
         rank_rows.push_back(rr);
       }
+      if (step > start) later_allocs += step_allocs;
     }
     busy += secs;
     run_tokens += step_tokens;
@@ -839,6 +858,8 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   sum.steps = total_steps;
   sum.tokens = tokens;
   sum.tokens_per_second = busy > 0 ? static_cast<double>(run_tokens) / busy : 0.0;
+  if (total_steps - start > 1)
+    sum.allocations_per_step = static_cast<double>(later_allocs) / static_cast<double>(total_steps - start - 1);
   sum.weights_hash = fnv1a(toHost(model.weights()));
   return sum;
 }
@@ -854,6 +875,12 @@ std::string formatSummary(const TrainSummary& s) {
     os << fmt::format("eval loss        {:.4f} (unigram entropy of the evaluation tokens {:.4f})\n", s.eval_loss,
                       s.unigram_entropy);
   os << fmt::format("throughput       {:.0f} tokens/s\n", s.tokens_per_second);
+  if (s.pool_bytes > 0)
+    os << fmt::format(
+        "buffers          pool {:.2f} MiB, in use {:.2f}, asked {:.2f} (the largest rank's); "
+        "{:.1f} allocations per step after the first\n",
+        static_cast<double>(s.pool_bytes) / 1048576.0, static_cast<double>(s.pool_live_bytes) / 1048576.0,
+        static_cast<double>(s.pool_requested_bytes) / 1048576.0, s.allocations_per_step);
   os << fmt::format("log              {}\n", s.log_path);
   if (!s.checkpoint_path.empty()) os << fmt::format("checkpoint       {}\n", s.checkpoint_path);
   if (!s.trace_path.empty()) os << fmt::format("trace            {}\n", s.trace_path);

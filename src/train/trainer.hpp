@@ -52,6 +52,11 @@ struct TrainSummary {
   /// Every step of this invocation (every rank has them): training loss (0 for a step
   /// without tokens) and evaluation loss (NaN where not evaluated).
   std::vector<double> losses, eval_losses;
+  /// Rank 0 only: the activation pools (runtime/pool.hpp), max over ranks and steps of the
+  /// bytes held, in use at once and asked for; their allocations summed over ranks, per
+  /// step after this invocation's first.
+  std::int64_t pool_bytes = 0, pool_live_bytes = 0, pool_requested_bytes = 0;
+  double allocations_per_step = 0;
   std::uint64_t weights_hash = 0;  ///< FNV-1a of this rank's final weights (its TP slice of its stage; replicas agree)
 };
 

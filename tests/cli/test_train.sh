@@ -44,6 +44,8 @@ EOF
 "$WLB" train deck.toml > sum.txt 2> err.txt || { cat err.txt; fail "train"; }
 grep -q "wlb train: step 40/40" err.txt || fail "no progress line: $(cat err.txt)"
 grep -q "eval loss" sum.txt || fail "no eval loss in the summary: $(cat sum.txt)"
+grep -Eq "^buffers +pool [0-9.]+ MiB, in use [0-9.]+, asked [0-9.]+ \(the largest rank's\); [0-9.]+ allocations per step after the first$" sum.txt ||
+  fail "no buffers line in the summary: $(cat sum.txt)"
 $PY - out/train_log.jsonl <<'PYEOF' || fail "loss did not fall"
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1])]
@@ -172,7 +174,12 @@ assert [x for x in s["eval_loss"] if not math.isnan(x)] == [x["eval_loss"] for x
 assert len(r["rank"]) == 80 and set(r["rank"]) == {0, 1}
 assert (s["seconds"] > 0).all() and (r["compute_seconds"] > 0).all()
 assert np.allclose(s["tokens_per_second"], s["tokens"] / s["seconds"])
-print("trace: /train/steps equal the log, /train/ranks has both ranks")
+# the activation pool: what is in use is part of what it holds, the buffers ask for at most
+# their blocks, and a pool that holds a step's working set allocates little after it
+assert (r["pool_bytes"] >= r["pool_live_bytes"]).all() and (r["pool_live_bytes"] >= r["pool_requested_bytes"]).all()
+assert (r["pool_requested_bytes"] > 0).all() and (r["allocations"] >= 0).all()
+assert r["allocations"][r["step"] == 0].sum() > 0
+print("trace: /train/steps equal the log, /train/ranks has both ranks and their pools")
 PYEOF
 fi
 ckdp="$ck $dp2"
