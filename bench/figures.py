@@ -524,10 +524,15 @@ def run_peaks(text):
             re.finditer(r"^  (\w+) +bubble [0-9.]+  peak \[MiB\]  stage 0 ([0-9.]+)", text, re.M)}
 
 
+def alloc_figures(text):
+    """{strategy: (allocations per step, unrecorded %)} from `wlb run`'s report."""
+    return {m.group(1): (float(m.group(3)), float(m.group(2))) for m in
+            re.finditer(r"^  (\w+) \(unrecorded ([0-9.]+)%, ([0-9.]+) buffer allocations per step\)", text, re.M)}
+
+
 def pool_figures(text):
     """{strategy: (allocations per step, unrecorded %, pool MiB stage 0, peak MiB stage 0)} from `wlb run`'s report."""
-    alloc = {m.group(1): (float(m.group(3)), float(m.group(2))) for m in
-             re.finditer(r"^  (\w+) \(unrecorded ([0-9.]+)%, ([0-9.]+) buffer allocations per step\)", text, re.M)}
+    alloc = alloc_figures(text)
     pool = {m.group(1): float(m.group(2)) for m in
             re.finditer(r"^  (\w+) +bubble .*  pool (?:/ in use / asked )?\[MiB\]  stage 0 ([0-9.]+)", text, re.M)}
     peak = run_peaks(text)
@@ -551,16 +556,14 @@ def pool_policy(root):
 
 
 def pool_use_figures(text):
-    """{strategy: [(pool, in use, asked, peak) MiB per stage]} and {strategy: (allocations, unrecorded %)}."""
-    alloc = {m.group(1): (float(m.group(3)), float(m.group(2))) for m in
-             re.finditer(r"^  (\w+) \(unrecorded ([0-9.]+)%, ([0-9.]+) buffer allocations per step\)", text, re.M)}
+    """{strategy: [(pool, in use, asked, peak) MiB per stage]} and alloc_figures(text)."""
     stages = {}
     for m in re.finditer(r"^  (\w+) +bubble [0-9.]+  peak \[MiB\]((?:  stage \d+ [0-9.]+)+)  pool / in use / asked "
                          r"\[MiB\]((?:  stage \d+ [0-9.]+ / [0-9.]+ / [0-9.]+)+)$", text, re.M):
         peaks = [float(x) for x in re.findall(r"stage \d+ ([0-9.]+)", m.group(2))]
         pools = re.findall(r"stage \d+ ([0-9.]+) / ([0-9.]+) / ([0-9.]+)", m.group(3))
         stages[m.group(1)] = [tuple(float(x) for x in p) + (k,) for p, k in zip(pools, peaks)]
-    return stages, alloc
+    return stages, alloc_figures(text)
 
 
 POOL_USE_LOGS = [f"bench/results/cpu/{n}.log" for n in

@@ -88,15 +88,12 @@ template <class V>
 V BufferPool::take(const char* label, std::int64_t rows, std::int64_t e1, std::int64_t e2, bool zero) {
   if (rows == 0) return allocate<V>(label, 0, e1, e2);
   const std::int64_t need = viewBytes<V>(bucketRows(rows), e1, e2), asked = viewBytes<V>(rows, e1, e2);
-  // use_count 1: only the pool holds the block, every view handed out of it is gone
-  const auto isFree = [](const Block& b) { return b.mem.use_count() == 1; };
-  const auto bytesOf = [](const Block& b) { return static_cast<std::int64_t>(b.mem.extent(0)); };
   // Best fit among the free blocks holding the bucket, whatever they held before. No upper
   // bound: the rows of SlimPack slices and KV messages vary by orders of magnitude from
   // unit to unit, and with one (2 buckets) most of them missed (docs/runtime.md, "Buffers").
   Block* best = nullptr;
   for (auto& b : blocks_)
-    if (isFree(b) && bytesOf(b) >= need && (!best || bytesOf(b) < bytesOf(*best))) best = &b;
+    if (b.free() && b.bytes() >= need && (!best || b.bytes() < best->bytes())) best = &b;
   ++requests_;
   if (!best) {
     // A free block too small for the request is replaced, not kept beside the new one: the
@@ -105,9 +102,9 @@ V BufferPool::take(const char* label, std::int64_t rows, std::int64_t e1, std::i
     // micro-batches would otherwise cache several sets of activations).
     auto smaller = blocks_.end();
     for (auto it = blocks_.begin(); it != blocks_.end(); ++it)
-      if (isFree(*it) && bytesOf(*it) < need &&
-          (smaller == blocks_.end() || bytesOf(*it) > bytesOf(*smaller) ||
-           (bytesOf(*it) == bytesOf(*smaller) && it->used < smaller->used)))
+      if (it->free() && it->bytes() < need &&
+          (smaller == blocks_.end() || it->bytes() > smaller->bytes() ||
+           (it->bytes() == smaller->bytes() && it->used < smaller->used)))
         smaller = it;
     if (smaller != blocks_.end()) blocks_.erase(smaller);
     Bytes mem = allocateBlock(label, need);
@@ -130,8 +127,8 @@ void BufferPool::notePeaks() {
   // counted at each request; the peak is reached at a request, since only requests add.
   std::int64_t live = 0, asked = 0;
   for (const auto& b : blocks_)
-    if (b.mem.use_count() > 1) {
-      live += static_cast<std::int64_t>(b.mem.extent(0));
+    if (!b.free()) {
+      live += b.bytes();
       asked += b.asked;
     }
   peak_live_ = std::max(peak_live_, live);
@@ -141,15 +138,14 @@ void BufferPool::notePeaks() {
 bool BufferPool::releaseOldest() {
   auto oldest = blocks_.end();
   for (auto it = blocks_.begin(); it != blocks_.end(); ++it)
-    if (it->mem.use_count() == 1 && (oldest == blocks_.end() || it->used < oldest->used)) oldest = it;
+    if (it->free() && (oldest == blocks_.end() || it->used < oldest->used)) oldest = it;
   if (oldest == blocks_.end()) return false;
   blocks_.erase(oldest);
   return true;
 }
 
 void BufferPool::releaseFree() {
-  blocks_.erase(std::remove_if(blocks_.begin(), blocks_.end(), [](const Block& b) { return b.mem.use_count() == 1; }),
-                blocks_.end());
+  blocks_.erase(std::remove_if(blocks_.begin(), blocks_.end(), [](const Block& b) { return b.free(); }), blocks_.end());
 }
 
 Vec BufferPool::vec(const char* label, std::int64_t n, bool zero) {
@@ -174,7 +170,7 @@ BAct3 BufferPool::bact3(const char* label, std::int64_t rows, int heads, int dim
 
 std::int64_t BufferPool::cachedBytes() const {
   std::int64_t n = 0;
-  for (const auto& b : blocks_) n += static_cast<std::int64_t>(b.mem.extent(0));
+  for (const auto& b : blocks_) n += b.bytes();
   return n;
 }
 

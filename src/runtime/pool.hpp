@@ -67,6 +67,9 @@ class BufferPool {
     Bytes mem;
     std::uint64_t used = 0;  ///< request count when it was last handed out
     std::int64_t asked = 0;  ///< bytes the last request asked for
+    /// Use count 1: only the pool holds the block, every view handed out of it is gone.
+    bool free() const { return mem.use_count() == 1; }
+    std::int64_t bytes() const { return static_cast<std::int64_t>(mem.extent(0)); }
   };
   template <class V>
   V take(const char* label, std::int64_t rows, std::int64_t e1, std::int64_t e2, bool zero);
