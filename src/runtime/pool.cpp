@@ -31,16 +31,26 @@ std::int64_t viewBytes(std::int64_t rows, std::int64_t e1, std::int64_t e2) {
   return n * static_cast<std::int64_t>(sizeof(typename V::value_type));
 }
 
-/// A V of [rows][e1][e2] over the first bytes of `mem` that shares its allocation record:
-/// the block stays alive, and counted as used, while the view does. Built from an unmanaged
-/// view's mapping and the block's tracker (View's constructor from a tracker and a mapping,
-/// in Kokkos 3.4 and 4.x alike); Kokkos allocations are aligned for any element type.
-template <class V, class B>
-V carve(const B& mem, std::int64_t rows, std::int64_t e1, std::int64_t e2) {
+/// What a piece's record holds: its segment, so that a view outliving the pool (or a
+/// segment the pool gave back) still has its memory. Runs on the host when the piece's
+/// last view dies.
+template <class B>
+struct HoldSegment {
+  B segment;
+  void destroy_shared_allocation() { segment = B(); }
+};
+
+/// A V of [rows][e1][e2] at `p` whose views share the record behind `tag`. Built from an
+/// unmanaged view's mapping and the tag (View's constructor from a tracker and a mapping,
+/// in Kokkos 3.4 and 4.x alike); pieces start at multiples of kAlign bytes of a Kokkos
+/// allocation, aligned for any element type.
+template <class V>
+V carve(char* at, const Kokkos::Impl::SharedAllocationTracker& tag, std::int64_t rows, std::int64_t e1,
+        std::int64_t e2) {
   using T = typename V::value_type;
   using U = Kokkos::View<typename V::data_type, typename V::array_layout, typename V::memory_space,
                          Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-  T* p = reinterpret_cast<T*>(mem.data());
+  T* p = reinterpret_cast<T*>(at);
   U u;
   if constexpr (V::rank == 1)
     u = U(p, rows);
@@ -48,7 +58,7 @@ V carve(const B& mem, std::int64_t rows, std::int64_t e1, std::int64_t e2) {
     u = U(p, rows, e1);
   else
     u = U(p, rows, e1, e2);
-  return V(mem.impl_track(), u.impl_map());
+  return V(tag, u.impl_map());
 }
 
 }  // namespace
@@ -61,12 +71,13 @@ std::int64_t BufferPool::bucketRows(std::int64_t rows) {
   return (rows + g - 1) / g * g;
 }
 
-BufferPool::Bytes BufferPool::allocateBlock(const char* label, std::int64_t bytes) {
-  // Out of memory (or past the capacity): give back the free blocks used longest ago, one
-  // at a time, until the block fits; with none left to give, the failure is the caller's.
+BufferPool::Bytes BufferPool::allocateSegment(const char* label, std::int64_t bytes) {
+  // Out of memory (or past the capacity): give back the free segments used longest ago,
+  // one at a time, until the new one fits; with none left to give, the failure is the
+  // caller's.
   bool fenced = false;
   const auto giveBack = [&] {
-    if (!fenced) Kokkos::fence();  // kernels still reading a free block's last contents
+    if (!fenced) Kokkos::fence();  // kernels still reading a free piece's last contents
     fenced = true;
     return releaseOldest();
   };
@@ -84,68 +95,115 @@ BufferPool::Bytes BufferPool::allocateBlock(const char* label, std::int64_t byte
   }
 }
 
+void BufferPool::collect() {
+  for (auto& s : segments_) {
+    bool freed = false;
+    for (auto& p : s.pieces)
+      if (p.tag.use_count() == 1) {
+        p.tag = Tag();
+        freed = true;
+      }
+    if (!freed) continue;
+    std::vector<Piece> merged;
+    merged.reserve(s.pieces.size());
+    for (auto& p : s.pieces) {
+      if (!merged.empty() && merged.back().free() && p.free()) {
+        merged.back().bytes += p.bytes;
+        merged.back().used = std::max(merged.back().used, p.used);
+      } else {
+        merged.push_back(std::move(p));
+      }
+    }
+    s.pieces = std::move(merged);
+  }
+}
+
 template <class V>
 V BufferPool::take(const char* label, std::int64_t rows, std::int64_t e1, std::int64_t e2, bool zero) {
   if (rows == 0) return allocate<V>(label, 0, e1, e2);
-  const std::int64_t need = viewBytes<V>(bucketRows(rows), e1, e2), asked = viewBytes<V>(rows, e1, e2);
-  // Best fit among the free blocks holding the bucket, whatever they held before. No upper
-  // bound: the rows of SlimPack slices and KV messages vary by orders of magnitude from
-  // unit to unit, and with one (2 buckets) most of them missed (docs/runtime.md, "Buffers").
-  Block* best = nullptr;
-  for (auto& b : blocks_)
-    if (b.free() && b.bytes() >= need && (!best || b.bytes() < best->bytes())) best = &b;
+  const std::int64_t need = (viewBytes<V>(bucketRows(rows), e1, e2) + kAlign - 1) / kAlign * kAlign;
+  const std::int64_t asked = viewBytes<V>(rows, e1, e2);
+  collect();
+  // Best fit among the free pieces, whatever they held before; the rest of the piece stays
+  // free, so short SlimPack slices alive at once share the space a long slice used.
+  std::size_t si = 0, pi = 0;
+  bool found = false;
+  for (std::size_t i = 0; i < segments_.size(); ++i)
+    for (std::size_t j = 0; j < segments_[i].pieces.size(); ++j) {
+      const Piece& p = segments_[i].pieces[j];
+      if (p.free() && p.bytes >= need && (!found || p.bytes < segments_[si].pieces[pi].bytes)) {
+        si = i, pi = j;
+        found = true;
+      }
+    }
   ++requests_;
-  if (!best) {
-    // A free block too small for the request is replaced, not kept beside the new one: the
-    // pool then holds as many blocks as buffers are alive at once, each as large as the
-    // largest request, instead of one set per bucket (a 64K-token window of varied
-    // micro-batches would otherwise cache several sets of activations).
-    auto smaller = blocks_.end();
-    for (auto it = blocks_.begin(); it != blocks_.end(); ++it)
+  if (!found) {
+    // A wholly free segment too small for the request is replaced, not kept beside the
+    // new one: the pool then grows to the largest working set instead of caching one set
+    // per shape (a 64K-token window of varied micro-batches would otherwise cache several).
+    auto smaller = segments_.end();
+    for (auto it = segments_.begin(); it != segments_.end(); ++it)
       if (it->free() && it->bytes() < need &&
-          (smaller == blocks_.end() || it->bytes() > smaller->bytes() ||
+          (smaller == segments_.end() || it->bytes() > smaller->bytes() ||
            (it->bytes() == smaller->bytes() && it->used < smaller->used)))
         smaller = it;
-    if (smaller != blocks_.end()) blocks_.erase(smaller);
-    Bytes mem = allocateBlock(label, need);
-    blocks_.push_back({mem, 0, 0});
-    best = &blocks_.back();
+    if (smaller != segments_.end()) segments_.erase(smaller);
+    Segment s;
+    s.mem = allocateSegment(label, need);
+    s.pieces.push_back(Piece{0, need, 0, 0, Tag()});
+    segments_.push_back(std::move(s));
+    si = segments_.size() - 1, pi = 0;
     ++misses_;
   } else {
     ++hits_;
   }
-  best->used = requests_;
-  best->asked = asked;
-  V out = carve<V>(best->mem, rows, e1, e2);
+  Segment& s = segments_[si];
+  if (s.pieces[pi].bytes > need) {
+    Piece rest{s.pieces[pi].offset + need, s.pieces[pi].bytes - need, 0, s.pieces[pi].used, Tag()};
+    s.pieces[pi].bytes = need;
+    s.pieces.insert(s.pieces.begin() + static_cast<std::ptrdiff_t>(pi) + 1, std::move(rest));
+  }
+  Piece& p = s.pieces[pi];
+  using Record = Kokkos::Impl::SharedAllocationRecord<Kokkos::HostSpace, HoldSegment<Bytes>>;
+  Record* record = Record::allocate(Kokkos::HostSpace(), label, 1);
+  record->m_destroy.segment = s.mem;
+  p.tag.assign_allocated_record_to_uninitialized(record);
+  p.used = s.used = requests_;
+  p.asked = asked;
+  V out = carve<V>(s.mem.data() + p.offset, p.tag, rows, e1, e2);
   notePeaks();
   if (zero) Kokkos::deep_copy(space_, out, typename V::non_const_value_type{});
   return out;
 }
 
 void BufferPool::notePeaks() {
-  // Frees are implicit (a block is free when its last view dies), so what is alive is
+  // Frees are implicit (a piece is free when its last view dies), so what is alive is
   // counted at each request; the peak is reached at a request, since only requests add.
   std::int64_t live = 0, asked = 0;
-  for (const auto& b : blocks_)
-    if (!b.free()) {
-      live += b.bytes();
-      asked += b.asked;
-    }
+  for (const auto& s : segments_)
+    for (const auto& p : s.pieces)
+      if (!p.free()) {
+        live += p.bytes;
+        asked += p.asked;
+      }
   peak_live_ = std::max(peak_live_, live);
   peak_requested_ = std::max(peak_requested_, asked);
 }
 
 bool BufferPool::releaseOldest() {
-  auto oldest = blocks_.end();
-  for (auto it = blocks_.begin(); it != blocks_.end(); ++it)
-    if (it->free() && (oldest == blocks_.end() || it->used < oldest->used)) oldest = it;
-  if (oldest == blocks_.end()) return false;
-  blocks_.erase(oldest);
+  collect();
+  auto oldest = segments_.end();
+  for (auto it = segments_.begin(); it != segments_.end(); ++it)
+    if (it->free() && (oldest == segments_.end() || it->used < oldest->used)) oldest = it;
+  if (oldest == segments_.end()) return false;
+  segments_.erase(oldest);
   return true;
 }
 
 void BufferPool::releaseFree() {
-  blocks_.erase(std::remove_if(blocks_.begin(), blocks_.end(), [](const Block& b) { return b.free(); }), blocks_.end());
+  collect();
+  segments_.erase(std::remove_if(segments_.begin(), segments_.end(), [](const Segment& s) { return s.free(); }),
+                  segments_.end());
 }
 
 Vec BufferPool::vec(const char* label, std::int64_t n, bool zero) {
@@ -170,7 +228,7 @@ BAct3 BufferPool::bact3(const char* label, std::int64_t rows, int heads, int dim
 
 std::int64_t BufferPool::cachedBytes() const {
   std::int64_t n = 0;
-  for (const auto& b : blocks_) n += b.bytes();
+  for (const auto& s : segments_) n += s.bytes();
   return n;
 }
 

@@ -5,26 +5,29 @@
 /// walker take their activations and temporaries from.
 ///
 /// Contract:
-/// * Blocks are untyped device memory. A request for [rows][...] of type T is served by the
-///   smallest free cached block holding its bucket (rows rounded up to a granularity of 1/8
-///   of their power of two, at least 64 rows, times the trailing extents and sizeof(T)),
-///   whatever shape and type the block served before, and handed out as a view of the
-///   request's shape over the block's first bytes. The view shares the block's allocation
-///   record, so the block is free again as soon as no view of it is alive (its use count is
-///   the pool's own). Nothing has to be returned by hand.
-/// * A miss allocates a new block of the bucket's bytes (counted: misses()), replacing the
-///   largest free block too small for it (the oldest of equal ones), so the same requests
-///   in the next step are hits and the pool holds about one block per buffer alive at once.
+/// * The pool holds segments of untyped device memory. A request for [rows][...] of type T
+///   needs its bucket's bytes (rows rounded up to a granularity of 1/8 of their power of
+///   two, at least 64 rows, times the trailing extents and sizeof(T), rounded up to 256
+///   bytes) and takes them from the front of the smallest free piece of any segment that
+///   holds them; the rest of the piece stays free. It is handed out as a view of the
+///   request's shape over those bytes, whatever shape and type they served before.
+/// * Each piece handed out gets an allocation record of its own (a host-side tag that
+///   holds its segment): the piece is free again as soon as no view of it is alive, and is
+///   merged with free neighbours. Nothing has to be returned by hand, and a view that
+///   outlives the pool keeps its segment alive.
+/// * A miss allocates a new segment of the bucket's bytes (counted: misses()), replacing
+///   the largest wholly free segment too small for it (the oldest of equal ones), so the
+///   same requests in the next step are hits.
 ///   When the allocation fails (or would take the pool past its capacity, when one is set),
-///   the free block used longest ago is given back and it is tried again, block by block,
-///   so a nearly full device keeps the rest of its cache; with no free block left the error
-///   is the caller's. Nothing else gives blocks back (as PyTorch's caching allocator): the
-///   shapes of SlimPack slices and KV messages change every step, and a step with the
-///   longest slices, which needs the largest blocks, comes back after any number of steps,
-///   and evicting blocks idle for 4 steps made it allocate them again (docs/runtime.md,
-///   "Buffers").
+///   the wholly free segment used longest ago is given back and it is tried again, one by
+///   one, so a nearly full device keeps the rest of its cache; with none left to give the
+///   error is the caller's. Nothing else gives segments back (as PyTorch's caching
+///   allocator): the shapes of SlimPack slices and KV messages change every step, and a
+///   step with the longest slices comes back after any number of steps, and evicting
+///   blocks idle for 4 steps made it allocate them again (docs/runtime.md, "Buffers").
 /// * Uninitialised unless `zero` is asked for (zeroed on the pool's execution space).
-/// * One pool per rank and execution-space instance; not thread-safe.
+/// * One pool per rank and execution-space instance (a freed piece is handed out again
+///   in the instance's order); not thread-safe.
 
 #include <cstdint>
 #include <type_traits>
@@ -45,38 +48,51 @@ class BufferPool {
   Act3 act3(const char* label, std::int64_t rows, int heads, int dim, bool zero = false);
   BMat bmat(const char* label, std::int64_t rows, std::int64_t cols);
   BAct3 bact3(const char* label, std::int64_t rows, int heads, int dim);
-  /// Give back every block no view is using.
+  /// Give back every wholly free segment.
   void releaseFree();
-  /// Give back the free block used longest ago; false when no block is free.
+  /// Give back the wholly free segment used longest ago; false when none is.
   bool releaseOldest();
-  std::int64_t misses() const { return misses_; }  ///< blocks allocated so far
+  std::int64_t misses() const { return misses_; }  ///< segments allocated so far
   std::int64_t hits() const { return hits_; }      ///< requests served from the cache
-  std::int64_t cachedBytes() const;                ///< bytes of every block held
-  /// Since the last resetPeaks(): the most bytes in blocks in use at once, and the most
-  /// bytes the requests alive at once asked for (rows asked, not the block's rows). Their
+  std::int64_t cachedBytes() const;                ///< bytes of every segment held
+  std::int64_t segments() const { return static_cast<std::int64_t>(segments_.size()); }
+  /// Since the last resetPeaks(): the most bytes of pieces in use at once, and the most
+  /// bytes the requests alive at once asked for (rows asked, not the bucket's rows). Their
   /// gap to cachedBytes() is what caching costs over allocating each buffer exactly.
   std::int64_t peakLiveBytes() const { return peak_live_; }
   std::int64_t peakRequestedBytes() const { return peak_requested_; }
   void resetPeaks() { peak_live_ = peak_requested_ = 0; }
   /// Rows a request of `rows` is served with.
   static std::int64_t bucketRows(std::int64_t rows);
+  /// Pieces start at multiples of this many bytes of their segment.
+  static constexpr std::int64_t kAlign = 256;
 
  private:
   using Bytes = Kokkos::View<char*, Mem>;
-  struct Block {
-    Bytes mem;
+  using Tag = Kokkos::Impl::SharedAllocationTracker;
+  struct Piece {
+    std::int64_t offset = 0, bytes = 0;
+    std::int64_t asked = 0;  ///< bytes its request asked for
     std::uint64_t used = 0;  ///< request count when it was last handed out
-    std::int64_t asked = 0;  ///< bytes the last request asked for
-    /// Use count 1: only the pool holds the block, every view handed out of it is gone.
-    bool free() const { return mem.use_count() == 1; }
+    Tag tag;                 ///< the record its views share; none while free
+    /// No tag: collect() drops a tag once only the pool holds it (use count 1).
+    bool free() const { return tag.use_count() == 0; }
+  };
+  struct Segment {
+    Bytes mem;
+    std::vector<Piece> pieces;  ///< by offset, covering mem
+    std::uint64_t used = 0;     ///< request count when a piece of it was last handed out
+    bool free() const { return pieces.size() == 1 && pieces[0].free(); }
     std::int64_t bytes() const { return static_cast<std::int64_t>(mem.extent(0)); }
   };
   template <class V>
   V take(const char* label, std::int64_t rows, std::int64_t e1, std::int64_t e2, bool zero);
-  Bytes allocateBlock(const char* label, std::int64_t bytes);
+  Bytes allocateSegment(const char* label, std::int64_t bytes);
+  /// Pieces whose views are gone become free and merge with free neighbours.
+  void collect();
   void notePeaks();
   Space space_;
-  std::vector<Block> blocks_;
+  std::vector<Segment> segments_;
   std::int64_t capacity_ = 0;
   std::uint64_t requests_ = 0;
   std::int64_t misses_ = 0, hits_ = 0;

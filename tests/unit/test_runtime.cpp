@@ -450,9 +450,9 @@ TEST(RuntimeLayer, BackwardMatchesFiniteDifferences) {
   }
 }
 
-// The activation pool: a block comes back once no view of it is alive, requests of the
-// same row bucket share it, zeroing on request; free blocks stay cached until released; a
-// block serves requests of any shape and type it holds.
+// The activation pool: a segment's piece comes back once no view of it is alive, requests
+// of the same row bucket share it, zeroing on request; free segments stay cached until
+// released; a piece serves requests of any shape and type it holds.
 TEST(RuntimePool, ReusesFreedBlocksByRowBucket) {
   Space space;
   BufferPool pool(space);
@@ -479,7 +479,7 @@ TEST(RuntimePool, ReusesFreedBlocksByRowBucket) {
     EXPECT_EQ(e.extent(0), 2000u);
     EXPECT_EQ(e.extent(2), 4u);
     EXPECT_NE(static_cast<const void*>(e.data()), static_cast<const void*>(c.data()));
-    EXPECT_EQ(e.use_count(), 2);  // the view and the pool: one allocation record
+    EXPECT_EQ(e.use_count(), 2);  // the view and the pool: the piece's own record
   }
   EXPECT_EQ(pool.mat("d", 1000, 17).extent(1), 17u);    // larger than the free block: a miss,
   EXPECT_EQ(pool.misses(), 3);                          // which replaces that block
@@ -489,8 +489,8 @@ TEST(RuntimePool, ReusesFreedBlocksByRowBucket) {
   EXPECT_EQ(pool.act3("e", 0, 2, 4).extent(0), 0u);
 }
 
-// The pool's peaks: bytes of the blocks in use at once, and what their requests asked for
-// (a block serves a smaller request whole, so the two differ), from one reset to the next.
+// The pool's peaks: bytes of the pieces in use at once, and what their requests asked for
+// (a piece holds the request's row bucket, so the two differ), from one reset to the next.
 TEST(RuntimePool, CountsPeakBytesInUseAndAsked) {
   Space space;
   BufferPool pool(space);
@@ -504,48 +504,106 @@ TEST(RuntimePool, CountsPeakBytesInUseAndAsked) {
   EXPECT_EQ(pool.peakRequestedBytes(), row * 1100);
   pool.resetPeaks();
   {
-    Mat d = pool.mat("d", 300, 16);  // the smallest free block holding it is a's 1024 rows
-    EXPECT_EQ(pool.peakLiveBytes(), row * 1024);
+    Mat d = pool.mat("d", 300, 16);  // 320 rows from the front of a's 1024
+    EXPECT_EQ(pool.peakLiveBytes(), row * 320);
     EXPECT_EQ(pool.peakRequestedBytes(), row * 300);
   }
   EXPECT_EQ(pool.cachedBytes(), row * (1024 + BufferPool::bucketRows(100)));
 }
 
-// A larger request replaces a free block too small for it instead of caching a second
-// set; smaller requests take the smallest free block that holds them, however much larger;
-// a failed allocation gives back every free block before it fails.
-TEST(RuntimePool, GrowsBlocksInsteadOfKeepingOnePerBucket) {
+// Requests alive at once are carved from one free segment, front first; a freed piece
+// merges with its free neighbours, so the whole segment serves a whole-segment request
+// again; a free piece between pieces in use serves only what it holds.
+TEST(RuntimePool, SplitsSegmentsAndMergesFreedPieces) {
   Space space;
   BufferPool pool(space);
-  { Mat a = pool.mat("a", 1000, 16); }        // bucket 1024
+  const std::int64_t row = 4 * 16;
+  const float* base = nullptr;
+  {
+    Mat a = pool.mat("a", 2048, 16);
+    base = a.data();
+  }
+  {
+    Mat b = pool.mat("b", 1000, 16), c = pool.mat("c", 1000, 16);  // buckets of 1024 rows
+    EXPECT_EQ(pool.misses(), 1);
+    EXPECT_EQ(pool.segments(), 1);
+    EXPECT_EQ(b.data(), base);
+    EXPECT_EQ(c.data(), base + 1024 * 16);
+    EXPECT_EQ(pool.peakLiveBytes(), row * 2048);
+  }
+  {
+    Mat d = pool.mat("d", 2048, 16);  // b's and c's pieces merged back
+    EXPECT_EQ(d.data(), base);
+    EXPECT_EQ(pool.misses(), 1);
+  }
+  {
+    Mat e = pool.mat("e", 512, 16), f = pool.mat("f", 512, 16), g = pool.mat("g", 512, 16);
+    EXPECT_EQ(g.data(), base + 1024 * 16);
+    f = Mat();  // free: rows 512-1023 and 1536-2047, not adjacent
+    Mat h = pool.mat("h", 1024, 16);
+    EXPECT_EQ(pool.misses(), 2);  // no free piece of 1024 rows: a segment of its own
+    EXPECT_EQ(pool.segments(), 2);
+    g = Mat();  // rows 512-2047 merge into one free piece
+    Mat i = pool.mat("i", 1536, 16);
+    EXPECT_EQ(i.data(), base + 512 * 16);
+    EXPECT_EQ(pool.misses(), 2);
+  }
+  EXPECT_EQ(pool.cachedBytes(), row * (2048 + 1024));
+  pool.releaseFree();
+  EXPECT_EQ(pool.cachedBytes(), 0);
+}
+
+// A view that outlives its pool keeps its memory: its piece's record holds the segment.
+TEST(RuntimePool, ViewOutlivesThePool) {
+  Space space;
+  Mat kept;
+  {
+    BufferPool pool(space);
+    kept = pool.mat("kept", 100, 16, true);
+    Mat other = pool.mat("other", 100, 16);
+    EXPECT_EQ(kept.use_count(), 2);
+  }
+  EXPECT_EQ(kept.use_count(), 1);
+  Kokkos::deep_copy(kept, 1.5f);
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), kept);
+  for (std::size_t i = 0; i < h.size(); ++i) ASSERT_EQ(h.data()[i], 1.5f);
+}
+
+// A larger request replaces a wholly free segment too small for it instead of caching a
+// second set; smaller requests are carved from the smallest free piece that holds them; a
+// failed allocation gives back every wholly free segment before it fails.
+TEST(RuntimePool, GrowsSegmentsInsteadOfKeepingOnePerBucket) {
+  Space space;
+  BufferPool pool(space);
+  { Mat a = pool.mat("a", 1000, 16); }  // bucket 1024
   const float* grown = nullptr;
   {
-    Mat b = pool.mat("b", 2000, 16);          // bucket 2048: replaces a's free block
+    Mat b = pool.mat("b", 2000, 16);  // bucket 2048: replaces a's free segment
     grown = b.data();
     EXPECT_EQ(pool.misses(), 2);
     EXPECT_EQ(pool.cachedBytes(), 4 * 2048 * 16);
   }
   {
-    Mat c = pool.mat("c", 1000, 16);  // the grown block
+    Mat c = pool.mat("c", 1000, 16), d = pool.mat("d", 128, 16);  // both from the grown one
     EXPECT_EQ(c.data(), grown);
-    EXPECT_EQ(pool.hits(), 1);
-    Mat d = pool.mat("d", 128, 16);  // c holds it: a block of its own
-    EXPECT_NE(d.data(), grown);
-    EXPECT_EQ(pool.misses(), 3);
-    EXPECT_EQ(pool.cachedBytes(), 4 * (2048 + 128) * 16);
+    EXPECT_EQ(d.data(), grown + 1024 * 16);
+    EXPECT_EQ(pool.misses(), 2);
+    EXPECT_EQ(pool.hits(), 2);
   }
-  { Mat e = pool.mat("e", 120, 16); }         // best fit: the 128-row block, not the 2048
-  EXPECT_EQ(pool.hits(), 2);
   {
-    Mat f = pool.mat("f", 100, 16), g = pool.mat("g", 100, 16);  // the 128 block, then the 2048
-    EXPECT_EQ(g.data(), grown);
+    Mat big = pool.mat("big", 2048, 16);  // holds the whole segment
+    Mat e = pool.mat("e", 120, 16);       // a segment of its own (128 rows)
     EXPECT_EQ(pool.misses(), 3);
-    EXPECT_EQ(pool.hits(), 4);
   }
-  Mat held = pool.mat("held", 64, 8);  // best fit of any shape: the 128 x 16 block
+  {
+    Mat f = pool.mat("f", 100, 16);  // best fit: the 128-row segment, not the 2048
+    EXPECT_NE(f.data(), grown);
+    EXPECT_EQ(pool.misses(), 3);
+  }
+  Mat held = pool.mat("held", 64, 8);  // best fit of any shape: the 128 x 16 segment
   EXPECT_EQ(pool.misses(), 3);
 #if !defined(__SANITIZE_ADDRESS__)
-  // 2^40 rows of 16 floats cannot be allocated: the free blocks go, the error stays.
+  // 2^40 rows of 16 floats cannot be allocated: the free segments go, the error stays.
   EXPECT_THROW(pool.mat("huge", std::int64_t{1} << 40, 16), std::exception);
   EXPECT_EQ(pool.cachedBytes(), 4 * 128 * 16);
 #endif
