@@ -417,7 +417,7 @@ const bool registered = wlb::app::registerCommand(
       sub.add_option("--out", opts->out, "Write simulate.csv and simulate.json into DIR")->type_name("DIR");
       sub.add_option("--trace", opts->trace,
                      "Write predicted events (trace schema, /meta/source = simulated) to FILE "
-                     "(FILE.<i>.h5 per case when there are several)")
+                     "(several cases: case i to FILE with .<i> before its extension, sim.h5 -> sim.0.h5)")
           ->type_name("FILE");
       sub.add_option("--plans", opts->plans,
                      "Replay the plans a `wlb run` wrote (its output directory, or one plan file) instead of "

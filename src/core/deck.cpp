@@ -288,6 +288,7 @@ std::string applyOverride(Deck& d, const std::string& text, const std::string& o
       fail(o, "unknown table [" + table + "] (did you mean [" + nearest(table, tables) + "]?)");
     fail(o, "unknown key '" + key + "' in table [" + table + "] (did you mean '" + nearest(key, keysOf(table)) + "'?)");
   }
+  if (k->derived) fail(o, "key '" + k->name() + "' is derived and cannot be set");
   TomlValue v;
   try {
     std::istringstream in("v = " + rhs);

@@ -116,7 +116,8 @@ const std::vector<KeySpec>& deckSchema() {
         F("packing", "milp_time_limit", 0.01, 1e6, WLB_F(packing.milp_time_limit),
           "fixed_optimal: CBC time limit per solve (s)."),
         S("packing", "checkpoint", {}, WLB_F(packing.checkpoint),
-          "Packer state file to restore from / save to (\"\" = none)."),
+          "wlb plan: file the packers' state is saved to after the last step (\"\" = none); --save-state overrides it, "
+          "--resume reads one."),
 
         S("cp", "strategy", shardingNames(), WLB_F(cp.strategy), "CP sharding (docs/cp.md)."),
         S("cp", "comm", {"allgather", "sharding_aware"}, WLB_F(cp.comm), "KV communication mode."),
@@ -168,7 +169,7 @@ const std::vector<KeySpec>& deckSchema() {
         I("train", "steps", 0, big, WLB_F(train.steps), "Optimizer steps; 0 = from train.tokens."),
         F("train", "lr", 0, 10, WLB_F(train.lr), "Peak learning rate (AdamW)."),
         F("train", "min_lr_ratio", 0, 1, WLB_F(train.min_lr_ratio),
-          "The cosine decays to lr * min_lr_ratio at the last step."),
+          "The cosine decays toward lr * min_lr_ratio, reached at step train.steps (one past the last)."),
         I("train", "warmup_steps", 0, big, WLB_F(train.warmup_steps), "Linear warm-up steps."),
         F("train", "weight_decay", 0, 10, WLB_F(train.weight_decay),
           "AdamW decoupled weight decay (matrices and embedding; not norm gains)."),
