@@ -598,6 +598,21 @@ def pool_untyped(root):
     return out
 
 
+@table("pool-split", "docs/runtime.md", *[f"bench/results/cpu/{d}_pool_{w}.log" for d in ("run_cp2", "run_slimpack_pp2")
+                                           for w in ("bytes", "split")])
+def pool_split(root):
+    out = []
+    for deck, strategies in (("run_cp2", ("plain", "fixed", "wlb")),
+                             ("run_slimpack_pp2", ("plain", "wlb", "slimpack"))):
+        before, b_alloc = pool_use_figures((root / f"bench/results/cpu/{deck}_pool_bytes.log").read_text())
+        now, n_alloc = pool_use_figures((root / f"bench/results/cpu/{deck}_pool_split.log").read_text())
+        for st in strategies:
+            for i, (b, n) in enumerate(zip(before[st], now[st])):
+                out.append([(f"{deck}, {st}",), ("{}", i), ("{:.2f}", b[0]), ("{:.2f}", n[0]), ("{:.2f}", b[1]),
+                            ("{:.2f}", n[1]), ("{:.2f}", n[2]), ("{:.1f}", b_alloc[st][0]), ("{:.1f}", n_alloc[st][0])])
+    return out
+
+
 @table("slices-cp2", "docs/performance.md", "bench/results/cpu/run_cp2_slimpack.log")
 def slices_cp2(root):
     path = root / "bench/results/cpu/run_cp2_slimpack.log"
