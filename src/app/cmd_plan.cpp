@@ -77,9 +77,12 @@ int runPlan(const Opts& o) {
   // Validate everything before writing anything.
   // --out names a file (several packers write NAME.PACKER.EXT beside it): a directory
   // would silently become "DIR.PACKER" files next to it
+  std::vector<std::string> inputs = app::deckInputs(deck);
   app::checkOnRankZero([&] {  // rank 0 writes them
-    if (!o.out.empty()) checkOutputPath(o.out, "--out");
-    if (!o.summary_json.empty()) checkOutputPath(o.summary_json, "--summary-json");
+    std::vector<std::string> all = inputs;
+    all.push_back(o.resume);
+    if (!o.out.empty()) checkOutputPath(o.out, "--out", all);
+    if (!o.summary_json.empty()) checkOutputPath(o.summary_json, "--summary-json", all);
   });
   std::vector<std::unique_ptr<packing::Packer>> packers;
   packers.reserve(names.size());
@@ -97,7 +100,7 @@ int runPlan(const Opts& o) {
   }
   const std::string save = !o.save_state.empty() ? o.save_state : deck.packing.checkpoint;
   app::checkOnRankZero([&] {  // may be --resume's file: the state moves on in place
-    if (!save.empty()) checkOutputPath(save, o.save_state.empty() ? "packing.checkpoint" : "--save-state");
+    if (!save.empty()) checkOutputPath(save, o.save_state.empty() ? "packing.checkpoint" : "--save-state", inputs);
   });
   const bool several = packers.size() > 1;
 

@@ -105,7 +105,7 @@ int runShard(const Opts& o) {
   auto src = data::makeLengthSource(deck);
 
   app::checkOnRankZero([&] {  // before the work, not at the rename after it
-    if (!o.out.empty()) checkOutputPath(o.out, "--out");
+    if (!o.out.empty()) checkOutputPath(o.out, "--out", app::deckInputs(deck));
   });
   std::ofstream out;
   std::string tmp;

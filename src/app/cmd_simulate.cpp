@@ -196,13 +196,17 @@ int run(const Opts& o) {
   // Every output path before any work (rank 0 writes them): a bad one must not leave the
   // others written.
   wlb::app::checkOnRankZero([&] {
+    std::vector<std::string> inputs{o.plans};
+    for (const Case& cs : cases)
+      for (const auto& f : wlb::app::deckInputs(cs.deck)) inputs.push_back(f);
     if (!o.out.empty()) {
       wlb::checkOutputFolder(o.out, "--out");
-      wlb::checkOutputPath((fs::path(o.out) / "simulate.csv").string(), "--out");
+      for (const char* f : {"simulate.csv", "simulate.json"})
+        wlb::checkOutputPath((fs::path(o.out) / f).string(), "--out", inputs);
     }
     if (!o.trace.empty())
       for (std::size_t ci = 0; ci < cases.size(); ++ci)
-        wlb::checkOutputPath(traceName(o.trace, ci, cases.size()), "--trace");
+        wlb::checkOutputPath(traceName(o.trace, ci, cases.size()), "--trace", inputs);
   });
   if (!o.trace.empty()) {
     const fs::path parent = fs::path(o.trace).parent_path();

@@ -39,7 +39,7 @@ int runTune(const Opts& o) {
   if (o.max_levels < 0 || o.max_levels > 4) throw InputError("--max-levels: must be in 0..4", true);
   const Deck deck = o.deck.load("wlb tune");
   app::checkOnRankZero([&] {
-    if (!o.json.empty()) checkOutputPath(o.json, "--json");
+    if (!o.json.empty()) checkOutputPath(o.json, "--json", app::deckInputs(deck));
   });
   const auto cost = model::CostModel::fromDeck(deck);
   const auto base = packing::PackerOptions::fromDeck(deck);

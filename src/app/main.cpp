@@ -14,6 +14,8 @@
 #include "core/error.hpp"
 #include "core/heap.hpp"
 #include "core/version_info.hpp"
+#include "data/length_source.hpp"
+#include "model/cost_model.hpp"
 #include "parallel/group_comm.hpp"
 #include "runtime/gemm.hpp"
 
@@ -48,6 +50,12 @@ Deck DeckArgs::load(const std::string& command) const {
 }
 Deck DeckArgs::loadWithSweep() const {
   return loadDeck(path, overrides);
+}
+
+std::vector<std::string> deckInputs(const Deck& deck) {
+  std::vector<std::string> in{deck.source_path, model::HardwareProfile::pathOf(deck)};
+  if (deck.data.source != "generator") in.push_back(data::resolvePath(deck, deck.data.path));
+  return in;
 }
 
 void checkOnRankZero(const std::function<void()>& checks) {

@@ -334,6 +334,8 @@ void resolveAndValidate(Deck& d, const std::string& name) {
                           " must be >= context_window = " + std::to_string(d.data.context_window));
   if (d.data.source != "generator" && d.data.path.empty())
     err("data.path", "source = \"" + d.data.source + "\" needs a path to the length file");
+  for (const auto& [key, file] : {std::pair{"output.trace", &d.output.trace}, std::pair{"output.plan", &d.output.plan}})
+    if (file->empty()) err(key, "empty: name a file inside output.dir");
   if (d.packing.micro_batches == 0) d.packing.micro_batches = mesh.pp;
   if (d.pipeline.schedule == "interleaved" && d.packing.micro_batches % mesh.pp != 0)
     err("packing.micro_batches", "interleaved 1F1B needs micro_batches (" + std::to_string(d.packing.micro_batches) +
@@ -475,6 +477,8 @@ Deck parseDeck(const std::string& text, const std::string& name, const std::vect
       Deck probe = base;  // validate each value against the key's schema now
       const std::string lit = literalOf(e);
       canonical = applyOverride(probe, key + "=" + lit, o.where + ": [sweep]");
+      if (std::find(literals.begin(), literals.end(), lit) != literals.end())
+        fail(o, "[sweep] '" + key + "' lists " + lit + " twice: the two cases would be one");
       literals.push_back(lit);
     }
     // "mesh.cp", "mesh.cp " and a dotted mesh.cp are one key: two axes would fight over it.

@@ -55,6 +55,50 @@ inline void checkOutputFolder(const std::string& dir, const std::string& what, b
   if (!fs::exists(dir, ec)) detail::requireWritableAncestor(dir, what, collective);
 }
 
+/// Outputs of one command (name, path) must be different files: two that name one file
+/// (`output.trace = "plan.jsonl"` beside the plan file) would leave only the last written.
+inline void checkDistinctOutputs(const std::vector<std::pair<std::string, std::string>>& outputs,
+                                 bool collective = false) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (std::size_t i = 0; i < outputs.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      if (fs::absolute(outputs[i].second, ec).lexically_normal() ==
+          fs::absolute(outputs[j].second, ec).lexically_normal())
+        throw InputError(
+            outputs[i].first + " and " + outputs[j].first + " name the same file '" + outputs[i].second + "'",
+            collective);
+}
+
+/// Makes the missing folders of `dir`; unless keep() is called, the ones it made are
+/// removed again on scope exit where still empty (deepest first), so a command that fails
+/// before writing anything leaves no empty folder behind. `ec` reports a failure to make.
+class MadeFolders {
+ public:
+  MadeFolders(const std::filesystem::path& dir, std::error_code& ec) {
+    namespace fs = std::filesystem;
+    std::error_code q;
+    for (fs::path p = fs::absolute(dir, q); !q && !p.empty() && p != p.root_path() && !fs::exists(p, q);
+         p = p.parent_path())
+      made_.push_back(p);
+    fs::create_directories(dir, ec);
+  }
+  MadeFolders(const MadeFolders&) = delete;
+  MadeFolders& operator=(const MadeFolders&) = delete;
+  ~MadeFolders() {
+    if (kept_) return;
+    for (const auto& p : made_) {
+      std::error_code e;
+      std::filesystem::remove(p, e);  // a folder is removed only while empty
+    }
+  }
+  void keep() { kept_ = true; }
+
+ private:
+  std::vector<std::filesystem::path> made_;
+  bool kept_ = false;
+};
+
 /// The driver's hook for temporaries: called with (path, true) when a temporary file is made
 /// and (path, false) when it is renamed or removed; the driver removes the tracked ones on
 /// SIGINT/SIGTERM. Library code takes one and installs no signal handler of its own.

@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "core/output_file.hpp"
 #include "core/progress.hpp"
 
 extern char** environ;
@@ -170,12 +171,11 @@ PrepareResult prepareDataset(const PrepareOptions& o) {
   r.valid_prefix = o.out_prefix + "_valid";
   // The output's directory is made as needed; the writers are opened first so that an
   // unwritable output fails before a long scan.
-  {
-    const fs::path parent = fs::path(o.out_prefix).parent_path();
-    std::error_code mk;
-    if (!parent.empty()) fs::create_directories(parent, mk);
-    if (mk) throw InputError(fmt::format("--out: cannot create the directory {} ({})", parent.string(), mk.message()));
-  }
+  // Folders made here go again, if still empty, when the preparation fails.
+  const fs::path parent = fs::path(o.out_prefix).parent_path();
+  std::error_code mk;
+  MadeFolders made(parent.empty() ? fs::path(".") : parent, mk);
+  if (mk) throw InputError(fmt::format("--out: cannot create the directory {} ({})", parent.string(), mk.message()));
   IndexedDatasetWriter train_out(r.train_prefix), valid_out(r.valid_prefix);
   std::vector<std::string> tmps = train_out.temporaries();
   for (auto& t : valid_out.temporaries()) tmps.push_back(t);
@@ -277,6 +277,7 @@ PrepareResult prepareDataset(const PrepareOptions& o) {
   valid_out.finish();
   train_out.commit();
   valid_out.commit();
+  made.keep();
   return r;
 }
 

@@ -352,22 +352,29 @@ HardwareProfile HardwareProfile::load(const std::string& path) {
   return p;
 }
 
+std::string HardwareProfile::pathOf(const Deck& deck) {
+  const auto& h = deck.hardware;
+  if (h.profile == "analytic") return {};
+  std::filesystem::path path(h.profile);
+  if (path.is_relative() && !deck.source_path.empty()) {
+    // Relative to the deck first, then to the working directory, then the source tree.
+    auto rel = std::filesystem::path(deck.source_path).parent_path() / path;
+    if (std::filesystem::exists(rel)) path = rel;
+  }
+  if (!std::filesystem::exists(path) && std::filesystem::path(h.profile).is_relative()) {
+    auto src = std::filesystem::path(WLB_SOURCE_DIR) / h.profile;
+    if (std::filesystem::exists(src)) path = src;
+  }
+  return std::filesystem::exists(path) ? path.string() : std::string();
+}
+
 HardwareProfile HardwareProfile::fromDeck(const Deck& deck) {
   const auto& h = deck.hardware;
   HardwareProfile p;
   if (h.profile != "analytic") {
-    std::filesystem::path path(h.profile);
-    if (path.is_relative() && !deck.source_path.empty()) {
-      // Relative to the deck first, then to the working directory, then the source tree.
-      auto rel = std::filesystem::path(deck.source_path).parent_path() / path;
-      if (std::filesystem::exists(rel)) path = rel;
-    }
-    if (!std::filesystem::exists(path) && std::filesystem::path(h.profile).is_relative()) {
-      auto src = std::filesystem::path(WLB_SOURCE_DIR) / h.profile;
-      if (std::filesystem::exists(src)) path = src;
-    }
-    if (!std::filesystem::exists(path)) throw InputError("[hardware] profile: file '" + h.profile + "' not found");
-    p = load(path.string());
+    const std::string path = pathOf(deck);
+    if (path.empty()) throw InputError("[hardware] profile: file '" + h.profile + "' not found");
+    p = load(path);
   }
   if (h.tp_bandwidth_gbps > 0) p.tp_bandwidth_gbps = h.tp_bandwidth_gbps;
   if (h.cp_bandwidth_gbps > 0) p.cp_bandwidth_gbps = h.cp_bandwidth_gbps;

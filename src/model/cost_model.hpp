@@ -130,6 +130,9 @@ struct HardwareProfile {
   /// Profile named by the deck ("analytic" or a path, relative paths resolved against
   /// the deck's directory then the working directory), with the deck's link overrides.
   static HardwareProfile fromDeck(const Deck& deck);
+  /// The file `hardware.profile` names, found as fromDeck finds it ("" for "analytic" or a
+  /// file not found).
+  static std::string pathOf(const Deck& deck);
   /// Attention throughput (GFLOP/s on padded FLOPs) for a piece of q queries, k keys.
   double attnGflops(Phase p, double q, double k) const;
 };

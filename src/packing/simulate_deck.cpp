@@ -42,6 +42,10 @@ void checkReplay(const Deck& deck, const RunPlans::Strategy& r, std::int64_t nee
   if (h.context_window != deck.data.context_window)
     fail(1, fmt::format("the plans' context_window = {}; the deck's data.context_window = {}", h.context_window,
                         deck.data.context_window));
+  if (h.s_max != data::resolvedSMax(deck))
+    fail(1, fmt::format("the plans' s_max = {}; the deck's data.s_max gives {}", h.s_max, data::resolvedSMax(deck)));
+  if (const auto names = packerNames(); std::find(names.begin(), names.end(), h.packer) == names.end())
+    fail(1, fmt::format("packer '{}' is none of this build's packers", h.packer));
   const auto& st = r.file.steps;
   for (std::size_t i = 0; i < st.size(); ++i)
     if (st[i].step != h.first_step + static_cast<std::int64_t>(i))

@@ -732,6 +732,8 @@ ProfileResult measureProfile(ProfileOptions o) {
     throw wlb::InputError(std::string("wlb profile: --tile-q/--tile-k: ") + e.what());
   }
   if (o.reps < 1) throw wlb::InputError("wlb profile: --reps must be >= 1");
+  if (!(o.min_seconds >= 0 && o.min_seconds <= 3600))
+    throw wlb::InputError("wlb profile: --min-seconds must be in [0, 3600]");
   const bool deck_mode = !o.decks.empty();
   DeckPlans plans;
   std::int64_t piece_q[2] = {0, 0}, piece_k[2] = {0, 0}, rank_tok[2] = {0, 0};
@@ -779,6 +781,10 @@ ProfileResult measureProfile(ProfileOptions o) {
     std::sort(lens->begin(), lens->end());
     lens->erase(std::unique(lens->begin(), lens->end()), lens->end());
     if (lens->front() <= 0) throw wlb::InputError("wlb profile: --q-lens/--k-lens must be positive");
+    // a cell's Q, K, V, O and gradients are allocated whole: past 2^20 rows they outgrow a GPU
+    if (lens->back() > (std::int64_t{1} << 20))
+      throw wlb::InputError("wlb profile: --q-lens/--k-lens must be at most 1048576 (got " +
+                            std::to_string(lens->back()) + ")");
   }
   if (o.quick) {
     o.reps = std::min(o.reps, 2);

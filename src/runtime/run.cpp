@@ -523,9 +523,13 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
     tokens = tokenSourceOf(deck);
     if (opt.write_outputs) {  // every output path before the first step, not after the last
       namespace fs = std::filesystem;
-      checkOutputPath((fs::path(deck.output.dir) / "summary.json").string(), "output.dir");
-      checkOutputPath((fs::path(deck.output.dir) / deck.output.trace).string(), "output.trace");
-      for (const auto& s : strategies) checkOutputPath(planPath(deck, s.name, strategies.size()), "output.plan");
+      std::vector<std::pair<std::string, std::string>> outs{
+          {"output.dir (summary.json)", (fs::path(deck.output.dir) / "summary.json").string()},
+          {"output.trace", (fs::path(deck.output.dir) / deck.output.trace).string()}};
+      for (const auto& s : strategies)
+        outs.emplace_back("output.plan (" + s.name + ")", planPath(deck, s.name, strategies.size()));
+      for (const auto& [what, path] : outs) checkOutputPath(path, what);
+      checkDistinctOutputs(outs);
     }
   } catch (const InputError& e) {
     err = e.what();
@@ -554,10 +558,12 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
   Space space;
   Llama model(mc, deck.data.seed, precision);
   trace::Recorder rec = trace::alignedRecorder(mesh.world(), {coord.tp, coord.cp, coord.pp, coord.dp});
-  rec.reserve(
-      static_cast<std::size_t>((steps + warmup) * M * (static_cast<std::int64_t>(model.layerIds().size()) * 20 + 8) *
-                                   static_cast<std::int64_t>(strategies.size()) +
-                               64));
+  // A hint, capped: the counts allow 10^12 steps, which run (and stream) but cannot be reserved.
+  const double events = static_cast<double>(steps + warmup) * static_cast<double>(M) *
+                            static_cast<double>(static_cast<std::int64_t>(model.layerIds().size()) * 20 + 8) *
+                            static_cast<double>(strategies.size()) +
+                        64;
+  rec.reserve(static_cast<std::size_t>(std::min(events, double{1 << 22})));
 
   if (opt.write_outputs && world_rank == 0) {  // output.trace and output.plan may name subfolders
     std::filesystem::create_directories(deck.output.dir);

@@ -26,6 +26,7 @@
 #include "core/error.hpp"
 #include "core/kokkos_compat.hpp"
 #include "core/mesh_shape.hpp"
+#include "core/output_file.hpp"
 #include "cp/shard_plan.hpp"
 #include "data/indexed_dataset.hpp"
 #include "data/length_source.hpp"
@@ -437,13 +438,17 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   std::vector<trace::TrainStepRow> step_rows;  // rank 0: every step of the run, resumed part included
   std::vector<trace::TrainRankRow> rank_rows;  // rank 0: every rank's timings of this invocation's steps
   std::ofstream log;
+  // Rank 0's output folders: made now, removed again (where empty) if the run fails before
+  // its first step is logged, so bad input leaves nothing behind.
+  std::optional<MadeFolders> made_out;
   err.clear();
   try {
-    try {
-      if (rank == 0) fs::create_directories(out_dir);
-    } catch (const fs::filesystem_error& e) {
-      throw InputError(fmt::format("output.dir: cannot create {} ({})", out_dir.string(), e.code().message()));
+    if (rank == 0) {
+      std::error_code ec;
+      made_out.emplace(out_dir, ec);
+      if (ec) throw InputError(fmt::format("output.dir: cannot create {} ({})", out_dir.string(), ec.message()));
     }
+    if (tc.checkpoint_interval > 0) checkOutputPath((ckpt_dir / "checkpoint.wlb").string(), "train.checkpoint_dir");
     if (opt.resume) {
       // Every rank loads the weights and moments (the replicas start equal); rank 0 the
       // data cursor and the packer (it plans every step).
@@ -480,8 +485,13 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
       }
     }
     if (rank == 0) {  // writable now; a fresh run's log replaces the old one at its first step
+      const bool existed = fs::exists(log_path);
       log.open(log_path, std::ios::app);
       if (!log) throw InputError(fmt::format("{}: cannot write ({})", log_path, std::strerror(errno)));
+      if (!existed && !opt.resume) {  // made at the first step: a failure before it leaves no empty log
+        log.close();
+        fs::remove(log_path);
+      }
     }
   } catch (const InputError& e) {
     err = e.what();
@@ -583,7 +593,8 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   std::int64_t later_allocs = 0;  // the pools' allocations in this invocation's steps after its first
   bool have_first = false;  // the summary's first loss is that of the first step with tokens
   sum.first_step = start;
-  rank_rows.reserve(static_cast<std::size_t>((total_steps - start) * W));
+  // A hint, capped: train.steps may be 10^12, which runs but cannot be reserved.
+  rank_rows.reserve(static_cast<std::size_t>(std::min<std::int64_t>(total_steps - start, 1 << 16) * W));
   for (std::int64_t step = start; step < total_steps; ++step) {
     std::vector<double> row(kCols, 0.0);
     const std::size_t first_event = rec.events().size();
@@ -803,6 +814,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
       }
       log << rec_json.dump() << "\n";
       log.flush();
+      if (made_out) made_out->keep();
       if (opt.progress && ((step + 1) % tc.log_interval == 0 || last || ev >= 0)) {
         const double el = std::chrono::duration<double>(Clock::now() - t0).count();
         const double eta = el / static_cast<double>(step + 1 - start) * static_cast<double>(total_steps - step - 1);

@@ -181,6 +181,8 @@ touch "$T/afile"
 expect2 "output under a file" "--out: cannot create the directory $T/afile" "$C" --out "$T/afile/x"
 mkdir -p "$T/emptydir/sub"; : > "$T/emptydir/sub/zero"
 expect2 "no documents" "emptydir: no documents" "$T/emptydir" --out "$T/x"
+expect2 "no documents, into new folders" "emptydir: no documents" "$T/emptydir" --out "$T/fresh/deeper/x"
+[ ! -e "$T/fresh" ] || fail "a failed preparation left the folders it made"
 expect2 "valid fraction" "valid-fraction" "$C" --out "$T/x" --valid-fraction 1.5
 printf 'not a tar\n' > "$T/junk.tar"
 expect2 "not a tarball" "junk.tar: .tar -x. failed" "$T/junk.tar" --out "$T/x"

@@ -93,6 +93,33 @@ grep -q "bad.txt:3" "$T/e.txt" || { cat "$T/e.txt"; fail "error lacks file:line"
 # under 1f1b, not a wrong figure (the PackFlow simulation itself: test_packflow.sh).
 "$WLB" simulate "$SRC/inputs/sim_small.toml" --strategies slimpack+per_document --steps 2 > "$T/e4.txt" 2>&1
 [ $? -eq 2 ] && grep -q "pipeline.schedule" "$T/e4.txt" || { cat "$T/e4.txt"; fail "simulate of a slimpack plan under 1f1b should exit 2"; }
+# An output may not be one of the command's inputs: the deck or its length file stay intact.
+cp "$SRC/inputs/plan_smoke.toml" "$T/own.toml"
+for args in "plan --packer wlb --out" "tune --json" "shard --out" "simulate --trace"; do
+  set -- $args
+  "$WLB" "$1" "$T/own.toml" "${@:2}" "$T/own.toml" > "$T/e5.txt" 2>&1
+  [ $? -eq 2 ] && grep -q "also an input" "$T/e5.txt" || { cat "$T/e5.txt"; fail "$1 writing over its deck should exit 2"; }
+  cmp -s "$T/own.toml" "$SRC/inputs/plan_smoke.toml" || fail "$1 changed its deck"
+done
+cp "$SRC/inputs/lengths/example_lengths.txt" "$T/len.txt"
+cp "$T/len.txt" "$T/len.orig"
+"$WLB" plan "$SRC/inputs/plan_lengths_file.toml" --set "data.path=\"$T/len.txt\"" --out "$T/len.txt" > "$T/e6.txt" 2>&1
+[ $? -eq 2 ] && grep -q "also an input" "$T/e6.txt" || { cat "$T/e6.txt"; fail "plan over its length file should exit 2"; }
+cmp -s "$T/len.txt" "$T/len.orig" || fail "plan changed its length file"
+# A replayed plan file holds what a packer writes: a segment past s_max is refused, file:line.
+"$WLB" plan "$SRC/inputs/plan_smoke.toml" --packer fixed_greedy --steps 3 --out "$T/rp/plan.jsonl" > /dev/null 2>&1 \
+  || fail "plan for the replay check"
+/usr/bin/python3 - "$T/rp/plan.jsonl" <<'PY' || fail "editing the plan"
+import json, sys
+p = sys.argv[1]
+lines = open(p).read().splitlines()
+j = json.loads(lines[1])
+next(mb for r in j["replicas"] for mb in r if mb)[0][2] = 10**15
+lines[1] = json.dumps(j)
+open(p, "w").write("\n".join(lines) + "\n")
+PY
+"$WLB" simulate "$SRC/inputs/plan_smoke.toml" --plans "$T/rp/plan.jsonl" --steps 1 --warmup 0 > "$T/e7.txt" 2>&1
+[ $? -eq 2 ] && grep -q "plan.jsonl:2: .*s_max" "$T/e7.txt" || { cat "$T/e7.txt"; fail "replay of an oversized segment should exit 2"; }
 
 # tune and data stats.
 "$WLB" tune "$SRC/inputs/plan_smoke.toml" --sample-steps 20 --max-levels 2 > "$T/tune.txt" 2>&1 || { cat "$T/tune.txt"; fail "tune"; }

@@ -112,6 +112,12 @@ mpiexec -n 3 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" > "$tmp/log" 2>
 n=$(grep -c "wlb: error" "$tmp/err")
 [ "$n" = 1 ] || fail "mesh mismatch printed $n error lines: $(cat "$tmp/err")"
 
+# Two outputs naming one file (the trace over a strategy's plan): exit 2 before any step.
+mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set output.dir="\"$tmp/clash\"" \
+  --set output.trace='"plan.wlb.jsonl"' > "$tmp/log" 2> "$tmp/err"; rc=$?
+[ "$rc" = 2 ] && grep -q "name the same file" "$tmp/err" || fail "trace over a plan: exit $rc $(cat "$tmp/err")"
+[ ! -e "$tmp/clash" ] || fail "trace over a plan: wrote $(ls "$tmp/clash")"
+
 # pp = 2: the pipeline executor (1F1B, uneven 3-layer split), its summary section
 mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set mesh.cp=1 --set mesh.pp=2 --set model.layers=3 \
   --set packing.micro_batches=4 --set "output.dir=\"$tmp/pp\"" > "$tmp/log" 2> "$tmp/err"; rc=$?

@@ -253,6 +253,14 @@ timeout 60 mpiexec -n 2 "$WLB" train deck.toml --set mesh.cp=2 --set cp.strategy
 [ "$rc" = 2 ] && grep -q "run.precision" o.txt || fail "resume in another precision: rc $rc $(cat o.txt)"
 "$WLB" train deck.toml --set output.dir=none --resume > o.txt 2>&1; rc=$?
 [ "$rc" = 2 ] && grep -q "no checkpoint" o.txt || fail "resume without a checkpoint: rc $rc $(cat o.txt)"
-"$WLB" train deck.toml --set model.vocab=100 > o.txt 2>&1; rc=$?
+[ ! -e none ] || fail "resume without a checkpoint left its output folder"
+# ids outside the vocabulary show at the first step: the run leaves no folder, no empty log
+"$WLB" train deck.toml --set model.vocab=100 --set output.dir=smallvocab/run > o.txt 2>&1; rc=$?
 [ "$rc" = 2 ] && grep -q "model.vocab" o.txt || fail "vocab too small: rc $rc $(cat o.txt)"
+[ ! -e smallvocab ] || fail "vocab too small left $(find smallvocab)"
+touch afile
+"$WLB" train deck.toml --set train.checkpoint_interval=1 --set train.checkpoint_dir=afile/ck --set output.dir=ckbad \
+  > o.txt 2>&1; rc=$?
+[ "$rc" = 2 ] && grep -q "train.checkpoint_dir" o.txt || fail "checkpoint under a file: rc $rc $(cat o.txt)"
+[ ! -e ckbad ] || fail "checkpoint under a file: a step ran before the error"
 echo "PASS"

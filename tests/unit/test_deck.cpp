@@ -225,6 +225,8 @@ INSTANTIATE_TEST_SUITE_P(
                 {"model.layers", "pp * virtual_stages"}},
         BadDeck{"TOML syntax", "[model\nhidden = 1\n", {}, {"test.toml", "syntax"}},
         BadDeck{"derived key set", "[model]\nhead_dim = 64\n", {}, {"model.head_dim", "derived"}},
+        BadDeck{"sweep value twice", "[sweep]\n\"model.hidden\" = [64, 64]\n", {}, {"[sweep]", "64 twice"}},
+        BadDeck{"empty plan file name", "[output]\nplan = \"\"\n", {}, {"output.plan", "empty"}},
         BadDeck{"override of a derived key", "", {"model.head_dim=32"}, {"--set", "model.head_dim", "derived"}},
         BadDeck{"sweep of a derived key",
                 "[sweep]\n\"model.head_dim\" = [32, 64]\n",

@@ -316,6 +316,7 @@ warmup = 1
     r.file.header.dp = 2;
     r.file.header.micro_batches = 4;
     r.file.header.context_window = 4096;
+    r.file.header.s_max = 4096;
   }
   packing::SimulateOptions ro;
   ro.as_run = true;
