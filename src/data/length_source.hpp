@@ -92,6 +92,8 @@ class LengthSource {
   std::int64_t sequencesPerStep() const { return sequences_; }
   std::int64_t contextWindow() const { return window_; }
   std::int64_t nextStep() const { return next_step_; }
+  /// Id the next document drawn gets (every document drawn so far has a smaller one).
+  DocId nextId() const { return next_id_; }
 
  protected:
   LengthSource(std::int64_t sequences_per_step, std::int64_t context_window);

@@ -349,6 +349,9 @@ class FixedGreedyPacker final : public Packer {
   void loadState(const nlohmann::json& s) override {
     buffer_ = segsFromJson(s.at("buffer"));
     filled_ = s.at("filled").get<std::int64_t>();
+    if (filled_ < 0 || filled_ >= opt_.window)
+      throw InputError(
+          fmt::format("packer state: filled = {} is not a step of the window [0, {})", filled_, opt_.window));
     ready_.clear();
     for (const auto& gj : s.at("ready")) {
       std::vector<std::vector<Segment>> g;

@@ -1,5 +1,6 @@
 #include "packing/runner.hpp"
 
+#include <algorithm>
 #include <chrono>
 
 #include <fmt/format.h>
@@ -64,6 +65,31 @@ nlohmann::json saveCheckpoint(const data::LengthSource& src, const Packer& packe
           {"state", packer.saveState()}};
 }
 
+namespace {
+// What a restored packer holds must be pieces of documents the restored source drew, none
+// larger than a micro-batch, and no two sharing a token: an edited or mismatched state
+// would otherwise lose or duplicate tokens from the restart on.
+void checkHeld(const data::LengthSource& src, const Packer& packer) {
+  std::vector<Segment> held = packer.heldSegments();
+  const std::int64_t cap = capacity(packer);
+  for (const Segment& s : held)
+    if (s.doc >= src.nextId() || s.arrival_step >= src.nextStep() || s.length > cap)
+      throw InputError(
+          fmt::format("packer state: held segment [doc {}, offset {}, length {}, arrival {}] is not a "
+                      "piece of a document the source drew (next id {}, next step {}) of at most {} "
+                      "tokens",
+                      s.doc, s.offset, s.length, s.arrival_step, src.nextId(), src.nextStep(), cap));
+  std::sort(held.begin(), held.end(),
+            [](const Segment& a, const Segment& b) { return a.doc != b.doc ? a.doc < b.doc : a.offset < b.offset; });
+  for (std::size_t i = 1; i < held.size(); ++i)
+    if (held[i].doc == held[i - 1].doc && held[i].offset < held[i - 1].offset + held[i - 1].length)
+      throw InputError(
+          fmt::format("packer state: document {} is held twice (tokens {}..{} and from {}): restoring "
+                      "it would duplicate them",
+                      held[i].doc, held[i - 1].offset, held[i - 1].offset + held[i - 1].length - 1, held[i].offset));
+}
+}  // namespace
+
 void loadCheckpoint(const nlohmann::json& j, data::LengthSource& src, Packer& packer, const std::string& what) {
   try {
     if (j.at("format").get<std::string>() != "wlb-packer-state" || j.at("version").get<int>() != 1)
@@ -73,6 +99,7 @@ void loadCheckpoint(const nlohmann::json& j, data::LengthSource& src, Packer& pa
       throw InputError(fmt::format("{}: checkpoint is for packer '{}', not '{}'", what, name, packer.name()));
     src.loadState(j.at("source"));
     packer.loadState(j.at("state"));
+    checkHeld(src, packer);
   } catch (const nlohmann::json::exception& e) {
     throw InputError(fmt::format("{}: bad packer checkpoint: {}", what, e.what()));
   } catch (const InputError& e) {

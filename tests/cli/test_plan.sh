@@ -45,6 +45,35 @@ for change in "data.seed=12345" "data.context_window=4096" "data.source=\"text\"
     || { cat "$T/e.txt"; fail "resume with $change: message"; }
   [ ! -e "$T/mixed.jsonl" ] || fail "resume with $change wrote output"
 done
+# An edited state that would duplicate a held document, or a window step out of range, is
+# refused naming the file.
+/usr/bin/python3 - "$T/all.json" "$T/edited" <<'PY' || fail "editing the state"
+import json, sys
+s = json.load(open(sys.argv[1]))
+a = json.loads(json.dumps(s))
+a["packers"]["fixed_greedy"]["state"]["filled"] = -7
+json.dump(a, open(sys.argv[2] + "_filled.json", "w"))
+b = json.loads(json.dumps(s))
+def lists(o):  # the segment lists of a state: [[doc, offset, length, arrival(, q_offset)], ...]
+    if isinstance(o, dict):
+        for v in o.values():
+            yield from lists(v)
+    elif isinstance(o, list):
+        if o and all(isinstance(x, list) and x and all(isinstance(y, int) for y in x) for x in o):
+            yield o
+        else:
+            for v in o:
+                yield from lists(v)
+held = next(l for l in lists(b["packers"]["wlb"]["state"]) if l)
+held.append(list(held[0]))
+json.dump(b, open(sys.argv[2] + "_twice.json", "w"))
+PY
+for edit in filled:"filled = -7" twice:"held twice"; do
+  "$WLB" plan "$SRC/inputs/plan_lengths_file.toml" --packer all --steps 2 --resume "$T/edited_${edit%%:*}.json" \
+    --out "$T/edited.jsonl" > "$T/e.txt" 2>&1
+  [ $? -eq 2 ] && grep -q "edited_${edit%%:*}.json: packer state: .*${edit#*:}" "$T/e.txt" \
+    || { cat "$T/e.txt"; fail "resume from an edited state (${edit%%:*})"; }
+done
 
 # fixed_optimal on steps of thousands of documents (wikipedia preset, 32 sequences of
 # 128K): the MILP is reduced to its longest items and the step finishes in its time limit
