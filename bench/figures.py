@@ -630,16 +630,26 @@ def slices_cp2(root):
     return out
 
 
-@table("run-cp2-ab", "docs/performance.md", "bench/results/cpu/run_cp2_ab.log")
-def run_cp2_ab(root):
+def ab_rows(root, log):
+    """binary_ab.py without --region: per strategy old and new ktok/s, tokens/s and FLOP/s new / old [range]."""
     out = []
-    for r in columns(log_body(root / "bench/results/cpu/run_cp2_ab.log"), "strategy", 7):
+    for r in columns(log_body(root / log), "strategy", 7):
         tlo, thi = r[4].strip("[]").split("-")
         flo, fhi = r[6].strip("[]").split("-")
         out.append([(r[0],), ("{:.2f}", float(r[1])), ("{:.2f}", float(r[2])),
                     ("{:.3f} [{:.3f}–{:.3f}]", float(r[3].rstrip("x")), float(tlo), float(thi)),
                     ("{:.3f} [{:.3f}–{:.3f}]", float(r[5].rstrip("x")), float(flo), float(fhi))])
     return out
+
+
+@table("run-cp2-ab", "docs/performance.md", "bench/results/cpu/run_cp2_ab.log")
+def run_cp2_ab(root):
+    return ab_rows(root, "bench/results/cpu/run_cp2_ab.log")
+
+
+@table("pool-split-ab", "docs/runtime.md", "bench/results/cpu/run_cp2_pool_split_ab.log")
+def pool_split_ab(root):
+    return ab_rows(root, "bench/results/cpu/run_cp2_pool_split_ab.log")
 
 
 def ab_region_cells(body, region):

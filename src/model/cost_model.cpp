@@ -324,6 +324,7 @@ HardwareProfile HardwareProfile::load(const std::string& path) {
     }
     if (j.contains("links")) {
       const auto& l = j["links"];
+      if (!l.is_object()) bad(path, "links", "must be an object {tp_gbps, cp_gbps, pp_gbps, dp_gbps, latency_us}");
       p.tp_bandwidth_gbps = positive(l, "tp_gbps", p.tp_bandwidth_gbps, path, "links.");
       p.cp_bandwidth_gbps = positive(l, "cp_gbps", p.cp_bandwidth_gbps, path, "links.");
       p.pp_bandwidth_gbps = positive(l, "pp_gbps", p.pp_bandwidth_gbps, path, "links.");

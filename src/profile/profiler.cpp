@@ -801,6 +801,9 @@ ProfileResult measureProfile(ProfileOptions o) {
     }
     // the fields of a profile (a whole one, or only the ones to carry over)
     if (!base.is_object()) throw wlb::InputError("wlb profile: --base " + o.base + " is not a JSON object");
+    for (const char* k : {"links", "rank_speed", "attention"})  // carried over whole: objects, as a profile has them
+      if (base.contains(k) && !base[k].is_object())
+        throw wlb::InputError("wlb profile: --base " + o.base + ": '" + k + "' must be an object");
   }
   const Ctx ctx{o, cfg, clock};
   nlohmann::json fwd = nlohmann::json::array(), bwd = nlohmann::json::array();
@@ -898,7 +901,9 @@ ProfileResult measureProfile(ProfileOptions o) {
 }
 
 void writeProfile(const nlohmann::json& profile, const std::string& path, const TemporaryTracker& track_temporary) {
-  wlb::writeFileAtomically(path, "wlb profile: --out", profile.dump(2) + "\n", track_temporary);
+  // the file must load as a profile before it takes the name (a base's field could spoil it)
+  wlb::writeFileAtomically(path, "wlb profile: --out", profile.dump(2) + "\n", track_temporary,
+                           [](const std::string& tmp) { (void)model::HardwareProfile::load(tmp); });
 }
 
 }  // namespace wlb::profile

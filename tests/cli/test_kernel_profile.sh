@@ -41,7 +41,9 @@ print("shipped profile ok:", sys.argv[1].rsplit("/", 1)[-1])
 PY
 done
 
-for args in "--tile-q 24" "--head-dim 0" "--heads 3 --kv-heads 2" "--q-lens 0,16"; do
+echo '{"links": "x"}' > "$TMP/badbase.json"
+for args in "--tile-q 24" "--head-dim 0" "--heads 3 --kv-heads 2" "--q-lens 0,16" "--q-lens 2000000" \
+  "--min-seconds -1" "--base $TMP/badbase.json"; do
   # shellcheck disable=SC2086
   "$WLB" profile --quick --out "$TMP/bad.json" $args >"$TMP/log" 2>&1
   rc=$?
