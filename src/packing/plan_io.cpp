@@ -100,23 +100,24 @@ PlanFile readPlanFile(const std::string& path) {
         if (!shape)
           throw InputError(fmt::format("{}:{}: step's replicas are not dp x micro_batches = {} x {} (header)", path,
                                        lineno, pf.header.dp, per_step ? std::string("M") : std::to_string(M)));
-        // What a packer can write: a replay sizes its buffers and work by these numbers.
+        // What a packer can write (planFromJson has checked each segment's fields): a replay
+        // sizes its buffers and work by these numbers. A DP-Merge slot holds one sample for its
+        // group of g replicas, up to g x s_max tokens (ConservationChecker's rule).
+        const StepPlan& plan = pf.steps.back();
         for (std::size_t ri = 0; ri < reps.size(); ++ri)
           for (std::size_t m = 0; m < reps[ri].size(); ++m) {
+            const auto* mg = plan.mergedAt(static_cast<std::int64_t>(m));
+            const std::int64_t limit = pf.header.s_max * (mg ? static_cast<std::int64_t>(mg->group.size()) : 1);
             std::int64_t tokens = 0;
             for (const Segment& sg : reps[ri][m].segments) {
-              if (sg.doc < 0 || sg.offset < 0 || sg.length < 1 || sg.length > pf.header.s_max || sg.q_offset < 0)
+              if (sg.length > limit - tokens)  // no sum that could overflow
                 throw InputError(
                     fmt::format("{}:{}: replica {} micro-batch {}: segment [doc {}, offset {}, length {}] "
-                                "needs doc >= 0, offset >= 0 and 1 <= length <= s_max = {} (header)",
-                                path, lineno, ri, m, sg.doc, sg.offset, sg.length, pf.header.s_max));
+                                "takes it past {} tokens (s_max = {} in the header{})",
+                                path, lineno, ri, m, sg.doc, sg.offset, sg.length, limit, pf.header.s_max,
+                                mg ? ", times its DP-Merge group" : ""));
               tokens += sg.length;
             }
-            if (tokens > pf.header.s_max)
-              throw InputError(
-                  fmt::format("{}:{}: replica {} micro-batch {} holds {} tokens, more than s_max = {} "
-                              "(header)",
-                              path, lineno, ri, m, tokens, pf.header.s_max));
           }
       } else if (type != "summary") {
         throw InputError(fmt::format("{}:{}: unknown line type '{}'", path, lineno, type));

@@ -66,19 +66,18 @@ nlohmann::json saveCheckpoint(const data::LengthSource& src, const Packer& packe
 }
 
 namespace {
-// What a restored packer holds must be pieces of documents the restored source drew, none
-// larger than a micro-batch, and no two sharing a token: an edited or mismatched state
-// would otherwise lose or duplicate tokens from the restart on.
+// What a restored packer holds must be pieces of documents the restored source drew, no
+// two sharing a token: an edited or mismatched state would otherwise lose or duplicate
+// tokens from the restart on. (Lengths: segsFromJson; no micro-batch bound, since SlimPack
+// keeps samples longer than a micro-batch whole and slices them itself.)
 void checkHeld(const data::LengthSource& src, const Packer& packer) {
   std::vector<Segment> held = packer.heldSegments();
-  const std::int64_t cap = capacity(packer);
   for (const Segment& s : held)
-    if (s.doc >= src.nextId() || s.arrival_step >= src.nextStep() || s.length > cap)
+    if (s.doc >= src.nextId() || s.arrival_step >= src.nextStep())
       throw InputError(
           fmt::format("packer state: held segment [doc {}, offset {}, length {}, arrival {}] is not a "
-                      "piece of a document the source drew (next id {}, next step {}) of at most {} "
-                      "tokens",
-                      s.doc, s.offset, s.length, s.arrival_step, src.nextId(), src.nextStep(), cap));
+                      "piece of a document the source drew (next id {}, next step {})",
+                      s.doc, s.offset, s.length, s.arrival_step, src.nextId(), src.nextStep()));
   std::sort(held.begin(), held.end(),
             [](const Segment& a, const Segment& b) { return a.doc != b.doc ? a.doc < b.doc : a.offset < b.offset; });
   for (std::size_t i = 1; i < held.size(); ++i)

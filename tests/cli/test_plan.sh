@@ -149,6 +149,27 @@ open(p, "w").write("\n".join(lines) + "\n")
 PY
 "$WLB" simulate "$SRC/inputs/plan_smoke.toml" --plans "$T/rp/plan.jsonl" --steps 1 --warmup 0 > "$T/e7.txt" 2>&1
 [ $? -eq 2 ] && grep -q "plan.jsonl:2: .*s_max" "$T/e7.txt" || { cat "$T/e7.txt"; fail "replay of an oversized segment should exit 2"; }
+# ... while a DP-Merge slot holds one sample of up to its group's g x s_max tokens: the
+# replay of a plan whose merged sample (3000 tokens) is longer than s_max (2048) runs.
+(for _ in 1 2 3; do echo 3000; for _ in $(seq 50); do echo 100; done; done) > "$T/merge.txt"
+cat > "$T/merge.toml" <<TOML
+[mesh]
+dp = 4
+[pipeline]
+schedule = "packflow"
+[data]
+source = "text"
+path = "$T/merge.txt"
+context_window = 2048
+[packing]
+micro_batches = 1
+[hardware]
+profile = "$SRC/inputs/profiles/epyc-avx2-1core.json"
+TOML
+"$WLB" plan "$T/merge.toml" --packer slimpack --steps 2 --out "$T/merge/plan.jsonl" > /dev/null 2>&1 || fail "DP-Merge plan"
+grep -q '"merged":\[{' "$T/merge/plan.jsonl" || fail "the DP-Merge plan merges nothing: $(head -2 "$T/merge/plan.jsonl")"
+"$WLB" simulate "$T/merge.toml" --plans "$T/merge/plan.jsonl" --strategies slimpack --steps 2 --warmup 0 --as-run \
+  > "$T/e8.txt" 2>&1 || { cat "$T/e8.txt"; fail "replay of a DP-Merge plan with a sample past s_max"; }
 
 # tune and data stats.
 "$WLB" tune "$SRC/inputs/plan_smoke.toml" --sample-steps 20 --max-levels 2 > "$T/tune.txt" 2>&1 || { cat "$T/tune.txt"; fail "tune"; }
