@@ -129,7 +129,8 @@ def sim_grid_four_profiles(root):
 
 def shard_rows(path):
     out = []
-    for r in columns(log_body(path), "strategy", 10):
+    # 12 fields since `wlb shard` prints its planning time (plan.us, plan.us.mx), 10 before.
+    for r in columns(log_body(path), "strategy", 12) or columns(log_body(path), "strategy", 10):
         strat, comm = r[0], r[1]
         label = "allgather (baseline)" if (strat, comm) == ("per_document", "allgather") else comm
         out.append([(strat,), (label,), ("{:.4f} / {:.4f}", float(r[2]), float(r[3])), ("{:.3f}", float(r[4])),

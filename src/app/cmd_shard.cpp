@@ -3,6 +3,7 @@
 // strategy x comm mode on the same micro-batches; print a comparison table and write
 // JSONL (docs/cp.md). Every MPI rank computes the same plans; only rank 0 prints and
 // writes (temporary file + rename; nothing written on error).
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -37,6 +38,11 @@ struct Opts {
   bool comm_plans = false;
 };
 
+using Clock = std::chrono::steady_clock;
+double microseconds(Clock::time_point since) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - since).count();
+}
+
 /// Running aggregate of one (strategy, comm) row over all micro-batches.
 struct Row {
   Row(std::string s, std::string c) : strategy(std::move(s)), comm(std::move(c)) {}
@@ -45,9 +51,12 @@ struct Row {
   double imb_attn_sum = 0, imb_attn_max = 0, imb_lat_sum = 0;
   double bytes = 0, bytes_max_rank = 0;
   double latency = 0, attn_seconds = 0;         ///< sums over micro-batches of the max-rank value
+  double plan_us = 0, plan_us_max = 0;          ///< planShards + planComm wall per micro-batch
   std::map<std::string, std::int64_t> applied;  ///< adaptive: which sharding it picked
-  void add(const wlb::cp::ShardMetrics& m) {
+  void add(const wlb::cp::ShardMetrics& m, double us) {
     ++n;
+    plan_us += us;
+    plan_us_max = std::max(plan_us_max, us);
     imb_attn_sum += m.imbalance_attn;
     imb_attn_max = std::max(imb_attn_max, m.imbalance_attn);
     imb_lat_sum += m.imbalance_latency;
@@ -69,6 +78,8 @@ struct Row {
             {"kv_bytes_max_rank", bytes_max_rank},
             {"max_latency_sum", latency},
             {"max_attn_seconds_sum", attn_seconds},
+            {"plan_us_mean", plan_us / d},
+            {"plan_us_max", plan_us_max},
             {"applied", applied}};
   }
 };
@@ -148,17 +159,20 @@ int runShard(const Opts& o) {
       const std::int64_t step = src->nextStep();
       const StepPlan plan = packer->pack(step, src->next(step));
       for (std::size_t d = 0; d < plan.replicas.size(); ++d) {
-        // the chosen plans, as `wlb run` and `wlb simulate` make them
-        const auto chosen_plans = cp::planReplicaShards(plan.replicas[d], chosen, chosen_comm, cp, cost, deck.cp);
         for (std::size_t m = 0; m < plan.replicas[d].size(); ++m) {
           const MicroBatch& mb = plan.replicas[d][m];
           ++micro_batches;
           tokens += mb.tokens();
+          // The chosen plans as `wlb run` and `wlb simulate` make them, one micro-batch at a
+          // time so that its planning time is its own.
+          auto t0 = Clock::now();
+          const auto chosen_plans = cp::planReplicaShards({mb}, chosen, chosen_comm, cp, cost, deck.cp);
+          const double chosen_us = microseconds(t0);
           const cp::ShardPlan sp =
-              chosen_plans[m].empty ? cp::planShards(mb, chosen, cp, cost, deck.cp) : chosen_plans[m].shard;
-          const cp::CommPlan cplan = chosen_plans[m].empty ? cp::planComm(sp, chosen_comm, cost) : chosen_plans[m].comm;
+              chosen_plans[0].empty ? cp::planShards(mb, chosen, cp, cost, deck.cp) : chosen_plans[0].shard;
+          const cp::CommPlan cplan = chosen_plans[0].empty ? cp::planComm(sp, chosen_comm, cost) : chosen_plans[0].comm;
           const cp::ShardMetrics cm = cp::computeMetrics(sp, cplan, cost);
-          chosen_row.add(cm);
+          chosen_row.add(cm, chosen_us);
           nlohmann::json compare = nlohmann::json::array();
           std::size_t row = 0;
           for (auto s : strategies) {
@@ -166,9 +180,13 @@ int runShard(const Opts& o) {
             CpConfig cfg = deck.cp;
             for (auto c : comms) {
               cfg.comm = cp::commModeName(c);
-              const cp::ShardPlan p = (s == chosen && c == chosen_comm) ? sp : cp::planShards(mb, s, cp, cost, cfg);
-              const cp::ShardMetrics mt = cp::computeMetrics(p, cp::planComm(p, c, cost), cost);
-              rows[row++].add(mt);
+              const bool same = s == chosen && c == chosen_comm;
+              t0 = Clock::now();
+              const cp::ShardPlan p = same ? sp : cp::planShards(mb, s, cp, cost, cfg);
+              const cp::CommPlan pc = same ? cplan : cp::planComm(p, c, cost);
+              const double us = same ? chosen_us : microseconds(t0);
+              const cp::ShardMetrics mt = cp::computeMetrics(p, pc, cost);
+              rows[row++].add(mt, us);
               compare.push_back({{"strategy", mt.requested},
                                  {"applied", mt.strategy},
                                  {"comm", mt.comm},
@@ -234,14 +252,18 @@ int runShard(const Opts& o) {
         base_bytes = r.bytes;
         base_lat = r.latency;
       }
-    std::cout << fmt::format("{:<15} {:<15} {:>9} {:>9} {:>9} {:>12} {:>9} {:>12} {:>9} {:>9}\n", "strategy", "comm",
-                             "imb.attn", "imb.max", "imb.lat", "KV GB", "KV/base", "latency s", "lat/base", "attn s");
+    std::cout << "plan.us: planShards + planComm wall per micro-batch (mean, max), this machine\n";
+    std::cout << fmt::format("{:<15} {:<15} {:>9} {:>9} {:>9} {:>12} {:>9} {:>12} {:>9} {:>9} {:>10} {:>10}\n",
+                             "strategy", "comm", "imb.attn", "imb.max", "imb.lat", "KV GB", "KV/base", "latency s",
+                             "lat/base", "attn s", "plan.us", "plan.us.mx");
     auto print = [&](const Row& r, const std::string& tag) {
       const double n = r.n > 0 ? static_cast<double>(r.n) : 1.0;
-      std::cout << fmt::format("{:<15} {:<15} {:>9.4f} {:>9.4f} {:>9.4f} {:>12.4f} {:>9} {:>12.4f} {:>9} {:>9.4f}{}\n",
-                               r.strategy, r.comm, r.imb_attn_sum / n, r.imb_attn_max, r.imb_lat_sum / n, r.bytes / 1e9,
-                               base_bytes > 0 ? fmt::format("{:.3f}", r.bytes / base_bytes) : "-", r.latency,
-                               base_lat > 0 ? fmt::format("{:.4f}", r.latency / base_lat) : "-", r.attn_seconds, tag);
+      std::cout << fmt::format(
+          "{:<15} {:<15} {:>9.4f} {:>9.4f} {:>9.4f} {:>12.4f} {:>9} {:>12.4f} {:>9} {:>9.4f} {:>10.1f} {:>10.1f}{}\n",
+          r.strategy, r.comm, r.imb_attn_sum / n, r.imb_attn_max, r.imb_lat_sum / n, r.bytes / 1e9,
+          base_bytes > 0 ? fmt::format("{:.3f}", r.bytes / base_bytes) : "-", r.latency,
+          base_lat > 0 ? fmt::format("{:.4f}", r.latency / base_lat) : "-", r.attn_seconds, r.plan_us / n,
+          r.plan_us_max, tag);
     };
     for (const auto& r : rows) print(r, "");
     bool listed = false;

@@ -18,6 +18,21 @@ double CommPlan::totalBytes() const {
   return t;
 }
 
+namespace {
+double bytesPerSecond(const model::CostModel& cost) {
+  return std::max(1e-9, cost.hardware().cp_bandwidth_gbps) * 1e9;  // per direction
+}
+}  // namespace
+
+double allGatherSeconds(const model::CostModel& cost, int cp, double recv_bytes) {
+  // Ring: cp-1 steps, the rank's link carries the other ranks' data.
+  return (cp - 1) * (cost.hardware().link_latency_us * 1e-6) + recv_bytes / bytesPerSecond(cost);
+}
+
+double pointToPointSeconds(const model::CostModel& cost, int messages, double sent_bytes, double recv_bytes) {
+  return messages * (cost.hardware().link_latency_us * 1e-6) + std::max(sent_bytes, recv_bytes) / bytesPerSecond(cost);
+}
+
 CommPlan planComm(const ShardPlan& plan, CommMode mode, const model::CostModel& cost) {
   CommPlan c;
   c.mode = mode;
@@ -32,9 +47,6 @@ CommPlan planComm(const ShardPlan& plan, CommMode mode, const model::CostModel& 
     off += plan.ranks[r].tokens;
   }
   c.ranks.assign(cp, RankComm{});
-  const auto& hw = cost.hardware();
-  const double bw = std::max(1e-9, hw.cp_bandwidth_gbps) * 1e9;  // bytes/s per direction
-  const double lat = hw.link_latency_us * 1e-6;
   const std::int64_t T = plan.total_tokens;
 
   if (mode == CommMode::AllGather) {
@@ -50,8 +62,7 @@ CommPlan planComm(const ShardPlan& plan, CommMode mode, const model::CostModel& 
       rc.bwd_bytes_recv = cost.kvBytes(own) * (cp - 1);
       rc.fwd_tokens_recv = others;
       rc.peers = cp - 1;
-      // Ring: cp-1 steps, the rank's link carries the other ranks' data.
-      rc.fwd_seconds = (cp - 1) * lat + cost.kvBytes(others) / bw;
+      rc.fwd_seconds = allGatherSeconds(cost, cp, rc.fwd_bytes_recv);
       rc.bwd_seconds = rc.fwd_seconds;
     }
     return c;
@@ -87,8 +98,7 @@ CommPlan planComm(const ShardPlan& plan, CommMode mode, const model::CostModel& 
     rc.bwd_bytes_recv = rc.fwd_bytes_sent;
     rc.fwd_tokens_recv = recv[r];
     rc.peers = in_msgs[r];
-    const int m = std::max(in_msgs[r], out_msgs[r]);
-    rc.fwd_seconds = m * lat + std::max(rc.fwd_bytes_sent, rc.fwd_bytes_recv) / bw;
+    rc.fwd_seconds = pointToPointSeconds(cost, std::max(in_msgs[r], out_msgs[r]), rc.fwd_bytes_sent, rc.fwd_bytes_recv);
     rc.bwd_seconds = rc.fwd_seconds;
   }
   return c;

@@ -225,6 +225,24 @@ ShardPlan planFromRanges(const MicroBatch& mb, const std::vector<QueryRange>& ra
 
 /// The KV communication plan of a shard plan (bytes via CostModel::kvBytes).
 CommPlan planComm(const ShardPlan& plan, CommMode mode, const model::CostModel& cost);
+/// Modelled seconds of one direction of one rank's KV communication (docs/cp.md): the
+/// all-gather ring over cp ranks receiving `recv_bytes`, and point-to-point with
+/// `messages` messages (max of in and out) moving max(sent, received) bytes.
+double allGatherSeconds(const model::CostModel& cost, int cp, double recv_bytes);
+double pointToPointSeconds(const model::CostModel& cost, int messages, double sent_bytes, double recv_bytes);
+
+/// What the hybrid search compares a candidate by, equal to computeMetrics'
+/// max_latency and kv_bytes_total for planFromRanges(ranges) and planComm(mode).
+struct PlanCost {
+  double max_latency = 0, kv_bytes_total = 0;
+};
+/// The PlanCost of an assignment without building KV runs or transfers: O(P log P +
+/// C^2/64) for P pieces on C ranks, where planComm walks every run (O(g^2) per segment
+/// split over g ranks). It uses that the pieces of a segment tile it, so a rank's KV
+/// block of the segment is exactly the pieces before its last piece's end. Precondition:
+/// `ranges` put every token of every segment on exactly one rank (planFromRanges checks).
+PlanCost planCost(const MicroBatch& mb, const std::vector<QueryRange>& ranges, int cp, CommMode mode,
+                  const model::CostModel& cost);
 
 /// One micro-batch's CP plans. `empty` micro-batches (no tokens) get default plans.
 struct MicroBatchShards {

@@ -85,19 +85,9 @@ SegInfo segInfo(const MicroBatch& mb) {
   return s;
 }
 
-/// Turn raw ranges into the full plan: merged pieces in packed order, local buffer
-/// offsets, KV blocks and runs, and (optionally) the packed -> (rank, local) maps.
-ShardPlan finalize(const MicroBatch& mb, const SegInfo& si, std::vector<Raw> raws, int cp, const std::string& strategy,
-                   const std::string& requested, bool with_maps) {
-  ShardPlan plan;
-  plan.strategy = strategy;
-  plan.requested = requested;
-  plan.cp = cp;
-  plan.total_tokens = si.total;
-  plan.seg_begin = si.begin;
-  plan.seg_len = si.len;
-  plan.ranks.assign(static_cast<std::size_t>(cp), RankShard{});
-
+/// The pieces of raw ranges: per rank, ranges in packed order with contiguous ranges of
+/// one segment merged, laid out in the local buffer (pieces, tokens of `ranks`, size cp).
+void layoutPieces(const MicroBatch& mb, const SegInfo& si, std::vector<Raw> raws, std::vector<RankShard>& ranks) {
   raws.erase(std::remove_if(raws.begin(), raws.end(), [](const Raw& r) { return r.q_len <= 0; }), raws.end());
   std::sort(raws.begin(), raws.end(), [&](const Raw& a, const Raw& b) {
     const auto pa = si.begin[a.seg] + a.q_offset, pb = si.begin[b.seg] + b.q_offset;
@@ -106,7 +96,7 @@ ShardPlan finalize(const MicroBatch& mb, const SegInfo& si, std::vector<Raw> raw
   });
   // Merge contiguous ranges of one segment on one rank; lay out local buffers.
   for (const Raw& r : raws) {
-    RankShard& rs = plan.ranks[r.rank];
+    RankShard& rs = ranks[r.rank];
     if (!rs.pieces.empty()) {
       Piece& last = rs.pieces.back();
       if (last.segment == r.seg && last.q_offset + last.q_len == r.q_offset) {
@@ -127,6 +117,21 @@ ShardPlan finalize(const MicroBatch& mb, const SegInfo& si, std::vector<Raw> raw
     rs.pieces.push_back(p);
     rs.tokens += r.q_len;
   }
+}
+
+/// Turn raw ranges into the full plan: merged pieces in packed order, local buffer
+/// offsets, KV blocks and runs, and (optionally) the packed -> (rank, local) maps.
+ShardPlan finalize(const MicroBatch& mb, const SegInfo& si, std::vector<Raw> raws, int cp, const std::string& strategy,
+                   const std::string& requested, bool with_maps) {
+  ShardPlan plan;
+  plan.strategy = strategy;
+  plan.requested = requested;
+  plan.cp = cp;
+  plan.total_tokens = si.total;
+  plan.seg_begin = si.begin;
+  plan.seg_len = si.len;
+  plan.ranks.assign(static_cast<std::size_t>(cp), RankShard{});
+  layoutPieces(mb, si, std::move(raws), plan.ranks);
   // Pieces of each segment across ranks, by q_offset (for KV runs and `whole`).
   struct Ref {
     int rank;
@@ -182,6 +187,107 @@ ShardPlan finalize(const MicroBatch& mb, const SegInfo& si, std::vector<Raw> raw
         }
   }
   return plan;
+}
+
+/// planCost on raw ranges (docs in shard_plan.hpp). Per segment, with its pieces in
+/// offset order: rank r's KV block spans [0, L_r), L_r the end of r's last piece, and the
+/// pieces starting before L_r tile it, so r receives L_r minus its own tokens of the
+/// segment, from the owners of those pieces; the owner of a piece starting at a sends it
+/// to every other holder with L > a. Message pairs are counted once across segments
+/// (bit sets of senders per receiver), as planComm's (src, dst) transfers are.
+PlanCost costRaws(const MicroBatch& mb, const SegInfo& si, std::vector<Raw> raws, int cp, CommMode mode,
+                  const model::CostModel& cost) {
+  using model::Phase;
+  std::vector<RankShard> ranks(static_cast<std::size_t>(cp));
+  layoutPieces(mb, si, std::move(raws), ranks);
+  const std::size_t C = ranks.size();
+  std::vector<std::int64_t> sent(C, 0), recv(C, 0);
+  std::vector<int> in_msgs(C, 0), out_msgs(C, 0);
+  if (mode == CommMode::ShardingAware && cp > 1) {
+    struct P {
+      std::int32_t seg;
+      int owner;
+      std::int64_t start, len;
+    };
+    std::vector<P> pieces;
+    for (std::size_t r = 0; r < C; ++r)
+      for (const Piece& p : ranks[r].pieces) pieces.push_back({p.segment, static_cast<int>(r), p.q_offset, p.q_len});
+    std::sort(pieces.begin(), pieces.end(),
+              [](const P& a, const P& b) { return a.seg != b.seg ? a.seg < b.seg : a.start < b.start; });
+    const std::size_t W = (C + 63) / 64;
+    std::vector<std::uint64_t> senders(C * W, 0), seen(W);
+    std::vector<std::size_t> last(C);
+    std::vector<std::int64_t> own(C, 0), ends;
+    std::vector<int> holders;
+    for (std::size_t b = 0; b < pieces.size();) {
+      std::size_t e = b;
+      while (e < pieces.size() && pieces[e].seg == pieces[b].seg) ++e;
+      holders.clear();
+      for (std::size_t j = b; j < e; ++j) {
+        const int o = pieces[j].owner;
+        if (own[o] == 0) holders.push_back(o);
+        own[o] += pieces[j].len;
+        last[o] = j;
+      }
+      if (holders.size() > 1) {
+        ends.clear();
+        for (int r : holders) {
+          const std::int64_t L = pieces[last[r]].start + pieces[last[r]].len;
+          recv[r] += L - own[r];
+          ends.push_back(L);
+        }
+        std::sort(ends.begin(), ends.end());
+        std::fill(seen.begin(), seen.end(), 0);
+        std::size_t q = 0;  // ends[q..] > start of the current piece
+        for (std::size_t j = b; j < e; ++j) {
+          const P& p = pieces[j];
+          while (q < ends.size() && ends[q] <= p.start) ++q;
+          sent[p.owner] += p.len * static_cast<std::int64_t>(ends.size() - q - 1);
+          seen[p.owner / 64] |= std::uint64_t{1} << (p.owner % 64);
+          if (last[p.owner] == j)
+            for (std::size_t w = 0; w < W; ++w) senders[p.owner * W + w] |= seen[w];
+        }
+      }
+      for (int r : holders) own[r] = 0;
+      b = e;
+    }
+    for (std::size_t r = 0; r < C; ++r) {
+      senders[r * W + r / 64] &= ~(std::uint64_t{1} << (r % 64));
+      for (std::size_t w = 0; w < W; ++w)
+        for (std::uint64_t bits = senders[r * W + w]; bits != 0; bits &= bits - 1) {
+          ++in_msgs[r];
+          ++out_msgs[w * 64 + static_cast<std::size_t>(__builtin_ctzll(bits))];
+        }
+    }
+  }
+  // The sums of computeMetrics and planComm, in their order, so the doubles agree.
+  PlanCost pc;
+  for (std::size_t r = 0; r < C; ++r) {
+    const RankShard& rs = ranks[r];
+    RankMetrics rm;
+    for (const Piece& p : rs.pieces) {
+      rm.attn_seconds_fwd += cost.attnSeconds(p.keysBefore(), p.q_len, Phase::Fwd);
+      rm.attn_seconds_bwd += cost.attnSeconds(p.keysBefore(), p.q_len, Phase::Bwd);
+    }
+    if (rs.tokens > 0)
+      rm.linear_seconds = cost.linearSeconds(rs.tokens, Phase::Fwd) + cost.linearSeconds(rs.tokens, Phase::Bwd);
+    if (mode == CommMode::AllGather) {
+      if (cp > 1) {
+        const double recv_bytes = cost.kvBytes(si.total - rs.tokens);
+        const double f = allGatherSeconds(cost, cp, recv_bytes);
+        rm.comm_seconds = f + f;
+        rm.kv_bytes = recv_bytes + cost.kvBytes(rs.tokens) * (cp - 1);
+      }
+    } else {
+      const double sent_bytes = cost.kvBytes(sent[r]), recv_bytes = cost.kvBytes(recv[r]);
+      const double f = pointToPointSeconds(cost, std::max(in_msgs[r], out_msgs[r]), sent_bytes, recv_bytes);
+      rm.comm_seconds = f + f;
+      rm.kv_bytes = recv_bytes + sent_bytes;
+    }
+    pc.max_latency = std::max(pc.max_latency, rm.latency());
+    pc.kv_bytes_total += rm.kv_bytes;
+  }
+  return pc;
 }
 
 // ---- strategies on raw ranges -------------------------------------------------------
@@ -371,9 +477,10 @@ std::vector<int> hybridGroupSizes(int cp, int current) {
   return gs;
 }
 
+/// A costed hybrid candidate; its raw ranges are rebuilt for the one picked (buildHybrid
+/// is deterministic), so the search holds O(candidates) memory, not O(candidates x pieces).
 struct HybridCandidate {
   double latency = 0, bytes = 0;
-  std::vector<Raw> raws;
   int sharded = 0;
   std::vector<int> groups;  ///< group size of each sharded segment (empty: per_document)
   bool per_document = false;
@@ -477,11 +584,10 @@ ShardPlan planShards(const MicroBatch& mb, Strategy strategy, int cp, const mode
 
       std::vector<HybridCandidate> pool;
       std::set<std::vector<int>> tried;  // group-size vectors already evaluated
-      auto evaluate = [&](HybridCandidate c) {
-        const ShardPlan cand = finalize(mb, si, c.raws, cp, "hybrid", req, false);
-        const ShardMetrics m = computeMetrics(cand, planComm(cand, mode, cost), cost);
-        c.latency = m.max_latency;
-        c.bytes = m.kv_bytes_total;
+      auto evaluate = [&](HybridCandidate c, std::vector<Raw> raws) {
+        const PlanCost pc = costRaws(mb, si, std::move(raws), cp, mode, cost);
+        c.latency = pc.max_latency;
+        c.bytes = pc.kv_bytes_total;
         pool.push_back(std::move(c));
         return pool.size() - 1;
       };
@@ -489,8 +595,8 @@ ShardPlan planShards(const MicroBatch& mb, Strategy strategy, int cp, const mode
         if (!tried.insert(groups).second) return -1;
         HybridCandidate c;
         c.groups = groups;
-        c.raws = buildHybrid(si, by_len, groups, cp, cap, cost, c.sharded);
-        return static_cast<std::ptrdiff_t>(evaluate(std::move(c)));
+        std::vector<Raw> raws = buildHybrid(si, by_len, groups, cp, cap, cost, c.sharded);
+        return static_cast<std::ptrdiff_t>(evaluate(std::move(c), std::move(raws)));
       };
       auto groupSize = [&](std::int32_t seg, double alpha) {
         if (alpha <= 0 || total_work <= 0) return cp;
@@ -504,10 +610,9 @@ ShardPlan planShards(const MicroBatch& mb, Strategy strategy, int cp, const mode
 
       // (1) per_document itself (so hybrid never predicts worse than it).
       HybridCandidate pd;
-      pd.raws = rawPerDocument(si, cp);
       pd.sharded = static_cast<int>(n);
       pd.per_document = true;
-      const std::size_t pd_index = evaluate(std::move(pd));
+      const std::size_t pd_index = evaluate(std::move(pd), rawPerDocument(si, cp));
       // (2) for every k and every subgroup-size rule, shard the k longest segments (k = 0
       // is exactly whole_document; alpha = 0 shards over all C ranks).
       std::size_t wd_index = pd_index;
@@ -555,8 +660,12 @@ ShardPlan planShards(const MicroBatch& mb, Strategy strategy, int cp, const mode
             (pool[i].bytes <= pool[pick].bytes + eps && pool[i].latency < pool[pick].latency))
           pick = i;
       }
-      ShardPlan p = finalize(mb, si, std::move(pool[pick].raws), cp, "hybrid", req, true);
-      p.sharded_segments = pool[pick].sharded;
+      int sharded = pool[pick].sharded;
+      std::vector<Raw> raws = pool[pick].per_document
+                                  ? rawPerDocument(si, cp)
+                                  : buildHybrid(si, by_len, pool[pick].groups, cp, cap, cost, sharded);
+      ShardPlan p = finalize(mb, si, std::move(raws), cp, "hybrid", req, true);
+      p.sharded_segments = sharded;
       return p;
     }
   }
@@ -606,6 +715,17 @@ ShardPlan planFromRanges(const MicroBatch& mb, const std::vector<QueryRange>& ra
       throw InputError("ranges: segment " + std::to_string(s) + " token " + std::to_string(next) + " is on no rank");
   }
   return finalize(mb, si, std::move(raws), cp, name, name, true);
+}
+
+PlanCost planCost(const MicroBatch& mb, const std::vector<QueryRange>& ranges, int cp, CommMode mode,
+                  const model::CostModel& cost) {
+  requireDegree(cp);
+  const SegInfo si = segInfo(mb);
+  std::vector<Raw> raws;
+  raws.reserve(ranges.size());
+  for (const QueryRange& q : ranges)
+    raws.push_back({static_cast<int>(q.rank), static_cast<std::int32_t>(q.segment), q.q_offset, q.q_len});
+  return costRaws(mb, si, std::move(raws), cp, mode, cost);
 }
 
 // ---- validation and layout helpers ------------------------------------------------------

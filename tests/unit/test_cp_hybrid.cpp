@@ -338,3 +338,55 @@ TEST(CpHybrid, SubgroupsCutBytesOnLongDocuments) {
   EXPECT_LE(latencyOf(h, CommMode::ShardingAware, cost),
             latencyOf(d, CommMode::AllGather, cost));
 }
+
+/// The search's costing (planCost) agrees exactly with the full plan's metrics:
+/// computeMetrics(planFromRanges, planComm) on random tilings — pieces of one segment on
+/// one rank apart or adjacent (merged), slices with keys before them, empty segments,
+/// C above 64 (a second word of sender bits) — and on every strategy's plans.
+TEST(CpHybrid, PlanCostEqualsTheMetricsOfTheFullPlan) {
+  std::mt19937_64 rng(77);
+  for (const model::CostModel& cost : {smallCost(), llamaCost(45), llamaCost(2)}) {
+    for (int cp : {1, 2, 3, 5, 8, 64, 70}) {
+      for (int trial = 0; trial < 12; ++trial) {
+        MicroBatch mb;
+        std::uniform_int_distribution<int> nseg(1, 12);
+        std::uniform_int_distribution<std::int64_t> len(0, 3000), prefix(0, 4000);
+        const int n = nseg(rng);
+        for (int s = 0; s < n; ++s) {
+          Segment seg;
+          seg.doc = static_cast<DocId>(900 + s);
+          seg.offset = seg.q_offset = trial % 3 == 0 ? prefix(rng) : 0;  // a slice: keys before it
+          seg.length = len(rng);
+          mb.segments.push_back(seg);
+        }
+        std::vector<QueryRange> ranges;
+        std::uniform_int_distribution<int> rank(0, cp - 1);
+        for (int s = 0; s < n; ++s) {
+          const std::int64_t d = mb.segments[s].length;
+          std::uniform_int_distribution<int> cuts(0, static_cast<int>(std::min<std::int64_t>(d, 3 * cp)));
+          std::set<std::int64_t> at = {0, d};
+          for (int c = cuts(rng); c > 0; --c) at.insert(std::uniform_int_distribution<std::int64_t>(0, d)(rng));
+          for (auto it = at.begin(); std::next(it) != at.end(); ++it)
+            if (*std::next(it) > *it) ranges.push_back({rank(rng), s, *it, *std::next(it) - *it});
+        }
+        for (CommMode mode : {CommMode::AllGather, CommMode::ShardingAware}) {
+          const ShardPlan plan = planFromRanges(mb, ranges, cp, "random");
+          const ShardMetrics m = computeMetrics(plan, planComm(plan, mode, cost), cost);
+          const PlanCost pc = planCost(mb, ranges, cp, mode, cost);
+          EXPECT_EQ(pc.max_latency, m.max_latency) << "cp " << cp << " trial " << trial;
+          EXPECT_EQ(pc.kv_bytes_total, m.kv_bytes_total) << "cp " << cp << " trial " << trial;
+          for (Strategy s : allStrategies()) {
+            const ShardPlan sp = planShards(mb, s, cp, cost, cfgFor(commModeName(mode)));
+            std::vector<QueryRange> pieces;
+            for (int r = 0; r < cp; ++r)
+              for (const Piece& p : sp.ranks[r].pieces) pieces.push_back({r, p.segment, p.q_offset, p.q_len});
+            const ShardMetrics sm = computeMetrics(sp, planComm(sp, mode, cost), cost);
+            const PlanCost spc = planCost(mb, pieces, cp, mode, cost);
+            EXPECT_EQ(spc.max_latency, sm.max_latency) << strategyName(s) << " cp " << cp;
+            EXPECT_EQ(spc.kv_bytes_total, sm.kv_bytes_total) << strategyName(s) << " cp " << cp;
+          }
+        }
+      }
+    }
+  }
+}
