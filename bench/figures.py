@@ -142,6 +142,22 @@ from_log("shard-long-context", "docs/performance.md", "bench/results/cpu/shard_l
 from_log("shard-long-context-2gbps", "docs/performance.md", "bench/results/cpu/shard_long_context_2gbps.log", shard_rows)
 
 
+def shard_scaling_rows(path):
+    """bench/shard_scaling.py: per CP degree, wall per run old and new (median [range]), their
+    ratio, the new binary's planning time per micro-batch, and peak memory."""
+    out = []
+    for r in columns(log_body(path), "cp", 14):
+        out.append([(r[0],), ("{:.2f} [{:.2f}–{:.2f}]", float(r[2]), float(r[3]), float(r[4])),
+                    ("{:.2f} [{:.2f}–{:.2f}]", float(r[5]), float(r[6]), float(r[7])), ("{:.1f}×", float(r[8])),
+                    ("{:.1f} / {:.1f}", float(r[10]) / 1e3, float(r[11]) / 1e3),
+                    ("{:.0f} / {:.0f}", float(r[12]), float(r[13]))])
+    return out
+
+
+from_log("shard-scaling-hybrid", "docs/performance.md", "bench/results/cpu/shard_scaling_hybrid.log",
+         shard_scaling_rows)
+
+
 @functools.lru_cache(maxsize=None)  # two tables read the same 1.5 MB of plans
 def shard_hybrid_plans(root):
     """The chosen hybrid + sharding_aware plans: over how many CP ranks each segment is split,

@@ -474,6 +474,8 @@ Deck parseDeck(const std::string& text, const std::string& name, const std::vect
     std::vector<std::string> literals;
     std::string canonical;
     for (const auto& e : val->as_array()) {
+      if (e.is_table())  // no deck key takes a table; its TOML text would garble the message
+        fail(o, "[sweep] '" + key + "' lists an inline table; its values must be numbers, booleans, strings or arrays");
       Deck probe = base;  // validate each value against the key's schema now
       const std::string lit = literalOf(e);
       canonical = applyOverride(probe, key + "=" + lit, o.where + ": [sweep]");
