@@ -3,12 +3,14 @@
 /// finalisation shared by every strategy.
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <numeric>
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 
 #include "core/error.hpp"
 #include "cp/shard_plan.hpp"
@@ -84,6 +86,44 @@ SegInfo segInfo(const MicroBatch& mb) {
   }
   return s;
 }
+
+/// The cost model's figures of pieces and ranks, memoised for one planning call: hybrid's
+/// search asks for the same (keys before, queries) pieces in most of its candidates, and
+/// each answer is an interpolation in the profile's tables (a log and an exp per lookup).
+/// The values are the model's own, so plans do not change.
+class PieceCosts {
+ public:
+  explicit PieceCosts(const model::CostModel& cost) : cost_(cost) {}
+  const model::CostModel& model() const { return cost_; }
+  /// Forward and backward attention seconds of q queries after q0 keys.
+  std::array<double, 2> attn(std::int64_t q0, std::int64_t q) {
+    const auto [it, fresh] = attn_.try_emplace(Key{q0, q});
+    if (fresh) it->second = {cost_.attnSeconds(q0, q, model::Phase::Fwd), cost_.attnSeconds(q0, q, model::Phase::Bwd)};
+    return it->second;
+  }
+  /// Forward and backward linear seconds of `tokens` tokens.
+  std::array<double, 2> linear(std::int64_t tokens) {
+    const auto [it, fresh] = linear_.try_emplace(tokens);
+    if (fresh)
+      it->second = {cost_.linearSeconds(tokens, model::Phase::Fwd), cost_.linearSeconds(tokens, model::Phase::Bwd)};
+    return it->second;
+  }
+
+ private:
+  struct Key {
+    std::int64_t q0, q;
+    bool operator==(const Key& o) const { return q0 == o.q0 && q == o.q; }
+  };
+  struct KeyHash {
+    std::size_t operator()(const Key& k) const {
+      return std::hash<std::uint64_t>()(static_cast<std::uint64_t>(k.q0) * 0x9E3779B97F4A7C15ULL ^
+                                        static_cast<std::uint64_t>(k.q));
+    }
+  };
+  const model::CostModel& cost_;
+  std::unordered_map<Key, std::array<double, 2>, KeyHash> attn_;
+  std::unordered_map<std::int64_t, std::array<double, 2>> linear_;
+};
 
 /// The pieces of raw ranges: per rank, ranges in packed order with contiguous ranges of
 /// one segment merged, laid out in the local buffer (pieces, tokens of `ranks`, size cp).
@@ -196,8 +236,8 @@ ShardPlan finalize(const MicroBatch& mb, const SegInfo& si, std::vector<Raw> raw
 /// to every other holder with L > a. Message pairs are counted once across segments
 /// (bit sets of senders per receiver), as planComm's (src, dst) transfers are.
 PlanCost costRaws(const MicroBatch& mb, const SegInfo& si, std::vector<Raw> raws, int cp, CommMode mode,
-                  const model::CostModel& cost) {
-  using model::Phase;
+                  PieceCosts& costs) {
+  const model::CostModel& cost = costs.model();
   std::vector<RankShard> ranks(static_cast<std::size_t>(cp));
   layoutPieces(mb, si, std::move(raws), ranks);
   const std::size_t C = ranks.size();
@@ -266,11 +306,14 @@ PlanCost costRaws(const MicroBatch& mb, const SegInfo& si, std::vector<Raw> raws
     const RankShard& rs = ranks[r];
     RankMetrics rm;
     for (const Piece& p : rs.pieces) {
-      rm.attn_seconds_fwd += cost.attnSeconds(p.keysBefore(), p.q_len, Phase::Fwd);
-      rm.attn_seconds_bwd += cost.attnSeconds(p.keysBefore(), p.q_len, Phase::Bwd);
+      const auto a = costs.attn(p.keysBefore(), p.q_len);
+      rm.attn_seconds_fwd += a[0];
+      rm.attn_seconds_bwd += a[1];
     }
-    if (rs.tokens > 0)
-      rm.linear_seconds = cost.linearSeconds(rs.tokens, Phase::Fwd) + cost.linearSeconds(rs.tokens, Phase::Bwd);
+    if (rs.tokens > 0) {
+      const auto l = costs.linear(rs.tokens);
+      rm.linear_seconds = l[0] + l[1];
+    }
     if (mode == CommMode::AllGather) {
       if (cp > 1) {
         const double recv_bytes = cost.kvBytes(si.total - rs.tokens);
@@ -366,10 +409,10 @@ std::vector<Raw> rawPerDocument(const SegInfo& si, int cp) {
 
 /// Compute load of one query range (fwd+bwd attention + linear seconds); q0: keys before
 /// its first query.
-double rangeWork(const model::CostModel& cost, std::int64_t q0, std::int64_t q) {
-  using model::Phase;
-  return cost.attnSeconds(q0, q, Phase::Fwd) + cost.attnSeconds(q0, q, Phase::Bwd) + cost.linearSeconds(q, Phase::Fwd) +
-         cost.linearSeconds(q, Phase::Bwd);
+double rangeWork(PieceCosts& costs, std::int64_t q0, std::int64_t q) {
+  const auto a = costs.attn(q0, q);
+  const auto l = costs.linear(q);
+  return a[0] + a[1] + l[0] + l[1];
 }
 
 /// Whole-document assignment of `segs` (LPT on fwd+bwd compute seconds, heaviest first,
@@ -377,9 +420,9 @@ double rangeWork(const model::CostModel& cost, std::int64_t q0, std::int64_t q) 
 /// rank are per-document sharded over all ranks (counter carried). `load`/`tokens` hold
 /// the ranks' state on entry (e.g. from hybrid's sharded part) and are updated.
 /// Returns the number of fallback segments.
-int assignWhole(const SegInfo& si, std::vector<std::int32_t> segs, int cp, std::int64_t cap,
-                const model::CostModel& cost, std::vector<double>& load, std::vector<std::int64_t>& tokens,
-                std::int64_t& counter, std::vector<Raw>& out) {
+int assignWhole(const SegInfo& si, std::vector<std::int32_t> segs, int cp, std::int64_t cap, PieceCosts& cost,
+                std::vector<double>& load, std::vector<std::int64_t>& tokens, std::int64_t& counter,
+                std::vector<Raw>& out) {
   std::vector<double> w(segs.size());
   for (std::size_t i = 0; i < segs.size(); ++i) w[i] = rangeWork(cost, si.prefix[segs[i]], si.len[segs[i]]);
   std::vector<std::size_t> order(segs.size());
@@ -492,7 +535,7 @@ struct HybridCandidate {
 /// (LPT under `cap`, fallback over all ranks). The remainder counter carries across all
 /// sharded segments. `sharded` = sharded segments including fallbacks.
 std::vector<Raw> buildHybrid(const SegInfo& si, const std::vector<std::int32_t>& order, const std::vector<int>& groups,
-                             int cp, std::int64_t cap, const model::CostModel& cost, int& sharded) {
+                             int cp, std::int64_t cap, PieceCosts& cost, int& sharded) {
   std::vector<Raw> raws;
   std::vector<double> load(static_cast<std::size_t>(cp), 0.0);
   std::vector<std::int64_t> tokens(static_cast<std::size_t>(cp), 0);
@@ -560,7 +603,8 @@ ShardPlan planShards(const MicroBatch& mb, Strategy strategy, int cp, const mode
       std::vector<std::int64_t> tokens(cp, 0);
       std::int64_t counter = 0;
       std::vector<Raw> raws;
-      const int fb = assignWhole(si, segs, cp, capacityTokens(si, cp, cfg), cost, load, tokens, counter, raws);
+      PieceCosts costs(cost);
+      const int fb = assignWhole(si, segs, cp, capacityTokens(si, cp, cfg), costs, load, tokens, counter, raws);
       ShardPlan p = finalize(mb, si, std::move(raws), cp, "whole_document", req, true);
       p.sharded_segments = fb;
       return p;
@@ -568,6 +612,7 @@ ShardPlan planShards(const MicroBatch& mb, Strategy strategy, int cp, const mode
     case Strategy::Hybrid: {
       const CommMode mode = parseCommMode(cfg.comm);
       const std::int64_t cap = capacityTokens(si, cp, cfg);
+      PieceCosts costs(cost);
       std::vector<std::int32_t> by_len(si.len.size());
       std::iota(by_len.begin(), by_len.end(), 0);
       std::stable_sort(by_len.begin(), by_len.end(),
@@ -578,14 +623,14 @@ ShardPlan planShards(const MicroBatch& mb, Strategy strategy, int cp, const mode
       std::vector<double> work(si.len.size(), 0.0);
       double total_work = 0;
       for (std::size_t s = 0; s < si.len.size(); ++s) {
-        work[s] = si.len[s] > 0 ? rangeWork(cost, si.prefix[s], si.len[s]) : 0.0;
+        work[s] = si.len[s] > 0 ? rangeWork(costs, si.prefix[s], si.len[s]) : 0.0;
         total_work += work[s];
       }
 
       std::vector<HybridCandidate> pool;
       std::set<std::vector<int>> tried;  // group-size vectors already evaluated
       auto evaluate = [&](HybridCandidate c, std::vector<Raw> raws) {
-        const PlanCost pc = costRaws(mb, si, std::move(raws), cp, mode, cost);
+        const PlanCost pc = costRaws(mb, si, std::move(raws), cp, mode, costs);
         c.latency = pc.max_latency;
         c.bytes = pc.kv_bytes_total;
         pool.push_back(std::move(c));
@@ -595,7 +640,7 @@ ShardPlan planShards(const MicroBatch& mb, Strategy strategy, int cp, const mode
         if (!tried.insert(groups).second) return -1;
         HybridCandidate c;
         c.groups = groups;
-        std::vector<Raw> raws = buildHybrid(si, by_len, groups, cp, cap, cost, c.sharded);
+        std::vector<Raw> raws = buildHybrid(si, by_len, groups, cp, cap, costs, c.sharded);
         return static_cast<std::ptrdiff_t>(evaluate(std::move(c), std::move(raws)));
       };
       auto groupSize = [&](std::int32_t seg, double alpha) {
@@ -663,7 +708,7 @@ ShardPlan planShards(const MicroBatch& mb, Strategy strategy, int cp, const mode
       int sharded = pool[pick].sharded;
       std::vector<Raw> raws = pool[pick].per_document
                                   ? rawPerDocument(si, cp)
-                                  : buildHybrid(si, by_len, pool[pick].groups, cp, cap, cost, sharded);
+                                  : buildHybrid(si, by_len, pool[pick].groups, cp, cap, costs, sharded);
       ShardPlan p = finalize(mb, si, std::move(raws), cp, "hybrid", req, true);
       p.sharded_segments = sharded;
       return p;
@@ -725,7 +770,8 @@ PlanCost planCost(const MicroBatch& mb, const std::vector<QueryRange>& ranges, i
   raws.reserve(ranges.size());
   for (const QueryRange& q : ranges)
     raws.push_back({static_cast<int>(q.rank), static_cast<std::int32_t>(q.segment), q.q_offset, q.q_len});
-  return costRaws(mb, si, std::move(raws), cp, mode, cost);
+  PieceCosts costs(cost);
+  return costRaws(mb, si, std::move(raws), cp, mode, costs);
 }
 
 // ---- validation and layout helpers ------------------------------------------------------
