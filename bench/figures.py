@@ -156,6 +156,8 @@ def shard_scaling_rows(path):
 
 from_log("shard-scaling-hybrid", "docs/performance.md", "bench/results/cpu/shard_scaling_hybrid.log",
          shard_scaling_rows)
+from_log("shard-scaling-hybrid-memo", "docs/performance.md", "bench/results/cpu/shard_scaling_hybrid_memo.log",
+         shard_scaling_rows)
 
 
 @functools.lru_cache(maxsize=None)  # two tables read the same 1.5 MB of plans
