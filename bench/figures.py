@@ -237,12 +237,13 @@ def plan_variants(root):
 
 
 ATTN_RUNS = [f"bench/results/cpu/attention_cpu/run{i}.log" for i in (1, 2, 3)]
+ATTN_RUNS_ZEN5 = [f"bench/results/cpu/attention_cpu_zen5/run{i}.log" for i in (1, 2, 3)]
 
 
-def bench_attention(root):
+def bench_attention(root, runs):
     """{(seq, D, bwd): [useful GFLOP/s per run]} and the FMA peaks of the runs."""
     cells, peaks = {}, []
-    for lg in ATTN_RUNS:
+    for lg in runs:
         text = (root / lg).read_text()
         peaks.append(float(re.search(r"^BM_FmaPeak .* GFLOPs=([0-9.]+)/s", text, re.M).group(1)))
         for m in re.finditer(r"^BM_Attention/seq:(\d)/D:(\d+)/bwd:(\d)\S* .* useful_GFLOPs=([0-9.]+)/s", text, re.M):
@@ -250,9 +251,8 @@ def bench_attention(root):
     return cells, peaks
 
 
-@table("attention-cpu", "docs/performance.md", *ATTN_RUNS)
-def attention_cpu(root):
-    cells, _ = bench_attention(root)
+def attention_cpu_rows(root, runs):
+    cells, _ = bench_attention(root, runs)
     names = {(0, 64): "one 8K document", (0, 128): "one 8K document",
              (1, 64): "skewed packed 8K (4096, 1536, 1024, 512, 384, 256, 128, 96, 64, 48, 32, 10, 5, 1)",
              (1, 128): "skewed packed 8K"}
@@ -266,9 +266,8 @@ def attention_cpu(root):
     return out
 
 
-@table("attention-cpu-peak", "docs/performance.md", *ATTN_RUNS)
-def attention_cpu_peak(root):
-    cells, peaks = bench_attention(root)
+def attention_cpu_peak_rows(root, runs):
+    cells, peaks = bench_attention(root, runs)
     best = max(peaks)
     rows = [[("`BM_FmaPeak`",), ("{:.1f} ({:.1f}–{:.1f})", best, min(peaks), max(peaks)), ("100 %",)]]
     for label, keys in (("forward, one document", [(0, 64, 0), (0, 128, 0)]),
@@ -277,6 +276,14 @@ def attention_cpu_peak(root):
         v = [max(cells[k]) for k in keys]
         rows.append([(label,), ("{:.1f}–{:.1f}", min(v), max(v)), ("{:.0f}–{:.0f} %", 100 * min(v) / best, 100 * max(v) / best)])
     return rows
+
+
+table("attention-cpu", "docs/performance.md", *ATTN_RUNS)(lambda root: attention_cpu_rows(root, ATTN_RUNS))
+table("attention-cpu-peak", "docs/performance.md", *ATTN_RUNS)(lambda root: attention_cpu_peak_rows(root, ATTN_RUNS))
+table("attention-cpu-zen5", "docs/performance.md", *ATTN_RUNS_ZEN5)(
+    lambda root: attention_cpu_rows(root, ATTN_RUNS_ZEN5))
+table("attention-cpu-zen5-peak", "docs/performance.md", *ATTN_RUNS_ZEN5)(
+    lambda root: attention_cpu_peak_rows(root, ATTN_RUNS_ZEN5))
 
 
 TILES = ["64x64", "128x64", "64x128", "128x128", "32x64"]
