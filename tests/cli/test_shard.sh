@@ -61,6 +61,18 @@ for mb in mbs:
         assert comp[(s, "sharding_aware")]["kv_bytes_total"] <= comp[(s, "allgather")]["kv_bytes_total"] + 1e-6
     assert comp[("per_document", "allgather")]["imbalance_attn"] <= 1.05
 PYEOF
+# Every summary row carries its planning time per micro-batch (plan_us_mean <= plan_us_max).
+"$PY" - "$TMP/s.jsonl" <<'PYEOF' || fail "summary planning times"
+import json, sys
+summary = [json.loads(l) for l in open(sys.argv[1])][-1]
+for row in [summary["chosen"]] + summary["compare"]:
+    assert 0 < row["plan_us_mean"] <= row["plan_us_max"], row
+PYEOF
+# bench/shard_scaling.py: two binaries (here the same one) at two CP degrees, same plans.
+scal="$("$PY" "$SRC/bench/shard_scaling.py" --old "$WLB" --new "$WLB" --deck "$TMP/deck.toml" --cp 2 5 \
+  --rounds 1 2>&1)" || fail "shard_scaling.py: $scal"
+echo "$scal" | grep -Eq "^ +5 +3 " || fail "shard_scaling.py: no cp 5 row: $scal"
+echo "$scal" | grep -q "^same plans: yes" || fail "shard_scaling.py: $scal"
 
 # Restricting the comparison; --metrics-only drops the plan.
 out="$("$WLB" shard "$TMP/deck.toml" --steps 1 --strategy per_document --comm allgather --metrics-only --out "$TMP/m.jsonl" 2>&1)" \
