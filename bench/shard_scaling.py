@@ -6,13 +6,15 @@ interleaved on the same micro-batches, and a check that both chose the same plan
         --deck inputs/shard_long_context.toml --cp 8 32 128 512 --rounds 3
 
 Per CP degree and round it runs `BIN shard DECK --steps STEPS --strategy S --comm C
---metrics-only --out FILE --set mesh.cp=CP` with the old binary, then the new one, and
-times the whole process (packing the steps takes milliseconds; the rest is planning). The
-two JSONL files must hold the same chosen plans: every micro-batch's metrics equal (the
-summary line, which may carry fields one binary lacks, is not compared). Prints per CP
-degree the median wall and its range per binary, old / new, the seconds per micro-batch,
-and the new binary's own plan.us (mean, max per micro-batch) for the row, and the peak
-resident memory of each binary (max over rounds).
+--metrics-only --out FILE --set mesh.cp=CP --set cp.strategy=S --set cp.comm=C` (S and C
+are then also the deck's chosen plan, so nothing else is planned) with the old binary,
+then the new one, and times the whole process (the deck, profile and packing take a fixed
+part; the rest is planning). The two JSONL files must agree on every micro-batch's plan
+metrics (the chosen metrics and the compared row: latency, bytes, imbalance, sharded
+segments); the summary line, which may carry fields one binary lacks, is not compared.
+Prints per CP degree the median wall and its range per binary, old / new, the new
+binary's wall per micro-batch and its own plan.us (mean, max per micro-batch; medians over
+the rounds), and the peak resident memory of each binary (max over rounds).
 """
 import argparse
 import json
@@ -41,12 +43,12 @@ def run_once(binary, args, out):
 
 
 def plans(path):
-    """The micro-batch lines' chosen metrics, in order."""
+    """The micro-batch lines' chosen metrics and compared rows, in order."""
     out = []
     for line in path.read_text().splitlines():
         j = json.loads(line)
         if j["type"] == "micro_batch":
-            out.append(json.dumps(j["metrics"], sort_keys=True))
+            out.append(json.dumps([j["metrics"], j["compare"]], sort_keys=True))
     return out
 
 
@@ -75,10 +77,11 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for cp in a.cp:
             args = ["shard", a.deck, "--steps", str(a.steps), "--strategy", a.strategy, "--comm", a.comm,
-                    "--metrics-only", "--set", f"mesh.cp={cp}"]
+                    "--metrics-only", "--set", f"mesh.cp={cp}", "--set", f'cp.strategy="{a.strategy}"',
+                    "--set", f'cp.comm="{a.comm}"']
             walls = {"old": [], "new": []}
             rss = {"old": 0, "new": 0}
-            us = None
+            us = []
             for r in range(a.rounds):
                 got = {}
                 for name, binary in (("old", a.old), ("new", a.new)):
@@ -87,17 +90,20 @@ def main():
                     walls[name].append(wall)
                     rss[name] = max(rss[name], m)
                     got[name] = plans(out)
-                    if name == "new":
-                        us = plan_us(stdout, a.strategy, a.comm) or us
+                    if name == "new" and plan_us(stdout, a.strategy, a.comm):
+                        us.append(plan_us(stdout, a.strategy, a.comm))
                 if got["old"] != got["new"]:
                     sys.exit(f"cp {cp} round {r}: the binaries chose different plans")
             mbs = len(got["new"])
+            if mbs == 0:
+                sys.exit(f"cp {cp}: no micro-batches")
+            us = (statistics.median(u[0] for u in us), statistics.median(u[1] for u in us)) if us else None
             o, n = statistics.median(walls["old"]), statistics.median(walls["new"])
             print(f"{cp:>5} {mbs:>4} {o:>8.3f} {min(walls['old']):>8.3f} {max(walls['old']):>8.3f} {n:>8.3f}"
                   f" {min(walls['new']):>8.3f} {max(walls['new']):>8.3f} {o / n:>8.2f} {1e3 * n / mbs:>10.2f}"
                   f" {us[0] if us else float('nan'):>10.1f} {us[1] if us else float('nan'):>10.1f}"
                   f" {rss['old']:>8.1f} {rss['new']:>8.1f}", flush=True)
-    print("same plans: yes (every micro-batch's chosen metrics equal, every CP degree and round)")
+    print("same plans: yes (every micro-batch's plan metrics equal, every CP degree and round)")
 
 
 if __name__ == "__main__":

@@ -410,6 +410,16 @@ std::string Deck::toToml() const {
   }
   return os.str();
 }
+namespace {
+/// Whether a TOML value is, or holds at any depth, a table.
+bool holdsTable(const TomlValue& v) {
+  if (v.is_table()) return true;
+  if (v.is_array())
+    for (const auto& e : v.as_array())
+      if (holdsTable(e)) return true;
+  return false;
+}
+}  // namespace
 
 Deck parseDeck(const std::string& text, const std::string& name, const std::vector<std::string>& overrides) {
   requireUtf8(text, name);
@@ -474,7 +484,7 @@ Deck parseDeck(const std::string& text, const std::string& name, const std::vect
     std::vector<std::string> literals;
     std::string canonical;
     for (const auto& e : val->as_array()) {
-      if (e.is_table())  // no deck key takes a table; its TOML text would garble the message
+      if (holdsTable(e))  // no deck key takes a table; its TOML text would garble the message
         fail(o, "[sweep] '" + key + "' lists an inline table; its values must be numbers, booleans, strings or arrays");
       Deck probe = base;  // validate each value against the key's schema now
       const std::string lit = literalOf(e);

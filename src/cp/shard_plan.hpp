@@ -237,10 +237,11 @@ struct PlanCost {
   double max_latency = 0, kv_bytes_total = 0;
 };
 /// The PlanCost of an assignment without building KV runs or transfers: O(P log P +
-/// C^2/64) for P pieces on C ranks, where planComm walks every run (O(g^2) per segment
-/// split over g ranks). It uses that the pieces of a segment tile it, so a rank's KV
-/// block of the segment is exactly the pieces before its last piece's end. Precondition:
-/// `ranges` put every token of every segment on exactly one rank (planFromRanges checks).
+/// (P + C) C/64) for P pieces on C ranks, where planComm walks every run (O(g^2) per
+/// segment split over g ranks). It uses that the pieces of a segment tile it, so a rank's
+/// KV block of the segment is exactly the pieces before its last piece's end. Throws
+/// InputError, as planFromRanges does, when the ranges do not put every token of every
+/// segment on exactly one rank.
 PlanCost planCost(const MicroBatch& mb, const std::vector<QueryRange>& ranges, int cp, CommMode mode,
                   const model::CostModel& cost);
 

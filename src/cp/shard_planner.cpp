@@ -722,9 +722,10 @@ ShardPlan planShards(const MicroBatch& mb, const std::string& strategy, int cp, 
   return planShards(mb, parseStrategy(strategy), cp, cost, cfg);
 }
 
-ShardPlan planFromRanges(const MicroBatch& mb, const std::vector<QueryRange>& ranges, int cp, const std::string& name) {
-  requireDegree(cp);
-  const SegInfo si = segInfo(mb);
+namespace {
+/// The raw ranges of an assignment planned elsewhere, checked: ranks in [0, cp), segments
+/// in range, and every token of every segment on exactly one rank (InputError otherwise).
+std::vector<Raw> checkedRanges(const SegInfo& si, const std::vector<QueryRange>& ranges, int cp) {
   const auto nseg = static_cast<std::int64_t>(si.len.size());
   std::vector<Raw> raws;
   raws.reserve(ranges.size());
@@ -759,19 +760,22 @@ ShardPlan planFromRanges(const MicroBatch& mb, const std::vector<QueryRange>& ra
     if (next != si.len[s])
       throw InputError("ranges: segment " + std::to_string(s) + " token " + std::to_string(next) + " is on no rank");
   }
-  return finalize(mb, si, std::move(raws), cp, name, name, true);
+  return raws;
+}
+}  // namespace
+
+ShardPlan planFromRanges(const MicroBatch& mb, const std::vector<QueryRange>& ranges, int cp, const std::string& name) {
+  requireDegree(cp);
+  const SegInfo si = segInfo(mb);
+  return finalize(mb, si, checkedRanges(si, ranges, cp), cp, name, name, true);
 }
 
 PlanCost planCost(const MicroBatch& mb, const std::vector<QueryRange>& ranges, int cp, CommMode mode,
                   const model::CostModel& cost) {
   requireDegree(cp);
   const SegInfo si = segInfo(mb);
-  std::vector<Raw> raws;
-  raws.reserve(ranges.size());
-  for (const QueryRange& q : ranges)
-    raws.push_back({static_cast<int>(q.rank), static_cast<std::int32_t>(q.segment), q.q_offset, q.q_len});
   PieceCosts costs(cost);
-  return costRaws(mb, si, std::move(raws), cp, mode, costs);
+  return costRaws(mb, si, checkedRanges(si, ranges, cp), cp, mode, costs);
 }
 
 // ---- validation and layout helpers ------------------------------------------------------

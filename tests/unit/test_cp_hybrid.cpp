@@ -14,6 +14,7 @@
 #include <random>
 #include <set>
 
+#include "core/error.hpp"
 #include "cp/shard_plan.hpp"
 #include "model/cost_model.hpp"
 
@@ -389,4 +390,20 @@ TEST(CpHybrid, PlanCostEqualsTheMetricsOfTheFullPlan) {
       }
     }
   }
+}
+
+/// planCost checks its ranges as planFromRanges does: a rank outside [0, C) or a token on
+/// no rank is an InputError, not a write out of bounds.
+TEST(CpHybrid, PlanCostRefusesRangesThatDoNotTile) {
+  const auto cost = smallCost();
+  const MicroBatch mb = makeMb({100, 50});
+  const std::vector<QueryRange> ok = {{0, 0, 0, 60}, {1, 0, 60, 40}, {1, 1, 0, 50}};
+  EXPECT_NO_THROW(planCost(mb, ok, 2, CommMode::ShardingAware, cost));
+  std::vector<QueryRange> bad_rank = ok;
+  bad_rank[1].rank = 2;
+  EXPECT_THROW(planCost(mb, bad_rank, 2, CommMode::ShardingAware, cost), InputError);
+  std::vector<QueryRange> gap = ok;
+  gap[1].q_offset = 61;
+  gap[1].q_len = 39;
+  EXPECT_THROW(planCost(mb, gap, 2, CommMode::AllGather, cost), InputError);
 }
