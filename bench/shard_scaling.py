@@ -90,8 +90,9 @@ def main():
                     walls[name].append(wall)
                     rss[name] = max(rss[name], m)
                     got[name] = plans(out)
-                    if name == "new" and plan_us(stdout, a.strategy, a.comm):
-                        us.append(plan_us(stdout, a.strategy, a.comm))
+                    row_us = plan_us(stdout, a.strategy, a.comm) if name == "new" else None
+                    if row_us:
+                        us.append(row_us)
                 if got["old"] != got["new"]:
                     sys.exit(f"cp {cp} round {r}: the binaries chose different plans")
             mbs = len(got["new"])

@@ -24,13 +24,37 @@ double bytesPerSecond(const model::CostModel& cost) {
 }
 }  // namespace
 
-double allGatherSeconds(const model::CostModel& cost, int cp, double recv_bytes) {
+RankComm allGatherRankComm(const model::CostModel& cost, int cp, std::int64_t own, std::int64_t total) {
+  RankComm rc;
+  if (cp == 1) return rc;
+  const std::int64_t others = total - own;
+  // Forward all-gather: the rank receives every other rank's K/V and its own tokens reach
+  // cp-1 peers. Backward reduce-scatter: the mirror image for dK/dV.
+  rc.fwd_bytes_recv = cost.kvBytes(others);
+  rc.fwd_bytes_sent = cost.kvBytes(own) * (cp - 1);
+  rc.bwd_bytes_sent = cost.kvBytes(others);
+  rc.bwd_bytes_recv = cost.kvBytes(own) * (cp - 1);
+  rc.fwd_tokens_recv = others;
+  rc.peers = cp - 1;
   // Ring: cp-1 steps, the rank's link carries the other ranks' data.
-  return (cp - 1) * (cost.hardware().link_latency_us * 1e-6) + recv_bytes / bytesPerSecond(cost);
+  rc.fwd_seconds = (cp - 1) * (cost.hardware().link_latency_us * 1e-6) + rc.fwd_bytes_recv / bytesPerSecond(cost);
+  rc.bwd_seconds = rc.fwd_seconds;
+  return rc;
 }
 
-double pointToPointSeconds(const model::CostModel& cost, int messages, double sent_bytes, double recv_bytes) {
-  return messages * (cost.hardware().link_latency_us * 1e-6) + std::max(sent_bytes, recv_bytes) / bytesPerSecond(cost);
+RankComm pointToPointRankComm(const model::CostModel& cost, std::int64_t sent, std::int64_t recv, int in_msgs,
+                              int out_msgs) {
+  RankComm rc;
+  rc.fwd_bytes_sent = cost.kvBytes(sent);
+  rc.fwd_bytes_recv = cost.kvBytes(recv);
+  rc.bwd_bytes_sent = rc.fwd_bytes_recv;  // gradients go back to the owners
+  rc.bwd_bytes_recv = rc.fwd_bytes_sent;
+  rc.fwd_tokens_recv = recv;
+  rc.peers = in_msgs;
+  rc.fwd_seconds = std::max(in_msgs, out_msgs) * (cost.hardware().link_latency_us * 1e-6) +
+                   std::max(rc.fwd_bytes_sent, rc.fwd_bytes_recv) / bytesPerSecond(cost);
+  rc.bwd_seconds = rc.fwd_seconds;
+  return rc;
 }
 
 CommPlan planComm(const ShardPlan& plan, CommMode mode, const model::CostModel& cost) {
@@ -50,21 +74,7 @@ CommPlan planComm(const ShardPlan& plan, CommMode mode, const model::CostModel& 
   const std::int64_t T = plan.total_tokens;
 
   if (mode == CommMode::AllGather) {
-    if (cp == 1) return c;
-    for (int r = 0; r < cp; ++r) {
-      RankComm& rc = c.ranks[r];
-      const std::int64_t own = plan.ranks[r].tokens, others = T - own;
-      // Forward all-gather: r receives every other rank's K/V and its own tokens reach
-      // cp-1 peers. Backward reduce-scatter: the mirror image for dK/dV.
-      rc.fwd_bytes_recv = cost.kvBytes(others);
-      rc.fwd_bytes_sent = cost.kvBytes(own) * (cp - 1);
-      rc.bwd_bytes_sent = cost.kvBytes(others);
-      rc.bwd_bytes_recv = cost.kvBytes(own) * (cp - 1);
-      rc.fwd_tokens_recv = others;
-      rc.peers = cp - 1;
-      rc.fwd_seconds = allGatherSeconds(cost, cp, rc.fwd_bytes_recv);
-      rc.bwd_seconds = rc.fwd_seconds;
-    }
+    for (int r = 0; r < cp; ++r) c.ranks[r] = allGatherRankComm(cost, cp, plan.ranks[r].tokens, T);
     return c;
   }
 
@@ -90,17 +100,7 @@ CommPlan planComm(const ShardPlan& plan, CommMode mode, const model::CostModel& 
     ++in_msgs[t.dst];
     c.transfers.push_back(std::move(t));
   }
-  for (int r = 0; r < cp; ++r) {
-    RankComm& rc = c.ranks[r];
-    rc.fwd_bytes_sent = cost.kvBytes(sent[r]);
-    rc.fwd_bytes_recv = cost.kvBytes(recv[r]);
-    rc.bwd_bytes_sent = rc.fwd_bytes_recv;  // gradients go back to the owners
-    rc.bwd_bytes_recv = rc.fwd_bytes_sent;
-    rc.fwd_tokens_recv = recv[r];
-    rc.peers = in_msgs[r];
-    rc.fwd_seconds = pointToPointSeconds(cost, std::max(in_msgs[r], out_msgs[r]), rc.fwd_bytes_sent, rc.fwd_bytes_recv);
-    rc.bwd_seconds = rc.fwd_seconds;
-  }
+  for (int r = 0; r < cp; ++r) c.ranks[r] = pointToPointRankComm(cost, sent[r], recv[r], in_msgs[r], out_msgs[r]);
   return c;
 }
 
@@ -181,11 +181,7 @@ ShardMetrics computeMetrics(const ShardPlan& plan, const CommPlan& comm, const m
     }
     if (rs.tokens > 0)
       rm.linear_seconds = cost.linearSeconds(rs.tokens, Phase::Fwd) + cost.linearSeconds(rs.tokens, Phase::Bwd);
-    if (r < comm.ranks.size()) {
-      const RankComm& rc = comm.ranks[r];
-      rm.comm_seconds = rc.fwd_seconds + rc.bwd_seconds;
-      rm.kv_bytes = rc.fwd_bytes_recv + rc.bwd_bytes_recv;
-    }
+    if (r < comm.ranks.size()) rm.setComm(comm.ranks[r]);
     attn.push_back(rm.attn_flops_fwd);
     tok.push_back(static_cast<double>(rm.tokens));
     lat.push_back(rm.latency());

@@ -185,6 +185,11 @@ struct RankMetrics {
   double comm_seconds = 0;                            ///< fwd + bwd KV communication (modelled)
   double kv_bytes = 0;                                ///< fwd+bwd bytes received by this rank
   double attnSeconds() const { return attn_seconds_fwd + attn_seconds_bwd; }
+  /// Communication seconds and bytes received, fwd + bwd, from the rank's RankComm.
+  void setComm(const RankComm& rc) {
+    comm_seconds = rc.fwd_seconds + rc.bwd_seconds;
+    kv_bytes = rc.fwd_bytes_recv + rc.bwd_bytes_recv;
+  }
   /// Predicted rank latency: attention + linear + communication (no overlap assumed).
   double latency() const { return attnSeconds() + linear_seconds + comm_seconds; }
 };
@@ -225,11 +230,12 @@ ShardPlan planFromRanges(const MicroBatch& mb, const std::vector<QueryRange>& ra
 
 /// The KV communication plan of a shard plan (bytes via CostModel::kvBytes).
 CommPlan planComm(const ShardPlan& plan, CommMode mode, const model::CostModel& cost);
-/// Modelled seconds of one direction of one rank's KV communication (docs/cp.md): the
-/// all-gather ring over cp ranks receiving `recv_bytes`, and point-to-point with
-/// `messages` messages (max of in and out) moving max(sent, received) bytes.
-double allGatherSeconds(const model::CostModel& cost, int cp, double recv_bytes);
-double pointToPointSeconds(const model::CostModel& cost, int messages, double sent_bytes, double recv_bytes);
+/// One rank's bytes and modelled time (docs/cp.md), as planComm fills CommPlan::ranks:
+/// all-gather over cp ranks of `total` tokens, the rank holding `own`; point-to-point
+/// (sharding-aware) moving `sent` and `recv` KV tokens in `in_msgs` / `out_msgs` messages.
+RankComm allGatherRankComm(const model::CostModel& cost, int cp, std::int64_t own, std::int64_t total);
+RankComm pointToPointRankComm(const model::CostModel& cost, std::int64_t sent, std::int64_t recv, int in_msgs,
+                              int out_msgs);
 
 /// What the hybrid search compares a candidate by, equal to computeMetrics'
 /// max_latency and kv_bytes_total for planFromRanges(ranges) and planComm(mode).

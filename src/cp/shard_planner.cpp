@@ -300,7 +300,7 @@ PlanCost costRaws(const MicroBatch& mb, const SegInfo& si, std::vector<Raw> raws
         }
     }
   }
-  // The sums of computeMetrics and planComm, in their order, so the doubles agree.
+  // computeMetrics' sums in its order, and planComm's per-rank comm, so the doubles agree.
   PlanCost pc;
   for (std::size_t r = 0; r < C; ++r) {
     const RankShard& rs = ranks[r];
@@ -314,19 +314,8 @@ PlanCost costRaws(const MicroBatch& mb, const SegInfo& si, std::vector<Raw> raws
       const auto l = costs.linear(rs.tokens);
       rm.linear_seconds = l[0] + l[1];
     }
-    if (mode == CommMode::AllGather) {
-      if (cp > 1) {
-        const double recv_bytes = cost.kvBytes(si.total - rs.tokens);
-        const double f = allGatherSeconds(cost, cp, recv_bytes);
-        rm.comm_seconds = f + f;
-        rm.kv_bytes = recv_bytes + cost.kvBytes(rs.tokens) * (cp - 1);
-      }
-    } else {
-      const double sent_bytes = cost.kvBytes(sent[r]), recv_bytes = cost.kvBytes(recv[r]);
-      const double f = pointToPointSeconds(cost, std::max(in_msgs[r], out_msgs[r]), sent_bytes, recv_bytes);
-      rm.comm_seconds = f + f;
-      rm.kv_bytes = recv_bytes + sent_bytes;
-    }
+    rm.setComm(mode == CommMode::AllGather ? allGatherRankComm(cost, cp, rs.tokens, si.total)
+                                           : pointToPointRankComm(cost, sent[r], recv[r], in_msgs[r], out_msgs[r]));
     pc.max_latency = std::max(pc.max_latency, rm.latency());
     pc.kv_bytes_total += rm.kv_bytes;
   }
@@ -420,11 +409,11 @@ double rangeWork(PieceCosts& costs, std::int64_t q0, std::int64_t q) {
 /// rank are per-document sharded over all ranks (counter carried). `load`/`tokens` hold
 /// the ranks' state on entry (e.g. from hybrid's sharded part) and are updated.
 /// Returns the number of fallback segments.
-int assignWhole(const SegInfo& si, std::vector<std::int32_t> segs, int cp, std::int64_t cap, PieceCosts& cost,
+int assignWhole(const SegInfo& si, std::vector<std::int32_t> segs, int cp, std::int64_t cap, PieceCosts& costs,
                 std::vector<double>& load, std::vector<std::int64_t>& tokens, std::int64_t& counter,
                 std::vector<Raw>& out) {
   std::vector<double> w(segs.size());
-  for (std::size_t i = 0; i < segs.size(); ++i) w[i] = rangeWork(cost, si.prefix[segs[i]], si.len[segs[i]]);
+  for (std::size_t i = 0; i < segs.size(); ++i) w[i] = rangeWork(costs, si.prefix[segs[i]], si.len[segs[i]]);
   std::vector<std::size_t> order(segs.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
@@ -449,7 +438,7 @@ int assignWhole(const SegInfo& si, std::vector<std::int32_t> segs, int cp, std::
     std::vector<Raw> part;
     rawPerDocumentSegment(si, s, cp, counter, part);
     for (const Raw& r : part) {
-      load[r.rank] += rangeWork(cost, si.prefix[r.seg] + r.q_offset, r.q_len);
+      load[r.rank] += rangeWork(costs, si.prefix[r.seg] + r.q_offset, r.q_len);
       tokens[r.rank] += r.q_len;
       out.push_back(r);
     }
@@ -535,7 +524,7 @@ struct HybridCandidate {
 /// (LPT under `cap`, fallback over all ranks). The remainder counter carries across all
 /// sharded segments. `sharded` = sharded segments including fallbacks.
 std::vector<Raw> buildHybrid(const SegInfo& si, const std::vector<std::int32_t>& order, const std::vector<int>& groups,
-                             int cp, std::int64_t cap, PieceCosts& cost, int& sharded) {
+                             int cp, std::int64_t cap, PieceCosts& costs, int& sharded) {
   std::vector<Raw> raws;
   std::vector<double> load(static_cast<std::size_t>(cp), 0.0);
   std::vector<std::int64_t> tokens(static_cast<std::size_t>(cp), 0);
@@ -559,13 +548,13 @@ std::vector<Raw> buildHybrid(const SegInfo& si, const std::vector<std::int32_t>&
     std::vector<Raw> part;
     rawGroupSegment(si, order[i], members, counter, part);
     for (const Raw& r : part) {
-      load[r.rank] += rangeWork(cost, si.prefix[r.seg] + r.q_offset, r.q_len);
+      load[r.rank] += rangeWork(costs, si.prefix[r.seg] + r.q_offset, r.q_len);
       tokens[r.rank] += r.q_len;
       raws.push_back(r);
     }
   }
   std::vector<std::int32_t> rest(order.begin() + static_cast<std::ptrdiff_t>(groups.size()), order.end());
-  const int fb = assignWhole(si, rest, cp, cap, cost, load, tokens, counter, raws);
+  const int fb = assignWhole(si, rest, cp, cap, costs, load, tokens, counter, raws);
   sharded = static_cast<int>(groups.size()) + fb;
   return raws;
 }
