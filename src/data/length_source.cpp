@@ -205,6 +205,11 @@ void LengthSource::loadState(const nlohmann::json& s) {
     const auto held = s.at("held").get<std::int64_t>();
     if (next_step < 0 || next_id < 0)
       throw InputError(fmt::format("length source state: next_step {} / next_id {} must be >= 0", next_step, next_id));
+    // Every step draws at least one document, so a cursor past its ids was edited.
+    if (next_step > next_id)
+      throw InputError(
+          fmt::format("length source state: next_step {} is past next_id {} (every step draws at least one document)",
+                      next_step, next_id));
     if (held < 0 || held > kMaxDocTokens)
       throw InputError(
           fmt::format("length source state: held = {} is not a document length in [0, {}]", held, kMaxDocTokens));
