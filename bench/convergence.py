@@ -233,7 +233,7 @@ def main():
     ap.add_argument("--wlb", default=os.path.join(ROOT, "build", "bin", "wlb"))
     ap.add_argument("--work", required=True, help="dataset, runs and summary (outside the repository)")
     ap.add_argument("--data", help="dataset PREFIX already prepared (default: prepare into --work)")
-    ap.add_argument("--seeds", default="1,2,3")
+    ap.add_argument("--seeds", default=None, help="comma-separated train.seed values (default 1,2,3; 1 with --smoke)")
     ap.add_argument("--curves", default="packings", help="'packings' (the five packings, default), 'all', or a "
                     "comma-separated subset of " + ",".join(c[0] for c in CURVES))
     ap.add_argument("--set", action="append", default=[], help="extra deck override for every run")
@@ -248,7 +248,7 @@ def main():
         CURVES = [c for c in CURVES if c[0] in keep]
     os.makedirs(args.work, exist_ok=True)
     args.work = os.path.abspath(args.work)
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = [int(s) for s in (args.seeds or ("1" if args.smoke else "1,2,3")).split(",")]
     extra = list(args.set)
     args.check_falls = args.smoke
     if args.smoke:

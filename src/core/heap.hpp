@@ -8,9 +8,10 @@
 /// The planners build and drop such buffers for every candidate plan (slimpack simulates
 /// several per step): at 128K/64 in bench_packing about 940 page faults per global batch,
 /// a fifth of its time on a loaded VM (docs/performance.md § Planning time). `wlb` and the
-/// benchmarks call this first thing, with the values `wlb validate-sim` gives its stages
-/// (docs/simulator.md); a GLIBC_TUNABLES in the environment wins. The Python module leaves
-/// its host process's allocator alone.
+/// benchmarks call this first thing: the mmap threshold `wlb validate-sim` gives its stages
+/// (docs/simulator.md), and a 1 GiB trim threshold where the stages get 4 GiB through
+/// GLIBC_TUNABLES (mallopt takes an int). A GLIBC_TUNABLES in the environment wins. The
+/// Python module leaves its host process's allocator alone.
 
 #include <cstdlib>
 
