@@ -49,7 +49,7 @@ except ModuleNotFoundError:  # pragma: no cover - older Pythons on clusters
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 TEMPLATE = HERE / "wlb.sbatch"
-MPI_SUBCOMMANDS = os.environ.get("WLB_MPI_SUBCOMMANDS", "run mesh").split()
+MPI_SUBCOMMANDS = os.environ.get("WLB_MPI_SUBCOMMANDS", "run mesh train").split()
 
 
 class InputError(Exception):

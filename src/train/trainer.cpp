@@ -593,9 +593,15 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   std::int64_t later_allocs = 0;  // the pools' allocations in this invocation's steps after its first
   bool have_first = false;  // the summary's first loss is that of the first step with tokens
   sum.first_step = start;
+  sum.total_steps = total_steps;
+  std::int64_t end = total_steps;  // where this invocation stops
+  if (opt.exit_after_steps > 0 && opt.exit_after_steps <= start && start < total_steps) {
+    end = start;  // the checkpoint is already there
+    sum.exit_reason = fmt::format("--exit-after {}", opt.exit_after_steps);
+  }
   // A hint, capped: train.steps may be 10^12, which runs but cannot be reserved.
   rank_rows.reserve(static_cast<std::size_t>(std::min<std::int64_t>(total_steps - start, 1 << 16) * W));
-  for (std::int64_t step = start; step < total_steps; ++step) {
+  for (std::int64_t step = start; step < end; ++step) {
     std::vector<double> row(kCols, 0.0);
     const std::size_t first_event = rec.events().size();
     const auto ts = Clock::now();
@@ -715,6 +721,16 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
       sum.last_loss = loss;
     }
     const bool last = step + 1 == total_steps;
+    // A stop asked for (the step count, or a signal on any rank) ends every rank after this
+    // step, with the checkpoint and trace of a finished run.
+    int stop = (opt.exit_after_steps > 0 && step + 1 >= opt.exit_after_steps) ||
+               (opt.exit_request != nullptr && *opt.exit_request != 0);
+    if (W > 1) MPI_Allreduce(MPI_IN_PLACE, &stop, 1, MPI_INT, MPI_MAX, world);
+    const bool exiting = stop != 0 && !last;
+    if (exiting)
+      sum.exit_reason = opt.exit_after_steps > 0 && step + 1 >= opt.exit_after_steps
+                            ? fmt::format("--exit-after {}", opt.exit_after_steps)
+                            : "SIGUSR1";
     double ev = -1;
     if ((tc.eval_interval > 0 && (step + 1) % tc.eval_interval == 0) || last) {
       const auto e0 = Clock::now();
@@ -766,7 +782,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
     // The checkpoint's tensors: the replicas hold the same weights and moments, so replica
     // 0's CP rank 0 ranks (every stage and TP slice) send theirs to rank 0, in (stage, TP
     // rank) order: each stage's slices back to back, the stages in order.
-    const bool ckpt_now = tc.checkpoint_interval > 0 && ((step + 1) % tc.checkpoint_interval == 0 || last);
+    const bool ckpt_now = tc.checkpoint_interval > 0 && ((step + 1) % tc.checkpoint_interval == 0 || last || exiting);
     std::vector<std::vector<float>> ckpt_host;
     if (ckpt_now && ckpt_comm.get() != MPI_COMM_NULL) {
       const int writers = shape.tp() * P;
@@ -865,13 +881,17 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
       sum.tokens = tokens;
       return sum;
     }
+    if (exiting) {
+      end = step + 1;
+      break;
+    }
   }
   commitTrace();
-  sum.steps = total_steps;
+  sum.steps = end;
   sum.tokens = tokens;
   sum.tokens_per_second = busy > 0 ? static_cast<double>(run_tokens) / busy : 0.0;
-  if (total_steps - start > 1)
-    sum.allocations_per_step = static_cast<double>(later_allocs) / static_cast<double>(total_steps - start - 1);
+  if (end - start > 1)
+    sum.allocations_per_step = static_cast<double>(later_allocs) / static_cast<double>(end - start - 1);
   sum.weights_hash = fnv1a(toHost(model.weights()));
   return sum;
 }
@@ -881,12 +901,19 @@ std::string formatSummary(const TrainSummary& s) {
   os << fmt::format("steps            {} .. {} (this run: {})\n", s.first_step, s.steps, s.steps - s.first_step);
   if (!s.mesh.empty()) os << fmt::format("mesh             {}\n", s.mesh);
   os << fmt::format("parameters       {}\n", s.params);
-  os << fmt::format("tokens trained   {}\n", s.tokens);
-  os << fmt::format("train loss       {:.4f} -> {:.4f} (nats/token)\n", s.first_loss, s.last_loss);
-  if (s.eval_loss >= 0)
-    os << fmt::format("eval loss        {:.4f} (unigram entropy of the evaluation tokens {:.4f})\n", s.eval_loss,
-                      s.unigram_entropy);
-  os << fmt::format("throughput       {:.0f} tokens/s\n", s.tokens_per_second);
+  os << fmt::format("tokens trained   {} (since step 0)\n", s.tokens);
+  if (!s.exit_reason.empty())
+    os << fmt::format("stopped          after step {} of {} ({}); --resume continues\n", s.steps, s.total_steps,
+                      s.exit_reason);
+  if (s.steps == s.first_step) {  // a resume of a finished run: no loss or rate to report
+    os << "nothing trained  the checkpoint had finished the run\n";
+  } else {
+    os << fmt::format("train loss       {:.4f} -> {:.4f} (nats/token)\n", s.first_loss, s.last_loss);
+    if (s.eval_loss >= 0)
+      os << fmt::format("eval loss        {:.4f} (unigram entropy of the evaluation tokens {:.4f})\n", s.eval_loss,
+                        s.unigram_entropy);
+    os << fmt::format("throughput       {:.0f} tokens/s\n", s.tokens_per_second);
+  }
   if (s.pool_bytes > 0)
     os << fmt::format(
         "buffers          pool {:.2f} MiB, in use {:.2f}, asked {:.2f} (the largest rank's); "

@@ -13,6 +13,7 @@
 
 #include <mpi.h>
 
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -33,6 +34,13 @@ struct TrainOptions {
   /// Test hook: return after step k is complete as a killed run would stop there (no
   /// further checkpoint, no trace; -1: never).
   std::int64_t stop_after_step = -1;
+  /// Stop cleanly once this many steps are done (the run's count, resumed steps included):
+  /// a checkpoint of that step, the trace and the log, as at the run's end; `--resume`
+  /// continues. -1: never.
+  std::int64_t exit_after_steps = -1;
+  /// Set asynchronously (the driver's SIGUSR1 handler) to stop the same way after the step in
+  /// progress. Read once per step and combined over the ranks, so one rank's signal stops all.
+  const volatile std::sig_atomic_t* exit_request = nullptr;
   TemporaryTracker track_temporary;  ///< the driver's hook for temporaries (core/output_file.hpp)
   MPI_Comm comm = MPI_COMM_WORLD;  ///< the ranks of the mesh (mesh.tp x mesh.cp x mesh.pp x mesh.dp of them)
   bool write_trace = true;         ///< output.dir/output.trace with the training metrics
@@ -41,6 +49,8 @@ struct TrainOptions {
 
 struct TrainSummary {
   std::int64_t first_step = 0, steps = 0;  ///< steps run by this invocation: [first_step, steps)
+  std::int64_t total_steps = 0;            ///< the run's length (train.steps resolved)
+  std::string exit_reason;                 ///< why it stopped before total_steps ("" when it did not)
   std::int64_t tokens = 0;                 ///< trained tokens (whole run, resumed part included)
   double first_loss = 0, last_loss = 0;    ///< training loss of this invocation's first / last step with tokens
   double eval_loss = -1;                   ///< last evaluation (-1: none)

@@ -191,6 +191,38 @@ timeout 120 mpiexec -n 2 "$WLB" train deck.toml $ckdp --set output.dir=cutdp --r
   { cat resumed.err; fail "dp=2 resume"; }
 grep -q "steps            10 .. 30" resumed.txt || fail "dp=2 resume did not start at step 10: $(cat resumed.txt)"
 same_30_steps fulldp cutdp "dp=2: 30 steps bit-identical after kill + resume" || fail "dp=2 resumed losses differ"
+# A clean stop: --exit-after 13 checkpoints step 13 (between the interval's) and exits 0;
+# --resume continues bit-identically.
+"$WLB" train deck.toml $ck --set output.dir=stop --exit-after 13 --quiet > o.txt 2>&1 || { cat o.txt; fail "--exit-after"; }
+grep -q "stopped          after step 13 of 30 (--exit-after 13)" o.txt || fail "--exit-after summary: $(cat o.txt)"
+"$WLB" train deck.toml $ck --set output.dir=stop --resume > resumed.txt 2> resumed.err ||
+  { cat resumed.err; fail "resume after --exit-after"; }
+grep -q "steps            13 .. 30" resumed.txt || fail "resume did not start at step 13: $(cat resumed.txt)"
+same_30_steps full stop "--exit-after 13 + resume: 30 steps bit-identical" || fail "--exit-after resumed losses differ"
+"$WLB" train deck.toml $ck --set output.dir=stop --resume > o.txt 2>&1 || fail "resume of a finished run"
+grep -q "nothing trained" o.txt || fail "resume of a finished run: $(cat o.txt)"
+# SIGUSR1 to mpiexec (what Slurm's --signal sends before a time limit): every rank stops
+# after the step in progress, with a checkpoint of it, exit 0.
+mpiexec -n 2 "$WLB" train deck.toml $dp2 --set train.steps=100000 --set train.checkpoint_interval=100000 \
+  --set output.dir=usr1 --quiet > usr1.txt 2>&1 &
+mpid=$!
+( sleep 120; kill -KILL $mpid 2> /dev/null ) &
+watchdog=$!
+for _ in $(seq 240); do
+  [ -f usr1/train_log.jsonl ] && [ "$(wc -l < usr1/train_log.jsonl)" -ge 2 ] && break
+  sleep 0.5
+done
+kill -USR1 $mpid
+wait $mpid; rc=$?
+kill $watchdog 2> /dev/null
+[ "$rc" = 0 ] || { cat usr1.txt; fail "SIGUSR1: exit $rc"; }
+k=$(sed -n 's/^stopped          after step \([0-9]*\) of 100000 (SIGUSR1).*/\1/p' usr1.txt)
+[ -n "$k" ] || fail "SIGUSR1 summary: $(cat usr1.txt)"
+[ "$(wc -l < usr1/train_log.jsonl)" = "$k" ] || fail "SIGUSR1: log has $(wc -l < usr1/train_log.jsonl) steps, stopped after $k"
+timeout 120 mpiexec -n 2 "$WLB" train deck.toml $dp2 --set train.steps=100000 --set train.checkpoint_interval=100000 \
+  --set output.dir=usr1 --resume --exit-after $((k + 2)) > o.txt 2>&1 || { cat o.txt; fail "resume after SIGUSR1"; }
+grep -q "steps            $k .. $((k + 2))" o.txt || fail "resume after SIGUSR1: $(cat o.txt)"
+echo "SIGUSR1 stopped both ranks after step $k with a checkpoint; resumed from it"
 ckpp="$ck --set mesh.pp=2"
 timeout 120 mpiexec -n 2 "$WLB" train deck.toml $ckpp --set output.dir=fullpp --quiet > /dev/null 2>&1 || fail "pp=2 full run"
 WLB_TRAIN_KILL_AFTER_STEP=14 timeout 120 mpiexec -n 2 "$WLB" train deck.toml $ckpp --set output.dir=cutpp --quiet \

@@ -11,7 +11,9 @@
 #      sweep.csv has a row per case x strategy with the swept value and numeric metrics,
 #      sweep.png is written, `run/slurm/sweep collect` afterwards gives the same table, a case
 #      without results is listed (exit 1), bad collect input exits 2
-#   4. input errors of the launchers (exit 2, no job submitted)
+#   4. a 2-rank `wlb train` job stopped by SIGUSR1 (scancel --signal) exits 0 with its
+#      checkpoint, and a second job resumes from it
+#   5. input errors of the launchers (exit 2, no job submitted)
 # and stops the cluster on every exit path. Every Slurm call is under a timeout.
 # WLB_TEST_KEEP=1 keeps the temp dir (cluster logs, job outputs) for debugging.
 set -euo pipefail
@@ -220,7 +222,46 @@ rc=0
 timeout 30 run/slurm/sweep collect "$one" >/dev/null 2>&1 || rc=$?
 ((rc == 2)) && pass "sweep collect: not a sweep directory -> exit 2" || fail "sweep collect: not a sweep dir exited $rc, not 2"
 
-# --- 4. input errors: exit 2 before anything is submitted ---------------------------------
+# --- 4. a 2-rank `wlb train` job stopped by SIGUSR1 (what --signal=USR1@T sends before a --
+#        time limit) ends with a checkpoint and exit 0; a second job resumes from it.
+tr=$work/train
+mkdir -p "$tr"
+"$WLB" data prepare /usr/share/common-licenses --out "$tr/lic" --valid-fraction 0.25 --max-bytes 4096 >/dev/null
+tsets=(--set "train.dataset=\"$tr/lic\"" --set "output.dir=\"$tr/out\"" --set mesh.dp=2
+  --set packing.micro_batches=4 --set train.steps=100000 --set train.checkpoint_interval=100000 --quiet)
+rc=0
+timeout 60 run/slurm/submit inputs/train_mesh_bench.toml train "${tsets[@]}" --sbatch-arg=--time=00:05:00 \
+  >"$work/train_submit.txt" 2>&1 || rc=$?
+tid=$(sed -n 's/^Submitted batch job \([0-9]*\).*/\1/p' "$work/train_submit.txt" | head -n1)
+for _ in $(seq 180); do
+  [[ -f $tr/out/train_log.jsonl ]] && (($(wc -l <"$tr/out/train_log.jsonl") >= 2)) && break
+  sleep 0.5
+done
+timeout 20 scancel --signal=USR1 "${tid:-0}" >/dev/null 2>&1 || true
+for _ in $(seq 120); do
+  [[ -z $(timeout 10 squeue -h -j "${tid:-0}" -o %i 2>/dev/null) ]] && break
+  sleep 0.5
+done
+code=$(timeout 20 scontrol show job -o "${tid:-0}" 2>/dev/null | sed -n 's/.* ExitCode=\([0-9:]*\) .*/\1/p' || true)
+tout=$(cat "$tr/out"/slurm-*.out 2>/dev/null || true)
+k=$(sed -n 's/^stopped          after step \([0-9]*\) of 100000 (SIGUSR1).*/\1/p' <<<"$tout")
+if ((rc != 0)) || [[ $code != 0:0 || -z $k || ! -f $tr/out/checkpoint/checkpoint.wlb ]]; then
+  fail "train job stopped by SIGUSR1: submit rc $rc, ExitCode '$code', stopped after '$k'"
+  cat "$work/train_submit.txt" >&2
+  echo "$tout" >&2
+else
+  rc=0
+  timeout 120 run/slurm/submit --wait inputs/train_mesh_bench.toml train "${tsets[@]}" --resume \
+    --exit-after $((k + 1)) --sbatch-arg=--time=00:05:00 >"$work/train_resume.txt" 2>&1 || rc=$?
+  if ((rc == 0)) && grep -q "^steps            $k .. $((k + 1))" "$tr/out"/slurm-*.out; then
+    pass "train: SIGUSR1 stopped the 2-rank job after step $k (exit 0, checkpoint); the next job resumed"
+  else
+    fail "train resume job after SIGUSR1 exited $rc"
+    cat "$work/train_resume.txt" "$tr/out"/slurm-*.out >&2 2>/dev/null || true
+  fi
+fi
+
+# --- 5. input errors: exit 2 before anything is submitted ---------------------------------
 rc=0
 timeout 30 run/slurm/sweep inputs/slurm_sweep.toml --subcommand no_such_cmd --dry-run >/dev/null 2>&1 || rc=$?
 ((rc == 2)) && pass "sweep: unknown subcommand -> exit 2" || fail "sweep: unknown subcommand exited $rc, not 2"
