@@ -100,7 +100,14 @@ int runPlan(const Opts& o) {
   }
   const std::string save = !o.save_state.empty() ? o.save_state : deck.packing.checkpoint;
   app::checkOnRankZero([&] {  // may be --resume's file: the state moves on in place
-    if (!save.empty()) checkOutputPath(save, o.save_state.empty() ? "packing.checkpoint" : "--save-state", inputs);
+    const std::string save_key = o.save_state.empty() ? "packing.checkpoint" : "--save-state";
+    if (!save.empty()) checkOutputPath(save, save_key, inputs);
+    std::vector<std::pair<std::string, std::string>> outs;
+    if (!o.out.empty())
+      for (const auto& n : names) outs.emplace_back("--out", outPathFor(o.out, n, names.size() > 1));
+    if (!o.summary_json.empty()) outs.emplace_back("--summary-json", o.summary_json);
+    if (!save.empty()) outs.emplace_back(save_key, save);
+    checkDistinctOutputs(outs);
   });
   const bool several = packers.size() > 1;
 

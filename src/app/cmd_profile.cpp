@@ -22,7 +22,8 @@ struct Opts {
 
 int run(const Opts& o) {
   if (wlb::app::worldRank() != 0) return 0;
-  wlb::checkOutputPath(o.out, "--out");  // may be --base: read whole before anything is written
+  // May be --base (read whole before anything is written), not a --deck.
+  wlb::checkOutputPath(o.out, "--out", o.p.decks);
   const auto r = wlb::profile::measureProfile(o.p);
   wlb::profile::writeProfile(r.profile, o.out, wlb::app::trackTemporary);
   std::printf("wlb profile: wrote %s (tiles %dx%d, head_dim %d, peak %.1f, linear %.1f GFLOP/s)\n", o.out.c_str(),

@@ -98,6 +98,7 @@ const bool registered = wlb::app::registerCommand(
         ro.warmup = o->warmup;
         ro.progress = !o->quiet;
         ro.write_outputs = !o->no_output;
+        ro.gradients_dir = o->gradients;
         ro.keep_gradients = !o->gradients.empty();
         ro.gemm_timing = o->gemm_timing;
         ro.kernel_timing = o->kernel_timing;

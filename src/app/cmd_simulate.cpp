@@ -204,9 +204,16 @@ int run(const Opts& o) {
       for (const char* f : {"simulate.csv", "simulate.json"})
         wlb::checkOutputPath((fs::path(o.out) / f).string(), "--out", inputs);
     }
+    std::vector<std::pair<std::string, std::string>> outs;
+    if (!o.out.empty())
+      for (const char* f : {"simulate.csv", "simulate.json"})
+        outs.emplace_back("--out", (fs::path(o.out) / f).string());
     if (!o.trace.empty())
-      for (std::size_t ci = 0; ci < cases.size(); ++ci)
+      for (std::size_t ci = 0; ci < cases.size(); ++ci) {
         wlb::checkOutputPath(traceName(o.trace, ci, cases.size()), "--trace", inputs);
+        outs.emplace_back("--trace", traceName(o.trace, ci, cases.size()));
+      }
+    wlb::checkDistinctOutputs(outs);
   });
   if (!o.trace.empty()) {
     const fs::path parent = fs::path(o.trace).parent_path();

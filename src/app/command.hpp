@@ -41,8 +41,9 @@ struct DeckArgs {
   Deck loadWithSweep() const;
 };
 
-/// The files a deck makes a command read: the deck itself, its length file (`data.path`)
-/// and its hardware profile. No output of the command may be one of them.
+/// The files a deck makes a command read (data::deckInputFiles): the deck itself, its length
+/// file or dataset, `train.dataset` and its hardware profile. No output of the command may be
+/// one of them.
 std::vector<std::string> deckInputs(const Deck& deck);
 
 /// Runs `checks` (of the output paths rank 0 writes, say) on rank 0 and throws its

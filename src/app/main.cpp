@@ -16,6 +16,7 @@
 #include "core/version_info.hpp"
 #include "data/length_source.hpp"
 #include "model/cost_model.hpp"
+#include "model/deck_inputs.hpp"
 #include "parallel/group_comm.hpp"
 #include "runtime/gemm.hpp"
 
@@ -53,9 +54,7 @@ Deck DeckArgs::loadWithSweep() const {
 }
 
 std::vector<std::string> deckInputs(const Deck& deck) {
-  std::vector<std::string> in{deck.source_path, model::HardwareProfile::pathOf(deck)};
-  if (deck.data.source != "generator") in.push_back(data::resolvePath(deck, deck.data.path));
-  return in;
+  return model::deckInputFiles(deck);
 }
 
 void checkOnRankZero(const std::function<void()>& checks) {

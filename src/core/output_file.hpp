@@ -15,6 +15,16 @@
 namespace wlb {
 
 namespace detail {
+// One file under two spellings: the same existing file, or the same path once symbolic
+// links and `..` are resolved (a folder on the way may not exist yet: "out/../deck.toml").
+inline bool sameFile(const std::string& a, const std::string& b) {
+  namespace fs = std::filesystem;
+  std::error_code ec, ea, eb;
+  if (fs::equivalent(a, b, ec)) return true;
+  const auto ca = fs::weakly_canonical(fs::absolute(a, ea), ea), cb = fs::weakly_canonical(fs::absolute(b, eb), eb);
+  return !ea && !eb && ca == cb;
+}
+
 // The nearest existing folder above `path` is a folder (not a file), so the missing ones
 // below it can be made when the output is written.
 inline void requireWritableAncestor(const std::string& path, const std::string& what, bool collective) {
@@ -40,7 +50,7 @@ inline void checkOutputPath(const std::string& path, const std::string& what,
   if (fs::is_directory(path, ec)) fail("is a directory; name a file");
   if (name.empty() || name == "." || name == "..") fail("names a folder, not a file");
   for (const auto& in : inputs)
-    if (!in.empty() && fs::equivalent(path, in, ec)) fail("is also an input of this command (" + in + ")");
+    if (!in.empty() && detail::sameFile(path, in)) fail("is also an input of this command (" + in + ")");
   detail::requireWritableAncestor(path, what, collective);
 }
 
@@ -59,12 +69,9 @@ inline void checkOutputFolder(const std::string& dir, const std::string& what, b
 /// (`output.trace = "plan.jsonl"` beside the plan file) would leave only the last written.
 inline void checkDistinctOutputs(const std::vector<std::pair<std::string, std::string>>& outputs,
                                  bool collective = false) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
   for (std::size_t i = 0; i < outputs.size(); ++i)
     for (std::size_t j = 0; j < i; ++j)
-      if (fs::absolute(outputs[i].second, ec).lexically_normal() ==
-          fs::absolute(outputs[j].second, ec).lexically_normal())
+      if (detail::sameFile(outputs[i].second, outputs[j].second))
         throw InputError(
             outputs[i].first + " and " + outputs[j].first + " name the same file '" + outputs[i].second + "'",
             collective);

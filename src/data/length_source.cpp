@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -295,6 +296,15 @@ std::string resolvePath(const Deck& deck, const std::string& path) {
     if (f.good()) return cand;
   }
   return path;
+}
+
+std::string resolveDatasetPrefix(const Deck& deck, const std::string& prefix) {
+  namespace fs = std::filesystem;
+  if (prefix.empty() || prefix[0] == '/' || deck.source_path.empty()) return prefix;
+  const fs::path cand = fs::path(deck.source_path).parent_path() / prefix;
+  std::error_code ec;
+  if (fs::exists(cand.string() + "_train.idx", ec)) return cand.string();
+  return prefix;
 }
 
 std::unique_ptr<LengthSource> makeLengthSource(const Deck& deck) {

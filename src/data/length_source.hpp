@@ -123,6 +123,9 @@ std::int64_t resolvedSMax(const Deck& deck);
 /// A deck's relative data path: against the deck's directory when the file is there, else
 /// as given.
 std::string resolvePath(const Deck& deck, const std::string& path);
+/// `train.dataset`'s prefix: relative to the deck's folder when PREFIX_train.idx is there,
+/// else as given (relative to the working directory).
+std::string resolveDatasetPrefix(const Deck& deck, const std::string& prefix);
 
 // ---- Readers (each returns the document lengths of the file, in file order) ----------
 

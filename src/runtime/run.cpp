@@ -26,6 +26,7 @@
 #include "data/length_source.hpp"
 #include "data/prepare.hpp"
 #include "model/cost_model.hpp"
+#include "model/deck_inputs.hpp"
 #include "model/throughput.hpp"
 #include "packing/packer.hpp"
 #include "packing/plan_io.hpp"
@@ -528,7 +529,10 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
           {"output.trace", (fs::path(deck.output.dir) / deck.output.trace).string()}};
       for (const auto& s : strategies)
         outs.emplace_back("output.plan (" + s.name + ")", planPath(deck, s.name, strategies.size()));
-      for (const auto& [what, path] : outs) checkOutputPath(path, what);
+      if (!opt.gradients_dir.empty())
+        outs.emplace_back("--gradients (losses.json)", (fs::path(opt.gradients_dir) / "losses.json").string());
+      const std::vector<std::string> inputs = model::deckInputFiles(deck);
+      for (const auto& [what, path] : outs) checkOutputPath(path, what, inputs);
       checkDistinctOutputs(outs);
     }
   } catch (const InputError& e) {

@@ -37,6 +37,9 @@ struct RunOptions {
   /// Tests: rank 0 keeps every strategy's weight gradients after its last step
   /// (StrategyResult::gradients).
   bool keep_gradients = false;
+  /// `--gradients DIR` of the driver: its losses.json is checked with the run's outputs (a
+  /// trace of that name would overwrite it). Empty: none.
+  std::string gradients_dir;
   /// Tests of failure handling: world rank `fail_rank` throws at the start of step
   /// `fail_step`'s schedule walk (after its receives are posted). -1 = never.
   int fail_rank = -1;

@@ -31,6 +31,7 @@
 #include "data/indexed_dataset.hpp"
 #include "data/length_source.hpp"
 #include "model/cost_model.hpp"
+#include "model/deck_inputs.hpp"
 #include "packing/packer.hpp"
 #include "packing/plan_io.hpp"
 #include "packing/simulate_deck.hpp"
@@ -68,14 +69,6 @@ void bcastString(std::string& s, MPI_Comm comm) {
   MPI_Bcast(&len, 1, MPI_LONG_LONG, 0, comm);
   s.resize(static_cast<std::size_t>(len));
   if (len > 0) MPI_Bcast(s.data(), static_cast<int>(len), MPI_CHAR, 0, comm);
-}
-
-// A dataset prefix relative to the deck's directory when PREFIX_train.idx is there, else as given.
-std::string resolvePrefix(const Deck& deck, const std::string& prefix) {
-  if (prefix.empty() || prefix[0] == '/' || deck.source_path.empty()) return prefix;
-  const fs::path cand = fs::path(deck.source_path).parent_path() / prefix;
-  if (fs::exists(cand.string() + "_train.idx")) return cand.string();
-  return prefix;
 }
 
 // What a checkpoint must agree with: the keys that change the numbers of a run.
@@ -327,7 +320,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   LlamaConfig mc;
   try {
     if (tc.dataset.empty()) throw InputError("train.dataset: required (the PREFIX given to `wlb data prepare --out`)");
-    prefix = resolvePrefix(deck, tc.dataset);
+    prefix = data::resolveDatasetPrefix(deck, tc.dataset);
     if (!fs::exists(prefix + "_train.idx"))
       throw InputError(
           fmt::format("train.dataset: {}_train.idx does not exist (prepare it with `wlb data prepare "
@@ -448,7 +441,14 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
       made_out.emplace(out_dir, ec);
       if (ec) throw InputError(fmt::format("output.dir: cannot create {} ({})", out_dir.string(), ec.message()));
     }
-    if (tc.checkpoint_interval > 0) checkOutputPath((ckpt_dir / "checkpoint.wlb").string(), "train.checkpoint_dir");
+    {  // no output may be an input (the deck, the dataset) or another output
+      const std::vector<std::string> inputs = model::deckInputFiles(deck);
+      std::vector<std::pair<std::string, std::string>> outs{{"output.dir (train_log.jsonl)", log_path}};
+      if (opt.write_trace) outs.emplace_back("output.trace", (out_dir / deck.output.trace).string());
+      if (tc.checkpoint_interval > 0) outs.emplace_back("train.checkpoint_dir (checkpoint.wlb)", ckpt_path);
+      for (const auto& [what, path] : outs) checkOutputPath(path, what, inputs);
+      checkDistinctOutputs(outs);
+    }
     if (opt.resume) {
       // Every rank loads the weights and moments (the replicas start equal); rank 0 the
       // data cursor and the packer (it plans every step).

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# No output of a command may overwrite one of its inputs (the deck, the dataset, the
+# hardware profile) or another of its outputs: each such path exits 2 naming the key or
+# option, before any work, and the inputs are left byte for byte as they were.
+set -u
+WLB=$1
+SRC=$2
+fail() { echo "FAIL: $*"; exit 1; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cd "$tmp" || exit 1
+
+cat > run.toml <<TOML
+[model]
+hidden = 64
+heads = 2
+kv_heads = 1
+ffn = 128
+layers = 1
+vocab = 256
+[data]
+context_window = 512
+length_scale = 0.004
+[packing]
+micro_batches = 1
+[hardware]
+profile = "$SRC/inputs/profiles/epyc-avx2-1core.json"
+[run]
+steps = 1
+warmup = 0
+strategies = ["plain", "wlb"]
+[output]
+dir = "out"
+TOML
+mkdir corpus && cp /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 corpus/
+"$WLB" data prepare corpus --out ds/tok --valid-fraction 0.5 > /dev/null || fail "data prepare"
+cat > train.toml <<TOML
+[model]
+hidden = 64
+heads = 2
+kv_heads = 1
+ffn = 128
+layers = 1
+vocab = 256
+[data]
+context_window = 256
+[packing]
+strategy = "original"
+micro_batches = 1
+[train]
+dataset = "ds/tok"
+steps = 2
+checkpoint_interval = 1
+[output]
+dir = "trout"
+TOML
+sums() { cat run.toml train.toml ds/* | md5sum; }
+before=$(sums)
+
+# refused CMD... : exit 2, a message with $WANT, the inputs unchanged
+refused() {
+  "$@" > out.txt 2>&1; local rc=$?
+  [ "$rc" = 2 ] || fail "exit $rc, wanted 2: $* ($(tail -2 out.txt))"
+  grep -q -- "$WANT" out.txt || fail "message lacks '$WANT': $* ($(cat out.txt))"
+  [ "$(sums)" = "$before" ] || fail "an input changed: $*"
+}
+WANT="output.trace 'trout/../train.toml': is also an input" refused "$WLB" train train.toml --set output.trace=../train.toml --quiet
+WANT="is also an input" refused "$WLB" train train.toml --set output.trace=../ds/tok_train.idx --quiet
+WANT="output.trace and output.dir (train_log.jsonl) name the same file" \
+  refused "$WLB" train train.toml --set output.trace=train_log.jsonl --quiet
+WANT="name the same file 'trout/checkpoint.wlb'" \
+  refused "$WLB" train train.toml --set 'train.checkpoint_dir="trout"' --set output.trace=checkpoint.wlb --quiet
+[ ! -e trout ] || fail "a refused train left its output folder"
+WANT="output.plan (wlb) 'out/../run.toml': is also an input" \
+  refused "$WLB" run run.toml --set 'run.strategies=["wlb"]' --set output.plan=../run.toml --quiet
+WANT="is also an input" refused "$WLB" run run.toml --set "output.trace=\"$SRC/inputs/profiles/epyc-avx2-1core.json\"" --quiet
+WANT="--gradients (losses.json) and output.trace name the same file" \
+  refused "$WLB" run run.toml --gradients g --set 'output.dir="g"' --set output.trace=losses.json --quiet
+WANT="--out 'run.toml': is also an input" refused "$WLB" profile --quick --deck run.toml --out run.toml
+WANT="--summary-json and --out name the same file" refused "$WLB" plan run.toml --packer wlb --out x.jsonl --summary-json x.jsonl
+WANT="--save-state and --out name the same file" refused "$WLB" plan run.toml --packer wlb --out x.jsonl --save-state x.jsonl
+WANT="--trace and --out name the same file" refused "$WLB" simulate run.toml --out simo --trace simo/simulate.json
+[ ! -e x.jsonl ] && [ ! -e simo ] || fail "a refused command left an output"
+echo "outputs: every collision with an input or another output refused, inputs unchanged"
