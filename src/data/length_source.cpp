@@ -214,7 +214,7 @@ void LengthSource::loadState(const nlohmann::json& s) {
     if (held < 0 || held > kMaxDocTokens)
       throw InputError(
           fmt::format("length source state: held = {} is not a document length in [0, {}]", held, kMaxDocTokens));
-    loadExtra(s.at("extra"));  // validates before it assigns
+    loadExtra(s.at("extra"), next_id, held);  // validates before it assigns
     next_step_ = next_step;
     next_id_ = next_id;
     held_ = held;
@@ -259,9 +259,18 @@ class ArraySource final : public LengthSource {
     return lengths_[static_cast<std::size_t>(cursor_++ % n)];
   }
   nlohmann::json saveExtra() const override { return {{"cursor", cursor_}}; }
-  void loadExtra(const nlohmann::json& j) override {
+  void loadExtra(const nlohmann::json& j, DocId next_id, std::int64_t held) override {
     const auto c = j.at("cursor").get<std::int64_t>();
     if (c < 0) throw InputError(fmt::format("length source state: extra.cursor = {} must be >= 0", c));
+    // Every length drawn is a document with an id, or the one held back for the next step:
+    // an edited cursor, id or held length would give documents other lengths or ids.
+    if (c != next_id + (held > 0 ? 1 : 0) ||
+        (held > 0 && held != lengths_[static_cast<std::size_t>((c - 1) % static_cast<std::int64_t>(lengths_.size()))]))
+      throw InputError(
+          fmt::format("length source state: extra.cursor = {}, next_id = {} and held = {} do not "
+                      "belong together (a cursor is next_id, plus one while a length is held back, "
+                      "and a held length is the one at the cursor before it)",
+                      c, next_id, held));
     cursor_ = c;
   }
 

@@ -102,7 +102,8 @@ class LengthSource {
   /// Next raw document length of the stream (>= 1).
   virtual std::int64_t draw() = 0;
   virtual nlohmann::json saveExtra() const { return nlohmann::json::object(); }
-  virtual void loadExtra(const nlohmann::json&) {}
+  /// Validates, then assigns; `next_id` and `held` are the state's, about to be restored.
+  virtual void loadExtra(const nlohmann::json&, DocId /*next_id*/, std::int64_t /*held*/) {}
 
  private:
   std::int64_t sequences_, window_;

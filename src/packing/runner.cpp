@@ -65,11 +65,8 @@ nlohmann::json saveCheckpoint(const data::LengthSource& src, const Packer& packe
           {"state", packer.saveState()}};
 }
 
-namespace {
-// What a restored packer holds must be pieces of documents the restored source drew, no
-// two sharing a token: an edited or mismatched state would otherwise lose or duplicate
-// tokens from the restart on. (Lengths: segsFromJson; no micro-batch bound, since SlimPack
-// keeps samples longer than a micro-batch whole and slices them itself.)
+// (Lengths: segsFromJson; no micro-batch bound, since SlimPack keeps samples longer than a
+// micro-batch whole and slices them itself.)
 void checkHeld(const data::LengthSource& src, const Packer& packer) {
   std::vector<Segment> held = packer.heldSegments();
   for (const Segment& s : held)
@@ -87,7 +84,6 @@ void checkHeld(const data::LengthSource& src, const Packer& packer) {
                       "it would duplicate them",
                       held[i].doc, held[i - 1].offset, held[i - 1].offset + held[i - 1].length - 1, held[i].offset));
 }
-}  // namespace
 
 void loadCheckpoint(const nlohmann::json& j, data::LengthSource& src, Packer& packer, const std::string& what) {
   try {

@@ -40,6 +40,10 @@ RunResult runPacker(data::LengthSource& src, Packer& packer, const model::CostMo
 /// Checkpoint of a (source, packer) pair as one JSON document
 /// {"format":"wlb-packer-state","version":1,"packer":...,"source":{...},"state":{...}}.
 nlohmann::json saveCheckpoint(const data::LengthSource& src, const Packer& packer);
+/// What a restored packer holds must be pieces of documents the restored source drew, no
+/// two sharing a token (InputError otherwise): an edited or mismatched state would lose or
+/// duplicate tokens from the restart on.
+void checkHeld(const data::LengthSource& src, const Packer& packer);
 /// Restore; InputError (naming `what`) when the checkpoint is for another packer or bad.
 void loadCheckpoint(const nlohmann::json& j, data::LengthSource& src, Packer& packer,
                     const std::string& what);

@@ -34,6 +34,7 @@
 #include "model/deck_inputs.hpp"
 #include "packing/packer.hpp"
 #include "packing/plan_io.hpp"
+#include "packing/runner.hpp"
 #include "packing/simulate_deck.hpp"
 #include "parallel/comm.hpp"
 #include "parallel/group_comm.hpp"
@@ -71,6 +72,36 @@ void bcastString(std::string& s, MPI_Comm comm) {
   if (len > 0) MPI_Bcast(s.data(), static_cast<int>(len), MPI_CHAR, 0, comm);
 }
 
+std::uint64_t fnv1aText(const std::string& s) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (const unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// A file's identity for the fingerprint: FNV-1a of all of it, or for a large one of its size
+// and 64 blocks of 4 KiB spread over it (a re-prepared or edited dataset under the same path).
+std::string fileHash(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return "unreadable";
+  f.seekg(0, std::ios::end);
+  const auto size = static_cast<std::int64_t>(f.tellg());
+  constexpr std::int64_t kBlock = 4096, kBlocks = 64;
+  std::string bytes;
+  if (size <= kBlock * kBlocks) {
+    bytes.resize(static_cast<std::size_t>(size));
+    f.seekg(0);
+    f.read(bytes.data(), size);
+  } else {
+    std::string block(static_cast<std::size_t>(kBlock), '\0');
+    for (std::int64_t b = 0; b < kBlocks; ++b) {
+      f.seekg((size - kBlock) / (kBlocks - 1) * b);
+      f.read(block.data(), kBlock);
+      bytes += block;
+    }
+  }
+  return fmt::format("{} bytes, {:016x}", size, fnv1aText(bytes));
+}
+
 // What a checkpoint must agree with: the keys that change the numbers of a run.
 nlohmann::json fingerprint(const Deck& d, const std::string& prefix, std::int64_t total_steps) {
   const auto& m = d.model;
@@ -105,7 +136,12 @@ nlohmann::json fingerprint(const Deck& d, const std::string& prefix, std::int64_
           {"train.clip", t.clip},
           {"train.seed", t.seed},
           {"train.eval_tokens", t.eval_tokens},  // what every evaluation loss of the log averages
-          {"train.rope_theta", t.rope_theta}};
+          {"train.rope_theta", t.rope_theta},
+          // The tokens themselves, and the profile and memory the packer plans with.
+          {"train.dataset (files)", fileHash(prefix + "_train.idx") + "; " + fileHash(prefix + "_train.bin")},
+          {"hardware.profile",
+           d.hardware.profile == "analytic" ? std::string("analytic") : fileHash(model::HardwareProfile::pathOf(d))},
+          {"hardware.memory_gb", d.hardware.memory_gb}};
 }
 
 std::vector<float> toHost(const Vec& v) {
@@ -115,6 +151,29 @@ std::vector<float> toHost(const Vec& v) {
 }
 void fromHost(const Vec& v, const std::vector<float>& h) {
   Kokkos::deep_copy(v, Kokkos::View<const float*, Kokkos::HostSpace>(h.data(), h.size()));
+}
+
+std::uint64_t fnv1a(const std::vector<float>& v) {
+  std::uint64_t h = 1469598103934665603ull;
+  const auto* p = reinterpret_cast<const unsigned char*>(v.data());
+  for (std::size_t i = 0; i < v.size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+// A checkpoint tensor's checksum (FNV-1a over 8-byte words, then the tail): a flipped or
+// edited byte, or tensors from another file under this header, fail the resume.
+std::string checksum(const std::vector<float>& v) {
+  std::uint64_t h = 1469598103934665603ull;
+  const auto* p = reinterpret_cast<const unsigned char*>(v.data());
+  const std::size_t n = v.size() * sizeof(float);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    std::uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ w) * 1099511628211ull;
+  }
+  for (; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return fmt::format("{:016x}", h);
 }
 
 // One file: magic, u64 header length, JSON header, then weights, m, v (float32, native
@@ -152,7 +211,9 @@ void checkFingerprint(const std::string& path, const nlohmann::json& header, con
       was = 1;  // written before multi-rank training / interleaved stages
     // Recorded since this version; an older checkpoint's value is unknown (run.precision
     // already took effect then), so it is not held against the deck.
-    if (was.is_null() && (k == "run.precision" || k == "train.eval_tokens")) continue;
+    if (was.is_null() && (k == "run.precision" || k == "train.eval_tokens" || k == "train.dataset (files)" ||
+                          k == "hardware.profile" || k == "hardware.memory_gb"))
+      continue;
     if (was != v)
       throw InputError(fmt::format("{}: written with {} = {}, the deck says {} (resume needs the same run)", path, k,
                                    was.dump(), v.dump()));
@@ -181,7 +242,16 @@ nlohmann::json readCheckpoint(const std::string& path, const std::vector<Vec>& t
   }
   // Before the tensors, whose sizes follow the deck: another model names its key, not a size.
   try {
+    if (header.at("format") != "wlb-train-checkpoint" || header.at("version") != 1)
+      throw InputError(fmt::format("{}: not a wlb-train-checkpoint version 1 (format {}, version {})", path,
+                                   header.at("format").dump(), header.at("version").dump()));
     checkFingerprint(path, header, fp);
+    const auto step = header.at("step").get<std::int64_t>();
+    const auto steps = fp.at("train.steps (resolved)").get<std::int64_t>();
+    if (step < 0 || step > steps)
+      throw InputError(fmt::format("{}: step {} is not a step of this run (0 .. {})", path, step, steps));
+    if (header.at("tokens").get<std::int64_t>() < 0)
+      throw InputError(fmt::format("{}: tokens {} must be >= 0", path, header.at("tokens").get<std::int64_t>()));
   } catch (const nlohmann::json::exception& e) {
     throw InputError(path + ": corrupt checkpoint header (" + e.what() + ")");
   }
@@ -198,14 +268,24 @@ nlohmann::json readCheckpoint(const std::string& path, const std::vector<Vec>& t
     if (s == pp_rank) at = total + mine * tp_rank;
     total += stage_params[static_cast<std::size_t>(s)] * tp;
   }
-  for (const Vec& t : tensors) {
+  if (header.contains("params") && header["params"] != total)
+    throw InputError(
+        fmt::format("{}: holds {} floats per tensor, the deck's model has {}", path, header["params"].dump(), total));
+  const nlohmann::json sums = header.value("checksums", nlohmann::json::array());  // older ones carry none
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const Vec& t = tensors[i];
     if (static_cast<std::int64_t>(t.extent(0)) != mine)
       throw std::logic_error("readCheckpoint: tensor size differs from the stage's layout");
     std::vector<float> v(static_cast<std::size_t>(total));
     f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
     if (!f) throw InputError(path + ": truncated checkpoint (tensor data)");
+    if (i < sums.size() && sums[i] != checksum(v))
+      throw InputError(fmt::format("{}: the {} tensor does not match its checksum (a corrupt or edited file)", path,
+                                   header.at("tensors").at(i).get<std::string>()));
     fromHost(t, std::vector<float>(v.begin() + at, v.begin() + at + mine));
   }
+  if (f.peek() != std::char_traits<char>::eof())
+    throw InputError(path + ": bytes after the tensors (not one checkpoint file)");
   return header;
 }
 
@@ -245,13 +325,6 @@ std::vector<MicroBatch> evalBatches(const data::IndexedDataset& ds, std::int64_t
     entropy -= p * std::log(p);
   }
   return out;
-}
-
-std::uint64_t fnv1a(const std::vector<float>& v) {
-  std::uint64_t h = 1469598103934665603ull;
-  const auto* p = reinterpret_cast<const unsigned char*>(v.data());
-  for (std::size_t i = 0; i < v.size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
 }
 
 // Per-rank timings of a step, gathered to rank 0 for /train/ranks.
@@ -428,6 +501,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   sum.log_path = log_path;
   sum.mesh = shape.describe();
   std::int64_t start = 0, tokens = 0;
+  std::uint64_t ckpt_id = 0;                   // the checkpoint header's hash (every rank must read the same)
   std::vector<trace::TrainStepRow> step_rows;  // rank 0: every step of the run, resumed part included
   std::vector<trace::TrainRankRow> rank_rows;  // rank 0: every rank's timings of this invocation's steps
   std::ofstream log;
@@ -457,15 +531,31 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
       model.refreshWorking(space);  // the loaded masters into the BF16 working copy
       start = h.at("step").get<std::int64_t>();
       tokens = h.at("tokens").get<std::int64_t>();
+      ckpt_id = fnv1aText(h.dump());
       if (rank == 0) {
         source->loadState(h.at("source"));
         packer->loadState(h.at("packer"));
+        // What the packer holds must be pieces of documents the source drew, none twice.
+        packing::checkHeld(*source, *packer);
+        if (source->nextStep() != start)
+          throw InputError(fmt::format("{}: step {} but its document source is at step {} (an edited checkpoint)",
+                                       ckpt_path, start, source->nextStep()));
         // Keep the log of the steps before the checkpoint; later ones are run again.
         std::ifstream in(log_path);
-        std::string kept, line;
-        while (std::getline(in, line)) {
-          if (line.empty()) continue;
-          const auto r = nlohmann::json::parse(line);
+        std::vector<std::string> lines;
+        for (std::string line; std::getline(in, line);)
+          if (!line.empty()) lines.push_back(line);
+        std::string kept;
+        for (std::size_t li = 0; li < lines.size(); ++li) {
+          const std::string& line = lines[li];
+          nlohmann::json r;
+          try {
+            r = nlohmann::json::parse(line);
+          } catch (const nlohmann::json::exception& e) {
+            // A crash mid-write leaves a torn last line (a step after the checkpoint: run again).
+            if (li + 1 == lines.size()) break;
+            throw InputError(fmt::format("{}: line {}: not a log record ({})", log_path, li + 1, e.what()));
+          }
           if (r.value("step", std::int64_t{0}) >= start) continue;
           kept += line + "\n";
           trace::TrainStepRow row;
@@ -496,16 +586,31 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   } catch (const InputError& e) {
     err = e.what();
   } catch (const nlohmann::json::exception& e) {
-    err = fmt::format("{}: corrupt checkpoint or log ({})", ckpt_path, e.what());
+    err = fmt::format("{}: corrupt checkpoint ({})", ckpt_path, e.what());
   }
   combine(err);
+  if (opt.resume && W > 1) {  // one checkpoint for all: a stale file on one node's disk would hang or drift
+    std::vector<std::uint64_t> ids(static_cast<std::size_t>(W));
+    std::vector<std::int64_t> steps(static_cast<std::size_t>(W));
+    MPI_Allgather(&ckpt_id, 1, MPI_UINT64_T, ids.data(), 1, MPI_UINT64_T, world);
+    MPI_Allgather(&start, 1, MPI_INT64_T, steps.data(), 1, MPI_INT64_T, world);
+    for (int r = 1; r < W && err.empty(); ++r)
+      if (ids[static_cast<std::size_t>(r)] != ids[0])
+        err = fmt::format(
+            "rank {} read another checkpoint than rank 0 ({}: step {} there, {} on rank 0); every "
+            "rank must read the one rank 0 wrote (a train.checkpoint_dir all ranks share)",
+            r, ckpt_path, steps[static_cast<std::size_t>(r)], steps[0]);
+    combine(err);
+  }
 
   // The trace: this rank's events (attention, KV exchange, gradient all-reduce, optimizer),
   // the plans, and the training metrics (rank 0's tables).
   trace::Recorder rec = trace::alignedRecorder(world, coord);
   rec.setStrategy(d.packing.strategy);
   std::unique_ptr<trace::Writer> writer;
-  if (opt.write_trace) {
+  // A resume with nothing left to train keeps the trace the run wrote.
+  const bool trains = start < total_steps && !(opt.exit_after_steps > 0 && opt.exit_after_steps <= start);
+  if (opt.write_trace && trains) {
     trace::RunMeta meta = runtime::measuredMeta(deck, shape, opt.command, "wlb::train::train", precision, backend);
     meta.extra.emplace_back("first_step", std::to_string(start));
     sum.trace_path = (out_dir / deck.output.trace).string();
@@ -715,6 +820,14 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
     }
 
     const double loss = predicted > 0 ? loss_sum / static_cast<double>(predicted) : 0.0;
+    // All ranks stop here together, before a checkpoint of the state.
+    int diverged = !std::isfinite(loss) || !std::isfinite(gnorm);
+    if (W > 1) MPI_Allreduce(MPI_IN_PLACE, &diverged, 1, MPI_INT, MPI_MAX, world);
+    if (diverged != 0)
+      throw InputError(fmt::format("step {}: the training loss is {} and the gradient norm {} (the run diverged: a "
+                                   "lower train.lr; the last checkpoint is kept)",
+                                   step, loss, gnorm),
+                       /*collective=*/true);
     if (predicted > 0) {
       if (!have_first) sum.first_loss = loss;
       have_first = true;
@@ -863,6 +976,8 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
                               // No stochastic op after initialisation (no dropout; data order is
                               // the source's): the seed is the whole RNG state.
                               {"rng", {{"seed", tc.seed}}}};
+          h["checksums"] = nlohmann::json::array();
+          for (const auto& t : ckpt_host) h["checksums"].push_back(checksum(t));
           // The replicas hold the same weights and moments: rank 0's are the run's.
           writeCheckpoint(ckpt_path, h, ckpt_host, opt);
           sum.checkpoint_path = ckpt_path;

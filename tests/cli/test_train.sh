@@ -223,6 +223,17 @@ timeout 120 mpiexec -n 2 "$WLB" train deck.toml $dp2 --set train.steps=100000 --
   --set output.dir=usr1 --resume --exit-after $((k + 2)) > o.txt 2>&1 || { cat o.txt; fail "resume after SIGUSR1"; }
 grep -q "steps            $k .. $((k + 2))" o.txt || fail "resume after SIGUSR1: $(cat o.txt)"
 echo "SIGUSR1 stopped both ranks after step $k with a checkpoint; resumed from it"
+# Every rank must read the same checkpoint: rank 1 pointed at an older one (a stale file on
+# a node's own disk) stops both with exit 2, not a hang or replicas that drift apart.
+timeout 120 mpiexec -n 2 "$WLB" train deck.toml $ckdp --set output.dir=ska --exit-after 4 --quiet > /dev/null 2>&1 ||
+  fail "dp=2 --exit-after 4"
+timeout 120 mpiexec -n 2 "$WLB" train deck.toml $ckdp --set output.dir=skb --exit-after 2 --quiet > /dev/null 2>&1 ||
+  fail "dp=2 --exit-after 2"
+timeout 60 mpiexec -n 1 "$WLB" train deck.toml $ckdp --set output.dir=ska --resume : \
+  -n 1 "$WLB" train deck.toml $ckdp --set output.dir=ska --set train.checkpoint_dir='"skb/checkpoint"' --resume \
+  > o.txt 2>&1; rc=$?
+[ "$rc" = 2 ] && grep -q "rank 1 read another checkpoint than rank 0" o.txt ||
+  fail "ranks with different checkpoints: rc $rc $(cat o.txt)"
 ckpp="$ck --set mesh.pp=2"
 timeout 120 mpiexec -n 2 "$WLB" train deck.toml $ckpp --set output.dir=fullpp --quiet > /dev/null 2>&1 || fail "pp=2 full run"
 WLB_TRAIN_KILL_AFTER_STEP=14 timeout 120 mpiexec -n 2 "$WLB" train deck.toml $ckpp --set output.dir=cutpp --quiet \
@@ -283,6 +294,71 @@ timeout 60 mpiexec -n 2 "$WLB" train deck.toml --set mesh.cp=2 --set cp.strategy
 [ "$rc" = 2 ] && grep -q "model.hidden" o.txt || fail "resume with a larger model: rc $rc $(cat o.txt)"
 "$WLB" train deck.toml $ck --set output.dir=cut --set run.precision=bf16 --resume > o.txt 2>&1; rc=$?
 [ "$rc" = 2 ] && grep -q "run.precision" o.txt || fail "resume in another precision: rc $rc $(cat o.txt)"
+# Edited or mismatched checkpoints, each refused with exit 2 naming what is wrong.
+"$WLB" train deck.toml $ck --set output.dir=edit --exit-after 12 --quiet > /dev/null 2>&1 || fail "--exit-after 12"
+# edited NAME PYTHON-EDIT: a copy of edit/ whose checkpoint header h (dict) and bytes b are edited
+edited() {
+  rm -rf "$1" && cp -r edit "$1"
+  $PY - "$1/checkpoint/checkpoint.wlb" "$2" <<'PYEOF' || fail "edit $1"
+import json, struct, sys
+b = bytearray(open(sys.argv[1], "rb").read())
+n = struct.unpack("<Q", b[8:16])[0]
+h = json.loads(b[16:16 + n])
+tail = b[16 + n:]
+exec(sys.argv[2])
+t = json.dumps(h).encode()
+open(sys.argv[1], "wb").write(b[:8] + struct.pack("<Q", len(t)) + t + tail)
+PYEOF
+}
+refused() {  # DIR WANT [ARGS...]: a resume from DIR exits 2 with WANT in the message
+  local dir=$1 want=$2
+  shift 2
+  "$WLB" train deck.toml $ck --set output.dir="$dir" --resume "$@" > o.txt 2>&1; local rc=$?
+  [ "$rc" = 2 ] && grep -q -- "$want" o.txt || fail "resume of $dir: rc $rc, wanted 2 and '$want': $(cat o.txt)"
+}
+edited e_flip 'tail[100] ^= 1'
+refused e_flip "does not match its checksum"
+edited e_format 'h["format"] = "nope"'
+refused e_format "not a wlb-train-checkpoint"
+edited e_step 'h["step"] = 10**15'
+refused e_step "is not a step of this run"
+edited e_src 'h["step"] = 5'
+refused e_src "its document source is at step 12"
+edited e_cursor 'h["source"]["next_id"] += 1'
+refused e_cursor "do not belong together"
+edited e_tail 'tail += b"\0\0\0\0"'
+refused e_tail "bytes after the tensors"
+refused edit "hardware.profile" --set "hardware.profile=\"$SRC/inputs/profiles/epyc-avx2-1core.json\""
+refused edit "hardware.memory_gb" --set hardware.memory_gb=16
+# another dataset prepared under the same prefix (its documents as long, their bytes upper-cased)
+cp -r data datax
+"$WLB" train deck.toml $ck --set train.dataset='"datax/lic"' --set output.dir=dsx --exit-after 4 --quiet > /dev/null 2>&1 ||
+  fail "train on datax"
+mkdir -p other && for f in corpus/*; do tr a-z A-Z < "$f" > "other/$(basename "$f")"; done  # same lengths
+"$WLB" data prepare other --out datax/lic --valid-fraction 0.25 --max-bytes 4096 > /dev/null || fail "prepare other"
+refused dsx "train.dataset (files)" --set train.dataset='"datax/lic"'
+# A crash mid-write leaves a torn last line in the log: the resume drops it.
+rm -rf torn && cp -r edit torn && printf '{"documents":2,"grad_norm":0.5' >> torn/train_log.jsonl
+"$WLB" train deck.toml $ck --set output.dir=torn --resume --quiet > o.txt 2>&1 || fail "resume with a torn log line: $(cat o.txt)"
+same_30_steps full torn "a torn last log line: dropped, 30 steps bit-identical" || fail "torn log resume differs"
+# Weights that give a non-finite loss (NaN written with a matching checksum) stop the run at
+# its first step with exit 2, before a checkpoint of that state.
+edited e_nan '
+import math
+p = h["params"]
+tail[0:4 * p] = struct.pack("<f", math.nan) * p
+def fnv(data):
+    x = 1469598103934665603
+    for i in range(0, len(data) - len(data) % 8, 8):
+        x = ((x ^ int.from_bytes(data[i:i + 8], "little")) * 1099511628211) % 2**64
+    for c in data[len(data) - len(data) % 8:]:
+        x = ((x ^ c) * 1099511628211) % 2**64
+    return "%016x" % x
+h["checksums"][0] = fnv(bytes(tail[0:4 * p]))
+'
+cp e_nan/checkpoint/checkpoint.wlb nan_before.wlb
+refused e_nan "the run diverged"
+cmp -s e_nan/checkpoint/checkpoint.wlb nan_before.wlb || fail "a diverged step overwrote the checkpoint"
 "$WLB" train deck.toml --set output.dir=none --resume > o.txt 2>&1; rc=$?
 [ "$rc" = 2 ] && grep -q "no checkpoint" o.txt || fail "resume without a checkpoint: rc $rc $(cat o.txt)"
 [ ! -e none ] || fail "resume without a checkpoint left its output folder"
