@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "app/cleanup.hpp"
 #include "app/command.hpp"
 #include "core/error.hpp"
 #include "core/output_file.hpp"
@@ -99,6 +100,7 @@ const bool registered = wlb::app::registerCommand(
         ro.progress = !o->quiet;
         ro.write_outputs = !o->no_output;
         ro.gradients_dir = o->gradients;
+        ro.track_temporary = wlb::app::trackTemporary;
         ro.keep_gradients = !o->gradients.empty();
         ro.gemm_timing = o->gemm_timing;
         ro.kernel_timing = o->kernel_timing;

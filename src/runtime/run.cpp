@@ -590,7 +590,9 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
     meta.extra.emplace_back("pipeline_schedule", pp::scheduleKindName(schedule.kind));
     meta.extra.emplace_back("pipeline_chunks", std::to_string(schedule.chunks));
     report.trace_path = (std::filesystem::path(deck.output.dir) / deck.output.trace).string();
-    writer = std::make_unique<trace::Writer>(report.trace_path, meta, mesh.world());
+    trace::WriterOptions wo;
+    wo.track_temporary = opt.track_temporary;
+    writer = std::make_unique<trace::Writer>(report.trace_path, meta, mesh.world(), wo);
   }
 
   if (opt.progress && world_rank == 0) {
@@ -609,6 +611,20 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
   PipelineStage stage(env, model, schedule, mesh.pp());
 
   std::vector<StratState> states(strategies.size());
+  // Plan files stay under their temporary names until the trace is committed; a run that
+  // fails (a full disk, another rank's error) or is interrupted removes them.
+  struct PartialPlans {
+    std::vector<StratState>& states;
+    const TemporaryTracker& track;
+    bool done = false;
+    ~PartialPlans() {
+      for (const StratState& st : states) {
+        if (st.plan_path.empty()) continue;
+        if (track) track(st.plan_path + ".partial", false);
+        if (!done) std::remove((st.plan_path + ".partial").c_str());
+      }
+    }
+  } partial_plans{states, opt.track_temporary};
   for (std::size_t si = 0; si < strategies.size(); ++si) {
     StratState& st = states[si];
     const StrategyPair& strat = strategies[si];
@@ -632,6 +648,7 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
           st.plan_path = path;
           st.plan_out.open(path + ".partial");
           if (!st.plan_out) throw InputError("cannot write the plan file " + path + ".partial");
+          if (opt.track_temporary) opt.track_temporary(path + ".partial", true);
           report.plan_paths.push_back(path);
           packing::PlanHeader h;
           h.packer = strat.packer;
@@ -767,6 +784,7 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
     if (!st.plan_out || std::rename((st.plan_path + ".partial").c_str(), st.plan_path.c_str()) != 0)
       throw InputError("cannot finish the plan file " + st.plan_path + " (write or rename failed)");
   }
+  partial_plans.done = true;
   // The comparison, machine-readable, next to the trace (sweeps collect these).
   if (world_rank == 0 && opt.write_outputs) {
     report.summary_path = (std::filesystem::path(deck.output.dir) / "summary.json").string();
@@ -774,8 +792,10 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
     std::ofstream f(tmp);
     f << toJson(report).dump(2) << "\n";
     f.close();
-    if (!f || std::rename(tmp.c_str(), report.summary_path.c_str()) != 0)
+    if (!f || std::rename(tmp.c_str(), report.summary_path.c_str()) != 0) {
+      std::remove(tmp.c_str());
       throw InputError("cannot write " + report.summary_path + " (write or rename failed)");
+    }
   }
   return report;
 }

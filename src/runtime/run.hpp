@@ -40,6 +40,9 @@ struct RunOptions {
   /// `--gradients DIR` of the driver: its losses.json is checked with the run's outputs (a
   /// trace of that name would overwrite it). Empty: none.
   std::string gradients_dir;
+  /// The driver's hook for temporaries (core/output_file.hpp): the trace's and the plan
+  /// files' temporaries are removed if the process is interrupted.
+  TemporaryTracker track_temporary;
   /// Tests of failure handling: world rank `fail_rank` throws at the start of step
   /// `fail_step`'s schedule walk (after its receives are posted). -1 = never.
   int fail_rank = -1;

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -90,12 +91,51 @@ std::string joined(const std::vector<std::string>& v, const char* sep) {
 
 }  // namespace
 
+// Before any work: the parallel create needs every rank to reach rank 0's file: ranks on nodes that do not
+// share the output folder (a relative output.dir on node-local disks) would hang in it.
+// Rank 0 leaves a marker beside the file; every rank must read it back.
+void Writer::checkSharedFolder(const std::string& marker, int rank, int size) const {
+  int ok = 1;
+  if (rank == 0) {
+    makeParentFolders(marker);
+    std::FILE* f = std::fopen(marker.c_str(), "w");
+    ok = f != nullptr && std::fputs(marker.c_str(), f) >= 0;
+    if (f != nullptr && std::fclose(f) != 0) ok = 0;
+  }
+  MPI_Bcast(&ok, 1, MPI_INT, 0, comm_);
+  if (ok == 0) {
+    std::remove(marker.c_str());
+    throw InputError(fmt::format("trace {}: cannot write in its folder ({})", path_, std::strerror(errno)), true);
+  }
+  int seen = 1;
+  if (rank != 0) {
+    char buf[4096] = {};
+    std::FILE* f = std::fopen(marker.c_str(), "r");
+    seen = f != nullptr && std::fgets(buf, sizeof buf, f) != nullptr && marker == buf;
+    if (f != nullptr) std::fclose(f);
+  }
+  std::vector<int> all(static_cast<std::size_t>(size));
+  MPI_Allgather(&seen, 1, MPI_INT, all.data(), 1, MPI_INT, comm_);
+  if (rank == 0) std::remove(marker.c_str());
+  for (int r = 0; r < size; ++r)
+    if (all[static_cast<std::size_t>(r)] == 0)
+      throw InputError(fmt::format("trace {}: rank {} cannot see the folder rank 0 writes it in; every rank must "
+                                   "reach output.dir (a shared file system, or an absolute path on one)",
+                                   path_, r),
+                       true);
+}
+
 Writer::Writer(std::string path, RunMeta meta, WriterOptions opts)
     : path_(std::move(path)), meta_(std::move(meta)), opts_(std::move(opts)) {}
 
 Writer::Writer(std::string path, RunMeta meta, MPI_Comm comm, WriterOptions opts)
     : path_(std::move(path)), meta_(std::move(meta)), opts_(std::move(opts)) {
-  if (comm != MPI_COMM_NULL) MPI_Comm_dup(comm, &comm_);
+  if (comm == MPI_COMM_NULL) return;
+  MPI_Comm_dup(comm, &comm_);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm_, &rank);
+  MPI_Comm_size(comm_, &size);
+  if (size > 1) checkSharedFolder(bcastString(comm_, path_ + ".shared-" + std::to_string(::getpid())), rank, size);
 }
 
 Writer::~Writer() {
@@ -231,6 +271,7 @@ std::string Writer::commit(const Recorder& rec) {
   // ---- 4. temporary name -------------------------------------------------------------
   std::string tmp = path_ + ".tmp-" + std::to_string(::getpid());
   if (parallel) tmp = bcastString(comm_, tmp);
+  const TrackedTemporaries tracked(rank == 0 ? opts_.track_temporary : TemporaryTracker{}, {tmp});
 
   // ---- 5. /events (parallel: collective hyperslab writes) ----------------------------
   auto memType = schema::eventMemType();
@@ -363,7 +404,9 @@ std::string Writer::commit(const Recorder& rec) {
     MPI_Bcast(&ok, 1, MPI_INT, 0, comm_);
     err = bcastString(comm_, err);
   }
-  if (!ok) throw h5::Error("trace writer: " + err);
+  // An h5::Error, not an InputError: a close that failed (a full disk) leaves HDF5 state that
+  // its shutdown in MPI_Finalize would crash on, so the driver aborts instead.
+  if (!ok) throw h5::Error(fmt::format("trace {}: cannot write it ({})", path_, err));
   return path_;
 }
 

@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/output_file.hpp"
 #include "core/types.hpp"
 #include "trace/recorder.hpp"
 
@@ -112,6 +113,9 @@ struct WriterOptions {
   /// Called on the writing process just before the `complete` attribute is written,
   /// with the temporary path (tests kill the process here).
   std::function<void(const std::string& tmpPath)> before_complete;
+  /// The driver's hook for temporaries (core/output_file.hpp): the trace's temporary file is
+  /// removed if the process is interrupted (SIGINT/SIGTERM) while it exists.
+  TemporaryTracker track_temporary;
 };
 
 class Writer {
@@ -151,6 +155,7 @@ class Writer {
   static std::string planToJson(const std::string& strategy, const StepPlan& plan);
 
  private:
+  void checkSharedFolder(const std::string& marker, int rank, int size) const;
   std::string path_;
   RunMeta meta_;
   MPI_Comm comm_ = MPI_COMM_NULL;

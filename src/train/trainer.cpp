@@ -193,7 +193,13 @@ void writeCheckpoint(const std::string& path, const nlohmann::json& header,
     for (const auto& v : tensors)
       f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
     f.close();
-    if (!f) throw InputError(fmt::format("{}: write failed ({})", tmp, std::strerror(errno)));
+    if (!f) {
+      const std::string why = std::strerror(errno);
+      std::error_code ec;
+      fs::remove(tmp, ec);  // no half-written checkpoint beside the last good one
+      if (opt.track_temporary) opt.track_temporary(tmp, false);
+      throw InputError(fmt::format("{}: write failed ({})", tmp, why));
+    }
   }
   fs::rename(tmp, path);
   if (opt.track_temporary) opt.track_temporary(tmp, false);
@@ -614,7 +620,9 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
     trace::RunMeta meta = runtime::measuredMeta(deck, shape, opt.command, "wlb::train::train", precision, backend);
     meta.extra.emplace_back("first_step", std::to_string(start));
     sum.trace_path = (out_dir / deck.output.trace).string();
-    writer = std::make_unique<trace::Writer>(sum.trace_path, meta, world);
+    trace::WriterOptions wo;
+    wo.track_temporary = opt.track_temporary;
+    writer = std::make_unique<trace::Writer>(sum.trace_path, meta, world, wo);
   }
   auto commitTrace = [&]() {
     if (!writer) return;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # No output of a command may overwrite one of its inputs (the deck, the dataset, the
 # hardware profile) or another of its outputs: each such path exits 2 naming the key or
-# option, before any work, and the inputs are left byte for byte as they were.
+# option, before any work, and the inputs are left byte for byte as they were. Ranks that
+# cannot all reach the trace's folder are refused the same way.
 set -u
 WLB=$1
 SRC=$2
@@ -81,4 +82,11 @@ WANT="--summary-json and --out name the same file" refused "$WLB" plan run.toml 
 WANT="--save-state and --out name the same file" refused "$WLB" plan run.toml --packer wlb --out x.jsonl --save-state x.jsonl
 WANT="--trace and --out name the same file" refused "$WLB" simulate run.toml --out simo --trace simo/simulate.json
 [ ! -e x.jsonl ] && [ ! -e simo ] || fail "a refused command left an output"
+# Ranks that do not share output.dir (a relative path on node-local disks) stop at once with
+# exit 2 naming the rank, instead of hanging in the trace's parallel create.
+mkdir nA nB && cp run.toml nA/ && cp run.toml nB/
+timeout 60 mpiexec -n 1 --wdir nA "$WLB" run run.toml --set mesh.dp=2 --quiet : \
+  -n 1 --wdir nB "$WLB" run run.toml --set mesh.dp=2 --quiet > out.txt 2>&1; rc=$?
+[ "$rc" = 2 ] && grep -q "rank 1 cannot see the folder rank 0 writes it in" out.txt ||
+  fail "ranks without a shared output.dir: rc $rc $(cat out.txt)"
 echo "outputs: every collision with an input or another output refused, inputs unchanged"
