@@ -313,6 +313,11 @@ void resolveAndValidate(Deck& d, const std::string& name) {
         "kv_heads = " + std::to_string(m.kv_heads) + " must divide heads = " + std::to_string(m.heads));
   m.head_dim = m.hidden / m.heads;
   const auto& mesh = d.mesh;
+  // Rank counts are ints (MPI's, the mesh's): a product past that would wrap.
+  constexpr std::int64_t kMaxRanks = std::int64_t{1} << 20;
+  const std::int64_t ranks = std::int64_t{mesh.tp} * mesh.cp * mesh.pp * mesh.dp;
+  if (ranks > kMaxRanks)
+    err("mesh", "tp x cp x pp x dp = " + std::to_string(ranks) + " ranks; at most " + std::to_string(kMaxRanks));
   if (m.heads % mesh.tp != 0)
     err("mesh.tp", "tp = " + std::to_string(mesh.tp) + " must divide model.heads = " + std::to_string(m.heads));
   // A TP rank holds whole KV heads, or tp / kv_heads ranks hold copies of one (Megatron's

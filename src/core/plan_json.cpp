@@ -55,11 +55,11 @@ StepPlan planFromJson(const nlohmann::json& j) {
                     jsonInteger<std::int64_t>(s[2], "length"), jsonInteger<std::int64_t>(s[3], "arrival_step"),
                     s.size() == 5 ? jsonInteger<std::int64_t>(s[4], "q_offset") : 0};
         if (seg.doc < 0 || seg.offset < 0 || seg.length < 1 || seg.arrival_step < 0 || seg.q_offset < 0 ||
-            seg.q_offset > seg.offset)
+            seg.q_offset > seg.offset || seg.length > kMaxDocTokens || seg.offset > kMaxDocTokens - seg.length)
           throw InputError(
               fmt::format("segment [{}, {}, {}, {}, {}]: need doc >= 0, offset >= 0, length >= 1, "
-                          "arrival_step >= 0, 0 <= q_offset <= offset",
-                          seg.doc, seg.offset, seg.length, seg.arrival_step, seg.q_offset));
+                          "arrival_step >= 0, 0 <= q_offset <= offset, offset + length <= {}",
+                          seg.doc, seg.offset, seg.length, seg.arrival_step, seg.q_offset, kMaxDocTokens));
         m.segments.push_back(seg);
       }
       mbs.push_back(std::move(m));

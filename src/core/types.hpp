@@ -18,6 +18,11 @@ struct Document {
   std::int64_t arrival_step = 0;  ///< step at which the dataloader produced it
 };
 
+/// Longest document (tokens) a length file, plan or state may hold: the kernels index
+/// tokens with 32-bit offsets, and a longer document would only be split into millions of
+/// window chunks.
+constexpr std::int64_t kMaxDocTokens = (std::int64_t{1} << 31) - 1;
+
 /// A contiguous token range [offset, offset+length) of one document. Inside a packed
 /// micro-batch a segment is the attention unit: its tokens attend causally to earlier
 /// tokens of the same segment only (a document cut by the `original` packer starts a

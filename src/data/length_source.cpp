@@ -204,8 +204,11 @@ void LengthSource::loadState(const nlohmann::json& s) {
     const auto next_step = s.at("next_step").get<std::int64_t>();
     const auto next_id = s.at("next_id").get<std::int64_t>();
     const auto held = s.at("held").get<std::int64_t>();
-    if (next_step < 0 || next_id < 0)
-      throw InputError(fmt::format("length source state: next_step {} / next_id {} must be >= 0", next_step, next_id));
+    // Ids are int64 and grow by one a document: a cursor near the top would wrap them.
+    constexpr std::int64_t kMaxId = std::int64_t{1} << 53;
+    if (next_step < 0 || next_id < 0 || next_id > kMaxId)
+      throw InputError(fmt::format("length source state: next_step {} / next_id {} must be >= 0 (next_id <= 2^53)",
+                                   next_step, next_id));
     // Every step draws at least one document, so a cursor past its ids was edited.
     if (next_step > next_id)
       throw InputError(

@@ -130,9 +130,8 @@ std::string resolveDatasetPrefix(const Deck& deck, const std::string& prefix);
 
 // ---- Readers (each returns the document lengths of the file, in file order) ----------
 
-/// Longest document a length file may hold (tokens): the kernels index tokens with 32-bit
-/// offsets, and a longer document would only be split into millions of window chunks.
-constexpr std::int64_t kMaxDocTokens = (std::int64_t{1} << 31) - 1;
+/// Longest document a length file may hold (core/types.hpp).
+using wlb::kMaxDocTokens;
 
 /// A source over lengths held in memory (a file's, or an array a caller passes), drawn in
 /// order and wrapped around; `desc` names the stream in plans and checkpoints. The caller

@@ -30,6 +30,7 @@
 
 #include "core/deck.hpp"
 #include "core/error.hpp"
+#include "model/cost_model.hpp"
 #include "trace/reader.hpp"
 
 extern char** environ;
@@ -259,12 +260,22 @@ std::string ordering(std::vector<std::pair<std::string, double>> v) {
 
 ValidateSimResult validateSim(const ValidateSimOptions& o) {
   if (o.decks.empty()) throw wlb::InputError("wlb validate-sim: no decks given");
-  if (o.tolerance <= 0) throw wlb::InputError("--tolerance must be > 0 (percent)");
+  if (!(o.tolerance > 0) || !std::isfinite(o.tolerance))
+    throw wlb::InputError("--tolerance must be a number > 0 (percent)");
+  if (o.no_calibrate && !o.calibrate_on.empty())
+    throw wlb::InputError("--no-calibrate and --calibrate-on contradict each other: give one");
   if (o.seed_offset < 0) throw wlb::InputError("--seed-offset must be >= 0");
   if (o.rounds < 1) throw wlb::InputError("--rounds must be >= 1");
   if (o.steps == 0 || o.steps < -1) throw wlb::InputError("--steps must be >= 1");
   if (o.warmup < -1) throw wlb::InputError("--warmup must be >= 0");
-  if (!o.profile.empty() && !fs::exists(o.profile)) throw wlb::InputError("--profile: '" + o.profile + "' not found");
+  if (!o.profile.empty()) {  // read now, not in the first measured run's child process
+    if (!fs::exists(o.profile)) throw wlb::InputError("--profile: '" + o.profile + "' not found");
+    try {
+      (void)wlb::model::HardwareProfile::load(o.profile);
+    } catch (const wlb::InputError& e) {
+      throw wlb::InputError(std::string("--profile: ") + e.what());
+    }
+  }
 
   // Every deck is validated before anything runs.
   std::vector<DeckCase> cases;
@@ -298,6 +309,16 @@ ValidateSimResult validateSim(const ValidateSimOptions& o) {
     std::string w;
     while (is >> w) mpirun.push_back(w);
     if (mpirun.empty()) throw wlb::InputError("--mpirun is empty");
+    // The launcher must exist before a profile is measured for runs it could not start.
+    bool found = mpirun[0].find('/') != std::string::npos && ::access(mpirun[0].c_str(), X_OK) == 0;
+    if (mpirun[0].find('/') == std::string::npos) {
+      std::istringstream path(std::getenv("PATH") != nullptr ? std::getenv("PATH") : "");
+      for (std::string dir; !found && std::getline(path, dir, ':');)
+        found = !dir.empty() && ::access((dir + "/" + mpirun[0]).c_str(), X_OK) == 0;
+    }
+    if (!found)
+      throw wlb::InputError("--mpirun: '" + mpirun[0] +
+                            "' is not an executable (on PATH); as root `source run/mpienv` first");
   }
   const fs::path out = fs::absolute(o.out);
   for (const char* sub : {"logs", "calibration", "validation", "simulation"}) fs::create_directories(out / sub);

@@ -176,5 +176,11 @@ rc=$?
 "$WLB" validate-sim tiny.toml --calibrate-on other --out vs3 > log 2>&1; rc=$?
 [ $rc -eq 2 ] || fail "--calibrate-on other: exit $rc"
 grep -q "calibrate-on" log || fail "--calibrate-on message: $(cat log)"
+for bad in "--tolerance nan" "--mpirun /nonexistent/mpirun" "--profile tiny.toml" "--no-calibrate --calibrate-on tiny"; do
+  want=${bad%% *}
+  # shellcheck disable=SC2086
+  "$WLB" validate-sim tiny.toml $bad --out vs3 > log 2>&1; rc=$?
+  [ $rc -eq 2 ] && grep -q -- "$want" log || fail "validate-sim $bad: exit $rc (want 2 naming $want): $(cat log)"
+done
 [ -e vs3 ] && fail "bad input created the output directory"
 echo PASS

@@ -414,7 +414,8 @@ def test_a_checkpoint_with_impossible_fields_is_refused():
     for edit, says in ((lambda s: s["source"]["extra"].__setitem__("cursor", -3), "cursor"),
                        (lambda s: s["source"].__setitem__("held", 10**15), "held"),
                        (lambda s: s["source"].__setitem__("next_step", -1), "next_step"),
-                       (lambda s: s["source"].__setitem__("next_step", 10**15), "past next_id")):
+                       (lambda s: s["source"].__setitem__("next_step", 10**15), "past next_id"),
+                       (lambda s: s["source"].__setitem__("next_id", 2**63 - 3), "next_id")):
         bad = json.loads(json.dumps(good))
         edit(bad["packers"]["wlb"])
         with pytest.raises(ValueError, match=says):

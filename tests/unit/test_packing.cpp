@@ -365,6 +365,9 @@ TEST(PackingPlanIo, JsonRoundTripAndFile) {
       {"{\"type\":\"step\",\"step\":1.1e23,\"replicas\":[[[]]],\"delayed\":[]}", "'step' must be an integer"},
       {"{\"type\":\"step\",\"step\":0,\"replicas\":[[[[1,0,1e30,0]]]],\"delayed\":[]}", "'length' must be an integer"},
       {"{\"type\":\"step\",\"step\":0,\"replicas\":[[[[1,0,-4,0]]]],\"delayed\":[]}", "length >= 1"},
+      // an offset near 2^63: offset + length wrapped (and simulated absurd FLOP/s)
+      {"{\"type\":\"step\",\"step\":0,\"replicas\":[[[[1,9223372036854775000,4,0]]]],\"delayed\":[]}",
+       "offset + length <= 2147483647"},
       {"{\"type\":\"step\",\"step\":0,\"replicas\":[[[[1,0,4,0]]]],\"delayed\":[2.5]}", "'delayed' must be an integer"},
       {"{\"type\":\"step\",\"step\":0,\"replicas\":[[[],[]]],\"delayed\":[]}", "dp x micro_batches = 1 x 1"},
   };
