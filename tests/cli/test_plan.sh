@@ -143,7 +143,7 @@ import json, sys
 p = sys.argv[1]
 lines = open(p).read().splitlines()
 j = json.loads(lines[1])
-next(mb for r in j["replicas"] for mb in r if mb)[0][2] = 10**15
+next(mb for r in j["replicas"] for mb in r if mb)[0][2] = 10**9
 lines[1] = json.dumps(j)
 open(p, "w").write("\n".join(lines) + "\n")
 PY
