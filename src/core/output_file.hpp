@@ -48,6 +48,11 @@ inline void checkOutputPath(const std::string& path, const std::string& what,
   std::error_code ec;
   const auto name = fs::path(path).filename();
   if (fs::is_directory(path, ec)) fail("is a directory; name a file");
+  // Outputs are renamed into place: over /dev/null (as root) that would replace the device.
+  if (fs::exists(path, ec) && !fs::is_regular_file(path, ec))
+    fail(
+        "exists and is not a regular file (a device or a pipe); outputs are written under a temporary name and "
+        "renamed over it: name a file");
   if (name.empty() || name == "." || name == "..") fail("names a folder, not a file");
   for (const auto& in : inputs)
     if (!in.empty() && detail::sameFile(path, in)) fail("is also an input of this command (" + in + ")");

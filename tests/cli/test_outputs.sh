@@ -81,6 +81,10 @@ WANT="--out 'run.toml': is also an input" refused "$WLB" profile --quick --deck 
 WANT="--summary-json and --out name the same file" refused "$WLB" plan run.toml --packer wlb --out x.jsonl --summary-json x.jsonl
 WANT="--save-state and --out name the same file" refused "$WLB" plan run.toml --packer wlb --out x.jsonl --save-state x.jsonl
 WANT="--trace and --out name the same file" refused "$WLB" simulate run.toml --out simo --trace simo/simulate.json
+# A device is not an output: the rename into place would replace it (run as root over
+# /dev/null, that broke the machine's /dev/null for everyone).
+WANT="is not a regular file" refused "$WLB" plan run.toml --packer wlb --steps 1 --summary-json /dev/null
+[ -c /dev/null ] || fail "/dev/null is no longer a character device"
 [ ! -e x.jsonl ] && [ ! -e simo ] || fail "a refused command left an output"
 # Ranks that do not share output.dir (a relative path on node-local disks) stop at once with
 # exit 2 naming the rank, instead of hanging in the trace's parallel create.
