@@ -18,8 +18,7 @@ void writeFileAtomically(const std::string& path, const std::string& what, const
   const fs::path parent = fs::path(path).parent_path();
   if (!parent.empty() && !fs::is_directory(parent, ec) && !fs::create_directories(parent, ec))
     fail("cannot make its folder (" + ec.message() + ")");
-  // The rename would replace a device or pipe (a folder makes the rename itself fail).
-  if (fs::exists(path, ec) && !fs::is_regular_file(path, ec) && !fs::is_directory(path, ec))
+  if (detail::isDeviceOrPipe(path))  // a folder is left to the rename, which fails on it
     fail("exists and is not a regular file (a device or a pipe): name a file");
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   const TrackedTemporaries tracked(track, {tmp});  // whichever way this returns

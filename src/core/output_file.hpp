@@ -15,6 +15,14 @@
 namespace wlb {
 
 namespace detail {
+// Outputs are renamed into place, which over an existing device or pipe (/dev/null, as
+// root) would replace the node itself.
+inline bool isDeviceOrPipe(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  return fs::exists(path, ec) && !fs::is_regular_file(path, ec) && !fs::is_directory(path, ec);
+}
+
 // One file under two spellings: the same existing file, or the same path once symbolic
 // links and `..` are resolved (a folder on the way may not exist yet: "out/../deck.toml").
 inline bool sameFile(const std::string& a, const std::string& b) {
@@ -48,8 +56,7 @@ inline void checkOutputPath(const std::string& path, const std::string& what,
   std::error_code ec;
   const auto name = fs::path(path).filename();
   if (fs::is_directory(path, ec)) fail("is a directory; name a file");
-  // Outputs are renamed into place: over /dev/null (as root) that would replace the device.
-  if (fs::exists(path, ec) && !fs::is_regular_file(path, ec))
+  if (detail::isDeviceOrPipe(path))
     fail(
         "exists and is not a regular file (a device or a pipe); outputs are written under a temporary name and "
         "renamed over it: name a file");

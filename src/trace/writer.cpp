@@ -91,9 +91,10 @@ std::string joined(const std::vector<std::string>& v, const char* sep) {
 
 }  // namespace
 
-// Before any work: the parallel create needs every rank to reach rank 0's file: ranks on nodes that do not
-// share the output folder (a relative output.dir on node-local disks) would hang in it.
-// Rank 0 leaves a marker beside the file; every rank must read it back.
+// Checked when the writer is made, before any work: the parallel create at commit needs
+// every rank to reach rank 0's file, and ranks on nodes that do not share the output folder
+// (a relative output.dir on node-local disks) would hang in it. Rank 0 leaves a marker
+// beside the file; every rank must read it back.
 void Writer::checkSharedFolder(const std::string& marker, int rank, int size) const {
   int ok = 1;
   if (rank == 0) {

@@ -72,9 +72,11 @@ void bcastString(std::string& s, MPI_Comm comm) {
   if (len > 0) MPI_Bcast(s.data(), static_cast<int>(len), MPI_CHAR, 0, comm);
 }
 
-std::uint64_t fnv1aText(const std::string& s) {
+// FNV-1a over bytes: the final weights' hash and the identity of a checkpoint header or file.
+std::uint64_t fnv1a(const void* data, std::size_t n) {
   std::uint64_t h = 1469598103934665603ull;
-  for (const unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
   return h;
 }
 
@@ -99,7 +101,7 @@ std::string fileHash(const std::string& path) {
       bytes += block;
     }
   }
-  return fmt::format("{} bytes, {:016x}", size, fnv1aText(bytes));
+  return fmt::format("{} bytes, {:016x}", size, fnv1a(bytes.data(), bytes.size()));
 }
 
 // What a checkpoint must agree with: the keys that change the numbers of a run.
@@ -151,13 +153,6 @@ std::vector<float> toHost(const Vec& v) {
 }
 void fromHost(const Vec& v, const std::vector<float>& h) {
   Kokkos::deep_copy(v, Kokkos::View<const float*, Kokkos::HostSpace>(h.data(), h.size()));
-}
-
-std::uint64_t fnv1a(const std::vector<float>& v) {
-  std::uint64_t h = 1469598103934665603ull;
-  const auto* p = reinterpret_cast<const unsigned char*>(v.data());
-  for (std::size_t i = 0; i < v.size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
 }
 
 // A checkpoint tensor's checksum (FNV-1a over 8-byte words, then the tail): a flipped or
@@ -537,7 +532,8 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
       model.refreshWorking(space);  // the loaded masters into the BF16 working copy
       start = h.at("step").get<std::int64_t>();
       tokens = h.at("tokens").get<std::int64_t>();
-      ckpt_id = fnv1aText(h.dump());
+      const std::string text = h.dump();
+      ckpt_id = fnv1a(text.data(), text.size());
       if (rank == 0) {
         source->loadState(h.at("source"));
         packer->loadState(h.at("packer"));
@@ -1015,7 +1011,8 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   sum.tokens_per_second = busy > 0 ? static_cast<double>(run_tokens) / busy : 0.0;
   if (end - start > 1)
     sum.allocations_per_step = static_cast<double>(later_allocs) / static_cast<double>(end - start - 1);
-  sum.weights_hash = fnv1a(toHost(model.weights()));
+  const std::vector<float> w = toHost(model.weights());
+  sum.weights_hash = fnv1a(w.data(), w.size() * sizeof(float));
   return sum;
 }
 
