@@ -41,9 +41,10 @@ struct HoldSegment {
 };
 
 /// A V of [rows][e1][e2] at `p` whose views share the record behind `tag`. Built from an
-/// unmanaged view's mapping and the tag (View's constructor from a tracker and a mapping,
-/// in Kokkos 3.4 and 4.x alike); pieces start at multiples of kAlign bytes of a Kokkos
-/// allocation, aligned for any element type.
+/// unmanaged view's mapping and the tag: the legacy View (Kokkos 3.4 to 4.6, or later ones
+/// built with Kokkos_ENABLE_IMPL_VIEW_LEGACY) takes a tracker and a mapping, the mdspan
+/// View (the default from 4.7) a reference-counted data handle and a mapping. Pieces start
+/// at multiples of kAlign bytes of a Kokkos allocation, aligned for any element type.
 template <class V>
 V carve(char* at, const Kokkos::Impl::SharedAllocationTracker& tag, std::int64_t rows, std::int64_t e1,
         std::int64_t e2) {
@@ -58,7 +59,11 @@ V carve(char* at, const Kokkos::Impl::SharedAllocationTracker& tag, std::int64_t
     u = U(p, rows, e1);
   else
     u = U(p, rows, e1, e2);
+#if defined(KOKKOS_ENABLE_IMPL_VIEW_LEGACY) || KOKKOS_VERSION < 40699
   return V(tag, u.impl_map());
+#else
+  return V(typename V::data_handle_type(tag, p), u.mapping());
+#endif
 }
 
 }  // namespace
