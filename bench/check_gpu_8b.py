@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The Llama-3-8B-layer tables of docs/performance.md against their raw results: the
 section "Llama-3-8B layers on one GPU" against bench/results/h200/one_model/ and "Llama-3-8B
-layers on one H100" against bench/results/h100/one_model/. Each: `wlb run`'s summary.json
+layers on one H100" against bench/results/h100/one_model_2026-11-28/. Each: `wlb run`'s summary.json
 and trace, the simulator's replay of the same plans (replay/simulate.csv), the PyTorch
 peer's JSON, `wlb train`'s trace (where it ran), the in-place GEMM rate (gemm8b.log, where
 measured) and the small training runs of the GPU and CPU builds. Every figure of the
@@ -21,7 +21,7 @@ PEAK = 989.0  # TFLOP/s, dense BF16 of the H100 / H200 SXM datasheets (the same 
 REGIONS = ("qkv_proj", "attn", "out_proj", "mlp", "loss")
 # (section heading in docs/performance.md, raw results)
 SECTIONS = (("### Llama-3-8B layers on one GPU", "bench/results/h200/one_model"),
-            ("### Llama-3-8B layers on one H100", "bench/results/h100/one_model"))
+            ("### Llama-3-8B layers on one H100", "bench/results/h100/one_model_2026-11-28"))
 
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "analysis"))
@@ -78,6 +78,12 @@ def expected(d):
     if (d / "gemm8b.log").exists():
         m = re.search(r"^\s+all\s+([0-9.]+)\s+([0-9.]+)$", (d / "gemm8b.log").read_text(), re.M)
         train["gemm TFLOP/s"] = (float(m.group(2)), 0.05)
+    # run8bws: plain with the warp-specialised backward too
+    if (d / "run8bws/summary.json").exists():
+        w = json.load(open(d / "run8bws/summary.json"))["strategies"][0]
+        tf = w["useful_flops_per_second"] / 1e12
+        train["ws"] = {"ktok/s": (w["tokens_per_second"] / 1e3, 0.005), "TFLOP/s": (tf, 0.05),
+                       "MFU %": (tf / PEAK * 100, 0.05)}
     for p in ("fp32", "bf16"):
         g = [json.loads(x) for x in open(d / f"trainsmall_{p}/train_log.jsonl")]
         c = [json.loads(x) for x in open(d / f"trainsmall_{p}/cpu_train_log.jsonl")]
@@ -154,6 +160,15 @@ def check_section(text, rows, regions, train, bad):
             bad.append("GEMMs in place: sentence not found")
         else:
             check("GEMMs in place", m.group(1), train["gemm TFLOP/s"])
+    # "(part `run8bws`: ...): 41.37 ktok/s, 483.5 useful TFLOP/s (48.9% MFU)"
+    if "ws" in train:
+        m = re.search(r"part\s+`run8bws`.*?:\s+([0-9.]+)\s+ktok/s,\s+([0-9.]+)\s+useful\s+TFLOP/s\s+\(([0-9.]+)%\s+MFU\)",
+                      text, re.S)
+        if not m:
+            bad.append("run8bws: figures sentence not found")
+        else:
+            for i, k in ((1, "ktok/s"), (2, "TFLOP/s"), (3, "MFU %")):
+                check(f"run8bws {k}", m.group(i), train["ws"][k])
     m = re.search(r"losses\s+within\s+([0-9.e−-]+)\s+\(FP32\)\s+and\s+([0-9.e−-]+)\s+\(BF16\)", text)
     if not m:
         bad.append("small training: loss sentence not found")
@@ -179,7 +194,8 @@ def main():
                 print(s, {k: round(v[0], 4) for k, v in r.items()})
             for k, r in regions.items():
                 print(k, {n: round(v[0], 4) for n, v in r.items()})
-            print("train", {k: v[0] for k, v in train.items()})
+            print("train", {k: v[0] if isinstance(v, tuple) else {n: x[0] for n, x in v.items()}
+                            for k, v in train.items()})
             continue
         bad = []
         n = check_section(section(doc, heading), rows, regions, train, bad)

@@ -373,6 +373,30 @@ def attention_h100_ws(root):
     return out
 
 
+H100_828 = f"{H100}/one_model_2026-11-28"
+
+
+@table("attention-h100-ws-1128", "docs/performance.md", f"{H100_828}/attention_ws.json",
+       f"{H100_828}/attention_torch_abc.json")
+def attention_h100_ws_1128(root):
+    """The lease of 2026-11-28: sync, ws and ws-r64 against cuDNN; best = the faster of
+    each direction's wlb kernels over cuDNN's."""
+    import json
+    wlb = {(r["case"], r["path"]): r for r in json.loads((root / H100_828 / "attention_ws.json").read_text())["rows"]}
+    torch = _torch_rows(root / H100_828 / "attention_torch_abc.json")
+    out = []
+    for case in "abc":
+        s, w, r64 = wlb[(case, "sync")], wlb[(case, "ws")], wlb[(case, "ws-r64")]
+        cud = (torch[(case, "sdpa_bf16_cudnn")]["fwd"]["tflops"]["median"],
+               torch[(case, "sdpa_bf16_cudnn")]["bwd"]["tflops"]["median"])
+        pair = "{:.1f} / {:.1f}"
+        best_f = max(s["fwd_tflops"], w["fwd_tflops"]) / cud[0]
+        best_b = max(s["bwd_tflops"], w["bwd_tflops"]) / cud[1]
+        out.append([(case,), (pair, s["fwd_tflops"], s["bwd_tflops"]), (pair, w["fwd_tflops"], w["bwd_tflops"]),
+                    ("{:.1f}", r64["bwd_tflops"]), (pair, *cud), ("{:.2f} / {:.2f}", best_f, best_b)])
+    return out
+
+
 @table("attention-h100-cp-pieces", "docs/performance.md", f"{H100_WS}/attention_wlb_d.json",
        f"{H100_WS}/attention_torch_d.json")
 def attention_h100_cp_pieces(root):

@@ -6,11 +6,13 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "attention/bf16.hpp"
@@ -138,8 +140,9 @@ TEST(RuntimeGemm, AllTransposeCombinationsMatchNaive) {
 }
 
 // BF16 storage: the products of BF16 operands equal the FP32 products of the rounded
-// operands (the host widens them; cuBLAS accumulates in FP32), a BF16 C is that result
-// rounded once.
+// operands (the host widens them: bit for bit; cuBLAS accumulates the BF16 products in FP32
+// on tensor cores in another order than its FP32 GEMM: within FP32 rounding, which the
+// H100 showed in the last bits), a BF16 C is that result rounded once.
 TEST(RuntimeGemm, Bf16OperandsMatchTheirFp32Products) {
   Space space;
   const int m = 9, n = 11, k = 37;
@@ -157,7 +160,13 @@ TEST(RuntimeGemm, Bf16OperandsMatchTheirFp32Products) {
       Mat c32 = randomMat(m, n, 6), c = randomMat(m, n, 6);
       gemm(space, ta, tb, 0.5f, af, bf, 2.0f, c32);
       gemm(space, ta, tb, 0.5f, ab, bb, 2.0f, c);
-      EXPECT_EQ(host(c), host(c32));
+      if constexpr (std::is_same_v<Space, Kokkos::DefaultHostExecutionSpace>) {
+        EXPECT_EQ(host(c), host(c32));
+      } else {
+        const auto h = host(c), h32 = host(c32);
+        for (std::size_t i = 0; i < h.size(); ++i)
+          EXPECT_NEAR(h[i], h32[i], 1e-5 * std::max(1.0f, std::fabs(h32[i]))) << i;
+      }
       // BF16 C, beta = 0: the FP32 result rounded once.
       BMat cb("cb", m, n);
       gemm(space, ta, tb, 1.0f, ab, bb, 0.0f, cb);
