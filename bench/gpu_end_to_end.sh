@@ -13,7 +13,9 @@
 # bf16), torch8b (bench/torch_step.py on run8b's plans named by TORCH_PLANS,
 # default "plain wlb"),
 # profile8b (wlb profile --deck of that deck, for `wlb simulate --as-run --plans`), train8b
-# (wlb train of that deck on DATA, a byte-level `wlb data prepare` prefix) and trainsmall
+# (wlb train of that deck on DATA, a byte-level `wlb data prepare` prefix, with
+# pipeline.recompute = TRAIN8B_RECOMPUTE, default "selective": without it the weights, AdamW
+# state and activations outgrow an 80 GB H100) and trainsmall
 # (a small wlb train in fp32 and bf16 whose losses are compared with the CPU build's),
 # gemm8b (run8b's plain strategy with --gemm-timing and --kernel-timing: every GEMM's rate
 # and every Kokkos kernel's time in place),
@@ -182,8 +184,9 @@ if [[ " $parts " == *" profile8b "* ]]; then
   tail -3 "$OUT/profile8b.log" | tee -a "$OUT/summary.txt"
 fi
 if [[ " $parts " == *" train8b "* ]]; then
-  log "wlb train inputs/run_gpu_8b.toml (bf16, AdamW, DATA)"
+  log "wlb train inputs/run_gpu_8b.toml (bf16, AdamW, DATA, pipeline.recompute = ${TRAIN8B_RECOMPUTE-selective})"
   timeout 200 "$BIN/wlb" train inputs/run_gpu_8b.toml --set train.dataset="\"$DATA\"" --set train.steps=5 \
+    --set pipeline.recompute="\"${TRAIN8B_RECOMPUTE-selective}\"" \
     --set train.warmup_steps=1 --set train.log_interval=1 --set train.eval_tokens=65536 \
     --set output.dir="\"$OUT/train8b\"" > "$OUT/train8b.log" 2>&1
   echo "train8b rc=$?" | tee -a "$OUT/summary.txt"

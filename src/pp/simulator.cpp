@@ -589,7 +589,8 @@ PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mb
         for (int r = 0; r < cfg_.cp; ++r) {
           const std::size_t ri = static_cast<std::size_t>(r);
           worst = std::max(worst, l * static_cast<double>(model::executorLayerActivationBytes(
-                                          d, cfg_.tp, toks[ri], kvOf(ri), cfg_.executor_storage_bytes, kv_elem)) +
+                                          d, cfg_.tp, toks[ri], kvOf(ri), cfg_.executor_storage_bytes, kv_elem,
+                                          cfg_.recompute == Recompute::Selective)) +
                                       (last ? static_cast<double>(model::executorHeadBytes(d, toks[ri])) : 0.0));
         }
         act = worst;
@@ -642,9 +643,11 @@ double StepSimulator::stageBytesPerToken(int s) const {
   const auto& d = cost_->dims();
   double layers = 0;
   for (int c = 0; c < cfg_.chunks; ++c) layers += layersOf(c * cfg_.pp + s);
-  double per_token = cfg_.executor_memory ? layers * static_cast<double>(model::executorLayerActivationBytes(
-                                                         d, cfg_.tp, 1, 0, cfg_.executor_storage_bytes))
-                                          : layers * activationBytesPerToken();
+  double per_token =
+      cfg_.executor_memory
+          ? layers * static_cast<double>(model::executorLayerActivationBytes(
+                         d, cfg_.tp, 1, 0, cfg_.executor_storage_bytes, -1, cfg_.recompute == Recompute::Selective))
+          : layers * activationBytesPerToken();
   if (s == cfg_.pp - 1 && cfg_.lm_head) per_token += static_cast<double>(d.vocab) * 4.0 / cfg_.tp;
   if (s == cfg_.pp - 1 && cfg_.executor_memory) per_token += static_cast<double>(model::executorHeadBytes(d, 1));
   return per_token / cfg_.cp;

@@ -410,6 +410,36 @@ void swigluBackward(const Space& space, const MatT<T>& a1, const MatT<T>& ds, co
 // activations and their gradients, and rounded copies of dy, dh, dQ/dK/dV), their products
 // accumulate in FP32.
 
+bool parseRecompute(const std::string& name) {
+  if (name == "none") return false;
+  if (name == "selective") return true;
+  throw InputError("pipeline.recompute = \"" + name +
+                       "\": wlb run and wlb train recompute \"none\" or \"selective\" (\"full\" is simulated only)",
+                   true);
+}
+
+// Selective recomputation (pipeline.recompute = "selective"): the forward drops the norms'
+// outputs and the SwiGLU product, the backward computes them again from what it kept. The
+// same kernels on the same inputs give the same bits, so gradients equal the kept ones'.
+namespace {
+/// rmsNorm(x) in storage type T from the pool; its rstd (the kept one's bits) is dropped.
+template <class T>
+MatT<T> normAgain(const LayerEnv& env, const Mat& x, const Vec& gain, const char* label) {
+  const auto n = static_cast<std::int64_t>(x.extent(0));
+  MatT<T> y = newMatT<T>(env.pool, label, n, static_cast<std::int64_t>(x.extent(1)));
+  const Vec rstd = newVec(env.pool, "wlb::runtime::rstd_again", n);
+  rmsNorm<T>(*env.space, x, gain, env.norm_eps, y, rstd);
+  return y;
+}
+/// hn and s of the MLP, as its forward made them.
+template <class T>
+void recomputeMlpInputs(const LayerEnv& env, const LayerParamsT<T>& w, LayerActsT<T>& a) {
+  a.hn = normAgain<T>(env, a.h, w.norm2, "wlb::runtime::hn");
+  a.s = newMatT<T>(env.pool, "wlb::runtime::s", a.rows(), static_cast<std::int64_t>(a.a1.extent(1)));
+  swigluForward(*env.space, a.a1, a.a3, a.s);
+}
+}  // namespace
+
 template <class T>
 void qkvForward(const LayerEnv& env, const LayerShape& s, const LayerParamsT<T>& w, LayerActsT<T>& a, const IVec& pos) {
   const Space& space = *env.space;
@@ -427,6 +457,7 @@ void qkvForward(const LayerEnv& env, const LayerShape& s, const LayerParamsT<T>&
   layerGemm(env, "qkv_proj.v.fwd", Trans::N, Trans::N, 1.0f, a.xn1, w.wv, 0.0f, flat(a.v));
   rope<T>(space, a.q, pos, *env.rope, 1.0f);
   rope<T>(space, a.k, pos, *env.rope, 1.0f);
+  if (env.recompute_selective) a.xn1 = MatT<T>();  // the backward normalises x again
 }
 
 template <class T>
@@ -462,6 +493,7 @@ Mat outMlpForward(const LayerEnv& env, const LayerParamsT<T>& w, LayerActsT<T>& 
     layerGemm(env, "mlp.w3.fwd", Trans::N, Trans::N, 1.0f, a.hn, w.w3, 0.0f, a.a3);
     swigluForward(space, a.a1, a.a3, a.s);
     layerGemm(env, "mlp.w2.fwd", Trans::N, Trans::N, 1.0f, a.s, w.w2, 0.0f, y);
+    if (env.recompute_selective) a.hn = a.s = MatT<T>();  // the backward computes them again
   }
   tpAllreduce(env, y, false);
   {
@@ -489,6 +521,7 @@ Act3T<T> outMlpBackward(const LayerEnv& env, const LayerParamsT<T>& w, const Lay
     // sum rounded once, read once by the SwiGLU backward (an FP32 ds would be the step's
     // largest temporary, [tokens][ffn]: 3.8 GB at 64K tokens of Llama-3-8B).
     const MatT<T> ds = newMatT<T>(env.pool, "wlb::runtime::ds", n, ffn);
+    if (env.recompute_selective) recomputeMlpInputs(env, w, a);
     layerGemm(env, "mlp.w2.wgrad", Trans::T, Trans::N, 1.0f, a.s, dyt, 1.0f, g.w2);  // dW2 += s^T dy
     layerGemm(env, "mlp.w2.dgrad", Trans::N, Trans::T, 1.0f, dyt, w.w2, 0.0f, ds);   // ds = dy W2^T
     // s and a3 are read here for the last time: their storage takes d(a1) and d(a3)
@@ -531,15 +564,16 @@ Mat qkvBackward(const LayerEnv& env, const LayerParamsT<T>& w, const LayerParams
   {
     Region r(env.recorder, trace::labels::kQkvProj, space, trace::Phase::Bwd,
              linearOpFlops(*env.cost, LinearOp::QkvProj, n, model::Phase::Bwd));
+    const MatT<T> xn1 = env.recompute_selective ? normAgain<T>(env, a.x, w.norm1, "wlb::runtime::xn1") : a.xn1;
     rope<float>(space, dq, pos, *env.rope, -1.0f);
     rope<float>(space, dk, pos, *env.rope, -1.0f);
     // [tokens][heads * head_dim] views of the gradients, in storage type T
     const MatT<T> dqt = stored<T>(env, flat(dq), "wlb::runtime::dq_bf16"),
                   dkt = stored<T>(env, flat(dk), "wlb::runtime::dk_bf16"),
                   dvt = stored<T>(env, flat(dv), "wlb::runtime::dv_bf16");
-    layerGemm(env, "qkv_proj.q.wgrad", Trans::T, Trans::N, 1.0f, a.xn1, dqt, 1.0f, g.wq);
-    layerGemm(env, "qkv_proj.k.wgrad", Trans::T, Trans::N, 1.0f, a.xn1, dkt, 1.0f, g.wk);
-    layerGemm(env, "qkv_proj.v.wgrad", Trans::T, Trans::N, 1.0f, a.xn1, dvt, 1.0f, g.wv);
+    layerGemm(env, "qkv_proj.q.wgrad", Trans::T, Trans::N, 1.0f, xn1, dqt, 1.0f, g.wq);
+    layerGemm(env, "qkv_proj.k.wgrad", Trans::T, Trans::N, 1.0f, xn1, dkt, 1.0f, g.wk);
+    layerGemm(env, "qkv_proj.v.wgrad", Trans::T, Trans::N, 1.0f, xn1, dvt, 1.0f, g.wv);
     layerGemm(env, "qkv_proj.q.dgrad", Trans::N, Trans::T, 1.0f, dqt, w.wq, 0.0f, dxn);
     layerGemm(env, "qkv_proj.k.dgrad", Trans::N, Trans::T, 1.0f, dkt, w.wk, 1.0f, dxn);
     layerGemm(env, "qkv_proj.v.dgrad", Trans::N, Trans::T, 1.0f, dvt, w.wv, 1.0f, dxn);

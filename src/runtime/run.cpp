@@ -504,6 +504,7 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
   std::vector<StrategyPair> strategies;
   cp::CommMode comm_mode = cp::CommMode::AllGather;
   Precision precision = Precision::Fp32;
+  bool recompute = false;  // pipeline.recompute = "selective"
   pp::Schedule schedule;
   const std::int64_t M = data::microBatchesPerReplica(deck);
   const int layers = static_cast<int>(deck.model.layers);
@@ -513,6 +514,7 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
     strategies = resolveStrategies(deck);
     comm_mode = cp::parseCommMode(deck.cp.comm);
     precision = parsePrecision(deck.run.precision);
+    recompute = parseRecompute(deck.pipeline.recompute);
     for (const auto& s : strategies) {
       (void)cp::parseStrategy(s.sharding);
       packing::checkPackerSchedule(deck, s.packer);
@@ -604,6 +606,7 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
 
   LayerEnv env = LayerEnv::onMesh(space, mesh, *cost, &rec, precision, cp_group.get(), tp_group.get());
   attention::setHopperVariant(env.kernel, deck.run.attention);  // validated with the deck
+  env.recompute_selective = recompute;
   OpTimer gemm_timer, kernel_timer;
   if (opt.gemm_timing) env.gemm_timer = &gemm_timer;
   std::optional<KernelHooks> kernel_hooks;

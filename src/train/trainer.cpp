@@ -387,6 +387,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   std::shared_ptr<const data::IndexedDataset> train_ds, valid_ds;
   std::unique_ptr<runtime::DatasetTokens> train_tokens, valid_tokens;
   runtime::Precision precision = runtime::Precision::Fp32;
+  bool recompute = false;  // pipeline.recompute = "selective"
   Deck d = deck;
   std::unique_ptr<data::LengthSource> source;  // rank 0 only
   std::unique_ptr<packing::Packer> packer;     // rank 0 only
@@ -421,6 +422,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
     }
     mc = LlamaConfig::fromDeck(deck, shape.tp(), coord.tp, shape.pp(), coord.pp, pipe.chunks);
     precision = runtime::parsePrecision(deck.run.precision);
+    recompute = runtime::parseRecompute(deck.pipeline.recompute);
     train_tokens = std::make_unique<runtime::DatasetTokens>(train_ds, mc.vocab, prefix + "_train");
     if (valid_ds && valid_ds->documents() > 0)
       valid_tokens = std::make_unique<runtime::DatasetTokens>(valid_ds, mc.vocab, prefix + "_valid");
@@ -631,6 +633,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   runtime::LayerEnv env =
       runtime::LayerEnv::onMesh(space, mesh, *cost, &rec, precision, cp_group.get(), tp_group.get());
   attention::setHopperVariant(env.kernel, deck.run.attention);   // validated with the deck
+  env.recompute_selective = recompute;
   const pp::Schedule sched = pipe.schedule(static_cast<int>(M));  // the simulator's schedule, same function
   runtime::PipelineStage stage_walker(env, model, sched, mesh.pp());
   runtime::LayerEnv eval_env = env;

@@ -118,6 +118,23 @@ mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set output.di
 [ "$rc" = 2 ] && grep -q "name the same file" "$tmp/err" || fail "trace over a plan: exit $rc $(cat "$tmp/err")"
 [ ! -e "$tmp/clash" ] || fail "trace over a plan: wrote $(ls "$tmp/clash")"
 
+# pipeline.recompute: "selective" gives the same gradients bit for bit with a smaller
+# activation peak; "full" is simulated only, exit 2 naming the key before any step.
+for r in none selective; do
+  mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --steps 1 --warmup 0 --no-output \
+    --set pipeline.recompute="\"$r\"" --gradients "$tmp/rc_$r" > "$tmp/rc_$r.log" 2>&1 ||
+    fail "recompute $r: $(cat "$tmp/rc_$r.log")"
+done
+/usr/bin/python3 "$SRC/bench/compare_runs.py" "$tmp/rc_none" "$tmp/rc_selective" --tol 0 > "$tmp/log" ||
+  fail "selective recompute changed the gradients: $(cat "$tmp/log")"
+peak() { grep -Eo "^  plain +bubble [0-9.]+  peak \[MiB\]  stage 0 [0-9.]+" "$1" | awk '{print $NF}'; }
+awk -v a="$(peak "$tmp/rc_none.log")" -v b="$(peak "$tmp/rc_selective.log")" 'BEGIN { exit !(b > 0 && b < 0.8 * a) }' ||
+  fail "selective peak $(peak "$tmp/rc_selective.log") vs none $(peak "$tmp/rc_none.log") MiB"
+mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set pipeline.recompute='"full"' \
+  --set output.dir="\"$tmp/full\"" > "$tmp/log" 2> "$tmp/err"; rc=$?
+[ "$rc" = 2 ] && grep -q 'pipeline.recompute = "full"' "$tmp/err" || fail "recompute full: exit $rc $(cat "$tmp/err")"
+[ ! -e "$tmp/full" ] || fail "recompute full wrote $(ls "$tmp/full")"
+
 # pp = 2: the pipeline executor (1F1B, uneven 3-layer split), its summary section
 mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set mesh.cp=1 --set mesh.pp=2 --set model.layers=3 \
   --set packing.micro_batches=4 --set "output.dir=\"$tmp/pp\"" > "$tmp/log" 2> "$tmp/err"; rc=$?

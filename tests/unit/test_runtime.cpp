@@ -63,6 +63,10 @@ std::vector<float> host(const Mat& m) {
   auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), m);
   return std::vector<float>(h.data(), h.data() + h.size());
 }
+std::vector<float> host(const Vec& v) {
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+  return std::vector<float>(h.data(), h.data() + h.size());
+}
 
 // Labelled kernels for the kernel-timing test (a device lambda may not live in a test body).
 void fill(const Vec& v, const char* label) {
@@ -655,34 +659,51 @@ TEST(RuntimePool, GivesBackTheOldestFreeBlocksOnlyAsFarAsNeeded) {
   EXPECT_EQ(pool.cachedBytes(), 2 * block + wide);  // nothing alive was given back
 }
 
-// A step walked twice over the same units allocates nothing the second time.
-TEST(RuntimePool, RepeatedStepAllocatesNothing) {
-  model::ModelDims d = dims(32, 2, 1, 48);
-  d.vocab = 50;
-  d.layers = 2;
-  const LlamaConfig mc = LlamaConfig::of(d);
-  Llama model(mc, 5);
-  model::CostModel cost(d, model::HardwareProfile::analytic(), 1);
+// The stage walker over a two-layer model on one rank: units a (two documents) and b, each
+// whole (per-sequence shards, no CP).
+struct SmallStage : ::testing::Test {
+  model::ModelDims d = [] {
+    model::ModelDims m = dims(32, 2, 1, 48);
+    m.vocab = 50;
+    m.layers = 2;
+    return m;
+  }();
+  LlamaConfig mc = LlamaConfig::of(d);
+  model::CostModel cost{d, model::HardwareProfile::analytic(), 1};
   Space space;
-  LayerEnv env;
-  env.space = &space;
-  env.cp_comm = MPI_COMM_SELF;
-  env.cost = &cost;
-  const pp::Schedule sched = pp::makeOneFOneB(1, 2);
-  PipelineStage stage(env, model, sched, MPI_COMM_SELF);
-  StageStepInput in;
-  const SyntheticTokens tokens(3, mc.vocab);
-  in.tokens = &tokens;
-  MicroBatch a, b;
-  a.segments = {Segment{1, 0, 90, 0}, Segment{2, 0, 17, 0}};
-  b.segments = {Segment{3, 0, 40, 0}};
-  in.mbs = {a, b};
-  for (auto& pl :
-       cp::planReplicaShards(in.mbs, cp::Strategy::PerSequence, cp::CommMode::AllGather, 1, cost, CpConfig{})) {
-    in.shards.push_back(pl.shard);
-    in.comms.push_back(pl.comm);
+  SyntheticTokens tokens{3, mc.vocab};
+  MicroBatch a{{Segment{1, 0, 90, 0}, Segment{2, 0, 17, 0}}}, b{{Segment{3, 0, 40, 0}}};
+
+  LayerEnv env(Precision p = Precision::Fp32, bool selective = false) {
+    LayerEnv e;
+    e.space = &space;
+    e.cp_comm = MPI_COMM_SELF;
+    e.cost = &cost;
+    e.precision = e.kernel.precision = p;
+    e.recompute_selective = selective;
+    return e;
   }
-  in.mb_tokens = {a.tokens(), b.tokens()};
+  StageStepInput input(const std::vector<MicroBatch>& mbs) const {
+    StageStepInput in;
+    in.tokens = &tokens;
+    in.mbs = mbs;
+    for (auto& pl :
+         cp::planReplicaShards(in.mbs, cp::Strategy::PerSequence, cp::CommMode::AllGather, 1, cost, CpConfig{})) {
+      in.shards.push_back(pl.shard);
+      in.comms.push_back(pl.comm);
+    }
+    for (const MicroBatch& m : mbs) in.mb_tokens.push_back(m.tokens());
+    return in;
+  }
+};
+
+// A step walked twice over the same units allocates nothing the second time.
+TEST_F(SmallStage, RepeatedStepAllocatesNothing) {
+  Llama model(mc, 5);
+  const LayerEnv e = env();
+  const pp::Schedule sched = pp::makeOneFOneB(1, 2);  // the stage keeps a pointer
+  PipelineStage stage(e, model, sched, MPI_COMM_SELF);
+  const StageStepInput in = input({a, b});
   const StageStepResult r1 = stage.run(in, 0);
   const StageStepResult r2 = stage.run(in, 0);
   EXPECT_GT(r1.allocations, 0);
@@ -693,35 +714,14 @@ TEST(RuntimePool, RepeatedStepAllocatesNothing) {
 // BF16 storage through the stage walker: no allocation in a repeated step either, and the
 // activations kept from forward to backward are what the memory model says for 2-byte
 // storage (about half of FP32's).
-TEST(RuntimePool, Bf16StepAllocatesNothingAndHalvesTheActivations) {
-  model::ModelDims d = dims(32, 2, 1, 48);
-  d.vocab = 50;
-  d.layers = 2;
-  const LlamaConfig mc = LlamaConfig::of(d);
-  model::CostModel cost(d, model::HardwareProfile::analytic(), 1);
-  Space space;
-  const SyntheticTokens tokens(3, mc.vocab);
-  MicroBatch a;
-  a.segments = {Segment{1, 0, 90, 0}, Segment{2, 0, 17, 0}};
+TEST_F(SmallStage, Bf16StepAllocatesNothingAndHalvesTheActivations) {
   std::int64_t peak[2] = {0, 0};
   for (int bf = 0; bf < 2; ++bf) {
     Llama model(mc, 5, bf ? Precision::Bf16 : Precision::Fp32);
-    LayerEnv env;
-    env.space = &space;
-    env.cp_comm = MPI_COMM_SELF;
-    env.cost = &cost;
-    env.precision = env.kernel.precision = bf ? Precision::Bf16 : Precision::Fp32;
-    const pp::Schedule sched = pp::makeOneFOneB(1, 1);
-    PipelineStage stage(env, model, sched, MPI_COMM_SELF);
-    StageStepInput in;
-    in.tokens = &tokens;
-    in.mbs = {a};
-    for (auto& pl :
-         cp::planReplicaShards(in.mbs, cp::Strategy::PerSequence, cp::CommMode::AllGather, 1, cost, CpConfig{})) {
-      in.shards.push_back(pl.shard);
-      in.comms.push_back(pl.comm);
-    }
-    in.mb_tokens = {a.tokens()};
+    const LayerEnv e = env(bf ? Precision::Bf16 : Precision::Fp32);
+    const pp::Schedule sched = pp::makeOneFOneB(1, 1);  // the stage keeps a pointer
+    PipelineStage stage(e, model, sched, MPI_COMM_SELF);
+    const StageStepInput in = input({a});
     const StageStepResult r1 = stage.run(in, 0);
     const StageStepResult r2 = stage.run(in, 0);
     EXPECT_GT(r1.allocations, 0);
@@ -733,6 +733,36 @@ TEST(RuntimePool, Bf16StepAllocatesNothingAndHalvesTheActivations) {
     EXPECT_EQ(r1.peak_activation_bytes, layers + model::executorHeadBytes(d, a.tokens())) << (bf ? "bf16" : "fp32");
   }
   EXPECT_LT(peak[1], 0.65 * peak[0]);
+}
+
+// pipeline.recompute = "selective": the norms' outputs and the SwiGLU product are computed
+// again in the backward, from the same inputs by the same kernels, so the loss and every
+// gradient equal the kept ones' bit for bit (FP32 and BF16 storage), and the activations
+// kept from forward to backward shrink by what the memory model says.
+TEST_F(SmallStage, SelectiveRecomputeKeepsTheGradientsAndDropsItsActivations) {
+  for (int bf = 0; bf < 2; ++bf) {
+    const Precision prec = bf ? Precision::Bf16 : Precision::Fp32;
+    std::vector<float> grads[2];
+    double loss[2] = {0, 0};
+    std::int64_t peak[2] = {0, 0};
+    for (int sel = 0; sel < 2; ++sel) {
+      Llama model(mc, 5, prec);
+      const LayerEnv e = env(prec, sel == 1);
+      const pp::Schedule sched = pp::makeOneFOneB(1, 2);  // the stage keeps a pointer
+      PipelineStage stage(e, model, sched, MPI_COMM_SELF);
+      const StageStepResult r = stage.run(input({a, b}), 0);
+      loss[sel] = r.loss;
+      peak[sel] = r.peak_activation_bytes;
+      grads[sel] = host(model.grads());
+    }
+    EXPECT_EQ(loss[0], loss[1]);
+    EXPECT_EQ(grads[0], grads[1]) << (bf ? "bf16" : "fp32");
+    const std::int64_t storage = bf ? 2 : 4, n = a.tokens();  // a is the larger micro-batch
+    const std::int64_t dropped = d.layers * (model::executorLayerActivationBytes(d, 1, n, n, storage) -
+                                             model::executorLayerActivationBytes(d, 1, n, n, storage, -1, true));
+    EXPECT_EQ(dropped, d.layers * n * storage * (2 * d.hidden + d.ffn));
+    EXPECT_EQ(peak[0] - peak[1], dropped) << (bf ? "bf16" : "fp32");
+  }
 }
 
 // The synthetic token ids of generated length streams (tokens.hpp), pinned: the PyTorch
