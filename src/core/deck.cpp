@@ -3,12 +3,15 @@
 #include "core/deck.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
 #include <set>
 #include <sstream>
 #include <toml.hpp>
@@ -534,6 +537,7 @@ std::vector<Deck> expandSweep(const Deck& deck) {
   if (deck.sweep.empty()) return {deck};
   std::vector<std::pair<std::string, std::vector<std::string>>> axes(deck.sweep.begin(), deck.sweep.end());
   std::vector<std::size_t> idx(axes.size(), 0);
+  std::map<std::string, std::string> folders;  // case folder -> the values that named it
   for (;;) {
     // Re-resolve from the deck's own (unresolved) values: derived keys follow the case.
     Deck c = deck;
@@ -541,15 +545,28 @@ std::vector<Deck> expandSweep(const Deck& deck) {
     // Derived defaults follow the case (unless the case sets them: its values come after).
     if (deck.data.s_max == deck.data.context_window) c.data.s_max = 0;
     if (deck.packing.micro_batches == deck.mesh.pp) c.packing.micro_batches = 0;
-    std::string suffix;
+    std::string suffix, values;
     for (std::size_t a = 0; a < axes.size(); ++a) {
       const std::string& lit = axes[a].second[idx[a]];
       applyOverride(c, axes[a].first + "=" + lit, "[sweep]");
-      std::string v = lit;
-      v.erase(std::remove(v.begin(), v.end(), '"'), v.end());
+      // The value as part of one folder name: quotes go, and any character but letters,
+      // digits and . + - = , becomes '_', so a value holding '/' (a profile's path) can
+      // neither leave output.dir nor nest folders.
+      std::string v;
+      for (const char ch : lit) {
+        if (ch == '"') continue;
+        const bool keep = std::isalnum(static_cast<unsigned char>(ch)) || std::strchr(".+-=,", ch) != nullptr;
+        v += keep ? ch : '_';
+      }
       suffix += (suffix.empty() ? "" : "_") + axes[a].first + "-" + v;
+      values += (values.empty() ? "" : ", ") + axes[a].first + " = " + lit;
     }
     resolveAndValidate(c, deck.source_path.empty() ? "[sweep]" : deck.source_path + " [sweep] " + suffix);
+    if (const auto [it, fresh] = folders.emplace(suffix, values); !fresh)
+      throw InputError((deck.source_path.empty() ? std::string("[sweep]") : deck.source_path + ": [sweep]") +
+                           " cases (" + it->second + ") and (" + values + ") would write to the same folder " +
+                           deck.output.dir + "/" + suffix + ": their values differ only where a folder name cannot",
+                       true);
     c.output.dir = deck.output.dir + "/" + suffix;
     out.push_back(std::move(c));
     std::size_t a = 0;

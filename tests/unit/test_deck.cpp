@@ -128,6 +128,26 @@ mesh.cp = [1, 2]
   EXPECT_EQ(dirs.size(), 6u);
 }
 
+// A case folder is one name under output.dir whatever the value: a '/' (or anything a
+// folder name should not hold) becomes '_', so "../../x" cannot leave output.dir; two
+// values that then name one folder are refused rather than written over each other.
+TEST(Deck, SweepCaseFoldersStayInsideOutputDir) {
+  const auto cases = wlb::expandSweep(
+      wlb::parseDeck("[output]\ndir = \"out\"\n[sweep]\n\"model.name\" = [\"../../x\", \"a/b c\"]\n", "s.toml"));
+  ASSERT_EQ(cases.size(), 2u);
+  EXPECT_EQ(cases[0].output.dir, "out/model.name-.._.._x");
+  EXPECT_EQ(cases[1].output.dir, "out/model.name-a_b_c");
+  EXPECT_EQ(cases[0].model.name, "../../x");  // the value itself is unchanged
+  const wlb::Deck clash =
+      wlb::parseDeck("[output]\ndir = \"out\"\n[sweep]\n\"model.name\" = [\"a/b\", \"a_b\"]\n", "s.toml");
+  try {
+    (void)wlb::expandSweep(clash);
+    FAIL() << "two cases writing to one folder were accepted";
+  } catch (const wlb::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("same folder out/model.name-a_b"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Deck, SweptDerivedKeysKeepTheirCaseValues) {
   // micro_batches and s_max default to values derived from other keys; a case that sweeps
   // them gets the swept value, not the derived default
