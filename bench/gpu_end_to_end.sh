@@ -47,6 +47,10 @@ log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 # Shared libraries: the system's where it has them, the carried ones otherwise.
 source "$(dirname "$0")/gpu_libs.sh"
 use_carried_libs "$BIN"
+# PyTorch's parts run without the CUDA folders found below: one of them held an older cuDNN
+# than PyTorch's own, and PyTorch refused it ("cuDNN version incompatibility", H100 lease of
+# 2026-11-28).
+TORCH_LD=${LD_LIBRARY_PATH-}
 for n in libcublas.so.13 libcublasLt.so.13 libnccl.so.2 libcudart.so.13; do
   if ! ldconfig -p | grep -q " $n "; then
     # where CUDA and PyTorch's wheels put them; not all of /, which on a machine without
@@ -169,7 +173,7 @@ if [[ " $parts " == *" torch8b "* ]]; then
     [ -f "$OUT/run8b/plan.$s.jsonl" ] || continue
     log "PyTorch peer on run8b's $s plan (bf16, torch.compile, varlen attention, AdamW)"
     PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF-expandable_segments:True} PYTHONUNBUFFERED=1 \
-      timeout 240 python3 bench/torch_step.py --plan "$OUT/run8b/plan.$s.jsonl" --deck inputs/run_gpu_8b.toml \
+      LD_LIBRARY_PATH=$TORCH_LD timeout 240 python3 bench/torch_step.py --plan "$OUT/run8b/plan.$s.jsonl" --deck inputs/run_gpu_8b.toml \
       --json "$OUT/torch8b_$s.json" > "$OUT/torch8b_$s.log" 2>&1
     echo "torch8b $s rc=$?" | tee -a "$OUT/summary.txt"
     tail -6 "$OUT/torch8b_$s.log" | tee -a "$OUT/summary.txt"
@@ -272,14 +276,14 @@ if [[ " $parts " == *" attn "* ]]; then
   echo "bench_attention_gpu rc=$?" | tee -a "$OUT/summary.txt"
   grep -E "check|^[a-d]" "$OUT/attention_wlb.log" | tail -40 | tee -a "$OUT/summary.txt"
   log "PyTorch anchors (bench/attention_torch.py, cases a, b, c; d with varlen_attn)"
-  PYTHONUNBUFFERED=1 timeout 300 python3 bench/attention_torch.py --cases a,b,c,d --json "$OUT/attention_torch.json" \
+  PYTHONUNBUFFERED=1 LD_LIBRARY_PATH=$TORCH_LD timeout 300 python3 bench/attention_torch.py --cases a,b,c,d --json "$OUT/attention_torch.json" \
     > "$OUT/attention_torch.log" 2>&1
   echo "attention_torch rc=$?" | tee -a "$OUT/summary.txt"
   tail -20 "$OUT/attention_torch.log" | tee -a "$OUT/summary.txt"
 fi
 if [[ " $parts " == *" attnanchors "* ]]; then
   log "PyTorch BF16 anchors of cases a, b, c (bench/attention_torch.py: cuDNN SDPA, FlexAttention, varlen_attn)"
-  PYTHONUNBUFFERED=1 timeout 240 python3 bench/attention_torch.py --cases a,b,c \
+  PYTHONUNBUFFERED=1 LD_LIBRARY_PATH=$TORCH_LD timeout 240 python3 bench/attention_torch.py --cases a,b,c \
     --kernels sdpa_bf16_cudnn,flex_bf16,varlen_bf16 --json "$OUT/attention_torch_abc.json" > "$OUT/attention_torch_abc.log" 2>&1
   echo "attention_torch a-c rc=$?" | tee -a "$OUT/summary.txt"
   tail -12 "$OUT/attention_torch_abc.log" | tee -a "$OUT/summary.txt"
@@ -290,7 +294,7 @@ if [[ " $parts " == *" attngrid "* ]]; then
     --json "$OUT/attention_wlb_d.json" > "$OUT/attention_wlb_d.log" 2>&1
   echo "bench_attention_gpu d rc=$?" | tee -a "$OUT/summary.txt"
   grep -E "^d:" "$OUT/attention_wlb_d.log" | tee -a "$OUT/summary.txt"
-  PYTHONUNBUFFERED=1 timeout 120 python3 bench/attention_torch.py --cases d --kernels varlen_bf16 \
+  PYTHONUNBUFFERED=1 LD_LIBRARY_PATH=$TORCH_LD timeout 120 python3 bench/attention_torch.py --cases d --kernels varlen_bf16 \
     --json "$OUT/attention_torch_d.json" > "$OUT/attention_torch_d.log" 2>&1
   echo "attention_torch d rc=$?" | tee -a "$OUT/summary.txt"
   tail -10 "$OUT/attention_torch_d.log" | tee -a "$OUT/summary.txt"
