@@ -108,42 +108,47 @@ std::string fileHash(const std::string& path) {
 nlohmann::json fingerprint(const Deck& d, const std::string& prefix, std::int64_t total_steps) {
   const auto& m = d.model;
   const auto& t = d.train;
-  return {{"model.hidden", m.hidden},
-          {"model.heads", m.heads},
-          {"model.kv_heads", m.kv_heads},
-          {"model.ffn", m.ffn},
-          {"model.layers", m.layers},
-          {"model.vocab", m.vocab},
-          {"mesh.dp", d.mesh.dp},  // the packer's replicas (mesh.cp may change: same numbers up to rounding)
-          {"mesh.tp", d.mesh.tp},  // the checkpoint's tensor layout (TP slices)
-          {"mesh.pp", d.mesh.pp},  // and its pipeline stages
-          {"mesh.virtual_stages", pp::pipelineLayout(d).chunks},  // and the stages' layer blocks
-          {"run.precision", d.run.precision},                     // bf16 working copy and activations vs fp32
-          {"data.context_window", d.data.context_window},
-          {"data.s_max", d.data.s_max},
-          {"packing.strategy", d.packing.strategy},
-          {"packing.micro_batches", d.packing.micro_batches},
-          {"packing.window", d.packing.window},
-          {"packing.delay_budget", d.packing.delay_budget},
-          {"packing.max_queue_wait", d.packing.max_queue_wait},
-          {"packing.outlier_thresholds", d.packing.outlier_thresholds},
-          {"train.dataset", fs::absolute(prefix).lexically_normal().string()},
-          {"train.steps (resolved)", total_steps},
-          {"train.lr", t.lr},
-          {"train.min_lr_ratio", t.min_lr_ratio},
-          {"train.warmup_steps", t.warmup_steps},
-          {"train.weight_decay", t.weight_decay},
-          {"train.beta1", t.beta1},
-          {"train.beta2", t.beta2},
-          {"train.clip", t.clip},
-          {"train.seed", t.seed},
-          {"train.eval_tokens", t.eval_tokens},  // what every evaluation loss of the log averages
-          {"train.rope_theta", t.rope_theta},
-          // The tokens themselves, and the profile and memory the packer plans with.
-          {"train.dataset (files)", fileHash(prefix + "_train.idx") + "; " + fileHash(prefix + "_train.bin")},
-          {"hardware.profile",
-           d.hardware.profile == "analytic" ? std::string("analytic") : fileHash(model::HardwareProfile::pathOf(d))},
-          {"hardware.memory_gb", d.hardware.memory_gb}};
+  nlohmann::json fp = {
+      {"model.hidden", m.hidden},
+      {"model.heads", m.heads},
+      {"model.kv_heads", m.kv_heads},
+      {"model.ffn", m.ffn},
+      {"model.layers", m.layers},
+      {"model.vocab", m.vocab},
+      {"mesh.dp", d.mesh.dp},  // the packer's replicas (mesh.cp may change: same numbers up to rounding)
+      {"mesh.tp", d.mesh.tp},  // the checkpoint's tensor layout (TP slices)
+      {"mesh.pp", d.mesh.pp},  // and its pipeline stages
+      {"mesh.virtual_stages", pp::pipelineLayout(d).chunks},  // and the stages' layer blocks
+      {"run.precision", d.run.precision},                     // bf16 working copy and activations vs fp32
+      {"data.context_window", d.data.context_window},
+      {"data.s_max", d.data.s_max},
+      {"packing.strategy", d.packing.strategy},
+      {"packing.micro_batches", d.packing.micro_batches},
+      {"packing.window", d.packing.window},
+      {"packing.delay_budget", d.packing.delay_budget},
+      {"packing.max_queue_wait", d.packing.max_queue_wait},
+      {"packing.outlier_thresholds", d.packing.outlier_thresholds},
+      {"train.dataset", fs::absolute(prefix).lexically_normal().string()},
+      {"train.steps (resolved)", total_steps},
+      {"train.lr", t.lr},
+      {"train.min_lr_ratio", t.min_lr_ratio},
+      {"train.warmup_steps", t.warmup_steps},
+      {"train.weight_decay", t.weight_decay},
+      {"train.beta1", t.beta1},
+      {"train.beta2", t.beta2},
+      {"train.clip", t.clip},
+      {"train.seed", t.seed},
+      {"train.eval_tokens", t.eval_tokens},  // what every evaluation loss of the log averages
+      {"train.rope_theta", t.rope_theta},
+      // The tokens themselves, and the profile and memory the packer plans with.
+      {"train.dataset (files)", fileHash(prefix + "_train.idx") + "; " + fileHash(prefix + "_train.bin")},
+      {"hardware.profile",
+       d.hardware.profile == "analytic" ? std::string("analytic") : fileHash(model::HardwareProfile::pathOf(d))},
+      {"hardware.memory_gb", d.hardware.memory_gb}};
+  // The executor's recomputation changes no number, so a run that ran out of memory may
+  // resume with "selective"; SlimPack's packer plans with the activation bytes it sets.
+  if (d.packing.strategy == "slimpack") fp["pipeline.recompute"] = d.pipeline.recompute;
+  return fp;
 }
 
 std::vector<float> toHost(const Vec& v) {
@@ -213,7 +218,7 @@ void checkFingerprint(const std::string& path, const nlohmann::json& header, con
     // Recorded since this version; an older checkpoint's value is unknown (run.precision
     // already took effect then), so it is not held against the deck.
     if (was.is_null() && (k == "run.precision" || k == "train.eval_tokens" || k == "train.dataset (files)" ||
-                          k == "hardware.profile" || k == "hardware.memory_gb"))
+                          k == "hardware.profile" || k == "hardware.memory_gb" || k == "pipeline.recompute"))
       continue;
     if (was != v)
       throw InputError(fmt::format("{}: written with {} = {}, the deck says {} (resume needs the same run)", path, k,
