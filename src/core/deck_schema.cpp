@@ -128,7 +128,8 @@ const std::vector<KeySpec>& deckSchema() {
           "Pipeline schedule (`packflow`: SlimPack plans; 1F1B order for the other packers)."),
         S("pipeline", "recompute", {"none", "selective", "full"}, WLB_F(pipeline.recompute),
           "Activation recomputation: selective recomputes the norms' outputs and the SwiGLU product in the "
-          "backward (wlb simulate, run and train; the same numbers), full the whole layer (wlb simulate only)."),
+          "backward (wlb simulate, run and train; the same numbers for the same plan, and SlimPack plans with the "
+          "smaller activations), full the whole layer (wlb simulate only)."),
 
         S("hardware", "profile", {}, WLB_F(hardware.profile),
           "Hardware/kernel profile JSON (docs/profile-format.md) or \"analytic\"."),
