@@ -13,8 +13,10 @@ first when the binaries count different work, e.g. a model with more ops). Raw p
 figures go to --json. With --region LABEL (repeatable) it also reads each run's trace and
 reports the seconds per measured step spent in that region (the trace's events of that
 label, summed per rank, mean over ranks; docs/trace-schema.md), old and new and their
-ratio: a change inside one region shows there undiluted by the rest of the step. Needs
-OpenMPI's mpirun (`source run/mpienv` as root).
+ratio: a change inside one region shows there undiluted by the rest of the step.
+--old-set / --new-set (repeatable) override a key on one side only, so one binary can be
+compared with itself under two settings (--old and --new the same file). Needs OpenMPI's
+mpirun (`source run/mpienv` as root).
 """
 import argparse
 import json
@@ -73,6 +75,8 @@ def main():
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--set", action="append", default=[], help="deck override for both binaries")
+    ap.add_argument("--old-set", action="append", default=[], help="deck override for the old side only")
+    ap.add_argument("--new-set", action="append", default=[], help="deck override for the new side only")
     ap.add_argument("--json", type=pathlib.Path, help="raw per-round figures")
     ap.add_argument("--region", action="append", default=[],
                     help="also report the seconds per step in this trace region (repeatable)")
@@ -81,8 +85,8 @@ def main():
     with tempfile.TemporaryDirectory(prefix="wlb-ab-") as tmp:
         for r in range(a.rounds):
             row = {}
-            for tag, binary in (("old", a.old), ("new", a.new)):
-                row[tag] = run_once(binary, a.deck, a.ranks, a.set, f"{tmp}/{tag}{r}", a.region)
+            for tag, binary, own in (("old", a.old, a.old_set), ("new", a.new, a.new_set)):
+                row[tag] = run_once(binary, a.deck, a.ranks, a.set + own, f"{tmp}/{tag}{r}", a.region)
             rounds.append(row)
             print(f"round {r + 1}/{a.rounds} done", file=sys.stderr, flush=True)
     print(f"{'strategy':<10} {'old ktok/s':>11} {'new ktok/s':>11} {'tok/s new/old':>14} {'[range]':>15} "
