@@ -810,6 +810,15 @@ def host_rmsnorm_ab(root):
     return [[(st,)] + qkv[st][:3] + mlp[st][:3] + qkv[st][3:] for st in qkv]
 
 
+@table("recompute-selective-ab", "docs/performance.md", "bench/results/cpu/recompute_selective_ab.log")
+def recompute_selective_ab(root):
+    """binary_ab.py --new-set pipeline.recompute="selective" --region qkv_proj --region mlp:
+    both regions per step (none, selective, ratio) and the step's tokens/s ratio."""
+    body = log_body(root / "bench/results/cpu/recompute_selective_ab.log")
+    qkv, mlp = ab_region_cells(body, "qkv_proj"), ab_region_cells(body, "mlp")
+    return [[(st,)] + qkv[st][:3] + mlp[st][:3] + qkv[st][3:] for st in qkv]
+
+
 @table("host-rows-ab", "docs/performance.md", "bench/results/cpu/host_rows_ab.log")
 def host_rows_ab(root):
     """binary_ab.py --region embed --region attn --region kv_exchange: the three regions per
