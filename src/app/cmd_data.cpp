@@ -129,8 +129,8 @@ const bool registered = wlb::app::registerCommand(
       sub.require_subcommand(1);
       CLI::App* stats = sub.add_subcommand("stats", "Count, mean, percentiles and token share by length bucket");
       wlb::app::addDeckArgs(*stats, o->deck, /*optional=*/true);
-      stats->add_option("--preset", o->preset, "Generator preset (overrides the deck's source)");
-      stats->add_flag("--all-presets", o->all, "Every generator preset");
+      auto* preset = stats->add_option("--preset", o->preset, "Generator preset (overrides the deck's source)");
+      stats->add_flag("--all-presets", o->all, "Every generator preset")->excludes(preset);
       stats->add_option("--steps", o->steps, "Steps (global batches) to sample from a generator")
           ->check(wlb::app::intAtLeast(1));
       stats->add_option("--window", o->window, "Context window S (overrides data.context_window)");

@@ -250,8 +250,9 @@ const bool registered = wlb::app::registerCommand(
       sub.add_option("--out", o->out, "Output HDF5: o, lse[, dq, dk, dv]")->required();
       sub.add_option("--tile-q", o->tile_q, "Query tile (multiple of 16, 16..256)");
       sub.add_option("--tile-k", o->tile_k, "Key tile (multiple of 16, 16..256)");
-      sub.add_flag("--reference", o->reference, "Use the double-precision reference instead of the kernels");
-      sub.add_flag("--portable", o->portable, "Force the portable (device) kernel path");
+      auto* ref =
+          sub.add_flag("--reference", o->reference, "Use the double-precision reference instead of the kernels");
+      sub.add_flag("--portable", o->portable, "Force the portable (device) kernel path")->excludes(ref);
       sub.add_option("--precision", o->precision,
                      "fp32 (default), tf32 (TF32 tensor cores on CUDA) or bf16 (BF16 storage and tensor cores)");
       sub.add_option("--attention", o->attention, att::hopperVariantHelp());

@@ -96,6 +96,17 @@ int worldSize() {
 
 namespace {
 
+/// An option or argument given an empty value (`--out ''`, most often an unset shell
+/// variable) is bad input: the commands read an empty path as "not given".
+void refuseEmptyValues(const CLI::App& sub) {
+  for (const CLI::Option* opt : sub.get_options()) {
+    if (opt->count() == 0 || opt->get_items_expected_min() == 0) continue;  // not given, or a flag
+    for (const std::string& v : opt->results())
+      if (v.empty()) throw wlb::InputError(opt->get_name() + ": an empty value", true);
+  }
+  for (const CLI::App* nested : sub.get_subcommands()) refuseEmptyValues(*nested);
+}
+
 /// Kokkos, the option parser and the chosen subcommand; returns the exit code. Errors from
 /// the subcommand are handled here; main() catches what setting up throws.
 int dispatch(int argc, char** argv) {
@@ -144,6 +155,7 @@ int dispatch(int argc, char** argv) {
         if (rank == 0) std::cout << app.help();
       } else {
         const auto* chosen = app.get_subcommands().front();
+        refuseEmptyValues(*chosen);
         rc = subs.at(chosen->get_name()).second();
       }
     } catch (const CLI::ParseError& e) {

@@ -118,6 +118,12 @@ bad2 "simulate --trace a directory" "--trace" "$WLB" simulate "$SRC/inputs/sim_s
 bad2 "plan --out naming a folder" "names a folder" "$WLB" plan "$SRC/inputs/quickstart.toml" --steps 1 --out "$tmp/newdir/"
 [ -e "$tmp/newdir" ] && fail "plan --out DIR/ made the folder"
 
+# an empty value (an unset shell variable) and options that exclude each other: exit 2
+bad2 "plan --out ''" "--out: an empty value" "$WLB" plan "$SRC/inputs/quickstart.toml" --steps 1 --out ''
+bad2 "run --set ''" "--set: an empty value" "$WLB" run "$SRC/inputs/quickstart.toml" --set ''
+bad2 "kernel --reference --portable" "excludes" "$WLB" kernel --in x.h5 --out y.h5 --reference --portable
+bad2 "data stats --preset --all-presets" "excludes" "$WLB" data stats --preset pile --all-presets
+
 # unknown subcommand: exit 2 with a suggestion
 "$WLB" plann "$SRC/inputs/quickstart.toml" > "$tmp/out" 2> "$tmp/err"; rc=$?
 [ "$rc" = 2 ] || fail "plann exit $rc, wanted 2"
