@@ -3,7 +3,9 @@
 
 #include "trace/reader.hpp"
 
+#include <cmath>
 #include <sstream>
+#include <string>
 
 #include "core/error.hpp"
 #include "core/h5.hpp"
@@ -105,12 +107,20 @@ Trace readTrace(const std::string& path) {
     throw InputError(path + ": damaged trace (" + e.what() + ")");
   }
 
-  // Consistency checks: ids in range, rank slices inside the table.
+  // Consistency checks: ids in range, rank slices inside the table, and the figures the
+  // analysis, calibration and replay divide by (an edited or damaged file is refused, not
+  // averaged: a NaN or negative count would otherwise vanish from or skew every fit).
+  if (t.warmup < 0) throw InputError(path + ": /meta warmup " + std::to_string(t.warmup) + " is negative");
   const auto nreg = static_cast<int>(t.regions.size());
   const auto nstr = static_cast<int>(t.strategies.size());
-  for (const auto& e : t.events) {
+  for (std::size_t i = 0; i < t.events.size(); ++i) {
+    const Event& e = t.events[i];
     if (e.region < 0 || e.region >= nreg || e.strategy < 0 || e.strategy >= nstr)
       throw InputError(path + ": /events refers to a label or strategy outside the tables");
+    if (e.end_ns < e.start_ns || !std::isfinite(e.flops) || e.flops < 0 || !std::isfinite(e.bytes) || e.bytes < 0)
+      throw InputError(path + ": /events row " + std::to_string(i) +
+                       " is damaged (an end before its start, or a FLOP or byte count that is negative or not a "
+                       "number)");
   }
   for (const auto& r : t.ranks) {
     if (r.event_offset < 0 || r.event_count < 0 ||

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -173,6 +174,45 @@ TEST(TraceReader, IncompleteFileIsInputErrorNamingFile) {
     EXPECT_NE(std::string(e.what()).find("incomplete"), std::string::npos) << e.what();
   }
   std::remove(path.c_str());
+}
+
+// A trace whose figures cannot be real is refused by row, not averaged over: a NaN FLOP
+// count, a negative byte count, an event ending before it starts, a negative warm-up.
+TEST(TraceReader, ImpossibleFiguresAreInputErrors) {
+  const auto path = tmpPath("figures");
+  const auto refused = [&](const tr::Event& bad, int warmup, const std::string& want) {
+    tr::Recorder rec;
+    tr::Event ok;
+    ok.region = rec.region("attn");
+    ok.start_ns = 10;
+    ok.end_ns = 20;
+    ok.flops = 1e9;
+    rec.record(ok);
+    tr::Event b = bad;
+    b.region = ok.region;
+    rec.record(b);
+    tr::RunMeta meta;
+    meta.warmup = warmup;
+    tr::Writer(path, meta).commit(rec);
+    try {
+      tr::readTrace(path);
+      ADD_FAILURE() << "accepted a trace with " << want;
+    } catch (const wlb::InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+    std::remove(path.c_str());
+  };
+  tr::Event e;
+  e.start_ns = 30;
+  e.end_ns = 40;
+  tr::Event nan = e, neg = e, back = e;
+  nan.flops = std::nan("");
+  neg.bytes = -1;
+  back.end_ns = 29;
+  refused(nan, 0, "/events row 1 is damaged");
+  refused(neg, 0, "/events row 1 is damaged");
+  refused(back, 0, "/events row 1 is damaged");
+  refused(e, -1, "warmup -1 is negative");
 }
 
 TEST(TraceReader, TruncatedAndMissingFilesAreInputErrors) {
