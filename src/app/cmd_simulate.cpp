@@ -79,7 +79,7 @@ std::vector<std::string> expandDeckPaths(const std::vector<std::string>& paths) 
     if (p.size() > 5 && p.substr(p.size() - 5) == ".list") {
       auto in = wlb::openInput(p, "deck list", std::ios::in, true);
       std::string line;
-      while (std::getline(in, line)) {
+      for (int no = 1; std::getline(in, line); ++no) {
         const auto hash = line.find('#');
         if (hash != std::string::npos) line.erase(hash);
         line.erase(0, line.find_first_not_of(" \t\r"));
@@ -87,6 +87,13 @@ std::vector<std::string> expandDeckPaths(const std::vector<std::string>& paths) 
         if (line.empty()) continue;
         fs::path d(line);
         if (d.is_relative()) d = fs::path(p).parent_path() / d;
+        // named by its line: loadDeck's own error would not say which list holds it
+        std::error_code ec;
+        if (!fs::is_regular_file(d, ec))
+          throw wlb::InputError(p + ":" + std::to_string(no) + ": deck '" + line + "' " +
+                                    (fs::exists(d, ec) ? "is not a file" : "does not exist") + " (looked for " +
+                                    d.string() + ")",
+                                true);
         out.push_back(d.string());
       }
     } else {

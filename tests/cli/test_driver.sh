@@ -110,6 +110,9 @@ bad2 "tune --json a directory" "--json" "$WLB" tune "$SRC/inputs/quickstart.toml
 ls "$tmp"/adir* | grep -q tmp && fail "tune --json DIR left a temporary"
 : > "$tmp/empty.list"
 bad2 "simulate an empty deck list" "no decks" "$WLB" simulate "$tmp/empty.list"
+printf '# decks\n%s\n\nmissing.toml\n' "$SRC/inputs/sim_small.toml" > "$tmp/missing.list"
+bad2 "simulate a list naming a missing deck" "missing.list:4: deck 'missing.toml' does not exist" \
+  "$WLB" simulate "$tmp/missing.list"
 bad2 "data stats --window -5" "--window" "$WLB" data stats --window -5
 bad2 "a command of one case on a sweeping deck" "sweep" "$WLB" plan "$SRC/inputs/slurm_sweep.toml" --steps 1
 "$WLB" plan "$SRC/inputs/slurm_sweep.toml" --steps 1 --set mesh.cp=2 > "$tmp/out" 2> "$tmp/err" ||
