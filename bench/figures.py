@@ -344,10 +344,10 @@ def attention_h100(root):
 H100_WS = f"{H100}/attention_ws"
 
 
-def _ws_rows(root, name):
-    """{(case, path): row} of a bench_attention_gpu JSON of the warp-specialised session."""
+def _ws_rows(root, name, folder=H100_WS):
+    """{(case, path): row} of a bench_attention_gpu JSON (default: the warp-specialised session's)."""
     import json
-    return {(r["case"], r["path"]): r for r in json.loads((root / H100_WS / name).read_text())["rows"]}
+    return {(r["case"], r["path"]): r for r in json.loads((root / folder / name).read_text())["rows"]}
 
 
 def _torch_rows(path):
@@ -381,8 +381,7 @@ H100_828 = f"{H100}/one_model_2026-11-28"
 def attention_h100_ws_1128(root):
     """The lease of 2026-11-28: sync, ws and ws-r64 against cuDNN; best = the faster of
     each direction's wlb kernels over cuDNN's."""
-    import json
-    wlb = {(r["case"], r["path"]): r for r in json.loads((root / H100_828 / "attention_ws.json").read_text())["rows"]}
+    wlb = _ws_rows(root, "attention_ws.json", H100_828)
     torch = _torch_rows(root / H100_828 / "attention_torch_abc.json")
     out = []
     for case in "abc":
@@ -801,22 +800,18 @@ def host_simd_ab(root):
     return [[(st,)] + mlp[st][:3] + loss[st][:3] + mlp[st][3:] for st in mlp]
 
 
-@table("host-rmsnorm-ab", "docs/performance.md", "bench/results/cpu/host_rmsnorm_ab.log")
-def host_rmsnorm_ab(root):
+def qkv_mlp_ab_rows(root, log):
     """binary_ab.py --region qkv_proj --region mlp: both regions per step (old, new, new / old)
     and the step's tokens/s new / old, per strategy."""
-    body = log_body(root / "bench/results/cpu/host_rmsnorm_ab.log")
+    body = log_body(root / log)
     qkv, mlp = ab_region_cells(body, "qkv_proj"), ab_region_cells(body, "mlp")
     return [[(st,)] + qkv[st][:3] + mlp[st][:3] + qkv[st][3:] for st in qkv]
 
 
-@table("recompute-selective-ab", "docs/performance.md", "bench/results/cpu/recompute_selective_ab.log")
-def recompute_selective_ab(root):
-    """binary_ab.py --new-set pipeline.recompute="selective" --region qkv_proj --region mlp:
-    both regions per step (none, selective, ratio) and the step's tokens/s ratio."""
-    body = log_body(root / "bench/results/cpu/recompute_selective_ab.log")
-    qkv, mlp = ab_region_cells(body, "qkv_proj"), ab_region_cells(body, "mlp")
-    return [[(st,)] + qkv[st][:3] + mlp[st][:3] + qkv[st][3:] for st in qkv]
+# the RMSNorm vectorised (old and new binary); selective recomputation (none and selective)
+for _name, _log in (("host-rmsnorm-ab", "bench/results/cpu/host_rmsnorm_ab.log"),
+                    ("recompute-selective-ab", "bench/results/cpu/recompute_selective_ab.log")):
+    table(_name, "docs/performance.md", _log)(lambda root, log=_log: qkv_mlp_ab_rows(root, log))
 
 
 @table("host-rows-ab", "docs/performance.md", "bench/results/cpu/host_rows_ab.log")

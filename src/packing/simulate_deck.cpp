@@ -98,11 +98,7 @@ std::vector<SimStrategyResult> simulateDeck(const Deck& deck_in, const SimulateO
     sim_cfg.comm_element_bytes = 4;
     sim_cfg.executor_memory = true;
     sim_cfg.executor_storage_bytes = deck.run.precision == "bf16" ? 2 : 4;
-    if (sim_cfg.recompute == pp::Recompute::Full)
-      throw InputError(
-          "pipeline.recompute = \"full\": --as-run simulates what wlb run executes, which recomputes \"none\" or "
-          "\"selective\"",
-          true);
+    (void)pp::executorRecomputesSelective(deck.pipeline.recompute);  // "full" is not what runs
   }
   if (opt.mean_speed) sim_cfg.rank_spread = sim_cfg.step_spread = sim_cfg.task_spread = 0;
   const pp::StepSimulator sim(sim_cfg, cost);

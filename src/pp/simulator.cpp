@@ -27,6 +27,16 @@ Recompute parseRecompute(const std::string& name) {
   throw InputError("pipeline.recompute: unknown value '" + name + "' (allowed: none, selective, full)", true);
 }
 
+bool executorRecomputesSelective(const std::string& name) {
+  const Recompute r = parseRecompute(name);
+  if (r == Recompute::Full)
+    throw InputError(
+        "pipeline.recompute = \"full\": wlb run and wlb train (and simulate --as-run, which models "
+        "them) recompute \"none\" or \"selective\"; \"full\" is simulated only",
+        true);
+  return r == Recompute::Selective;
+}
+
 // ---- Micro-batch work ------------------------------------------------------------------
 
 MicroBatchWork microBatchWork(const MicroBatch& mb, const cp::MicroBatchShards& plans, const std::string& sharding,

@@ -38,6 +38,10 @@ namespace wlb::pp {
 enum class Recompute { None, Selective, Full };
 /// "none" | "selective" | "full"; InputError naming `pipeline.recompute` otherwise.
 Recompute parseRecompute(const std::string& name);
+/// pipeline.recompute as the executor runs it (wlb run, wlb train, and simulate --as-run,
+/// which models them): true for "selective", false for "none"; "full" (the simulator's alone:
+/// the executor does not keep only the layer inputs) is an InputError naming the key.
+bool executorRecomputesSelective(const std::string& name);
 
 /// One micro-batch's work on one TP rank of each CP rank, per transformer layer.
 struct MicroBatchWork {

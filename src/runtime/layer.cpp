@@ -410,14 +410,6 @@ void swigluBackward(const Space& space, const MatT<T>& a1, const MatT<T>& ds, co
 // activations and their gradients, and rounded copies of dy, dh, dQ/dK/dV), their products
 // accumulate in FP32.
 
-bool parseRecompute(const std::string& name) {
-  if (name == "none") return false;
-  if (name == "selective") return true;
-  throw InputError("pipeline.recompute = \"" + name +
-                       "\": wlb run and wlb train recompute \"none\" or \"selective\" (\"full\" is simulated only)",
-                   true);
-}
-
 // Selective recomputation (pipeline.recompute = "selective"): the forward drops the norms'
 // outputs and the SwiGLU product, the backward computes them again from what it kept. The
 // same kernels on the same inputs give the same bits, so gradients equal the kept ones'.

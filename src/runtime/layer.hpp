@@ -71,10 +71,6 @@ class RopeTable {
   Mat cos_, sin_;
 };
 
-/// pipeline.recompute for the executor: true for "selective", false for "none"; "full" (a
-/// simulated setting: the executor keeps no layer inputs alone) is an InputError naming the key.
-bool parseRecompute(const std::string& name);
-
 /// Environment of a layer execution on one rank.
 struct LayerEnv {
   const Space* space = nullptr;
@@ -95,8 +91,9 @@ struct LayerEnv {
   parallel::GroupComm* tp_group = nullptr;
   /// Activations and temporaries come from here (pool.hpp); null -> fresh allocations.
   BufferPool* pool = nullptr;
-  /// pipeline.recompute = "selective": the norms' outputs and the SwiGLU product are not
-  /// kept but computed again in the backward (model::executorLayerActivationBytes).
+  /// pipeline.recompute = "selective" (pp::executorRecomputesSelective): the norms' outputs
+  /// and the SwiGLU product are not kept but computed again in the backward
+  /// (model::executorLayerActivationBytes).
   bool recompute_selective = false;
   /// `wlb run --gemm-timing`: times every product by name while active; null -> untimed.
   OpTimer* gemm_timer = nullptr;

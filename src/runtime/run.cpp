@@ -514,7 +514,7 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
     strategies = resolveStrategies(deck);
     comm_mode = cp::parseCommMode(deck.cp.comm);
     precision = parsePrecision(deck.run.precision);
-    recompute = parseRecompute(deck.pipeline.recompute);
+    recompute = pp::executorRecomputesSelective(deck.pipeline.recompute);
     for (const auto& s : strategies) {
       (void)cp::parseStrategy(s.sharding);
       packing::checkPackerSchedule(deck, s.packer);

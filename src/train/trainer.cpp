@@ -41,6 +41,7 @@
 #include "parallel/mesh.hpp"
 #include "parallel/progress_thread.hpp"
 #include "pp/schedule.hpp"
+#include "pp/simulator.hpp"
 #include "runtime/gemm.hpp"
 #include "runtime/llama.hpp"
 #include "runtime/pipeline.hpp"
@@ -427,7 +428,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
     }
     mc = LlamaConfig::fromDeck(deck, shape.tp(), coord.tp, shape.pp(), coord.pp, pipe.chunks);
     precision = runtime::parsePrecision(deck.run.precision);
-    recompute = runtime::parseRecompute(deck.pipeline.recompute);
+    recompute = pp::executorRecomputesSelective(deck.pipeline.recompute);
     train_tokens = std::make_unique<runtime::DatasetTokens>(train_ds, mc.vocab, prefix + "_train");
     if (valid_ds && valid_ds->documents() > 0)
       valid_tokens = std::make_unique<runtime::DatasetTokens>(valid_ds, mc.vocab, prefix + "_valid");

@@ -58,48 +58,37 @@ assert last < first - 1.0, (first, last)
 assert len(ev) == 2 and ev[1] < ev[0], ev
 PYEOF
 
+# same_steps FULL CUT N WHAT: the two runs' logs agree bit for bit over N steps.
+same_steps() {
+  $PY - "$1/train_log.jsonl" "$2/train_log.jsonl" "$3" "$4" <<'PYEOF'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+n = int(sys.argv[3])
+assert len(a) >= n, len(a)
+assert [r["step"] for r in b] == list(range(n)), [r["step"] for r in b]
+for x, y in zip(a, b):
+    for k in ("loss", "grad_norm", "lr", "tokens", "eval_loss"):
+        assert x.get(k) == y.get(k), (x["step"], k, x.get(k), y.get(k))
+print(sys.argv[4])
+PYEOF
+}
+same_30_steps() { same_steps "$1" "$2" 30 "$3"; }
+
 # 1b. pipeline.recompute = "selective" trains the same model bit for bit (the backward
 #     computes the norms' outputs and the SwiGLU product again from the same inputs).
 "$WLB" train deck.toml --set pipeline.recompute='"selective"' --set output.dir='"out_sel"' > /dev/null 2> err.txt ||
   { cat err.txt; fail "train selective"; }
-$PY - out/train_log.jsonl out_sel/train_log.jsonl <<'PYEOF' || fail "selective recompute changed the training"
-import json, sys
-a = [json.loads(l) for l in open(sys.argv[1])]
-b = [json.loads(l) for l in open(sys.argv[2])]
-assert len(a) == len(b) == 40
-for x, y in zip(a, b):
-    for k in ("loss", "grad_norm", "eval_loss"):
-        assert x.get(k) == y.get(k), (x["step"], k, x.get(k), y.get(k))
-PYEOF
+same_steps out out_sel 40 "selective recomputation: 40 steps bit-identical" ||
+  fail "selective recompute changed the training"
 # A run that ran out of memory resumes with recomputation: stopped after 20 steps without
 # it, resumed with it, the log equals the uninterrupted run's.
 "$WLB" train deck.toml --set train.checkpoint_interval=10 --set output.dir='"out_oom"' --exit-after 20 \
   > /dev/null 2> err.txt || { cat err.txt; fail "train to step 20"; }
 "$WLB" train deck.toml --set train.checkpoint_interval=10 --set output.dir='"out_oom"' --resume \
   --set pipeline.recompute='"selective"' > /dev/null 2> err.txt || { cat err.txt; fail "resume with selective"; }
-$PY - out/train_log.jsonl out_oom/train_log.jsonl <<'PYEOF' || fail "resume with selective differs"
-import json, sys
-a = [json.loads(l) for l in open(sys.argv[1])]
-b = [json.loads(l) for l in open(sys.argv[2])]
-assert [r["step"] for r in b] == list(range(40)), [r["step"] for r in b]
-for x, y in zip(a, b):
-    for k in ("loss", "grad_norm", "lr", "tokens", "eval_loss"):
-        assert x.get(k) == y.get(k), (x["step"], k, x.get(k), y.get(k))
-PYEOF
-
-# same_30_steps FULL CUT WHAT: the two runs' logs agree bit for bit over 30 steps.
-same_30_steps() {
-  $PY - "$1/train_log.jsonl" "$2/train_log.jsonl" "$3" <<'PYEOF'
-import json, sys
-a = [json.loads(l) for l in open(sys.argv[1])]
-b = [json.loads(l) for l in open(sys.argv[2])]
-assert [r["step"] for r in b] == list(range(30)), [r["step"] for r in b]
-for x, y in zip(a, b):
-    for k in ("loss", "grad_norm", "lr", "tokens", "eval_loss"):
-        assert x.get(k) == y.get(k), (x["step"], k, x.get(k), y.get(k))
-print(sys.argv[3])
-PYEOF
-}
+same_steps out out_oom 40 "resumed with selective recomputation: 40 steps bit-identical" ||
+  fail "resume with selective differs"
 
 # 2. Resume: 30 steps straight vs. killed after step 14 (checkpoint at 10) + resume.
 ck="--set train.steps=30 --set train.checkpoint_interval=10"

@@ -59,11 +59,8 @@ Mat randomMat(std::int64_t r, std::int64_t c, unsigned seed) {
   return m;
 }
 
-std::vector<float> host(const Mat& m) {
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), m);
-  return std::vector<float>(h.data(), h.data() + h.size());
-}
-std::vector<float> host(const Vec& v) {
+template <class V>  // a float Mat or Vec
+std::vector<float> host(const V& v) {
   auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
   return std::vector<float>(h.data(), h.data() + h.size());
 }
