@@ -34,7 +34,7 @@ ATTN_LABEL = "attn"
 OP_KINDS = ("attention", "gemm", "comm", "idle")
 OP_KIND_NAMES = {"attention": "attention", "gemm": "GEMM / other compute",
                  "comm": "communication (incl. waiting)", "idle": "idle"}
-GEMM_LABELS = ("qkv_proj", "out_proj", "mlp", "embed", "loss", "norm", "optimizer")
+GEMM_LABELS = ("qkv_proj", "out_proj", "mlp", "embed", "loss", "norm", "optimizer", "recompute")
 COMM_LABELS = ("tp_allreduce", "kv_allgather", "kv_exchange", "pp_send", "pp_recv", "grad_allreduce")
 _COMM_WORDS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "exchange", "send", "recv",
                "broadcast", "comm")

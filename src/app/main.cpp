@@ -132,6 +132,7 @@ int dispatch(int argc, char** argv) {
       subs[name] = {sub, entry.setup(*sub)};
     }
 
+    std::string sub;  // the subcommand running, for an out-of-memory hint
     try {
       // the first word must be a subcommand (the driver has no positional arguments)
       if (cli_argv.size() > 1 && cli_argv[1][0] != '-' && !subs.count(cli_argv[1])) {
@@ -155,6 +156,7 @@ int dispatch(int argc, char** argv) {
         if (rank == 0) std::cout << app.help();
       } else {
         const auto* chosen = app.get_subcommands().front();
+        sub = chosen->get_name();
         refuseEmptyValues(*chosen);
         rc = subs.at(chosen->get_name()).second();
       }
@@ -182,9 +184,23 @@ int dispatch(int argc, char** argv) {
       if (wlb::app::worldSize() > 1) MPI_Abort(MPI_COMM_WORLD, wlb::kExitBadInput);
       rc = wlb::kExitBadInput;
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "wlb: internal error (rank %d): %s\n", rank, e.what());
-      std::fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, 1);
+      if (wlb::isOutOfMemory(e)) {
+        // the deck asks more of this rank than it has: say what to change; other ranks may
+        // be waiting in a collective, so end them with the same exit code
+        std::fprintf(stderr, "wlb: error (rank %d): out of memory: %s\n", rank, wlb::oneLine(e).c_str());
+        if (sub == "run" || sub == "train")
+          std::fprintf(stderr,
+                       "wlb: the deck needs more memory than this rank has (`wlb simulate DECK --as-run` prints each "
+                       "stage's predicted peak): lower data.context_window, raise mesh.tp, mesh.cp or mesh.pp, or set "
+                       "pipeline.recompute = \"selective\"\n");
+        std::fflush(stderr);
+        if (wlb::app::worldSize() > 1) MPI_Abort(MPI_COMM_WORLD, wlb::kExitBadInput);
+        rc = wlb::kExitBadInput;
+      } else {
+        std::fprintf(stderr, "wlb: internal error (rank %d): %s\n", rank, e.what());
+        std::fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
     }
   }
   return rc;

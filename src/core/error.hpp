@@ -2,6 +2,7 @@
 /// \file error.hpp
 /// \brief Error types shared by every component. The driver maps InputError to exit 2.
 
+#include <new>
 #include <stdexcept>
 #include <string>
 
@@ -23,5 +24,31 @@ class InputError : public std::runtime_error {
 
 /// Exit code used for every kind of bad input.
 inline constexpr int kExitBadInput = 2;
+
+/// An allocation that failed after the activation pool gave back all it could: the deck
+/// asks more of a rank than its memory holds. The driver prints what() with what to change
+/// and exits 2, as for bad input.
+class OutOfMemory : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Whether `e` is an allocation failure: OutOfMemory, std::bad_alloc (host allocations, and
+/// Kokkos 3.4 to 4.x's RawMemoryAllocationFailure) or Kokkos' later std::runtime_error
+/// "... memory space failed to allocate ..." (Impl::throw_bad_alloc), which has no type of
+/// its own.
+inline bool isOutOfMemory(const std::exception& e) {
+  return dynamic_cast<const OutOfMemory*>(&e) != nullptr || dynamic_cast<const std::bad_alloc*>(&e) != nullptr ||
+         std::string(e.what()).find("failed to allocate") != std::string::npos;
+}
+
+/// e.what() on one line: Kokkos' allocation errors end with a traceback note (or the
+/// traceback) after a blank line.
+inline std::string oneLine(const std::exception& e) {
+  std::string w = e.what();
+  w = w.substr(0, w.find("\n\n"));
+  while (!w.empty() && (w.back() == '\n' || w.back() == ' ')) w.pop_back();
+  return w;
+}
 
 }  // namespace wlb

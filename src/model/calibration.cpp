@@ -275,6 +275,7 @@ CalibrationFit fitProfile(const std::vector<MeasuredRun>& runs, const HardwarePr
     // Per (rank, strategy, step): the step's span and the time inside op events.
     struct StepAcc {
       double step = -1, inside = 0, fills = 0;
+      bool recomputed = false;  // the run recomputed in the backward (pipeline.recompute)
     };
     std::map<std::tuple<int, int, std::int64_t>, StepAcc> steps;
     // Collectives: the fastest member's duration per instance.
@@ -294,8 +295,9 @@ CalibrationFit fitProfile(const std::vector<MeasuredRun>& runs, const HardwarePr
       }
       if (e.op == "idle") continue;
       st.inside += e.seconds;
-      if (e.op == "embed" || e.op == "loss") {
-        st.fills += e.seconds;
+      if (e.op == "embed" || e.op == "loss" || e.op == "recompute") {
+        st.fills += e.seconds;  // elementwise work
+        st.recomputed = st.recomputed || e.op == "recompute";
         ++compute_events;
         continue;
       }
@@ -360,14 +362,18 @@ CalibrationFit fitProfile(const std::vector<MeasuredRun>& runs, const HardwarePr
     // coordinate's micro-batches. With pp > 1 a stage holds a share of the layers and the
     // embedding or the loss end, and its waits are `pp_recv` events (inside), so the sum over
     // stages is the whole model's unlabelled work; with pp = 1 the group is one rank.
-    std::map<std::tuple<int, std::int64_t, int, int, int>, double> groups;  // (strategy, step, dp, cp, tp)
+    // (strategy, step, dp, cp, tp) -> (seconds, recomputed)
+    std::map<std::tuple<int, std::int64_t, int, int, int>, std::pair<double, bool>> groups;
     for (const auto& [k, st] : steps) {
       if (st.step < 0) continue;
       const auto [rank, strategy, step] = k;
       const auto& c = coord(rank);
-      groups[{strategy, step, c.dp, c.cp, c.tp}] += st.fills + std::max(0.0, st.step - st.inside);
+      auto& g = groups[{strategy, step, c.dp, c.cp, c.tp}];
+      g.first += st.fills + std::max(0.0, st.step - st.inside);
+      g.second = g.second || st.recomputed;
     }
-    for (const auto& [g, measured] : groups) {
+    for (const auto& [g, m] : groups) {
+      const auto [measured, recomputed] = m;
       const auto [strategy, step, dp, cp, tp] = g;
       double pred = 0;
       for (auto it = run.shares.lower_bound({strategy, step, dp, std::numeric_limits<int>::min()});
@@ -377,7 +383,8 @@ CalibrationFit fitProfile(const std::vector<MeasuredRun>& runs, const HardwarePr
         if (static_cast<std::size_t>(cp) >= it->second.size()) continue;
         const std::int64_t n = it->second[static_cast<std::size_t>(cp)].tokens;
         pred += static_cast<double>(run.dims.layers) *
-                (cost.elementwiseSeconds(n, Phase::Fwd) + cost.elementwiseSeconds(n, Phase::Bwd));
+                (cost.elementwiseSeconds(n, Phase::Fwd) + cost.elementwiseSeconds(n, Phase::Bwd) +
+                 (recomputed ? cost.recomputeSeconds(n) : 0.0));
       }
       add("elementwise", strategy, measured, pred);
     }

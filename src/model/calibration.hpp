@@ -14,9 +14,10 @@
 ///                       it) vs linearOpSeconds at the tokens their FLOPs stand for
 ///                       (flops / linearOpFlops(op, 1 token))
 ///   elementwise         per step and (tp, cp, dp) coordinate, summed over its pipeline
-///                       stages: `embed` + `loss` events + the step's time outside every op
-///                       event (pipeline waits are `pp_recv` events), vs layers x
-///                       elementwiseSeconds of its micro-batches
+///                       stages: `embed` + `loss` + `recompute` events + the step's time
+///                       outside every op event (pipeline waits are `pp_recv` events), vs
+///                       layers x (elementwiseSeconds + recomputeSeconds where the run
+///                       recomputed) of its micro-batches
 /// new factor = old factor x (predicted seconds / measured seconds), so the fitted profile
 /// predicts each op kind's measured total exactly (over the calibration traces), after
 /// leaving out events stalled by interference (kOutlierRatio).

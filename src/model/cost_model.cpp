@@ -183,11 +183,15 @@ LinearOpsTable readLinearOps(const nlohmann::json& j, const std::string& file) {
       (*out)[1].assign(n, 0.0);
     }
   }
+  // profiles written before the backward's recomputation was its own event: absent (not priced)
+  if (j.contains("recompute_ns_per_token"))
+    t.recompute_ns = numberArray(j["recompute_ns_per_token"], file, k + ".recompute_ns_per_token", n, true);
   for (const auto& [key, v] : j.items())
     if (key != "shape" && key != "tokens" && key != "gflops" && key != "elementwise_ns_per_token" &&
-        key != "fill_ns_per_token" && key != "note")
+        key != "fill_ns_per_token" && key != "recompute_ns_per_token" && key != "note")
       bad(file, k + "." + key,
-          "unknown key (shape, tokens, gflops, elementwise_ns_per_token, fill_ns_per_token, note)");
+          "unknown key (shape, tokens, gflops, elementwise_ns_per_token, fill_ns_per_token, "
+          "recompute_ns_per_token, note)");
   return t;
 }
 
@@ -237,6 +241,10 @@ double LinearOpsTable::elementwiseNsAt(Phase p, double n) const {
 
 double LinearOpsTable::fillNsAt(Phase p, double n) const {
   return linLogAt(tokens, fill_ns[static_cast<std::size_t>(p)], n);
+}
+
+double LinearOpsTable::recomputeNsAt(double n) const {
+  return recompute_ns.empty() ? 0.0 : linLogAt(tokens, recompute_ns, n);
 }
 
 const std::vector<std::string>& Factors::keys() {
@@ -496,6 +504,12 @@ double CostModel::elementwiseSeconds(std::int64_t tokens, Phase p) const {
   const double n = linear_ref_tokens_;
   const double layers = static_cast<double>(std::max<std::int64_t>(dims_.layers, 1));
   const double ns = hw_.linear_ops.elementwiseNsAt(p, n) + hw_.linear_ops.fillNsAt(p, n) / layers;
+  return ns * static_cast<double>(tokens) * 1e-9 / hw_.factors.elementwise;
+}
+
+double CostModel::recomputeSeconds(std::int64_t tokens) const {
+  if (!linear_table_ || tokens <= 0) return 0.0;
+  const double ns = hw_.linear_ops.recomputeNsAt(linear_ref_tokens_);
   return ns * static_cast<double>(tokens) * 1e-9 / hw_.factors.elementwise;
 }
 

@@ -70,12 +70,16 @@ struct LinearOpsTable {
   /// embedding's backward in the backward (`embed` / `loss` events); the cost model charges
   /// 1/layers of it to each layer.
   std::array<std::vector<double>, 2> fill_ns;
+  /// [i]: ns per token per layer of the backward's selective recomputation (the two norms
+  /// and the SwiGLU product, `recompute` events); empty in profiles written before it.
+  std::vector<double> recompute_ns;
   bool empty() const { return tokens.empty(); }
   /// True when the table was measured at these model dims and TP degree.
   bool matches(const ModelDims& d, std::int64_t tp) const;
   double gflopsAt(LinearOp op, Phase p, double tokens) const;
   double elementwiseNsAt(Phase p, double tokens) const;
   double fillNsAt(Phase p, double tokens) const;
+  double recomputeNsAt(double tokens) const;  ///< 0 when not measured
 };
 
 /// Multipliers on the profiled throughputs (time = profiled time / factor), key
@@ -171,6 +175,10 @@ class CostModel {
   /// micro-batch's embedding and loss, fill_ns) from the deck-shaped table at
   /// linearReferenceTokens() per token; 0 without a table.
   double elementwiseSeconds(std::int64_t tokens, Phase p) const;
+  /// Seconds one layer's backward spends recomputing what pipeline.recompute = "selective"
+  /// dropped, from the table at linearReferenceTokens() (elementwise work: its factor
+  /// applies); 0 without a table or where the profile did not measure it.
+  double recomputeSeconds(std::int64_t tokens) const;
   /// Whether linear work is timed from a deck-shaped table (its shape matches dims and tp).
   bool linearTableUsed() const { return linear_table_; }
   /// Per-rank micro-batch tokens at which the table's per-token costs are read. Linear work

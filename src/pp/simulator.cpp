@@ -510,6 +510,7 @@ StepSimulator::RankLayerCost StepSimulator::layerCost(const MicroBatchWork& w, i
   c.fwd = w.attn_fwd[ri] + (tok > 0 ? cost_->linearSeconds(tok, Phase::Fwd) : 0.0) + tp_comm + kv_f;
   c.bwd = w.attn_bwd[ri] + (tok_b > 0 ? cost_->linearSeconds(tok_b, Phase::Bwd) : 0.0) + tp_comm_b + kv_b;
   if (cfg_.recompute == Recompute::Full) c.bwd += c.fwd;
+  if (cfg_.recompute == Recompute::Selective && tok_b > 0) c.bwd += cost_->recomputeSeconds(tok_b);
   return c;
 }
 
@@ -756,7 +757,7 @@ StepResult StepSimulator::simulateOnce(const std::vector<std::vector<MicroBatchW
   // Every rank's own busy time (and, if asked, its predicted events).
   const int V = P * cfg_.chunks;
   const MeshShape mesh = cfg_.mesh();  // rank <-> coordinates, as the executor's ranks
-  int r_attn = 0, r_mlp = 0, r_tp = 0, r_kv = 0, r_send = 0, r_grad = 0, strat = 0;
+  int r_attn = 0, r_mlp = 0, r_tp = 0, r_kv = 0, r_send = 0, r_grad = 0, r_recompute = 0, strat = 0;
   if (rec) {
     namespace L = trace::labels;
     const auto need = static_cast<std::size_t>(cfg_.ranks());
@@ -771,6 +772,7 @@ StepResult StepSimulator::simulateOnce(const std::vector<std::vector<MicroBatchW
     r_kv = rec->region(cfg_.cp > 1 ? L::kKvAllgather : L::kKvExchange);
     r_send = rec->region(L::kPpSend);
     r_grad = rec->region(L::kGradAllreduce);
+    r_recompute = rec->region(L::kRecompute);
     strat = rec->strategy();
   }
   const auto ns = [&](double sec) { return static_cast<std::int64_t>(std::llround((t0 + sec) * 1e9)); };
@@ -800,7 +802,7 @@ StepResult StepSimulator::simulateOnce(const std::vector<std::vector<MicroBatchW
           const double own = l * (t.phase == Phase::Fwd ? lc.fwd : lc.bwd) + (last ? headSeconds(tok, t.phase) : 0.0);
           busy += own;
           if (!rec || own <= 0) continue;
-          // Split the task into attention / linear / TP / KV pieces in that order.
+          // Split the task into attention / recomputation / linear / TP / KV pieces in that order.
           const auto ci = static_cast<std::size_t>(c);
           const bool full = cfg_.recompute == Recompute::Full && t.phase == Phase::Bwd;
           double attn = l * (t.phase == Phase::Fwd ? w.attn_fwd[ci] : w.attn_bwd[ci] + (full ? w.attn_fwd[ci] : 0.0));
@@ -813,7 +815,10 @@ StepResult StepSimulator::simulateOnce(const std::vector<std::vector<MicroBatchW
           double lin = l * (cost_->linearSeconds(tok, Phase::Fwd) * (t.phase == Phase::Fwd || full ? 1.0 : 0.0) +
                             (t.phase == Phase::Bwd ? cost_->linearSeconds(tok, Phase::Bwd) : 0.0)) +
                        (last ? headSeconds(tok, t.phase) : 0.0);
-          const double tpc = std::max(0.0, own - attn - kv - lin);  // TP comm + latencies
+          const double rc = cfg_.recompute == Recompute::Selective && t.phase == Phase::Bwd && tok > 0
+                                ? l * cost_->recomputeSeconds(tok)
+                                : 0.0;
+          const double tpc = std::max(0.0, own - attn - kv - lin - rc);  // TP comm + latencies
           const trace::Phase ph = t.phase == Phase::Fwd ? trace::Phase::Fwd : trace::Phase::Bwd;
           double cur = r.start[v];
           for (int tr = 0; tr < cfg_.tp; ++tr) {
@@ -837,6 +842,7 @@ StepResult StepSimulator::simulateOnce(const std::vector<std::vector<MicroBatchW
               x += dur;
             };
             emit(r_attn, attn, 0);
+            emit(r_recompute, rc, 0);
             emit(r_mlp, lin, 0);
             emit(r_tp, tpc, 0);
             emit(r_kv, kv, commScale() * l * (t.phase == Phase::Fwd ? w.kv_fwd_bytes[ci] : w.kv_bwd_bytes[ci]));

@@ -370,6 +370,7 @@ struct LinearCell {
   double op[wlb::model::kLinearOpCount][2];  ///< qkv_proj, out_proj, mlp events [phase]
   double elementwise[2];                     ///< construct + forward / backward + teardown minus op events
   double fill[2];                            ///< embedding + fused loss (fwd), embedding backward (bwd)
+  double recompute;                          ///< the backward's `recompute` events (selective)
 };
 
 /// Recorder clock (ns) at the steps of one layer pass, and the process CPU time it took.
@@ -422,6 +423,9 @@ void runLayerPasses(const model::ModelDims& dims, std::int64_t tp, std::int64_t 
   env.pool = &pool;
   env.kernel = kcfg;
   env.precision = kcfg.precision;  // GEMMs at the attention's precision (run.precision)
+  // The backward's recomputation is an event of its own, outside the ops: with it on, one
+  // table prices pipeline.recompute "none" and "selective" alike.
+  env.recompute_selective = true;
   rec.reserve(64);
   for (int it = 0; it < passes; ++it) {
     model.zeroGrads(space);
@@ -471,6 +475,10 @@ LinearCell linearCell(const trace::Recorder& rec, const LayerPassTimes& t, bool 
     const double d = static_cast<double>(e.end_ns - e.start_ns) * 1e-9;
     const int ph = e.phase == trace::Phase::Bwd ? 1 : 0;
     bool counted = l == trace::labels::kAttn;
+    if (l == trace::labels::kRecompute) {
+      c.recompute += d;
+      counted = true;
+    }
     for (int k = 0; k < model::kLinearOpCount; ++k)
       if (l == model::linearOpName(static_cast<model::LinearOp>(k))) {
         c.op[k][ph] += d;
@@ -492,6 +500,7 @@ LinearCell linearCell(const trace::Recorder& rec, const LayerPassTimes& t, bool 
     c.elementwise[ph] *= share;
     c.fill[ph] *= share;
   }
+  c.recompute *= share;
   return c;
 }
 
@@ -537,6 +546,7 @@ std::vector<LinearCell> measureLinear(const Ctx& ctx, const model::ModelDims& di
       out[i].elementwise[ph] = med([&](const LinearCell& c) { return c.elementwise[ph]; });
       out[i].fill[ph] = med([&](const LinearCell& c) { return c.fill[ph]; });
     }
+    out[i].recompute = med([&](const LinearCell& c) { return c.recompute; });
   }
   return out;
 }
@@ -583,7 +593,8 @@ void addDeckShaped(const Ctx& ctx, const DeckPlans& plans, nlohmann::json& j) {
   grid.erase(std::unique(grid.begin(), grid.end()), grid.end());
   const m::CostModel flops_model(plans.dims, m::HardwareProfile::analytic(), plans.tp);
   nlohmann::json gf = nlohmann::json::object(),
-                 el = {{"fwd", nlohmann::json::array()}, {"bwd", nlohmann::json::array()}}, fill = el;
+                 el = {{"fwd", nlohmann::json::array()}, {"bwd", nlohmann::json::array()}}, fill = el,
+                 recompute = nlohmann::json::array();
   for (int k = 0; k < m::kLinearOpCount; ++k)
     gf[m::linearOpName(static_cast<m::LinearOp>(k))] = {{"fwd", nlohmann::json::array()},
                                                         {"bwd", nlohmann::json::array()}};
@@ -609,13 +620,15 @@ void addDeckShaped(const Ctx& ctx, const DeckPlans& plans, nlohmann::json& j) {
       el[p].push_back(std::round(c.elementwise[ph] / static_cast<double>(n) * 1e9 * 100.0) / 100.0);
       fill[p].push_back(std::round(c.fill[ph] / static_cast<double>(n) * 1e9 * 100.0) / 100.0);
     }
+    recompute.push_back(std::round(c.recompute / static_cast<double>(n) * 1e9 * 100.0) / 100.0);
     if (o.progress)
       std::fprintf(stderr,
                    "wlb profile: layer ops at %lld tokens:%s GFLOP/s (fwd / bwd); elementwise %.1f / %.1f ns/token, "
-                   "fills %.1f / %.1f ns/token  [%zu/%zu]\n",
+                   "fills %.1f / %.1f ns/token; recompute %.1f ns/token  [%zu/%zu]\n",
                    static_cast<long long>(n), line.c_str(), c.elementwise[0] / static_cast<double>(n) * 1e9,
                    c.elementwise[1] / static_cast<double>(n) * 1e9, c.fill[0] / static_cast<double>(n) * 1e9,
-                   c.fill[1] / static_cast<double>(n) * 1e9, i + 1, grid.size());
+                   c.fill[1] / static_cast<double>(n) * 1e9, c.recompute / static_cast<double>(n) * 1e9, i + 1,
+                   grid.size());
   }
   j["version"] = 2;
   j["linear_ops"] = {{"shape",
@@ -630,6 +643,7 @@ void addDeckShaped(const Ctx& ctx, const DeckPlans& plans, nlohmann::json& j) {
                      {"gflops", gf},
                      {"elementwise_ns_per_token", el},
                      {"fill_ns_per_token", fill},
+                     {"recompute_ns_per_token", recompute},
                      {"note",
                       "one rank of the layer as `wlb run` executes it (runtime::LayerStep), per token count 3 "
                       "warm-up repetitions, then the median of " +

@@ -505,6 +505,10 @@ Act3T<T> outMlpBackward(const LayerEnv& env, const LayerParamsT<T>& w, const Lay
   const auto B = model::Phase::Bwd;
   const auto P = trace::Phase::Bwd;
   // MLP backward: dhn = d(MLP)/dhn (summed over TP), then dh = dy + norm2'(dhn).
+  if (env.recompute_selective) {
+    Region r(rec, trace::labels::kRecompute, space, P);
+    recomputeMlpInputs(env, w, a);
+  }
   Mat dhn = newMat(env.pool, "wlb::runtime::dhn", n, hidden);
   {
     Region r(rec, trace::labels::kMlp, space, P, linearOpFlops(*env.cost, LinearOp::Mlp, n, B));
@@ -513,7 +517,6 @@ Act3T<T> outMlpBackward(const LayerEnv& env, const LayerParamsT<T>& w, const Lay
     // sum rounded once, read once by the SwiGLU backward (an FP32 ds would be the step's
     // largest temporary, [tokens][ffn]: 3.8 GB at 64K tokens of Llama-3-8B).
     const MatT<T> ds = newMatT<T>(env.pool, "wlb::runtime::ds", n, ffn);
-    if (env.recompute_selective) recomputeMlpInputs(env, w, a);
     layerGemm(env, "mlp.w2.wgrad", Trans::T, Trans::N, 1.0f, a.s, dyt, 1.0f, g.w2);  // dW2 += s^T dy
     layerGemm(env, "mlp.w2.dgrad", Trans::N, Trans::T, 1.0f, dyt, w.w2, 0.0f, ds);   // ds = dy W2^T
     // s and a3 are read here for the last time: their storage takes d(a1) and d(a3)
@@ -552,11 +555,15 @@ Mat qkvBackward(const LayerEnv& env, const LayerParamsT<T>& w, const LayerParams
   const Space& space = *env.space;
   const std::int64_t n = a.rows(), hidden = static_cast<std::int64_t>(w.wq.extent(0));
   // dx = dh + norm1'(dq Wq^T + dk Wk^T + dv Wv^T), with RoPE undone on dq and dk first.
+  MatT<T> xn1 = a.xn1;
+  if (env.recompute_selective) {
+    Region r(env.recorder, trace::labels::kRecompute, space, trace::Phase::Bwd);
+    xn1 = normAgain<T>(env, a.x, w.norm1, "wlb::runtime::xn1");
+  }
   Mat dxn = newMat(env.pool, "wlb::runtime::dxn1", n, hidden);
   {
     Region r(env.recorder, trace::labels::kQkvProj, space, trace::Phase::Bwd,
              linearOpFlops(*env.cost, LinearOp::QkvProj, n, model::Phase::Bwd));
-    const MatT<T> xn1 = env.recompute_selective ? normAgain<T>(env, a.x, w.norm1, "wlb::runtime::xn1") : a.xn1;
     rope<float>(space, dq, pos, *env.rope, -1.0f);
     rope<float>(space, dk, pos, *env.rope, -1.0f);
     // [tokens][heads * head_dim] views of the gradients, in storage type T
@@ -570,6 +577,7 @@ Mat qkvBackward(const LayerEnv& env, const LayerParamsT<T>& w, const LayerParams
     layerGemm(env, "qkv_proj.k.dgrad", Trans::N, Trans::T, 1.0f, dkt, w.wk, 1.0f, dxn);
     layerGemm(env, "qkv_proj.v.dgrad", Trans::N, Trans::T, 1.0f, dvt, w.wv, 1.0f, dxn);
   }
+  xn1 = MatT<T>();  // a recomputed copy goes back to the pool here, as it did inside the region
   tpAllreduce(env, dxn, true);
   Mat dx = newMat(env.pool, "wlb::runtime::dx", n, hidden);
   {

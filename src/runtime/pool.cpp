@@ -4,13 +4,22 @@
 #include "runtime/pool.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <exception>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 
+#include "core/error.hpp"
+
 namespace wlb::runtime {
 namespace {
+
+std::string gib(std::int64_t bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
+  return b;
+}
 
 template <class V>
 V allocate(const char* label, std::int64_t rows, std::int64_t e1, std::int64_t e2) {
@@ -86,16 +95,21 @@ BufferPool::Bytes BufferPool::allocateSegment(const char* label, std::int64_t by
     fenced = true;
     return releaseOldest();
   };
+  // what the pool holds, all of it in use by now
+  const auto held = [&] { return gib(cachedBytes()) + " held by the activation pool, all in use"; };
   for (;;) {
     if (capacity_ > 0 && cachedBytes() + bytes > capacity_) {
       if (giveBack()) continue;
-      throw std::runtime_error("wlb::runtime::BufferPool: " + std::string(label) + " (" + std::to_string(bytes) +
-                               " bytes) does not fit the pool's capacity of " + std::to_string(capacity_) + " bytes");
+      throw OutOfMemory(std::string(label) + " (" + std::to_string(bytes) +
+                        " bytes) does not fit the pool's capacity of " + std::to_string(capacity_) + " bytes; " +
+                        held());
     }
     try {
       return Bytes(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), bytes);
-    } catch (const std::exception&) {
-      if (!giveBack()) throw;
+    } catch (const std::exception& e) {
+      if (giveBack()) continue;
+      if (!isOutOfMemory(e)) throw;
+      throw OutOfMemory(std::string(label) + " (" + gib(bytes) + "): " + oneLine(e) + "; " + held());
     }
   }
 }

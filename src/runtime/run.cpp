@@ -53,7 +53,8 @@ constexpr double kNs = 1e-9;
 // Labels counted as compute (busy) and as communication (incl. waiting for peers).
 bool isCompute(const std::string& l) {
   return l == labels::kEmbed || l == labels::kQkvProj || l == labels::kAttn || l == labels::kOutProj ||
-         l == labels::kMlp || l == labels::kLoss || l == labels::kNorm || l == labels::kOptimizer;
+         l == labels::kMlp || l == labels::kLoss || l == labels::kNorm || l == labels::kOptimizer ||
+         l == labels::kRecompute;
 }
 bool isComm(const std::string& l) {
   return l == labels::kKvAllgather || l == labels::kKvExchange || l == labels::kTpAllreduce ||
@@ -571,10 +572,17 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
                         64;
   rec.reserve(static_cast<std::size_t>(std::min(events, double{1 << 22})));
 
-  if (opt.write_outputs && world_rank == 0) {  // output.trace and output.plan may name subfolders
-    std::filesystem::create_directories(deck.output.dir);
-    for (const std::string& f : {deck.output.trace, deck.output.plan})
-      std::filesystem::create_directories((std::filesystem::path(deck.output.dir) / f).parent_path());
+  // Rank 0's output folders (output.trace and output.plan may name subfolders): removed
+  // again where empty if the run fails (out of memory, say) before its outputs are written.
+  // Destroyed in reverse order, so the plan's subfolder goes before the trace's.
+  std::optional<MadeFolders> made_trace_dir, made_plan_dir;
+  if (opt.write_outputs && world_rank == 0) {
+    const std::filesystem::path out(deck.output.dir);
+    for (auto [made, f] : {std::pair{&made_trace_dir, &deck.output.trace}, {&made_plan_dir, &deck.output.plan}}) {
+      std::error_code ec;
+      made->emplace((out / *f).parent_path(), ec);
+      if (ec) throw std::filesystem::filesystem_error("cannot create the output folder", (out / *f).parent_path(), ec);
+    }
   }
   std::unique_ptr<trace::Writer> writer;
   RunReport report;
@@ -799,6 +807,8 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
       std::remove(tmp.c_str());
       throw InputError("cannot write " + report.summary_path + " (write or rename failed)");
     }
+    for (auto* made : {&made_trace_dir, &made_plan_dir})
+      if (*made) (*made)->keep();
   }
   return report;
 }

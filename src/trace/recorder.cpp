@@ -24,8 +24,8 @@ const char* phaseName(Phase p) {
 namespace labels {
 const std::vector<std::string>& standard() {
   static const std::vector<std::string> all = {
-      kStep,        kEmbed,       kNorm,       kQkvProj, kAttn,   kOutProj,       kMlp,       kLoss,
-      kTpAllreduce, kKvAllgather, kKvExchange, kPpSend,  kPpRecv, kGradAllreduce, kOptimizer, kIdle};
+      kStep,        kEmbed,      kNorm,   kQkvProj, kAttn,          kOutProj,   kMlp,  kLoss,     kTpAllreduce,
+      kKvAllgather, kKvExchange, kPpSend, kPpRecv,  kGradAllreduce, kOptimizer, kIdle, kRecompute};
   return all;
 }
 }  // namespace labels

@@ -61,6 +61,7 @@ inline constexpr const char* kPpRecv = "pp_recv";                ///< PP: receiv
 inline constexpr const char* kGradAllreduce = "grad_allreduce";  ///< DP gradient reduction
 inline constexpr const char* kOptimizer = "optimizer";           ///< optimizer update
 inline constexpr const char* kIdle = "idle";                     ///< explicit wait (bubble) if recorded
+inline constexpr const char* kRecompute = "recompute";           ///< backward's selective recomputation
 /// All standard labels in id order.
 const std::vector<std::string>& standard();
 }  // namespace labels

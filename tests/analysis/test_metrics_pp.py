@@ -19,7 +19,7 @@ import wlb_trace
 
 STANDARD_LABELS = ["step", "embed", "norm", "qkv_proj", "attn", "out_proj", "mlp", "loss",
                    "tp_allreduce", "kv_allgather", "kv_exchange", "pp_send", "pp_recv",
-                   "grad_allreduce", "optimizer", "idle"]
+                   "grad_allreduce", "optimizer", "idle", "recompute"]
 
 
 def _phase_dtype():

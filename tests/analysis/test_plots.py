@@ -46,7 +46,7 @@ def figures(monkeypatch):
 def test_op_kind_of_every_label():
     expected = {"step": "container", "idle": "idle", "attn": "attention",
                 "embed": "gemm", "norm": "gemm", "qkv_proj": "gemm", "out_proj": "gemm", "mlp": "gemm",
-                "loss": "gemm", "optimizer": "gemm",
+                "loss": "gemm", "optimizer": "gemm", "recompute": "gemm",
                 "tp_allreduce": "comm", "kv_allgather": "comm", "kv_exchange": "comm", "pp_send": "comm",
                 "pp_recv": "comm", "grad_allreduce": "comm"}
     assert set(expected) == set(STANDARD_LABELS)  # every label of docs/trace-schema.md

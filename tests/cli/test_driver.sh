@@ -143,4 +143,29 @@ n=$(grep -c "wlb: error: mesh" "$tmp/err")
 
 mpiexec -n 2 "$WLB" mesh "$SRC/inputs/quickstart.toml" > "$tmp/out" || fail "2-rank mesh failed"
 grep -q "tp=1 cp=2 pp=1 dp=1" "$tmp/out" || fail "mesh output: $(cat "$tmp/out")"
+# A deck larger than the rank's memory: exit 2 with "out of memory", the buffer that did not
+# fit and what to change, and no output folder (a 3 GB address-space limit stands in for a
+# small machine). The weights (a 16M-token vocabulary) fail when the model is built; a 1M-token
+# window fails in the activation pool, which says what it held.
+printf '[model]\nhidden = 1024\nheads = 8\nlayers = 2\nvocab = 16000000\n[run]\nsteps = 1\n' > "$tmp/big_vocab.toml"
+printf '[model]\nhidden = 1024\nheads = 8\nlayers = 2\nvocab = 256\n[data]\ncontext_window = 1048576\n[run]\nsteps = 1\nwarmup = 0\n' \
+  > "$tmp/big_window.toml"
+mkdir "$tmp/corpus"
+cp -L /usr/share/common-licenses/GPL-3 "$tmp/corpus/"
+"$WLB" data prepare "$tmp/corpus" --out "$tmp/data/lic" --max-bytes 4096 > /dev/null || fail "data prepare"
+for deck in big_vocab big_window; do
+  subs="run train"
+  [ $deck = big_vocab ] || subs=run  # wlb train builds the same weights first
+  for sub in $subs; do
+    (ulimit -v 3000000; "$WLB" $sub "$tmp/$deck.toml" --set "output.dir=\"$tmp/oom_$sub\"" \
+      --set "train.dataset=\"$tmp/data/lic\"" > "$tmp/out" 2> "$tmp/err"); rc=$?
+    [ "$rc" = 2 ] || fail "$sub $deck exit $rc, wanted 2: $(cat "$tmp/err")"
+    grep -q "out of memory: .*wlb::runtime::" "$tmp/err" || fail "$sub $deck message: $(cat "$tmp/err")"
+    grep -q 'pipeline.recompute = "selective"' "$tmp/err" || fail "$sub $deck gives no hint: $(cat "$tmp/err")"
+    ! grep -q "Traceback" "$tmp/err" || fail "$sub $deck message has Kokkos' traceback note"
+    [ ! -e "$tmp/oom_$sub" ] || fail "$sub $deck left $(ls -R "$tmp/oom_$sub")"
+  done
+  grep -q "held by the activation pool" "$tmp/err" || [ $deck = big_vocab ] || fail "$deck: $(cat "$tmp/err")"
+done
+
 echo "driver CLI tests passed"

@@ -179,6 +179,27 @@ TEST(ProfileV2, FactorsDivideTime) {
   EXPECT_EQ(v1f.elementwiseSeconds(10, Phase::Fwd), 0.0);
 }
 
+// The backward's selective recomputation: per token and layer at the reference token count,
+// an elementwise cost (its factor divides it); 0 in a profile that did not measure it.
+TEST(ProfileV2, RecomputeIsPricedFromTheTable) {
+  auto j = v2({{"elementwise", 2.0}});
+  j["linear_ops"]["recompute_ns_per_token"] = {50.0, 80.0};
+  const auto p = model::HardwareProfile::load(write("rc.json", j));
+  model::CostModel c(dims(), p);
+  c.setLinearReferenceTokens(4000);
+  EXPECT_NEAR(c.recomputeSeconds(3000), 80.0 * 3000 * 1e-9 / 2.0, 1e-15);
+  c.setLinearReferenceTokens(2000);
+  EXPECT_NEAR(c.recomputeSeconds(1000), (50.0 + 0.5 * 30.0) * 1000 * 1e-9 / 2.0, 1e-15);  // linear in log tokens
+  EXPECT_EQ(c.recomputeSeconds(0), 0.0);
+  EXPECT_EQ(model::CostModel(dims(), model::HardwareProfile::load(write("rc0.json", v2()))).recomputeSeconds(1000),
+            0.0);
+  EXPECT_EQ(model::CostModel(dims(), model::HardwareProfile::analytic()).recomputeSeconds(1000), 0.0);
+  j["linear_ops"]["recompute_ns_per_token"] = {50.0};
+  expectInputError(j, "linear_ops.recompute_ns_per_token");
+  j["linear_ops"]["recompute_ns_per_token"] = {50.0, -1.0};
+  expectInputError(j, "linear_ops.recompute_ns_per_token");
+}
+
 TEST(ProfileV2, BadContentNamesTheKey) {
   auto j = v2();
   j["version"] = 3;
@@ -370,31 +391,39 @@ const model::FactorFit* factorOf(const model::CalibrationFit& fit, const std::st
 
 }  // namespace
 
+// A run whose layers spend exactly what a profile with elementwise = 0.5 predicts; in the
+// second, pipeline.recompute = "selective", also `recompute` events, elementwise work that
+// recomputeSeconds predicts beside elementwiseSeconds.
 TEST(Calibration, ElementwiseFactorFromTheTimeOutsideOps) {
-  // A run whose layers spend exactly what a profile with elementwise = 0.5 predicts.
-  const auto truth = model::HardwareProfile::load(write("te.json", v2({{"elementwise", 0.5}})));
-  auto run = plainRun("e.h5", {{0, 0, 0}});
-  const auto cost = costOf(run, truth);
-  for (std::int64_t step = 0; step < 4; ++step) {
-    const std::int64_t n = 1500 + 200 * step;
-    run.shares[{0, step, 0, 0}] = {model::RankShare{n, {{0, n}}}};
-    const double q = cost.linearOpSeconds(model::LinearOp::QkvProj, n, Phase::Fwd);
-    const double el = cost.elementwiseSeconds(n, Phase::Fwd) + cost.elementwiseSeconds(n, Phase::Bwd);
-    run.events.push_back(
-        {"qkv_proj", 1, 0, 0, step, 0, 0, q, cost.linearOpFlops(model::LinearOp::QkvProj, n, Phase::Fwd)});
-    run.events.push_back({"embed", 1, 0, 0, step, 0, -1, 0.25 * el, 0});
-    run.events.push_back({"step", 0, 0, 0, step, -1, -1, q + el, 0});
-  }
-  const auto fit = model::fitProfile({run}, model::HardwareProfile::load(write("e0.json", v2())));
-  for (const auto& f : fit.factors)
-    if (f.key == "elementwise") {
-      ASSERT_TRUE(f.fitted);
-      EXPECT_NEAR(f.after, 0.5, 1e-9);
-    } else if (f.key == "qkv_proj.fwd") {
-      EXPECT_NEAR(f.after, 1.0, 1e-9);
-    } else {
-      EXPECT_FALSE(f.fitted) << f.key;  // no events of that kind
+  for (const bool selective : {false, true}) {
+    auto tj = v2({{"elementwise", 0.5}}), bj = v2();
+    for (auto* j : {&tj, &bj}) (*j)["linear_ops"]["recompute_ns_per_token"] = {60.0, 90.0};
+    const auto truth = model::HardwareProfile::load(write("te.json", tj));
+    auto run = plainRun("e.h5", {{0, 0, 0}});
+    const auto cost = costOf(run, truth);
+    for (std::int64_t step = 0; step < 4; ++step) {
+      const std::int64_t n = 1500 + 200 * step;
+      run.shares[{0, step, 0, 0}] = {model::RankShare{n, {{0, n}}}};
+      const double q = cost.linearOpSeconds(model::LinearOp::QkvProj, n, Phase::Fwd);
+      const double el = cost.elementwiseSeconds(n, Phase::Fwd) + cost.elementwiseSeconds(n, Phase::Bwd);
+      const double rc = selective ? cost.recomputeSeconds(n) : 0.0;
+      run.events.push_back(
+          {"qkv_proj", 1, 0, 0, step, 0, 0, q, cost.linearOpFlops(model::LinearOp::QkvProj, n, Phase::Fwd)});
+      run.events.push_back({"embed", 1, 0, 0, step, 0, -1, 0.25 * el, 0});
+      if (selective) run.events.push_back({"recompute", 2, 0, 0, step, 0, 0, rc, 0});
+      run.events.push_back({"step", 0, 0, 0, step, -1, -1, q + el + rc, 0});
     }
+    const auto fit = model::fitProfile({run}, model::HardwareProfile::load(write("e0.json", bj)));
+    for (const auto& f : fit.factors)
+      if (f.key == "elementwise") {
+        ASSERT_TRUE(f.fitted);
+        EXPECT_NEAR(f.after, 0.5, 1e-9) << (selective ? "selective" : "none");
+      } else if (f.key == "qkv_proj.fwd") {
+        EXPECT_NEAR(f.after, 1.0, 1e-9);
+      } else {
+        EXPECT_FALSE(f.fitted) << f.key;  // no events of that kind
+      }
+  }
 }
 
 TEST(Calibration, ElementwiseFactorFromPipelineStagesTogether) {

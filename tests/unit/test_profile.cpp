@@ -239,6 +239,10 @@ TEST(Profile, DeckShapedProfile) {
       ASSERT_EQ(v.size(), tokens.size()) << key;
       for (double x : v) EXPECT_GE(x, 0.0) << key;
     }
+  // the backward's selective recomputation, measured beside the ops (its own events)
+  const auto rc = lo.at("recompute_ns_per_token").get<std::vector<double>>();
+  ASSERT_EQ(rc.size(), tokens.size());
+  for (double x : rc) EXPECT_GT(x, 0.0);
 
   // factors: every key of the format, the attention ones fitted and clamped
   const auto& f = j.at("factors");

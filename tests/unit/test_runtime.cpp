@@ -30,6 +30,7 @@
 #include "runtime/pipeline.hpp"
 #include "runtime/pool.hpp"
 #include "runtime/tokens.hpp"
+#include "trace/recorder.hpp"
 
 using namespace wlb;
 using namespace wlb::runtime;
@@ -650,7 +651,7 @@ TEST(RuntimePool, GivesBackTheOldestFreeBlocksOnlyAsFarAsNeeded) {
   try {
     pool.mat("w", 64, 16);
     ADD_FAILURE() << "a request past the capacity with nothing free must fail";
-  } catch (const std::exception& e) {
+  } catch (const OutOfMemory& e) {
     EXPECT_NE(std::string(e.what()).find("w ("), std::string::npos) << e.what();
   }
   EXPECT_EQ(pool.cachedBytes(), 2 * block + wide);  // nothing alive was given back
@@ -735,7 +736,9 @@ TEST_F(SmallStage, Bf16StepAllocatesNothingAndHalvesTheActivations) {
 // pipeline.recompute = "selective": the norms' outputs and the SwiGLU product are computed
 // again in the backward, from the same inputs by the same kernels, so the loss and every
 // gradient equal the kept ones' bit for bit (FP32 and BF16 storage), and the activations
-// kept from forward to backward shrink by what the memory model says.
+// kept from forward to backward shrink by what the memory model says. The recomputation is
+// recorded as `recompute` events of its own (one before the MLP's backward, one before the
+// QKV projection's, per layer and micro-batch), outside the ops `wlb profile` times.
 TEST_F(SmallStage, SelectiveRecomputeKeepsTheGradientsAndDropsItsActivations) {
   for (int bf = 0; bf < 2; ++bf) {
     const Precision prec = bf ? Precision::Bf16 : Precision::Fp32;
@@ -744,13 +747,26 @@ TEST_F(SmallStage, SelectiveRecomputeKeepsTheGradientsAndDropsItsActivations) {
     std::int64_t peak[2] = {0, 0};
     for (int sel = 0; sel < 2; ++sel) {
       Llama model(mc, 5, prec);
-      const LayerEnv e = env(prec, sel == 1);
+      trace::Recorder rec;
+      LayerEnv e = env(prec, sel == 1);
+      e.recorder = &rec;
       const pp::Schedule sched = pp::makeOneFOneB(1, 2);  // the stage keeps a pointer
       PipelineStage stage(e, model, sched, MPI_COMM_SELF);
       const StageStepResult r = stage.run(input({a, b}), 0);
       loss[sel] = r.loss;
       peak[sel] = r.peak_activation_bytes;
       grads[sel] = host(model.grads());
+      std::map<std::string, int> events;
+      for (const auto& ev : rec.events()) {
+        const std::string& l = rec.regions()[static_cast<std::size_t>(ev.region)];
+        ++events[l];
+        if (l == trace::labels::kRecompute) {
+          EXPECT_EQ(ev.phase, trace::Phase::Bwd);
+          EXPECT_EQ(ev.flops, 0.0);
+        }
+      }
+      EXPECT_EQ(events[trace::labels::kRecompute], sel ? 2 * 2 * 2 : 0);  // 2 per layer and unit
+      EXPECT_GT(events[trace::labels::kMlp], 0);
     }
     EXPECT_EQ(loss[0], loss[1]);
     EXPECT_EQ(grads[0], grads[1]) << (bf ? "bf16" : "fp32");

@@ -132,6 +132,49 @@ TEST(SimStep, MemoryPeaksAndRecomputation) {
   EXPECT_FALSE(StepSimulator(tiny, cost).simulate(w).fits_memory);
 }
 
+// pipeline.recompute = "selective" prices the backward's recomputation from the profile's
+// table: every layer's backward is longer by recomputeSeconds of its tokens, and a predicted
+// trace shows that time as `recompute` events.
+TEST(SimStep, SelectiveRecomputationCostsWhatTheProfileMeasured) {
+  model::HardwareProfile hw = model::HardwareProfile::analytic();
+  auto& t = hw.linear_ops;
+  const auto d = dims(32000);
+  t.hidden = d.hidden;
+  t.heads = d.heads;
+  t.kv_heads = d.kv_heads;
+  t.head_dim = d.head_dim;
+  t.ffn = d.ffn;
+  t.tp = 1;
+  t.tokens = {1024, 16384};
+  for (auto& op : t.gflops) op = {std::vector<double>{500, 500}, std::vector<double>{500, 500}};
+  t.elementwise_ns = t.fill_ns = {std::vector<double>{10, 10}, std::vector<double>{20, 20}};
+  t.recompute_ns = {40, 40};
+  model::CostModel cost(d, hw, 1);
+  cost.setLinearReferenceTokens(8192);
+  ASSERT_TRUE(cost.linearTableUsed());
+  std::vector<std::vector<MicroBatchWork>> w(1);
+  for (int i = 0; i < 3; ++i) w[0].push_back(balancedMicroBatchWork({8192}, 1, cost));
+  double step[2] = {0, 0}, recorded = 0;
+  for (int sel = 0; sel < 2; ++sel) {
+    SimConfig cfg = fastNet(1, 1, 1, 1);
+    cfg.recompute = sel ? Recompute::Selective : Recompute::None;
+    trace::Recorder rec;
+    step[sel] = StepSimulator(cfg, cost).simulate(w, &rec, 0, 0.0).step_seconds;
+    for (const auto& e : rec.events())
+      if (rec.regions()[static_cast<std::size_t>(e.region)] == trace::labels::kRecompute) {
+        EXPECT_EQ(e.phase, trace::Phase::Bwd);
+        recorded += static_cast<double>(e.end_ns - e.start_ns) * 1e-9;
+      }
+    if (!sel) {
+      EXPECT_EQ(recorded, 0.0);
+    }
+  }
+  const double expect = 3.0 * static_cast<double>(d.layers) * cost.recomputeSeconds(8192);
+  EXPECT_NEAR(expect, 3.0 * 8 * 40e-9 * 8192, 1e-12);
+  EXPECT_NEAR(step[1] - step[0], expect, 1e-9);
+  EXPECT_NEAR(recorded, expect, 1e-6);  // events are whole nanoseconds
+}
+
 TEST(SimStep, RealShardPlansOrderStrategies) {
   // One micro-batch packing a long document with many short ones: per-sequence sharding
   // is unbalanced under CP, per-document is balanced, so it predicts a shorter step.
