@@ -175,6 +175,12 @@ int dispatch(int argc, char** argv) {
           std::fprintf(stderr, "wlb: error (rank %d): %s\n", rank, e.what());
       }
       rc = wlb::kExitBadInput;
+    } catch (const wlb::WriteError& e) {
+      // no room for an output (a full disk): abort rather than return, since HDF5 may hold
+      // state from the failed write that MPI_Finalize would crash on
+      if (!e.collective() || rank == 0) std::fprintf(stderr, "wlb: error (rank %d): %s\n", rank, e.what());
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, wlb::kExitBadInput);
     } catch (const std::filesystem::filesystem_error& e) {
       // a path the user gave (an output under a file, an unwritable directory): bad input,
       // not an internal error; other ranks may be waiting in a collective, so abort them

@@ -25,6 +25,21 @@ class InputError : public std::runtime_error {
 /// Exit code used for every kind of bad input.
 inline constexpr int kExitBadInput = 2;
 
+/// An output that could not be written for want of room (a full disk, a quota, a file-size
+/// limit): nothing is wrong with the input or with wlb, but the run cannot finish. The driver
+/// prints what() and ends every rank with exit 2 through MPI_Abort (HDF5 may hold state
+/// after a failed write that its shutdown in MPI_Finalize would crash on).
+class WriteError : public std::runtime_error {
+ public:
+  /// \param collective true when every rank raises it, so only rank 0 prints it.
+  explicit WriteError(const std::string& what, bool collective = false)
+      : std::runtime_error(what), collective_(collective) {}
+  bool collective() const noexcept { return collective_; }
+
+ private:
+  bool collective_;
+};
+
 /// An allocation that failed after the activation pool gave back all it could: the deck
 /// asks more of a rank than its memory holds. The driver prints what() with what to change
 /// and exits 2, as for bad input.

@@ -3,10 +3,12 @@
 
 #include "trace/writer.hpp"
 
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -22,6 +24,24 @@
 namespace wlb::trace {
 
 namespace {
+
+/// ": " + the system's reason for the failed write or close HDF5 reported (errno, which
+/// HDF5's message leaves out: "No space left on device", "File too large"), if any.
+std::string systemError() {
+  const int e = errno;
+  return e == 0 ? std::string() : std::string(": ") + std::strerror(e);
+}
+
+/// "; N MiB free on its file system" for the folder of `path` (empty where it cannot tell):
+/// whether a failed write was the disk's room or something else.
+std::string freeSpace(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  struct statvfs st {};
+  if (::statvfs(dir.c_str(), &st) != 0) return "";
+  const double mib = static_cast<double>(st.f_bavail) * static_cast<double>(st.f_frsize) / (1024.0 * 1024.0);
+  return fmt::format("; {:.1f} MiB free on its file system", mib);
+}
 
 /// Strings joined with '\0' separators (and a trailing '\0').
 std::string pack(const std::vector<std::string>& v) {
@@ -277,7 +297,8 @@ std::string Writer::commit(const Recorder& rec) {
   // ---- 5. /events (parallel: collective hyperslab writes) ----------------------------
   auto memType = schema::eventMemType();
   auto fileType = schema::packed(memType);
-  {
+  errno = 0;  // what is set from here on is the write's (systemError)
+  try {
     auto file = h5::File::create(tmp, parallel ? comm_ : MPI_COMM_NULL);
     auto ds = file.createDataset("events", fileType.id(), h5::Dataspace::simple({static_cast<hsize_t>(total)}));
     if (total > 0) {
@@ -299,12 +320,18 @@ std::string Writer::commit(const Recorder& rec) {
     }
     ds.close();
     file.close();
+  } catch (const h5::Error& e) {
+    // this rank only: the driver ends the others (WriteError)
+    const std::string why = e.what() + systemError();
+    std::remove(tmp.c_str());
+    throw WriteError(fmt::format("trace {}: cannot write it ({}){}", path_, why, freeSpace(path_)));
   }
 
   // ---- 6. tables, metadata and `complete` by rank 0, then rename -----------------------
   int ok = 1;
   std::string err;
   if (rank == 0) {
+    errno = 0;
     try {
       auto file = h5::File::open(tmp, h5::File::Mode::ReadWrite);
       // /meta
@@ -397,7 +424,7 @@ std::string Writer::commit(const Recorder& rec) {
         throw h5::Error("cannot rename " + tmp + " to " + path_ + ": " + std::strerror(errno));
     } catch (const std::exception& e) {
       ok = 0;
-      err = e.what();
+      err = e.what() + systemError();
       std::remove(tmp.c_str());
     }
   }
@@ -405,9 +432,9 @@ std::string Writer::commit(const Recorder& rec) {
     MPI_Bcast(&ok, 1, MPI_INT, 0, comm_);
     err = bcastString(comm_, err);
   }
-  // An h5::Error, not an InputError: a close that failed (a full disk) leaves HDF5 state that
+  // A WriteError, not an InputError: a close that failed (a full disk) leaves HDF5 state that
   // its shutdown in MPI_Finalize would crash on, so the driver aborts instead.
-  if (!ok) throw h5::Error(fmt::format("trace {}: cannot write it ({})", path_, err));
+  if (!ok) throw WriteError(fmt::format("trace {}: cannot write it ({}){}", path_, err, freeSpace(path_)), parallel);
   return path_;
 }
 

@@ -147,7 +147,8 @@ class Writer {
   }
 
   /// Write everything and rename to the final name. Collective on the parallel path.
-  /// Returns the final path. Throws h5::Error (I/O failure) on every rank.
+  /// Returns the final path. Throws WriteError (core/error.hpp: the file could not be written)
+  /// on the ranks that saw the failure, every rank when rank 0's part failed.
   std::string commit(const Recorder& rec);
 
   /// JSON text used for a step when no packing JSON is given: the plan's JSON

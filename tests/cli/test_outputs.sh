@@ -93,4 +93,14 @@ timeout 60 mpiexec -n 1 --wdir nA "$WLB" run run.toml --set mesh.dp=2 --quiet : 
   -n 1 --wdir nB "$WLB" run run.toml --set mesh.dp=2 --quiet > out.txt 2>&1; rc=$?
 [ "$rc" = 2 ] && grep -q "rank 1 cannot see the folder rank 0 writes it in" out.txt ||
   fail "ranks without a shared output.dir: rc $rc $(cat out.txt)"
+# No room for the trace (a file-size limit stands in for a full disk; the plans fit): exit 2
+# on every rank with the trace's path and the system's reason, within the timeout, and
+# nothing left behind: no temporary, no plan, no folder.
+for n in 1 2; do
+  timeout 60 mpiexec -n $n bash -c "trap '' XFSZ; ulimit -f 1024; exec '$WLB' run run.toml --steps 300 --quiet \
+    --set mesh.dp=$n --set 'output.dir=\"full$n\"'" > out.txt 2>&1; rc=$?
+  [ "$rc" = 2 ] && grep -q "full$n/trace.h5: cannot write it (.*File too large" out.txt ||
+    fail "$n rank(s), trace past the file-size limit: rc $rc $(cat out.txt)"
+  [ ! -e full$n ] || fail "$n rank(s), trace past the file-size limit left $(ls -a full$n)"
+done
 echo "outputs: every collision with an input or another output refused, inputs unchanged"
