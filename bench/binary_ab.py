@@ -13,7 +13,8 @@ first when the binaries count different work, e.g. a model with more ops). Raw p
 figures go to --json. With --region LABEL (repeatable) it also reads each run's trace and
 reports the seconds per measured step spent in that region (the trace's events of that
 label, summed per rank, mean over ranks; docs/trace-schema.md), old and new and their
-ratio: a change inside one region shows there undiluted by the rest of the step.
+ratio: a change inside one region shows there undiluted by the rest of the step (no ratio,
+"-", for a region one side never records).
 --old-set / --new-set (repeatable) override a key on one side only, so one binary can be
 compared with itself under two settings (--old and --new the same file). Needs OpenMPI's
 mpirun (`source run/mpienv` as root).
@@ -108,13 +109,13 @@ def main():
         for label in a.region:
             old = [r["old"][name]["region_seconds"][label] for r in rounds]
             new = [r["new"][name]["region_seconds"][label] for r in rounds]
-            q = [n / o for n, o in zip(new, old)]
-            result[name].setdefault("regions", {})[label] = {"old_median": statistics.median(old),
-                                                             "new_median": statistics.median(new),
-                                                             "ratio_median": statistics.median(q),
-                                                             "ratio_range": [min(q), max(q)]}
-            print(f"{name:<10} {label:<14} {statistics.median(old):11.3f} {statistics.median(new):11.3f} "
-                  f"{statistics.median(q):8.3f}x {'[%.3f-%.3f]' % (min(q), max(q)):>15}")
+            # a region only one side records (pipeline.recompute's `recompute`) has no ratio
+            q = [n / o for n, o in zip(new, old)] if all(o > 0 for o in old) else []
+            result[name].setdefault("regions", {})[label] = {
+                "old_median": statistics.median(old), "new_median": statistics.median(new),
+                "ratio_median": statistics.median(q) if q else None, "ratio_range": [min(q), max(q)] if q else None}
+            ratio = f"{statistics.median(q):8.3f}x {'[%.3f-%.3f]' % (min(q), max(q)):>15}" if q else f"{'-':>9} {'-':>15}"
+            print(f"{name:<10} {label:<14} {statistics.median(old):11.4f} {statistics.median(new):11.4f} {ratio}")
     if a.json:
         a.json.write_text(json.dumps({"deck": a.deck, "ranks": a.ranks, "sets": a.set, "rounds": rounds,
                                       "ratios": result}, indent=2) + "\n")
