@@ -249,7 +249,8 @@ int run(const Opts& o) {
   wlb::Progress progress("wlb simulate", total_steps, "steps", rank == 0);
 
   std::vector<Row> rows;
-  std::vector<std::string> spread_notes;  // cases whose profile has a rank-speed spread
+  std::vector<std::string> spread_notes;    // cases whose profile has a rank-speed spread
+  std::vector<std::string> unpriced_notes;  // selective cases whose profile does not time the recomputation
   const auto t_all = std::chrono::steady_clock::now();
   for (std::size_t ci = 0; ci < cases.size(); ++ci) {
     const Case& cs = cases[ci];
@@ -261,6 +262,9 @@ int run(const Opts& o) {
         !o.mean_speed && (hw.rank_spread > 0 || hw.step_spread > 0 || hw.task_spread > 0))
       spread_notes.push_back(fmt::format("{} spread {:g}, step_spread {:g}, task_spread {:g}", cs.name, hw.rank_spread,
                                          hw.step_spread, hw.task_spread));
+    if (deck.pipeline.recompute == "selective" &&
+        !(cost.linearTableUsed() && !cost.hardware().linear_ops.recompute_ns.empty()))
+      unpriced_notes.push_back(cs.name);
     std::unique_ptr<wlb::trace::Recorder> rec;
     std::unique_ptr<wlb::trace::Writer> writer;
     if (!o.trace.empty()) {
@@ -339,6 +343,12 @@ int run(const Opts& o) {
     os << "# rank speed (the profile's rank_speed): ";
     for (std::size_t i = 0; i < spread_notes.size(); ++i) os << (i ? "; " : "") << spread_notes[i];
     os << "; every sync group waits for its slowest member (docs/simulator.md, Rank speed)\n";
+  }
+  if (!unpriced_notes.empty()) {
+    os << "# pipeline.recompute = \"selective\" without its time: ";
+    for (std::size_t i = 0; i < unpriced_notes.size(); ++i) os << (i ? ", " : "") << unpriced_notes[i];
+    os << ": the profile does not time the backward's recomputation for this model (no linear_ops "
+          "recompute_ns_per_token of this shape); `wlb profile --deck` measures it (docs/profile-format.md)\n";
   }
   if (!replay.empty()) {
     os << "# replayed the plans of " << o.plans << " (";

@@ -104,4 +104,21 @@ for d in "$SRC"/inputs/run16_*.toml; do
   n16=$((n16 + 1))
 done
 [ $n16 -eq 5 ] || fail "expected 5 run16 decks, found $n16"
+
+# Selective recomputation is priced from the profile's recompute_ns_per_token: a profile
+# with it (`wlb profile --deck`, quick) predicts a slower step than none and says nothing; one
+# without (the deck's, written before it) prices it at 0 and says so under the table.
+"$WLB" profile --deck "$SRC/inputs/run_cp2.toml" --quick --out "$TMP/prof.json" > /dev/null 2>&1 || fail "profile --deck"
+sel=(--as-run --steps 2 --strategies plain --set 'pipeline.recompute="selective"')
+measured=(--set "hardware.profile=\"$TMP/prof.json\"")
+"$WLB" simulate "$SRC/inputs/run_cp2.toml" "${sel[@]}" > "$TMP/sel_old.txt" || fail "selective, old profile"
+grep -q '^# pipeline.recompute = "selective" without its time: run_cp2: ' "$TMP/sel_old.txt" ||
+  fail "no note for an unpriced recomputation: $(cat "$TMP/sel_old.txt")"
+"$WLB" simulate "$SRC/inputs/run_cp2.toml" "${sel[@]}" "${measured[@]}" > "$TMP/sel.txt" || fail "selective"
+"$WLB" simulate "$SRC/inputs/run_cp2.toml" --as-run --steps 2 --strategies plain "${measured[@]}" > "$TMP/none.txt" ||
+  fail "none"
+! grep -q "without its time" "$TMP/sel.txt" "$TMP/none.txt" || fail "a priced recomputation noted as unpriced"
+step() { awk '$3 == "plain" {print $8}' "$1"; }
+awk -v a="$(step "$TMP/sel.txt")" -v b="$(step "$TMP/none.txt")" 'BEGIN { exit !(a > b) }' ||
+  fail "selective step $(step "$TMP/sel.txt") s not above none's $(step "$TMP/none.txt") s"
 echo "PASS"
