@@ -101,12 +101,15 @@ int runPrepare(const Opts& o) {
   const auto r = data::prepareDataset(opt);
   std::cout << fmt::format(
       "source {}: {} regular files ({} shorter than --min-bytes {} skipped{}), {} symbolic "
-      "links or other entries skipped, {} files split by --max-bytes\n",
+      "links or other entries skipped{}, {} files split by --max-bytes\n",
       opt.source, r.regular_files, r.skipped_small, opt.min_bytes,
       opt.max_file_bytes > 0
           ? fmt::format(", {} longer than --max-file-bytes {} skipped", r.skipped_large, opt.max_file_bytes)
           : std::string(),
-      r.skipped_other, r.cut_files);
+      r.skipped_other,
+      r.skipped_datasets > 0 ? fmt::format(", {} files of token datasets (.idx/.bin) skipped", r.skipped_datasets)
+                             : std::string(),
+      r.cut_files);
   std::cout << fmt::format("tokenizer {} (vocab {}), tokens uint16, valid fraction {:g}, order {}\n",
                            data::ByteTokenizer::name(), data::ByteTokenizer::kVocabSize, opt.valid_fraction,
                            opt.shuffle ? fmt::format("shuffled (seed {})", opt.shuffle_seed) : std::string("path"));

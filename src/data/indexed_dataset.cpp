@@ -17,7 +17,7 @@ namespace wlb::data {
 namespace fs = std::filesystem;
 
 namespace {
-constexpr char kIdxMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
+constexpr const char* kIdxMagic = kMegatronIdxMagic;
 constexpr std::int64_t kMaxSequence = std::numeric_limits<std::int32_t>::max();
 
 void removeQuietly(const std::string& p) {

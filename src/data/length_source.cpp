@@ -421,7 +421,7 @@ std::vector<std::int64_t> readJsonlLengths(const std::string& path, const std::s
 }
 
 namespace {
-constexpr char kIdxMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
+constexpr const char* kIdxMagic = kMegatronIdxMagic;
 
 struct ByteReader {
   const std::string& path;
@@ -451,6 +451,12 @@ struct ByteReader {
   }
 };
 }  // namespace
+
+bool isMegatronIndexFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  char head[sizeof kMegatronIdxMagic] = {};
+  return f.read(head, sizeof head) && std::memcmp(head, kMegatronIdxMagic, sizeof head) == 0;
+}
 
 MegatronIndex readMegatronIndex(const std::string& path) {
   auto f = openOrThrow(path, std::ios::binary);

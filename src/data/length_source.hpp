@@ -153,6 +153,10 @@ struct MegatronIndex {
   std::vector<std::int64_t> doc_idx;   ///< document i = sequences [doc_idx[i], doc_idx[i+1])
   std::size_t doc_idx_offset = 0;      ///< byte offset of doc_idx[] (for messages)
 };
+/// The first 9 bytes of every MMIDIDX `.idx`.
+inline constexpr char kMegatronIdxMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
+/// Whether `path` is a file that begins with kMegatronIdxMagic (false if unreadable).
+bool isMegatronIndexFile(const std::string& path);
 /// Parse an `.idx`. Truncated / malformed -> InputError naming the file and byte offset.
 MegatronIndex readMegatronIndex(const std::string& path);
 /// Megatron-LM MMIDIDX index (`.idx`): document lengths = sum of sequence sizes between

@@ -141,6 +141,14 @@ std::vector<FileEntry> listFiles(const fs::path& root, const std::string& shown,
       continue;
     }
     if (!exclude.empty() && exclude.count(canonicalOf(it->path()))) continue;  // our own outputs
+    // another preparation's outputs (or any Megatron dataset): tokens, not text
+    const fs::path& p = it->path();
+    fs::path idx = p;
+    if (p.extension() == ".bin") idx.replace_extension(".idx");
+    if ((p.extension() == ".idx" || p.extension() == ".bin") && isMegatronIndexFile(idx.string())) {
+      ++r.skipped_datasets;
+      continue;
+    }
     out.push_back({it->path().lexically_relative(root).generic_string(), it->path()});
   }
   if (ec) throw InputError(fmt::format("{}: cannot list ({})", shown, ec.message()));

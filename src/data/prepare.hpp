@@ -54,6 +54,9 @@ struct PrepareResult {
   std::int64_t skipped_small = 0;  ///< of them, shorter than min_bytes
   std::int64_t skipped_large = 0;  ///< of them, longer than max_file_bytes
   std::int64_t skipped_other = 0;  ///< symbolic links and other non-regular entries
+  /// token datasets (an MMIDIDX `.idx` and the `.bin` beside it, another run's outputs
+  /// say), not counted in regular_files
+  std::int64_t skipped_datasets = 0;
   std::int64_t cut_files = 0;      ///< files split into several documents by max_bytes
   std::string train_prefix, valid_prefix;
 };

@@ -107,7 +107,13 @@ done; done
 for s in train valid; do for e in bin idx; do
   cmp -s "$T/ds_$s.$e" "$C/inside_$s.$e" || fail "own outputs were read as documents ($s.$e)"
 done; done
-rm -f "$C"/inside_*
+# ... nor are an earlier run's outputs under another prefix: token datasets, skipped and counted
+"$WLB" data prepare "$C" --out "$C/other" --valid-fraction 0.3 > "$T/other.txt" 2>&1 || fail "second prefix inside source"
+grep -q ", 4 files of token datasets (.idx/.bin) skipped" "$T/other.txt" || fail "datasets not skipped: $(cat "$T/other.txt")"
+for s in train valid; do for e in bin idx; do
+  cmp -s "$T/ds_$s.$e" "$C/other_$s.$e" || fail "another run's outputs were read as documents ($s.$e)"
+done; done
+rm -f "$C"/inside_* "$C"/other_*
 
 # --max-bytes splits long files into consecutive documents; --min-bytes skips short ones.
 "$WLB" data prepare "$C" --out "$T/cut" --valid-fraction 0.3 --max-bytes 4000 > "$T/cut.txt" 2>&1 \

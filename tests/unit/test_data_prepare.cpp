@@ -131,3 +131,31 @@ TEST(DataPrepare, PrepareDirectory) {
   o.source = root.string();
   EXPECT_THROW(data::prepareDataset(o), InputError);  // only an empty file left
 }
+
+// Outputs written inside the source tree: this run's own (PREFIX_*) are never read, and an
+// earlier run's with another prefix (any MMIDIDX .idx and the .bin beside it) are token
+// datasets, not text: a second preparation under another prefix finds the same documents.
+// A .bin without a Megatron index beside it is an ordinary file.
+TEST(DataPrepare, DatasetsInsideTheSourceAreNotDocuments) {
+  const fs::path root = tmpPath("inside");
+  fs::remove_all(root);
+  writeFile(root / "a.txt", "first document");
+  writeFile(root / "b.txt", "the second document");
+  writeFile(root / "blob.bin", "not tokens");
+  data::PrepareOptions o;
+  o.source = root.string();
+  o.out_prefix = (root / "one").string();
+  o.progress = false;
+  const auto first = data::prepareDataset(o);
+  EXPECT_EQ(first.regular_files, 3);
+  EXPECT_EQ(first.skipped_datasets, 0);
+  o.out_prefix = (root / "two").string();
+  const auto second = data::prepareDataset(o);
+  EXPECT_EQ(second.regular_files, 3);
+  EXPECT_EQ(second.skipped_datasets, 4);  // one_train and one_valid, .bin and .idx each
+  EXPECT_EQ(second.train.documents + second.valid.documents, first.train.documents + first.valid.documents);
+  EXPECT_EQ(second.train.tokens + second.valid.tokens, first.train.tokens + first.valid.tokens);
+  EXPECT_TRUE(data::isMegatronIndexFile(first.train_prefix + ".idx"));
+  EXPECT_FALSE(data::isMegatronIndexFile((root / "a.txt").string()));
+  EXPECT_FALSE(data::isMegatronIndexFile((root / "missing.idx").string()));
+}
