@@ -298,6 +298,7 @@ std::string Writer::commit(const Recorder& rec) {
   auto memType = schema::eventMemType();
   auto fileType = schema::packed(memType);
   errno = 0;  // what is set from here on is the write's (systemError)
+  std::string events_err;  // this rank's part of /events failed
   try {
     auto file = h5::File::create(tmp, parallel ? comm_ : MPI_COMM_NULL);
     auto ds = file.createDataset("events", fileType.id(), h5::Dataspace::simple({static_cast<hsize_t>(total)}));
@@ -321,10 +322,31 @@ std::string Writer::commit(const Recorder& rec) {
     ds.close();
     file.close();
   } catch (const h5::Error& e) {
-    // this rank only: the driver ends the others (WriteError)
-    const std::string why = e.what() + systemError();
-    std::remove(tmp.c_str());
-    throw WriteError(fmt::format("trace {}: cannot write it ({}){}", path_, why, freeSpace(path_)));
+    events_err = e.what() + systemError();
+  }
+  // Every rank learns whether any rank's part failed, and every failing rank's reason (a
+  // collective write fails differently on each: one rank's write, another's close), so rank
+  // 0 never completes a trace that lacks a rank's events, and one message is printed.
+  int failed = events_err.empty() ? 0 : 1;
+  if (parallel) MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, comm_);
+  if (failed) {
+    std::string why = events_err;
+    if (parallel) {
+      std::vector<std::pair<std::string, std::string>> reasons;  // reason -> its ranks, first seen first
+      const auto all = allgatherLists(comm_, {events_err});
+      for (std::size_t r = 0; r < all.size(); ++r) {
+        if (all[r].empty() || all[r][0].empty()) continue;
+        auto it = std::find_if(reasons.begin(), reasons.end(), [&](const auto& x) { return x.first == all[r][0]; });
+        if (it == reasons.end()) it = reasons.insert(reasons.end(), {all[r][0], ""});
+        it->second += (it->second.empty() ? "" : ",") + std::to_string(r);
+      }
+      why.clear();
+      for (std::size_t i = 0; i < reasons.size() && i < 3; ++i)
+        why += fmt::format("{}rank {}: {}", i ? "; " : "", reasons[i].second, reasons[i].first);
+      if (reasons.size() > 3) why += fmt::format("; {} other reasons", reasons.size() - 3);
+    }
+    if (rank == 0) std::remove(tmp.c_str());
+    throw WriteError(fmt::format("trace {}: cannot write it ({}){}", path_, why, freeSpace(path_)), parallel);
   }
 
   // ---- 6. tables, metadata and `complete` by rank 0, then rename -----------------------

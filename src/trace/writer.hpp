@@ -148,7 +148,7 @@ class Writer {
 
   /// Write everything and rename to the final name. Collective on the parallel path.
   /// Returns the final path. Throws WriteError (core/error.hpp: the file could not be written)
-  /// on the ranks that saw the failure, every rank when rank 0's part failed.
+  /// on every rank, with the first failing rank's reason (collective on the parallel path).
   std::string commit(const Recorder& rec);
 
   /// JSON text used for a step when no packing JSON is given: the plan's JSON

@@ -101,6 +101,7 @@ for n in 1 2; do
     --set mesh.dp=$n --set 'output.dir=\"full$n\"'" > out.txt 2>&1; rc=$?
   [ "$rc" = 2 ] && grep -q "full$n/trace.h5: cannot write it (.*File too large" out.txt ||
     fail "$n rank(s), trace past the file-size limit: rc $rc $(cat out.txt)"
+  [ "$(grep -c "cannot write it" out.txt)" = 1 ] || fail "$n rank(s): not one message: $(cat out.txt)"
   [ ! -e full$n ] || fail "$n rank(s), trace past the file-size limit left $(ls -a full$n)"
 done
 echo "outputs: every collision with an input or another output refused, inputs unchanged"
