@@ -145,7 +145,7 @@ mpiexec -n 2 "$WLB" mesh "$SRC/inputs/quickstart.toml" > "$tmp/out" || fail "2-r
 grep -q "tp=1 cp=2 pp=1 dp=1" "$tmp/out" || fail "mesh output: $(cat "$tmp/out")"
 # A deck larger than the rank's memory: exit 2 with "out of memory", the buffer that did not
 # fit and what to change, and no output folder (a 3 GB address-space limit stands in for a
-# small machine). The weights (a 16M-token vocabulary) fail when the model is built; a 1M-token
+# small machine; one OpenBLAS thread, whose per-thread buffers are reserved at start-up). The weights (a 16M-token vocabulary) fail when the model is built; a 1M-token
 # window fails in the activation pool, which says what it held.
 printf '[model]\nhidden = 1024\nheads = 8\nlayers = 2\nvocab = 16000000\n[run]\nsteps = 1\n' > "$tmp/big_vocab.toml"
 printf '[model]\nhidden = 1024\nheads = 8\nlayers = 2\nvocab = 256\n[data]\ncontext_window = 1048576\n[run]\nsteps = 1\nwarmup = 0\n' \
@@ -157,8 +157,8 @@ for deck in big_vocab big_window; do
   subs="run train"
   [ $deck = big_vocab ] || subs=run  # wlb train builds the same weights first
   for sub in $subs; do
-    (ulimit -v 3000000; "$WLB" $sub "$tmp/$deck.toml" --set "output.dir=\"$tmp/oom_$sub\"" \
-      --set "train.dataset=\"$tmp/data/lic\"" > "$tmp/out" 2> "$tmp/err"); rc=$?
+    (ulimit -v 3000000; OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 "$WLB" $sub "$tmp/$deck.toml" \
+      --set "output.dir=\"$tmp/oom_$sub\"" --set "train.dataset=\"$tmp/data/lic\"" > "$tmp/out" 2> "$tmp/err"); rc=$?
     [ "$rc" = 2 ] || fail "$sub $deck exit $rc, wanted 2: $(cat "$tmp/err")"
     grep -q "out of memory: .*wlb::runtime::" "$tmp/err" || fail "$sub $deck message: $(cat "$tmp/err")"
     grep -q 'pipeline.recompute = "selective"' "$tmp/err" || fail "$sub $deck gives no hint: $(cat "$tmp/err")"
