@@ -262,9 +262,7 @@ int run(const Opts& o) {
         !o.mean_speed && (hw.rank_spread > 0 || hw.step_spread > 0 || hw.task_spread > 0))
       spread_notes.push_back(fmt::format("{} spread {:g}, step_spread {:g}, task_spread {:g}", cs.name, hw.rank_spread,
                                          hw.step_spread, hw.task_spread));
-    if (deck.pipeline.recompute == "selective" &&
-        !(cost.linearTableUsed() && !cost.hardware().linear_ops.recompute_ns.empty()))
-      unpriced_notes.push_back(cs.name);
+    if (deck.pipeline.recompute == "selective" && !cost.recomputeTimed()) unpriced_notes.push_back(cs.name);
     std::unique_ptr<wlb::trace::Recorder> rec;
     std::unique_ptr<wlb::trace::Writer> writer;
     if (!o.trace.empty()) {

@@ -133,6 +133,13 @@ int dispatch(int argc, char** argv) {
     }
 
     std::string sub;  // the subcommand running, for an out-of-memory hint
+    // A rank's own error after the others may have entered a collective: end them all with
+    // exit 2 (a lone rank returns it, so MPI_Finalize runs).
+    const auto endEveryRank = [] {
+      std::fflush(stderr);
+      if (wlb::app::worldSize() > 1) MPI_Abort(MPI_COMM_WORLD, wlb::kExitBadInput);
+      return wlb::kExitBadInput;
+    };
     try {
       // the first word must be a subcommand (the driver has no positional arguments)
       if (cli_argv.size() > 1 && cli_argv[1][0] != '-' && !subs.count(cli_argv[1])) {
@@ -183,25 +190,19 @@ int dispatch(int argc, char** argv) {
       MPI_Abort(MPI_COMM_WORLD, wlb::kExitBadInput);
     } catch (const std::filesystem::filesystem_error& e) {
       // a path the user gave (an output under a file, an unwritable directory): bad input,
-      // not an internal error; other ranks may be waiting in a collective, so abort them
-      // with the same exit code
+      // not an internal error
       std::fprintf(stderr, "wlb: error (rank %d): %s\n", rank, e.what());
-      std::fflush(stderr);
-      if (wlb::app::worldSize() > 1) MPI_Abort(MPI_COMM_WORLD, wlb::kExitBadInput);
-      rc = wlb::kExitBadInput;
+      rc = endEveryRank();
     } catch (const std::exception& e) {
       if (wlb::isOutOfMemory(e)) {
-        // the deck asks more of this rank than it has: say what to change; other ranks may
-        // be waiting in a collective, so end them with the same exit code
+        // the deck asks more of this rank than it has: say what to change
         std::fprintf(stderr, "wlb: error (rank %d): out of memory: %s\n", rank, wlb::oneLine(e).c_str());
         if (sub == "run" || sub == "train")
           std::fprintf(stderr,
                        "wlb: the deck needs more memory than this rank has (`wlb simulate DECK --as-run` prints each "
                        "stage's predicted peak): lower data.context_window, raise mesh.tp, mesh.cp or mesh.pp, or set "
                        "pipeline.recompute = \"selective\"\n");
-        std::fflush(stderr);
-        if (wlb::app::worldSize() > 1) MPI_Abort(MPI_COMM_WORLD, wlb::kExitBadInput);
-        rc = wlb::kExitBadInput;
+        rc = endEveryRank();
       } else {
         std::fprintf(stderr, "wlb: internal error (rank %d): %s\n", rank, e.what());
         std::fflush(stderr);

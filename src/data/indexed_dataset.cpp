@@ -17,7 +17,6 @@ namespace wlb::data {
 namespace fs = std::filesystem;
 
 namespace {
-constexpr const char* kIdxMagic = kMegatronIdxMagic;
 constexpr std::int64_t kMaxSequence = std::numeric_limits<std::int32_t>::max();
 
 void removeQuietly(const std::string& p) {
@@ -68,7 +67,7 @@ void IndexedDatasetWriter::finish() {
   };
   const std::uint64_t version = 1, nseq = sizes_.size(), ndoc = sizes_.size() + 1;
   const std::uint8_t dtype = kMegatronUint16;
-  put(kIdxMagic, 9);
+  put(kMegatronIdxMagic, sizeof kMegatronIdxMagic);
   put(&version, 8);
   put(&dtype, 1);
   put(&nseq, 8);

@@ -421,7 +421,6 @@ std::vector<std::int64_t> readJsonlLengths(const std::string& path, const std::s
 }
 
 namespace {
-constexpr const char* kIdxMagic = kMegatronIdxMagic;
 
 struct ByteReader {
   const std::string& path;
@@ -463,7 +462,7 @@ MegatronIndex readMegatronIndex(const std::string& path) {
   std::vector<char> buf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   ByteReader r{path, buf};
   r.need(9, 1, "magic");
-  if (std::memcmp(buf.data(), kIdxMagic, 9) != 0)
+  if (std::memcmp(buf.data(), kMegatronIdxMagic, sizeof kMegatronIdxMagic) != 0)
     throw InputError(fmt::format("{}: byte offset 0: not a Megatron MMIDIDX index (bad magic)", path), true);
   r.pos = 9;
   const auto version = r.read<std::uint64_t>("version");
@@ -529,7 +528,7 @@ void writeMegatronIdx(const std::string& path, const std::vector<std::int64_t>& 
     std::ofstream f(tmp, std::ios::binary);
     if (!f) throw InputError(fmt::format("{}: cannot write", path));
     auto put = [&](const void* p, std::size_t n) { f.write(static_cast<const char*>(p), n); };
-    put(kIdxMagic, 9);
+    put(kMegatronIdxMagic, sizeof kMegatronIdxMagic);
     const std::uint64_t version = 1, nseq = lens.size(), ndoc = lens.size() + 1;
     const std::uint8_t dtype = 4;  // int32 tokens
     put(&version, 8);

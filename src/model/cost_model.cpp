@@ -508,7 +508,7 @@ double CostModel::elementwiseSeconds(std::int64_t tokens, Phase p) const {
 }
 
 double CostModel::recomputeSeconds(std::int64_t tokens) const {
-  if (!linear_table_ || tokens <= 0) return 0.0;
+  if (!recomputeTimed() || tokens <= 0) return 0.0;
   const double ns = hw_.linear_ops.recomputeNsAt(linear_ref_tokens_);
   return ns * static_cast<double>(tokens) * 1e-9 / hw_.factors.elementwise;
 }

@@ -179,6 +179,9 @@ class CostModel {
   /// dropped, from the table at linearReferenceTokens() (elementwise work: its factor
   /// applies); 0 without a table or where the profile did not measure it.
   double recomputeSeconds(std::int64_t tokens) const;
+  /// Whether recomputeSeconds has a measured figure to price (a matching table that has
+  /// recompute_ns_per_token), not 0 for want of one.
+  bool recomputeTimed() const { return linear_table_ && !hw_.linear_ops.recompute_ns.empty(); }
   /// Whether linear work is timed from a deck-shaped table (its shape matches dims and tp).
   bool linearTableUsed() const { return linear_table_; }
   /// Per-rank micro-batch tokens at which the table's per-token costs are read. Linear work
