@@ -150,14 +150,23 @@ def load(path: str) -> Trace:
     try:
         with f:
             complete = f.attrs.get("complete", None)
-            if complete is None or int(np.asarray(complete).ravel()[0]) != 1:
+            if complete is None:
                 raise TraceError(f"{path}: incomplete trace (no 'complete' attribute: the writer did not finish)")
+            if int(np.asarray(complete).ravel()[0]) != 1:
+                raise TraceError(f"{path}: incomplete trace ('complete' = {int(np.asarray(complete).ravel()[0])}, "
+                                 "not 1: the writer did not finish)")
             if "meta" not in f:
                 raise TraceError(f"{path}: missing group /meta (not a wlb trace?)")
             meta = {k: _decode(v) for k, v in f["meta"].attrs.items()}
             if "deck" not in meta and "meta/deck" in f:
                 meta["deck"] = _strings(f["meta/deck"])[0]
+            # the version is the root's attribute; /meta repeats it
             version = int(meta.get("schema_version", 0))
+            if "schema_version" in f.attrs:
+                root = int(np.asarray(f.attrs["schema_version"]).ravel()[0])
+                if "schema_version" in meta and root != version:
+                    raise TraceError(f"{path}: schema_version {root} (/) differs from {version} (/meta)")
+                version = root
             if version < 1 or version > SUPPORTED_SCHEMA:
                 raise TraceError(f"{path}: unsupported trace schema version {version} "
                                  f"(this analysis reads version {SUPPORTED_SCHEMA})")
@@ -187,7 +196,15 @@ def load(path: str) -> Trace:
             raise TraceError(f"{path}: /events refers to strategies outside /meta/strategies")
         if events["rank"].min() < 0 or events["rank"].max() >= max(len(ranks["rank"]), 1):
             raise TraceError(f"{path}: /events refers to ranks outside /ranks")
-    mesh = {k: int(meta.get(f"mesh_{k}", 1)) for k in ("tp", "cp", "pp", "dp")}
+    missing = [f"mesh_{k}" for k in ("tp", "cp", "pp", "dp") if f"mesh_{k}" not in meta]
+    if missing:
+        raise TraceError(f"{path}: /meta lacks {', '.join(missing)} (not a complete wlb trace)")
+    mesh = {k: int(meta[f"mesh_{k}"]) for k in ("tp", "cp", "pp", "dp")}
+    if min(mesh.values()) < 1:
+        raise TraceError(f"{path}: /meta mesh {mesh} has a size below 1")
+    for k in ("tp", "cp", "pp", "dp"):
+        if len(ranks[k]) and (ranks[k].min() < 0 or ranks[k].max() >= mesh[k]):
+            raise TraceError(f"{path}: /ranks {k} coordinates lie outside /meta mesh_{k} = {mesh[k]}")
     return Trace(path=path, meta=meta, strategies=strategies, regions=regions, ranks=ranks,
                  events=events, segments=segments, plan_steps=steps, mesh=mesh, train_steps=train_steps,
                  train_ranks=train_ranks)

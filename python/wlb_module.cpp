@@ -47,9 +47,45 @@ struct Ints : I64Array {
   Ints() = default;
   explicit Ints(I64Array a) : I64Array(std::move(a)) {}
 };
+
+/// An integer scalar argument: a Python int or a NumPy integer scalar (or 0-d integer array).
+/// pybind11's own integer caster converts with int(), so 2.9, np.float32(3.7), np.array([1.5])
+/// and True would pass as 2, 3, 1 and 1; these are a TypeError here, as for Ints.
+struct Int {
+  std::int64_t v = 0;
+  operator std::int64_t() const { return v; }  // NOLINT(google-explicit-constructor): an int
+};
 }  // namespace wlb_py
 
 namespace pybind11::detail {
+template <>
+struct type_caster<wlb_py::Int> {
+  PYBIND11_TYPE_CASTER(wlb_py::Int, const_name("int"));
+  bool load(handle src, bool) {
+    if (!src || PyBool_Check(src.ptr()) || PyFloat_Check(src.ptr())) return false;
+    if (hasattr(src, "dtype")) {  // NumPy: an integer kind with no dimension (bool is kind 'b')
+      const auto kind = src.attr("dtype").attr("kind").cast<std::string>();
+      if ((kind != "i" && kind != "u") || (hasattr(src, "ndim") && src.attr("ndim").cast<int>() != 0)) return false;
+    } else if (!PyLong_Check(src.ptr())) {
+      return false;
+    }
+    const auto idx = reinterpret_steal<object>(PyNumber_Index(src.ptr()));
+    if (!idx) {
+      PyErr_Clear();
+      return false;
+    }
+    int overflow = 0;
+    const long long x = PyLong_AsLongLongAndOverflow(idx.ptr(), &overflow);
+    if (overflow != 0 || (x == -1 && PyErr_Occurred())) {  // past int64: refused, never wrapped
+      PyErr_Clear();
+      return false;
+    }
+    value.v = x;
+    return true;
+  }
+  static handle cast(const wlb_py::Int& i, return_value_policy, handle) { return PyLong_FromLongLong(i.v); }
+};
+
 template <>
 struct type_caster<wlb_py::Ints> {
   PYBIND11_TYPE_CASTER(wlb_py::Ints, const_name("numpy.ndarray[numpy.int64]"));
@@ -71,6 +107,7 @@ struct type_caster<wlb_py::Ints> {
 }  // namespace pybind11::detail
 
 namespace {
+using wlb_py::Int;
 using wlb_py::Ints;
 
 // ---- JSON <-> Python -------------------------------------------------------------------
@@ -183,9 +220,14 @@ std::vector<wlb::Segment> segmentsFrom(const I64Array& a, const char* what) {
                     what));
   }
   for (const auto& s : out) {
-    if (s.length < 1 || s.offset < 0)
-      throw py::value_error(fmt::format("{}: segment [{}, {}, {}, {}]: need offset >= 0 and length >= 1", what, s.doc,
-                                        s.offset, s.length, s.arrival_step));
+    // A segment lies inside a document: a length past the longest document would size
+    // buffers the planner then fills token by token.
+    if (s.doc < 0 || s.length < 1 || s.offset < 0 || s.length > data::kMaxDocTokens ||
+        s.offset > data::kMaxDocTokens - s.length)
+      throw py::value_error(
+          fmt::format("{}: segment [{}, {}, {}, {}]: need doc >= 0, offset >= 0, length >= 1 and "
+                      "offset + length <= {}",
+                      what, s.doc, s.offset, s.length, s.arrival_step, data::kMaxDocTokens));
     if (s.q_offset < 0 || s.q_offset > s.offset)
       throw py::value_error(
           fmt::format("{}: segment [{}, {}, {}, {}, {}]: need 0 <= q_offset <= offset (the keys "
@@ -206,7 +248,15 @@ model::Phase phaseOf(const std::string& p) {
 /// A TOML literal for one `--set` value given as a Python object.
 std::string tomlLiteral(py::handle v, const std::string& key) {
   if (py::isinstance<py::bool_>(v)) return v.cast<bool>() ? "true" : "false";
-  if (py::isinstance<py::int_>(v)) return py::str(v).cast<std::string>();
+  if (py::isinstance<py::int_>(v)) {
+    const std::string s = py::str(v).cast<std::string>();
+    try {
+      (void)v.cast<std::int64_t>();
+    } catch (const py::cast_error&) {  // TOML would clamp it and the error would quote another number
+      throw py::value_error(fmt::format("--set {}: {} is not a 64-bit integer", key, s));
+    }
+    return s;
+  }
   if (py::isinstance<py::float_>(v)) {
     const double d = v.cast<double>();
     if (std::isnan(d)) return "nan";
@@ -445,7 +495,17 @@ std::unique_ptr<PyPlan> planFromJsonValue(const json& j, CostPtr cost) {
   }
 }
 
+/// A step line as `wlb plan --out` writes it (str or bytes), or the dict `to_json()` returns.
 std::unique_ptr<PyPlan> planFromJson(py::object o, std::optional<PyCostPtr> cost) {
+  if (py::isinstance<py::str>(o) || py::isinstance<py::bytes>(o)) {
+    json j;
+    try {
+      j = json::parse(o.cast<std::string>());
+    } catch (const json::exception& e) {
+      throw wlb::InputError(std::string("plan: the step line is not JSON: ") + e.what());
+    }
+    return planFromJsonValue(j, innerCost(cost));
+  }
   return planFromJsonValue(fromPy(o, "plan"), innerCost(cost));
 }
 
@@ -552,6 +612,21 @@ json stateFrom(py::object o, const std::string& what) {
 
 // ---- CP shard planner ------------------------------------------------------------------
 
+/// A CP rank argument: IndexError outside [0, cp).
+int cpRankChecked(std::int64_t r, int cp) {
+  if (r < 0 || r >= cp) throw py::index_error(fmt::format("CP rank {} out of range [0, {})", r, cp));
+  return static_cast<int>(r);
+}
+
+/// A CP degree argument, in the range of the deck's mesh.cp.
+int cpDegreeChecked(std::int64_t cp, const char* what) {
+  constexpr std::int64_t kMaxCp = std::int64_t{1} << 16;
+  if (cp < 1) throw py::value_error(fmt::format("{}: CP degree must be >= 1 (got {})", what, cp));
+  if (cp > kMaxCp)
+    throw py::value_error(fmt::format("{}: CP degree must be <= {}, mesh.cp's limit (got {})", what, kMaxCp, cp));
+  return static_cast<int>(cp);
+}
+
 struct PyCommPlan {
   cp::CommPlan comm;
 };
@@ -563,10 +638,7 @@ struct PyShardPlan {
   CostPtr cost;
   mutable std::optional<json> metrics;
 
-  int rankChecked(int r) const {
-    if (r < 0 || r >= plan.cp) throw py::index_error(fmt::format("CP rank {} out of range [0, {})", r, plan.cp));
-    return r;
-  }
+  int rankChecked(std::int64_t r) const { return cpRankChecked(r, plan.cp); }
 };
 
 struct PyShardPlanner {
@@ -578,7 +650,7 @@ struct PyShardPlanner {
   int cp = 1;
 
   static PyShardPlanner make(PyCostPtr cost, wlb::CpConfig cfg, const std::string& strategy, const std::string& comm,
-                             int cp_degree) {
+                             std::int64_t cp_degree) {
     PyShardPlanner p;
     p.pycost = std::move(cost);
     p.cost = p.pycost->cost;
@@ -587,8 +659,7 @@ struct PyShardPlanner {
     p.comm = cp::parseCommMode(comm);
     p.cfg.strategy = cp::strategyName(p.strategy);
     p.cfg.comm = cp::commModeName(p.comm);
-    p.cp = cp_degree;
-    if (p.cp < 1) throw wlb::InputError("CP degree must be >= 1 (got " + std::to_string(p.cp) + ")");
+    p.cp = cpDegreeChecked(cp_degree, "cp");
     return p;
   }
 
@@ -855,8 +926,7 @@ CostModel.from_profile(path, deck=None): the same with the profile JSON at `path
       .def_property_readonly("tp", [](const PyCost& c) { return c.cost->tp(); })
       .def_property_readonly("linear_table_used", [](const PyCost& c) { return c.cost->linearTableUsed(); })
       .def(
-          "segment_work",
-          [](const PyCost& c, std::int64_t len) { return c.cost->segmentWork(tokensArg(len, "length")); },
+          "segment_work", [](const PyCost& c, Int len) { return c.cost->segmentWork(tokensArg(len, "length")); },
           py::arg("length"), "W(d): fwd+bwd seconds of one layer for a segment of `length` tokens (the packers' W).")
       .def(
           "segment_work",
@@ -870,30 +940,31 @@ CostModel.from_profile(path, deck=None): the same with the profile JSON at `path
           py::arg("lengths"))
       .def(
           "attn_seconds",
-          [](const PyCost& c, std::int64_t q0, std::int64_t q, const std::string& phase) {
+          [](const PyCost& c, Int q0, Int q, const std::string& phase) {
             return c.cost->attnSeconds(tokensArg(q0, "q0"), tokensArg(q, "q"), phaseOf(phase));
           },
           py::arg("q0"), py::arg("q"), py::arg("phase") = "fwd")
       .def(
           "attn_flops",
-          [](const PyCost& c, std::int64_t q0, std::int64_t q, const std::string& phase) {
+          [](const PyCost& c, Int q0, Int q, const std::string& phase) {
             return c.cost->attnFlops(tokensArg(q0, "q0"), tokensArg(q, "q"), phaseOf(phase));
           },
           py::arg("q0"), py::arg("q"), py::arg("phase") = "fwd")
       .def(
           "linear_seconds",
-          [](const PyCost& c, std::int64_t tokens, const std::string& phase) {
+          [](const PyCost& c, Int tokens, const std::string& phase) {
             return c.cost->linearSeconds(tokensArg(tokens, "tokens"), phaseOf(phase));
           },
           py::arg("tokens"), py::arg("phase") = "fwd")
       .def(
           "linear_flops",
-          [](const PyCost& c, std::int64_t tokens, const std::string& phase) {
+          [](const PyCost& c, Int tokens, const std::string& phase) {
             return c.cost->linearFlops(tokensArg(tokens, "tokens"), phaseOf(phase));
           },
           py::arg("tokens"), py::arg("phase") = "fwd")
       .def(
-          "kv_bytes", [](const PyCost& c, std::int64_t t) { return c.cost->kvBytes(t); }, py::arg("tokens"));
+          "kv_bytes", [](const PyCost& c, Int t) { return c.cost->kvBytes(tokensArg(t, "tokens")); },
+          py::arg("tokens"));
 
   // ---- Length sources ----
   py::class_<PyDocuments>(m, "Documents", "The documents of one global batch (ids, lengths, arrival steps).")
@@ -948,7 +1019,7 @@ a checkpoint records).)")
            py::arg("deck"), py::arg("lengths") = py::none(), py::arg("name") = py::none())
       .def(
           "next",
-          [](PySource& s, std::optional<std::int64_t> step) {
+          [](PySource& s, std::optional<Int> step) {
             return PyDocuments{s.src->next(step ? *step : s.src->nextStep())};
           },
           py::arg("step") = py::none(), "Documents of `step` (default: the next step).")
@@ -1047,10 +1118,7 @@ keys; 0 for a whole segment).)")
           "documents", [](const PyPlan& p) { return PyDocuments{p.docs}; },
           "The documents that arrived at this step (empty for a plan read from JSON).")
       .def(
-          "micro_batch",
-          [](const PyPlan& p, std::int64_t r, std::int64_t mb) {
-            return segmentArray(p.mb(r, mb).segments, p.sliced());
-          },
+          "micro_batch", [](const PyPlan& p, Int r, Int mb) { return segmentArray(p.mb(r, mb).segments, p.sliced()); },
           py::arg("replica"), py::arg("index"))
       .def_property_readonly("replicas",
                              [](const PyPlan& p) {
@@ -1125,13 +1193,10 @@ pack(step=None) draws the documents of the next step and packs them; state_dict(
            py::arg("lengths") = py::none(), py::arg("source_name") = py::none())
       .def(
           "pack",
-          [](PyPacker& p, std::optional<std::int64_t> step) {
-            return p.packDocs(step ? *step : p.src->nextStep(), nullptr);
-          },
+          [](PyPacker& p, std::optional<Int> step) { return p.packDocs(step ? *step : p.src->nextStep(), nullptr); },
           py::arg("step") = py::none(), "Pack the next step (steps must be consecutive).")
       .def(
-          "pack_documents",
-          [](PyPacker& p, const PyDocuments& docs, std::int64_t step) { return p.packDocs(step, &docs.docs); },
+          "pack_documents", [](PyPacker& p, const PyDocuments& docs, Int step) { return p.packDocs(step, &docs.docs); },
           py::arg("documents"), py::arg("step"),
           "Pack documents drawn elsewhere (the packer's own source is not advanced).")
       .def("state_dict", [](const PyPacker& p) { return toPy(p.checkpoint()); })
@@ -1181,9 +1246,13 @@ pack(step=None) draws the documents of the next step and packs them; state_dict(
                              })
       .def_property_readonly("ranks", [](const PyCommPlan& c) { return toPy(cp::toJson(c.comm)["ranks"]); })
       .def(
-          "transfers_from", [](const PyCommPlan& c, int r) { return cp::transfersFrom(c.comm, r); }, py::arg("rank"))
+          "transfers_from",
+          [](const PyCommPlan& c, Int r) { return cp::transfersFrom(c.comm, cpRankChecked(r, c.comm.cp)); },
+          py::arg("rank"))
       .def(
-          "transfers_to", [](const PyCommPlan& c, int r) { return cp::transfersTo(c.comm, r); }, py::arg("rank"))
+          "transfers_to",
+          [](const PyCommPlan& c, Int r) { return cp::transfersTo(c.comm, cpRankChecked(r, c.comm.cp)); },
+          py::arg("rank"))
       .def("to_json", [](const PyCommPlan& c) { return toPy(cp::toJson(c.comm)); });
 
   py::class_<PyShardPlan, std::shared_ptr<PyShardPlan>>(m, "ShardPlan",
@@ -1218,28 +1287,28 @@ are packed[token_index(r)]); kv_index(r): packed position of each slot of its KV
                              })
       .def(
           "token_index",
-          [](const PyShardPlan& s, int r) { return i64Vector(cp::packedPositions(s.plan, s.rankChecked(r))); },
+          [](const PyShardPlan& s, Int r) { return i64Vector(cp::packedPositions(s.plan, s.rankChecked(r))); },
           py::arg("rank"))
       .def(
           "kv_index",
-          [](const PyShardPlan& s, int r) { return i64Vector(cp::kvPackedPositions(s.plan, s.rankChecked(r))); },
+          [](const PyShardPlan& s, Int r) { return i64Vector(cp::kvPackedPositions(s.plan, s.rankChecked(r))); },
           py::arg("rank"))
       .def(
           "all_gather_kv_index",
-          [](const PyShardPlan& s, int r) {
+          [](const PyShardPlan& s, Int r) {
             return i64Vector(cp::allGatherKvIndex(s.plan, s.comm->comm, s.rankChecked(r)));
           },
           py::arg("rank"), "For each KV-buffer slot of `rank`, its index in the all-gathered buffer.")
       .def(
-          "pieces", [](const PyShardPlan& s, int r) { return piecesOf(s.plan.ranks[s.rankChecked(r)]); },
+          "pieces", [](const PyShardPlan& s, Int r) { return piecesOf(s.plan.ranks[s.rankChecked(r)]); },
           py::arg("rank"), "The rank's query pieces as a dict of arrays (docs/cp.md).")
       .def(
           "kv_runs",
-          [](const PyShardPlan& s, int r) { return runsArray(s.plan.ranks[s.rankChecked(r)].kv_runs, true); },
+          [](const PyShardPlan& s, Int r) { return runsArray(s.plan.ranks[s.rankChecked(r)].kv_runs, true); },
           py::arg("rank"), "(n, 4) [src, src_local_begin, len, kv_begin].")
       .def(
           "kv_blocks",
-          [](const PyShardPlan& s, int r) {
+          [](const PyShardPlan& s, Int r) {
             const auto& b = s.plan.ranks[s.rankChecked(r)].kv_blocks;
             I64Array a({static_cast<py::ssize_t>(b.size()), py::ssize_t{4}});
             auto* p = a.mutable_data();
@@ -1269,7 +1338,7 @@ are packed[token_index(r)]); kv_index(r): packed position of each slot of its KV
           }))
       .def_static(
           "from_ranges",
-          [](const Ints& segs, const Ints& ranges, int cp_degree, const PyCostPtr& cost, const std::string& comm,
+          [](const Ints& segs, const Ints& ranges, Int cp_degree, const PyCostPtr& cost, const std::string& comm,
              const std::string& name) {
             if (!cost) throw py::value_error("from_ranges: cost: a wlb.CostModel is required");
             if (ranges.ndim() != 2 || ranges.shape(1) != 4)
@@ -1287,7 +1356,7 @@ are packed[token_index(r)]); kv_index(r): packed position of each slot of its KV
             out->comm = std::make_shared<PyCommPlan>();
             {
               py::gil_scoped_release nogil;
-              out->plan = cp::planFromRanges(out->mb, qr, cp_degree, name);
+              out->plan = cp::planFromRanges(out->mb, qr, cpDegreeChecked(cp_degree, "from_ranges: cp"), name);
               out->comm->comm = cp::planComm(out->plan, mode, *out->cost);
             }
             return out;
@@ -1311,10 +1380,9 @@ cp.strategy), KV comm mode (cp.comm) and CP degree (mesh.cp) of the deck unless 
 plan(segments) shards one micro-batch: an (n, 4) [doc, offset, length, arrival] array such
 as Plan.micro_batch(r, m), or 1-D segment lengths.)")
       .def(py::init([](std::shared_ptr<PyDeck> d, std::optional<std::string> strategy, std::optional<std::string> comm,
-                       std::optional<int> cp_degree, std::optional<PyCostPtr> cost) {
+                       std::optional<Int> cp_degree, std::optional<PyCostPtr> cost) {
              return PyShardPlanner::make(costFor(d, cost), d->deck.cp, strategy ? *strategy : d->deck.cp.strategy,
-                                         comm ? *comm : d->deck.cp.comm,
-                                         cp_degree ? *cp_degree : static_cast<int>(d->deck.mesh.cp));
+                                         comm ? *comm : d->deck.cp.comm, cp_degree ? cp_degree->v : d->deck.mesh.cp);
            }),
            py::arg("deck").none(false), py::arg("strategy") = py::none(), py::arg("comm") = py::none(),
            py::arg("cp") = py::none(), py::arg("cost") = py::none())
@@ -1362,7 +1430,11 @@ as Plan.micro_batch(r, m), or 1-D segment lengths.)")
 
 ConservationChecker(capacity); add_held(packer.held_segments()) once for a resumed stream,
 then per step add_incoming(documents) and add_plan(plan); ok(packer.pending_tokens).)")
-      .def(py::init<std::int64_t>(), py::arg("capacity"))
+      .def(py::init([](Int capacity) {
+             if (capacity < 1) throw py::value_error(fmt::format("capacity = {}: expected >= 1 tokens", capacity.v));
+             return std::make_unique<PyChecker>(capacity);
+           }),
+           py::arg("capacity"))
       .def(
           "add_incoming", [](PyChecker& c, const PyDocuments& d) { c.checker.addIncoming(d.docs); },
           py::arg("documents"))
@@ -1372,13 +1444,12 @@ then per step add_incoming(documents) and add_plan(plan); ok(packer.pending_toke
       .def(
           "add_plan", [](PyChecker& c, const PyPlan& p) { c.checker.addPlan(p.plan); }, py::arg("plan"))
       .def(
-          "ok", [](const PyChecker& c, std::int64_t pending) { return c.checker.ok(pending); },
+          "ok", [](const PyChecker& c, Int pending) { return c.checker.ok(pending); }, py::arg("pending_tokens"))
+      .def(
+          "lost_tokens", [](const PyChecker& c, Int pending) { return c.checker.lostTokens(pending); },
           py::arg("pending_tokens"))
       .def(
-          "lost_tokens", [](const PyChecker& c, std::int64_t pending) { return c.checker.lostTokens(pending); },
-          py::arg("pending_tokens"))
-      .def(
-          "report", [](const PyChecker& c, std::int64_t pending) { return c.checker.report(pending); },
+          "report", [](const PyChecker& c, Int pending) { return c.checker.report(pending); },
           py::arg("pending_tokens"))
       .def_property_readonly("completed", [](const PyChecker& c) { return c.checker.completed(); })
       .def_property_readonly("in_flight", [](const PyChecker& c) { return c.checker.inFlight(); })

@@ -16,6 +16,7 @@ which exchanges K/V by the micro-batch's shard plan. docs/python.md.
 """
 
 import collections
+import operator
 from typing import NamedTuple
 
 import numpy as np
@@ -32,6 +33,16 @@ from .cp_attention import (  # noqa: F401
     document_attention,
 )
 from .megatron import MegatronDataset, write_megatron_dataset  # noqa: F401
+
+
+def _int_arg(value, name):
+    """An integer argument: int() would truncate 1.7 to 1 and take True as 1."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected an integer, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an integer, got {type(value).__name__} {value!r}") from None
 
 SAMPLER_FORMAT = "wlb-sampler-state"
 
@@ -93,25 +104,28 @@ class PackedBatchSampler(Sampler):
         super().__init__(None)
         if not isinstance(deck, _wlb.Deck):
             deck = _wlb.Deck(deck)
-        if not 0 <= int(dp_rank) < deck.dp:
+        dp_rank = _int_arg(dp_rank, "dp_rank")
+        steps = None if steps is None else _int_arg(steps, "steps")
+        history = _int_arg(history, "history")
+        if not 0 <= dp_rank < deck.dp:
             raise ValueError(f"dp_rank: {dp_rank} is out of range [0, {deck.dp}) (mesh.dp = {deck.dp})")
         if lengths is None and deck["data.source"] == "generator":
             raise ValueError("PackedBatchSampler: give lengths= (the dataset's document lengths) or a deck whose "
                              "data.source is a file (text, jsonl, megatron) in the dataset's order")
-        if lengths is not None:
-            lengths = np.ascontiguousarray(lengths, dtype=np.int64)
-        if steps is not None and int(steps) < 0:
+        if lengths is not None:  # its own dtype: the packer refuses floats and booleans rather than truncate
+            lengths = np.asarray(lengths)
+        if steps is not None and steps < 0:
             raise ValueError(f"steps: must be >= 0 (got {steps})")
         self.deck = deck
-        self.dp_rank = int(dp_rank)
-        self.steps = None if steps is None else int(steps)
+        self.dp_rank = dp_rank
+        self.steps = steps
         self.packer = _wlb.Packer(deck, packer, cost, lengths, source_name)
         self.micro_batches = self.packer.micro_batches
         self.documents_per_epoch = self.packer.documents_per_epoch
         # slimpack chooses its MicroPack count per step: positions then count micro-batches
         # as yielded instead of step * M + m
         self.variable = self.packer.name == "slimpack"
-        self._history = collections.deque(maxlen=max(1, int(history)) + 1)
+        self._history = collections.deque(maxlen=max(1, history) + 1)
         self._reset(None, self.micro_batches, self.packer.next_step * self.micro_batches)
 
     def _reset(self, plan, next_mb, base):
@@ -338,10 +352,12 @@ class PackedCollate:
     def __init__(self, shard_planner=None, cp_rank=None, ignore_index=-100):
         if (shard_planner is None) != (cp_rank is None):
             raise ValueError("PackedCollate: give both shard_planner and cp_rank, or neither")
-        if shard_planner is not None and not 0 <= int(cp_rank) < shard_planner.cp:
+        if cp_rank is not None:
+            cp_rank = _int_arg(cp_rank, "cp_rank")
+        if shard_planner is not None and not 0 <= cp_rank < shard_planner.cp:
             raise ValueError(f"cp_rank: {cp_rank} is out of range [0, {shard_planner.cp})")
         self.planner = shard_planner
-        self.cp_rank = None if cp_rank is None else int(cp_rank)
+        self.cp_rank = cp_rank
         self.ignore_index = ignore_index
 
     def __call__(self, items):

@@ -181,7 +181,12 @@ nlohmann::json LengthSource::saveState() const {
 }
 
 void LengthSource::loadState(const nlohmann::json& s) {
-  if (s.is_object() && s.contains("stream")) {  // checkpoints before this key carry no identity
+  // Name what is missing: the JSON library's "key 'x' not found" does not say what was read.
+  if (!s.is_object()) throw InputError("length source state: expected a JSON object (a state_dict of a length source)");
+  for (const char* key : {"next_step", "next_id", "held", "extra"})
+    if (!s.contains(key))
+      throw InputError(fmt::format("length source state: no '{}' (not the state of a length source)", key));
+  if (s.contains("stream")) {  // checkpoints before this key carry no identity
     const auto& st = s.at("stream");
     std::string diff;
     auto cmp = [&](const char* what, const std::string& was, const std::string& now) {

@@ -43,9 +43,11 @@ std::vector<Event> Trace::eventsOfRank(int rank) const {
 
 Trace readTrace(const std::string& path) {
   auto file = h5::File::open(path);  // InputError: missing / not HDF5 / truncated
-  if (!file.hasAttribute("complete") || file.attributeClass("complete") != H5T_INTEGER ||
-      file.attribute<int>("complete") != 1)
+  if (!file.hasAttribute("complete") || file.attributeClass("complete") != H5T_INTEGER)
     throw InputError(path + ": incomplete trace (no 'complete' attribute: the writer did not finish)");
+  if (const int c = file.attribute<int>("complete"); c != 1)
+    throw InputError(path + ": incomplete trace ('complete' = " + std::to_string(c) +
+                     ", not 1: the writer did not finish)");
   Trace t;
   t.path = path;
   try {
@@ -62,7 +64,14 @@ Trace readTrace(const std::string& path) {
         t.meta[name] = os.str();
       }
     }
+    // The version is the root's attribute; /meta repeats it (older readers look there).
     t.schema_version = meta.attribute<int>("schema_version");
+    if (file.hasAttribute("schema_version")) {
+      const int root = file.attribute<int>("schema_version");
+      if (root != t.schema_version)
+        throw InputError(path + ": schema_version " + std::to_string(root) + " (/) differs from " +
+                         std::to_string(t.schema_version) + " (/meta)");
+    }
     if (t.schema_version > kSchemaVersion)
       throw InputError(path + ": trace schema version " + std::to_string(t.schema_version) +
                        " is newer than this wlb supports (" + std::to_string(kSchemaVersion) + ")");

@@ -86,7 +86,7 @@ def write_trace(path, *, ranks, events, strategies, segments=(), meta=None, comp
         p.create_dataset("packing_json", data=np.array(["{}"] * len(steps), dtype=object), dtype=vstr)
         p.create_dataset("shard_json", data=np.array([""] * len(steps), dtype=object), dtype=vstr)
         p.create_dataset("segments", data=sg)
-        f.attrs["schema_version"] = 1
+        f.attrs["schema_version"] = m["schema_version"]  # the root's, repeated in /meta
         if complete:
             f.attrs["complete"] = 1
     return path
@@ -327,6 +327,52 @@ def test_negative_gantt_steps_exit_2(hand_trace, tmp_path):
 def test_missing_out_argument_exit_2(hand_trace):
     r = run_report(hand_trace)
     assert r.returncode == 2
+
+
+def test_root_and_meta_schema_versions_must_agree(hand_trace, tmp_path):
+    import h5py
+    p = tmp_path / "two.h5"
+    p.write_bytes(open(hand_trace, "rb").read())
+    with h5py.File(p, "r+") as f:
+        f.attrs["schema_version"] = 2
+    r = run_report(str(p), "--out", str(tmp_path / "o"))
+    assert r.returncode == 2
+    assert "schema_version 2 (/) differs from 1 (/meta)" in r.stderr
+
+
+def test_complete_zero_is_named(tmp_path, hand_trace):
+    import h5py
+    p = tmp_path / "zero.h5"
+    p.write_bytes(open(hand_trace, "rb").read())
+    with h5py.File(p, "r+") as f:
+        f.attrs["complete"] = 0
+    r = run_report(str(p), "--out", str(tmp_path / "o"))
+    assert r.returncode == 2
+    assert "'complete' = 0" in r.stderr
+
+
+@pytest.mark.parametrize("attr", ["mesh_cp", "mesh_dp"])
+def test_missing_mesh_size_exit_2(hand_trace, tmp_path, attr):
+    import h5py
+    p = tmp_path / "nomesh.h5"
+    p.write_bytes(open(hand_trace, "rb").read())
+    with h5py.File(p, "r+") as f:
+        del f["meta"].attrs[attr]
+    r = run_report(str(p), "--out", str(tmp_path / "o"))
+    assert r.returncode == 2, r.stderr
+    assert attr in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_ranks_outside_the_mesh_exit_2(hand_trace, tmp_path):
+    import h5py
+    p = tmp_path / "small.h5"
+    p.write_bytes(open(hand_trace, "rb").read())
+    with h5py.File(p, "r+") as f:
+        f["meta"].attrs["mesh_cp"] = 1
+    r = run_report(str(p), "--out", str(tmp_path / "o"))
+    assert r.returncode == 2, r.stderr
+    assert "outside /meta mesh_cp = 1" in r.stderr
 
 
 def test_wrong_schema_exit_2(tmp_path):

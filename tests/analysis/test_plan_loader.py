@@ -79,3 +79,34 @@ def test_loader_handles_empty_micro_batches(tmp_path):
             assert pos[b:e].tolist() == list(range(length))
             d = doc % n if n else doc
             assert ids[b:e].tolist() == store.tokens(d)[off:off + length]
+
+
+def test_loader_positions_of_slimpack_slices(tmp_path):
+    """slimpack segments carry a fifth field, q_offset: the loader unpacks it and continues
+    the slice's positions after the keys of its document before it."""
+    plan = tmp_path / "plan.jsonl"
+    deck = os.path.join(ROOT, "inputs", "plan_lengths_file.toml")
+    subprocess.run([wlb_binary(), "plan", deck, "--packer", "slimpack", "--steps", "6", "--out", str(plan)],
+                   check=True, capture_output=True, cwd=ROOT)
+    lines = [json.loads(x) for x in plan.read_text().splitlines()]
+    header, steps = lines[0], [x for x in lines if x["type"] == "step"]
+    mbs = [mb for s in steps for mb in s["replicas"][0]]
+    assert any(len(seg) == 5 for mb in mbs for seg in mb), "the plan should hold slices"
+    lengths = {}
+    for s in steps:
+        for rep in s["replicas"]:
+            for mb in rep:
+                for seg in mb:
+                    lengths[seg[0]] = max(lengths.get(seg[0], 0), seg[1] + seg[2])
+    n = header["documents_per_epoch"]
+    store = Store({d % n if n else d: l for d, l in lengths.items()})
+    items = list(loader_class()(str(plan), store, dp_rank=0))
+    assert len(items) == len(mbs)  # slimpack's micro-batch count varies by step
+    for (ids, pos, cu), mb in zip(items, mbs):
+        for k, seg in enumerate(mb):
+            doc, off, length = seg[:3]
+            q_off = seg[4] if len(seg) == 5 else 0
+            b, e = int(cu[k]), int(cu[k + 1])
+            assert pos[b:e].tolist() == list(range(q_off, q_off + length))
+            d = doc % n if n else doc
+            assert ids[b:e].tolist() == store.tokens(d)[off:off + length]

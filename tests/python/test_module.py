@@ -407,6 +407,59 @@ def test_bad_values_are_refused_not_coerced():
         p.pack_documents(wlb.Documents([1], [100], [1]), 1)
 
 
+def test_integer_scalars_are_not_truncated():
+    """Scalars take ints and NumPy integers only: int() would make 2.9 -> 2, True -> 1."""
+    deck = wlb.Deck(SMOKE_DECK)
+    cost = wlb.CostModel(deck)
+    assert cost.segment_work(np.int32(7)) == cost.segment_work(np.array(7)) == cost.segment_work(7)
+    plan = wlb.Packer(deck).pack()
+    for call in (lambda: cost.segment_work(np.array([1.5])), lambda: cost.segment_work(np.float32(3.7)),
+                 lambda: cost.segment_work(True), lambda: cost.kv_bytes(np.array([2.9])),
+                 lambda: cost.attn_seconds(np.array(0.5), np.array([100.9])),
+                 lambda: wlb.ShardPlanner(deck, cp=np.array([2.5])), lambda: wlb.ShardPlanner(deck, cp=True),
+                 lambda: plan.micro_batch(np.array(0.9), 0), lambda: wlb.Packer(deck).pack(np.array(0.7)),
+                 lambda: wlb.ShardPlanner(deck, cp=2**70)):
+        with pytest.raises(TypeError):
+            call()
+    assert wlb.ShardPlanner(deck, cp=np.int64(4)).cp == 4
+    with pytest.raises(ValueError, match="tokens = -5"):
+        cost.kv_bytes(-5)
+    with pytest.raises(ValueError, match="CP degree"):
+        wlb.ShardPlanner(deck, cp=2**40)
+    with pytest.raises(ValueError, match="capacity = 0"):
+        wlb.ConservationChecker(0)
+    with pytest.raises(ValueError, match="1180591620717411303424 is not a 64-bit integer"):
+        wlb.Deck(None, {"mesh.dp": 2**70})
+
+
+def test_shard_arguments_are_range_checked():
+    deck = wlb.Deck(SMOKE_DECK)
+    planner = wlb.ShardPlanner(deck, cp=2, comm="sharding_aware")
+    # a segment longer than any document would size buffers the planner fills token by token
+    for segs in (np.array([2**31]), np.array([[0, 2**31 - 10, 20, 0]]), np.array([[-7, 0, 5, 0]])):
+        with pytest.raises(ValueError, match="offset \\+ length"):
+            planner.plan(segs)
+    plan = planner.plan(np.array([5000, 60]))
+    for call in (lambda: plan.comm.transfers_from(9), lambda: plan.comm.transfers_to(-1)):
+        with pytest.raises(IndexError, match="CP rank"):
+            call()
+    assert all(isinstance(i, int) for i in plan.comm.transfers_from(1))
+
+
+def test_plan_from_json_takes_the_line_or_its_dict(tmp_path):
+    plan = wlb.Packer(wlb.Deck(SMOKE_DECK)).pack()
+    line = json.dumps(plan.to_json())
+    for given in (line, line.encode(), plan.to_json()):
+        assert wlb.Plan.from_json(given).segments.tolist() == plan.segments.tolist()
+    with pytest.raises(ValueError, match="not JSON"):
+        wlb.Plan.from_json("{nope")
+
+
+def test_a_length_source_state_names_what_is_missing():
+    with pytest.raises(ValueError, match="no 'next_step'"):
+        wlb.LengthSource(wlb.Deck(SMOKE_DECK)).load_state_dict({"x": 1})
+
+
 def test_a_checkpoint_with_impossible_fields_is_refused():
     p = wlb.Packer(wlb.Deck(LENGTHS_DECK), "wlb")
     p.pack()

@@ -195,6 +195,16 @@ def test_sampler_state_from_another_rank_and_errors():
         len(PackedBatchSampler(deck))
     with pytest.raises(ValueError, match="cp_rank: 2 is out of range"):
         PackedCollate(wlb.ShardPlanner(deck, cp=2), 2)
+    # floats and booleans are refused, never truncated into lengths or ranks
+    smoke = wlb.Deck(deck_path("plan_smoke.toml"))
+    for lengths in (np.array([10.7, 20.2]), [True, True], np.array([2**63 + 5], dtype=np.uint64)):
+        with pytest.raises(TypeError):
+            PackedBatchSampler(smoke, lengths=lengths)
+    for kwargs in ({"dp_rank": 1.7}, {"dp_rank": True}, {"steps": 2.5}, {"history": 1.5}):
+        with pytest.raises(TypeError, match=next(iter(kwargs))):
+            PackedBatchSampler(deck, **kwargs)
+    with pytest.raises(TypeError, match="cp_rank"):
+        PackedCollate(wlb.ShardPlanner(deck, cp=2), 1.0)
 
 
 def test_sampler_over_lengths_and_a_generator_deck():

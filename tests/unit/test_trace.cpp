@@ -176,6 +176,31 @@ TEST(TraceReader, IncompleteFileIsInputErrorNamingFile) {
   std::remove(path.c_str());
 }
 
+// The schema version is the root's attribute, repeated in /meta: the two must agree, and a
+// 'complete' flag that is there but not 1 is named with its value.
+TEST(TraceReader, RootAttributesAreChecked) {
+  const auto path = tmpPath("root-attrs");
+  const auto refused = [&](const std::string& attr, int value, const std::string& want) {
+    tr::Recorder rec;
+    rec.record(rec.region("attn"), 1, 2);
+    tr::Writer(path, tr::RunMeta{}).commit(rec);
+    EXPECT_NO_THROW(tr::readTrace(path));
+    {
+      auto f = wlb::h5::File::open(path, wlb::h5::File::Mode::ReadWrite);
+      f.setAttribute(attr, value);
+    }
+    try {
+      tr::readTrace(path);
+      ADD_FAILURE() << "accepted " << attr << " = " << value;
+    } catch (const wlb::InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  refused("schema_version", 2, "schema_version 2 (/) differs from 1 (/meta)");
+  refused("complete", 0, "'complete' = 0");
+  std::remove(path.c_str());
+}
+
 // A trace whose figures cannot be real is refused by row, not averaged over: a NaN FLOP
 // count, a negative byte count, an event ending before it starts, a negative warm-up.
 TEST(TraceReader, ImpossibleFiguresAreInputErrors) {
