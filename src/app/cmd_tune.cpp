@@ -44,11 +44,13 @@ int runTune(const Opts& o) {
   const auto cost = model::CostModel::fromDeck(deck);
   const auto base = packing::PackerOptions::fromDeck(deck);
   const std::int64_t S = base.context_window;
-  // Candidate levels: multiples of S/8 up to 7S/8 (and s_max), every subset of up to
-  // max_levels of them (plus "no queues").
+  // Candidate levels: multiples of S/8 up to 7S/8, every subset of up to max_levels of them,
+  // plus the deck's own levels (the defaults where it sets none), and "no queues" as a
+  // reference row: a deck cannot ask for it ([] means the defaults), so it is never advised.
   std::vector<std::int64_t> grid;
   for (int k = 1; k <= 7; ++k) grid.push_back(S * k / 8);
-  std::vector<std::vector<std::int64_t>> cands = {{}};
+  const std::vector<std::int64_t> no_queues;
+  std::vector<std::vector<std::int64_t>> cands = {no_queues};
   const int G = static_cast<int>(grid.size());
   for (int mask = 1; mask < (1 << G); ++mask) {
     if (__builtin_popcount(static_cast<unsigned>(mask)) > o.max_levels) continue;
@@ -57,6 +59,14 @@ int runTune(const Opts& o) {
       if (mask & (1 << i)) c.push_back(grid[static_cast<std::size_t>(i)]);
     cands.push_back(c);
   }
+  if (std::find(cands.begin(), cands.end(), base.outlier_thresholds) == cands.end())
+    cands.push_back(base.outlier_thresholds);
+  const auto label = [&](const std::vector<std::int64_t>& th) -> std::string {
+    if (th == no_queues) return "no queues (reference)";
+    const auto s = fmtList(th);
+    if (th == base.outlier_thresholds) return s + (deck.packing.outlier_thresholds.empty() ? " (defaults)" : " (deck)");
+    return s;
+  };
   struct Row {
     std::vector<std::int64_t> th;
     packing::RunSummary s;
@@ -78,7 +88,7 @@ int runTune(const Opts& o) {
   const double budget = deck.packing.delay_budget;
   const Row* best = nullptr;
   for (const auto& r : rows)
-    if (r.s.delay_mean <= budget) {
+    if (r.th != no_queues && r.s.delay_mean <= budget) {
       best = &r;
       break;
     }
@@ -90,10 +100,13 @@ int runTune(const Opts& o) {
     const std::size_t show = std::min<std::size_t>(rows.size(), 25);
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const auto& r = rows[i];
-      if (i >= show && &r != best) continue;
-      std::cout << fmt::format("{:<40} {:>10.4f} {:>10.4f} {:>11.3f} {:>10.0f}  {}\n", fmtList(r.th),
-                               r.s.imbalance_mean, r.s.imbalance_max, r.s.delay_mean, r.s.delay_max,
-                               &r == best ? "<- best under budget" : (r.s.delay_mean > budget ? "over budget" : ""));
+      if (i >= show && &r != best && r.th != no_queues && r.th != base.outlier_thresholds) continue;
+      std::cout << fmt::format("{:<40} {:>10.4f} {:>10.4f} {:>11.3f} {:>10.0f}  {}\n", label(r.th), r.s.imbalance_mean,
+                               r.s.imbalance_max, r.s.delay_mean, r.s.delay_max,
+                               &r == best                ? "<- best under budget"
+                               : r.s.delay_mean > budget ? "over budget"
+                               : r.th == no_queues       ? "no deck sets it"
+                                                         : "");
     }
     if (rows.size() > show) std::cout << fmt::format("... {} more candidates (see --json)\n", rows.size() - show);
     if (best)
@@ -103,7 +116,12 @@ int runTune(const Opts& o) {
       std::cout << "no candidate meets the delay budget\n";
     if (!o.json.empty()) {
       nlohmann::json j = nlohmann::json::array();
-      for (const auto& r : rows) j.push_back({{"thresholds", r.th}, {"summary", r.s.toJson()}, {"best", &r == best}});
+      for (const auto& r : rows)
+        j.push_back({{"thresholds", r.th},
+                     {"label", label(r.th)},
+                     {"no_queues", r.th == no_queues},
+                     {"summary", r.s.toJson()},
+                     {"best", &r == best}});
       app::writeAtomically(o.json, "--json", j.dump(2) + "\n");
     }
   }

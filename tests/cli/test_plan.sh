@@ -92,7 +92,7 @@ grep -q "steps/s" "$T/p.out" && fail "progress on stdout"
 WLB_PROGRESS_SECONDS=0 "$WLB" simulate "$SRC/inputs/sim_small.toml" --steps 2 > "$T/s.out" 2> "$T/s.err" || fail "simulate"
 grep -q "wlb simulate: [0-9]*/[0-9]* steps (.*), .* steps/s, ETA [0-9]* s" "$T/s.err" || { cat "$T/s.err"; fail "simulate progress"; }
 WLB_PROGRESS_SECONDS=0 "$WLB" tune "$SRC/inputs/plan_smoke.toml" --sample-steps 2 --max-levels 1 > "$T/t.out" 2> "$T/t.err" || fail "tune"
-grep -q "wlb tune: 7/8 candidates (.*), .* candidates/s, ETA" "$T/t.err" || { cat "$T/t.err"; fail "tune progress"; }
+grep -q "wlb tune: 8/9 candidates (.*), .* candidates/s, ETA" "$T/t.err" || { cat "$T/t.err"; fail "tune progress"; }
 WLB_PROGRESS_SECONDS=0 "$WLB" shard "$SRC/inputs/shard_long_context.toml" --steps 2 > "$T/h.out" 2> "$T/h.err" || fail "shard"
 grep -q "wlb shard: 1/2 steps, .* steps/s, ETA" "$T/h.err" || { cat "$T/h.err"; fail "shard progress"; }
 cat "$T/s.out" "$T/t.out" "$T/h.out" | grep -q "ETA" && fail "progress on stdout"
@@ -174,6 +174,21 @@ grep -q '"merged":\[{' "$T/merge/plan.jsonl" || fail "the DP-Merge plan merges n
 # tune and data stats.
 "$WLB" tune "$SRC/inputs/plan_smoke.toml" --sample-steps 20 --max-levels 2 > "$T/tune.txt" 2>&1 || { cat "$T/tune.txt"; fail "tune"; }
 grep -q "best under budget" "$T/tune.txt" || fail "tune picked nothing"
+grep -q "^\[2048,4096,6144\] (deck) " "$T/tune.txt" || fail "tune lacks the deck's thresholds"
+"$WLB" tune "$SRC/inputs/plan_smoke.toml" --sample-steps 3 --max-levels 1 --set 'packing.outlier_thresholds=[]' \
+  2>/dev/null | grep -q "^\[1536,3072,6144\] (defaults) " || fail "tune lacks the default thresholds"
+# "no queues" cannot be written in a deck ([] means the defaults): shown, never advised
+grep -q "^no queues (reference) " "$T/tune.txt" || fail "tune lacks the no-queue reference row"
+"$WLB" tune "$SRC/inputs/plan_smoke.toml" --sample-steps 3 --max-levels 1 --set packing.delay_budget=0 \
+  --json "$T/tune0.json" > "$T/tune0.txt" 2>&1 || { cat "$T/tune0.txt"; fail "tune budget 0"; }
+grep -q "^best: --set 'packing.outlier_thresholds=\[[0-9]" "$T/tune0.txt" || { cat "$T/tune0.txt"; fail "tune advised no levels"; }
+/usr/bin/python3 - "$T/tune0.json" <<'PY' || fail "tune --json rows"
+import json, sys
+rows = json.load(open(sys.argv[1]))
+nq = [r for r in rows if r["no_queues"]]
+assert len(nq) == 1 and nq[0]["label"] == "no queues (reference)" and not nq[0]["best"], nq
+assert nq[0]["summary"]["delay_mean"] == 0, nq
+PY
 "$WLB" data stats --all-presets --window 8192 --steps 5 > "$T/stats.txt" 2>&1 || fail "data stats"
 for p in long_context_128k pile code wikipedia sft_chat; do grep -q "generator:$p" "$T/stats.txt" || fail "stats lacks $p"; done
 "$WLB" data stats "$SRC/inputs/plan_lengths_file.toml" | grep -q "documents 400" || fail "file stats"
