@@ -5,6 +5,7 @@
 /// the final name (writes go to the temporary) nor the temporary itself. The handler uses
 /// only async-signal-safe calls (unlink, signal, raise) on a fixed table.
 
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <utility>
@@ -19,6 +20,11 @@ void registerTemporary(const std::string& path);
 /// The file was renamed or removed by the command itself.
 void forgetTemporary(const std::string& path);
 
+/// Remove the folder `dir` on SIGINT/SIGTERM if it is empty by then (after the temporaries),
+/// until `forgetTemporaryFolder`. At most 16 at once.
+void registerTemporaryFolder(const std::string& dir);
+void forgetTemporaryFolder(const std::string& dir);
+
 /// The TemporaryTracker (core/output_file.hpp) the driver hands to library code:
 /// registers on (path, true), forgets on (path, false).
 void trackTemporary(const std::string& path, bool made);
@@ -27,6 +33,34 @@ void trackTemporary(const std::string& path, bool made);
 class TemporaryGuard : TrackedTemporaries {
  public:
   explicit TemporaryGuard(std::string path) : TrackedTemporaries(trackTemporary, {std::move(path)}) {}
+};
+
+/// MadeFolders whose folders are also removed on SIGINT/SIGTERM while empty: the folders
+/// of an output streamed under a temporary name, so an interrupted or failed command leaves
+/// no empty folder. keep() once the output is in place.
+class OutputFolders {
+ public:
+  explicit OutputFolders(const std::string& file) : made_(parentOf(file), ec_) {
+    for (const auto& d : made_.made()) registerTemporaryFolder(d.string());
+  }
+  OutputFolders(const OutputFolders&) = delete;
+  OutputFolders& operator=(const OutputFolders&) = delete;
+  ~OutputFolders() { forget(); }
+  void keep() {
+    made_.keep();
+    forget();
+  }
+
+ private:
+  static std::filesystem::path parentOf(const std::string& file) {
+    const auto dir = std::filesystem::path(file).parent_path();
+    return dir.empty() ? std::filesystem::path(".") : dir;
+  }
+  void forget() {
+    for (const auto& d : made_.made()) forgetTemporaryFolder(d.string());
+  }
+  std::error_code ec_;  // a failure to make is left to the open that follows, which names the output
+  MadeFolders made_;
 };
 
 /// wlb::writeFileAtomically with the temporary registered for removal on a signal.

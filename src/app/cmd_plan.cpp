@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -53,10 +54,12 @@ std::vector<std::string> packersFor(const Opts& o, const wlb::Deck& deck) {
   };
   if (!o.packers.empty()) {
     for (const auto& p : o.packers) {
-      if (p == "all")
+      if (p == "all") {
         for (const auto& n : wlb::packing::packerNames()) add(n);
-      else
+      } else {
+        wlb::packing::checkPackerName(p, "--packer");
         add(p);
+      }
     }
   } else if (!deck.run.strategies.empty()) {
     for (const auto& s : wlb::resolveStrategies(deck)) add(s.packer);
@@ -110,6 +113,17 @@ int runPlan(const Opts& o) {
     checkDistinctOutputs(outs);
   });
   const bool several = packers.size() > 1;
+  if (!resume.is_null()) {  // every packer's state, before any output is begun
+    if (!resume.contains("packers") || !resume["packers"].is_object())
+      throw InputError(fmt::format("--resume {}: no 'packers' object", o.resume), true);
+    for (const auto& packer : packers)
+      if (!resume["packers"].contains(packer->name()))
+        throw InputError(fmt::format("--resume {}: no state for packer '{}'", o.resume, packer->name()), true);
+  }
+  // The plan files' folders: removed again if the run fails or is interrupted before the
+  // files are in place (every packer's file has the same folder).
+  std::optional<app::OutputFolders> out_folders;
+  if (root && !o.out.empty()) out_folders.emplace(o.out);
 
   std::vector<packing::RunResult> results;
   std::vector<std::string> tmp_files;
@@ -118,8 +132,6 @@ int runPlan(const Opts& o) {
     for (auto& packer : packers) {
       auto src = data::makeLengthSource(deck);
       if (!resume.is_null()) {
-        if (!resume["packers"].contains(packer->name()))
-          throw InputError(fmt::format("--resume {}: no state for packer '{}'", o.resume, packer->name()), true);
         packing::loadCheckpoint(resume["packers"][packer->name()], *src, *packer, o.resume);
       }
       std::ofstream out;
@@ -127,7 +139,6 @@ int runPlan(const Opts& o) {
       if (root && !o.out.empty()) {
         final_path = outPathFor(o.out, packer->name(), several);
         tmp_path = fmt::format("{}.tmp.{}", final_path, ::getpid());
-        makeParentFolders(final_path);
         out.open(tmp_path);
         if (!out) throw InputError(fmt::format("--out {}: cannot write", final_path), true);
         tmp_files.push_back(tmp_path);
@@ -172,6 +183,7 @@ int runPlan(const Opts& o) {
           throw InputError(fmt::format("--out {}: cannot rename into place", final_path), true);
       }
       tmp_files.clear();
+      if (out_folders) out_folders->keep();
       if (!save.empty())
         wlb::app::writeAtomically(save, o.save_state.empty() ? "packing.checkpoint" : "--save-state",
                                   state.dump() + "\n");

@@ -3,12 +3,14 @@
 // strategy x comm mode on the same micro-batches; print a comparison table and write
 // JSONL (docs/cp.md). Every MPI rank computes the same plans; only rank 0 prints and
 // writes (temporary file + rename; nothing written on error).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -16,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "app/cleanup.hpp"
 #include "app/command.hpp"
 #include "core/error.hpp"
 #include "core/output_file.hpp"
@@ -94,6 +97,7 @@ int runShard(const Opts& o) {
   if (cp < 1) throw InputError("mesh.cp: must be >= 1", true);
   const auto cost = model::CostModel::fromDeck(deck);
   const std::string packer_name = o.packer.empty() ? deck.packing.strategy : o.packer;
+  if (!o.packer.empty()) packing::checkPackerName(o.packer, "--packer");
 
   // Validate every name before doing any work or writing anything.
   const cp::Strategy chosen = cp::parseStrategy(deck.cp.strategy);
@@ -110,7 +114,10 @@ int runShard(const Opts& o) {
   }
   if (o.strategies.empty()) strategies = cp::allStrategies();
   std::vector<cp::CommMode> comms;
-  for (const auto& c : o.comms) comms.push_back(cp::parseCommMode(c));
+  for (const auto& c : o.comms) {  // a mode named twice is one row
+    const auto mode = cp::parseCommMode(c);
+    if (std::find(comms.begin(), comms.end(), mode) == comms.end()) comms.push_back(mode);
+  }
   if (comms.empty()) comms = {cp::CommMode::AllGather, cp::CommMode::ShardingAware};
   auto packer = packing::makePacker(packer_name, deck, cost);
   auto src = data::makeLengthSource(deck);
@@ -120,11 +127,13 @@ int runShard(const Opts& o) {
   });
   std::ofstream out;
   std::string tmp;
+  std::optional<app::OutputFolders> out_folders;  // removed again unless the file gets in place
   if (root && !o.out.empty()) {
     tmp = fmt::format("{}.tmp.{}", o.out, ::getpid());
-    makeParentFolders(o.out);
+    out_folders.emplace(o.out);
     out.open(tmp);
     if (!out) throw InputError(fmt::format("--out {}: cannot write", o.out), true);
+    app::registerTemporary(tmp);  // removed if interrupted
   }
   std::vector<Row> rows;
   for (auto s : strategies)
@@ -232,10 +241,16 @@ int runShard(const Opts& o) {
       if (!out) throw InputError(fmt::format("--out {}: write failed", o.out), true);
       if (std::rename(tmp.c_str(), o.out.c_str()) != 0)
         throw InputError(fmt::format("--out {}: cannot rename into place", o.out), true);
+      app::forgetTemporary(tmp);
       tmp.clear();
+      out_folders->keep();
     }
   } catch (...) {
-    if (!tmp.empty()) std::remove(tmp.c_str());
+    if (!tmp.empty()) {
+      out.close();
+      std::remove(tmp.c_str());
+      app::forgetTemporary(tmp);
+    }
     throw;
   }
 

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <sstream>
 
@@ -67,6 +68,20 @@ std::string specOf(const std::string& s) {
   return s;
 }
 
+/// --strategies names each strategy once, as the option (not the deck key it stands in
+/// for): a label and the spec it stands for are the same strategy.
+void checkCliStrategies(const std::vector<std::string>& given) {
+  std::map<std::string, std::string> seen;  // spec -> as given
+  for (const auto& s : given) {
+    const auto spec = specOf(s);
+    if (const auto [it, fresh] = seen.emplace(spec, s); !fresh)
+      throw wlb::InputError(it->second == s ? "--strategies: \"" + s + "\" is listed twice"
+                                            : "--strategies: \"" + it->second + "\" and \"" + s +
+                                                  "\" are the same strategy (" + spec + ")",
+                            true);
+  }
+}
+
 /// One table row: a case's strategy (packing::simulateDeck's result) with the case's labels.
 struct Row : wlb::packing::SimStrategyResult {
   std::string case_name, mesh, model;
@@ -121,6 +136,7 @@ std::string traceName(const std::string& trace, std::size_t idx, std::size_t n) 
 
 int run(const Opts& o) {
   const int rank = wlb::app::worldRank();
+  checkCliStrategies(o.strategies);
   std::vector<std::string> paths{o.deck.path};
   paths.insert(paths.end(), o.more_decks.begin(), o.more_decks.end());
   paths = expandDeckPaths(paths);
@@ -189,6 +205,14 @@ int run(const Opts& o) {
     if (!o.strategies.empty()) {
       deck.run.strategies.clear();
       for (const auto& st : o.strategies) deck.run.strategies.push_back(specOf(st));
+      try {  // the deck's check, told as the option's
+        (void)wlb::resolveStrategies(deck);
+      } catch (const wlb::InputError& e) {
+        std::string w = e.what();
+        const std::string key = "key 'run.strategies'";
+        if (w.rfind(key, 0) == 0) w = "--strategies" + w.substr(key.size());
+        throw wlb::InputError(w, true);
+      }
     }
     const wlb::model::CostModel cost = wlb::model::CostModel::fromDeck(deck);
     const wlb::pp::StepSimulator sim(deck, cost);

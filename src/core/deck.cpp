@@ -289,7 +289,10 @@ std::string applyOverride(Deck& d, const std::string& text, const std::string& o
     const auto tables = tableNames();
     if (std::find(tables.begin(), tables.end(), table) == tables.end())
       fail(o, "unknown table [" + table + "] (did you mean [" + nearest(table, tables) + "]?)");
-    fail(o, "unknown key '" + key + "' in table [" + table + "] (did you mean '" + nearest(key, keysOf(table)) + "'?)");
+    const auto keys = keysOf(table);
+    if (keys.empty())  // [sweep] holds no keys of its own: a sweep cannot sweep the sweep
+      fail(o, "[" + table + "] has no keys to set ('" + lhs + "')");
+    fail(o, "unknown key '" + key + "' in table [" + table + "] (did you mean '" + nearest(key, keys) + "'?)");
   }
   if (k->derived) fail(o, "key '" + k->name() + "' is derived and cannot be set");
   TomlValue v;

@@ -112,6 +112,8 @@ class MadeFolders {
     }
   }
   void keep() { kept_ = true; }
+  /// The folders made, deepest first.
+  const std::vector<std::filesystem::path>& made() const { return made_; }
 
  private:
   std::vector<std::filesystem::path> made_;

@@ -44,9 +44,14 @@ nlohmann::json planToJson(const StepPlan& plan) {
 StepPlan planFromJson(const nlohmann::json& j) {
   StepPlan p;
   p.step = jsonIntegerAt<std::int64_t>(j, "step");
+  // Lists all the way down: iterating a JSON null yields nothing, so a `null` micro-batch
+  // would otherwise read as an empty one.
+  if (!j.at("replicas").is_array()) throw InputError("'replicas' must be a list of replicas");
   for (const auto& rep : j.at("replicas")) {
+    if (!rep.is_array()) throw InputError("a replica must be a list of micro-batches");
     std::vector<MicroBatch> mbs;
     for (const auto& mb : rep) {
+      if (!mb.is_array()) throw InputError("a micro-batch must be a list of segments ([] when empty)");
       MicroBatch m;
       for (const auto& s : mb) {
         if (!s.is_array() || s.size() < 4 || s.size() > 5)

@@ -103,6 +103,8 @@ std::int64_t capacity(const Packer& packer);
 
 /// Packer names in a stable order: original, fixed_greedy, fixed_optimal, best_fit, wlb, slimpack.
 std::vector<std::string> packerNames();
+/// InputError naming `what` (the key or option it came from) unless `name` is a packer.
+void checkPackerName(const std::string& name, const std::string& what);
 /// Create a packer. `cost` must outlive it. InputError naming `packing.strategy` (and the
 /// valid names) for an unknown name.
 std::unique_ptr<Packer> makePacker(const std::string& name, const Deck& deck, const model::CostModel& cost);

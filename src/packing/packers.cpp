@@ -391,9 +391,16 @@ std::unique_ptr<Packer> makePacker(const std::string& name, const PackerOptions&
   if (name == "wlb") return detail::makeWlb(opt, cost);
   if (name == "fixed_optimal") return detail::makeFixedOptimal(opt, cost);
   if (name == "slimpack") return detail::makeSlimPack(opt, cost);
+  checkPackerName(name, "packing.strategy");
+  throw InputError("unknown packer '" + name + "'", true);  // not reached: a name packerNames() lists is made above
+}
+
+void checkPackerName(const std::string& name, const std::string& what) {
+  const auto names = packerNames();
+  if (std::find(names.begin(), names.end(), name) != names.end()) return;
   std::string valid;
-  for (const auto& n : packerNames()) valid += (valid.empty() ? "" : ", ") + n;
-  throw InputError(fmt::format("packing.strategy: unknown packer '{}' (valid: {})", name, valid), true);
+  for (const auto& n : names) valid += (valid.empty() ? "" : ", ") + n;
+  throw InputError(fmt::format("{}: unknown packer '{}' (valid: {})", what, name, valid), true);
 }
 
 std::unique_ptr<Packer> makePacker(const std::string& name, const Deck& deck, const model::CostModel& cost) {

@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <unordered_map>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -72,6 +74,12 @@ PlanFile readPlanFile(const std::string& path) {
   std::string line;
   std::int64_t lineno = 0;
   bool have_header = false;
+  // Every token once: a replay trains what the file says, so a segment planned twice (an
+  // edited file) would count its tokens twice. The tokens of each document, with the line.
+  struct Span {
+    std::int64_t begin, end, line;
+  };
+  std::unordered_map<DocId, std::vector<Span>> spans;
   while (std::getline(f, line)) {
     ++lineno;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -117,11 +125,15 @@ PlanFile readPlanFile(const std::string& path) {
                                 path, lineno, ri, m, sg.doc, sg.offset, sg.length, limit, pf.header.s_max,
                                 mg ? ", times its DP-Merge group" : ""));
               tokens += sg.length;
+              if (sg.arrival_step > plan.step)
+                throw InputError(
+                    fmt::format("{}:{}: segment [doc {}, offset {}, length {}] arrives at step {}, after "
+                                "step {} that trains it",
+                                path, lineno, sg.doc, sg.offset, sg.length, sg.arrival_step, plan.step));
+              spans[sg.doc].push_back({sg.offset, sg.offset + sg.length, lineno});
             }
           }
-      } else if (type != "summary") {
-        throw InputError(fmt::format("{}:{}: unknown line type '{}'", path, lineno, type));
-      }
+      }  // other types (the summary, later additions) are not the reader's: skipped
     } catch (const nlohmann::json::exception& e) {
       throw InputError(fmt::format("{}:{}: {}", path, lineno, e.what()));
     } catch (const InputError& e) {
@@ -131,6 +143,15 @@ PlanFile readPlanFile(const std::string& path) {
     }
   }
   if (!have_header) throw InputError(fmt::format("{}: empty plan file (no header line)", path));
+  for (auto& [doc, v] : spans) {
+    std::sort(v.begin(), v.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+    for (std::size_t i = 1; i < v.size(); ++i)
+      if (v[i].begin < v[i - 1].end) {
+        const auto& [a, b] = v[i].line < v[i - 1].line ? std::pair(v[i], v[i - 1]) : std::pair(v[i - 1], v[i]);
+        throw InputError(fmt::format("{}:{}: document {}: tokens [{}, {}) are planned again (line {} plans [{}, {}))",
+                                     path, b.line, doc, b.begin, b.end, a.line, a.begin, a.end));
+      }
+  }
   return pf;
 }
 

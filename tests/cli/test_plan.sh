@@ -122,6 +122,15 @@ grep -q "bad.txt:3" "$T/e.txt" || { cat "$T/e.txt"; fail "error lacks file:line"
 # under 1f1b, not a wrong figure (the PackFlow simulation itself: test_packflow.sh).
 "$WLB" simulate "$SRC/inputs/sim_small.toml" --strategies slimpack+per_document --steps 2 > "$T/e4.txt" 2>&1
 [ $? -eq 2 ] && grep -q "pipeline.schedule" "$T/e4.txt" || { cat "$T/e4.txt"; fail "simulate of a slimpack plan under 1f1b should exit 2"; }
+# Options are named as the option, not the deck key they stand in for.
+"$WLB" plan "$SRC/inputs/plan_smoke.toml" --packer bogus > "$T/e11.txt" 2>&1
+[ $? -eq 2 ] && grep -q "^wlb: error: --packer: unknown packer 'bogus'" "$T/e11.txt" || { cat "$T/e11.txt"; fail "plan --packer bogus"; }
+"$WLB" shard "$SRC/inputs/plan_smoke.toml" --packer bogus > "$T/e11.txt" 2>&1
+[ $? -eq 2 ] && grep -q "^wlb: error: --packer: unknown packer 'bogus'" "$T/e11.txt" || { cat "$T/e11.txt"; fail "shard --packer bogus"; }
+"$WLB" simulate "$SRC/inputs/sim_small.toml" --strategies pp-only,wlb+per_sequence > "$T/e11.txt" 2>&1
+[ $? -eq 2 ] && grep -q '"pp-only" and "wlb+per_sequence" are the same strategy' "$T/e11.txt" || { cat "$T/e11.txt"; fail "simulate --strategies twice"; }
+"$WLB" simulate "$SRC/inputs/sim_small.toml" --strategies bogus+per_sequence > "$T/e11.txt" 2>&1
+[ $? -eq 2 ] && grep -q '^wlb: error: --strategies: unknown packer "bogus"' "$T/e11.txt" || { cat "$T/e11.txt"; fail "simulate --strategies bogus"; }
 # An output may not be one of the command's inputs: the deck or its length file stay intact.
 cp "$SRC/inputs/plan_smoke.toml" "$T/own.toml"
 for args in "plan --packer wlb --out" "tune --json" "shard --out" "simulate --trace"; do
@@ -149,6 +158,37 @@ open(p, "w").write("\n".join(lines) + "\n")
 PY
 "$WLB" simulate "$SRC/inputs/plan_smoke.toml" --plans "$T/rp/plan.jsonl" --steps 1 --warmup 0 > "$T/e7.txt" 2>&1
 [ $? -eq 2 ] && grep -q "plan.jsonl:2: .*s_max" "$T/e7.txt" || { cat "$T/e7.txt"; fail "replay of an oversized segment should exit 2"; }
+# A segment copied into another micro-batch of the step would be trained twice: refused
+# with both lines (the replay trains what the file says).
+"$WLB" plan "$SRC/inputs/plan_smoke.toml" --packer fixed_greedy --steps 3 --out "$T/rp2/plan.jsonl" > /dev/null 2>&1 \
+  || fail "plan for the duplicate check"
+/usr/bin/python3 - "$T/rp2/plan.jsonl" <<'PY' || fail "editing the plan"
+import json, sys
+p = sys.argv[1]
+lines = open(p).read().splitlines()
+j = json.loads(lines[2])
+mbs = [mb for r in j["replicas"] for mb in r]
+short = min((seg for mb in mbs for seg in mb), key=lambda seg: seg[2])
+min((mb for mb in mbs if short not in mb), key=lambda mb: sum(seg[2] for seg in mb)).append(list(short))
+lines[2] = json.dumps(j)
+open(p, "w").write("\n".join(lines) + "\n")
+PY
+"$WLB" simulate "$SRC/inputs/plan_smoke.toml" --plans "$T/rp2/plan.jsonl" --steps 2 --warmup 0 > "$T/e9.txt" 2>&1
+[ $? -eq 2 ] && grep -q "plan.jsonl:3: document .* are planned again (line 3 plans" "$T/e9.txt" \
+  || { cat "$T/e9.txt"; fail "replay of a duplicated segment should exit 2"; }
+# Outputs' folders: a plan refused after the checks (a --resume without one packer's state)
+# and a shard interrupted mid-run leave neither a temporary nor an empty folder.
+"$WLB" plan "$SRC/inputs/plan_smoke.toml" --packer wlb --steps 2 --save-state "$T/st.json" > /dev/null 2>&1 || fail "state"
+"$WLB" plan "$SRC/inputs/plan_smoke.toml" --packer wlb --packer best_fit --steps 2 --resume "$T/st.json" \
+  --out "$T/nd/x/plan.jsonl" > "$T/e10.txt" 2>&1
+[ $? -eq 2 ] && grep -q "no state for packer 'best_fit'" "$T/e10.txt" || { cat "$T/e10.txt"; fail "resume without a packer's state"; }
+[ -e "$T/nd" ] && fail "a refused plan left $(find "$T/nd")"
+"$WLB" shard "$SRC/inputs/plan_smoke.toml" --steps 100000 --out "$T/sd/y/s.jsonl" > /dev/null 2>&1 &
+spid=$!
+for _ in $(seq 100); do ls "$T"/sd/y/s.jsonl.tmp.* > /dev/null 2>&1 && break; sleep 0.1; done
+ls "$T"/sd/y/s.jsonl.tmp.* > /dev/null 2>&1 || fail "shard made no temporary"
+kill -TERM $spid; wait $spid
+[ -e "$T/sd" ] && fail "an interrupted shard left $(find "$T/sd")"
 # ... while a DP-Merge slot holds one sample of up to its group's g x s_max tokens: the
 # replay of a plan whose merged sample (3000 tokens) is longer than s_max (2048) runs.
 (for _ in 1 2 3; do echo 3000; for _ in $(seq 50); do echo 100; done; done) > "$T/merge.txt"

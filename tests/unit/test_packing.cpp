@@ -370,6 +370,9 @@ TEST(PackingPlanIo, JsonRoundTripAndFile) {
        "offset + length <= 2147483647"},
       {"{\"type\":\"step\",\"step\":0,\"replicas\":[[[[1,0,4,0]]]],\"delayed\":[2.5]}", "'delayed' must be an integer"},
       {"{\"type\":\"step\",\"step\":0,\"replicas\":[[[],[]]],\"delayed\":[]}", "dp x micro_batches = 1 x 1"},
+      // a null micro-batch read as an empty one
+      {"{\"type\":\"step\",\"step\":0,\"replicas\":[[null]],\"delayed\":[]}", "a micro-batch must be a list"},
+      {"{\"type\":\"step\",\"step\":0,\"replicas\":[[[[1,0,4,3]]]],\"delayed\":[]}", "arrives at step 3, after step 0"},
   };
   for (const auto& [line, expect] : bad_lines) {
     std::ofstream g(path);
@@ -382,6 +385,36 @@ TEST(PackingPlanIo, JsonRoundTripAndFile) {
       EXPECT_NE(std::string(e.what()).find(":2: "), std::string::npos) << e.what();
       EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
     }
+  }
+  // A replay trains what the file says: a document's tokens planned twice (an edited file)
+  // are refused with both lines, wherever the copy is (the step order is checkReplay's). Line types the
+  // reader does not know are skipped (docs/plan-format.md).
+  const std::string step0 = "{\"type\":\"step\",\"step\":0,\"replicas\":[[[[1,0,100,0],[2,0,50,0]]]],\"delayed\":[]}";
+  const std::vector<std::pair<std::string, std::string>> twice = {
+      {"{\"type\":\"step\",\"step\":1,\"replicas\":[[[[1,60,100,0]]]],\"delayed\":[]}",
+       ":3: document 1: tokens [60, 160) are planned again (line 2 plans [0, 100))"},
+      {"{\"type\":\"step\",\"step\":1,\"replicas\":[[[[2,0,50,0]]]],\"delayed\":[]}",
+       ":3: document 2: tokens [0, 50) are planned again (line 2 plans [0, 50))"},
+  };
+  for (const auto& [line, expect] : twice) {
+    std::ofstream g(path);
+    g << head << step0 << "\n" << line << "\n";
+    g.close();
+    try {
+      packing::readPlanFile(path);
+      ADD_FAILURE() << line << " accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
+    }
+  }
+  {
+    std::ofstream g(path);
+    g << head << step0 << "\n{\"type\":\"comment\",\"text\":\"x\"}\n"
+      << "{\"type\":\"step\",\"step\":1,\"replicas\":[[[[1,100,20,0]]]],\"delayed\":[]}\n";
+    g.close();
+    const auto pf = packing::readPlanFile(path);
+    ASSERT_EQ(pf.steps.size(), 2u);  // the document's next tokens, after an unknown line
+    EXPECT_EQ(pf.step_lines[1], 4);
   }
   std::remove(path.c_str());
 }
