@@ -129,6 +129,8 @@ nlohmann::json fingerprint(const Deck& d, const std::string& prefix, std::int64_
       {"packing.delay_budget", d.packing.delay_budget},
       {"packing.max_queue_wait", d.packing.max_queue_wait},
       {"packing.outlier_thresholds", d.packing.outlier_thresholds},
+      // The levels the packer uses: [] and the defaults written out are one run.
+      {"packing.outlier_thresholds (resolved)", packing::PackerOptions::fromDeck(d).outlier_thresholds},
       {"train.dataset", fs::absolute(prefix).lexically_normal().string()},
       {"train.steps (resolved)", total_steps},
       {"train.lr", t.lr},
@@ -143,6 +145,10 @@ nlohmann::json fingerprint(const Deck& d, const std::string& prefix, std::int64_
       {"train.rope_theta", t.rope_theta},
       // The tokens themselves, and the profile and memory the packer plans with.
       {"train.dataset (files)", fileHash(prefix + "_train.idx") + "; " + fileHash(prefix + "_train.bin")},
+      // The evaluation losses of the log average over the validation split.
+      {"train.dataset (validation files)",
+       fs::exists(prefix + "_valid.idx") ? fileHash(prefix + "_valid.idx") + "; " + fileHash(prefix + "_valid.bin")
+                                         : std::string("none")},
       {"hardware.profile",
        d.hardware.profile == "analytic" ? std::string("analytic") : fileHash(model::HardwareProfile::pathOf(d))},
       {"hardware.memory_gb", d.hardware.memory_gb}};
@@ -163,10 +169,9 @@ void fromHost(const Vec& v, const std::vector<float>& h) {
 
 // A checkpoint tensor's checksum (FNV-1a over 8-byte words, then the tail): a flipped or
 // edited byte, or tensors from another file under this header, fail the resume.
-std::string checksum(const std::vector<float>& v) {
+std::string checksumBytes(const void* data, std::size_t n) {
   std::uint64_t h = 1469598103934665603ull;
-  const auto* p = reinterpret_cast<const unsigned char*>(v.data());
-  const std::size_t n = v.size() * sizeof(float);
+  const auto* p = static_cast<const unsigned char*>(data);
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     std::uint64_t w;
@@ -175,6 +180,18 @@ std::string checksum(const std::vector<float>& v) {
   }
   for (; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
   return fmt::format("{:016x}", h);
+}
+
+std::string checksum(const std::vector<float>& v) {
+  return checksumBytes(v.data(), v.size() * sizeof(float));
+}
+
+// The header's own checksum: over its JSON as dumped without this key (dump(parse(dump(x)))
+// is dump(x)), so an edited held piece or cursor fails the resume like an edited tensor.
+std::string headerChecksum(nlohmann::json header) {
+  header.erase("header_checksum");
+  const std::string text = header.dump();
+  return checksumBytes(text.data(), text.size());
 }
 
 // One file: magic, u64 header length, JSON header, then weights, m, v (float32, native
@@ -186,7 +203,9 @@ void writeCheckpoint(const std::string& path, const nlohmann::json& header,
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     if (!f) throw InputError(fmt::format("{}: cannot write ({})", tmp, std::strerror(errno)));
-    const std::string h = header.dump();
+    nlohmann::json sealed = header;
+    sealed["header_checksum"] = headerChecksum(header);
+    const std::string h = sealed.dump();
     const std::uint64_t n = h.size();
     f.write(kMagic, 8);
     f.write(reinterpret_cast<const char*>(&n), 8);
@@ -212,14 +231,17 @@ void writeCheckpoint(const std::string& path, const nlohmann::json& header,
 // every stage of the deck's model (Llama::layout).
 // The checkpoint's fingerprint against the deck's: a difference names the key.
 void checkFingerprint(const std::string& path, const nlohmann::json& header, const nlohmann::json& fp) {
+  const bool resolved_levels = header.at("fingerprint").contains("packing.outlier_thresholds (resolved)");
   for (const auto& [k, v] : fp.items()) {
+    if (k == "packing.outlier_thresholds" && resolved_levels) continue;  // the resolved levels decide
     nlohmann::json was = header.at("fingerprint").value(k, nlohmann::json());
     if (was.is_null() && (k == "mesh.dp" || k == "mesh.tp" || k == "mesh.pp" || k == "mesh.virtual_stages"))
       was = 1;  // written before multi-rank training / interleaved stages
     // Recorded since this version; an older checkpoint's value is unknown (run.precision
     // already took effect then), so it is not held against the deck.
     if (was.is_null() && (k == "run.precision" || k == "train.eval_tokens" || k == "train.dataset (files)" ||
-                          k == "hardware.profile" || k == "hardware.memory_gb" || k == "pipeline.recompute"))
+                          k == "hardware.profile" || k == "hardware.memory_gb" || k == "pipeline.recompute" ||
+                          k == "packing.outlier_thresholds (resolved)" || k == "train.dataset (validation files)"))
       continue;
     if (was != v)
       throw InputError(fmt::format("{}: written with {} = {}, the deck says {} (resume needs the same run)", path, k,
@@ -247,6 +269,9 @@ nlohmann::json readCheckpoint(const std::string& path, const std::vector<Vec>& t
   } catch (const std::exception& e) {
     throw InputError(path + ": corrupt checkpoint header (" + e.what() + ")");
   }
+  // Older checkpoints carry none.
+  if (header.is_object() && header.contains("header_checksum") && header["header_checksum"] != headerChecksum(header))
+    throw InputError(path + ": the header does not match its checksum (a corrupt or edited file)");
   // Before the tensors, whose sizes follow the deck: another model names its key, not a size.
   try {
     if (header.at("format") != "wlb-train-checkpoint" || header.at("version") != 1)

@@ -108,16 +108,19 @@ bf="--set run.precision=\"bf16\""
 "$WLB" train deck.toml $ck $bf --set output.dir=fullbf --quiet > /dev/null || fail "bf16 full run"
 WLB_TRAIN_KILL_AFTER_STEP=14 "$WLB" train deck.toml $ck $bf --set output.dir=cutbf --quiet > /dev/null 2>&1
 [ -f cutbf/checkpoint/checkpoint.wlb ] || fail "no bf16 checkpoint"
-# A checkpoint written before run.precision and train.eval_tokens were fingerprinted
-# (the keys stripped from a copy) still resumes, and gives the same 30 steps.
+# A checkpoint written before run.precision, train.eval_tokens, the resolved outlier levels
+# and the validation files were fingerprinted, and before the header had its checksum (the
+# keys stripped from a copy), still resumes, and gives the same 30 steps.
 cp -r cutbf cutbfold
 $PY - cutbfold/checkpoint/checkpoint.wlb <<'PYEOF' || fail "strip the new fingerprint keys"
 import json, struct, sys
 b = open(sys.argv[1], "rb").read()
 n = struct.unpack("<Q", b[8:16])[0]
 h = json.loads(b[16:16 + n])
-for k in ("run.precision", "train.eval_tokens"):
+for k in ("run.precision", "train.eval_tokens", "packing.outlier_thresholds (resolved)",
+          "train.dataset (validation files)"):
     del h["fingerprint"][k]
+del h["header_checksum"]
 t = json.dumps(h).encode()
 open(sys.argv[1], "wb").write(b[:8] + struct.pack("<Q", len(t)) + t + b[16 + n:])
 PYEOF
@@ -314,16 +317,31 @@ timeout 60 mpiexec -n 2 "$WLB" train deck.toml --set mesh.cp=2 --set cp.strategy
 [ "$rc" = 2 ] && grep -q "run.precision" o.txt || fail "resume in another precision: rc $rc $(cat o.txt)"
 # Edited or mismatched checkpoints, each refused with exit 2 naming what is wrong.
 "$WLB" train deck.toml $ck --set output.dir=edit --exit-after 12 --quiet > /dev/null 2>&1 || fail "--exit-after 12"
-# edited NAME PYTHON-EDIT: a copy of edit/ whose checkpoint header h (dict) and bytes b are edited
+# edited NAME PYTHON-EDIT: a copy of edit/ whose checkpoint header h (dict) and bytes b are
+# edited; the header's checksum is made to match (as wlb computes it: FNV-1a over the JSON,
+# keys sorted, without the key) unless the edit sets keep_header_checksum, so each edit
+# reaches the check it is aimed at.
 edited() {
   rm -rf "$1" && cp -r edit "$1"
   $PY - "$1/checkpoint/checkpoint.wlb" "$2" <<'PYEOF' || fail "edit $1"
 import json, struct, sys
+def fnv(data):
+    x = 1469598103934665603
+    for i in range(0, len(data) - len(data) % 8, 8):
+        x = ((x ^ int.from_bytes(data[i:i + 8], "little")) * 1099511628211) % 2**64
+    for c in data[len(data) - len(data) % 8:]:
+        x = ((x ^ c) * 1099511628211) % 2**64
+    return "%016x" % x
 b = bytearray(open(sys.argv[1], "rb").read())
 n = struct.unpack("<Q", b[8:16])[0]
 h = json.loads(b[16:16 + n])
+assert "header_checksum" in h, "a checkpoint without its header checksum"
 tail = b[16 + n:]
+keep_header_checksum = False
 exec(sys.argv[2])
+if not keep_header_checksum:
+    body = {k: v for k, v in h.items() if k != "header_checksum"}
+    h["header_checksum"] = fnv(json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode())
 t = json.dumps(h).encode()
 open(sys.argv[1], "wb").write(b[:8] + struct.pack("<Q", len(t)) + t + tail)
 PYEOF
@@ -336,6 +354,8 @@ refused() {  # DIR WANT [ARGS...]: a resume from DIR exits 2 with WANT in the me
 }
 edited e_flip 'tail[100] ^= 1'
 refused e_flip "does not match its checksum"
+edited e_head 'h["packer"]["carry"] = []; keep_header_checksum = True'
+refused e_head "the header does not match its checksum"
 edited e_format 'h["format"] = "nope"'
 refused e_format "not a wlb-train-checkpoint"
 edited e_step 'h["step"] = 10**15'
@@ -348,6 +368,18 @@ edited e_tail 'tail += b"\0\0\0\0"'
 refused e_tail "bytes after the tensors"
 refused edit "hardware.profile" --set "hardware.profile=\"$SRC/inputs/profiles/epyc-avx2-1core.json\""
 refused edit "hardware.memory_gb" --set hardware.memory_gb=16
+# The default outlier levels written out are the same run as [] (the deck's window is 256:
+# [3S/16, 3S/8, 3S/4]); other levels are not.
+rm -rf dflt && cp -r edit dflt
+"$WLB" train deck.toml $ck --set output.dir=dflt --set 'packing.outlier_thresholds=[48,96,192]' --resume --exit-after 13 --quiet \
+  > o.txt 2>&1 || fail "resume with the default levels written out: $(cat o.txt)"
+refused edit "packing.outlier_thresholds (resolved)" --set 'packing.outlier_thresholds=[48,96,200]'
+# the evaluation losses average over the validation split: another one under the prefix is refused
+cp -r data datav
+"$WLB" train deck.toml $ck --set train.dataset='"datav/lic"' --set output.dir=dsv --exit-after 4 --quiet > /dev/null 2>&1 ||
+  fail "train on datav"
+$PY -c "import sys; p = 'datav/lic_valid.bin'; b = bytearray(open(p, 'rb').read()); b[7] ^= 1; open(p, 'wb').write(b)"
+refused dsv "train.dataset (validation files)" --set train.dataset='"datav/lic"'
 # another dataset prepared under the same prefix (its documents as long, their bytes upper-cased)
 cp -r data datax
 "$WLB" train deck.toml $ck --set train.dataset='"datax/lic"' --set output.dir=dsx --exit-after 4 --quiet > /dev/null 2>&1 ||
@@ -365,13 +397,6 @@ edited e_nan '
 import math
 p = h["params"]
 tail[0:4 * p] = struct.pack("<f", math.nan) * p
-def fnv(data):
-    x = 1469598103934665603
-    for i in range(0, len(data) - len(data) % 8, 8):
-        x = ((x ^ int.from_bytes(data[i:i + 8], "little")) * 1099511628211) % 2**64
-    for c in data[len(data) - len(data) % 8:]:
-        x = ((x ^ c) * 1099511628211) % 2**64
-    return "%016x" % x
 h["checksums"][0] = fnv(bytes(tail[0:4 * p]))
 '
 cp e_nan/checkpoint/checkpoint.wlb nan_before.wlb
