@@ -6,6 +6,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstring>
+#include <filesystem>
 
 namespace wlb::app {
 namespace {
@@ -79,10 +80,15 @@ void forgetTemporaryFolder(const std::string& dir) {
 }
 
 void trackTemporary(const std::string& path, bool made) {
-  if (made)
+  std::error_code ec;
+  if (made && std::filesystem::is_directory(path, ec)) {  // a folder made for the outputs
+    registerTemporaryFolder(path);
+  } else if (made) {
     registerTemporary(path);
-  else
+  } else {
     forgetTemporary(path);
+    forgetTemporaryFolder(path);
+  }
 }
 
 }  // namespace wlb::app

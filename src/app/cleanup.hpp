@@ -26,7 +26,8 @@ void registerTemporaryFolder(const std::string& dir);
 void forgetTemporaryFolder(const std::string& dir);
 
 /// The TemporaryTracker (core/output_file.hpp) the driver hands to library code:
-/// registers on (path, true), forgets on (path, false).
+/// registers on (path, true) (a folder, such as MadeFolders::made() lists, as a folder), forgets
+/// on (path, false).
 void trackTemporary(const std::string& path, bool made);
 
 /// Registers `path` for its lifetime (forgotten on scope exit, renamed or not).

@@ -2,6 +2,7 @@
 // `wlb data prepare SRC --out PREFIX`: text documents -> Megatron .bin/.idx (docs/data.md).
 #include <iostream>
 #include <memory>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -44,7 +45,8 @@ void printStats(const std::string& title, const wlb::data::LengthStats& s, std::
 int runStats(const Opts& o) {
   using namespace wlb;
   Deck deck;
-  if (!o.deck.path.empty()) deck = o.deck.load("wlb data stats");
+  // Without a deck, the defaults with the --set overrides (which name the source to read).
+  deck = o.deck.path.empty() ? parseDeck("", "defaults", o.deck.overrides) : o.deck.load("wlb data stats");
   if (o.window != 0) {  // the deck key's own range (0: not given)
     if (o.window < 16 || o.window > (std::int64_t{1} << 26))
       throw InputError(
@@ -160,7 +162,15 @@ const bool registered = wlb::app::registerCommand(
                        "(default: sorted path order)")
           ->check(CLI::Validator(  // "-3" would wrap to a huge unsigned seed; seeds up to 2^64 - 1 are fine
               [](std::string& s) {
-                return s.rfind('-', 0) == 0 ? "must be at least 0 (got " + s + ")" : std::string();
+                if (s.rfind('-', 0) == 0) return "must be at least 0 (got " + s + ")";
+                try {  // past 2^64 - 1 the parse would saturate to another seed
+                  std::size_t end = 0;
+                  (void)std::stoull(s, &end, 10);
+                  if (end != s.size()) return "must be an integer (got " + s + ")";
+                } catch (const std::exception&) {
+                  return "must be an integer in [0, 18446744073709551615] (got " + s + ")";
+                }
+                return std::string();
               },
               "SEED >= 0"))
           ->each([o](const std::string&) { o->prepare.shuffle = true; });

@@ -120,9 +120,10 @@ class MadeFolders {
   bool kept_ = false;
 };
 
-/// The driver's hook for temporaries: called with (path, true) when a temporary file is made
-/// and (path, false) when it is renamed or removed; the driver removes the tracked ones on
-/// SIGINT/SIGTERM. Library code takes one and installs no signal handler of its own.
+/// The driver's hook for temporaries: called with (path, true) when a temporary file (or a
+/// folder made for the outputs) is made and (path, false) when it is renamed, removed or
+/// kept; the driver removes the tracked ones on SIGINT/SIGTERM, folders only while empty.
+/// Library code takes one and installs no signal handler of its own.
 using TemporaryTracker = std::function<void(const std::string& path, bool made)>;
 
 /// The temporaries `paths` tracked for the guard's lifetime: (path, true) when it is made,

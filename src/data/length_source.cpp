@@ -361,6 +361,18 @@ std::string trim(const std::string& s) {
   const auto e = s.find_last_not_of(" \t\r\n");
   return s.substr(b, e - b + 1);
 }
+// A bad value as a message shows it: at most 60 bytes, other than printable ASCII as \xNN (a
+// 10 MB line, invalid UTF-8 or a bare CR would otherwise go into the message as they are).
+std::string excerpt(const std::string& s) {
+  constexpr std::size_t kMax = 60;
+  std::string out;
+  for (std::size_t i = 0; i < s.size() && i < kMax; ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    out += c >= 0x20 && c < 0x7f ? std::string(1, static_cast<char>(c)) : fmt::format("\\x{:02x}", c);
+  }
+  if (s.size() > kMax) out += fmt::format("... ({} bytes)", s.size());
+  return out;
+}
 }  // namespace
 
 std::vector<std::int64_t> readTextLengths(const std::string& path) {
@@ -383,8 +395,8 @@ std::vector<std::int64_t> readTextLengths(const std::string& path) {
       ok = false;
     }
     if (!ok || pos != t.size() || v <= 0)
-      throw InputError(fmt::format("{}:{}: expected a positive integer document length, got '{}'", path, lineno, t),
-                       true);
+      throw InputError(
+          fmt::format("{}:{}: expected a positive integer document length, got '{}'", path, lineno, excerpt(t)), true);
     if (v > kMaxDocTokens)
       throw InputError(
           fmt::format("{}:{}: document length {} exceeds the limit of {} tokens", path, lineno, v, kMaxDocTokens),
@@ -414,7 +426,8 @@ std::vector<std::int64_t> readJsonlLengths(const std::string& path, const std::s
     const auto& v = j[field];
     if (!v.is_number_integer() || v.get<std::int64_t>() <= 0)
       throw InputError(
-          fmt::format("{}:{}: field '{}' must be a positive integer, got {}", path, lineno, field, v.dump()), true);
+          fmt::format("{}:{}: field '{}' must be a positive integer, got {}", path, lineno, field, excerpt(v.dump())),
+          true);
     if (v.get<std::int64_t>() > kMaxDocTokens)
       throw InputError(fmt::format("{}:{}: field '{}' = {} exceeds the limit of {} tokens", path, lineno, field,
                                    v.dump(), kMaxDocTokens),

@@ -28,6 +28,18 @@ namespace wlb::data {
 namespace fs = std::filesystem;
 
 namespace {
+
+// Another preparation's outputs (or any Megatron dataset): an index that parses whole, not
+// just the magic (a text file that happens to start with it is a document).
+bool isTokenDataset(const std::string& idx) {
+  if (!isMegatronIndexFile(idx)) return false;
+  try {
+    (void)readMegatronIndex(idx);
+    return true;
+  } catch (const InputError&) {
+    return false;
+  }
+}
 // a document longer than this is cut: sizes are int32 in the index
 constexpr std::int64_t kMaxSequence = std::numeric_limits<std::int32_t>::max();
 }  // namespace
@@ -145,7 +157,7 @@ std::vector<FileEntry> listFiles(const fs::path& root, const std::string& shown,
     const fs::path& p = it->path();
     fs::path idx = p;
     if (p.extension() == ".bin") idx.replace_extension(".idx");
-    if ((p.extension() == ".idx" || p.extension() == ".bin") && isMegatronIndexFile(idx.string())) {
+    if ((p.extension() == ".idx" || p.extension() == ".bin") && isTokenDataset(idx.string())) {
       ++r.skipped_datasets;
       continue;
     }
@@ -188,6 +200,9 @@ PrepareResult prepareDataset(const PrepareOptions& o) {
   std::vector<std::string> tmps = train_out.temporaries();
   for (auto& t : valid_out.temporaries()) tmps.push_back(t);
   const TrackedTemporaries tracked(o.track_temporary, tmps);
+  std::vector<std::string> made_dirs;  // and on Ctrl-C, while empty (after the temporaries)
+  for (const auto& d : made.made()) made_dirs.push_back(d.string());
+  const TrackedTemporaries tracked_dirs(o.track_temporary, made_dirs);
 
   std::vector<FileEntry> files;
   std::unique_ptr<TempDir> unpacked;

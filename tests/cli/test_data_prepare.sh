@@ -194,5 +194,27 @@ printf 'not a tar\n' > "$T/junk.tar"
 expect2 "not a tarball" "junk.tar: .tar -x. failed" "$T/junk.tar" --out "$T/x"
 expect2 "plain file" "not a directory or a .tar" "$C/GPL-3" --out "$T/x"
 expect2 "missing --out" "out" "$C"
+expect2 "seed past 2^64" "must be an integer in \[0, 18446744073709551615\]" "$C" --out "$T/x" --shuffle 99999999999999999999999
 ls "$T" | grep -q '^x_' && fail "bad input left outputs"
+# Ctrl-C mid-scan: neither temporaries nor the folders the run made are left.
+big="$T/big"; mkdir -p "$big"
+yes "a line of words to tokenize, again and again" | head -c 200000000 > "$big/one.txt"
+"$WLB" data prepare "$big" --out "$T/int/sub/x" > /dev/null 2>&1 &
+ppid=$!
+for _ in $(seq 100); do ls "$T"/int/sub/x_train.bin.tmp > /dev/null 2>&1 && break; sleep 0.05; done
+kill -INT $ppid; wait $ppid; rc=$?
+[ $rc -eq 130 ] || fail "an interrupted preparation: exit $rc, expected 130 (it finished first?)"
+rm -rf "$big"
+[ -e "$T/int" ] && fail "an interrupted preparation left $(find "$T/int")"
+# data stats without a deck reads the source the overrides name; an unknown key is an error.
+"$WLB" data stats --set 'data.source="megatron"' --set "data.path=\"$T/sh7_train.idx\"" > "$T/st.txt" 2>&1 \
+  || { cat "$T/st.txt"; fail "data stats --set without a deck"; }
+grep -q "megatron:" "$T/st.txt" || { cat "$T/st.txt"; fail "data stats ignored --set"; }
+"$WLB" data stats --set data.bogus=1 > "$T/st.txt" 2>&1 && fail "data stats took an unknown key"
+grep -q "unknown key 'bogus'" "$T/st.txt" || { cat "$T/st.txt"; fail "data stats --set message"; }
+# A bad length is shown cut short, not as the whole line.
+{ echo 12; head -c 3000 /dev/zero | tr '\0' 'x'; echo; } > "$T/longline.txt"
+"$WLB" data stats --set 'data.source="text"' --set "data.path=\"$T/longline.txt\"" > "$T/st.txt" 2>&1 && fail "a bad length line"
+grep -q "longline.txt:2: .*xxx\.\.\. (3000 bytes)" "$T/st.txt" && [ "$(wc -c < "$T/st.txt")" -lt 400 ] \
+  || { head -c 500 "$T/st.txt"; fail "the bad line is not cut short"; }
 echo "PASS"

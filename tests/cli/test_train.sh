@@ -409,6 +409,10 @@ cmp -s e_nan/checkpoint/checkpoint.wlb nan_before.wlb || fail "a diverged step o
 "$WLB" train deck.toml --set model.vocab=100 --set output.dir=smallvocab/run > o.txt 2>&1; rc=$?
 [ "$rc" = 2 ] && grep -q "model.vocab" o.txt || fail "vocab too small: rc $rc $(cat o.txt)"
 [ ! -e smallvocab ] || fail "vocab too small left $(find smallvocab)"
+# output.trace in a sub-folder of output.dir: made with it
+"$WLB" train deck.toml --set train.steps=2 --set output.dir=tsub --set output.trace='"sub/t.h5"' --quiet > o.txt 2>&1 ||
+  fail "trace in a sub-folder: $(cat o.txt)"
+[ -f tsub/sub/t.h5 ] || fail "trace in a sub-folder: no tsub/sub/t.h5"
 touch afile
 "$WLB" train deck.toml --set train.checkpoint_interval=1 --set train.checkpoint_dir=afile/ck --set output.dir=ckbad \
   > o.txt 2>&1; rc=$?

@@ -158,4 +158,15 @@ TEST(DataPrepare, DatasetsInsideTheSourceAreNotDocuments) {
   EXPECT_TRUE(data::isMegatronIndexFile(first.train_prefix + ".idx"));
   EXPECT_FALSE(data::isMegatronIndexFile((root / "a.txt").string()));
   EXPECT_FALSE(data::isMegatronIndexFile((root / "missing.idx").string()));
+  // A file that only starts with the magic is no dataset: it and its .bin are documents.
+  const fs::path alone = tmpPath("magic-only");
+  fs::remove_all(alone);
+  writeFile(alone / "a.txt", "first document");
+  writeFile(alone / "fake.idx", std::string("MMIDIDX\0\0", 9) + "and then text, no index");
+  writeFile(alone / "fake.bin", "plain text beside it");
+  o.source = alone.string();
+  o.out_prefix = (alone / "out").string();
+  const auto third = data::prepareDataset(o);
+  EXPECT_EQ(third.skipped_datasets, 0);
+  EXPECT_EQ(third.train.documents + third.valid.documents, 3);
 }
