@@ -1186,6 +1186,7 @@ pack(step=None) draws the documents of the next step and packs them; state_dict(
              p->lengths = lengths;
              p->source_name = source_name;
              p->src = makeSource(d->deck, lengths, source_name);
+             if (name) packing::checkPackerName(*name, "name");  // the CLI's --packer
              p->packer = packing::makePacker(name ? *name : d->deck.packing.strategy, d->deck, *p->cost);
              return p;
            }),

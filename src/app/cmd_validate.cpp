@@ -7,6 +7,7 @@
 #include "core/deck_schema.hpp"
 #include "data/length_source.hpp"
 #include "model/cost_model.hpp"
+#include "packing/packer.hpp"
 #include "packing/simulate_deck.hpp"
 
 namespace {
@@ -46,6 +47,16 @@ const bool registered = wlb::app::registerCommand(
         const wlb::Deck deck = o->deck.loadWithSweep();
         checkFiles(deck);
         std::cout << "# " << deck.source_path << ": valid\n" << deck.toToml();
+        // Keys whose 0 or [] stands for a value derived from others, as the packers use them
+        // (comments: the text above stays the deck as written).
+        const auto po = wlb::packing::PackerOptions::fromDeck(deck);
+        std::string levels;
+        for (const auto l : po.outlier_thresholds) levels += (levels.empty() ? "" : ", ") + std::to_string(l);
+        std::cout << "\n# derived (the values the packers use):\n"
+                  << "#   data.s_max = " << po.s_max << "\n"
+                  << "#   packing.micro_batches = " << po.micro_batches << " per replica\n"
+                  << "#   packing.outlier_thresholds = [" << levels << "]\n"
+                  << "#   packing.max_queue_wait = " << po.max_queue_wait << "\n";
         if (o->cases) {
           const auto cases = wlb::expandSweep(deck);
           std::cout << "\n# " << cases.size() << " sweep case(s)\n";

@@ -196,6 +196,10 @@ PrepareResult prepareDataset(const PrepareOptions& o) {
   std::error_code mk;
   MadeFolders made(parent.empty() ? fs::path(".") : parent, mk);
   if (mk) throw InputError(fmt::format("--out: cannot create the directory {} ({})", parent.string(), mk.message()));
+  // All four outputs can be renamed into place, checked before the scan: a folder or a device
+  // under one of the names failed the commit after the first files were in place.
+  for (const auto* pre : {&r.train_prefix, &r.valid_prefix})
+    for (const char* ext : {".bin", ".idx"}) checkOutputPath(*pre + ext, "--out");
   IndexedDatasetWriter train_out(r.train_prefix), valid_out(r.valid_prefix);
   std::vector<std::string> tmps = train_out.temporaries();
   for (auto& t : valid_out.temporaries()) tmps.push_back(t);

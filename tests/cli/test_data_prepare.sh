@@ -194,6 +194,9 @@ printf 'not a tar\n' > "$T/junk.tar"
 expect2 "not a tarball" "junk.tar: .tar -x. failed" "$T/junk.tar" --out "$T/x"
 expect2 "plain file" "not a directory or a .tar" "$C/GPL-3" --out "$T/x"
 expect2 "missing --out" "out" "$C"
+mkdir -p "$T/o12/x_valid.bin"
+expect2 "a folder under an output's name" "--out '$T/o12/x_valid.bin': is a directory" "$C" --out "$T/o12/x"
+[ "$(ls "$T/o12")" = "x_valid.bin" ] || fail "a refused preparation wrote $(ls "$T/o12")"
 expect2 "seed past 2^64" "must be an integer in \[0, 18446744073709551615\]" "$C" --out "$T/x" --shuffle 99999999999999999999999
 ls "$T" | grep -q '^x_' && fail "bad input left outputs"
 # Ctrl-C mid-scan: neither temporaries nor the folders the run made are left.

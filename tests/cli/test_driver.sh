@@ -15,6 +15,8 @@ trap 'rm -rf "$tmp"' EXIT
 
 "$WLB" validate "$SRC/inputs/quickstart.toml" > "$tmp/out" || fail "quickstart deck invalid"
 grep -q "head_dim = 64" "$tmp/out" || fail "resolved deck lacks derived head_dim"
+grep -q "^#   packing.outlier_thresholds = \[[0-9]" "$tmp/out" || fail "validate does not show the outlier levels used"
+grep -q "^#   packing.max_queue_wait = [1-9]" "$tmp/out" || fail "validate does not show the queue wait used"
 
 printf '[model]\nhidden = 256\n[mesh]\ncpp = 2\n' > "$tmp/typo.toml"
 "$WLB" validate "$tmp/typo.toml" > "$tmp/out" 2> "$tmp/err"; rc=$?

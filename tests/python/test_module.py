@@ -289,7 +289,7 @@ def test_cli_and_module_raise_the_same_messages(cli, tmp_path):
         assert got == want
 
     deck = wlb.Deck(SMOKE_DECK)
-    same(cli("plan", SMOKE_DECK, "--packer", "nope"), lambda: wlb.Packer(deck, "nope"))
+    same(cli("plan", SMOKE_DECK, "--packer", "nope"), lambda: wlb.Packer(deck, "nope"), ("--packer", "name"))
     same(cli("plan", SMOKE_DECK, "--set", "mesh.dpp=2"), lambda: wlb.Deck(SMOKE_DECK, ["mesh.dpp=2"]))
     same(cli("plan", SMOKE_DECK, "--set", "mesh.dp=0"), lambda: wlb.Deck(SMOKE_DECK, {"mesh.dp": 0}))
     same(cli("plan", SMOKE_DECK, "--set", 'cp.strategy="diagonal"'),
