@@ -63,7 +63,7 @@ int runTune(const Opts& o) {
     cands.push_back(base.outlier_thresholds);
   const auto label = [&](const std::vector<std::int64_t>& th) -> std::string {
     if (th == no_queues) return "no queues (reference)";
-    const auto s = fmtList(th);
+    auto s = fmtList(th);
     if (th == base.outlier_thresholds) return s + (deck.packing.outlier_thresholds.empty() ? " (defaults)" : " (deck)");
     return s;
   };

@@ -63,8 +63,9 @@ std::int32_t DatasetTokens::token(DocId doc, std::int64_t pos) const {
     it = cache_.emplace(d, std::move(ids)).first;
   }
   if (pos < 0 || pos >= static_cast<std::int64_t>(it->second.size()))
-    throw std::logic_error("DatasetTokens: position " + std::to_string(pos) + " past the end of document " +
-                           std::to_string(d) + " of " + name_);
+    throw InputError(name_ + ": position " + std::to_string(pos) + " is past the end of document " + std::to_string(d) +
+                     " (" + std::to_string(it->second.size()) +
+                     " tokens): a plan or checkpoint made over another dataset");
   return it->second[static_cast<std::size_t>(pos)];
 }
 
