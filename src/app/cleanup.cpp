@@ -11,23 +11,44 @@
 namespace wlb::app {
 namespace {
 
-constexpr int kSlots = 64;
 constexpr std::size_t kPathMax = 4096;
-char g_paths[kSlots][kPathMax];
-std::atomic<bool> g_used[kSlots];
+
+/// A fixed table of paths the signal handler can read without allocating.
+template <int N>
+struct Slots {
+  char path[N][kPathMax];
+  std::atomic<bool> used[N];
+
+  void add(const std::string& p) {
+    if (p.size() >= kPathMax) return;
+    for (int i = 0; i < N; ++i) {
+      if (used[i].load()) continue;
+      std::memcpy(path[i], p.c_str(), p.size() + 1);
+      used[i].store(true);
+      return;
+    }
+  }
+  void remove(const std::string& p) {
+    for (int i = 0; i < N; ++i)
+      if (used[i].load() && p == path[i]) {
+        used[i].store(false);
+        return;
+      }
+  }
+};
+
+Slots<64> g_files;
+Slots<16> g_dirs;
 std::atomic<bool> g_installed{false};
-constexpr int kFolderSlots = 16;
-char g_dirs[kFolderSlots][kPathMax];
-std::atomic<bool> g_dir_used[kFolderSlots];
 
 extern "C" void onSignal(int sig) {
-  for (int i = 0; i < kSlots; ++i)
-    if (g_used[i].load()) ::unlink(g_paths[i]);
+  for (int i = 0; i < 64; ++i)
+    if (g_files.used[i].load()) ::unlink(g_files.path[i]);
   // Only while empty (rmdir refuses otherwise); a pass per slot, so a parent whose slot
   // comes before its child's goes in a later pass.
-  for (int pass = 0; pass < kFolderSlots; ++pass)
-    for (int i = 0; i < kFolderSlots; ++i)
-      if (g_dir_used[i].load() && ::rmdir(g_dirs[i]) == 0) g_dir_used[i].store(false);
+  for (int pass = 0; pass < 16; ++pass)
+    for (int i = 0; i < 16; ++i)
+      if (g_dirs.used[i].load() && ::rmdir(g_dirs.path[i]) == 0) g_dirs.used[i].store(false);
   std::signal(sig, SIG_DFL);
   std::raise(sig);
 }
@@ -42,41 +63,21 @@ void install() {
 }  // namespace
 
 void registerTemporary(const std::string& path) {
-  if (path.size() >= kPathMax) return;
   install();
-  for (int i = 0; i < kSlots; ++i) {
-    if (g_used[i].load()) continue;
-    std::memcpy(g_paths[i], path.c_str(), path.size() + 1);
-    g_used[i].store(true);
-    return;
-  }
+  g_files.add(path);
 }
 
 void forgetTemporary(const std::string& path) {
-  for (int i = 0; i < kSlots; ++i)
-    if (g_used[i].load() && path == g_paths[i]) {
-      g_used[i].store(false);
-      return;
-    }
+  g_files.remove(path);
 }
 
 void registerTemporaryFolder(const std::string& dir) {
-  if (dir.size() >= kPathMax) return;
   install();
-  for (int i = 0; i < kFolderSlots; ++i) {
-    if (g_dir_used[i].load()) continue;
-    std::memcpy(g_dirs[i], dir.c_str(), dir.size() + 1);
-    g_dir_used[i].store(true);
-    return;
-  }
+  g_dirs.add(dir);
 }
 
 void forgetTemporaryFolder(const std::string& dir) {
-  for (int i = 0; i < kFolderSlots; ++i)
-    if (g_dir_used[i].load() && dir == g_dirs[i]) {
-      g_dir_used[i].store(false);
-      return;
-    }
+  g_dirs.remove(dir);
 }
 
 void trackTemporary(const std::string& path, bool made) {

@@ -329,50 +329,32 @@ def test_missing_out_argument_exit_2(hand_trace):
     assert r.returncode == 2
 
 
-def test_root_and_meta_schema_versions_must_agree(hand_trace, tmp_path):
+def _set_meta(f, key, value):
+    f["meta"].attrs[key] = value
+
+
+def _del_meta(f, key, _):
+    del f["meta"].attrs[key]
+
+
+# An attribute edited in a real trace: exit 2 naming what is wrong, nothing written.
+@pytest.mark.parametrize("edit,key,value,says", [
+    (lambda f, k, v: f.attrs.__setitem__(k, v), "schema_version", 2, "schema_version 2 (/) differs from 1 (/meta)"),
+    (lambda f, k, v: f.attrs.__setitem__(k, v), "complete", 0, "'complete' = 0"),
+    (_del_meta, "mesh_cp", None, "mesh_cp"),
+    (_del_meta, "mesh_dp", None, "mesh_dp"),
+    (_set_meta, "mesh_cp", 1, "outside /meta mesh_cp = 1"),
+])
+def test_edited_attributes_exit_2(hand_trace, tmp_path, edit, key, value, says):
     import h5py
-    p = tmp_path / "two.h5"
+    p = tmp_path / "edited.h5"
     p.write_bytes(open(hand_trace, "rb").read())
     with h5py.File(p, "r+") as f:
-        f.attrs["schema_version"] = 2
-    r = run_report(str(p), "--out", str(tmp_path / "o"))
-    assert r.returncode == 2
-    assert "schema_version 2 (/) differs from 1 (/meta)" in r.stderr
-
-
-def test_complete_zero_is_named(tmp_path, hand_trace):
-    import h5py
-    p = tmp_path / "zero.h5"
-    p.write_bytes(open(hand_trace, "rb").read())
-    with h5py.File(p, "r+") as f:
-        f.attrs["complete"] = 0
-    r = run_report(str(p), "--out", str(tmp_path / "o"))
-    assert r.returncode == 2
-    assert "'complete' = 0" in r.stderr
-
-
-@pytest.mark.parametrize("attr", ["mesh_cp", "mesh_dp"])
-def test_missing_mesh_size_exit_2(hand_trace, tmp_path, attr):
-    import h5py
-    p = tmp_path / "nomesh.h5"
-    p.write_bytes(open(hand_trace, "rb").read())
-    with h5py.File(p, "r+") as f:
-        del f["meta"].attrs[attr]
+        edit(f, key, value)
     r = run_report(str(p), "--out", str(tmp_path / "o"))
     assert r.returncode == 2, r.stderr
-    assert attr in r.stderr and "Traceback" not in r.stderr
+    assert says in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "o").exists()
-
-
-def test_ranks_outside_the_mesh_exit_2(hand_trace, tmp_path):
-    import h5py
-    p = tmp_path / "small.h5"
-    p.write_bytes(open(hand_trace, "rb").read())
-    with h5py.File(p, "r+") as f:
-        f["meta"].attrs["mesh_cp"] = 1
-    r = run_report(str(p), "--out", str(tmp_path / "o"))
-    assert r.returncode == 2, r.stderr
-    assert "outside /meta mesh_cp = 1" in r.stderr
 
 
 def test_wrong_schema_exit_2(tmp_path):

@@ -144,35 +144,31 @@ cp "$T/len.txt" "$T/len.orig"
 "$WLB" plan "$SRC/inputs/plan_lengths_file.toml" --set "data.path=\"$T/len.txt\"" --out "$T/len.txt" > "$T/e6.txt" 2>&1
 [ $? -eq 2 ] && grep -q "also an input" "$T/e6.txt" || { cat "$T/e6.txt"; fail "plan over its length file should exit 2"; }
 cmp -s "$T/len.txt" "$T/len.orig" || fail "plan changed its length file"
-# A replayed plan file holds what a packer writes: a segment past s_max is refused, file:line.
-"$WLB" plan "$SRC/inputs/plan_smoke.toml" --packer fixed_greedy --steps 3 --out "$T/rp/plan.jsonl" > /dev/null 2>&1 \
-  || fail "plan for the replay check"
-/usr/bin/python3 - "$T/rp/plan.jsonl" <<'PY' || fail "editing the plan"
+# edited_plan DIR LINE PYTHON: a fixed_greedy plan of 3 steps in DIR/plan.jsonl whose step
+# line LINE (0-based) is edited as j (its micro-batches: mbs)
+edited_plan() {
+  "$WLB" plan "$SRC/inputs/plan_smoke.toml" --packer fixed_greedy --steps 3 --out "$1/plan.jsonl" > /dev/null 2>&1 \
+    || fail "plan for the replay checks"
+  /usr/bin/python3 - "$1/plan.jsonl" "$2" "$3" <<'PY' || fail "editing the plan"
 import json, sys
-p = sys.argv[1]
+p, k = sys.argv[1], int(sys.argv[2])
 lines = open(p).read().splitlines()
-j = json.loads(lines[1])
-next(mb for r in j["replicas"] for mb in r if mb)[0][2] = 10**9
-lines[1] = json.dumps(j)
+j = json.loads(lines[k])
+mbs = [mb for r in j["replicas"] for mb in r]
+exec(sys.argv[3])
+lines[k] = json.dumps(j)
 open(p, "w").write("\n".join(lines) + "\n")
 PY
+}
+# A replayed plan file holds what a packer writes: a segment past s_max is refused, file:line.
+edited_plan "$T/rp" 1 'next(mb for mb in mbs if mb)[0][2] = 10**9'
 "$WLB" simulate "$SRC/inputs/plan_smoke.toml" --plans "$T/rp/plan.jsonl" --steps 1 --warmup 0 > "$T/e7.txt" 2>&1
 [ $? -eq 2 ] && grep -q "plan.jsonl:2: .*s_max" "$T/e7.txt" || { cat "$T/e7.txt"; fail "replay of an oversized segment should exit 2"; }
 # A segment copied into another micro-batch of the step would be trained twice: refused
 # with both lines (the replay trains what the file says).
-"$WLB" plan "$SRC/inputs/plan_smoke.toml" --packer fixed_greedy --steps 3 --out "$T/rp2/plan.jsonl" > /dev/null 2>&1 \
-  || fail "plan for the duplicate check"
-/usr/bin/python3 - "$T/rp2/plan.jsonl" <<'PY' || fail "editing the plan"
-import json, sys
-p = sys.argv[1]
-lines = open(p).read().splitlines()
-j = json.loads(lines[2])
-mbs = [mb for r in j["replicas"] for mb in r]
+edited_plan "$T/rp2" 2 '
 short = min((seg for mb in mbs for seg in mb), key=lambda seg: seg[2])
-min((mb for mb in mbs if short not in mb), key=lambda mb: sum(seg[2] for seg in mb)).append(list(short))
-lines[2] = json.dumps(j)
-open(p, "w").write("\n".join(lines) + "\n")
-PY
+min((mb for mb in mbs if short not in mb), key=lambda mb: sum(seg[2] for seg in mb)).append(list(short))'
 "$WLB" simulate "$SRC/inputs/plan_smoke.toml" --plans "$T/rp2/plan.jsonl" --steps 2 --warmup 0 > "$T/e9.txt" 2>&1
 [ $? -eq 2 ] && grep -q "plan.jsonl:3: document .* are planned again (line 3 plans" "$T/e9.txt" \
   || { cat "$T/e9.txt"; fail "replay of a duplicated segment should exit 2"; }
