@@ -1343,11 +1343,34 @@ def check(root, allow_unmarked=False):
                   f"(commit {', '.join(sorted({c or '?' for c, _ in prov}))}): {'PASS' if not errs else 'FAIL'}")
     for name in sorted(set(TABLES) - seen):
         bad.append(f"{name}: registered but no doc table carries its marker")
+    bad += machine_paths(root)
     for b in bad:
         print("MISMATCH", b)
     print(f"tolerance: half a unit in the last digit each figure shows (the table's rounding); "
           f"{len(seen)} tables checked: {'PASS' if not bad else 'FAIL'}")
     return 1 if bad else 0
+
+
+MACHINE_PATH = re.compile(r"(^|[^\w$.])/(tmp|home|root|work)/")
+
+
+def machine_paths(root):
+    """Raw logs speak of the project: paths under the repository relative to it, scratch
+    files as $TMPDIR/... (bench/record.py writes them so), no home or work folder of the
+    machine a figure was measured on."""
+    bad = []
+    for p in sorted((root / "bench" / "results").rglob("*")):
+        if not p.is_file() or p.suffix in (".xz", ".h5", ".png", ".gz"):
+            continue
+        try:
+            text = p.read_text()
+        except UnicodeDecodeError:
+            continue
+        for k, line in enumerate(text.splitlines(), 1):
+            if MACHINE_PATH.search(line):
+                bad.append(f"{p.relative_to(root)}:{k}: a path of the machine it ran on: {line.strip()[:80]}")
+                break
+    return bad
 
 
 def main():

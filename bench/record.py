@@ -16,16 +16,19 @@ import datetime
 import os
 import pathlib
 import platform
+import re
 import subprocess
 import sys
+import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def relative(text):
-    """Paths under the repository written relative to it: a log speaks of the project, not
-    of the machine it was measured on."""
-    return text.replace(str(ROOT) + "/", "").replace(str(ROOT), ".")
+    """Paths under the repository written relative to it, scratch files under $TMPDIR: a log
+    speaks of the project, not of the machine it was measured on."""
+    text = text.replace(str(ROOT) + "/", "").replace(str(ROOT), ".")
+    return re.sub(r"(^|[^\w$.])" + re.escape(tempfile.gettempdir().rstrip("/")) + "/", r"\1$TMPDIR/", text, flags=re.M)
 
 
 def clocks():
