@@ -43,6 +43,10 @@ if command -v nvidia-smi > /dev/null; then
   dmon=$!
 fi
 pack() {
+  # logs speak of the project (bench/figures.py checks): OUT as $OUT, the repository relative
+  # (not dmon.log: nvidia-smi still writes it, and sed -i makes a new file)
+  find "$OUT" -type f ! -name dmon.log \( -name '*.log' -o -name '*.out' -o -name '*.txt' -o -name '*.json' -o -name '*.jsonl' \) \
+    -exec sed -i -e "s#$OUT/#\$OUT/#g" -e "s#$PWD/##g" {} +
   tar -C "$(dirname "$OUT")" -czf "$PACK.tmp" "$(basename "$OUT")" && mv "$PACK.tmp" "$PACK"
 }
 for p in "$@"; do
