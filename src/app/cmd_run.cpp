@@ -82,13 +82,7 @@ const bool registered = wlb::app::registerCommand(
           "--gradients", o->gradients,
           "Write each strategy's last-step weight gradients (DIR/STRATEGY.npy) and losses (DIR/losses.json)");
       return [o]() -> int {
-        // Every rank reads the same deck: a bad deck fails identically everywhere.
-        wlb::Deck deck;
-        try {
-          deck = o->deck.load("wlb run");
-        } catch (const wlb::InputError& e) {
-          throw wlb::InputError(e.what(), /*collective=*/true);
-        }
+        const wlb::Deck deck = o->deck.load("wlb run");  // every rank's, agreed
         wlb::app::checkOnRankZero([&] {  // before the run, not after it; rank 0 writes them
           if (o->gradients.empty()) return;
           wlb::checkOutputFolder(o->gradients, "--gradients");

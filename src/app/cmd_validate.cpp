@@ -35,17 +35,14 @@ const bool registered = wlb::app::registerCommand(
             for (const auto& s : wlb::resolveStrategies(c)) wlb::packing::checkPackerSchedule(c, s.packer);
           }
         };
-        if (wlb::app::worldRank() != 0) {
-          if (!o->reference) checkFiles(o->deck.loadWithSweep());  // same validation (and exit code) everywhere
-          return 0;
-        }
         if (o->reference) {
-          std::cout << wlb::deckReferenceMarkdown();
+          if (wlb::app::worldRank() == 0) std::cout << wlb::deckReferenceMarkdown();
           return 0;
         }
-        if (o->deck.path.empty()) throw wlb::InputError("validate: a DECK argument is required");
-        const wlb::Deck deck = o->deck.loadWithSweep();
+        if (o->deck.path.empty()) throw wlb::InputError("validate: a DECK argument is required", true);
+        const wlb::Deck deck = o->deck.loadWithSweep();  // every rank: the same validation and exit code
         checkFiles(deck);
+        if (wlb::app::worldRank() != 0) return 0;
         std::cout << "# " << deck.source_path << ": valid\n" << deck.toToml();
         // Keys whose 0 or [] stands for a value derived from others, as the packers use them
         // (comments: the text above stays the deck as written).

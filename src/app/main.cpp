@@ -2,9 +2,11 @@
 // map bad input to exit code 2 on every rank without hanging.
 #include <mpi.h>
 
+#include <fmt/format.h>
 #include <Kokkos_Core.hpp>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <string>
@@ -44,13 +46,55 @@ bool registerCommand(const std::string& name, const std::string& description, Se
   return true;
 }
 
-Deck DeckArgs::load(const std::string& command) const {
-  Deck d = loadDeck(path, overrides);
-  requireOneCase(d, path, command);
+namespace {
+/// The deck `load` reads on this rank, once every rank has read one and they agree: a rank
+/// that cannot read it (a node-local path, another working directory) or reads another deck
+/// would otherwise leave the others waiting in the run's first collective. Every rank throws
+/// at the same point, so the driver's exit 2 ends the job.
+Deck agreedDeck(const std::function<Deck()>& load) {
+  const int size = worldSize();
+  if (size == 1) return load();
+  Deck d;
+  std::string err;
+  try {
+    d = load();
+  } catch (const InputError& e) {
+    err = e.what();
+  }
+  const int bad = err.empty() ? 0 : 1;
+  int nbad = 0;
+  MPI_Allreduce(&bad, &nbad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (nbad == size) throw InputError(err, /*collective=*/true);  // rank 0's message stands for all
+  if (nbad > 0) {
+    if (bad) throw InputError(err);  // printed with this rank's number
+    throw InputError(fmt::format("the deck could not be read on {} of {} ranks (their messages name them)", nbad, size),
+                     true);
+  }
+  // The same resolved deck everywhere: the first rank whose text differs from rank 0's.
+  const std::string text = d.toToml();
+  unsigned long long mine = std::hash<std::string>{}(text), first = mine;
+  MPI_Bcast(&first, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
+  const int me = worldRank(), differs = mine != first ? me : size;
+  int lowest = size;
+  MPI_Allreduce(&differs, &lowest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (lowest < size)
+    throw InputError(fmt::format("rank {} read another deck than rank 0 (after --set): every rank must read the same "
+                                 "deck, so give them the same file and overrides",
+                                 lowest),
+                     true);
   return d;
 }
+}  // namespace
+
+Deck DeckArgs::load(const std::string& command) const {
+  return agreedDeck([&] {
+    Deck d = loadDeck(path, overrides);
+    requireOneCase(d, path, command);
+    return d;
+  });
+}
 Deck DeckArgs::loadWithSweep() const {
-  return loadDeck(path, overrides);
+  return agreedDeck([&] { return loadDeck(path, overrides); });
 }
 
 std::vector<std::string> deckInputs(const Deck& deck) {

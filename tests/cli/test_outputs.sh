@@ -93,6 +93,17 @@ timeout 60 mpiexec -n 1 --wdir nA "$WLB" run run.toml --set mesh.dp=2 --quiet : 
   -n 1 --wdir nB "$WLB" run run.toml --set mesh.dp=2 --quiet > out.txt 2>&1; rc=$?
 [ "$rc" = 2 ] && grep -q "rank 1 cannot see the folder rank 0 writes it in" out.txt ||
   fail "ranks without a shared output.dir: rc $rc $(cat out.txt)"
+# A rank that cannot read the deck (node-local, another working directory) or reads
+# another one ends every rank with exit 2 naming it, instead of a hang in the first
+# collective (the deck is agreed before any work).
+mkdir nC
+timeout 60 mpiexec -n 1 "$WLB" run run.toml --set mesh.dp=2 --quiet : \
+  -n 1 --wdir nC "$WLB" run run.toml --set mesh.dp=2 --quiet > out.txt 2>&1; rc=$?
+[ "$rc" = 2 ] && grep -q "wlb: error (rank 1): cannot open deck 'run.toml'" out.txt &&
+  grep -q "the deck could not be read on 1 of 2 ranks" out.txt || fail "a rank without the deck: rc $rc $(cat out.txt)"
+timeout 60 mpiexec -n 1 "$WLB" mesh run.toml --set mesh.dp=2 : -n 1 "$WLB" mesh run.toml --set mesh.cp=2 > out.txt 2>&1
+rc=$?
+[ "$rc" = 2 ] && grep -q "rank 1 read another deck than rank 0" out.txt || fail "ranks with other decks: rc $rc $(cat out.txt)"
 # No room for the trace (a file-size limit stands in for a full disk; the plans fit): exit 2
 # on every rank with the trace's path and the system's reason, within the timeout, and
 # nothing left behind: no temporary, no plan, no folder.
