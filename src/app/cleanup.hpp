@@ -51,6 +51,8 @@ class OutputFolders {
     made_.keep();
     forget();
   }
+  /// Why the folders could not be made (empty when they were).
+  const std::error_code& error() const { return ec_; }
 
  private:
   static std::filesystem::path parentOf(const std::string& file) {

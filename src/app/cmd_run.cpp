@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -83,10 +84,17 @@ const bool registered = wlb::app::registerCommand(
           "Write each strategy's last-step weight gradients (DIR/STRATEGY.npy) and losses (DIR/losses.json)");
       return [o]() -> int {
         const wlb::Deck deck = o->deck.load("wlb run");  // every rank's, agreed
-        wlb::app::checkOnRankZero([&] {  // before the run, not after it; rank 0 writes them
+        // --gradients' folder: made before the run (a place no folder can be made in fails
+        // now, not after the run's outputs are written), removed again unless written.
+        std::optional<wlb::app::OutputFolders> gradients_dir;
+        wlb::app::checkOnRankZero([&] {  // rank 0 writes them
           if (o->gradients.empty()) return;
           wlb::checkOutputFolder(o->gradients, "--gradients");
           wlb::checkOutputPath(o->gradients + "/losses.json", "--gradients");
+          gradients_dir.emplace(o->gradients + "/losses.json");
+          if (gradients_dir->error())
+            throw wlb::InputError("--gradients '" + o->gradients + "': cannot create the folder (" +
+                                  gradients_dir->error().message() + ")");
         });
         wlb::runtime::RunOptions ro;
         ro.steps = o->steps;
@@ -120,7 +128,10 @@ const bool registered = wlb::app::registerCommand(
         if (wlb::app::worldRank() == 0) {
           std::fputs(wlb::runtime::formatReport(report).c_str(), stdout);
           std::fflush(stdout);
-          if (!o->gradients.empty()) writeGradients(o->gradients, report);
+          if (!o->gradients.empty()) {
+            writeGradients(o->gradients, report);
+            gradients_dir->keep();
+          }
         }
         return 0;
       };

@@ -4,6 +4,10 @@
 /// bad path fails at once (exit 2 naming the option) and not after the outputs before it
 /// were written.
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -33,8 +37,17 @@ inline bool sameFile(const std::string& a, const std::string& b) {
   return !ea && !eb && ca == cb;
 }
 
-// The nearest existing folder above `path` is a folder (not a file), so the missing ones
-// below it can be made when the output is written.
+// `dir` is a folder this process may create entries in (a read-only mount, a folder of
+// another user): found before the work, not when the output is written after it.
+inline void requireWritableFolder(const std::filesystem::path& dir, const std::string& path, const std::string& what,
+                                  bool collective) {
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    throw InputError(what + " '" + path + "': cannot write in " + dir.string() + " (" + std::strerror(errno) + ")",
+                     collective);
+}
+
+// The nearest existing folder above `path` is a folder (not a file) this process can write
+// in, so the missing ones below it can be made when the output is written.
 inline void requireWritableAncestor(const std::string& path, const std::string& what, bool collective) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -42,6 +55,7 @@ inline void requireWritableAncestor(const std::string& path, const std::string& 
   while (!up.empty() && !fs::exists(up, ec) && up != up.root_path()) up = up.parent_path();
   if (!fs::is_directory(up, ec))
     throw InputError(what + " '" + path + "': " + up.string() + " is not a directory", collective);
+  requireWritableFolder(up, path, what, collective);
 }
 }  // namespace detail
 
@@ -74,7 +88,10 @@ inline void checkOutputFolder(const std::string& dir, const std::string& what, b
   std::error_code ec;
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
     throw InputError(what + " '" + dir + "': is a file; name a folder", collective);
-  if (!fs::exists(dir, ec)) detail::requireWritableAncestor(dir, what, collective);
+  if (!fs::exists(dir, ec))
+    detail::requireWritableAncestor(dir, what, collective);
+  else
+    detail::requireWritableFolder(dir, dir, what, collective);
 }
 
 /// Outputs of one command (name, path) must be different files: two that name one file

@@ -323,6 +323,16 @@ HardwareProfile HardwareProfile::load(const std::string& path) {
     if (p.attention_efficiency > 2.0) bad(path, "attention_efficiency", "must be in (0, 2]");
     p.tile_q = tileEdge(j, "tile_q", p.tile_q, path);
     p.tile_k = tileEdge(j, "tile_k", p.tile_k, path);
+    // Not used by the cost model, but what the tables were measured at and what calibrate
+    // appends to: checked so that a damaged file is named here, not rewritten later.
+    if (j.contains("head_dim") && (!j["head_dim"].is_number_integer() || j["head_dim"].get<std::int64_t>() < 1 ||
+                                   j["head_dim"].get<std::int64_t>() > 1024))
+      bad(path, "head_dim", "must be an integer in [1, 1024]");
+    if (j.contains("calibration")) {
+      bool ok = j["calibration"].is_array();
+      for (const auto& c : ok ? j["calibration"] : nlohmann::json::array()) ok = ok && c.is_object();
+      if (!ok) bad(path, "calibration", "must be a list of calibration records (objects)");
+    }
     if (j.contains("attention")) {
       const auto& a = j["attention"];
       if (!a.is_object() || !a.contains("fwd") || !a.contains("bwd"))

@@ -818,6 +818,8 @@ ProfileResult measureProfile(ProfileOptions o) {
     for (const char* k : {"links", "rank_speed", "attention"})  // carried over whole: objects, as a profile has them
       if (base.contains(k) && !base[k].is_object())
         throw wlb::InputError("wlb profile: --base " + o.base + ": '" + k + "' must be an object");
+    // A whole profile is checked as one now, naming the base, not after the measurement.
+    if (base.contains("format")) (void)model::HardwareProfile::load(o.base);
   }
   const Ctx ctx{o, cfg, clock};
   nlohmann::json fwd = nlohmann::json::array(), bwd = nlohmann::json::array();
@@ -886,19 +888,23 @@ ProfileResult measureProfile(ProfileOptions o) {
     j["memory_gb"] = std::round(static_cast<double>(pages) * psize / 1e9 * 10.0) / 10.0;
   if (!o.base.empty()) {
     // Keep what this command does not measure (links, topology, memory, the tensor-core
-    // peak) from the base profile; say so in the file.
+    // peak) from the base profile; say so in the file. Nothing else: the base's calibration
+    // (factors, rank_speed, its history) and deck-shaped timings describe its own tables,
+    // and would scale the new ones.
     std::vector<std::string> kept;
-    for (auto it = base.begin(); it != base.end(); ++it) {
-      const std::string& k = it.key();
-      if (k == "description" || k == "notes" || k == "source" || k == "measured") continue;  // the base's own words
-      if (k == "peak_gflops" || !j.contains(k)) {
-        if (k == "peak_gflops") j["measured_fma_gflops"] = j[k];
-        j[k] = it.value();
-        kept.push_back(k);
+    for (const char* k : {"links", "topology", "memory_gb", "peak_gflops"}) {
+      if (!base.contains(k)) continue;
+      if (std::string(k) == "peak_gflops") {
+        j["measured_fma_gflops"] = j[k];
+      } else if (j.contains(k)) {
+        continue;  // measured here (the host's memory)
       }
+      j[k] = base[k];
+      kept.emplace_back(k);
     }
     std::string list;
     for (const auto& k : kept) list += (list.empty() ? "" : ", ") + k;
+    if (list.empty()) list = "nothing";
     j["sources"].push_back("carried over from base profile " + o.base + ", not measured: " + list);
     j["description"] = "wlb::attention kernels (" + o.precision + ") and " + linear_src +
                        " measured by `wlb profile` on " + wlb::kk::backendName() + "; " + list + " from " + o.base;

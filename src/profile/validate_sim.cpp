@@ -30,6 +30,7 @@
 
 #include "core/deck.hpp"
 #include "core/error.hpp"
+#include "core/output_file.hpp"
 #include "model/cost_model.hpp"
 #include "trace/reader.hpp"
 
@@ -320,6 +321,7 @@ ValidateSimResult validateSim(const ValidateSimOptions& o) {
       throw wlb::InputError("--mpirun: '" + mpirun[0] +
                             "' is not an executable (on PATH); as root `source run/mpienv` first");
   }
+  checkOutputFolder(o.out, "--out");  // a file or an unwritable place, named before any work
   const fs::path out = fs::absolute(o.out);
   for (const char* sub : {"logs", "calibration", "validation", "simulation"}) fs::create_directories(out / sub);
   const fs::path logs = out / "logs";

@@ -3,6 +3,8 @@
 
 #include "runtime/run.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <csignal>
@@ -575,14 +577,19 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
   // Rank 0's output folders (output.trace and output.plan may name subfolders): removed
   // again where empty if the run fails (out of memory, say) before its outputs are written.
   // Destroyed in reverse order, so the plan's subfolder goes before the trace's.
+  // Also on SIGINT/SIGTERM (mpirun's, when another rank aborts): the driver's tracker.
   std::optional<MadeFolders> made_trace_dir, made_plan_dir;
+  std::optional<TrackedTemporaries> tracked_dirs;
   if (opt.write_outputs && world_rank == 0) {
     const std::filesystem::path out(deck.output.dir);
+    std::vector<std::string> dirs;
     for (auto [made, f] : {std::pair{&made_trace_dir, &deck.output.trace}, {&made_plan_dir, &deck.output.plan}}) {
       std::error_code ec;
       made->emplace((out / *f).parent_path(), ec);
       if (ec) throw std::filesystem::filesystem_error("cannot create the output folder", (out / *f).parent_path(), ec);
+      for (const auto& d : (*made)->made()) dirs.push_back(d.string());
     }
+    tracked_dirs.emplace(opt.track_temporary, dirs);
   }
   std::unique_ptr<trace::Writer> writer;
   RunReport report;
@@ -632,7 +639,7 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
       for (const StratState& st : states) {
         if (st.plan_path.empty()) continue;
         if (track) track(st.plan_path + ".partial", false);
-        if (!done) std::remove((st.plan_path + ".partial").c_str());
+        if (!done) ::unlink((st.plan_path + ".partial").c_str());  // a file only: a folder of that name is the user's
       }
     }
   } partial_plans{states, opt.track_temporary};
@@ -809,6 +816,7 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
     }
     for (auto* made : {&made_trace_dir, &made_plan_dir})
       if (*made) (*made)->keep();
+    tracked_dirs.reset();
   }
   return report;
 }
