@@ -51,5 +51,27 @@ for args in "--tile-q 24" "--head-dim 0" "--heads 3 --kv-heads 2" "--q-lens 0,16
   if [ -e "$TMP/bad.json" ]; then echo "FAIL: '$args' wrote output"; fail=1; fi
 done
 
+# --base carries what profile does not measure (links, topology, memory, peak) and nothing
+# of the base's calibration: its factors would scale the new tables.
+/usr/bin/python3 - "$SRC/inputs/profiles/epyc-avx2-1core.json" "$TMP/calbase.json" <<'PY' || fail=1
+import json, sys
+j = json.load(open(sys.argv[1]))
+j["factors"] = {"attn.fwd": 0.5}
+j["calibration"] = [{"created": "then"}]
+j["links"]["tp_gbps"] = 123.0
+json.dump(j, open(sys.argv[2], "w"))
+PY
+if "$WLB" profile --quick --q-lens 16 --k-lens 16 --base "$TMP/calbase.json" --out "$TMP/nb.json" >"$TMP/log" 2>&1; then
+  /usr/bin/python3 - "$TMP/nb.json" <<'PY' || fail=1
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert "factors" not in j and "calibration" not in j, sorted(j)
+assert j["links"]["tp_gbps"] == 123.0, j["links"]
+print("--base: links carried, calibration not")
+PY
+else
+  echo "FAIL: profile --base"; cat "$TMP/log"; fail=1
+fi
+
 [ $fail -eq 0 ] && echo "PASS"
 exit $fail

@@ -78,6 +78,12 @@ WANT="is also an input" refused "$WLB" run run.toml --set "output.trace=\"$SRC/i
 WANT="--gradients (losses.json) and output.trace name the same file" \
   refused "$WLB" run run.toml --gradients g --set 'output.dir="g"' --set output.trace=losses.json --quiet
 WANT="--out 'run.toml': is also an input" refused "$WLB" profile --quick --deck run.toml --out run.toml
+# --gradients' folder is made before the run: where none can be made, exit 2 before any output
+WANT="--gradients '/proc/wlbgrad': cannot create the folder" \
+  refused "$WLB" run run.toml --gradients /proc/wlbgrad --set 'output.dir="gp"' --quiet
+[ ! -e gp ] || fail "a refused --gradients left the run's outputs: $(find gp)"
+touch afile
+WANT="--out 'afile': is a file" refused "$WLB" validate-sim run.toml --quick --rounds 1 --out afile
 WANT="--summary-json and --out name the same file" refused "$WLB" plan run.toml --packer wlb --out x.jsonl --summary-json x.jsonl
 WANT="--save-state and --out name the same file" refused "$WLB" plan run.toml --packer wlb --out x.jsonl --save-state x.jsonl
 WANT="--trace and --out name the same file" refused "$WLB" simulate run.toml --out simo --trace simo/simulate.json

@@ -250,8 +250,11 @@ timeout 120 mpiexec -n 2 "$WLB" train deck.toml $ckdp --set output.dir=ska --exi
   fail "dp=2 --exit-after 4"
 timeout 120 mpiexec -n 2 "$WLB" train deck.toml $ckdp --set output.dir=skb --exit-after 2 --quiet > /dev/null 2>&1 ||
   fail "dp=2 --exit-after 2"
-timeout 60 mpiexec -n 1 "$WLB" train deck.toml $ckdp --set output.dir=ska --resume : \
-  -n 1 "$WLB" train deck.toml $ckdp --set output.dir=ska --set train.checkpoint_dir='"skb/checkpoint"' --resume \
+# rank 1 runs in node1/, whose ska/ holds skb's checkpoint (the same deck: ranks read the
+# same one, or stop before this check)
+mkdir -p node1/ska/checkpoint && cp skb/checkpoint/checkpoint.wlb node1/ska/checkpoint/ || fail "node1"
+timeout 60 mpiexec -n 1 "$WLB" train "$PWD/deck.toml" $ckdp --set output.dir=ska --resume : \
+  -n 1 --wdir node1 "$WLB" train "$PWD/deck.toml" $ckdp --set output.dir=ska --resume \
   > o.txt 2>&1; rc=$?
 [ "$rc" = 2 ] && grep -q "rank 1 read another checkpoint than rank 0" o.txt ||
   fail "ranks with different checkpoints: rc $rc $(cat o.txt)"

@@ -71,6 +71,25 @@ TEST(HardwareProfile, BadAttentionEfficiencyNamesFileAndKey) {
   }
 }
 
+// Fields the cost model does not use are still checked, so that calibrate does not rewrite a
+// damaged file: head_dim (what the tables were measured at), calibration (its history).
+TEST(HardwareProfile, BadHeadDimAndCalibrationNameTheKey) {
+  for (const auto& [extra, key] :
+       std::vector<std::pair<std::string, std::string>>{{R"(, "head_dim": 0)", "head_dim"},
+                                                        {R"(, "head_dim": 2.5)", "head_dim"},
+                                                        {R"(, "calibration": "oops")", "calibration"},
+                                                        {R"(, "calibration": [1, 2])", "calibration"}}) {
+    try {
+      (void)model::HardwareProfile::load(writeProfile("badkey.json", extra));
+      ADD_FAILURE() << "accepted " << extra;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("profile key '" + key + "'"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_NO_THROW(
+      model::HardwareProfile::load(writeProfile("okkey.json", R"(, "head_dim": 128, "calibration": [{}])")));
+}
+
 // The analytic curve counts whole query tiles, as the padded FLOPs do: a piece shorter
 // than a tile costs one tile (no more), and a longer piece never costs less than a shorter
 // one with the same prefix (a 1-query piece used to cost more than a 10-query one).
