@@ -49,6 +49,25 @@ std::unique_ptr<TokenSource> tokenSourceOf(const Deck& deck) {
   return std::make_unique<SyntheticTokens>(deck.data.seed, vocab);
 }
 
+namespace {
+[[noreturn]] void outsideVocabulary(std::int64_t id, std::size_t pos, std::int64_t doc, const std::string& name,
+                                    int vocab) {
+  throw InputError("model.vocab: token " + std::to_string(id) + " at position " + std::to_string(pos) +
+                   " of document " + std::to_string(doc) + " of " + name + " is outside the vocabulary of " +
+                   std::to_string(vocab));
+}
+}  // namespace
+
+void DatasetTokens::checkVocabulary() const {
+  const std::int64_t type_max = ds_->dtype() == 1 ? 255 : 65535;  // uint8 or uint16 ids
+  if (type_max < vocab_) return;
+  for (std::int64_t d = 0; d < ds_->documents(); ++d) {
+    const auto t = ds_->document(d);
+    for (std::size_t i = 0; i < t.size(); ++i)
+      if (static_cast<std::int64_t>(t[i]) >= vocab_) outsideVocabulary(t[i], i, d, name_, vocab_);
+  }
+}
+
 std::int32_t DatasetTokens::token(DocId doc, std::int64_t pos) const {
   const std::int64_t d = doc % ds_->documents();
   auto it = cache_.find(d);
@@ -56,10 +75,7 @@ std::int32_t DatasetTokens::token(DocId doc, std::int64_t pos) const {
     const auto t = ds_->document(d);
     std::vector<std::int32_t> ids(t.begin(), t.end());
     for (std::size_t i = 0; i < ids.size(); ++i)
-      if (ids[i] >= vocab_)
-        throw InputError("model.vocab: token " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
-                         " of document " + std::to_string(d) + " of " + name_ + " is outside the vocabulary of " +
-                         std::to_string(vocab_));
+      if (ids[i] >= vocab_) outsideVocabulary(ids[i], i, d, name_, vocab_);
     it = cache_.emplace(d, std::move(ids)).first;
   }
   if (pos < 0 || pos >= static_cast<std::int64_t>(it->second.size()))

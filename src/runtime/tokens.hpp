@@ -61,6 +61,10 @@ class DatasetTokens : public TokenSource {
   DatasetTokens(std::shared_ptr<const data::IndexedDataset> ds, int vocab, std::string name);
   std::int32_t token(DocId doc, std::int64_t pos) const override;
   void forget() const override { cache_.clear(); }
+  /// Every id of the dataset against the vocabulary, before a run starts (the InputError
+  /// token() would raise when the document is first read). Free when the dataset's token
+  /// type cannot hold an id >= vocab; otherwise one pass over the .bin.
+  void checkVocabulary() const;
 
  private:
   std::shared_ptr<const data::IndexedDataset> ds_;

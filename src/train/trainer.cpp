@@ -457,6 +457,11 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
     train_tokens = std::make_unique<runtime::DatasetTokens>(train_ds, mc.vocab, prefix + "_train");
     if (valid_ds && valid_ds->documents() > 0)
       valid_tokens = std::make_unique<runtime::DatasetTokens>(valid_ds, mc.vocab, prefix + "_valid");
+    // Ids past model.vocab now, not at the step that first reads them (after the log of an
+    // earlier run in output.dir was replaced).
+    if (rank == 0)
+      for (const auto* t : {train_tokens.get(), valid_tokens.get()})
+        if (t) t->checkVocabulary();
   } catch (const InputError& e) {
     err = e.what();
   }

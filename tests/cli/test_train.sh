@@ -381,7 +381,7 @@ refused edit "packing.outlier_thresholds (resolved)" --set 'packing.outlier_thre
 cp -r data datav
 "$WLB" train deck.toml $ck --set train.dataset='"datav/lic"' --set output.dir=dsv --exit-after 4 --quiet > /dev/null 2>&1 ||
   fail "train on datav"
-$PY -c "import sys; p = 'datav/lic_valid.bin'; b = bytearray(open(p, 'rb').read()); b[7] ^= 1; open(p, 'wb').write(b)"
+$PY -c "import sys; p = 'datav/lic_valid.bin'; b = bytearray(open(p, 'rb').read()); b[6] ^= 1; open(p, 'wb').write(b)"
 refused dsv "train.dataset (validation files)" --set train.dataset='"datav/lic"'
 # another dataset prepared under the same prefix (its documents as long, their bytes upper-cased)
 cp -r data datax
@@ -412,6 +412,12 @@ cmp -s e_nan/checkpoint/checkpoint.wlb nan_before.wlb || fail "a diverged step o
 "$WLB" train deck.toml --set model.vocab=100 --set output.dir=smallvocab/run > o.txt 2>&1; rc=$?
 [ "$rc" = 2 ] && grep -q "model.vocab" o.txt || fail "vocab too small: rc $rc $(cat o.txt)"
 [ ! -e smallvocab ] || fail "vocab too small left $(find smallvocab)"
+# ... and an earlier run's log in output.dir is left whole (the ids are checked before step 0)
+"$WLB" train deck.toml --set train.steps=2 --set output.dir=vk --quiet > /dev/null 2>&1 || fail "train into vk"
+cp vk/train_log.jsonl vk_log.before
+"$WLB" train deck.toml --set train.steps=2 --set output.dir=vk --set model.vocab=100 --quiet > o.txt 2>&1; rc=$?
+[ "$rc" = 2 ] && grep -q "model.vocab" o.txt || fail "vocab too small over a run: rc $rc $(cat o.txt)"
+cmp -s vk/train_log.jsonl vk_log.before || fail "a refused run replaced the earlier run's log"
 # output.trace in a sub-folder of output.dir: made with it
 "$WLB" train deck.toml --set train.steps=2 --set output.dir=tsub --set output.trace='"sub/t.h5"' --quiet > o.txt 2>&1 ||
   fail "trace in a sub-folder: $(cat o.txt)"
