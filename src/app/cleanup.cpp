@@ -39,9 +39,12 @@ struct Slots {
 
 Slots<64> g_files;
 Slots<16> g_dirs;
+std::atomic<int> g_children[16];  // 0: a free slot
 std::atomic<bool> g_installed{false};
 
 extern "C" void onSignal(int sig) {
+  for (auto& c : g_children)  // children first: they clean up after themselves
+    if (const int pid = c.load(); pid > 0) ::kill(pid, sig);
   for (int i = 0; i < 64; ++i)
     if (g_files.used[i].load()) ::unlink(g_files.path[i]);
   // Only while empty (rmdir refuses otherwise); a pass per slot, so a parent whose slot
@@ -78,6 +81,15 @@ void registerTemporaryFolder(const std::string& dir) {
 
 void forgetTemporaryFolder(const std::string& dir) {
   g_dirs.remove(dir);
+}
+
+void trackChild(int pid, bool running) {
+  if (pid <= 0) return;
+  if (running) install();
+  for (auto& c : g_children) {
+    int expected = running ? 0 : pid;
+    if (c.compare_exchange_strong(expected, running ? pid : 0)) return;
+  }
 }
 
 void trackTemporary(const std::string& path, bool made) {

@@ -25,6 +25,10 @@ void forgetTemporary(const std::string& path);
 void registerTemporaryFolder(const std::string& dir);
 void forgetTemporaryFolder(const std::string& dir);
 
+/// The ChildTracker (core/output_file.hpp) the driver hands to library code: a running
+/// child gets SIGINT/SIGTERM when this process does. At most 16 at once.
+void trackChild(int pid, bool running);
+
 /// The TemporaryTracker (core/output_file.hpp) the driver hands to library code:
 /// registers on (path, true) (a folder, such as MadeFolders::made() lists, as a folder), forgets
 /// on (path, false).

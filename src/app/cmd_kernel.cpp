@@ -207,8 +207,8 @@ int run(const Opts& o) {
   // write to a temporary name, rename when complete
   const std::string tmp = o.out + ".tmp." + std::to_string(::getpid());
   const wlb::app::TemporaryGuard guard(tmp);  // removed if interrupted
+  wlb::app::OutputFolders folders(o.out);     // and the folders made for it, while empty
   try {
-    wlb::makeParentFolders(o.out);
     auto f = wlb::h5::File::create(tmp);
     f.writeDataset<float>("o", out_o.data(), c.qd);
     f.writeDataset<float>("lse", out_lse.data(), {c.qd[0], c.qd[1]});
@@ -237,6 +237,7 @@ int run(const Opts& o) {
     std::remove(tmp.c_str());
     throw wlb::InputError("wlb kernel: --out '" + o.out + "': cannot rename " + tmp + " into place");
   }
+  folders.keep();
   std::printf("wlb kernel: %zu pieces, %llu query tokens, heads %d/%d, head_dim %d -> %s (%s)\n", c.pieces.size(),
               static_cast<unsigned long long>(c.qd[0]), H, Hkv, D, o.out.c_str(),
               c.has_dO ? "o, lse, dq, dk, dv" : "o, lse");

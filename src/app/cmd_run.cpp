@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -34,15 +35,20 @@ void writeNpy(const std::string& path, const std::vector<float>& v) {
   const std::size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');
   header += '\n';
-  std::ofstream f(path + ".partial", std::ios::binary);
+  const std::string tmp = path + ".partial";
+  const wlb::app::TemporaryGuard guard(tmp);  // removed on Ctrl-C
+  std::ofstream f(tmp, std::ios::binary);
   const unsigned short len = static_cast<unsigned short>(header.size());
   f.write("\x93NUMPY\x01\x00", 8);
   f.write(reinterpret_cast<const char*>(&len), 2);
   f.write(header.data(), static_cast<std::streamsize>(header.size()));
   f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
   f.close();
-  if (!f) throw wlb::InputError("cannot write " + path);
-  std::filesystem::rename(path + ".partial", path);
+  if (!f || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::remove(tmp.c_str());
+    throw wlb::InputError("--gradients: cannot write " + path + " (" + why + ")");
+  }
 }
 
 // --gradients DIR: each strategy's weight gradients of its last step (STRATEGY.npy,
@@ -57,9 +63,9 @@ void writeGradients(const std::string& dir, const wlb::runtime::RunReport& repor
     for (const auto& s : r.steps) steps.push_back({{"step", s.step}, {"loss", s.loss}, {"warmup", s.warmup}});
     losses[r.name] = steps;
   }
-  std::ofstream f((std::filesystem::path(dir) / "losses.json").string());
-  f << losses.dump(1) << "\n";
-  if (!f) throw wlb::InputError("cannot write " + dir + "/losses.json");
+  // under a temporary name: a full disk fails with exit 2 and leaves an earlier file whole
+  wlb::app::writeAtomically((std::filesystem::path(dir) / "losses.json").string(), "--gradients",
+                            losses.dump(1) + "\n");
 }
 
 const bool registered = wlb::app::registerCommand(

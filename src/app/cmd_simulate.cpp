@@ -12,6 +12,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -246,9 +247,13 @@ int run(const Opts& o) {
       }
     wlb::checkDistinctOutputs(outs);
   });
-  if (!o.trace.empty()) {
-    const fs::path parent = fs::path(o.trace).parent_path();
-    if (!parent.empty() && rank == 0) fs::create_directories(parent);
+  // --trace's folders: made now, removed again (while empty) on failure or Ctrl-C
+  std::optional<wlb::app::OutputFolders> trace_folders;
+  if (!o.trace.empty() && rank == 0) {
+    trace_folders.emplace(o.trace);
+    if (trace_folders->error())
+      throw wlb::InputError("--trace '" + o.trace + "': cannot make its folder (" + trace_folders->error().message() +
+                            ")");
   }
 
   // Strategy list: --strategies, else the deck's run.strategies, else the default five.
@@ -330,6 +335,7 @@ int run(const Opts& o) {
     }
     if (writer) writer->commit(*rec);
   }
+  if (trace_folders) trace_folders->keep();
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_all).count();
   if (rank != 0) return 0;
 

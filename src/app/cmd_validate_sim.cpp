@@ -19,6 +19,7 @@ int run(wlb::profile::ValidateSimOptions o) {
     throw wlb::InputError("wlb validate-sim runs as one process (it starts `mpirun` for the measured runs itself)",
                           true);
   o.track_temporary = wlb::app::trackTemporary;
+  o.track_child = wlb::app::trackChild;
   try {
     const auto r = wlb::profile::validateSim(o);
     std::fputs(r.table.c_str(), stdout);

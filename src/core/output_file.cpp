@@ -16,8 +16,12 @@ void writeFileAtomically(const std::string& path, const std::string& what, const
   const auto fail = [&](const std::string& why) { throw InputError(what + " '" + path + "': " + why); };
   std::error_code ec;
   const fs::path parent = fs::path(path).parent_path();
-  if (!parent.empty() && !fs::is_directory(parent, ec) && !fs::create_directories(parent, ec))
-    fail("cannot make its folder (" + ec.message() + ")");
+  // The folders made for it go again, while empty, if the write fails or is interrupted.
+  MadeFolders made(parent.empty() ? fs::path(".") : parent, ec);
+  if (ec) fail("cannot make its folder (" + ec.message() + ")");
+  std::vector<std::string> made_dirs;
+  for (const auto& d : made.made()) made_dirs.push_back(d.string());
+  const TrackedTemporaries tracked_dirs(track, made_dirs);
   if (detail::isDeviceOrPipe(path))  // a folder is left to the rename, which fails on it
     fail("exists and is not a regular file (a device or a pipe): name a file");
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
@@ -33,6 +37,7 @@ void writeFileAtomically(const std::string& path, const std::string& what, const
     if (check) check(tmp);
     if (std::rename(tmp.c_str(), path.c_str()) != 0)
       fail(std::string("cannot rename into place (") + std::strerror(errno) + ")");
+    made.keep();
   } catch (...) {
     std::remove(tmp.c_str());
     throw;

@@ -143,6 +143,11 @@ class MadeFolders {
 /// Library code takes one and installs no signal handler of its own.
 using TemporaryTracker = std::function<void(const std::string& path, bool made)>;
 
+/// The driver's hook for child processes a command starts (validate-sim's stages): called
+/// with (pid, true) once started and (pid, false) once reaped; the driver passes SIGINT and
+/// SIGTERM on to the running ones, so that no child outlives an interrupted command.
+using ChildTracker = std::function<void(int pid, bool running)>;
+
 /// The temporaries `paths` tracked for the guard's lifetime: (path, true) when it is made,
 /// (path, false) on scope exit, renamed or not. An empty tracker tracks nothing.
 class TrackedTemporaries {

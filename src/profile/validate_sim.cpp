@@ -152,6 +152,7 @@ std::string cpuModel() {
 struct Stages {
   std::FILE* out = stdout;
   bool malloc_tuned = true;
+  ChildTracker track_child;  // the driver passes signals on to the running stage
   std::vector<nlohmann::json> record;
 
   /// Run `args` with stdout+stderr into `log`; returns the exit code (StageFailed on failure).
@@ -185,10 +186,12 @@ int Stages::run(const std::string& title, const std::vector<std::string>& args, 
     std::fprintf(stderr, "cannot run %s: %s\n", argv[0], std::strerror(errno));
     ::_exit(127);
   }
+  if (track_child) track_child(static_cast<int>(pid), true);
   int status = 0;
   struct rusage ru {};
   while (::wait4(pid, &status, 0, &ru) < 0 && errno == EINTR) {
   }
+  if (track_child) track_child(static_cast<int>(pid), false);
   // CPU time of the stage and every process it waited for (mpirun's ranks)
   const double cpu = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
                      1e-6 * static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
@@ -336,6 +339,7 @@ ValidateSimResult validateSim(const ValidateSimOptions& o) {
   Stages stages;
   stages.out = o.log;
   stages.malloc_tuned = !o.malloc_default;
+  stages.track_child = o.track_child;
   const auto t_all = std::chrono::steady_clock::now();
   const std::string malloc_mode = std::getenv("GLIBC_TUNABLES") ? std::string("GLIBC_TUNABLES as set by the caller")
                                   : stages.malloc_tuned

@@ -49,6 +49,7 @@ struct ValidateSimOptions {
   bool malloc_default = false;
   std::FILE* log = stdout;  ///< each stage's command and outcome as it runs
   TemporaryTracker track_temporary;  ///< the driver's hook for temporaries (core/output_file.hpp)
+  ChildTracker track_child;          ///< and for the stages' processes
 };
 
 // NOLINTNEXTLINE(bugprone-exception-escape): flagged for its nlohmann::json member, whose moves do not throw

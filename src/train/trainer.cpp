@@ -1013,12 +1013,11 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
       }
       if (ckpt_now) {
         try {
-          try {
-            fs::create_directories(ckpt_dir);
-          } catch (const fs::filesystem_error& e) {
+          std::error_code mk;
+          MadeFolders made_ckpt(ckpt_dir, mk);  // removed again, while empty, if the first write fails
+          if (mk)
             throw InputError(
-                fmt::format("train.checkpoint_dir: cannot create {} ({})", ckpt_dir.string(), e.code().message()));
-          }
+                fmt::format("train.checkpoint_dir: cannot create {} ({})", ckpt_dir.string(), mk.message()));
           nlohmann::json h = {{"format", "wlb-train-checkpoint"},
                               {"version", 1},
                               {"step", step + 1},
@@ -1038,6 +1037,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
           for (const auto& t : ckpt_host) h["checksums"].push_back(checksum(t));
           // The replicas hold the same weights and moments: rank 0's are the run's.
           writeCheckpoint(ckpt_path, h, ckpt_host, opt);
+          made_ckpt.keep();
           sum.checkpoint_path = ckpt_path;
         } catch (const InputError& e) {
           err = e.what();

@@ -121,4 +121,8 @@ for n in 1 2; do
   [ "$(grep -c "cannot write it" out.txt)" = 1 ] || fail "$n rank(s): not one message: $(cat out.txt)"
   [ ! -e full$n ] || fail "$n rank(s), trace past the file-size limit left $(ls -a full$n)"
 done
+# A simulated trace with no room (the file-size limit of the run above) leaves no folder made for it.
+timeout 60 mpiexec -n 1 bash -c "trap '' XFSZ; ulimit -f 1024; exec '$WLB' simulate run.toml --steps 3000 --trace nr/a/t.h5" \
+  > out.txt 2>&1; rc=$?
+[ "$rc" = 2 ] && [ ! -e nr ] || fail "simulate --trace with no room: rc $rc, left $(find nr 2>/dev/null) $(tail -2 out.txt)"
 echo "outputs: every collision with an input or another output refused, inputs unchanged"

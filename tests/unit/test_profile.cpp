@@ -293,4 +293,13 @@ TEST(Profile, AtomicWriteLeavesNothingOnFailure) {
   std::getline(in2, line);
   EXPECT_EQ(line, "new");
   EXPECT_EQ(leftovers(), 0u);
+  // into folders it makes: a failure removes them again (they are tracked for a signal too)
+  tracked.clear();
+  EXPECT_THROW(writeFileAtomically(dir + "/new/deeper/p.json", "--out", "x\n", track,
+                                   [](const std::string&) { throw InputError("does not load"); }),
+               InputError);
+  EXPECT_FALSE(fs::exists(dir + "/new"));
+  EXPECT_EQ(tracked.size(), 6u);  // two folders and the temporary, each made and forgotten
+  writeFileAtomically(dir + "/new/deeper/p.json", "--out", "x\n", track);
+  EXPECT_TRUE(fs::is_regular_file(dir + "/new/deeper/p.json"));
 }
