@@ -63,6 +63,11 @@ void install() {
   std::signal(SIGTERM, onSignal);
 }
 
+void registerTemporaryFolder(const std::string& dir) {
+  install();
+  g_dirs.add(dir);
+}
+
 }  // namespace
 
 void registerTemporary(const std::string& path) {
@@ -72,15 +77,6 @@ void registerTemporary(const std::string& path) {
 
 void forgetTemporary(const std::string& path) {
   g_files.remove(path);
-}
-
-void registerTemporaryFolder(const std::string& dir) {
-  install();
-  g_dirs.add(dir);
-}
-
-void forgetTemporaryFolder(const std::string& dir) {
-  g_dirs.remove(dir);
 }
 
 void trackChild(int pid, bool running) {
@@ -99,8 +95,8 @@ void trackTemporary(const std::string& path, bool made) {
   } else if (made) {
     registerTemporary(path);
   } else {
-    forgetTemporary(path);
-    forgetTemporaryFolder(path);
+    g_files.remove(path);
+    g_dirs.remove(path);
   }
 }
 

@@ -20,18 +20,13 @@ void registerTemporary(const std::string& path);
 /// The file was renamed or removed by the command itself.
 void forgetTemporary(const std::string& path);
 
-/// Remove the folder `dir` on SIGINT/SIGTERM if it is empty by then (after the temporaries),
-/// until `forgetTemporaryFolder`. At most 16 at once.
-void registerTemporaryFolder(const std::string& dir);
-void forgetTemporaryFolder(const std::string& dir);
-
 /// The ChildTracker (core/output_file.hpp) the driver hands to library code: a running
 /// child gets SIGINT/SIGTERM when this process does. At most 16 at once.
 void trackChild(int pid, bool running);
 
 /// The TemporaryTracker (core/output_file.hpp) the driver hands to library code:
-/// registers on (path, true) (a folder, such as MadeFolders::made() lists, as a folder), forgets
-/// on (path, false).
+/// registers on (path, true), forgets on (path, false). A folder (MadeFolders tracks the
+/// ones it made) is removed after the files, only while empty; at most 16 at once.
 void trackTemporary(const std::string& path, bool made);
 
 /// Registers `path` for its lifetime (forgotten on scope exit, renamed or not).
@@ -40,21 +35,12 @@ class TemporaryGuard : TrackedTemporaries {
   explicit TemporaryGuard(std::string path) : TrackedTemporaries(trackTemporary, {std::move(path)}) {}
 };
 
-/// MadeFolders whose folders are also removed on SIGINT/SIGTERM while empty: the folders
-/// of an output streamed under a temporary name, so an interrupted or failed command leaves
-/// no empty folder. keep() once the output is in place.
+/// The folders of an output file, made as MadeFolders makes them and tracked for a signal:
+/// an interrupted or failed command leaves no empty folder. keep() once the file is in place.
 class OutputFolders {
  public:
-  explicit OutputFolders(const std::string& file) : made_(parentOf(file), ec_) {
-    for (const auto& d : made_.made()) registerTemporaryFolder(d.string());
-  }
-  OutputFolders(const OutputFolders&) = delete;
-  OutputFolders& operator=(const OutputFolders&) = delete;
-  ~OutputFolders() { forget(); }
-  void keep() {
-    made_.keep();
-    forget();
-  }
+  explicit OutputFolders(const std::string& file) : made_(parentOf(file), ec_, trackTemporary) {}
+  void keep() { made_.keep(); }
   /// Why the folders could not be made (empty when they were).
   const std::error_code& error() const { return ec_; }
 
@@ -62,9 +48,6 @@ class OutputFolders {
   static std::filesystem::path parentOf(const std::string& file) {
     const auto dir = std::filesystem::path(file).parent_path();
     return dir.empty() ? std::filesystem::path(".") : dir;
-  }
-  void forget() {
-    for (const auto& d : made_.made()) forgetTemporaryFolder(d.string());
   }
   std::error_code ec_;  // a failure to make is left to the open that follows, which names the output
   MadeFolders made_;

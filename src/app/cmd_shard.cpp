@@ -128,12 +128,13 @@ int runShard(const Opts& o) {
   std::ofstream out;
   std::string tmp;
   std::optional<app::OutputFolders> out_folders;  // removed again unless the file gets in place
+  std::optional<app::TemporaryGuard> tmp_guard;   // removed if interrupted
   if (root && !o.out.empty()) {
     tmp = fmt::format("{}.tmp.{}", o.out, ::getpid());
     out_folders.emplace(o.out);
+    tmp_guard.emplace(tmp);
     out.open(tmp);
     if (!out) throw InputError(fmt::format("--out {}: cannot write", o.out), true);
-    app::registerTemporary(tmp);  // removed if interrupted
   }
   std::vector<Row> rows;
   for (auto s : strategies)
@@ -241,7 +242,6 @@ int runShard(const Opts& o) {
       if (!out) throw InputError(fmt::format("--out {}: write failed", o.out), true);
       if (std::rename(tmp.c_str(), o.out.c_str()) != 0)
         throw InputError(fmt::format("--out {}: cannot rename into place", o.out), true);
-      app::forgetTemporary(tmp);
       tmp.clear();
       out_folders->keep();
     }
@@ -249,7 +249,6 @@ int runShard(const Opts& o) {
     if (!tmp.empty()) {
       out.close();
       std::remove(tmp.c_str());
-      app::forgetTemporary(tmp);
     }
     throw;
   }

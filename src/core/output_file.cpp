@@ -17,11 +17,8 @@ void writeFileAtomically(const std::string& path, const std::string& what, const
   std::error_code ec;
   const fs::path parent = fs::path(path).parent_path();
   // The folders made for it go again, while empty, if the write fails or is interrupted.
-  MadeFolders made(parent.empty() ? fs::path(".") : parent, ec);
+  MadeFolders made(parent.empty() ? fs::path(".") : parent, ec, track);
   if (ec) fail("cannot make its folder (" + ec.message() + ")");
-  std::vector<std::string> made_dirs;
-  for (const auto& d : made.made()) made_dirs.push_back(d.string());
-  const TrackedTemporaries tracked_dirs(track, made_dirs);
   if (detail::isDeviceOrPipe(path))  // a folder is left to the rename, which fails on it
     fail("exists and is not a regular file (a device or a pipe): name a file");
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());

@@ -106,42 +106,56 @@ inline void checkDistinctOutputs(const std::vector<std::pair<std::string, std::s
             collective);
 }
 
+/// The driver's hook for temporaries: called with (path, true) when a temporary file (or a
+/// folder made for the outputs) is made and (path, false) when it is renamed, removed or
+/// kept; the driver removes the tracked ones on SIGINT/SIGTERM, folders only while empty.
+/// Library code takes one and installs no signal handler of its own.
+using TemporaryTracker = std::function<void(const std::string& path, bool made)>;
+
 /// Makes the missing folders of `dir`; unless keep() is called, the ones it made are
 /// removed again on scope exit where still empty (deepest first), so a command that fails
 /// before writing anything leaves no empty folder behind. `ec` reports a failure to make.
+/// With a tracker, the folders made are tracked until then too, so that a signal (whose
+/// handler the driver owns) removes them as well.
 class MadeFolders {
  public:
-  MadeFolders(const std::filesystem::path& dir, std::error_code& ec) {
+  MadeFolders(const std::filesystem::path& dir, std::error_code& ec, TemporaryTracker track = {})
+      : track_(std::move(track)) {
     namespace fs = std::filesystem;
     std::error_code q;
     for (fs::path p = fs::absolute(dir, q); !q && !p.empty() && p != p.root_path() && !fs::exists(p, q);
          p = p.parent_path())
       made_.push_back(p);
     fs::create_directories(dir, ec);
+    if (ec) track_ = {};  // nothing made to track
+    if (track_)
+      for (const auto& p : made_) track_(p.string(), true);
   }
   MadeFolders(const MadeFolders&) = delete;
   MadeFolders& operator=(const MadeFolders&) = delete;
   ~MadeFolders() {
-    if (kept_) return;
-    for (const auto& p : made_) {
-      std::error_code e;
-      std::filesystem::remove(p, e);  // a folder is removed only while empty
-    }
+    if (!kept_)
+      for (const auto& p : made_) {
+        std::error_code e;
+        std::filesystem::remove(p, e);  // a folder is removed only while empty
+      }
+    untrack();
   }
-  void keep() { kept_ = true; }
-  /// The folders made, deepest first.
-  const std::vector<std::filesystem::path>& made() const { return made_; }
+  void keep() {
+    kept_ = true;
+    untrack();
+  }
 
  private:
+  void untrack() {
+    if (track_)
+      for (const auto& p : made_) track_(p.string(), false);
+    track_ = {};
+  }
   std::vector<std::filesystem::path> made_;
+  TemporaryTracker track_;
   bool kept_ = false;
 };
-
-/// The driver's hook for temporaries: called with (path, true) when a temporary file (or a
-/// folder made for the outputs) is made and (path, false) when it is renamed, removed or
-/// kept; the driver removes the tracked ones on SIGINT/SIGTERM, folders only while empty.
-/// Library code takes one and installs no signal handler of its own.
-using TemporaryTracker = std::function<void(const std::string& path, bool made)>;
 
 /// The driver's hook for child processes a command starts (validate-sim's stages): called
 /// with (pid, true) once started and (pid, false) once reaped; the driver passes SIGINT and

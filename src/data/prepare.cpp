@@ -194,7 +194,7 @@ PrepareResult prepareDataset(const PrepareOptions& o) {
   // Folders made here go again, if still empty, when the preparation fails.
   const fs::path parent = fs::path(o.out_prefix).parent_path();
   std::error_code mk;
-  MadeFolders made(parent.empty() ? fs::path(".") : parent, mk);
+  MadeFolders made(parent.empty() ? fs::path(".") : parent, mk, o.track_temporary);  // and on Ctrl-C
   if (mk) throw InputError(fmt::format("--out: cannot create the directory {} ({})", parent.string(), mk.message()));
   // All four outputs can be renamed into place, checked before the scan: a folder or a device
   // under one of the names failed the commit after the first files were in place.
@@ -204,9 +204,6 @@ PrepareResult prepareDataset(const PrepareOptions& o) {
   std::vector<std::string> tmps = train_out.temporaries();
   for (auto& t : valid_out.temporaries()) tmps.push_back(t);
   const TrackedTemporaries tracked(o.track_temporary, tmps);
-  std::vector<std::string> made_dirs;  // and on Ctrl-C, while empty (after the temporaries)
-  for (const auto& d : made.made()) made_dirs.push_back(d.string());
-  const TrackedTemporaries tracked_dirs(o.track_temporary, made_dirs);
 
   std::vector<FileEntry> files;
   std::unique_ptr<TempDir> unpacked;

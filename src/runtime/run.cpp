@@ -579,17 +579,13 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
   // Destroyed in reverse order, so the plan's subfolder goes before the trace's.
   // Also on SIGINT/SIGTERM (mpirun's, when another rank aborts): the driver's tracker.
   std::optional<MadeFolders> made_trace_dir, made_plan_dir;
-  std::optional<TrackedTemporaries> tracked_dirs;
   if (opt.write_outputs && world_rank == 0) {
     const std::filesystem::path out(deck.output.dir);
-    std::vector<std::string> dirs;
     for (auto [made, f] : {std::pair{&made_trace_dir, &deck.output.trace}, {&made_plan_dir, &deck.output.plan}}) {
       std::error_code ec;
-      made->emplace((out / *f).parent_path(), ec);
+      made->emplace((out / *f).parent_path(), ec, opt.track_temporary);
       if (ec) throw std::filesystem::filesystem_error("cannot create the output folder", (out / *f).parent_path(), ec);
-      for (const auto& d : (*made)->made()) dirs.push_back(d.string());
     }
-    tracked_dirs.emplace(opt.track_temporary, dirs);
   }
   std::unique_ptr<trace::Writer> writer;
   RunReport report;
@@ -816,7 +812,6 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
     }
     for (auto* made : {&made_trace_dir, &made_plan_dir})
       if (*made) (*made)->keep();
-    tracked_dirs.reset();
   }
   return report;
 }

@@ -549,23 +549,17 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   // output.trace may name a sub-folder of output.dir: made with it. Both are also removed on
   // Ctrl-C while empty (the driver's tracker).
   std::optional<MadeFolders> made_out, made_trace;
-  std::optional<TrackedTemporaries> tracked_out;
   err.clear();
   try {
     if (rank == 0) {
       std::error_code ec;
-      made_out.emplace(out_dir, ec);
+      made_out.emplace(out_dir, ec, opt.track_temporary);
       if (ec) throw InputError(fmt::format("output.dir: cannot create {} ({})", out_dir.string(), ec.message()));
       if (opt.write_trace) {
         const fs::path trace_dir = (out_dir / deck.output.trace).parent_path();
-        made_trace.emplace(trace_dir, ec);
+        made_trace.emplace(trace_dir, ec, opt.track_temporary);
         if (ec) throw InputError(fmt::format("output.trace: cannot create {} ({})", trace_dir.string(), ec.message()));
       }
-      std::vector<std::string> dirs;
-      for (const auto* m : {&made_trace, &made_out})
-        if (*m)
-          for (const auto& d : (*m)->made()) dirs.push_back(d.string());
-      tracked_out.emplace(opt.track_temporary, dirs);
     }
     {  // no output may be an input (the deck, the dataset) or another output
       const std::vector<std::string> inputs = model::deckInputFiles(deck);
@@ -1001,7 +995,6 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
       log.flush();
       if (made_out) made_out->keep();
       if (made_trace) made_trace->keep();
-      tracked_out.reset();
       if (opt.progress && ((step + 1) % tc.log_interval == 0 || last || ev >= 0)) {
         const double el = std::chrono::duration<double>(Clock::now() - t0).count();
         const double eta = el / static_cast<double>(step + 1 - start) * static_cast<double>(total_steps - step - 1);
@@ -1014,7 +1007,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
       if (ckpt_now) {
         try {
           std::error_code mk;
-          MadeFolders made_ckpt(ckpt_dir, mk);  // removed again, while empty, if the first write fails
+          MadeFolders made_ckpt(ckpt_dir, mk, opt.track_temporary);  // removed again, while empty, if the write fails
           if (mk)
             throw InputError(
                 fmt::format("train.checkpoint_dir: cannot create {} ({})", ckpt_dir.string(), mk.message()));

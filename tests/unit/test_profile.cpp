@@ -258,6 +258,7 @@ TEST(Profile, DeckShapedProfile) {
 // the previous file as it was, and forgets the temporary it registered.
 TEST(Profile, AtomicWriteLeavesNothingOnFailure) {
   const std::string dir = tmpPath("atomic");
+  fs::remove_all(dir);  // a run before this one leaves its files
   fs::create_directories(dir);
   std::vector<std::pair<std::string, bool>> tracked;
   const auto track = [&](const std::string& p, bool made) { tracked.emplace_back(p, made); };
