@@ -63,6 +63,11 @@ void install() {
   std::signal(SIGTERM, onSignal);
 }
 
+volatile std::sig_atomic_t g_stop_requested = 0;
+extern "C" void onStopSignal(int) {
+  g_stop_requested = 1;
+}
+
 void registerTemporaryFolder(const std::string& dir) {
   install();
   g_dirs.add(dir);
@@ -73,6 +78,14 @@ void registerTemporaryFolder(const std::string& dir) {
 void registerTemporary(const std::string& path) {
   install();
   g_files.add(path);
+}
+
+void catchStopSignal() {
+  std::signal(SIGUSR1, onStopSignal);
+}
+
+volatile std::sig_atomic_t* stopRequest() {
+  return &g_stop_requested;
 }
 
 void forgetTemporary(const std::string& path) {

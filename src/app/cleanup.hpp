@@ -5,6 +5,7 @@
 /// the final name (writes go to the temporary) nor the temporary itself. The handler uses
 /// only async-signal-safe calls (unlink, signal, raise) on a fixed table.
 
+#include <csignal>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -28,6 +29,13 @@ void trackChild(int pid, bool running);
 /// registers on (path, true), forgets on (path, false). A folder (MadeFolders tracks the
 /// ones it made) is removed after the files, only while empty; at most 16 at once.
 void trackTemporary(const std::string& path, bool made);
+
+/// SIGUSR1 sets the flag stopRequest() points to instead of ending the process. main()
+/// installs it for `wlb train` before anything else runs: Slurm's `--signal=USR1@SECONDS`
+/// reaches the ranks whenever it comes, and one that came while MPI or Kokkos started would
+/// otherwise have killed the rank.
+void catchStopSignal();
+volatile std::sig_atomic_t* stopRequest();
 
 /// Registers `path` for its lifetime (forgotten on scope exit, renamed or not).
 class TemporaryGuard : TrackedTemporaries {

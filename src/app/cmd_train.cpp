@@ -3,7 +3,6 @@
 // (docs/training.md). Under mpirun on a TP x CP x DP mesh (mesh.tp x mesh.cp x mesh.dp ranks).
 #include <mpi.h>
 
-#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -22,11 +21,6 @@ struct Opts {
   bool resume = false, quiet = false;
   std::int64_t exit_after = -1;
 };
-
-volatile std::sig_atomic_t g_stop_requested = 0;
-extern "C" void onStopSignal(int) {
-  g_stop_requested = 1;
-}
 
 const bool registered = wlb::app::registerCommand(
     "train", "Train a LLaMA-style model on a prepared token dataset, batches chosen by the deck's packer",
@@ -49,9 +43,10 @@ const bool registered = wlb::app::registerCommand(
         to.track_temporary = wlb::app::trackTemporary;
         to.exit_after_steps = o->exit_after;
         // SIGUSR1 (Slurm's `--signal=USR1@SECONDS` before a time limit; mpirun passes it on to
-        // every rank) asks for a clean stop after the step in progress.
-        std::signal(SIGUSR1, onStopSignal);
-        to.exit_request = &g_stop_requested;
+        // every rank) asks for a clean stop after the step in progress. main() caught it
+        // before MPI started; again here in case the MPI library replaced the handler.
+        wlb::app::catchStopSignal();
+        to.exit_request = wlb::app::stopRequest();
         // Resume tests: WLB_TRAIN_KILL_AFTER_STEP=k kills the process (SIGKILL) after step k.
         if (const char* k = std::getenv("WLB_TRAIN_KILL_AFTER_STEP")) to.kill_after_step = std::atoll(k);
         const auto summary = wlb::train::train(deck, to);

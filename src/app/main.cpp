@@ -10,8 +10,10 @@
 #include <iostream>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "app/cleanup.hpp"
 #include "app/command.hpp"
 #include "core/error.hpp"
 #include "core/heap.hpp"
@@ -261,6 +263,7 @@ int dispatch(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   wlb::keepFreedHeap();  // large buffers stay with the process (core/heap.hpp)
+  if (argc > 1 && std::string_view(argv[1]) == "train") wlb::app::catchStopSignal();
   // THREAD_MULTIPLE where the library has it: the pipeline executor drives transfers from a
   // progress thread (runtime/pipeline.cpp); with less it polls between layers instead.
   int provided = 0;

@@ -244,6 +244,24 @@ timeout 120 mpiexec -n 2 "$WLB" train deck.toml $dp2 --set train.steps=100000 --
   --set output.dir=usr1 --resume --exit-after $((k + 2)) > o.txt 2>&1 || { cat o.txt; fail "resume after SIGUSR1"; }
 grep -q "steps            $k .. $((k + 2))" o.txt || fail "resume after SIGUSR1: $(cat o.txt)"
 echo "SIGUSR1 stopped both ranks after step $k with a checkpoint; resumed from it"
+# A SIGUSR1 that comes while the rank is still starting (MPI, Kokkos, the deck) is kept:
+# the run stops after its first step (or the one in progress when the poll was late) with a
+# checkpoint instead of dying of the signal.
+"$WLB" train deck.toml --set train.steps=100000 --set train.checkpoint_interval=100000 \
+  --set output.dir=usr1early --quiet > usr1early.txt 2>&1 &
+tpid=$!
+for _ in $(seq 2000); do  # until the process catches SIGUSR1 (bit 10 of SigCgt)
+  m=$(sed -n 's/^SigCgt:\t*//p' /proc/$tpid/status 2> /dev/null)
+  [ -n "$m" ] && (((0x$m >> 9) & 1)) && break
+  sleep 0.005
+done
+kill -USR1 $tpid
+timeout 120 tail --pid=$tpid -f /dev/null
+wait $tpid; rc=$?
+[ "$rc" = 0 ] || { cat usr1early.txt; fail "SIGUSR1 while starting: exit $rc"; }
+k=$(sed -n 's/^stopped          after step \([0-9]*\) of 100000 (SIGUSR1).*/\1/p' usr1early.txt)
+[ -n "$k" ] && [ -f usr1early/checkpoint/checkpoint.wlb ] || fail "SIGUSR1 while starting: $(cat usr1early.txt)"
+echo "SIGUSR1 while the rank started: stopped after step $k with a checkpoint"
 # Every rank must read the same checkpoint: rank 1 pointed at an older one (a stale file on
 # a node's own disk) stops both with exit 2, not a hang or replicas that drift apart.
 timeout 120 mpiexec -n 2 "$WLB" train deck.toml $ckdp --set output.dir=ska --exit-after 4 --quiet > /dev/null 2>&1 ||
