@@ -753,6 +753,7 @@ cp::CommPlan commPlanFromJson(const json& j) {
     r.bwd_bytes_recv = rj.at("bwd_bytes_recv").get<double>();
     r.fwd_tokens_recv = rj.at("fwd_tokens_recv").get<std::int64_t>();
     r.peers = rj.at("peers").get<int>();
+    r.out_peers = rj.value("out_peers", 0);  // absent in plans from before it was written
     r.fwd_seconds = rj.at("fwd_seconds").get<double>();
     r.bwd_seconds = rj.at("bwd_seconds").get<double>();
     c.ranks.push_back(r);

@@ -27,6 +27,7 @@
 #include "data/length_source.hpp"
 #include "model/cost_model.hpp"
 #include "packing/packer.hpp"
+#include "pp/simulator.hpp"
 
 namespace {
 
@@ -141,6 +142,7 @@ int runShard(const Opts& o) {
     for (auto c : comms) rows.emplace_back(cp::strategyName(s), cp::commModeName(c));
   Row chosen_row(cp::strategyName(chosen), cp::commModeName(chosen_comm));
   std::int64_t micro_batches = 0, tokens = 0;
+  std::int64_t gathered = 0;  // SlimPack units run with allgather under a sharding_aware deck
 
   try {
     if (out.is_open()) {
@@ -168,19 +170,28 @@ int runShard(const Opts& o) {
       progress.update(i);
       const std::int64_t step = src->nextStep();
       const StepPlan plan = packer->pack(step, src->next(step));
+      const bool sliced = pp::isSlimPackPlan(plan);
       for (std::size_t d = 0; d < plan.replicas.size(); ++d) {
         for (std::size_t m = 0; m < plan.replicas[d].size(); ++m) {
+          // As `wlb run` and `wlb simulate` run a SlimPack plan: a DP-Merge slot is one sample
+          // over the group's g·cp ranks (its other members' slots are their shares of it, not
+          // micro-batches of their own); the other units' slices gather K/V whatever cp.comm.
+          const StepPlan::Merged* merged = plan.mergedAt(static_cast<std::int64_t>(m));
+          if (merged && merged->group.front() != static_cast<std::int64_t>(d)) continue;
+          const int ranks = merged ? static_cast<int>(merged->group.size()) * cp : cp;
+          const cp::CommMode mode = sliced && !merged ? cp::CommMode::AllGather : chosen_comm;
           const MicroBatch& mb = plan.replicas[d][m];
+          if (mode != chosen_comm) ++gathered;
           ++micro_batches;
           tokens += mb.tokens();
           // The chosen plans as `wlb run` and `wlb simulate` make them, one micro-batch at a
           // time so that its planning time is its own.
           auto t0 = Clock::now();
-          const auto chosen_plans = cp::planReplicaShards({mb}, chosen, chosen_comm, cp, cost, deck.cp);
+          const auto chosen_plans = cp::planReplicaShards({mb}, chosen, mode, ranks, cost, deck.cp);
           const double chosen_us = microseconds(t0);
           const cp::ShardPlan sp =
-              chosen_plans[0].empty ? cp::planShards(mb, chosen, cp, cost, deck.cp) : chosen_plans[0].shard;
-          const cp::CommPlan cplan = chosen_plans[0].empty ? cp::planComm(sp, chosen_comm, cost) : chosen_plans[0].comm;
+              chosen_plans[0].empty ? cp::planShards(mb, chosen, ranks, cost, deck.cp) : chosen_plans[0].shard;
+          const cp::CommPlan cplan = chosen_plans[0].empty ? cp::planComm(sp, mode, cost) : chosen_plans[0].comm;
           const cp::ShardMetrics cm = cp::computeMetrics(sp, cplan, cost);
           chosen_row.add(cm, chosen_us);
           nlohmann::json compare = nlohmann::json::array();
@@ -190,9 +201,9 @@ int runShard(const Opts& o) {
             CpConfig cfg = deck.cp;
             for (auto c : comms) {
               cfg.comm = cp::commModeName(c);
-              const bool same = s == chosen && c == chosen_comm;
+              const bool same = s == chosen && c == mode;
               t0 = Clock::now();
-              const cp::ShardPlan p = same ? sp : cp::planShards(mb, s, cp, cost, cfg);
+              const cp::ShardPlan p = same ? sp : cp::planShards(mb, s, ranks, cost, cfg);
               const cp::CommPlan pc = same ? cplan : cp::planComm(p, c, cost);
               const double us = same ? chosen_us : microseconds(t0);
               const cp::ShardMetrics mt = cp::computeMetrics(p, pc, cost);
@@ -214,11 +225,12 @@ int runShard(const Opts& o) {
                                 {"step", plan.step},
                                 {"replica", d},
                                 {"index", m},
+                                {"ranks", ranks},
                                 {"tokens", mb.tokens()},
                                 {"segments", mb.segments.size()},
                                 {"strategy", sp.strategy},
                                 {"requested", sp.requested},
-                                {"comm", cp::commModeName(chosen_comm)},
+                                {"comm", cp::commModeName(mode)},
                                 {"metrics", cp::toJson(cm)},
                                 {"compare", compare}};
             if (!o.metrics_only) j["plan"] = cp::toJson(sp);
@@ -282,7 +294,11 @@ int runShard(const Opts& o) {
     for (const auto& r : rows) print(r, "");
     bool listed = false;
     for (const auto& r : rows) listed = listed || (r.strategy == chosen_row.strategy && r.comm == chosen_row.comm);
-    if (!listed) print(chosen_row, "  (chosen)");
+    if (!listed || gathered > 0)
+      print(chosen_row, gathered > 0 ? fmt::format("  (chosen; {} SlimPack units gather K/V whatever cp.comm, as "
+                                                   "wlb run runs them)",
+                                                   gathered)
+                                     : std::string("  (chosen)"));
     for (const auto& r : rows)
       if (r.strategy == "adaptive" && r.applied.size() > 0) {
         std::string a;

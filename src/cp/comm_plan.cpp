@@ -25,7 +25,7 @@ double bytesPerSecond(const model::CostModel& cost) {
 
 RankComm allGatherRankComm(const model::CostModel& cost, int cp, std::int64_t own, std::int64_t total) {
   RankComm rc;
-  if (cp == 1) return rc;
+  if (cp == 1 || total == 0) return rc;  // an empty micro-batch exchanges nothing (nor waits)
   const std::int64_t others = total - own;
   // Forward all-gather: the rank receives every other rank's K/V and its own tokens reach
   // cp-1 peers. Backward reduce-scatter: the mirror image for dK/dV.
@@ -34,7 +34,7 @@ RankComm allGatherRankComm(const model::CostModel& cost, int cp, std::int64_t ow
   rc.bwd_bytes_sent = cost.kvBytes(others);
   rc.bwd_bytes_recv = cost.kvBytes(own) * (cp - 1);
   rc.fwd_tokens_recv = others;
-  rc.peers = cp - 1;
+  rc.peers = rc.out_peers = cp - 1;
   // Ring: cp-1 steps, the rank's link carries the other ranks' data.
   rc.fwd_seconds = (cp - 1) * (cost.hardware().link_latency_us * 1e-6) + rc.fwd_bytes_recv / bytesPerSecond(cost);
   rc.bwd_seconds = rc.fwd_seconds;
@@ -50,6 +50,7 @@ RankComm pointToPointRankComm(const model::CostModel& cost, std::int64_t sent, s
   rc.bwd_bytes_recv = rc.fwd_bytes_sent;
   rc.fwd_tokens_recv = recv;
   rc.peers = in_msgs;
+  rc.out_peers = out_msgs;
   rc.fwd_seconds = std::max(in_msgs, out_msgs) * (cost.hardware().link_latency_us * 1e-6) +
                    std::max(rc.fwd_bytes_sent, rc.fwd_bytes_recv) / bytesPerSecond(cost);
   rc.bwd_seconds = rc.fwd_seconds;
@@ -249,6 +250,7 @@ nlohmann::json toJson(const CommPlan& comm) {
                      {"bwd_bytes_recv", r.bwd_bytes_recv},
                      {"fwd_tokens_recv", r.fwd_tokens_recv},
                      {"peers", r.peers},
+                     {"out_peers", r.out_peers},
                      {"fwd_seconds", r.fwd_seconds},
                      {"bwd_seconds", r.bwd_seconds}});
   json transfers = json::array();

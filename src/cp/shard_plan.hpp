@@ -162,6 +162,7 @@ struct RankComm {
   double bwd_bytes_sent = 0, bwd_bytes_recv = 0;  ///< dK and dV
   std::int64_t fwd_tokens_recv = 0;               ///< KV tokens received in forward
   int peers = 0;                                  ///< messages received in forward
+  int out_peers = 0;                              ///< messages sent in forward (backward: received)
   double fwd_seconds = 0, bwd_seconds = 0;        ///< modelled (docs/cp.md)
 };
 

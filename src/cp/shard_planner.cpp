@@ -209,7 +209,18 @@ ShardPlan finalize(const MicroBatch& mb, const SegInfo& si, std::vector<Raw> raw
         const Piece& src = plan.ranks[ref.rank].pieces[ref.idx];
         if (src.q_offset >= len) break;
         const std::int64_t n = std::min(src.q_offset + src.q_len, len) - src.q_offset;
-        rs.kv_runs.push_back({ref.rank, src.local_begin, n, b.kv_begin + src.q_offset});
+        const std::int64_t kv_begin = b.kv_begin + src.q_offset;
+        // maximal runs: one that continues the last (same source, contiguous on both
+        // sides, e.g. across segments) extends it
+        if (!rs.kv_runs.empty()) {
+          KvRun& last = rs.kv_runs.back();
+          if (last.src == ref.rank && last.src_local_begin + last.len == src.local_begin &&
+              last.kv_begin + last.len == kv_begin) {
+            last.len += n;
+            continue;
+          }
+        }
+        rs.kv_runs.push_back({ref.rank, src.local_begin, n, kv_begin});
       }
       rs.kv_blocks.push_back(b);
       rs.kv_tokens += len;

@@ -48,6 +48,8 @@ MicroBatchWork microBatchWork(const MicroBatch& mb, const cp::MicroBatchShards& 
   w.rank_kv_tokens.assign(n, 0);
   w.attn_fwd.assign(n, 0.0);
   w.attn_bwd.assign(n, 0.0);
+  w.attn_flops_fwd.assign(n, 0.0);
+  w.attn_flops_bwd.assign(n, 0.0);
   w.kv_fwd_bytes.assign(n, 0.0);
   w.kv_bwd_bytes.assign(n, 0.0);
   w.kv_peers.assign(n, 0);
@@ -62,11 +64,14 @@ MicroBatchWork microBatchWork(const MicroBatch& mb, const cp::MicroBatchShards& 
     w.rank_kv_tokens[r] = m.ranks[r].kv_tokens;
     w.attn_fwd[r] = m.ranks[r].attn_seconds_fwd;
     w.attn_bwd[r] = m.ranks[r].attn_seconds_bwd;
+    w.attn_flops_fwd[r] = m.ranks[r].attn_flops_fwd;
+    w.attn_flops_bwd[r] = m.ranks[r].attn_flops_bwd;
     if (cp > 1) {
       const cp::RankComm& rc = comm.ranks[r];
       w.kv_fwd_bytes[r] = std::max(rc.fwd_bytes_recv, rc.fwd_bytes_sent);
       w.kv_bwd_bytes[r] = std::max(rc.bwd_bytes_recv, rc.bwd_bytes_sent);
-      w.kv_peers[r] = comm.mode == cp::CommMode::AllGather ? cp - 1 : rc.peers;
+      // the cost model's count: a direction's latency is its busier side, sends or receives
+      w.kv_peers[r] = comm.mode == cp::CommMode::AllGather ? cp - 1 : std::max(rc.peers, rc.out_peers);
     }
   }
   return w;
@@ -81,17 +86,21 @@ MicroBatchWork planMicroBatchWork(const MicroBatch& mb, const std::string& shard
 MicroBatchWork balancedMicroBatchWork(const std::vector<std::int64_t>& doc_lengths, int cp,
                                       const model::CostModel& cost) {
   MicroBatchWork w;
-  double af = 0, ab = 0;
+  double af = 0, ab = 0, ff = 0, fb = 0;
   for (auto d : doc_lengths) {
     w.tokens += d;
     af += cost.attnSeconds(0, d, Phase::Fwd);
     ab += cost.attnSeconds(0, d, Phase::Bwd);
+    ff += cost.attnFlops(0, d, Phase::Fwd);
+    fb += cost.attnFlops(0, d, Phase::Bwd);
   }
   const auto n = static_cast<std::size_t>(cp);
   for (std::size_t r = 0; r < n; ++r) w.rank_tokens.push_back(evenShare(w.tokens, cp, r));
   w.rank_kv_tokens.assign(n, 0);
   w.attn_fwd.assign(n, af / cp);
   w.attn_bwd.assign(n, ab / cp);
+  w.attn_flops_fwd.assign(n, ff / cp);
+  w.attn_flops_bwd.assign(n, fb / cp);
   const double kv = cp > 1 ? cost.kvBytes(w.tokens) * (cp - 1) / cp : 0.0;  // an all-gather's
   w.kv_fwd_bytes.assign(n, kv);
   w.kv_bwd_bytes.assign(n, kv);
@@ -142,6 +151,8 @@ void packFlowWork(const ReplicaSlices& r, const SliceShards* sh, int k, const mo
   w.rank_tokens_bwd.assign(n, 0);
   w.attn_fwd.assign(n, 0.0);
   w.attn_bwd.assign(n, 0.0);
+  w.attn_flops_fwd.assign(n, 0.0);
+  w.attn_flops_bwd.assign(n, 0.0);
   std::int64_t tb = 0, cf = 0, cb = 0;  // backward tokens; tokens of continued segments
   for (const bool bwd : {false, true}) {
     const auto& cuts = bwd ? r.bwd_cuts : r.fwd_cuts;
@@ -151,7 +162,9 @@ void packFlowWork(const ReplicaSlices& r, const SliceShards* sh, int k, const mo
       if (r.continued[static_cast<std::size_t>(i)]) (bwd ? cb : cf) += s.length;
       const auto piece = [&](std::size_t c, std::int64_t q0, std::int64_t q) {
         (bwd ? w.rank_tokens_bwd : w.rank_tokens)[c] += q;
-        (bwd ? w.attn_bwd : w.attn_fwd)[c] += attn(s.q_offset + q0, q, bwd ? Phase::Bwd : Phase::Fwd);
+        const Phase ph = bwd ? Phase::Bwd : Phase::Fwd;
+        (bwd ? w.attn_bwd : w.attn_fwd)[c] += attn(s.q_offset + q0, q, ph);
+        (bwd ? w.attn_flops_bwd : w.attn_flops_fwd)[c] += cost.attnFlops(s.q_offset + q0, q, ph);
       };
       if (!sh) {
         piece(0, 0, s.length);
@@ -207,6 +220,8 @@ MicroBatchWork mergedShareWork(const MicroBatch& mb, int g, int j, int cp, const
   take(all.rank_kv_tokens, w.rank_kv_tokens);
   take(all.attn_fwd, w.attn_fwd);
   take(all.attn_bwd, w.attn_bwd);
+  take(all.attn_flops_fwd, w.attn_flops_fwd);
+  take(all.attn_flops_bwd, w.attn_flops_bwd);
   take(all.kv_fwd_bytes, w.kv_fwd_bytes);
   take(all.kv_bwd_bytes, w.kv_bwd_bytes);
   take(all.kv_peers, w.kv_peers);
@@ -483,34 +498,56 @@ double StepSimulator::activationBytesPerToken() const {
 
 StepSimulator::RankLayerCost StepSimulator::layerCost(const MicroBatchWork& w, int r) const {
   RankLayerCost c;
-  const std::int64_t tok = w.rank_tokens[static_cast<std::size_t>(r)];
-  const std::int64_t tok_b = w.rank_tokens_bwd.empty() ? tok : w.rank_tokens_bwd[static_cast<std::size_t>(r)];
-  if (tok == 0 && tok_b == 0 && w.attn_fwd[static_cast<std::size_t>(r)] == 0) return c;
+  const auto ri = static_cast<std::size_t>(r);
+  const std::int64_t tok = w.rank_tokens[ri];
+  const std::int64_t tok_b = w.rank_tokens_bwd.empty() ? tok : w.rank_tokens_bwd[ri];
+  if (tok == 0 && tok_b == 0 && w.attn_fwd[ri] == 0) return c;
   const auto& d = cost_->dims();
   const auto& net = cfg_.net;
-  double tp_comm = 0, tp_comm_b = 0;
+  LayerParts& f = c.f;
+  LayerParts& b = c.b;
   if (cfg_.tp > 1) {
     // Sequence parallel: 2 all-gathers + 2 reduce-scatters per layer per phase, each
-    // moving (tp-1)/tp of the rank's [tokens x hidden] activation (ring).
-    auto sp = [&](std::int64_t n) {
-      const double bytes = static_cast<double>(n) * static_cast<double>(d.hidden * d.dtype_bytes);
-      return 4.0 * ((cfg_.tp - 1.0) / cfg_.tp * bytes / net.tp_bps + (cfg_.tp - 1) * net.latency_s);
+    // moving (tp-1)/tp of the rank's [tokens x hidden] activation (ring); the executor's
+    // are two all-reduces of the same volume, in fp32 (commScale).
+    auto buffers = [&](std::int64_t n) {
+      return 2.0 * static_cast<double>(n) * static_cast<double>(d.hidden * d.dtype_bytes) * commScale();
     };
-    tp_comm = sp(tok);
-    tp_comm_b = sp(tok_b);
+    auto sp = [&](std::int64_t n) {
+      return 2.0 * ((cfg_.tp - 1.0) / cfg_.tp * buffers(n) / net.tp_bps) + 4.0 * (cfg_.tp - 1) * net.latency_s;
+    };
+    f.tp = sp(tok);
+    b.tp = sp(tok_b);
+    f.tp_bytes = buffers(tok);
+    b.tp_bytes = buffers(tok_b);
   }
-  double kv_f = 0, kv_b = 0;
-  if (cfg_.cp > 1) {
-    const auto ri = static_cast<std::size_t>(r);
+  // KV traffic wherever the work has some: CP > 1, and a DP-Merge unit's group at any cp.
+  if (!w.kv_fwd_bytes.empty()) {
     const double lat = w.kv_peers[ri] * net.latency_s;
-    kv_f = commScale() * w.kv_fwd_bytes[ri] / net.cp_bps + (w.kv_fwd_bytes[ri] > 0 ? lat : 0.0);
-    kv_b = commScale() * w.kv_bwd_bytes[ri] / net.cp_bps + (w.kv_bwd_bytes[ri] > 0 ? lat : 0.0);
+    f.kv_bytes = commScale() * w.kv_fwd_bytes[ri];
+    b.kv_bytes = commScale() * w.kv_bwd_bytes[ri];
+    f.kv = f.kv_bytes / net.cp_bps + (w.kv_fwd_bytes[ri] > 0 ? lat : 0.0);
+    b.kv = b.kv_bytes / net.cp_bps + (w.kv_bwd_bytes[ri] > 0 ? lat : 0.0);
   }
-  const auto ri = static_cast<std::size_t>(r);
-  c.fwd = w.attn_fwd[ri] + (tok > 0 ? cost_->linearSeconds(tok, Phase::Fwd) : 0.0) + tp_comm + kv_f;
-  c.bwd = w.attn_bwd[ri] + (tok_b > 0 ? cost_->linearSeconds(tok_b, Phase::Bwd) : 0.0) + tp_comm_b + kv_b;
-  if (cfg_.recompute == Recompute::Full) c.bwd += c.fwd;
-  if (cfg_.recompute == Recompute::Selective && tok_b > 0) c.bwd += cost_->recomputeSeconds(tok_b);
+  f.attn = w.attn_fwd[ri];
+  b.attn = w.attn_bwd[ri];
+  f.linear = tok > 0 ? cost_->linearSeconds(tok, Phase::Fwd) : 0.0;
+  b.linear = tok_b > 0 ? cost_->linearSeconds(tok_b, Phase::Bwd) : 0.0;
+  c.fwd = f.attn + f.linear + f.tp + f.kv;
+  c.bwd = b.attn + b.linear + b.tp + b.kv;
+  if (cfg_.recompute == Recompute::Full) {  // the backward runs the forward again first
+    c.bwd += c.fwd;
+    b.attn += f.attn;
+    b.linear += f.linear;
+    b.tp += f.tp;
+    b.kv += f.kv;
+    b.tp_bytes += f.tp_bytes;
+    b.kv_bytes += f.kv_bytes;
+  }
+  if (cfg_.recompute == Recompute::Selective && tok_b > 0) {
+    b.recompute = cost_->recomputeSeconds(tok_b);
+    c.bwd += b.recompute;
+  }
   return c;
 }
 
@@ -529,13 +566,16 @@ double StepSimulator::headSeconds(std::int64_t tokens, Phase p) const {
 
 double StepSimulator::p2pSeconds(std::int64_t tokens, const std::vector<std::int64_t>& rank_tokens) const {
   if (cfg_.pp * cfg_.chunks <= 1 || tokens == 0) return 0.0;
+  return cfg_.net.latency_s + p2pBytes(rank_tokens) / cfg_.net.pp_bps;
+}
+
+double StepSimulator::p2pBytes(const std::vector<std::int64_t>& rank_tokens) const {
   std::int64_t tok = 0;
   for (auto t : rank_tokens) tok = std::max(tok, t);
   const auto& d = cost_->dims();
   // Scatter-gather optimisation: each TP rank sends 1/tp of the activation.
-  const double bytes = cfg_.executor_memory ? static_cast<double>(tok * d.hidden) * 4.0  // every TP rank, fp32
-                                            : static_cast<double>(tok * d.hidden * d.dtype_bytes) / cfg_.tp;
-  return cfg_.net.latency_s + bytes / cfg_.net.pp_bps;
+  return cfg_.executor_memory ? static_cast<double>(tok * d.hidden) * 4.0  // every TP rank, fp32
+                              : static_cast<double>(tok * d.hidden * d.dtype_bytes) / cfg_.tp;
 }
 
 double StepSimulator::gradSyncSeconds(int stage) const {
@@ -769,7 +809,7 @@ StepResult StepSimulator::simulateOnce(const std::vector<std::vector<MicroBatchW
     r_attn = rec->region(L::kAttn);
     r_mlp = rec->region(L::kMlp);
     r_tp = rec->region(L::kTpAllreduce);
-    r_kv = rec->region(cfg_.cp > 1 ? L::kKvAllgather : L::kKvExchange);
+    r_kv = rec->region(L::kKvAllgather);  // whatever [cp] comm: the executor's split is not modelled
     r_send = rec->region(L::kPpSend);
     r_grad = rec->region(L::kGradAllreduce);
     r_recompute = rec->region(L::kRecompute);
@@ -804,27 +844,26 @@ StepResult StepSimulator::simulateOnce(const std::vector<std::vector<MicroBatchW
           if (!rec || own <= 0) continue;
           // Split the task into attention / recomputation / linear / TP / KV pieces in that order.
           const auto ci = static_cast<std::size_t>(c);
-          const bool full = cfg_.recompute == Recompute::Full && t.phase == Phase::Bwd;
-          double attn = l * (t.phase == Phase::Fwd ? w.attn_fwd[ci] : w.attn_bwd[ci] + (full ? w.attn_fwd[ci] : 0.0));
-          double kv = 0;
-          if (cfg_.cp > 1) {
-            const double kf = commScale() * w.kv_fwd_bytes[ci] / cfg_.net.cp_bps,
-                         kb = commScale() * w.kv_bwd_bytes[ci] / cfg_.net.cp_bps;
-            kv = l * (t.phase == Phase::Fwd ? kf : kb + (full ? kf : 0.0));
+          const bool fwd = t.phase == Phase::Fwd;
+          const LayerParts& p = fwd ? lc.f : lc.b;
+          const bool full = cfg_.recompute == Recompute::Full && !fwd;
+          const auto flopsOf = [&](const std::vector<double>& v) { return v.empty() ? 0.0 : v[ci]; };
+          const double attn_flops = l * (fwd ? flopsOf(w.attn_flops_fwd)
+                                             : flopsOf(w.attn_flops_bwd) + (full ? flopsOf(w.attn_flops_fwd) : 0.0));
+          double lin_flops = 0, head_flops = 0;
+          if (tok > 0) {
+            lin_flops = l * (fwd || full ? cost_->linearFlops(tok, Phase::Fwd) : 0.0) +
+                        (fwd ? 0.0 : l * cost_->linearFlops(tok, Phase::Bwd));
+            if (last && cfg_.lm_head)
+              head_flops = 2.0 * static_cast<double>(tok) * static_cast<double>(cost_->dims().hidden) *
+                           static_cast<double>(cost_->dims().vocab) / cfg_.tp * (fwd ? 1.0 : model::kLinearBwdFactor);
           }
-          double lin = l * (cost_->linearSeconds(tok, Phase::Fwd) * (t.phase == Phase::Fwd || full ? 1.0 : 0.0) +
-                            (t.phase == Phase::Bwd ? cost_->linearSeconds(tok, Phase::Bwd) : 0.0)) +
-                       (last ? headSeconds(tok, t.phase) : 0.0);
-          const double rc = cfg_.recompute == Recompute::Selective && t.phase == Phase::Bwd && tok > 0
-                                ? l * cost_->recomputeSeconds(tok)
-                                : 0.0;
-          const double tpc = std::max(0.0, own - attn - kv - lin - rc);  // TP comm + latencies
-          const trace::Phase ph = t.phase == Phase::Fwd ? trace::Phase::Fwd : trace::Phase::Bwd;
+          const trace::Phase ph = fwd ? trace::Phase::Fwd : trace::Phase::Bwd;
           double cur = r.start[v];
           for (int tr = 0; tr < cfg_.tp; ++tr) {
             const int rank = mesh.rankOf({tr, c, s, d});
             double x = cur;
-            auto emit = [&](int region, double dur, double bytes) {
+            auto emit = [&](int region, double dur, double bytes, double flops = 0.0) {
               if (dur <= 0) return;
               trace::Event e;
               e.rank = rank;
@@ -837,19 +876,24 @@ StepResult StepSimulator::simulateOnce(const std::vector<std::vector<MicroBatchW
               e.phase = ph;
               e.start_ns = ns(x);
               e.end_ns = ns(x + dur);
+              e.flops = flops;
               e.bytes = bytes;
               rec->record(e);
               x += dur;
             };
-            emit(r_attn, attn, 0);
-            emit(r_recompute, rc, 0);
-            emit(r_mlp, lin, 0);
-            emit(r_tp, tpc, 0);
-            emit(r_kv, kv, commScale() * l * (t.phase == Phase::Fwd ? w.kv_fwd_bytes[ci] : w.kv_bwd_bytes[ci]));
-            const bool sends = t.phase == Phase::Fwd ? vs + 1 < V : vs > 0;
+            emit(r_attn, l * p.attn, 0, attn_flops);
+            emit(r_recompute, l * p.recompute, 0);
+            emit(r_mlp, l * p.linear + (last ? headSeconds(tok, t.phase) : 0.0), 0, lin_flops + head_flops);
+            emit(r_tp, l * p.tp, l * p.tp_bytes);
+            emit(r_kv, l * p.kv, l * p.kv_bytes);
+            const bool sends = fwd ? vs + 1 < V : vs > 0;
             if (sends && cfg_.pp > 1) {
               x = r.finish[v];
-              emit(r_send, costs[static_cast<std::size_t>(d)].p2p[static_cast<std::size_t>(t.mb)], 0);
+              const auto& pc = costs[static_cast<std::size_t>(d)];
+              const auto mb = static_cast<std::size_t>(t.mb);
+              const bool bwd_own = !fwd && !pc.p2p_bwd.empty();  // SlimPack: the backward unit's own message
+              const auto& toks_sent = !fwd && !w.rank_tokens_bwd.empty() ? w.rank_tokens_bwd : w.rank_tokens;
+              emit(r_send, bwd_own ? pc.p2p_bwd[mb] : pc.p2p[mb], p2pBytes(toks_sent));
             }
           }
         }

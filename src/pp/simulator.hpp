@@ -49,6 +49,7 @@ struct MicroBatchWork {
   std::vector<std::int64_t> rank_tokens;           ///< [cp rank] query tokens held
   std::vector<std::int64_t> rank_kv_tokens;        ///< [cp rank] KV buffer tokens (keys its pieces read)
   std::vector<double> attn_fwd, attn_bwd;          ///< [cp rank] attention seconds per layer
+  std::vector<double> attn_flops_fwd, attn_flops_bwd;  ///< [cp rank] their useful FLOPs (traces; may be empty)
   std::vector<double> kv_fwd_bytes, kv_bwd_bytes;  ///< [cp rank] KV bytes moved per layer
   std::vector<int> kv_peers;                       ///< [cp rank] messages per layer (latency count)
   std::string sharding;                            ///< sharding actually applied
@@ -260,14 +261,22 @@ class StepSimulator {
   double stageBytesPerToken(int stage) const;
 
  private:
+  /// A task's time per layer split as its trace events show it; `tp` and `kv` include
+  /// their messages' latencies. Bytes: the buffers the TP all-reduces sum, the K/V received.
+  struct LayerParts {
+    double attn = 0, recompute = 0, linear = 0, tp = 0, kv = 0;
+    double tp_bytes = 0, kv_bytes = 0;
+  };
   struct RankLayerCost {
     double fwd = 0, bwd = 0;  // seconds per layer incl. TP and CP communication
+    LayerParts f, b;          // the same split into events (full recompute: b includes f)
   };
   RankLayerCost layerCost(const MicroBatchWork& w, int r) const;
   double headSeconds(std::int64_t tokens, Phase p) const;
   double commScale() const;  ///< comm_element_bytes / dtype_bytes (1 when unset)
   /// One stage-to-stage transfer of a unit's activations (or their gradients).
   double p2pSeconds(std::int64_t tokens, const std::vector<std::int64_t>& rank_tokens) const;
+  double p2pBytes(const std::vector<std::int64_t>& rank_tokens) const;  ///< its message, per TP rank
   double gradSyncSeconds(int stage) const;
   /// A CP group's task: CP rank r alone would take x[r] at the mean speed; the group takes
   /// its slowest member's time over the TP x CP ranks of (stage, replica), each at its rank's

@@ -82,6 +82,41 @@ echo "$out" | grep -Eq "^hybrid +allgather" && fail "unrequested row printed: $o
 echo "$out" | grep -q "(chosen)" || fail "chosen row not shown: $out"
 grep -q '"plan"' "$TMP/m.jsonl" && fail "--metrics-only still wrote plans"
 
+# SlimPack plans sharded as wlb run runs them: a DP-Merge slot is one sample over the
+# group's g·cp ranks, listed once (at the group's first replica); the other units' slices
+# gather K/V whatever cp.comm, and the chosen row says so.
+dm="$SRC/inputs/run_slimpack_dpmerge.toml"
+"$WLB" plan "$dm" --packer slimpack --set mesh.cp=2 --set cp.comm=sharding_aware --out "$TMP/dm.jsonl" > /dev/null 2>&1 ||
+  fail "plan of the DP-Merge deck"
+out="$("$WLB" shard "$dm" --packer slimpack --set mesh.cp=2 --set cp.comm=sharding_aware --out "$TMP/dms.jsonl" 2>&1)" ||
+  fail "shard of the DP-Merge deck: $out"
+echo "$out" | grep -q "(chosen; [0-9]* SlimPack units gather K/V whatever cp.comm" || fail "chosen row of a SlimPack plan: $out"
+"$PY" - "$TMP/dm.jsonl" "$TMP/dms.jsonl" <<'PYEOF' || fail "DP-Merge slots in wlb shard"
+import json, sys
+steps = {}
+for l in open(sys.argv[1]):
+    j = json.loads(l)
+    if j.get("type") == "step":
+        steps[j["step"]] = j
+rows = [json.loads(l) for l in open(sys.argv[2])]
+rows = [r for r in rows if r["type"] == "micro_batch"]
+seen = {(r["step"], r["replica"], r["index"]): r for r in rows}
+merged = 0
+for s, j in steps.items():
+    for m in j.get("merged", []):
+        merged += 1
+        g = m["group"]
+        r = seen.get((s, g[0], m["slot"]))
+        assert r is not None, (s, m)
+        assert r["ranks"] == 2 * len(g) and r["plan"]["cp"] == 2 * len(g), r["ranks"]
+        assert r["comm"] == "sharding_aware", r["comm"]
+        for other in g[1:]:
+            assert (s, other, m["slot"]) not in seen, (s, other, m)
+assert merged > 0, "the deck merged no sample"
+plain = [r for r in rows if r["ranks"] == 2]
+assert plain and all(r["comm"] == "allgather" for r in plain)
+PYEOF
+
 # Bad input: exit 2, nothing written.
 "$WLB" shard "$TMP/deck.toml" --strategy ring --out "$TMP/bad.jsonl" > "$TMP/e1" 2>&1
 [ $? -eq 2 ] || fail "unknown strategy should exit 2: $(cat "$TMP/e1")"

@@ -408,6 +408,26 @@ TEST(CpShard, WholeDocumentMovesNoKvWhenEverythingFits) {
   }
 }
 
+TEST(CpShard, KvRunsAreMaximal) {
+  // Whole documents laid back to back on a rank are one run of its own tokens, not one per
+  // document; no two consecutive runs of any plan continue each other.
+  const auto cost = testCost();
+  const ShardPlan whole = planShards(makeMb({5, 5, 5, 5}), Strategy::WholeDocument, 2, cost, cfgFor());
+  for (const auto& rs : whole.ranks) EXPECT_EQ(rs.kv_runs.size(), 1u);
+  for (auto st : allStrategies())
+    for (int cp : {2, 3, 4}) {
+      const ShardPlan plan = planShards(makeMb({700, 33, 5, 5, 1200, 9, 64}), st, cp, cost, cfgFor());
+      for (const auto& rs : plan.ranks)
+        for (std::size_t i = 1; i < rs.kv_runs.size(); ++i) {
+          const KvRun& a = rs.kv_runs[i - 1];
+          const KvRun& b = rs.kv_runs[i];
+          EXPECT_FALSE(a.src == b.src && a.src_local_begin + a.len == b.src_local_begin &&
+                       a.kv_begin + a.len == b.kv_begin)
+              << strategyName(st) << " cp " << cp;
+        }
+    }
+}
+
 TEST(CpShard, WholeDocumentFallsBackForOversizedSegment) {
   const auto cost = testCost();
   const MicroBatch mb = makeMb({1000, 10, 10, 10});
@@ -477,6 +497,9 @@ TEST(CpShard, EmptyAndZeroLengthSegments) {
     const MicroBatch empty;
     const ShardPlan p0 = planShards(empty, s, 4, cost, cfgFor());
     EXPECT_NO_THROW(validatePlan(p0, empty));
+    // nothing to exchange, nothing to wait for, in either mode
+    for (CommMode c : {CommMode::AllGather, CommMode::ShardingAware})
+      for (const RankComm& rc : planComm(p0, c, cost).ranks) EXPECT_EQ(rc.fwd_seconds + rc.bwd_seconds, 0.0);
     const MicroBatch mb = makeMb({0, 9, 0, 3});
     const ShardPlan p1 = planShards(mb, s, 4, cost, cfgFor());
     EXPECT_NO_THROW(validatePlan(p1, mb));

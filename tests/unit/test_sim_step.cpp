@@ -6,6 +6,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <map>
+#include <memory>
 #include <numeric>
 #include <set>
 
@@ -198,6 +200,19 @@ TEST(SimStep, RealShardPlansOrderStrategies) {
   std::int64_t t = 0;
   for (auto x : w.rank_tokens) t += x;
   EXPECT_EQ(t, plan.replicas[0][0].tokens());
+  // Sharding-aware exchange: a rank that only sends pays its messages' latency as the CP
+  // cost model (cp::planComm) charges it, max(received, sent) per direction.
+  CpConfig aware;
+  aware.comm = "sharding_aware";
+  MicroBatch two;
+  two.segments = {{0, 0, 6, 0}, {1, 0, 2, 0}};
+  const auto plans = cp::planReplicaShards({two}, "per_sequence", 2, cost, aware);
+  const MicroBatchWork wa = microBatchWork(two, plans.front(), "per_sequence", 2, cost);
+  for (int r = 0; r < 2; ++r) {
+    const cp::RankComm& rc = plans.front().comm.ranks[static_cast<std::size_t>(r)];
+    EXPECT_EQ(wa.kv_peers[static_cast<std::size_t>(r)], std::max(rc.peers, rc.out_peers)) << r;
+    if (rc.fwd_bytes_sent > 0) EXPECT_GT(wa.kv_peers[static_cast<std::size_t>(r)], 0) << r;
+  }
 }
 
 TEST(SimStep, PredictedEventsForEveryRank) {
@@ -225,6 +240,47 @@ TEST(SimStep, PredictedEventsForEveryRank) {
   EXPECT_EQ(rec.virtualRanks()[5].cp, 0);
   EXPECT_EQ(rec.virtualRanks()[5].pp, 1);
   EXPECT_EQ(rec.virtualRanks()[5].tp, 1);
+}
+
+TEST(SimStep, PredictedEventsCarryTheirFlopsAndBytes) {
+  const model::CostModel cost(dims(32000), model::HardwareProfile::analytic(), 2);
+  const auto run = [&](int tp, int cp, int elem_bytes) {
+    SimConfig cfg = fastNet(tp, cp, 2, 1);
+    cfg.net.tp_bps = cfg.net.cp_bps = cfg.net.pp_bps = cfg.net.dp_bps = 50e9;
+    cfg.comm_element_bytes = elem_bytes;
+    const model::CostModel c(dims(32000), model::HardwareProfile::analytic(), tp);
+    StepSimulator sim(cfg, c);
+    std::vector<std::vector<MicroBatchWork>> w(1);
+    for (int i = 0; i < 2; ++i) w[0].push_back(balancedMicroBatchWork({4096, 2048 * (1 + i)}, cp, c));
+    auto rec = std::make_unique<trace::Recorder>();
+    rec->setStrategy("wlb");
+    (void)sim.simulate(w, rec.get(), 0, 0.0);
+    return rec;
+  };
+  const auto rec = run(2, 2, 0);
+  std::map<std::string, std::pair<double, double>> sums;  // region -> (flops, bytes)
+  for (const auto& e : rec->events()) {
+    auto& x = sums[rec->regions()[static_cast<std::size_t>(e.region)]];
+    x.first += e.flops;
+    x.second += e.bytes;
+  }
+  for (const char* r : {"attn", "mlp"}) EXPECT_GT(sums[r].first, 0) << r;
+  for (const char* r : {"tp_allreduce", "kv_allgather", "pp_send", "grad_allreduce"}) EXPECT_GT(sums[r].second, 0) << r;
+  // No TP or CP: no events for them (their latencies used to show as tp_allreduce).
+  const auto one = run(1, 1, 0);
+  for (const auto& e : one->events()) {
+    const std::string& r = one->regions()[static_cast<std::size_t>(e.region)];
+    EXPECT_NE(r, "tp_allreduce");
+    EXPECT_NE(r, "kv_allgather");
+  }
+  // --as-run sends fp32 (comm_element_bytes 4): the TP all-reduces' bytes double with model.dtype_bytes 2.
+  const auto tpBytes = [](const trace::Recorder& r) {
+    double b = 0;
+    for (const auto& e : r.events())
+      if (r.regions()[static_cast<std::size_t>(e.region)] == "tp_allreduce") b += e.bytes;
+    return b;
+  };
+  EXPECT_DOUBLE_EQ(tpBytes(*run(2, 1, 4)), 2.0 * tpBytes(*run(2, 1, 0)));
 }
 
 TEST(SimStep, Mesh4096RanksPlansAndSimulates) {

@@ -446,6 +446,20 @@ TEST(SlimPack, DpMergeRunsAnOversizedSampleOnAGroupOfReplicas) {
     share += works[r][0].rank_tokens.front();
   }
   EXPECT_EQ(share, 9000);
+  // The members exchange the sample's K/V over the group at cp = 1 too (the executor does):
+  // the simulator charges it on the CP link.
+  for (const auto r : mg.group) EXPECT_GT(works[static_cast<std::size_t>(r)][0].kv_fwd_bytes.front(), 0) << r;
+  Deck slow = d;
+  slow.pipeline.schedule = "packflow";
+  slow.hardware.cp_bandwidth_gbps = 0.01;
+  Deck fast = slow;
+  fast.hardware.cp_bandwidth_gbps = 1e6;
+  const auto cost_slow = model::CostModel::fromDeck(slow), cost_fast = model::CostModel::fromDeck(fast);
+  const double t_slow =
+      pp::StepSimulator(slow, cost_slow).simulatePlan(plan, "per_document", CpConfig{}).pipeline_seconds;
+  const double t_fast =
+      pp::StepSimulator(fast, cost_fast).simulatePlan(plan, "per_document", CpConfig{}).pipeline_seconds;
+  EXPECT_GT(t_slow, t_fast * 1.01);
   // A bad group is a plan error naming the key.
   auto j = packing::stepToJson(plan, packing::computeMetrics(plan, cost), 40);
   j["merged"][0]["group"] = {mg.group.back(), mg.group.front()};
