@@ -249,7 +249,10 @@ MinMaxResult solveMinMaxSquares(const std::vector<std::int64_t>& lengths, int bi
   // bound is the trivial one.
   const bool proven = !reduced && model.isProvenOptimal();
   r.bound = reduced ? lb0 : std::max(lb0, std::min(r.objective, model.getBestPossibleObjValue() * scale));
-  if (proven) r.bound = r.objective;
+  if (proven) {
+    r.bound = r.objective;
+    r.tolerance = model.getCutoffIncrement() * scale;
+  }
   r.gap = r.objective > 0 ? std::max(0.0, (r.objective - r.bound) / r.objective) : 0.0;
   if (r.gap < 1e-9) r.gap = 0.0;
   r.status = (proven || r.gap == 0.0) ? "optimal" : reduced ? "heuristic" : "time_limit";
@@ -337,6 +340,7 @@ class FixedOptimalPacker final : public CarryPacker {
              {"objective", res.objective / double(S) / double(S)},
              {"bound", res.bound / double(S) / double(S)},
              {"gap", res.gap},
+             {"tolerance", res.tolerance / double(S) / double(S)},
              {"seconds", res.seconds},
              {"nodes", res.nodes},
              {"items", placed.size()}};

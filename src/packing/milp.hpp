@@ -21,6 +21,9 @@ struct MinMaxResult {
   double gap = 0;           ///< (objective - bound) / objective, 0 when proven optimal
   std::string status;       ///< "optimal" | "time_limit" | "infeasible" | "heuristic"
   std::string note;         ///< why the result is "heuristic" (reduced model, build over time)
+  /// "optimal" from CBC: no assignment beats the objective by more than this (tokens^2; CBC's
+  /// cutoff increment: it takes no incumbent that improves by less). 0: exact (trivial bound).
+  double tolerance = 0;
   double seconds = 0;
   std::int64_t nodes = 0;
 };

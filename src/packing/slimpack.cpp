@@ -265,9 +265,13 @@ std::vector<std::int64_t> backwardPartition(const std::vector<double>& bwd, cons
   return cuts;
 }
 
-std::vector<std::int64_t> candidateCounts(std::int64_t i_min, std::int64_t n) {
-  std::vector<std::int64_t> v;
-  for (std::int64_t k = 0; k < std::min<std::int64_t>(n, 40); ++k) v.push_back(i_min + (std::int64_t{1} << k) - 1);
+std::vector<std::int64_t> candidateCounts(std::int64_t i_min, std::int64_t n, std::int64_t i_max) {
+  std::vector<std::int64_t> v{i_min};
+  for (std::int64_t k = 1; k < std::min<std::int64_t>(n, 62); ++k) {
+    const std::int64_t i = i_min + (std::int64_t{1} << k) - 1;
+    if (i > i_max) break;
+    v.push_back(i);
+  }
   return v;
 }
 
@@ -549,7 +553,9 @@ class SlimPackPacker final : public Packer {
     const std::int64_t unit = s_fill * opt_.pp;
     const std::int64_t i_min =
         std::max<std::int64_t>(1, (*std::max_element(rtok.begin(), rtok.end()) + unit - 1) / unit);
-    const auto counts = slimpack::candidateCounts(i_min, opt_.slimpack_candidates);
+    // no more MicroPacks per stage than the fullest replica has tokens
+    const std::int64_t i_max = std::max(i_min, *std::max_element(rtok.begin(), rtok.end()) / opt_.pp);
+    const auto counts = slimpack::candidateCounts(i_min, opt_.slimpack_candidates, i_max);
     for (const auto i : counts) {
       const std::int64_t m = i * opt_.pp;
       std::vector<slimpack::ReplicaPacks> fwd;

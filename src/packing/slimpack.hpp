@@ -59,7 +59,8 @@ std::vector<std::int64_t> backwardPartition(const std::vector<double>& bwd_flops
                                             const std::vector<std::int64_t>* chain = nullptr);
 
 /// MicroPack-count candidates i (m = i * pp): i_min + 2^k - 1 for k < n — dense next to the
-/// smallest count that holds the tokens, sparser beyond.
-std::vector<std::int64_t> candidateCounts(std::int64_t i_min, std::int64_t n);
+/// smallest count that holds the tokens, sparser beyond — up to i_max (a MicroPack holds a
+/// token at least: more would be empty units, and 2^k of them exhaust memory); i_min always.
+std::vector<std::int64_t> candidateCounts(std::int64_t i_min, std::int64_t n, std::int64_t i_max);
 
 }  // namespace wlb::packing::slimpack

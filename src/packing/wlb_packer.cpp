@@ -412,6 +412,15 @@ class WlbPacker final : public Packer {
     if (q.size() != queues_.size())
       throw InputError(fmt::format("packer state: {} outlier queues saved, {} configured", q.size(), queues_.size()));
     for (std::size_t i = 0; i < queues_.size(); ++i) queues_[i] = itemsOf(segsFromJson(q[i]));
+    // Arrivals are cut at s_max; a longer held piece was saved under a larger data.s_max and
+    // would fit no micro-batch of this one: it would come back every step, never trained.
+    for (const Segment& h : heldSegments())
+      if (h.length > opt_.s_max)
+        throw InputError(
+            fmt::format("packer state: held segment [doc {}, offset {}, length {}] is longer than "
+                        "data.s_max = {}: the state was saved with another data.s_max (resume "
+                        "with the deck it was saved with)",
+                        h.doc, h.offset, h.length, opt_.s_max));
   }
   std::vector<Segment> heldSegments() const override {
     std::vector<Segment> v = segmentsOf(carry_);

@@ -220,6 +220,40 @@ TEST(PackingCheckpoint, RestoreAtRandomStepGivesIdenticalStream) {
   EXPECT_THROW(packing::loadCheckpoint(packing::saveCheckpoint(*s, *a), *s, *b, "x"), InputError);
 }
 
+TEST(PackingRestart, HeldPiecesLongerThanThisDecksSMaxAreRefused) {
+  // Arrivals are cut at s_max = 1280; resumed under s_max = 1100, a held 1280-token piece
+  // would fit no micro-batch and come back every step, never trained.
+  Deck d = lengthFileDeck("big3.txt", "3000\n100\n200\n");
+  d.data.context_window = 1024;
+  d.data.s_max = 1280;
+  d.mesh.pp = 2;
+  d.packing.micro_batches = 2;
+  d.packing.outlier_thresholds = {256, 512, 768};
+  const auto cost = model::CostModel::fromDeck(d);
+  auto src = data::makeLengthSource(d);
+  auto p = packing::makePacker("wlb", d, cost);
+  (void)p->pack(0, src->next(0));
+  bool long_held = false;
+  for (const auto& h : p->heldSegments()) long_held = long_held || h.length > 1100;
+  ASSERT_TRUE(long_held) << "the test needs a held piece longer than the smaller s_max";
+  const auto ck = packing::saveCheckpoint(*src, *p);
+  Deck smaller = d;
+  smaller.data.s_max = 1100;
+  auto src2 = data::makeLengthSource(smaller);
+  auto p2 = packing::makePacker("wlb", smaller, model::CostModel::fromDeck(smaller));
+  try {
+    packing::loadCheckpoint(ck, *src2, *p2, "state.json");
+    FAIL() << "a state saved under a larger s_max was restored";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("data.s_max = 1100"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("state.json"), std::string::npos) << e.what();
+  }
+  // The same s_max restores.
+  auto src3 = data::makeLengthSource(d);
+  auto p3 = packing::makePacker("wlb", d, cost);
+  EXPECT_NO_THROW(packing::loadCheckpoint(ck, *src3, *p3, "state.json"));
+}
+
 TEST(PackingOptimal, MatchesBruteForceOnSmallInstances) {
   std::mt19937 rng(2024);
   int compared = 0;

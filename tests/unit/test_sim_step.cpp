@@ -211,7 +211,9 @@ TEST(SimStep, RealShardPlansOrderStrategies) {
   for (int r = 0; r < 2; ++r) {
     const cp::RankComm& rc = plans.front().comm.ranks[static_cast<std::size_t>(r)];
     EXPECT_EQ(wa.kv_peers[static_cast<std::size_t>(r)], std::max(rc.peers, rc.out_peers)) << r;
-    if (rc.fwd_bytes_sent > 0) EXPECT_GT(wa.kv_peers[static_cast<std::size_t>(r)], 0) << r;
+    if (rc.fwd_bytes_sent > 0) {
+      EXPECT_GT(wa.kv_peers[static_cast<std::size_t>(r)], 0) << r;
+    }
   }
 }
 

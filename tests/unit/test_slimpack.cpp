@@ -283,7 +283,12 @@ TEST(SlimPack, BackwardPartitionEqualWhenPossibleAndOrdered) {
 }
 
 TEST(SlimPack, CandidatesAndBadKeys) {
-  EXPECT_EQ(sp::candidateCounts(3, 4), (std::vector<std::int64_t>{3, 4, 6, 10}));
+  EXPECT_EQ(sp::candidateCounts(3, 4, 100), (std::vector<std::int64_t>{3, 4, 6, 10}));
+  // at most i_max (a MicroPack holds a token at least); i_min always; 64 candidates do not
+  // overflow or allocate 2^63 MicroPacks
+  EXPECT_EQ(sp::candidateCounts(3, 64, 9), (std::vector<std::int64_t>{3, 4, 6}));
+  EXPECT_EQ(sp::candidateCounts(5, 64, 2), (std::vector<std::int64_t>{5}));
+  EXPECT_EQ(sp::candidateCounts(1, 64, std::int64_t{1} << 62).size(), 62u);
   auto err = [](const std::string& set) {
     try {
       (void)parseDeck("[packing]\nstrategy = \"slimpack\"\n", "s.toml", {set});
