@@ -96,22 +96,33 @@ def wlb_subcommands(wlb: str) -> list[str]:
     return re.findall(r"^  (\S+)", m.group(1), re.M) if m else []
 
 
-def parse_validate(text: str) -> tuple[dict, list[str]]:
-    """Split `wlb validate --cases` output into (resolved deck, case output dirs)."""
+def parse_validate(text: str) -> tuple[dict, list[tuple[str, list[str]]]]:
+    """Split `wlb validate --cases` output into (resolved deck, cases); a case is its output
+    dir and its "table.key=literal" overrides as wlb wrote them (tab-separated after the dir)."""
     m = re.search(r"^# (\d+) sweep case\(s\)\s*$", text, re.M)
     head = text[: m.start()] if m else text
-    dirs = []
+    cases = []
     if m:
         for line in text[m.end():].splitlines():
             if line.startswith("#   "):
-                dirs.append(line[4:])
-        if len(dirs) != int(m.group(1)):
-            raise InputError(f"wlb printed {m.group(1)} case(s) but listed {len(dirs)}")
+                d, *sets = line[4:].split("\t")
+                cases.append((d, sets))
+        if len(cases) != int(m.group(1)):
+            raise InputError(f"wlb printed {m.group(1)} case(s) but listed {len(cases)}")
     try:
         resolved = tomllib.loads(head)
     except tomllib.TOMLDecodeError as e:
         raise InputError(f"cannot parse the resolved deck printed by 'wlb validate': {e}")
-    return resolved, dirs
+    return resolved, cases
+
+
+def override_value(s: str):
+    """The value of a "table.key=literal" override, parsed as TOML."""
+    key, _, lit = s.partition("=")
+    try:
+        return key, tomllib.loads("v = " + lit)["v"]
+    except tomllib.TOMLDecodeError as e:
+        raise InputError(f"cannot parse wlb's case override '{s}': {e}")
 
 
 def flatten_sweep(sweep: dict) -> dict[str, list]:
@@ -136,10 +147,6 @@ def expand_cases(sweep: dict[str, list]) -> list[list[tuple[str, object]]]:
         values = list(reversed(combo))
         cases.append([(axes[a][0], values[a]) for a in range(len(axes))])
     return cases
-
-
-def case_suffix(case: list[tuple[str, object]]) -> str:
-    return "_".join(f"{k}-{toml_literal(v).replace(chr(34), '')}" for k, v in case)
 
 
 SWEEP_HEADER = re.compile(r"^\s*\[\s*(\"sweep\"|'sweep'|sweep)\s*[.\]]")
@@ -175,7 +182,11 @@ def path_fixes(deck_path: Path, deck: dict, job_deck_dir: Path) -> list[str]:
         if table == "sweep" or not isinstance(kv, dict):
             continue
         for key, v in kv.items():
-            if isinstance(v, str) and v and not os.path.isabs(v) and (base / v).exists():
+            if not isinstance(v, str) or not v or os.path.isabs(v):
+                continue
+            # a dataset is a prefix: wlb looks for PREFIX_train.idx next to the deck
+            beside = (base / (v + "_train.idx")).exists() if (table, key) == ("train", "dataset") else (base / v).exists()
+            if beside:
                 fixes.append(f"{table}.{key}={toml_literal(str(base / v))}")
     return fixes
 
@@ -630,7 +641,16 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--dry-run", action="store_true", help="print the cases and sbatch commands only")
     ap.add_argument("--wlb-arg", action="append", default=[], metavar="ARG",
                     help="extra argument for the wlb subcommand, e.g. --wlb-arg=--steps=5 (repeatable)")
-    o = ap.parse_args(argv)
+    # "--sbatch-arg --time=..." as documented: argparse takes no value that starts with '-'
+    joined, i = [], 0
+    while i < len(argv):
+        if argv[i] in ("--sbatch-arg", "--wlb-arg") and i + 1 < len(argv):
+            joined.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            joined.append(argv[i])
+            i += 1
+    o = ap.parse_args(joined)
 
     wlb = os.path.abspath(o.wlb)
     if not os.access(wlb, os.X_OK):
@@ -643,19 +663,26 @@ def main(argv: list[str]) -> int:
     if subs and o.subcommand not in subs:
         raise InputError(f"'{o.subcommand}' is not a subcommand of this wlb (has: {' '.join(subs)})")
 
-    resolved, dirs = parse_validate(run_wlb(wlb, ["validate", str(deck_path), *user_sets, "--cases"]))
+    resolved, wlb_cases = parse_validate(run_wlb(wlb, ["validate", str(deck_path), *user_sets, "--cases"]))
     base_out = Path(resolved.get("output", {}).get("dir", "wlb-out"))
     sweep = flatten_sweep(resolved.get("sweep", {}))
     cases = expand_cases(sweep)
+    # wlb names every case's folder and writes its overrides: each task passes those
+    # literals back as they are; the values here (typed, for the manifest and the CSV) must
+    # be the same ones in the same order.
     if sweep:
-        if len(cases) != len(dirs):
-            raise InputError(f"[sweep] expands to {len(cases)} case(s) here but wlb lists {len(dirs)}")
-        for c, d in zip(cases, dirs):
-            if os.path.basename(d) != case_suffix(c):
-                raise InputError(f"case naming mismatch: wlb says '{d}', expected '.../{case_suffix(c)}' "
-                                 "(has wlb::expandSweep's order or naming changed?)")
+        if len(cases) != len(wlb_cases):
+            raise InputError(f"[sweep] expands to {len(cases)} case(s) here but wlb lists {len(wlb_cases)}")
+        for c, (d, sets) in zip(cases, wlb_cases):
+            if [override_value(s) for s in sets] != c:
+                raise InputError(f"case order mismatch: wlb's case '{d}' has {' '.join(sets)}, expected "
+                                 + " ".join(f"{k}={toml_literal(v)}" for k, v in c)
+                                 + " (has wlb::expandSweep's order changed?)")
+        dirs = [d for d, _ in wlb_cases]
+        case_sets = [sets for _, sets in wlb_cases]
     else:
         dirs = [str(base_out)]
+        case_sets = [[]]
 
     # The deck each task runs: the original, or a copy without [sweep].
     state_dir = base_out / ".wlb-sweep"
@@ -686,12 +713,17 @@ def main(argv: list[str]) -> int:
     # Validate every case as its task will run it; take the rank count from its mesh.
     check_deck = job_deck if job_deck.exists() else deck_path
     rows = []  # (index, ranks, dir, overrides)
-    for i, (case, d) in enumerate(zip(cases, dirs)):
-        sets = fixes + o.sets + [f"{k}={toml_literal(v)}" for k, v in case]
+    for i, (d, own) in enumerate(zip(dirs, case_sets)):
+        sets = fixes + o.sets + own
         args = ["validate", str(check_deck)] + [a for s in sets for a in ("--set", s)]
         r = parse_validate(run_wlb(wlb, args))[0]
         if check_deck == job_deck and job_deck != deck_path and r.get("sweep"):
             raise InputError(f"case deck '{job_deck}' still has a [sweep]")
+        if o.subcommand == "train":  # validate takes a dataset still to be prepared; a task would not
+            ds = r.get("train", {}).get("dataset", "")
+            if ds and not any((p / (ds + "_train.idx")).is_file() for p in (check_deck.parent, Path("."))):
+                raise InputError(f"case {i}: train.dataset = \"{ds}\": no {ds}_train.idx next to the deck or here "
+                                 "(prepare it with wlb data prepare)")
         ranks = mesh_ranks(r) if o.subcommand in MPI_SUBCOMMANDS else 1
         rows.append((i, ranks, d, sets))
 
@@ -724,7 +756,10 @@ def main(argv: list[str]) -> int:
         cmd = ["sbatch", "--parsable", f"--array={array}", f"--ntasks={ranks}",
                f"--job-name=wlb-{o.subcommand}-{deck_path.stem}",
                f"--output={base_out.resolve()}/slurm-%A_%a.out", *o.sbatch_arg,
-               str(TEMPLATE), str(job_deck), o.subcommand, *o.wlb_arg]
+               # as arguments, not only the environment: a cluster (or the user) may submit
+               # with --export=NONE, and a task must not then run the deck's base case
+               str(TEMPLATE), "--cases", str(cases_file.resolve()), "--wlb", wlb, "--root", str(ROOT),
+               str(job_deck), o.subcommand, *o.wlb_arg]
         if o.dry_run:
             print("  " + " ".join(shlex.quote(c) for c in cmd))
             continue

@@ -57,7 +57,12 @@ const bool registered = wlb::app::registerCommand(
         if (o->cases) {
           const auto cases = wlb::expandSweep(deck);
           std::cout << "\n# " << cases.size() << " sweep case(s)\n";
-          for (const auto& c : cases) std::cout << "#   " << c.output.dir << "\n";
+          // the case's folder, then its overrides as --set takes them (run/slurm/sweep reads them)
+          for (const auto& c : cases) {
+            std::cout << "#   " << c.output.dir;
+            for (const auto& s : c.sweep_case) std::cout << '\t' << s;
+            std::cout << '\n';
+          }
         }
         return 0;
       };

@@ -339,6 +339,7 @@ void resolveAndValidate(Deck& d, const std::string& name) {
                             std::to_string(mesh.pp * mesh.virtual_stages) + ": every pipeline stage needs a layer");
   if (mesh.virtual_stages > 1 && d.pipeline.schedule != "interleaved")
     err("mesh.virtual_stages", "virtual_stages > 1 needs [pipeline] schedule = \"interleaved\"");
+  d.data.s_max_derived = d.data.s_max == 0;
   if (d.data.s_max == 0) d.data.s_max = d.data.context_window;
   if (d.data.s_max < d.data.context_window)
     err("data.s_max", "s_max = " + std::to_string(d.data.s_max) +
@@ -347,6 +348,7 @@ void resolveAndValidate(Deck& d, const std::string& name) {
     err("data.path", "source = \"" + d.data.source + "\" needs a path to the length file");
   for (const auto& [key, file] : {std::pair{"output.trace", &d.output.trace}, std::pair{"output.plan", &d.output.plan}})
     if (file->empty()) err(key, "empty: name a file inside output.dir");
+  d.packing.micro_batches_derived = d.packing.micro_batches == 0;
   if (d.packing.micro_batches == 0) d.packing.micro_batches = mesh.pp;
   if (d.pipeline.schedule == "interleaved" && d.packing.micro_batches % mesh.pp != 0)
     err("packing.micro_batches", "interleaved 1F1B needs micro_batches (" + std::to_string(d.packing.micro_batches) +
@@ -541,17 +543,20 @@ std::vector<Deck> expandSweep(const Deck& deck) {
   std::vector<std::pair<std::string, std::vector<std::string>>> axes(deck.sweep.begin(), deck.sweep.end());
   std::vector<std::size_t> idx(axes.size(), 0);
   std::map<std::string, std::string> folders;  // case folder -> the values that named it
+  std::map<std::string, std::string> decks;    // case deck (TOML) -> the values that made it
+  const std::string where = deck.source_path.empty() ? std::string("[sweep]") : deck.source_path + ": [sweep]";
   for (;;) {
     // Re-resolve from the deck's own (unresolved) values: derived keys follow the case.
     Deck c = deck;
     c.sweep.clear();
     // Derived defaults follow the case (unless the case sets them: its values come after).
-    if (deck.data.s_max == deck.data.context_window) c.data.s_max = 0;
-    if (deck.packing.micro_batches == deck.mesh.pp) c.packing.micro_batches = 0;
+    if (deck.data.s_max_derived) c.data.s_max = 0;
+    if (deck.packing.micro_batches_derived) c.packing.micro_batches = 0;
     std::string suffix, values;
     for (std::size_t a = 0; a < axes.size(); ++a) {
       const std::string& lit = axes[a].second[idx[a]];
       applyOverride(c, axes[a].first + "=" + lit, "[sweep]");
+      c.sweep_case.push_back(axes[a].first + "=" + lit);
       // The value as part of one folder name: quotes go, and any character but letters,
       // digits and . + - = , becomes '_', so a value holding '/' (a profile's path) can
       // neither leave output.dir nor nest folders.
@@ -565,12 +570,18 @@ std::vector<Deck> expandSweep(const Deck& deck) {
       values += (values.empty() ? "" : ", ") + axes[a].first + " = " + lit;
     }
     resolveAndValidate(c, deck.source_path.empty() ? "[sweep]" : deck.source_path + " [sweep] " + suffix);
+    // An empty output.dir is the working directory, as without a sweep (not the root).
+    const std::string dir = deck.output.dir.empty() ? suffix : deck.output.dir + "/" + suffix;
     if (const auto [it, fresh] = folders.emplace(suffix, values); !fresh)
-      throw InputError((deck.source_path.empty() ? std::string("[sweep]") : deck.source_path + ": [sweep]") +
-                           " cases (" + it->second + ") and (" + values + ") would write to the same folder " +
-                           deck.output.dir + "/" + suffix + ": their values differ only where a folder name cannot",
+      throw InputError(where + " cases (" + it->second + ") and (" + values + ") would write to the same folder " +
+                           dir + ": their values differ only where a folder name cannot",
                        true);
-    c.output.dir = deck.output.dir + "/" + suffix;
+    // Equal values written differently (1 and 1.0) make the same case twice.
+    if (const auto [it, fresh] = decks.emplace(c.toToml(), values); !fresh)
+      throw InputError(where + " cases (" + it->second + ") and (" + values +
+                           ") resolve to the same deck: it would run twice (a value listed twice, as 1 and 1.0?)",
+                       true);
+    c.output.dir = dir;
     out.push_back(std::move(c));
     std::size_t a = 0;
     for (; a < axes.size(); ++a) {

@@ -37,12 +37,14 @@ struct DataConfig {
   std::uint64_t seed = 1234;
   std::int64_t context_window = 131072;  ///< S
   std::int64_t s_max = 0;                ///< variable-length limit; 0 -> resolved to S
+  bool s_max_derived = false;            ///< resolved from 0 (a [sweep] case derives it again)
   double length_scale = 1.0;             ///< multiply generated lengths (scaled-down runs)
 };
 
 struct PackingConfig {
   std::string strategy = "wlb";    ///< original | fixed_greedy | fixed_optimal | best_fit | wlb | slimpack
   std::int64_t micro_batches = 0;  ///< M per DP replica; 0 -> resolved to pp
+  bool micro_batches_derived = false;  ///< resolved from 0 (a [sweep] case derives it again)
   std::int64_t window = 1;         ///< fixed_greedy: global batches per window (1 = the paper's Fixed-4D)
   std::vector<std::int64_t> outlier_thresholds;  ///< L_1 < ... < L_n; empty -> defaults
   double delay_budget = 1.0;                     ///< mean per-token delay budget (steps) for tuning
@@ -132,6 +134,8 @@ struct Deck {
   std::map<std::string, std::vector<std::string>> sweep;
 
   std::string source_path;  ///< file the deck came from ("" for built-in)
+  /// A case of expandSweep: its "table.key=literal" overrides, in the sweep's key order.
+  std::vector<std::string> sweep_case;
 
   /// The resolved deck as TOML text (every key, defaults included). Stored in outputs.
   std::string toToml() const;

@@ -103,8 +103,10 @@ fi
 # --- 2. a 2-case sweep as job arrays ------------------------------------------------------
 sw=$work/sweep
 rc=0
+# --export=NONE (some clusters' default): the tasks see none of the launcher's environment
+# and must still run their own cases (the case table travels as an argument).
 timeout 120 run/slurm/sweep inputs/slurm_sweep.toml --subcommand mesh --wait --timeout 100 \
-  --set "output.dir=\"$sw\"" --sbatch-arg=--time=00:05:00 >"$work/sweep.txt" 2>&1 || rc=$?
+  --set "output.dir=\"$sw\"" --sbatch-arg=--time=00:05:00 --sbatch-arg --export=NONE >"$work/sweep.txt" 2>&1 || rc=$?
 cat "$work/sweep.txt"
 if ((rc != 0)); then
   fail "run/slurm/sweep --wait exited $rc"
@@ -274,6 +276,26 @@ timeout 30 run/slurm/submit inputs/quickstart.toml mesh --set mesh.no_such_key=1
 rc=0
 timeout 30 run/slurm/submit inputs/slurm_sweep.toml mesh >/dev/null 2>&1 || rc=$?
 ((rc == 2)) && pass "submit: a sweeping deck -> exit 2" || fail "submit: a sweeping deck exited $rc, not 2"
+# An array task without its case table would run the base deck into its siblings' folder.
+rc=0
+SLURM_ARRAY_TASK_ID=0 SLURM_ARRAY_JOB_ID=1 timeout 30 run/slurm/wlb.sbatch inputs/quickstart.toml mesh >"$work/e.txt" 2>&1 || rc=$?
+((rc == 2)) && grep -q "no case file" "$work/e.txt" && pass "wlb.sbatch: array task without a case file -> exit 2" ||
+  fail "wlb.sbatch: array task without a case file exited $rc: $(cat "$work/e.txt")"
+# Values wlb spells its own way (1e-04, 100000.0) and the space form of --sbatch-arg.
+printf '[output]\ndir = "%s"\n[sweep]\n"data.length_scale" = [0.5, 1e-4, 1e5]\n' "$work/floats" >"$work/floats.toml"
+rc=0
+timeout 30 run/slurm/sweep "$work/floats.toml" --subcommand plan --dry-run --sbatch-arg --time=00:05:00 >"$work/f.txt" 2>&1 || rc=$?
+if ((rc == 0)) && [[ $(grep -c "^  case " "$work/f.txt") == 3 ]] && grep -q -- "--time=00:05:00" "$work/f.txt"; then
+  pass "sweep: float cases named by wlb, --sbatch-arg ARG"
+else
+  fail "sweep of float values exited $rc: $(cat "$work/f.txt")"
+fi
+# A training sweep whose dataset is not there fails before queueing (each task would).
+{ sed '/^\[output\]/,$d' inputs/train_convergence.toml; printf '[output]\ndir = "%s"\n[sweep]\n"train.seed" = [1, 2]\n' "$work/ts"; } >"$work/ts.toml"
+rc=0
+timeout 30 run/slurm/sweep "$work/ts.toml" --subcommand train --dry-run --set 'train.dataset="no/such/prefix"' >"$work/t.txt" 2>&1 || rc=$?
+((rc == 2)) && grep -q "train.dataset" "$work/t.txt" && pass "sweep: train with a missing dataset -> exit 2" ||
+  fail "sweep: train with a missing dataset exited $rc: $(cat "$work/t.txt")"
 left=$(timeout 10 squeue -h -o %i | wc -l)
 ((left == 0)) || fail "$left job(s) left in the queue"
 

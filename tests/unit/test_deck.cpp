@@ -169,6 +169,58 @@ context_window = 8192
   EXPECT_EQ(seen, (std::set<std::pair<std::int64_t, std::int64_t>>{{2, 16384}, {2, 32768}, {8, 16384}, {8, 32768}}));
 }
 
+TEST(Deck, SweepKeepsWrittenValuesThatEqualTheirDerivedDefault) {
+  // micro_batches = 4 written with pp = 4 stays 4 in the pp = 2 case (it was reset to the
+  // case's pp because it equalled the deck's); s_max written equal to the window stays too,
+  // so a threshold within it is no error in a smaller-window case.
+  const wlb::Deck d = wlb::parseDeck(R"(
+[mesh]
+pp = 4
+[model]
+layers = 8
+[data]
+context_window = 65536
+s_max = 65536
+[packing]
+micro_batches = 4
+outlier_thresholds = [40000]
+[sweep]
+"mesh.pp" = [2, 4]
+"data.context_window" = [32768, 65536]
+)",
+                                     "d.toml");
+  for (const auto& c : wlb::expandSweep(d)) {
+    EXPECT_EQ(c.packing.micro_batches, 4) << c.output.dir;
+    EXPECT_EQ(c.data.s_max, 65536) << c.output.dir;
+  }
+  // Derived ones still follow the case.
+  const wlb::Deck derived =
+      wlb::parseDeck("[mesh]\npp = 4\n[model]\nlayers = 8\n[sweep]\n\"mesh.pp\" = [2, 4]\n", "d.toml");
+  for (const auto& c : wlb::expandSweep(derived)) EXPECT_EQ(c.packing.micro_batches, c.mesh.pp);
+}
+
+TEST(Deck, SweepCasesNameTheirOverridesAndStayDistinct) {
+  const auto cases = wlb::expandSweep(wlb::parseDeck(
+      "[output]\ndir = \"\"\n[sweep]\n\"data.length_scale\" = [0.5, 1e-4]\nmesh.cp = [1, 2]\n", "s.toml"));
+  ASSERT_EQ(cases.size(), 4u);
+  EXPECT_EQ(cases[0].output.dir.front(), 'd');  // output.dir = "": the working directory, not '/'
+  for (const auto& c : cases) {
+    ASSERT_EQ(c.sweep_case.size(), 2u);
+    EXPECT_EQ(c.sweep_case[0].rfind("data.length_scale=", 0), 0u) << c.sweep_case[0];
+    EXPECT_EQ(c.sweep_case[1], "mesh.cp=" + std::to_string(c.mesh.cp));
+    // the overrides rebuild the case from the deck without its sweep
+    wlb::Deck again = wlb::parseDeck("", "s.toml", c.sweep_case);
+    EXPECT_EQ(again.data.length_scale, c.data.length_scale);
+  }
+  // 1 and 1.0 are one value: the case would run twice into two folders.
+  try {
+    (void)wlb::expandSweep(wlb::parseDeck("[sweep]\n\"data.length_scale\" = [1, 1.0]\n", "s.toml"));
+    FAIL() << "a value listed twice was accepted";
+  } catch (const wlb::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("same deck"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Deck, SweptValueThatBreaksACrossKeyRuleIsRejected) {
   const wlb::Deck d =
       wlb::parseDeck("[data]\ncontext_window = 8192\n[sweep]\n\"data.s_max\" = [4096, 16384]\n", "s.toml");
