@@ -21,12 +21,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import math
+
 import numpy as np
 
 from wlb_trace import PHASE_BWD, PHASE_FWD, Trace
 
 CONTAINER_LABELS = ("step",)
 IDLE_LABELS = ("idle",)
+PIPELINE_WAIT_LABELS = ("pp_recv",)  # waiting for a pipeline message: not a unit's own work
 ATTN_LABEL = "attn"
 
 # Op kinds of the Gantt charts (docs/trace-schema.md, "Op labels"). Labels not listed are
@@ -128,6 +131,8 @@ def step_metrics(trace: Trace, strategy: int):
     coords = trace.coords()
     ev = strategy_events(trace, strategy)
     work_ids = [i for i, l in enumerate(trace.regions) if l not in CONTAINER_LABELS + IDLE_LABELS]
+    # a unit's latency leaves out its waits for pipeline messages, as wlb run's mb-imb does
+    unit_ids = [i for i in work_ids if trace.regions[i] not in PIPELINE_WAIT_LABELS]
     attn_id = trace.region_id(ATTN_LABEL)
     nranks = len(coords["dp"])
     results = []
@@ -151,7 +156,7 @@ def step_metrics(trace: Trace, strategy: int):
         idle = np.where(present, step_time - busy, 0.0)
 
         # Micro-batch latency (total and per phase).
-        mbw = work & (e["micro_batch"] >= 0)
+        mbw = np.isin(e["region"], unit_ids) & (e["micro_batch"] >= 0)
         lat = {}
         for name, pm in (("all", mbw), ("fwd", mbw & (e["phase"] == PHASE_FWD)),
                          ("bwd", mbw & (e["phase"] == PHASE_BWD))):
@@ -300,14 +305,28 @@ def step_work(trace: Trace, strategy: int, steps=None):
 
 
 def fold_to(work, n):
-    """The first n step records, the rest (drain steps) folded into the last: strategies
-    that drained for different numbers of steps pair step by step (docs/analysis.md)."""
+    """The first n step records, the rest folded into the last (traces without
+    measured_steps, whose drain steps are not marked)."""
     if len(work) <= n or n < 1:
         return list(work)
     head = [list(w) for w in work[:n]]
     for _s, t, k in work[n:]:
         head[-1][1] += t
         head[-1][2] += k
+    return [tuple(w) for w in head]
+
+
+def fold_drain(trace: Trace, work):
+    """The measured step records, each drain step's folded into the last of them: the
+    strategies pair step by step however long each drained (model::foldDrain, as wlb run
+    pairs them; docs/analysis.md). Records of a trace without measured steps stay as they are."""
+    head = [list(w) for w in work if step_kind(trace, w[0]) != "drain"]
+    if not head:
+        return list(work)
+    for s, t, k in work:
+        if step_kind(trace, s) == "drain":
+            head[-1][1] += t
+            head[-1][2] += k
     return [tuple(w) for w in head]
 
 
@@ -327,7 +346,11 @@ def throughput_speedup(base, other, resamples=2000, seed=12345):
         return r, r, r
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(b), size=(resamples, len(b)))
-    vals = np.sort([ratio(b[i], o[i]) for i in idx])
+    # A resample of only empty baseline steps (a packer still filling its window) has no
+    # ratio: it is left out, as in model::throughputSpeedup.
+    vals = np.sort([v for v in (ratio(b[i], o[i]) for i in idx) if not math.isnan(v)])
+    if len(vals) == 0:
+        return r, r, r
     return r, float(np.quantile(vals, 0.025)), float(np.quantile(vals, 0.975))
 
 

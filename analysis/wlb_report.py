@@ -67,25 +67,28 @@ def run_speedups(trace, metrics, baseline):
 
     Returns (metric name, [dict strategy, speedup, lo, hi, tok_s, step_x, step_time_ns]).
     Throughput over the same documents: trained tokens / time after warm-up, drain steps
-    included (each strategy ends having trained what it deferred); records beyond the
-    shortest strategy's are folded into its last, so steps pair. A trace without
+    included (each strategy ends having trained what it deferred) and folded into its last
+    measured step, so steps pair (model::foldDrain). A trace without
     /plan/segments falls back to the mean step-time ratio."""
-    from wlb_metrics import fold_to, step_work, summarize, throughput_speedup
+    from wlb_metrics import fold_drain, fold_to, step_work, summarize, throughput_speedup
 
     work = {s: step_work(trace, trace.strategy_id(s), steps) for s, steps in metrics.items() if steps}
+    # each strategy's drain folded into its last measured step, so the steps pair
+    paired = {s: fold_drain(trace, w) for s, w in work.items()}
+    n = min((len(w) for w in paired.values()), default=0)
+    paired = {s: fold_to(w, n) for s, w in paired.items()}
     summ = {s: summarize(trace, trace.strategy_id(s), steps) for s, steps in metrics.items() if steps}
     if baseline not in work or not work:
         return None, []
     base_t = summ[baseline]["step_time_ns"]
     have_tokens = all(not math.isnan(w[2]) for ws in work.values() for w in ws)
-    n = min(len(ws) for ws in work.values())
     out = []
     for s in [baseline] + [x for x in work if x != baseline]:
         t = summ[s]["step_time_ns"]
         step_x = base_t / t if t and not math.isnan(t) else float("nan")
         row = {"strategy": s, "step_x": step_x, "step_time_ns": t, "tok_s": float("nan")}
         if have_tokens:
-            row["speedup"], row["lo"], row["hi"] = throughput_speedup(fold_to(work[baseline], n), fold_to(work[s], n))
+            row["speedup"], row["lo"], row["hi"] = throughput_speedup(paired[baseline], paired[s])
             tot_t = sum(w[1] for w in work[s]) / 1e9
             row["tok_s"] = sum(w[2] for w in work[s]) / tot_t if tot_t > 0 else float("nan")
         else:

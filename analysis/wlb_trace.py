@@ -196,6 +196,25 @@ def load(path: str) -> Trace:
             raise TraceError(f"{path}: /events refers to strategies outside /meta/strategies")
         if events["rank"].min() < 0 or events["rank"].max() >= max(len(ranks["rank"]), 1):
             raise TraceError(f"{path}: /events refers to ranks outside /ranks")
+    # An edited or damaged file is refused, as the C++ reader (src/trace/reader.cpp) refuses
+    # it, not averaged into the report.
+    if n_events:
+        bad = np.flatnonzero((events["end_ns"] < events["start_ns"]) | ~np.isfinite(events["flops"]) |
+                             (events["flops"] < 0) | ~np.isfinite(events["bytes"]) | (events["bytes"] < 0))
+        if len(bad):
+            raise TraceError(f"{path}: /events row {int(bad[0])} is damaged (an end before its start, or a FLOP or "
+                             "byte count that is negative or not a number)")
+    coords = set()
+    for i in range(len(ranks["rank"])):
+        off, cnt = int(ranks["event_offset"][i]), int(ranks["event_count"][i])
+        if off < 0 or cnt < 0 or off + cnt > n_events:
+            raise TraceError(f"{path}: /ranks event slice of rank {int(ranks['rank'][i])} is out of range")
+        if cnt and np.any(events["rank"][off:off + cnt] != ranks["rank"][i]):
+            raise TraceError(f"{path}: /ranks event slice of rank {int(ranks['rank'][i])} holds another rank's events")
+        c = tuple(int(ranks[k][i]) for k in ("tp", "cp", "pp", "dp"))
+        if c in coords:
+            raise TraceError(f"{path}: /ranks gives two ranks the coordinates (tp, cp, pp, dp) = {c}")
+        coords.add(c)
     missing = [f"mesh_{k}" for k in ("tp", "cp", "pp", "dp") if f"mesh_{k}" not in meta]
     if missing:
         raise TraceError(f"{path}: /meta lacks {', '.join(missing)} (not a complete wlb trace)")

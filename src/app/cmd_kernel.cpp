@@ -79,12 +79,23 @@ Case readCase(const std::string& path) {
   if (c.qd[1] % c.kd[1] != 0)
     bad("k", "kv_heads " + std::to_string(c.kd[1]) + " does not divide q's heads " + std::to_string(c.qd[1]));
   if (c.qd[2] > 256) bad("q", "head_dim > 256 is not supported");
+  // the kernels index heads with int
+  constexpr hsize_t kMaxHeads = 1 << 16;
+  if (c.qd[1] > kMaxHeads) bad("q", "more than " + std::to_string(kMaxHeads) + " heads");
   if (vd != c.kd) bad("v", "shape differs from k's");
   if (f.exists("dO")) {
     c.dO = f.readDataset<float>("dO", &dd, 3);
     if (dd != c.qd) bad("dO", "shape differs from q's");
     c.has_dO = true;
   }
+  // A NaN, an infinity or a value past float's range (converted from float64 to inf)
+  // would come out as NaN outputs with exit 0: refuse it, naming the tensor and element.
+  for (const auto& [name, x] :
+       {std::pair{"q", &c.q}, std::pair{"k", &c.k}, std::pair{"v", &c.v}, std::pair{"dO", &c.dO}})
+    for (std::size_t i = 0; i < x->size(); ++i)
+      if (!std::isfinite((*x)[i]))
+        bad(name, "element " + std::to_string(i) + " is " + std::to_string((*x)[i]) +
+                      " (NaN, infinite, or past float's range)");
   std::vector<hsize_t> cqd, ckd;
   const auto cq = f.readDataset<std::int64_t>("cu_seqlens_q", &cqd, 1);
   const auto ck = f.readDataset<std::int64_t>("cu_seqlens_k", &ckd, 1);

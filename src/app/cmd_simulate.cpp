@@ -30,6 +30,7 @@
 #include "model/cost_model.hpp"
 #include "model/throughput.hpp"
 #include "packing/packer.hpp"
+#include "packing/plan_io.hpp"
 #include "packing/simulate_deck.hpp"
 #include "pp/simulator.hpp"
 #include "trace/recorder.hpp"
@@ -320,8 +321,12 @@ int run(const Opts& o) {
     so.mean_speed = o.mean_speed;
     so.recorder = rec.get();
     so.replay = replay;
-    so.on_plan = [&](const std::string& strategy, const wlb::StepPlan& plan) {
-      if (writer) writer->addPlan(strategy, plan);
+    so.on_plan = [&](const std::string& strategy, const wlb::StepPlan& plan, std::int64_t incoming) {
+      if (!writer) return;
+      // the plan file's step line, metrics and all, as wlb run records it
+      nlohmann::json j = wlb::packing::stepToJson(plan, wlb::packing::computeMetrics(plan, cost), incoming);
+      j["strategy"] = strategy;
+      writer->addPlan(strategy, plan, j.dump());
     };
     so.on_step = [&](const std::string& strategy) { progress.update(++done_steps, cs.name + " " + strategy); };
     for (auto& r : wlb::packing::simulateDeck(deck, so)) {

@@ -130,12 +130,14 @@ std::vector<SimStrategyResult> simulateDeck(const Deck& deck_in, const SimulateO
       const bool drain = step >= warmup + steps;
       StepPlan plan;
       pp::StepResult r;
+      std::int64_t incoming = 0;
       if (replay) {
         // the run's steps, its drain included: they end where the file does
         const auto& pf = replay->file;
         if (step >= static_cast<std::int64_t>(pf.steps.size())) break;
         const auto i = static_cast<std::size_t>(step);
         plan = pf.steps[i];
+        incoming = i < pf.incoming.size() ? pf.incoming[i] : 0;
         try {
           r = sim.simulatePlan(plan, pr.sharding, deck.cp, rec, static_cast<int>(step), t);
         } catch (const InputError& e) {
@@ -147,10 +149,11 @@ std::vector<SimStrategyResult> simulateDeck(const Deck& deck_in, const SimulateO
           throw std::logic_error(fmt::format("wlb simulate: {} still holds {} tokens after {} drain steps", pr.packer,
                                              packer->pendingTokens(), model::kMaxDrainSteps));
         const auto docs = drain ? std::vector<Document>{} : src->next(step);
+        incoming = static_cast<std::int64_t>(docs.size());
         plan = packer->pack(step, docs);
         r = sim.simulatePlan(plan, pr.sharding, deck.cp, rec, static_cast<int>(step), t);
       }
-      if (opt.on_plan) opt.on_plan(name, plan);
+      if (opt.on_plan) opt.on_plan(name, plan, incoming);
       t += r.step_seconds;
       for (std::size_t s = 0; s < r.peak_bytes.size(); ++s)
         row.peak_gb[s] = std::max(row.peak_gb[s], r.peak_bytes[s] / 1e9);

@@ -34,8 +34,9 @@ struct SimulateOptions {
   /// Every rank at the profile's mean speed: the profile's rank_speed spreads left out.
   bool mean_speed = false;
   trace::Recorder* recorder = nullptr;  ///< predicted events of every rank, if given
-  /// Called with each planned step (e.g. to add it to a trace file).
-  std::function<void(const std::string& strategy, const StepPlan& plan)> on_plan;
+  /// Called with each planned step and the number of documents that arrived for it (e.g.
+  /// to add it to a trace file).
+  std::function<void(const std::string& strategy, const StepPlan& plan, std::int64_t incoming)> on_plan;
   /// Called after each warm-up or measured step (progress).
   std::function<void(const std::string& strategy)> on_step;
   /// Replay (`wlb simulate --plans`): simulate exactly these plans, one entry per strategy,

@@ -59,6 +59,9 @@ MicroBatchWork microBatchWork(const MicroBatch& mb, const cp::MicroBatchShards& 
   const cp::CommPlan& comm = plans.comm;
   const cp::ShardMetrics m = cp::computeMetrics(plan, comm, cost);
   w.sharding = plan.strategy;
+  w.kv_exchange = cp > 1 && comm.mode == cp::CommMode::ShardingAware;
+  w.kv_fwd_recv_bytes.assign(n, 0.0);
+  w.kv_bwd_recv_bytes.assign(n, 0.0);
   for (std::size_t r = 0; r < n; ++r) {
     w.rank_tokens[r] = m.ranks[r].tokens;
     w.rank_kv_tokens[r] = m.ranks[r].kv_tokens;
@@ -70,6 +73,8 @@ MicroBatchWork microBatchWork(const MicroBatch& mb, const cp::MicroBatchShards& 
       const cp::RankComm& rc = comm.ranks[r];
       w.kv_fwd_bytes[r] = std::max(rc.fwd_bytes_recv, rc.fwd_bytes_sent);
       w.kv_bwd_bytes[r] = std::max(rc.bwd_bytes_recv, rc.bwd_bytes_sent);
+      w.kv_fwd_recv_bytes[r] = rc.fwd_bytes_recv;
+      w.kv_bwd_recv_bytes[r] = rc.bwd_bytes_recv;
       // the cost model's count: a direction's latency is its busier side, sends or receives
       w.kv_peers[r] = comm.mode == cp::CommMode::AllGather ? cp - 1 : std::max(rc.peers, rc.out_peers);
     }
@@ -153,6 +158,9 @@ void packFlowWork(const ReplicaSlices& r, const SliceShards* sh, int k, const mo
   w.attn_bwd.assign(n, 0.0);
   w.attn_flops_fwd.assign(n, 0.0);
   w.attn_flops_bwd.assign(n, 0.0);
+  w.kv_fwd_recv_bytes.clear();  // `w` may hold a DP-Merge unit of an earlier step
+  w.kv_bwd_recv_bytes.clear();
+  w.kv_exchange = false;
   std::int64_t tb = 0, cf = 0, cb = 0;  // backward tokens; tokens of continued segments
   for (const bool bwd : {false, true}) {
     const auto& cuts = bwd ? r.bwd_cuts : r.fwd_cuts;
@@ -225,6 +233,9 @@ MicroBatchWork mergedShareWork(const MicroBatch& mb, int g, int j, int cp, const
   take(all.kv_fwd_bytes, w.kv_fwd_bytes);
   take(all.kv_bwd_bytes, w.kv_bwd_bytes);
   take(all.kv_peers, w.kv_peers);
+  take(all.kv_fwd_recv_bytes, w.kv_fwd_recv_bytes);
+  take(all.kv_bwd_recv_bytes, w.kv_bwd_recv_bytes);
+  w.kv_exchange = all.kv_exchange;
   return w;
 }
 
@@ -524,10 +535,12 @@ StepSimulator::RankLayerCost StepSimulator::layerCost(const MicroBatchWork& w, i
   // KV traffic wherever the work has some: CP > 1, and a DP-Merge unit's group at any cp.
   if (!w.kv_fwd_bytes.empty()) {
     const double lat = w.kv_peers[ri] * net.latency_s;
-    f.kv_bytes = commScale() * w.kv_fwd_bytes[ri];
-    b.kv_bytes = commScale() * w.kv_bwd_bytes[ri];
-    f.kv = f.kv_bytes / net.cp_bps + (w.kv_fwd_bytes[ri] > 0 ? lat : 0.0);
-    b.kv = b.kv_bytes / net.cp_bps + (w.kv_bwd_bytes[ri] > 0 ? lat : 0.0);
+    f.kv = commScale() * w.kv_fwd_bytes[ri] / net.cp_bps + (w.kv_fwd_bytes[ri] > 0 ? lat : 0.0);
+    b.kv = commScale() * w.kv_bwd_bytes[ri] / net.cp_bps + (w.kv_bwd_bytes[ri] > 0 ? lat : 0.0);
+    // the trace's bytes: what the rank receives (the time above: its busier side)
+    const bool recv = !w.kv_fwd_recv_bytes.empty();
+    f.kv_bytes = commScale() * (recv ? w.kv_fwd_recv_bytes[ri] : w.kv_fwd_bytes[ri]);
+    b.kv_bytes = commScale() * (recv ? w.kv_bwd_recv_bytes[ri] : w.kv_bwd_bytes[ri]);
   }
   f.attn = w.attn_fwd[ri];
   b.attn = w.attn_bwd[ri];
@@ -797,7 +810,7 @@ StepResult StepSimulator::simulateOnce(const std::vector<std::vector<MicroBatchW
   // Every rank's own busy time (and, if asked, its predicted events).
   const int V = P * cfg_.chunks;
   const MeshShape mesh = cfg_.mesh();  // rank <-> coordinates, as the executor's ranks
-  int r_attn = 0, r_mlp = 0, r_tp = 0, r_kv = 0, r_send = 0, r_grad = 0, r_recompute = 0, strat = 0;
+  int r_attn = 0, r_mlp = 0, r_tp = 0, r_kv = 0, r_kvx = 0, r_send = 0, r_grad = 0, r_recompute = 0, strat = 0;
   if (rec) {
     namespace L = trace::labels;
     const auto need = static_cast<std::size_t>(cfg_.ranks());
@@ -809,7 +822,8 @@ StepResult StepSimulator::simulateOnce(const std::vector<std::vector<MicroBatchW
     r_attn = rec->region(L::kAttn);
     r_mlp = rec->region(L::kMlp);
     r_tp = rec->region(L::kTpAllreduce);
-    r_kv = rec->region(L::kKvAllgather);  // whatever [cp] comm: the executor's split is not modelled
+    r_kv = rec->region(L::kKvAllgather);
+    r_kvx = rec->region(L::kKvExchange);
     r_send = rec->region(L::kPpSend);
     r_grad = rec->region(L::kGradAllreduce);
     r_recompute = rec->region(L::kRecompute);
@@ -885,7 +899,7 @@ StepResult StepSimulator::simulateOnce(const std::vector<std::vector<MicroBatchW
             emit(r_recompute, l * p.recompute, 0);
             emit(r_mlp, l * p.linear + (last ? headSeconds(tok, t.phase) : 0.0), 0, lin_flops + head_flops);
             emit(r_tp, l * p.tp, l * p.tp_bytes);
-            emit(r_kv, l * p.kv, l * p.kv_bytes);
+            emit(w.kv_exchange ? r_kvx : r_kv, l * p.kv, l * p.kv_bytes);
             const bool sends = fwd ? vs + 1 < V : vs > 0;
             if (sends && cfg_.pp > 1) {
               x = r.finish[v];
@@ -906,6 +920,7 @@ StepResult StepSimulator::simulateOnce(const std::vector<std::vector<MicroBatchW
             e.strategy = strat;
             e.step = step;
             e.region = r_grad;
+            e.phase = trace::Phase::Bwd;  // a step-level event after the backward
             e.start_ns = ns(stage_done[s]);
             e.end_ns = ns(stage_done[s] + grad[s]);
             e.bytes = stageParams(s) * static_cast<double>(cost_->dims().dtype_bytes) * commScale();

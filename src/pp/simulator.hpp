@@ -52,6 +52,9 @@ struct MicroBatchWork {
   std::vector<double> attn_flops_fwd, attn_flops_bwd;  ///< [cp rank] their useful FLOPs (traces; may be empty)
   std::vector<double> kv_fwd_bytes, kv_bwd_bytes;  ///< [cp rank] KV bytes moved per layer
   std::vector<int> kv_peers;                       ///< [cp rank] messages per layer (latency count)
+  /// [cp rank] K/V bytes received per layer (traces; empty: kv_*_bytes, an all-gather's).
+  std::vector<double> kv_fwd_recv_bytes, kv_bwd_recv_bytes;
+  bool kv_exchange = false;  ///< sharding-aware point-to-point exchange (trace label), else all-gather
   std::string sharding;                            ///< sharding actually applied
   /// [cp rank] tokens whose backward this task runs when the backward grouping differs from
   /// the forward one (SlimPack's asymmetric partition); empty = rank_tokens.

@@ -159,7 +159,11 @@ LossResult lossRows(const LayerEnv& env, const Llama& model, const TokenRows& ro
   const LlamaConfig& c = model.config();
   const std::int64_t n = rows.n, h = c.hidden, V = c.vocab;
   const model::ModelDims dims = c.dims();
-  const double flops = headFlops(dims, n, model::Phase::Fwd) + (backward ? headFlops(dims, n, model::Phase::Bwd) : 0.0);
+  // Replicated over the TP group: each rank records its 1/tp share of the useful FLOPs, so a
+  // sum over ranks counts the head once.
+  const double flops =
+      (headFlops(dims, n, model::Phase::Fwd) + (backward ? headFlops(dims, n, model::Phase::Bwd) : 0.0)) /
+      static_cast<double>(std::max(env.tp, 1));
   Region r(env.recorder, trace::labels::kLoss, space, trace::Phase::Fwd, flops);
   LossResult out;
   if (backward) out.dx = newMat(env.pool, "wlb::runtime::dx_head", n, h, true);  // zeroed: the norm's backward adds

@@ -498,7 +498,8 @@ StageStepResult PipelineStage::run(const StageStepInput& in, std::int64_t t0_ns)
   if (!incoming.empty() || !live.empty() || !head_grad.empty() || (sliced && !sliced->empty()))
     throw std::logic_error("PipelineStage: the schedule left messages or activations behind");
   if (!outgoing.empty()) {  // the step's sends complete (none without a pipeline: no event)
-    if (rec) rec->setContext({static_cast<int>(in.step), -1, trace::Phase::None, -1});
+    // a step-level event after the backward (trace schema)
+    if (rec) rec->setContext({static_cast<int>(in.step), -1, trace::Phase::Bwd, -1});
     Region r(rec, labels::kPpSend, space);
     for (auto& o : outgoing) MPI_Wait(&o.req, MPI_STATUS_IGNORE);
   }

@@ -3,7 +3,9 @@
 
 #include "trace/reader.hpp"
 
+#include <array>
 #include <cmath>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -131,10 +133,18 @@ Trace readTrace(const std::string& path) {
                        " is damaged (an end before its start, or a FLOP or byte count that is negative or not a "
                        "number)");
   }
+  std::set<std::array<int, 4>> coords;
   for (const auto& r : t.ranks) {
     if (r.event_offset < 0 || r.event_count < 0 ||
         r.event_offset + r.event_count > static_cast<std::int64_t>(t.events.size()))
       throw InputError(path + ": /ranks event slice of rank " + std::to_string(r.rank) + " is out of range");
+    for (std::int64_t i = r.event_offset; i < r.event_offset + r.event_count; ++i)
+      if (t.events[static_cast<std::size_t>(i)].rank != r.rank)
+        throw InputError(path + ": /ranks event slice of rank " + std::to_string(r.rank) +
+                         " holds another rank's events");
+    if (!coords.insert({r.tp, r.cp, r.pp, r.dp}).second)
+      throw InputError(path + ": /ranks gives two ranks the coordinates (tp, cp, pp, dp) = (" + std::to_string(r.tp) +
+                       ", " + std::to_string(r.cp) + ", " + std::to_string(r.pp) + ", " + std::to_string(r.dp) + ")");
   }
   return t;
 }

@@ -181,7 +181,7 @@ void Writer::addPlan(const std::string& strategy, const StepPlan& plan, std::str
   row.strategy = s;
   row.step = plan.step;
   row.packing_json = packing_json.empty() ? planToJson(strategy, plan) : std::move(packing_json);
-  row.shard_json = std::move(shard_json);
+  row.shard_json = shard_json.empty() ? "{}" : std::move(shard_json);  // the schema's "no shard plans"
   plan_steps_.push_back(std::move(row));
   for (std::size_t dp = 0; dp < plan.replicas.size(); ++dp) {
     for (std::size_t m = 0; m < plan.replicas[dp].size(); ++m) {

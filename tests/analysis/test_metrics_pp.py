@@ -346,15 +346,45 @@ def _del_meta(f, key, _):
     (_set_meta, "mesh_cp", 1, "outside /meta mesh_cp = 1"),
 ])
 def test_edited_attributes_exit_2(hand_trace, tmp_path, edit, key, value, says):
+    _refused_after(hand_trace, tmp_path, lambda f: edit(f, key, value), says)
+
+
+def _refused_after(hand_trace, tmp_path, edit, says):
+    """A copy of the trace edited by edit(h5py file): the report exits 2 saying `says`,
+    writes nothing."""
     import h5py
     p = tmp_path / "edited.h5"
     p.write_bytes(open(hand_trace, "rb").read())
     with h5py.File(p, "r+") as f:
-        edit(f, key, value)
+        edit(f)
     r = run_report(str(p), "--out", str(tmp_path / "o"))
     assert r.returncode == 2, r.stderr
-    assert says in r.stderr and "Traceback" not in r.stderr
+    assert says in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "o").exists()
+
+
+def _edit_events(f, field, value):
+    ev = f["events"][()]
+    ev[0][field] = value(ev[0])
+    f["events"][0] = ev[0]
+
+
+def _edit_ranks(f, field, value):
+    rk = f["ranks"][()]
+    rk[0][field] = value(rk)
+    f["ranks"][0] = rk[0]
+
+
+# A damaged table in a real trace: refused as the C++ reader refuses it, not averaged.
+@pytest.mark.parametrize("edit,field,value,says", [
+    (_edit_events, "end_ns", lambda e: e["start_ns"] - 1, "row 0 is damaged"),
+    (_edit_events, "flops", lambda e: -1.0, "row 0 is damaged"),
+    (_edit_ranks, "event_count", lambda rk: rk[0]["event_count"] + 1000, "is out of range"),
+    (_edit_ranks, "cp", lambda rk: rk[1]["cp"], "two ranks the coordinates"),
+    (_edit_ranks, "event_offset", lambda rk: rk[1]["event_offset"], "another rank's events"),
+])
+def test_damaged_tables_exit_2(hand_trace, tmp_path, edit, field, value, says):
+    _refused_after(hand_trace, tmp_path, lambda f: edit(f, field, value), says)
 
 
 def test_wrong_schema_exit_2(tmp_path):
@@ -422,3 +452,39 @@ def test_micropack_latencies_exclude_pipeline_waits(tmp_path):
     assert mp["fwd"]["cv"] == pytest.approx(0.2)
     assert mp["bwd"]["ms"] == pytest.approx([180e-6])
     assert math.isnan(mp["bwd"]["cv"])
+
+
+def test_micro_batch_imbalance_excludes_pipeline_waits(tmp_path):
+    """The step's imbalance is wlb run's mb-imb: a unit that waited for its pipeline message
+    is not slower for it."""
+    ranks = [(0, 0, 0, 0), (0, 0, 1, 0)]
+    ev = []
+    for mb, t0 in ((0, 0), (1, 100)):  # both units: 50 ns on each stage
+        ev.append(dict(rank=0, step=0, micro_batch=mb, phase="fwd", label="mlp", start_ns=t0, end_ns=t0 + 50))
+        ev.append(dict(rank=1, step=0, micro_batch=mb, phase="fwd", label="mlp", start_ns=t0 + 60, end_ns=t0 + 110))
+    # unit 1 waited 300 ns on stage 1 for its message
+    ev.append(dict(rank=1, step=0, micro_batch=1, phase="fwd", label="pp_recv", start_ns=200, end_ns=500))
+    p = write_trace(str(tmp_path / "w.h5"), ranks=ranks, events=ev, strategies=["wlb"])
+    s = wlb_metrics.step_metrics(wlb_trace.load(p), 0)[0]
+    assert s["imbalance"] == pytest.approx(1.0)
+
+
+def test_speedup_pairs_measured_steps_and_skips_empty_baseline_resamples():
+    """Each strategy's drain folds into its own last measured step (model::foldDrain); a
+    resample of only empty baseline steps has no ratio and is left out, not NaN."""
+
+    class T:  # what fold_drain reads: warm-up 1, 3 measured steps, then drain
+        warmup = 1
+        meta = {"measured_steps": 3}
+
+    base = [(1, 10.0, 100.0), (2, 10.0, 100.0), (3, 10.0, 100.0), (4, 10.0, 50.0)]
+    other = [(1, 10.0, 100.0), (2, 10.0, 100.0), (3, 10.0, 100.0), (4, 5.0, 20.0), (5, 5.0, 30.0)]
+    fb, fo = wlb_metrics.fold_drain(T, base), wlb_metrics.fold_drain(T, other)
+    assert [w[0] for w in fb] == [1, 2, 3] and [w[0] for w in fo] == [1, 2, 3]
+    assert fb[-1][1:] == (20.0, 150.0) and fo[-1][1:] == (20.0, 150.0)
+    r, lo, hi = wlb_metrics.throughput_speedup(fb, fo)
+    assert r == pytest.approx(1.0) and lo == pytest.approx(1.0) and hi == pytest.approx(1.0)
+    # a baseline that trained nothing in two of three steps: some resamples are all-empty
+    r, lo, hi = wlb_metrics.throughput_speedup([(0, 1.0, 0.0), (1, 1.0, 0.0), (2, 1.0, 10.0)],
+                                               [(0, 1.0, 5.0), (1, 1.0, 5.0), (2, 1.0, 10.0)])
+    assert not any(math.isnan(x) for x in (r, lo, hi))

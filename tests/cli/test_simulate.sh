@@ -50,6 +50,32 @@ done
 if command -v h5dump >/dev/null 2>&1; then
   h5dump -a /meta/source "$TMP/tr/sim.h5" | grep -q simulated || fail "trace /meta/source is not simulated"
 fi
+# The simulated trace as the schema has it: the plan lines with their metrics, "{}" for no
+# shard plans, step-level events in the bwd phase, KV events labelled by [cp] comm with the
+# bytes received (sharding_aware: kv_exchange), FLOPs on compute events.
+"$WLB" simulate "$SRC/inputs/sim_small.toml" --steps 2 --strategies wlb --set cp.comm=sharding_aware \
+    --trace "$TMP/tr/sa.h5" > "$TMP/sa.txt" 2>&1 || fail "sharding_aware trace: $(cat "$TMP/sa.txt")"
+/usr/bin/python3 - "$TMP/tr/sa.h5" <<'PYEOF' || fail "simulated trace fields"
+import json, sys
+import h5py
+f = h5py.File(sys.argv[1], "r")
+reg = [r.decode() if isinstance(r, bytes) else r for r in f["regions"][:]]
+ev = f["events"][:]
+p0 = json.loads(f["plan/packing_json"][0])
+assert "metrics" in p0 and "incoming" in p0, sorted(p0)
+sj = f["plan/shard_json"][0]
+assert (sj.decode() if isinstance(sj, bytes) else sj) == "{}"
+names = [reg[e["region"]] for e in ev]
+assert "kv_exchange" in names and "kv_allgather" not in names, set(names)
+for e, n in zip(ev, names):
+    if n == "grad_allreduce":
+        assert e["phase"] == 2, e
+    if n in ("attn", "mlp"):
+        assert e["flops"] > 0, e
+    if n in ("kv_exchange", "tp_allreduce", "pp_send"):
+        assert e["bytes"] >= 0, e
+assert any(e["bytes"] > 0 for e, n in zip(ev, names) if n == "kv_exchange")
+PYEOF
 
 # 3. Sweep expansion and deck lists: one row per case and strategy.
 cat > "$TMP/sweep.toml" <<TOML

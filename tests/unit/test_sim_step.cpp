@@ -401,7 +401,7 @@ warmup = 1
   opt.strategies = {{"plain", "plain"}, {"wlb", "wlb"}};
   opt.as_run = true;
   std::vector<packing::RunPlans::Strategy> replay(2);
-  opt.on_plan = [&](const std::string& strategy, const StepPlan& plan) {
+  opt.on_plan = [&](const std::string& strategy, const StepPlan& plan, std::int64_t /*incoming*/) {
     auto& r = replay[strategy == "plain" ? 0 : 1];
     r.file.steps.push_back(plan);
     r.file.step_lines.push_back(static_cast<std::int64_t>(r.file.steps.size()) + 1);
