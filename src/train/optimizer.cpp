@@ -72,8 +72,11 @@ double AdamW::step(const Space& space, runtime::Llama& model, std::int64_t step)
   const float coef = (cfg_.clip > 0 && norm > cfg_.clip) ? static_cast<float>(cfg_.clip / (norm + 1e-6)) : 1.0f;
   const float lr = static_cast<float>(cfg_.lrAt(step));
   const float b1 = cfg_.beta1, b2 = cfg_.beta2, eps = cfg_.eps, wd = cfg_.weight_decay;
-  const float c1 = static_cast<float>(1.0 - std::pow(static_cast<double>(b1), static_cast<double>(step + 1)));
-  const float c2 = static_cast<float>(1.0 - std::pow(static_cast<double>(b2), static_cast<double>(step + 1)));
+  // t = this update's number: the moments have taken t updates, whatever the step index
+  // (an empty step makes none).
+  const double t = static_cast<double>(++updates_);
+  const float c1 = static_cast<float>(1.0 - std::pow(static_cast<double>(b1), t));
+  const float c2 = static_cast<float>(1.0 - std::pow(static_cast<double>(b2), t));
   Kokkos::parallel_for(
       "wlb::train::adamw", Policy(space, 0, n), KOKKOS_LAMBDA(const std::int64_t i) {
         const float gi = g(i) * coef;

@@ -37,11 +37,16 @@ class AdamW {
   /// `tp`: the TP group (null without TP); `pp`: the pipeline group (MPI_COMM_NULL
   /// without PP). Both only sum the gradient norm's squares.
   AdamW(const runtime::Llama& model, AdamWConfig cfg, parallel::GroupComm* tp = nullptr, MPI_Comm pp = MPI_COMM_NULL);
-  /// One update with the model's current gradients; `step` is 0-based. Returns the
+  /// One update with the model's current gradients; `step` is 0-based (it sets the
+  /// learning rate; the moments' bias correction counts the updates made, which a step
+  /// without tokens does not add to). Returns the
   /// gradient norm before clipping, of the whole model: under TP the slices' squares summed
   /// over the TP group and the replicated tensors counted once, under PP the stages'
   /// squares summed over the pipeline group.
   double step(const Space& space, runtime::Llama& model, std::int64_t step);
+  /// Updates made so far (the bias correction's t); a checkpoint keeps it.
+  std::int64_t updates() const { return updates_; }
+  void setUpdates(std::int64_t n) { updates_ = n; }
   Vec m() const { return m_; }
   Vec v() const { return v_; }
   const AdamWConfig& config() const { return cfg_; }
@@ -50,6 +55,7 @@ class AdamW {
   AdamWConfig cfg_;
   parallel::GroupComm* tp_;
   MPI_Comm pp_;
+  std::int64_t updates_ = 0;
   Vec m_, v_;
   Vec decay_;   ///< 1 where weight decay applies, else 0
   Vec sliced_;  ///< TP: 1 in TP-sliced tensors, else 0 (empty without TP)

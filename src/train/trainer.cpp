@@ -284,6 +284,11 @@ nlohmann::json readCheckpoint(const std::string& path, const std::vector<Vec>& t
       throw InputError(fmt::format("{}: step {} is not a step of this run (0 .. {})", path, step, steps));
     if (header.at("tokens").get<std::int64_t>() < 0)
       throw InputError(fmt::format("{}: tokens {} must be >= 0", path, header.at("tokens").get<std::int64_t>()));
+    if (header.contains("adam_updates")) {
+      const auto& u = header.at("adam_updates");
+      if (!u.is_number_integer() || u.get<std::int64_t>() < 0 || u.get<std::int64_t>() > step)
+        throw InputError(fmt::format("{}: adam_updates {} is not a count of the run's {} steps", path, u.dump(), step));
+    }
   } catch (const nlohmann::json::exception& e) {
     throw InputError(path + ": corrupt checkpoint header (" + e.what() + ")");
   }
@@ -577,6 +582,8 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
       model.refreshWorking(space);  // the loaded masters into the BF16 working copy
       start = h.at("step").get<std::int64_t>();
       tokens = h.at("tokens").get<std::int64_t>();
+      // Older checkpoints counted every step as an update.
+      adam.setUpdates(h.value("adam_updates", start));
       const std::string text = h.dump();
       ckpt_id = fnv1a(text.data(), text.size());
       if (rank == 0) {
@@ -1020,6 +1027,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
                               {"pp", P},
                               {"stage_params", stage_params},  // per TP rank
                               {"tensors", {"weights", "adam_m", "adam_v"}},
+                              {"adam_updates", adam.updates()},  // the moments' bias-correction count
                               {"fingerprint", fp},
                               {"source", source->saveState()},
                               {"packer", packer->saveState()},

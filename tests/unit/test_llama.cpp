@@ -162,6 +162,43 @@ TEST(Llama, AdamWLowersTheLoss) {
   EXPECT_LE(up, 5);
 }
 
+// The bias correction counts the updates made, not the step index: the first update after
+// steps that made none (a packer that held every document back) moves every weight by lr,
+// as AdamW's first update does (m-hat / sqrt(v-hat) = g / |g|).
+TEST(Llama, AdamWBiasCorrectionCountsUpdatesNotSteps) {
+  const LlamaConfig cfg = tinyConfig();
+  Llama model(cfg, 11);
+  wlb::runtime::Space space;
+  const ListTokens tokens({doc(5, 1), doc(9, 2)});
+  const MicroBatch batch = tokens.wholeDocuments();
+  wlb::train::AdamWConfig oc;
+  oc.lr = 1e-3f;
+  oc.min_lr_ratio = 1.0f;  // a constant rate
+  oc.total_steps = 100;
+  oc.weight_decay = 0.0f;
+  oc.clip = 0.0f;
+  wlb::train::AdamW opt(model, oc);
+  model.zeroGrads(space);
+  (void)runLocal(model, tokens, {batch}, true, 1.0f / static_cast<float>(predicted(batch)));
+  const auto copyOf = [](const auto& v) {  // a copy, not a view of the same memory
+    auto h = Kokkos::create_mirror(Kokkos::HostSpace(), v);
+    Kokkos::deep_copy(h, v);
+    return h;
+  };
+  const auto before = copyOf(model.weights());
+  const auto grads = copyOf(model.grads());
+  (void)opt.step(space, model, 5);  // steps 0..4 made no update
+  EXPECT_EQ(opt.updates(), 1);
+  const auto after = copyOf(model.weights());
+  std::int64_t checked = 0;
+  for (std::size_t i = 0; i < before.size(); ++i) {
+    if (std::abs(grads(i)) < 1e-4f) continue;  // where eps does not matter
+    EXPECT_NEAR(std::abs(after(i) - before(i)) / oc.lr, 1.0, 1e-2) << i;
+    ++checked;
+  }
+  EXPECT_GT(checked, 100);
+}
+
 // BF16 storage (run.precision = "bf16"): the same model with its activations and working
 // weights rounded to BF16 gives the FP32 loss and gradients to within BF16's precision, and
 // AdamW updates the FP32 masters, which reach the kernels through the working copy.
