@@ -33,6 +33,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -175,20 +176,40 @@ def path_fixes(deck_path: Path, deck: dict, job_deck_dir: Path) -> list[str]:
     passed as absolute paths.
     """
     fixes = []
-    base = deck_path.resolve().parent
-    if base == job_deck_dir.resolve():
+    base = deck_dir(deck_path)
+    if base == Path(os.path.abspath(job_deck_dir)):
         return fixes
     for table, kv in deck.items():
         if table == "sweep" or not isinstance(kv, dict):
             continue
         for key, v in kv.items():
-            if not isinstance(v, str) or not v or os.path.isabs(v):
-                continue
-            # a dataset is a prefix: wlb looks for PREFIX_train.idx next to the deck
-            beside = (base / (v + "_train.idx")).exists() if (table, key) == ("train", "dataset") else (base / v).exists()
-            if beside:
+            if beside_deck(base, f"{table}.{key}", v):
                 fixes.append(f"{table}.{key}={toml_literal(str(base / v))}")
     return fixes
+
+
+def deck_dir(deck_path: Path) -> Path:
+    """The deck's folder as wlb takes it: the path as given, links not followed."""
+    return Path(os.path.abspath(deck_path)).parent
+
+
+def beside_deck(base: Path, key: str, v) -> bool:
+    """Whether value v of `key` names a file relative to the deck's folder `base`."""
+    if not isinstance(v, str) or not v or os.path.isabs(v):
+        return False
+    # a dataset is a prefix: wlb looks for PREFIX_train.idx next to the deck
+    return (base / (v + "_train.idx")).exists() if key == "train.dataset" else (base / v).exists()
+
+
+def fix_override(base: Path, s: str) -> str:
+    """A "table.key=literal" override whose value is a file beside the deck, made absolute
+    (a --set or [sweep] value, which the case copy of the deck would resolve elsewhere)."""
+    key, _, lit = s.partition("=")
+    try:
+        v = tomllib.loads("v = " + lit)["v"]
+    except tomllib.TOMLDecodeError:
+        v = lit.strip()  # a bare word: wlb takes it as a string
+    return f"{key.strip()}={toml_literal(str(base / v))}" if beside_deck(base, key.strip(), v) else s
 
 
 def mesh_ranks(resolved: dict) -> int:
@@ -713,19 +734,30 @@ def main(argv: list[str]) -> int:
     # Validate every case as its task will run it; take the rank count from its mesh.
     check_deck = job_deck if job_deck.exists() else deck_path
     rows = []  # (index, ranks, dir, overrides)
-    for i, (d, own) in enumerate(zip(dirs, case_sets)):
-        sets = fixes + o.sets + own
-        args = ["validate", str(check_deck)] + [a for s in sets for a in ("--set", s)]
-        r = parse_validate(run_wlb(wlb, args))[0]
-        if check_deck == job_deck and job_deck != deck_path and r.get("sweep"):
-            raise InputError(f"case deck '{job_deck}' still has a [sweep]")
-        if o.subcommand == "train":  # validate takes a dataset still to be prepared; a task would not
-            ds = r.get("train", {}).get("dataset", "")
-            if ds and not any((p / (ds + "_train.idx")).is_file() for p in (check_deck.parent, Path("."))):
-                raise InputError(f"case {i}: train.dataset = \"{ds}\": no {ds}_train.idx next to the deck or here "
-                                 "(prepare it with wlb data prepare)")
-        ranks = mesh_ranks(r) if o.subcommand in MPI_SUBCOMMANDS else 1
-        rows.append((i, ranks, d, sets))
+    here = deck_dir(deck_path)
+    given = [fix_override(here, s) for s in o.sets] if sweep else list(o.sets)
+    try:
+        for i, (d, own) in enumerate(zip(dirs, case_sets)):
+            sets = fixes + given + ([fix_override(here, s) for s in own] if sweep else own)
+            args = ["validate", str(check_deck)] + [a for s in sets for a in ("--set", s)]
+            r = parse_validate(run_wlb(wlb, args))[0]
+            if check_deck == job_deck and job_deck != deck_path and r.get("sweep"):
+                raise InputError(f"case deck '{job_deck}' still has a [sweep]")
+            if o.subcommand == "train":  # validate takes a dataset still to be prepared; a task would not
+                ds = r.get("train", {}).get("dataset", "")
+                if ds and not any((p / (ds + "_train.idx")).is_file() for p in (check_deck.parent, Path("."))):
+                    raise InputError(f"case {i}: train.dataset = \"{ds}\": no {ds}_train.idx next to the deck or "
+                                     "here (prepare it with wlb data prepare)")
+            ranks = mesh_ranks(r) if o.subcommand in MPI_SUBCOMMANDS else 1
+            rows.append((i, ranks, d, sets))
+    except (InputError, RuntimeError):
+        if not o.dry_run and sweep:  # nothing submitted: the case copy goes again
+            shutil.rmtree(state_dir / stamp, ignore_errors=True)
+            try:
+                state_dir.rmdir()  # only if empty
+            except OSError:
+                pass
+        raise
 
     print(f"sweep: {deck_path}: {len(rows)} case(s), wlb {o.subcommand}, outputs under {base_out}/")
     for i, ranks, d, sets in rows:

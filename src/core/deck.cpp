@@ -2,10 +2,12 @@
 // the resolved TOML text and the key reference, so the four can never disagree.
 #include "core/deck.hpp"
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -78,8 +80,18 @@ std::string quote(const std::string& s) {
       case '\t':
         out += "\\t";
         break;
+      case '\r':
+        out += "\\r";
+        break;
       default:
-        out += c;
+        // other control characters as \uXXXX: TOML takes none of them raw
+        if ((static_cast<unsigned char>(c) < 0x20 || c == 0x7f)) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
+          out += buf;
+        } else {
+          out += c;
+        }
     }
   }
   return out + "\"";
@@ -295,21 +307,29 @@ std::string applyOverride(Deck& d, const std::string& text, const std::string& o
     fail(o, "unknown key '" + key + "' in table [" + table + "] (did you mean '" + nearest(key, keys) + "'?)");
   }
   if (k->derived) fail(o, "key '" + k->name() + "' is derived and cannot be set");
+  // one value: a line break would let the rest parse as more TOML and be dropped
+  if (rhs.find_first_of("\n\r") != std::string::npos) fail(o, "the value holds a line break");
   TomlValue v;
   try {
     std::istringstream in("v = " + rhs);
     v = toml::find(toml::parse(in, "--set"), "v");
   } catch (const std::exception&) {
-    v = TomlValue(rhs);  // bare word: a string
+    // a bare word is a string (model.name=llama); text that starts as a TOML string, array
+    // or table but does not parse is a mistake, not a string with a quote in it
+    if (!rhs.empty() && std::strchr("\"'[{", rhs.front()) != nullptr)
+      fail(o, "'" + rhs + "' is not a TOML value (an unclosed quote or bracket?)");
+    v = TomlValue(rhs);
   }
   if (v.is_string() && (k->kind == Kind::StringList)) v = TomlValue(toml::array{v});
   applyValue(d, *k, v, o);
   return k->name();
 }
 
-void resolveAndValidate(Deck& d, const std::string& name) {
+/// Derives what the deck leaves to derive and checks the rules across keys; with `check`
+/// false only derives (a sweep's base deck, whose cases are checked one by one).
+void resolveAndValidate(Deck& d, const std::string& name, bool check = true) {
   auto err = [&](const std::string& key, const std::string& msg) {
-    throw InputError(name + ": key '" + key + "': " + msg);
+    if (check) throw InputError(name + ": key '" + key + "': " + msg);
   };
   auto& m = d.model;
   if (m.hidden % m.heads != 0)
@@ -321,9 +341,11 @@ void resolveAndValidate(Deck& d, const std::string& name) {
   const auto& mesh = d.mesh;
   // Rank counts are ints (MPI's, the mesh's): a product past that would wrap.
   constexpr std::int64_t kMaxRanks = std::int64_t{1} << 20;
-  const std::int64_t ranks = std::int64_t{mesh.tp} * mesh.cp * mesh.pp * mesh.dp;
-  if (ranks > kMaxRanks)
-    err("mesh", "tp x cp x pp x dp = " + std::to_string(ranks) + " ranks; at most " + std::to_string(kMaxRanks));
+  // in double, which cannot wrap (each factor is at most 2^20 by the schema)
+  const double ranks = static_cast<double>(mesh.tp) * mesh.cp * mesh.pp * mesh.dp;
+  if (ranks > static_cast<double>(kMaxRanks))
+    err("mesh", fmt::format("tp x cp x pp x dp = {} x {} x {} x {} = {:.0f} ranks; at most {}", mesh.tp, mesh.cp,
+                            mesh.pp, mesh.dp, ranks, kMaxRanks));
   if (m.heads % mesh.tp != 0)
     err("mesh.tp", "tp = " + std::to_string(mesh.tp) + " must divide model.heads = " + std::to_string(m.heads));
   // A TP rank holds whole KV heads, or tp / kv_heads ranks hold copies of one (Megatron's
@@ -362,7 +384,7 @@ void resolveAndValidate(Deck& d, const std::string& name) {
   try {
     (void)resolveStrategies(d);
   } catch (const InputError& e) {
-    throw InputError(name + ": " + e.what());
+    if (check) throw InputError(name + ": " + e.what());
   }
 }
 
@@ -382,9 +404,16 @@ std::string Deck::toToml() const {
     // A derived key is shown as a comment: the text parses back to the same deck.
     if (k.derived) os << "# ";
     os << k.key << " = ";
+    // 0 where the deck left a value to derive (what follows each [sweep] case), with the
+    // value it resolved to: printed as the value, a sweep deck read back would pin it.
+    const bool left_derived =
+        (p == &data.s_max && data.s_max_derived) || (p == &packing.micro_batches && packing.micro_batches_derived);
     switch (k.kind) {
       case Kind::Int:
-        os << *static_cast<const std::int64_t*>(p);
+        if (left_derived)
+          os << "0  # resolved: " << *static_cast<const std::int64_t*>(p);
+        else
+          os << *static_cast<const std::int64_t*>(p);
         break;
       case Kind::UInt:
         os << *static_cast<const std::uint64_t*>(p);
@@ -510,10 +539,22 @@ Deck parseDeck(const std::string& text, const std::string& name, const std::vect
     if (const auto [it, fresh] = spelled.emplace(canonical, key); !fresh)
       fail(o, "[sweep] '" + key + "' and '" + it->second + "' both sweep " + canonical);
     if (pinned.count(canonical)) continue;
+    // every case writes under output.dir/<its key-value folder>: output.dir names the sweep's root
+    if (canonical == "output.dir")
+      fail(o, "[sweep] cannot sweep output.dir: each case writes to output.dir/<key>-<value>_...");
     d.sweep[canonical] = literals;
   }
-  resolveAndValidate(d, name);
-  return d;
+  if (d.sweep.empty()) {
+    resolveAndValidate(d, name);
+    return d;
+  }
+  // A sweep's cases are what runs: each is checked as expandSweep resolves it. The base
+  // alone may break a rule that every case's values replace (an s_max above the swept
+  // windows but below the default one), so it is only derived.
+  (void)expandSweep(d);
+  Deck base_resolved = d;
+  resolveAndValidate(base_resolved, name, false);
+  return base_resolved;
 }
 
 Deck loadDeck(const std::string& path, const std::vector<std::string>& overrides) {

@@ -1,6 +1,10 @@
 #include "core/deck_schema.hpp"
 
+#include <cmath>
+#include <cstdint>
+#include <iomanip>
 #include <sstream>
+#include <string>
 
 #include "attention/flops.hpp"
 
@@ -12,8 +16,10 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 std::string num(double v) {
   if (v == kInf) return "inf";
   if (v == -kInf) return "-inf";
+  // an integral bound in full (1048576, not 1.04858e+06), others at full precision
+  if (v == std::floor(v) && std::fabs(v) < 9.0e15) return std::to_string(static_cast<std::int64_t>(v));
   std::ostringstream os;
-  os << v;
+  os << std::setprecision(17) << v;
   return os.str();
 }
 

@@ -138,10 +138,8 @@ TEST(Deck, SweepCaseFoldersStayInsideOutputDir) {
   EXPECT_EQ(cases[0].output.dir, "out/model.name-.._.._x");
   EXPECT_EQ(cases[1].output.dir, "out/model.name-a_b_c");
   EXPECT_EQ(cases[0].model.name, "../../x");  // the value itself is unchanged
-  const wlb::Deck clash =
-      wlb::parseDeck("[output]\ndir = \"out\"\n[sweep]\n\"model.name\" = [\"a/b\", \"a_b\"]\n", "s.toml");
-  try {
-    (void)wlb::expandSweep(clash);
+  try {                                       // refused when the deck loads: its cases are checked there
+    (void)wlb::parseDeck("[output]\ndir = \"out\"\n[sweep]\n\"model.name\" = [\"a/b\", \"a_b\"]\n", "s.toml");
     FAIL() << "two cases writing to one folder were accepted";
   } catch (const wlb::InputError& e) {
     EXPECT_NE(std::string(e.what()).find("same folder out/model.name-a_b"), std::string::npos) << e.what();
@@ -199,6 +197,35 @@ outlier_thresholds = [40000]
   for (const auto& c : wlb::expandSweep(derived)) EXPECT_EQ(c.packing.micro_batches, c.mesh.pp);
 }
 
+TEST(Deck, SweepBaseIsOnlyItsCases) {
+  // s_max 4096 is below the default 131072 window, but every case sets a window it fits:
+  // the deck is valid, and validate's printed deck reads back to the same cases.
+  const wlb::Deck d = wlb::parseDeck(
+      "[data]\ns_max = 4096\n[packing]\noutlier_thresholds = [1000]\n[sweep]\n\"data.context_window\" = [1024, "
+      "2048]\n\"mesh.pp\" = [1, 2]\n[model]\nlayers = 4\n",
+      "s.toml");
+  const auto cases = wlb::expandSweep(d);
+  ASSERT_EQ(cases.size(), 4u);
+  for (const auto& c : cases) {
+    EXPECT_EQ(c.data.s_max, 4096);
+    EXPECT_EQ(c.packing.micro_batches, c.mesh.pp);  // derived, per case
+  }
+  const auto again = wlb::expandSweep(wlb::parseDeck(d.toToml(), "printed.toml"));
+  ASSERT_EQ(again.size(), cases.size());
+  for (std::size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(again[i].toToml(), cases[i].toToml()) << i;
+  // Strings with control characters print as TOML that parses back.
+  wlb::Deck odd = wlb::parseDeck("[model]\nname = \"a\\rb\\u0001c\\u007f\"\n", "o.toml");
+  EXPECT_EQ(wlb::parseDeck(odd.toToml(), "o2.toml").model.name, odd.model.name);
+  // A malformed value is an error, not a string with a quote in it; one value per --set.
+  EXPECT_THROW((void)wlb::parseDeck("", "x.toml", {"model.name=\"abc"}), wlb::InputError);
+  EXPECT_THROW((void)wlb::parseDeck("", "x.toml", {"model.hidden=1024\n[model]\nheads = 3"}), wlb::InputError);
+  EXPECT_EQ(wlb::parseDeck("", "x.toml", {"model.name=llama"}).model.name, "llama");
+  // output.dir names the sweep's root; the rank product cannot wrap past the limit.
+  EXPECT_THROW((void)wlb::parseDeck("[sweep]\n\"output.dir\" = [\"a\", \"b\"]\n", "x.toml"), wlb::InputError);
+  EXPECT_THROW((void)wlb::parseDeck("[mesh]\ntp = 4096\ncp = 65536\npp = 65536\ndp = 1048576\n", "x.toml"),
+               wlb::InputError);
+}
+
 TEST(Deck, SweepCasesNameTheirOverridesAndStayDistinct) {
   const auto cases = wlb::expandSweep(wlb::parseDeck(
       "[output]\ndir = \"\"\n[sweep]\n\"data.length_scale\" = [0.5, 1e-4]\nmesh.cp = [1, 2]\n", "s.toml"));
@@ -222,10 +249,8 @@ TEST(Deck, SweepCasesNameTheirOverridesAndStayDistinct) {
 }
 
 TEST(Deck, SweptValueThatBreaksACrossKeyRuleIsRejected) {
-  const wlb::Deck d =
-      wlb::parseDeck("[data]\ncontext_window = 8192\n[sweep]\n\"data.s_max\" = [4096, 16384]\n", "s.toml");
-  try {
-    (void)wlb::expandSweep(d);
+  try {  // refused when the deck loads
+    (void)wlb::parseDeck("[data]\ncontext_window = 8192\n[sweep]\n\"data.s_max\" = [4096, 16384]\n", "s.toml");
     FAIL() << "s_max 4096 below the 8192 window was accepted";
   } catch (const wlb::InputError& e) {
     EXPECT_NE(std::string(e.what()).find("data.s_max"), std::string::npos) << e.what();
