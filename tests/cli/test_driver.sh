@@ -31,7 +31,7 @@ grep -q "mesh.cp" "$tmp/err" || fail "--set message lacks key"
 # a mesh whose rank count would not fit an int (it wrapped to a negative count)
 "$WLB" validate "$SRC/inputs/quickstart.toml" --set mesh.cp=65536 --set mesh.pp=32768 --set model.layers=100000 \
   2> "$tmp/err" >/dev/null; rc=$?
-[ "$rc" = 2 ] && grep -q "key 'mesh': tp x cp x pp x dp = 2147483648 ranks" "$tmp/err" || fail "huge mesh: rc $rc $(cat "$tmp/err")"
+[ "$rc" = 2 ] && grep -q "key 'mesh': tp x cp x pp x dp = 1 x 65536 x 32768 x 1 = 2147483648 ranks" "$tmp/err" || fail "huge mesh: rc $rc $(cat "$tmp/err")"
 
 "$WLB" validate "$tmp/missing.toml" 2> "$tmp/err"; rc=$?
 [ "$rc" = 2 ] || fail "missing deck exit $rc"
