@@ -306,6 +306,8 @@ struct PyDeck {
     d->overrides = ov;
     d->deck = path ? wlb::loadDeck(*path, ov) : wlb::parseDeck("", "defaults", ov);
     d->name = path ? *path : "defaults";
+    // one case: a sweep's base deck is no case of it (overrides pin the swept keys)
+    wlb::requireOneCase(d->deck, d->name, "wlb.Deck");
     return d;
   }
   static std::shared_ptr<PyDeck> fromText(const std::string& text, const std::string& name,
@@ -315,6 +317,7 @@ struct PyDeck {
     d->name = name;
     d->overrides = ov;
     d->deck = wlb::parseDeck(text, name, ov);
+    wlb::requireOneCase(d->deck, name, "wlb.Deck.from_toml");
     return d;
   }
   std::shared_ptr<PyDeck> withOverrides(const std::vector<std::string>& more) const {
@@ -884,7 +887,10 @@ command line).)")
              return out;
            })
       .def(
-          "to_toml", [](const PyDeck& d) { return d.deck.toToml(); }, "The resolved deck as TOML (every key).")
+          "to_toml", [](const PyDeck& d) { return d.deck.toToml(); },
+          "The deck as TOML, every key (an s_max or micro_batches left to derive as 0 with its resolved value in a "
+          "comment): "
+          "it reads back as the same deck.")
       .def_property_readonly("path", [](const PyDeck& d) { return d.deck.source_path; })
       .def_property_readonly("overrides", [](const PyDeck& d) { return d.overrides; })
       .def_property_readonly("dp", [](const PyDeck& d) { return d.deck.mesh.dp; })

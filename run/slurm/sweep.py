@@ -193,9 +193,14 @@ def deck_dir(deck_path: Path) -> Path:
     return Path(os.path.abspath(deck_path)).parent
 
 
+# The keys wlb resolves against the deck's folder (model::deckInputFiles); output names are
+# relative to output.dir and stay as they are.
+INPUT_KEYS = ("hardware.profile", "data.path", "train.dataset")
+
+
 def beside_deck(base: Path, key: str, v) -> bool:
-    """Whether value v of `key` names a file relative to the deck's folder `base`."""
-    if not isinstance(v, str) or not v or os.path.isabs(v):
+    """Whether value v of the input `key` names a file relative to the deck's folder `base`."""
+    if key not in INPUT_KEYS or not isinstance(v, str) or not v or os.path.isabs(v):
         return False
     # a dataset is a prefix: wlb looks for PREFIX_train.idx next to the deck
     return (base / (v + "_train.idx")).exists() if key == "train.dataset" else (base / v).exists()
@@ -750,6 +755,9 @@ def main(argv: list[str]) -> int:
                                      "here (prepare it with wlb data prepare)")
             ranks = mesh_ranks(r) if o.subcommand in MPI_SUBCOMMANDS else 1
             rows.append((i, ranks, d, sets))
+            for s in sets:  # the case table is tab-separated, a line per case
+                if "\t" in s or "\n" in s:
+                    raise InputError(f"override '{s}' contains a tab or newline")
     except (InputError, RuntimeError):
         if not o.dry_run and sweep:  # nothing submitted: the case copy goes again
             shutil.rmtree(state_dir / stamp, ignore_errors=True)
@@ -764,10 +772,6 @@ def main(argv: list[str]) -> int:
         print(f"  case {i}: {ranks} rank(s)  {d}  {' '.join(s for s in sets if s not in fixes)}")
 
     cases_file = state_dir / stamp / "cases.tsv"
-    for _, _, d, sets in rows:
-        for s in sets:
-            if "\t" in s or "\n" in s:
-                raise InputError(f"override '{s}' contains a tab or newline")
     if not o.dry_run:
         cases_file.parent.mkdir(parents=True, exist_ok=True)
         cases_file.write_text("".join("\t".join([str(r), d, *s]) + "\n" for _, r, d, s in rows))

@@ -46,14 +46,20 @@ const bool registered = wlb::app::registerCommand(
         std::cout << "# " << deck.source_path << ": valid\n" << deck.toToml();
         // Keys whose 0 or [] stands for a value derived from others, as the packers use them
         // (comments: the text above stays the deck as written).
-        const auto po = wlb::packing::PackerOptions::fromDeck(deck);
-        std::string levels;
-        for (const auto l : po.outlier_thresholds) levels += (levels.empty() ? "" : ", ") + std::to_string(l);
-        std::cout << "\n# derived (the values the packers use):\n"
-                  << "#   data.s_max = " << po.s_max << "\n"
-                  << "#   packing.micro_batches = " << po.micro_batches << " per replica\n"
-                  << "#   packing.outlier_thresholds = [" << levels << "]\n"
-                  << "#   packing.max_queue_wait = " << po.max_queue_wait << "\n";
+        if (!deck.sweep.empty()) {
+          // the base deck is no case: its values may break a rule every case's values replace
+          std::cout << "\n# derived (the values the packers use): per [sweep] case; pin the swept keys with --set "
+                       "to see one case's\n";
+        } else {
+          const auto po = wlb::packing::PackerOptions::fromDeck(deck);
+          std::string levels;
+          for (const auto l : po.outlier_thresholds) levels += (levels.empty() ? "" : ", ") + std::to_string(l);
+          std::cout << "\n# derived (the values the packers use):\n"
+                    << "#   data.s_max = " << po.s_max << "\n"
+                    << "#   packing.micro_batches = " << po.micro_batches << " per replica\n"
+                    << "#   packing.outlier_thresholds = [" << levels << "]\n"
+                    << "#   packing.max_queue_wait = " << po.max_queue_wait << "\n";
+        }
         if (o->cases) {
           const auto cases = wlb::expandSweep(deck);
           std::cout << "\n# " << cases.size() << " sweep case(s)\n";

@@ -263,7 +263,11 @@ int dispatch(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   wlb::keepFreedHeap();  // large buffers stay with the process (core/heap.hpp)
-  if (argc > 1 && std::string_view(argv[1]) == "train") wlb::app::catchStopSignal();
+  for (int i = 1; i < argc; ++i)  // the subcommand: the first argument that is no option
+    if (argv[i][0] != '-') {
+      if (std::string_view(argv[i]) == "train") wlb::app::catchStopSignal();
+      break;
+    }
   // THREAD_MULTIPLE where the library has it: the pipeline executor drives transfers from a
   // progress thread (runtime/pipeline.cpp); with less it polls between layers instead.
   int provided = 0;

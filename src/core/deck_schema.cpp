@@ -1,8 +1,8 @@
 #include "core/deck_schema.hpp"
 
+#include <charconv>
 #include <cmath>
 #include <cstdint>
-#include <iomanip>
 #include <sstream>
 #include <string>
 
@@ -16,11 +16,12 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 std::string num(double v) {
   if (v == kInf) return "inf";
   if (v == -kInf) return "-inf";
-  // an integral bound in full (1048576, not 1.04858e+06), others at full precision
+  // an integral bound in full (1048576, not 1.04858e+06), others as the shortest text that
+  // reads back as the same double (0.003, not 0.0030000000000000001)
   if (v == std::floor(v) && std::fabs(v) < 9.0e15) return std::to_string(static_cast<std::int64_t>(v));
-  std::ostringstream os;
-  os << std::setprecision(17) << v;
-  return os.str();
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
 }
 
 // Field accessors: `F(model.hidden)` -> a function returning &deck.model.hidden.

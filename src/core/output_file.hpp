@@ -24,7 +24,11 @@ namespace detail {
 inline bool isDeviceOrPipe(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  return fs::exists(path, ec) && !fs::is_regular_file(path, ec) && !fs::is_directory(path, ec);
+  // one stat: three (exists, then not regular, then not a folder) took a file that another
+  // rank renamed over or removed between them for a device
+  const fs::file_type t = fs::status(path, ec).type();
+  return t != fs::file_type::none && t != fs::file_type::not_found && t != fs::file_type::regular &&
+         t != fs::file_type::directory;
 }
 
 // One file under two spellings: the same existing file, or the same path once symbolic

@@ -161,6 +161,7 @@ void packFlowWork(const ReplicaSlices& r, const SliceShards* sh, int k, const mo
   w.kv_fwd_recv_bytes.clear();  // `w` may hold a DP-Merge unit of an earlier step
   w.kv_bwd_recv_bytes.clear();
   w.kv_exchange = false;
+  w.kv_across_dp = false;
   std::int64_t tb = 0, cf = 0, cb = 0;  // backward tokens; tokens of continued segments
   for (const bool bwd : {false, true}) {
     const auto& cuts = bwd ? r.bwd_cuts : r.fwd_cuts;
@@ -236,6 +237,7 @@ MicroBatchWork mergedShareWork(const MicroBatch& mb, int g, int j, int cp, const
   take(all.kv_fwd_recv_bytes, w.kv_fwd_recv_bytes);
   take(all.kv_bwd_recv_bytes, w.kv_bwd_recv_bytes);
   w.kv_exchange = all.kv_exchange;
+  w.kv_across_dp = g > 1;
   return w;
 }
 
@@ -535,8 +537,11 @@ StepSimulator::RankLayerCost StepSimulator::layerCost(const MicroBatchWork& w, i
   // KV traffic wherever the work has some: CP > 1, and a DP-Merge unit's group at any cp.
   if (!w.kv_fwd_bytes.empty()) {
     const double lat = w.kv_peers[ri] * net.latency_s;
-    f.kv = commScale() * w.kv_fwd_bytes[ri] / net.cp_bps + (w.kv_fwd_bytes[ri] > 0 ? lat : 0.0);
-    b.kv = commScale() * w.kv_bwd_bytes[ri] / net.cp_bps + (w.kv_bwd_bytes[ri] > 0 ? lat : 0.0);
+    // a DP-Merge group's ring crosses the replicas' DP links: the slower link paces it, as
+    // in the gradient reduction
+    const double bps = w.kv_across_dp ? std::min(net.cp_bps, net.dp_bps) : net.cp_bps;
+    f.kv = commScale() * w.kv_fwd_bytes[ri] / bps + (w.kv_fwd_bytes[ri] > 0 ? lat : 0.0);
+    b.kv = commScale() * w.kv_bwd_bytes[ri] / bps + (w.kv_bwd_bytes[ri] > 0 ? lat : 0.0);
     // the trace's bytes: what the rank receives (the time above: its busier side)
     const bool recv = !w.kv_fwd_recv_bytes.empty();
     f.kv_bytes = commScale() * (recv ? w.kv_fwd_recv_bytes[ri] : w.kv_fwd_bytes[ri]);

@@ -55,6 +55,7 @@ struct MicroBatchWork {
   /// [cp rank] K/V bytes received per layer (traces; empty: kv_*_bytes, an all-gather's).
   std::vector<double> kv_fwd_recv_bytes, kv_bwd_recv_bytes;
   bool kv_exchange = false;  ///< sharding-aware point-to-point exchange (trace label), else all-gather
+  bool kv_across_dp = false;  ///< a DP-Merge unit: its group spans DP replicas, so K/V cross DP links too
   std::string sharding;                            ///< sharding actually applied
   /// [cp rank] tokens whose backward this task runs when the backward grouping differs from
   /// the forward one (SlimPack's asymmetric partition); empty = rank_tokens.

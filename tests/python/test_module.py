@@ -337,6 +337,11 @@ def test_bad_arguments_raise_value_error():
         wlb.Deck(SMOKE_DECK, {"mesh.dp": object()})
     with pytest.raises(ValueError, match="cannot open deck"):
         wlb.Deck("no-such-deck.toml")
+    # a sweeping deck is no one deck: its base is not a case (overrides pin the swept keys)
+    sweep = "[data]\ns_max = 2048\n[sweep]\n\"data.context_window\" = [1024, 2048]\n"
+    with pytest.raises(ValueError, match="data.context_window"):
+        wlb.Deck.from_toml(sweep, "sweep.toml")
+    assert wlb.Deck.from_toml(sweep, "sweep.toml", {"data.context_window": 1024})["data.s_max"] == 2048
 
 
 def test_deck_round_trip():

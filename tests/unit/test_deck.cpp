@@ -222,8 +222,12 @@ TEST(Deck, SweepBaseIsOnlyItsCases) {
   EXPECT_EQ(wlb::parseDeck("", "x.toml", {"model.name=llama"}).model.name, "llama");
   // output.dir names the sweep's root; the rank product cannot wrap past the limit.
   EXPECT_THROW((void)wlb::parseDeck("[sweep]\n\"output.dir\" = [\"a\", \"b\"]\n", "x.toml"), wlb::InputError);
-  EXPECT_THROW((void)wlb::parseDeck("[mesh]\ntp = 4096\ncp = 65536\npp = 65536\ndp = 1048576\n", "x.toml"),
-               wlb::InputError);
+  try {  // 2^64 ranks: the product wrapped to 0 and passed
+    (void)wlb::parseDeck("[mesh]\ntp = 4096\ncp = 65536\npp = 65536\ndp = 1048576\n", "x.toml");
+    FAIL() << "2^64 ranks accepted";
+  } catch (const wlb::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("18446744073709551616 ranks; at most"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Deck, SweepCasesNameTheirOverridesAndStayDistinct) {

@@ -465,6 +465,13 @@ TEST(SlimPack, DpMergeRunsAnOversizedSampleOnAGroupOfReplicas) {
   const double t_fast =
       pp::StepSimulator(fast, cost_fast).simulatePlan(plan, "per_document", CpConfig{}).pipeline_seconds;
   EXPECT_GT(t_slow, t_fast * 1.01);
+  // The group spans replicas: a slow DP link paces its exchange too.
+  Deck slow_dp = fast;
+  slow_dp.hardware.dp_bandwidth_gbps = 0.01;
+  const double t_slow_dp = pp::StepSimulator(slow_dp, model::CostModel::fromDeck(slow_dp))
+                               .simulatePlan(plan, "per_document", CpConfig{})
+                               .pipeline_seconds;
+  EXPECT_GT(t_slow_dp, t_fast * 1.01);
   // A bad group is a plan error naming the key.
   auto j = packing::stepToJson(plan, packing::computeMetrics(plan, cost), 40);
   j["merged"][0]["group"] = {mg.group.back(), mg.group.front()};
