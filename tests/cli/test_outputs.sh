@@ -96,7 +96,7 @@ WANT="is not a regular file" refused "$WLB" plan run.toml --packer wlb --steps 1
 # Ranks that do not share output.dir (a relative path on node-local disks) stop at once with
 # exit 2 naming the rank, instead of hanging in the trace's parallel create.
 mkdir nA nB && cp run.toml nA/ && cp run.toml nB/
-timeout 60 mpiexec -n 1 --wdir nA "$WLB" run run.toml --set mesh.dp=2 --quiet : \
+timeout 120 mpiexec -n 1 --wdir nA "$WLB" run run.toml --set mesh.dp=2 --quiet : \
   -n 1 --wdir nB "$WLB" run run.toml --set mesh.dp=2 --quiet > out.txt 2>&1; rc=$?
 [ "$rc" = 2 ] && grep -q "rank 1 cannot see the folder rank 0 writes it in" out.txt ||
   fail "ranks without a shared output.dir: rc $rc $(cat out.txt)"
@@ -104,18 +104,18 @@ timeout 60 mpiexec -n 1 --wdir nA "$WLB" run run.toml --set mesh.dp=2 --quiet : 
 # another one ends every rank with exit 2 naming it, instead of a hang in the first
 # collective (the deck is agreed before any work).
 mkdir nC
-timeout 60 mpiexec -n 1 "$WLB" run run.toml --set mesh.dp=2 --quiet : \
+timeout 120 mpiexec -n 1 "$WLB" run run.toml --set mesh.dp=2 --quiet : \
   -n 1 --wdir nC "$WLB" run run.toml --set mesh.dp=2 --quiet > out.txt 2>&1; rc=$?
 [ "$rc" = 2 ] && grep -q "wlb: error (rank 1): cannot open deck 'run.toml'" out.txt &&
   grep -q "the deck could not be read on 1 of 2 ranks" out.txt || fail "a rank without the deck: rc $rc $(cat out.txt)"
-timeout 60 mpiexec -n 1 "$WLB" mesh run.toml --set mesh.dp=2 : -n 1 "$WLB" mesh run.toml --set mesh.cp=2 > out.txt 2>&1
+timeout 120 mpiexec -n 1 "$WLB" mesh run.toml --set mesh.dp=2 : -n 1 "$WLB" mesh run.toml --set mesh.cp=2 > out.txt 2>&1
 rc=$?
 [ "$rc" = 2 ] && grep -q "rank 1 read another deck than rank 0" out.txt || fail "ranks with other decks: rc $rc $(cat out.txt)"
 # No room for the trace (a file-size limit stands in for a full disk; the plans fit): exit 2
 # on every rank with the trace's path and the system's reason, within the timeout, and
 # nothing left behind: no temporary, no plan, no folder.
 for n in 1 2; do
-  timeout 60 mpiexec -n $n bash -c "trap '' XFSZ; ulimit -f 1024; exec '$WLB' run run.toml --steps 300 --quiet \
+  timeout 120 mpiexec -n $n bash -c "trap '' XFSZ; ulimit -f 1024; exec '$WLB' run run.toml --steps 300 --quiet \
     --set mesh.dp=$n --set 'output.dir=\"full$n\"'" > out.txt 2>&1; rc=$?
   [ "$rc" = 2 ] && grep -q "full$n/trace.h5: cannot write it (.*File too large" out.txt ||
     fail "$n rank(s), trace past the file-size limit: rc $rc $(cat out.txt)"
@@ -123,7 +123,7 @@ for n in 1 2; do
   [ ! -e full$n ] || fail "$n rank(s), trace past the file-size limit left $(ls -a full$n)"
 done
 # A simulated trace with no room (the file-size limit of the run above) leaves no folder made for it.
-timeout 60 mpiexec -n 1 bash -c "trap '' XFSZ; ulimit -f 1024; exec '$WLB' simulate run.toml --steps 3000 --trace nr/a/t.h5" \
+timeout 120 mpiexec -n 1 bash -c "trap '' XFSZ; ulimit -f 1024; exec '$WLB' simulate run.toml --steps 3000 --trace nr/a/t.h5" \
   > out.txt 2>&1; rc=$?
 [ "$rc" = 2 ] && [ ! -e nr ] || fail "simulate --trace with no room: rc $rc, left $(find nr 2>/dev/null) $(tail -2 out.txt)"
 echo "outputs: every collision with an input or another output refused, inputs unchanged"
