@@ -552,9 +552,8 @@ Deck parseDeck(const std::string& text, const std::string& name, const std::vect
   // alone may break a rule that every case's values replace (an s_max above the swept
   // windows but below the default one), so it is only derived.
   (void)expandSweep(d);
-  Deck base_resolved = d;
-  resolveAndValidate(base_resolved, name, false);
-  return base_resolved;
+  resolveAndValidate(d, name, false);
+  return d;
 }
 
 Deck loadDeck(const std::string& path, const std::vector<std::string>& overrides) {

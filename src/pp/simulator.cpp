@@ -574,12 +574,16 @@ double StepSimulator::commScale() const {
   return cfg_.comm_element_bytes > 0 && b > 0 ? cfg_.comm_element_bytes / b : 1.0;
 }
 
-double StepSimulator::headSeconds(std::int64_t tokens, Phase p) const {
+double StepSimulator::headFlops(std::int64_t tokens, Phase p) const {
   if (!cfg_.lm_head) return 0.0;
   const auto& d = cost_->dims();
   const double f =
       2.0 * static_cast<double>(tokens) * static_cast<double>(d.hidden) * static_cast<double>(d.vocab) / cfg_.tp;
-  return (p == Phase::Fwd ? f : model::kLinearBwdFactor * f) / (cost_->hardware().linear_gflops * 1e9);
+  return p == Phase::Fwd ? f : model::kLinearBwdFactor * f;
+}
+
+double StepSimulator::headSeconds(std::int64_t tokens, Phase p) const {
+  return headFlops(tokens, p) / (cost_->hardware().linear_gflops * 1e9);
 }
 
 double StepSimulator::p2pSeconds(std::int64_t tokens, const std::vector<std::int64_t>& rank_tokens) const {
@@ -858,7 +862,8 @@ StepResult StepSimulator::simulateOnce(const std::vector<std::vector<MicroBatchW
           const auto tok = t.phase == Phase::Bwd && !w.rank_tokens_bwd.empty()
                                ? w.rank_tokens_bwd[static_cast<std::size_t>(c)]
                                : w.rank_tokens[static_cast<std::size_t>(c)];
-          const double own = l * (t.phase == Phase::Fwd ? lc.fwd : lc.bwd) + (last ? headSeconds(tok, t.phase) : 0.0);
+          const double head = last ? headSeconds(tok, t.phase) : 0.0;
+          const double own = l * (t.phase == Phase::Fwd ? lc.fwd : lc.bwd) + head;
           busy += own;
           if (!rec || own <= 0) continue;
           // Split the task into attention / recomputation / linear / TP / KV pieces in that order.
@@ -873,9 +878,7 @@ StepResult StepSimulator::simulateOnce(const std::vector<std::vector<MicroBatchW
           if (tok > 0) {
             lin_flops = l * (fwd || full ? cost_->linearFlops(tok, Phase::Fwd) : 0.0) +
                         (fwd ? 0.0 : l * cost_->linearFlops(tok, Phase::Bwd));
-            if (last && cfg_.lm_head)
-              head_flops = 2.0 * static_cast<double>(tok) * static_cast<double>(cost_->dims().hidden) *
-                           static_cast<double>(cost_->dims().vocab) / cfg_.tp * (fwd ? 1.0 : model::kLinearBwdFactor);
+            if (last) head_flops = headFlops(tok, t.phase);
           }
           const trace::Phase ph = fwd ? trace::Phase::Fwd : trace::Phase::Bwd;
           double cur = r.start[v];
@@ -902,7 +905,7 @@ StepResult StepSimulator::simulateOnce(const std::vector<std::vector<MicroBatchW
             };
             emit(r_attn, l * p.attn, 0, attn_flops);
             emit(r_recompute, l * p.recompute, 0);
-            emit(r_mlp, l * p.linear + (last ? headSeconds(tok, t.phase) : 0.0), 0, lin_flops + head_flops);
+            emit(r_mlp, l * p.linear + head, 0, lin_flops + head_flops);
             emit(r_tp, l * p.tp, l * p.tp_bytes);
             emit(w.kv_exchange ? r_kvx : r_kv, l * p.kv, l * p.kv_bytes);
             const bool sends = fwd ? vs + 1 < V : vs > 0;

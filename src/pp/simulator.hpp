@@ -276,6 +276,7 @@ class StepSimulator {
     LayerParts f, b;          // the same split into events (full recompute: b includes f)
   };
   RankLayerCost layerCost(const MicroBatchWork& w, int r) const;
+  double headFlops(std::int64_t tokens, Phase p) const;  ///< the LM head's, per TP rank (0 without it)
   double headSeconds(std::int64_t tokens, Phase p) const;
   double commScale() const;  ///< comm_element_bytes / dtype_bytes (1 when unset)
   /// One stage-to-stage transfer of a unit's activations (or their gradients).

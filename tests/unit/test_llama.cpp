@@ -59,6 +59,20 @@ void setW(const Llama& m, std::int64_t i, float v) {
   Kokkos::deep_copy(Kokkos::subview(m.weights(), i), Kokkos::View<const float, Kokkos::HostSpace>(&v));
 }
 
+// The tiny model (seed 11) and one micro-batch of two whole documents: the optimizer tests'.
+struct TwoDocs {
+  Llama model{tinyConfig(), 11};
+  wlb::runtime::Space space;
+  const ListTokens tokens{std::vector<std::vector<std::int32_t>>{doc(5, 1), doc(9, 2)}};
+  const MicroBatch batch = tokens.wholeDocuments();
+  /// The gradients of the batch's mean loss, which it returns.
+  double gradients() {
+    model.zeroGrads(space);
+    const float scale = 1.0f / static_cast<float>(predicted(batch));
+    return runLocal(model, tokens, {batch}, true, scale) / static_cast<double>(predicted(batch));
+  }
+};
+
 TEST(Llama, GradientsMatchFiniteDifferences) {
   const LlamaConfig cfg = tinyConfig();
   Llama model(cfg, 7);
@@ -135,23 +149,17 @@ TEST(Llama, LearningRateSchedule) {
 }
 
 TEST(Llama, AdamWLowersTheLoss) {
-  const LlamaConfig cfg = tinyConfig();
-  Llama model(cfg, 11);
-  wlb::runtime::Space space;
-  const ListTokens tokens({doc(5, 1), doc(9, 2)});
-  const MicroBatch batch = tokens.wholeDocuments();
+  TwoDocs t;
   wlb::train::AdamWConfig oc;
   oc.lr = 1e-2f;
   oc.warmup_steps = 3;
   oc.total_steps = 30;
   oc.clip = 1.0f;
-  wlb::train::AdamW opt(model, oc);
+  wlb::train::AdamW opt(t.model, oc);
   std::vector<double> losses;
   for (int s = 0; s < 30; ++s) {
-    model.zeroGrads(space);
-    const float scale = 1.0f / static_cast<float>(predicted(batch));
-    losses.push_back(runLocal(model, tokens, {batch}, true, scale) / static_cast<double>(predicted(batch)));
-    const double norm = opt.step(space, model, s);
+    losses.push_back(t.gradients());
+    const double norm = opt.step(t.space, t.model, s);
     EXPECT_TRUE(std::isfinite(norm));
   }
   EXPECT_NEAR(losses.front(), std::log(256.0), 1.0);  // starts near uniform
@@ -166,30 +174,25 @@ TEST(Llama, AdamWLowersTheLoss) {
 // steps that made none (a packer that held every document back) moves every weight by lr,
 // as AdamW's first update does (m-hat / sqrt(v-hat) = g / |g|).
 TEST(Llama, AdamWBiasCorrectionCountsUpdatesNotSteps) {
-  const LlamaConfig cfg = tinyConfig();
-  Llama model(cfg, 11);
-  wlb::runtime::Space space;
-  const ListTokens tokens({doc(5, 1), doc(9, 2)});
-  const MicroBatch batch = tokens.wholeDocuments();
+  TwoDocs t;
   wlb::train::AdamWConfig oc;
   oc.lr = 1e-3f;
   oc.min_lr_ratio = 1.0f;  // a constant rate
   oc.total_steps = 100;
   oc.weight_decay = 0.0f;
   oc.clip = 0.0f;
-  wlb::train::AdamW opt(model, oc);
-  model.zeroGrads(space);
-  (void)runLocal(model, tokens, {batch}, true, 1.0f / static_cast<float>(predicted(batch)));
+  wlb::train::AdamW opt(t.model, oc);
+  (void)t.gradients();
   const auto copyOf = [](const auto& v) {  // a copy, not a view of the same memory
     auto h = Kokkos::create_mirror(Kokkos::HostSpace(), v);
     Kokkos::deep_copy(h, v);
     return h;
   };
-  const auto before = copyOf(model.weights());
-  const auto grads = copyOf(model.grads());
-  (void)opt.step(space, model, 5);  // steps 0..4 made no update
+  const auto before = copyOf(t.model.weights());
+  const auto grads = copyOf(t.model.grads());
+  (void)opt.step(t.space, t.model, 5);  // steps 0..4 made no update
   EXPECT_EQ(opt.updates(), 1);
-  const auto after = copyOf(model.weights());
+  const auto after = copyOf(t.model.weights());
   std::int64_t checked = 0;
   for (std::size_t i = 0; i < before.size(); ++i) {
     if (std::abs(grads(i)) < 1e-4f) continue;  // where eps does not matter
