@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 #include <Kokkos_Core.hpp>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -11,6 +12,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "app/cleanup.hpp"
@@ -233,6 +235,12 @@ int dispatch(int argc, char** argv) {
       // state from the failed write that MPI_Finalize would crash on
       if (!e.collective() || rank == 0) std::fprintf(stderr, "wlb: error (rank %d): %s\n", rank, e.what());
       std::fflush(stderr);
+      if (e.collective() && wlb::app::worldSize() > 1) {
+        // every rank raised it and only rank 0 prints it: the others wait for rank 0's abort,
+        // since an abort from them could kill rank 0 before its message is out
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (rank != 0) std::this_thread::sleep_for(std::chrono::seconds(30));  // a bound, not a wait
+      }
       MPI_Abort(MPI_COMM_WORLD, wlb::kExitBadInput);
     } catch (const std::filesystem::filesystem_error& e) {
       // a path the user gave (an output under a file, an unwritable directory): bad input,
