@@ -616,8 +616,11 @@ std::vector<Deck> expandSweep(const Deck& deck) {
       throw InputError(where + " cases (" + it->second + ") and (" + values + ") would write to the same folder " +
                            dir + ": their values differ only where a folder name cannot",
                        true);
-    // Equal values written differently (1 and 1.0) make the same case twice.
-    if (const auto [it, fresh] = decks.emplace(c.toToml(), values); !fresh)
+    // Equal values written differently (1 and 1.0, or 0 and the value 0 derives) make the
+    // same case twice: compare the resolved decks.
+    Deck resolved = c;
+    resolved.data.s_max_derived = resolved.packing.micro_batches_derived = false;
+    if (const auto [it, fresh] = decks.emplace(resolved.toToml(), values); !fresh)
       throw InputError(where + " cases (" + it->second + ") and (" + values +
                            ") resolve to the same deck: it would run twice (a value listed twice, as 1 and 1.0?)",
                        true);

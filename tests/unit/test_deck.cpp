@@ -250,6 +250,14 @@ TEST(Deck, SweepCasesNameTheirOverridesAndStayDistinct) {
   } catch (const wlb::InputError& e) {
     EXPECT_NE(std::string(e.what()).find("same deck"), std::string::npos) << e.what();
   }
+  // 0 (derive it) and the value it derives to are one case too.
+  try {
+    (void)wlb::expandSweep(
+        wlb::parseDeck("[data]\ncontext_window = 8192\n[sweep]\n\"data.s_max\" = [0, 8192]\n", "s.toml"));
+    FAIL() << "s_max 0 beside the s_max it derives was accepted";
+  } catch (const wlb::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("same deck"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Deck, SweptValueThatBreaksACrossKeyRuleIsRejected) {
