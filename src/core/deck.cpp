@@ -370,6 +370,19 @@ void resolveAndValidate(Deck& d, const std::string& name, bool check = true) {
     err("data.path", "source = \"" + d.data.source + "\" needs a path to the length file");
   for (const auto& [key, file] : {std::pair{"output.trace", &d.output.trace}, std::pair{"output.plan", &d.output.plan}})
     if (file->empty()) err(key, "empty: name a file inside output.dir");
+  // A path with a control character (a tab, a line break) is a slip, and no shell script
+  // of run/slurm could carry it.
+  for (const auto& [key, path] :
+       {std::pair{"output.dir", &d.output.dir}, std::pair{"output.trace", &d.output.trace},
+        std::pair{"output.plan", &d.output.plan}, std::pair{"data.path", &d.data.path},
+        std::pair{"hardware.profile", &d.hardware.profile}, std::pair{"train.dataset", &d.train.dataset}})
+    for (const char ch : *path)
+      if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) {
+        char code[8];
+        std::snprintf(code, sizeof code, "0x%02x", static_cast<unsigned>(static_cast<unsigned char>(ch)));
+        err(key, std::string("holds the control character ") + code + ": a path cannot");
+        break;
+      }
   d.packing.micro_batches_derived = d.packing.micro_batches == 0;
   if (d.packing.micro_batches == 0) d.packing.micro_batches = mesh.pp;
   if (d.pipeline.schedule == "interleaved" && d.packing.micro_batches % mesh.pp != 0)

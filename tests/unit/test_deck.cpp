@@ -419,3 +419,16 @@ TEST(Deck, ShippedDecksValidate) {
 }
 
 }  // namespace
+
+TEST(Deck, PathWithAControlCharacterIsRefused) {
+  for (const char* key : {"output.dir", "output.trace", "hardware.profile", "train.dataset"}) {
+    try {
+      (void)wlb::parseDeck("", "p.toml", {std::string(key) + "=\"a\\tb\""});
+      FAIL() << key << " with a tab was accepted";
+    } catch (const wlb::InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("key '") + key + "': holds the control character 0x09"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
