@@ -455,8 +455,10 @@ int run(const Opts& o) {
         j.back()["dp_merge_units"] = r.merged;
       }
     }
-    wlb::app::writeAtomically((fs::path(o.out) / "simulate.csv").string(), "--out", csv.str());
-    wlb::app::writeAtomically((fs::path(o.out) / "simulate.json").string(), "--out", j.dump(2) + "\n");
+    // both or neither: a CSV beside an old run's JSON would disagree with it
+    wlb::writeFilesAtomically({{(fs::path(o.out) / "simulate.csv").string(), csv.str()},
+                               {(fs::path(o.out) / "simulate.json").string(), j.dump(2) + "\n"}},
+                              "--out", wlb::app::trackTemporary);
   }
   return 0;
 }

@@ -195,6 +195,14 @@ void writeFileAtomically(const std::string& path, const std::string& what, const
                          const TemporaryTracker& track = {},
                          const std::function<void(const std::string& tmp)>& check = {});
 
+/// writeFileAtomically for a set of (path, text) written together (`simulate --out`'s CSV and
+/// JSON): every file is complete under its temporary name before the first rename, so a
+/// file that cannot be written (no room) leaves every path as it was. `check` runs on each
+/// complete temporary.
+void writeFilesAtomically(const std::vector<std::pair<std::string, std::string>>& files, const std::string& what,
+                          const TemporaryTracker& track = {},
+                          const std::function<void(const std::string& path, const std::string& tmp)>& check = {});
+
 /// Makes the missing folders above the file `path`; a failure is left to the open that
 /// follows, which names the output.
 inline void makeParentFolders(const std::string& path) {

@@ -126,4 +126,12 @@ done
 timeout 120 mpiexec -n 1 bash -c "trap '' XFSZ; ulimit -f 1024; exec '$WLB' simulate run.toml --steps 3000 --trace nr/a/t.h5" \
   > out.txt 2>&1; rc=$?
 [ "$rc" = 2 ] && [ ! -e nr ] || fail "simulate --trace with no room: rc $rc, left $(find nr 2>/dev/null) $(tail -2 out.txt)"
+# simulate --out writes its CSV and JSON both or neither: the JSON with no room leaves the
+# old pair as it was (a new CSV beside an old JSON would disagree with it).
+mkdir so && echo old > so/simulate.csv && echo old > so/simulate.json
+timeout 120 mpiexec -n 1 bash -c "trap '' XFSZ; ulimit -f 1; exec '$WLB' simulate run.toml --steps 3 --out so" \
+  > out.txt 2>&1; rc=$?
+[ "$rc" = 2 ] && grep -q "so/simulate.json': write failed (File too large)" out.txt &&
+  [ "$(cat so/simulate.csv so/simulate.json)" = "$(printf 'old\nold')" ] && [ "$(ls so)" = "$(printf 'simulate.csv\nsimulate.json')" ] ||
+  fail "simulate --out with no room for the JSON: rc $rc, $(ls so) $(tail -2 out.txt)"
 echo "outputs: every collision with an input or another output refused, inputs unchanged"
