@@ -525,23 +525,46 @@ struct PyPacker {
   std::unique_ptr<data::LengthSource> src;
   std::unique_ptr<packing::Packer> packer;
 
-  std::int64_t capacity() const { return packing::capacity(*packer); }
+  std::int64_t capacity() const {
+    idle("capacity");
+    return packing::capacity(*packer);
+  }
 
-  /// The last step packed since construction or restore (documents from elsewhere must
-  /// come in increasing steps and may not arrive after the step that packs them).
+  /// The last step packed since construction or restore: steps must increase, whether the
+  /// documents come from the packer's source (pack) or from elsewhere (pack_documents), so
+  /// that mixing the two can neither repeat a step nor go back.
   std::optional<std::int64_t> last_step;
 
+  /// pack() lets go of the GIL while it packs; a call from another thread then (above all
+  /// load_state_dict, which replaces the packer) is refused rather than let run under it.
+  /// Every method checks it while it holds the GIL, so a flag is enough.
+  bool in_pack = false;
+  void idle(const char* what) const {
+    if (in_pack)
+      throw std::runtime_error(fmt::format(
+          "Packer.{}: the Packer is packing in another thread (a Packer serves one thread at a time)", what));
+  }
+
   std::unique_ptr<PyPlan> packDocs(std::int64_t step, const std::vector<wlb::Document>* given) {
+    const char* what = given ? "pack_documents" : "pack";
+    idle(what);
+    if (last_step && step <= *last_step)
+      throw py::value_error(fmt::format(
+          "{}: step {} after step {}: steps must increase (a Packer takes each step's documents from its length "
+          "source, pack(), or from pack_documents(); mixing the two must keep the steps increasing)",
+          what, step, *last_step));
     if (given) {
-      if (last_step && step <= *last_step)
-        throw py::value_error(
-            fmt::format("pack_documents: step {} after step {}: steps must increase", step, *last_step));
       for (const auto& d : *given)
         if (d.arrival_step > step)
           throw py::value_error(
               fmt::format("pack_documents: document {} arrives at step {}, after step {}", d.id, d.arrival_step, step));
     }
     auto out = std::make_unique<PyPlan>();
+    in_pack = true;
+    struct Done {  // cleared with the GIL held again, whichever way this returns
+      bool& flag;
+      ~Done() { flag = false; }
+    } done{in_pack};
     {
       py::gil_scoped_release nogil;
       std::vector<wlb::Document> drawn;
@@ -564,6 +587,7 @@ struct PyPacker {
   }
 
   json checkpoint() const {
+    idle("checkpoint");
     return {{"format", "wlb-plan-state"},
             {"version", 1},
             {"packers", {{packer->name(), packing::saveCheckpoint(*src, *packer)}}}};
@@ -572,6 +596,7 @@ struct PyPacker {
   /// Accepts the CLI's wlb-plan-state (any number of packers) or one wlb-packer-state.
   /// Transactional: on error the packer keeps its state.
   void restore(const json& j, const std::string& what) {
+    idle("load_state_dict");
     const json* state = &j;
     const std::string name = packer->name();
     if (!j.is_object() || (j.value("format", "") != "wlb-plan-state" && j.value("format", "") != "wlb-packer-state"))
@@ -590,6 +615,7 @@ struct PyPacker {
   }
 
   json header() const {
+    idle("header");
     packing::PlanHeader h;
     h.packer = packer->name();
     h.dp = packer->options().dp;
@@ -1201,7 +1227,10 @@ pack(step=None) draws the documents of the next step and packs them; state_dict(
            py::arg("lengths") = py::none(), py::arg("source_name") = py::none())
       .def(
           "pack",
-          [](PyPacker& p, std::optional<Int> step) { return p.packDocs(step ? *step : p.src->nextStep(), nullptr); },
+          [](PyPacker& p, std::optional<Int> step) {
+            p.idle("pack");
+            return p.packDocs(step ? *step : p.src->nextStep(), nullptr);
+          },
           py::arg("step") = py::none(), "Pack the next step (steps must be consecutive).")
       .def(
           "pack_documents", [](PyPacker& p, const PyDocuments& docs, Int step) { return p.packDocs(step, &docs.docs); },
@@ -1213,21 +1242,42 @@ pack(step=None) draws the documents of the next step and packs them; state_dict(
           py::arg("state"))
       .def("checkpoint", [](const PyPacker& p) { return PyCheckpoint{p.checkpoint()}; })
       .def(
-          "held_segments", [](const PyPacker& p) { return segmentArray(p.packer->heldSegments()); },
+          "held_segments",
+          [](const PyPacker& p) {
+            p.idle("held_segments");
+            return segmentArray(p.packer->heldSegments());
+          },
           "Segments the packer holds back (queues, carry-over, window), as [doc, offset, length, arrival_step].")
-      .def_property_readonly("pending_tokens", [](const PyPacker& p) { return p.packer->pendingTokens(); })
+      .def_property_readonly("pending_tokens",
+                             [](const PyPacker& p) {
+                               p.idle("pending_tokens");
+                               return p.packer->pendingTokens();
+                             })
       .def_property_readonly("name", [](const PyPacker& p) { return p.packer->name(); })
-      .def_property_readonly("next_step", [](const PyPacker& p) { return p.src->nextStep(); })
+      .def_property_readonly("next_step",
+                             [](const PyPacker& p) {
+                               p.idle("next_step");
+                               return p.src->nextStep();
+                             })
       .def_property_readonly("capacity", &PyPacker::capacity,
                              "Largest micro-batch in tokens (s_max for wlb and slimpack, else S).")
       .def_property_readonly("dp", [](const PyPacker& p) { return p.packer->options().dp; })
       .def_property_readonly("micro_batches", [](const PyPacker& p) { return p.packer->options().micro_batches; })
-      .def_property_readonly("documents_per_epoch", [](const PyPacker& p) { return p.src->documentsPerEpoch(); })
+      .def_property_readonly("documents_per_epoch",
+                             [](const PyPacker& p) {
+                               p.idle("documents_per_epoch");
+                               return p.src->documentsPerEpoch();
+                             })
       .def_property_readonly("cost", [](const PyPacker& p) { return p.pycost; })
       .def(
           "header", [](const PyPacker& p) { return toPy(p.header()); }, "The header line of `wlb plan --out`.")
-      .def("describe_source", [](const PyPacker& p) { return p.src->describe(); })
+      .def("describe_source",
+           [](const PyPacker& p) {
+             p.idle("describe_source");
+             return p.src->describe();
+           })
       .def("__repr__", [](const PyPacker& p) {
+        if (p.in_pack) return fmt::format("<wlb.Packer {} packing>", p.packer->name());
         return fmt::format("<wlb.Packer {} next step {}>", p.packer->name(), p.src->nextStep());
       });
 

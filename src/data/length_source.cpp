@@ -13,6 +13,7 @@
 
 #include "core/error.hpp"
 #include "core/input_file.hpp"
+#include "core/output_file.hpp"
 
 namespace wlb::data {
 
@@ -510,6 +511,16 @@ MegatronIndex readMegatronIndex(const std::string& path) {
     if (idx.sizes[i] < 0)
       throw InputError(
           fmt::format("{}: byte offset {}: negative sequence size {}", path, sizes_at + 4 * i, idx.sizes[i]), true);
+  // Byte offsets into the .bin: a token reader (python/wlb/megatron.py) slices them, so one
+  // that is negative or not a whole token would read other tokens without a word.
+  static constexpr int kItemSize[] = {0, 1, 1, 2, 4, 8, 8, 4, 2};  // by dtype code 1..8
+  const std::int64_t item = kItemSize[idx.dtype];
+  for (std::uint64_t i = 0; i < nseq; ++i)
+    if (idx.pointers[i] < 0 || idx.pointers[i] % item != 0)
+      throw InputError(fmt::format("{}: byte offset {}: invalid pointers[{}] = {} (must be >= 0 and a multiple of "
+                                   "the {}-byte token)",
+                                   path, sizes_at + 4 * nseq + 8 * i, i, idx.pointers[i], item),
+                       true);
   for (std::uint64_t i = 0; i < ndoc; ++i) {
     const auto b = idx.doc_idx[i];
     const bool bad =
@@ -541,31 +552,27 @@ std::vector<std::int64_t> readMegatronIdx(const std::string& path) {
 }
 
 void writeMegatronIdx(const std::string& path, const std::vector<std::int64_t>& lens) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    if (!f) throw InputError(fmt::format("{}: cannot write", path));
-    auto put = [&](const void* p, std::size_t n) { f.write(static_cast<const char*>(p), n); };
-    put(kMegatronIdxMagic, sizeof kMegatronIdxMagic);
-    const std::uint64_t version = 1, nseq = lens.size(), ndoc = lens.size() + 1;
-    const std::uint8_t dtype = 4;  // int32 tokens
-    put(&version, 8);
-    put(&dtype, 1);
-    put(&nseq, 8);
-    put(&ndoc, 8);
-    for (auto l : lens) {
-      const std::int32_t s = static_cast<std::int32_t>(l);
-      put(&s, 4);
-    }
-    std::int64_t ptr = 0;
-    for (auto l : lens) {
-      put(&ptr, 8);
-      ptr += l * 4;
-    }
-    for (std::int64_t i = 0; i <= static_cast<std::int64_t>(lens.size()); ++i) put(&i, 8);
-    if (!f) throw InputError(fmt::format("{}: write failed", path));
+  std::string buf;
+  auto put = [&](const void* p, std::size_t n) { buf.append(static_cast<const char*>(p), n); };
+  put(kMegatronIdxMagic, sizeof kMegatronIdxMagic);
+  const std::uint64_t version = 1, nseq = lens.size(), ndoc = lens.size() + 1;
+  const std::uint8_t dtype = 4;  // int32 tokens
+  put(&version, 8);
+  put(&dtype, 1);
+  put(&nseq, 8);
+  put(&ndoc, 8);
+  for (auto l : lens) {
+    const std::int32_t s = static_cast<std::int32_t>(l);
+    put(&s, 4);
   }
-  std::rename(tmp.c_str(), path.c_str());
+  std::int64_t ptr = 0;
+  for (auto l : lens) {
+    put(&ptr, 8);
+    ptr += l * 4;
+  }
+  for (std::int64_t i = 0; i <= static_cast<std::int64_t>(lens.size()); ++i) put(&i, 8);
+  // whole or not at all (a full disk, a file-size limit), and never over a device
+  writeFileAtomically(path, "Megatron index", buf);
 }
 
 // ---- Stats ------------------------------------------------------------------------------

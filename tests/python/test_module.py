@@ -410,6 +410,42 @@ def test_bad_values_are_refused_not_coerced():
     p.pack_documents(wlb.Documents([0], [100], [2]), 2)
     with pytest.raises(ValueError, match="steps must increase"):
         p.pack_documents(wlb.Documents([1], [100], [1]), 1)
+    # pack() after pack_documents: its source is at step 0, after step 2 was packed (a step
+    # repeated or a step back would plan the held documents twice or early)
+    with pytest.raises(ValueError, match="pack: step 0 after step 2: steps must increase"):
+        p.pack()
+    q = wlb.Packer(deck)
+    q.pack(), q.pack()
+    with pytest.raises(ValueError, match="pack_documents: step 1 after step 1"):
+        q.pack_documents(wlb.Documents([10**6], [100], [1]), 1)
+
+
+def test_packer_refuses_a_second_thread_while_it_packs():
+    """pack() lets go of the GIL: load_state_dict from another thread then replaced the packer
+    under it (a crash); now it raises RuntimeError, and every plan is whole."""
+    import threading
+
+    p = wlb.Packer(wlb.Deck(SMOKE_DECK, {"mesh.dp": 4, "packing.micro_batches": 8}), "wlb")
+    state = p.state_dict()
+    stop, refused = [False], []
+
+    def loader():
+        while not stop[0]:
+            try:
+                p.load_state_dict(state)
+            except RuntimeError as e:
+                refused.append(str(e))
+
+    t = threading.Thread(target=loader)
+    t.start()
+    try:
+        for _ in range(300):
+            plan = p.pack()
+            assert plan.dp == 4
+    finally:
+        stop[0] = True
+        t.join()
+    assert all("packing in another thread" in m for m in refused)
 
 
 def test_integer_scalars_are_not_truncated():

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -199,10 +200,26 @@ TEST(DataReaders, MegatronIdxFromSpec) {
   writeFile(t, bad);
   msg = expectInputError([&] { data::readMegatronIdx(t); });
   EXPECT_NE(msg.find("magic"), std::string::npos) << msg;
+  // A pointer that is negative or not a whole int32 token (a token reader would slice
+  // other tokens): refused at its byte offset (pointers[] starts at 34 + 5 * 4).
+  for (const std::int64_t p1 : {std::int64_t{18}, std::int64_t{-8}}) {
+    bad = b;
+    std::memcpy(bad.data() + 54 + 8, &p1, 8);
+    writeFile(t, bad);
+    msg = expectInputError([&] { data::readMegatronIdx(t); });
+    EXPECT_NE(msg.find("byte offset 62: invalid pointers[1] = " + std::to_string(p1)), std::string::npos) << msg;
+  }
   // Round trip through the writer.
   const auto w = tmpPath("rt.idx");
   data::writeMegatronIdx(w, {5, 6, 70000});
   EXPECT_EQ(data::readMegatronIdx(w), (std::vector<std::int64_t>{5, 6, 70000}));
+  // A path it cannot replace (a folder): an error, and no temporary left beside it.
+  const auto dir = tmpPath("folder.idx");
+  std::filesystem::create_directories(dir);
+  msg = expectInputError([&] { data::writeMegatronIdx(dir, {5}); });
+  EXPECT_NE(msg.find("folder.idx"), std::string::npos) << msg;
+  for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(dir).parent_path()))
+    EXPECT_EQ(e.path().filename().string().find("folder.idx.tmp"), std::string::npos) << e.path();
 }
 
 TEST(DataStats, Buckets) {
