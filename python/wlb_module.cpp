@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -296,34 +297,46 @@ std::vector<std::string> overridesFrom(py::object o) {
 
 struct PyDeck {
   wlb::Deck deck;
-  std::optional<std::string> path;  // file, or none (text below)
+  // The TOML read when the deck was made, and its name (a file's absolute path): overrides
+  // and pickling re-parse this text, so a deck is what was read, whatever the working
+  // directory or the file holds later (a DataLoader worker gets the parent's deck).
   std::string text, name;
   std::vector<std::string> overrides;
 
   static std::shared_ptr<PyDeck> load(std::optional<std::string> path, std::vector<std::string> ov) {
-    auto d = std::make_shared<PyDeck>();
-    d->path = path;
-    d->overrides = ov;
-    d->deck = path ? wlb::loadDeck(*path, ov) : wlb::parseDeck("", "defaults", ov);
-    d->name = path ? *path : "defaults";
-    // one case: a sweep's base deck is no case of it (overrides pin the swept keys)
-    wlb::requireOneCase(d->deck, d->name, "wlb.Deck");
-    return d;
+    if (!path) return parse("", "defaults", std::move(ov), "wlb.Deck");
+    // absolute: the deck's relative paths (data.path, a profile) resolve against its folder
+    // now, not against a working directory changed later
+    std::error_code ec;
+    const std::string abs = std::filesystem::absolute(*path, ec).string();
+    const std::string file = ec ? *path : abs;
+    if (std::filesystem::is_directory(file, ec))
+      throw wlb::InputError("deck '" + *path + "' is a directory, not a TOML file");
+    std::ifstream in(file, std::ios::binary);
+    if (!in) throw wlb::InputError("cannot open deck '" + *path + "'");
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    return parse(ss.str(), file, std::move(ov), "wlb.Deck");
   }
   static std::shared_ptr<PyDeck> fromText(const std::string& text, const std::string& name,
                                           std::vector<std::string> ov) {
+    return parse(text, name, std::move(ov), "wlb.Deck.from_toml");
+  }
+  static std::shared_ptr<PyDeck> parse(const std::string& text, const std::string& name, std::vector<std::string> ov,
+                                       const std::string& command) {
     auto d = std::make_shared<PyDeck>();
     d->text = text;
     d->name = name;
-    d->overrides = ov;
-    d->deck = wlb::parseDeck(text, name, ov);
-    wlb::requireOneCase(d->deck, name, "wlb.Deck.from_toml");
+    d->overrides = std::move(ov);
+    d->deck = wlb::parseDeck(text, name, d->overrides);
+    // one case: a sweep's base deck is no case of it (overrides pin the swept keys)
+    wlb::requireOneCase(d->deck, name, command);
     return d;
   }
   std::shared_ptr<PyDeck> withOverrides(const std::vector<std::string>& more) const {
     auto ov = overrides;
     ov.insert(ov.end(), more.begin(), more.end());
-    return path ? load(path, ov) : fromText(text, name, ov);
+    return parse(text, name, ov, "wlb.Deck");
   }
 };
 
@@ -870,8 +883,11 @@ Deck(path=None, overrides=None): the TOML deck at `path` (None: the built-in def
 `overrides` applied like the CLI's --set: a dict {"table.key": value} (Python values become
 TOML literals) or a list of "table.key=value" strings (TOML values, exactly as on the
 command line).)")
-      .def(py::init([](std::optional<std::string> path, py::object overrides) {
-             return PyDeck::load(std::move(path), overridesFrom(std::move(overrides)));
+      .def(py::init([](py::object path, py::object overrides) {
+             // a str or any os.PathLike (pathlib.Path)
+             std::optional<std::string> p;
+             if (!path.is_none()) p = py::module_::import("os").attr("fspath")(path).cast<std::string>();
+             return PyDeck::load(std::move(p), overridesFrom(std::move(overrides)));
            }),
            py::arg("path") = py::none(), py::arg("overrides") = py::none())
       .def_static(
@@ -882,16 +898,12 @@ command line).)")
           py::arg("text"), py::arg("name") = "deck", py::arg("overrides") = py::none(),
           "A deck from TOML text (`name` is used in error messages and to resolve relative paths).")
       .def(py::pickle(
-          [](const PyDeck& d) {
-            // absolute: a worker process may unpickle it in another working directory
-            std::error_code ec;
-            const auto abs = d.path ? std::filesystem::absolute(*d.path, ec).string() : std::string();
-            return py::make_tuple(d.path ? py::cast(ec ? *d.path : abs) : py::none(), d.text, d.name, d.overrides);
-          },
+          // the text as read: a worker unpickles the parent's deck, even after the file changed
+          [](const PyDeck& d) { return py::make_tuple(d.text, d.name, d.overrides); },
           [](py::tuple t) {
-            const auto ov = t[3].cast<std::vector<std::string>>();
-            if (!t[0].is_none()) return PyDeck::load(t[0].cast<std::string>(), ov);
-            return PyDeck::fromText(t[1].cast<std::string>(), t[2].cast<std::string>(), ov);
+            if (t.size() != 3) throw py::value_error("wlb.Deck: not a pickled deck of this version");
+            return PyDeck::parse(t[0].cast<std::string>(), t[1].cast<std::string>(),
+                                 t[2].cast<std::vector<std::string>>(), "wlb.Deck");
           }))
       .def(
           "with_overrides",

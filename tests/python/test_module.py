@@ -557,3 +557,24 @@ def test_sliced_shard_plan_survives_pickling():
     plan = planner.plan(np.array([[7, 100, 200, 0, 100]]))
     again = pickle.loads(pickle.dumps(plan))
     assert again.to_json() == plan.to_json()
+
+
+def test_deck_is_what_was_read(tmp_path, monkeypatch):
+    """A deck named by a relative path keeps working after a chdir (its relative data.path
+    resolves against its folder), and a pickled deck is the text read, not the file now."""
+    import pathlib
+    import shutil
+
+    shutil.copytree(os.path.join(os.path.dirname(LENGTHS_DECK), "lengths"), tmp_path / "inputs" / "lengths")
+    shutil.copy(LENGTHS_DECK, tmp_path / "inputs")
+    monkeypatch.chdir(tmp_path / "inputs")
+    deck = wlb.Deck("plan_lengths_file.toml")
+    again = wlb.Deck(pathlib.Path("plan_lengths_file.toml"))  # os.PathLike too
+    assert again["packing.micro_batches"] == deck["packing.micro_batches"] == 4
+    monkeypatch.chdir(tmp_path)
+    plan = wlb.Packer(deck.with_overrides({"mesh.cp": 2})).pack()
+    assert plan.dp == 2
+    (tmp_path / "inputs" / "plan_lengths_file.toml").write_text("[packing]\nmicro_batches = 8\n")
+    worker = pickle.loads(pickle.dumps(deck))
+    assert worker["packing.micro_batches"] == 4
+    assert np.array_equal(wlb.Packer(worker).pack().segments, wlb.Packer(deck).pack().segments)
