@@ -25,6 +25,7 @@ exchange). docs/python.md.
 """
 
 import hashlib
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -224,7 +225,12 @@ def _pieces_backward(q, kbuf, vbuf, o, lse, do, dlse, pieces, scale):
 
 
 def _scale(softmax_scale, head_dim):
-    return float(softmax_scale) if softmax_scale else 1.0 / float(head_dim) ** 0.5
+    if softmax_scale is None:
+        return 1.0 / float(head_dim) ** 0.5
+    scale = float(softmax_scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"softmax_scale: must be finite (got {softmax_scale!r})")
+    return scale
 
 
 class _DocumentAttention(torch.autograd.Function):
@@ -248,7 +254,10 @@ def document_attention(q, k, v, cu_seqlens, softmax_scale=None):
     Returns o (T, H, D) and lse (T, H) (natural log of the softmax denominator), both
     differentiable. The same kernels as cp_attention, with one piece per segment."""
     _check_local_shapes(q, k, v)
-    cu = [int(x) for x in torch.as_tensor(cu_seqlens).tolist()]
+    cu_t = torch.as_tensor(cu_seqlens)
+    if cu_t.is_floating_point() or cu_t.is_complex() or cu_t.dtype == torch.bool:
+        raise TypeError(f"cu_seqlens: expected integer offsets, got {cu_t.dtype}")
+    cu = [int(x) for x in cu_t.tolist()]
     if not cu or cu[0] != 0 or cu[-1] != q.shape[0] or any(b < a for a, b in zip(cu, cu[1:])):
         raise ValueError(f"cu_seqlens: expected non-decreasing offsets from 0 to {q.shape[0]} (the tokens of q)")
     pieces = [(a, b - a, a, b - a) for a, b in zip(cu, cu[1:]) if b > a]

@@ -86,8 +86,8 @@ class PackedBatchSampler(Sampler):
     dp_rank: which replica's micro-batches to yield (every rank plans the same step).
     lengths: document lengths of the dataset in index order; None takes the deck's file
         source (text, jsonl or megatron), whose file order must be the dataset's order.
-    packer: packer name (default packing.strategy). steps: stop after this step (None:
-        never). history: packed steps kept for state_dict(consumed=...) behind a
+    packer: packer name (default packing.strategy). steps: yield steps 0 .. steps - 1
+        (None: never stop). history: packed steps kept for state_dict(consumed=...) behind a
         prefetching DataLoader.
 
     Each item is [MicroBatchInfo, Segment, ...]: M items per step, empty micro-batches
@@ -116,6 +116,8 @@ class PackedBatchSampler(Sampler):
             lengths = np.asarray(lengths)
         if steps is not None and steps < 0:
             raise ValueError(f"steps: must be >= 0 (got {steps})")
+        if history < 1:
+            raise ValueError(f"history: must be >= 1 step (got {history})")
         self.deck = deck
         self.dp_rank = dp_rank
         self.steps = steps
@@ -125,7 +127,7 @@ class PackedBatchSampler(Sampler):
         # slimpack chooses its MicroPack count per step: positions then count micro-batches
         # as yielded instead of step * M + m
         self.variable = self.packer.name == "slimpack"
-        self._history = collections.deque(maxlen=max(1, history) + 1)
+        self._history = collections.deque(maxlen=history + 1)
         self._reset(None, self.micro_batches, self.packer.next_step * self.micro_batches)
 
     def _reset(self, plan, next_mb, base):
@@ -206,7 +208,9 @@ class PackedBatchSampler(Sampler):
         micro-batch trained). `checkpoint` is a `wlb plan --save-state` document; `plan` is
         the step in progress when the position is inside a step."""
         M = self.micro_batches
-        p = self.position if consumed is None else int(consumed)
+        p = self.position if consumed is None else _int_arg(consumed, "consumed")
+        if p < 0:
+            raise ValueError(f"consumed: must be >= 0 (got {p})")
         if p > self.position:
             raise ValueError(f"consumed: {p} micro-batches, but the sampler has yielded only {self.position}")
         # the step whose end is p, or the step p is inside of
@@ -254,10 +258,17 @@ class PackedBatchSampler(Sampler):
                                                                    self.variable and plan.micro_batches > m):
                 raise ValueError(f"sampler state: the saved plan is step {plan.step} ({plan.dp} x {plan.micro_batches}),"
                                  f" expected step {step} ({self.deck.dp} x {M})")
-        self.packer.load_state_dict(state["checkpoint"])
-        if self.packer.next_step != (step + 1 if m else step):
-            raise ValueError(f"sampler state: the checkpoint continues at step {self.packer.next_step}, "
-                             f"position {p} needs step {step + 1 if m else step}")
+        # all or nothing: a state refused after the packer took its checkpoint would leave the
+        # packer rewound under this sampler's position (steps packed twice)
+        before = self.packer.checkpoint()
+        try:
+            self.packer.load_state_dict(state["checkpoint"])
+            if self.packer.next_step != (step + 1 if m else step):
+                raise ValueError(f"sampler state: the checkpoint continues at step {self.packer.next_step}, "
+                                 f"position {p} needs step {step + 1 if m else step}")
+        except BaseException:
+            self.packer.load_state_dict(before)
+            raise
         self._reset(plan, m if m else M, p - m)
 
 
@@ -355,7 +366,7 @@ class PackedCollate:
         if cp_rank is not None:
             cp_rank = _int_arg(cp_rank, "cp_rank")
         if shard_planner is not None and not 0 <= cp_rank < shard_planner.cp:
-            raise ValueError(f"cp_rank: {cp_rank} is out of range [0, {shard_planner.cp})")
+            raise IndexError(f"cp_rank: {cp_rank} is out of range [0, {shard_planner.cp})")
         self.planner = shard_planner
         self.cp_rank = cp_rank
         self.ignore_index = ignore_index

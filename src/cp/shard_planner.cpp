@@ -737,9 +737,10 @@ std::vector<Raw> checkedRanges(const SegInfo& si, const std::vector<QueryRange>&
     if (q.segment < 0 || q.segment >= nseg)
       throw InputError(at + "segment " + std::to_string(q.segment) + " is out of range [0, " + std::to_string(nseg) +
                        ")");
-    if (q.q_len <= 0 || q.q_offset < 0 || q.q_offset + q.q_len > si.len[q.segment])
-      throw InputError(at + "queries [" + std::to_string(q.q_offset) + ", " + std::to_string(q.q_offset + q.q_len) +
-                       ") are empty or outside segment " + std::to_string(q.segment) + " of " +
+    // q_len is compared with what is left of the segment: q_offset + q_len could overflow
+    if (q.q_len <= 0 || q.q_offset < 0 || q.q_offset > si.len[q.segment] || q.q_len > si.len[q.segment] - q.q_offset)
+      throw InputError(at + "queries at " + std::to_string(q.q_offset) + ", " + std::to_string(q.q_len) +
+                       " long, are empty or outside segment " + std::to_string(q.segment) + " of " +
                        std::to_string(si.len[q.segment]) + " tokens");
     raws.push_back({static_cast<int>(q.rank), static_cast<std::int32_t>(q.segment), q.q_offset, q.q_len});
   }

@@ -118,6 +118,14 @@ def test_document_attention_single_process():
     assert max(float((a - b).abs().max()) for a, b in zip(g, rg)) <= TOL
     with pytest.raises(ValueError, match="cu_seqlens"):
         document_attention(q, k, v, torch.tensor([0, 5, 7]))
+    with pytest.raises(TypeError, match="cu_seqlens: expected integer offsets"):
+        document_attention(q, k, v, cu.double())  # never truncated
+    # an explicit scale is used as given, 0 too (uniform weights over each causal prefix)
+    o0, _ = document_attention(q, k, v, cu, softmax_scale=0.0)
+    ro0, _ = dense_reference(q, k, v, lengths, 0.0)
+    assert float((o0 - ro0).abs().max()) <= TOL
+    with pytest.raises(ValueError, match="softmax_scale: must be finite"):
+        document_attention(q, k, v, cu, softmax_scale=float("nan"))
     with pytest.raises(ValueError, match="query heads are not a multiple"):
         document_attention(torch.randn(T, 3, 8), k, v, cu)
 
@@ -141,6 +149,9 @@ def test_from_ranges_reproduces_the_planner():
         wlb.ShardPlan.from_ranges([20], np.array([[0, 0, 0, 15]]), 2, planner.cost)
     with pytest.raises(ValueError, match=r"ranges\[0\]: rank 2 is out of range \[0, 2\)"):
         wlb.ShardPlan.from_ranges([20], np.array([[2, 0, 0, 20]]), 2, planner.cost)
+    # an offset + length past int64 is outside the segment, not a wrapped token index
+    with pytest.raises(ValueError, match=r"ranges\[1\]: queries at 5, 9223372036854775805 long, are empty or outside"):
+        wlb.ShardPlan.from_ranges([20], np.array([[0, 0, 0, 5], [1, 0, 5, 2**63 - 3]]), 2, planner.cost)
 
 
 def test_prepared_plan_pickles_and_checks_its_rank():

@@ -181,6 +181,17 @@ def test_sampler_state_from_another_rank_and_errors():
     assert run_sampler(b) == run_sampler(c)[18:]
     with pytest.raises(ValueError, match="has yielded only 18"):
         a.state_dict(consumed=19)
+    with pytest.raises(TypeError, match="consumed: expected an integer"):
+        a.state_dict(consumed=17.9)  # never truncated to 17
+    with pytest.raises(ValueError, match="history: must be >= 1"):
+        PackedBatchSampler(deck, history=0)
+    # a refused state leaves the sampler as it was: it goes on where it stood
+    d, e = PackedBatchSampler(deck, steps=10), PackedBatchSampler(deck, steps=10)
+    run_sampler(d, 16), run_sampler(e, 16)
+    bad = dict(d.state_dict(consumed=8), step=7)
+    with pytest.raises(ValueError, match="the checkpoint continues at step"):
+        d.load_state_dict(bad)
+    assert run_sampler(d, 10) == run_sampler(e, 10)
     with pytest.raises(ValueError, match="older than the sampler's history"):
         a.state_dict(consumed=3)
     with pytest.raises(ValueError, match="dp_rank: 2 is out of range"):
@@ -193,7 +204,7 @@ def test_sampler_state_from_another_rank_and_errors():
         PackedBatchSampler(wlb.Deck(LENGTHS_DECK, {"packing.micro_batches": 2})).load_state_dict(state)
     with pytest.raises(TypeError, match="endless"):
         len(PackedBatchSampler(deck))
-    with pytest.raises(ValueError, match="cp_rank: 2 is out of range"):
+    with pytest.raises(IndexError, match="cp_rank: 2 is out of range"):
         PackedCollate(wlb.ShardPlanner(deck, cp=2), 2)
     # floats and booleans are refused, never truncated into lengths or ranks
     smoke = wlb.Deck(deck_path("plan_smoke.toml"))
