@@ -21,24 +21,38 @@ def main():
     a = ap.parse_args()
     ref_losses = json.loads((a.reference / "losses.json").read_text())
     oth_losses = json.loads((a.other / "losses.json").read_text())
+    # the same strategies on both sides: an extra one in `other` is a run the reference
+    # cannot vouch for
+    if set(ref_losses) != set(oth_losses):
+        print(f"strategies differ: {sorted(ref_losses)} in {a.reference}, {sorted(oth_losses)} in {a.other}",
+              file=sys.stderr)
+        return 1
     worst = 0.0
     print(f"{'strategy':<24} {'grad rel err':>12} {'max loss rel err':>17} {'params':>10}")
     for name, steps in ref_losses.items():
-        if name not in oth_losses:
-            print(f"{name}: missing in {a.other}", file=sys.stderr)
-            return 1
         g0 = np.load(a.reference / f"{name}.npy").astype(np.float64)
         g1 = np.load(a.other / f"{name}.npy").astype(np.float64)
         if g0.shape != g1.shape:
             print(f"{name}: gradient shapes differ {g0.shape} vs {g1.shape}", file=sys.stderr)
             return 1
-        if not np.all(np.isfinite(g1)):
-            print(f"{name}: non-finite gradients in {a.other}", file=sys.stderr)
+        for run, g in ((a.reference, g0), (a.other, g1)):
+            if not np.all(np.isfinite(g)):
+                print(f"{name}: non-finite gradients in {run}", file=sys.stderr)
+                return 1
+        # every step on both sides, matched by its number (a run that stopped early fails)
+        l0 = {s["step"]: s["loss"] for s in steps}
+        l1 = {s["step"]: s["loss"] for s in oth_losses[name]}
+        if sorted(l0) != sorted(l1) or not l0:
+            print(f"{name}: steps differ: {sorted(l0)} in {a.reference}, {sorted(l1)} in {a.other}", file=sys.stderr)
+            return 1
+        bad = [s for s in l0 if not (isinstance(l0[s], (int, float)) and isinstance(l1[s], (int, float))
+                                     and np.isfinite(l0[s]) and np.isfinite(l1[s]))]
+        if bad:
+            print(f"{name}: step {bad[0]}: a loss is not a finite number ({l0[bad[0]]!r}, {l1[bad[0]]!r})",
+                  file=sys.stderr)
             return 1
         gerr = float(np.linalg.norm(g1 - g0) / max(np.linalg.norm(g0), 1e-300))
-        lerr = 0.0
-        for s0, s1 in zip(steps, oth_losses[name]):
-            lerr = max(lerr, abs(s1["loss"] - s0["loss"]) / max(abs(s0["loss"]), 1e-300))
+        lerr = max(abs(l1[s] - l0[s]) / max(abs(l0[s]), 1e-300) for s in l0)
         worst = max(worst, gerr, lerr)
         print(f"{name:<24} {gerr:12.3e} {lerr:17.3e} {g0.size:10d}")
     ok = worst <= a.tol
