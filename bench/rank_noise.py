@@ -92,7 +92,7 @@ def analyse(path):
     comp, busy_ids = trace.region_ids(COMPUTE), trace.region_ids(ANY)
     print(f"== {path}")
     for si, name in enumerate(trace.strategies):
-        e = ev[(ev["strategy"] == si) & (ev["step"] >= 0)]
+        e = ev[(ev["strategy"] == si) & (ev["step"] >= trace.warmup)]  # warm-up left out
         busy = e[np.isin(e["region"], busy_ids)]
         edges = np.concatenate([busy["start_ns"], busy["end_ns"]])
         order = np.argsort(edges, kind="stable")
@@ -116,7 +116,7 @@ def analyse(path):
         for k, v in tasks.items():
             groups[ref(k)].append(np.log(v))
         keys = [k for k in tasks if len(groups[ref(k)]) > 1]
-        print(f"{name}: {time_correlation(e[e['step'] >= 1], comp, coord)}")
+        print(f"{name}: {time_correlation(e, comp, coord)}")
         if not keys:
             print(f"{name}: no other stage holds the same work (pp = 1)")
             continue

@@ -43,6 +43,7 @@ class Trace:
             self.regions = [text(r) for r in f["regions"][:]]
             self.strategies = [text(s) for s in f["meta/strategies"][:]]
             ranks = f["ranks"][:]
+            self.warmup = int(f["meta"].attrs.get("warmup", 0))  # steps 0 .. warmup-1 are left out
         self.coord = {int(r["rank"]): {k: int(r[k]) for k in ("tp", "cp", "pp", "dp")} for r in ranks}
         self.nranks = len(self.coord)
 
@@ -51,7 +52,7 @@ class Trace:
 
     def events(self, strategy):
         si = self.strategies.index(strategy)
-        return self.ev[(self.ev["strategy"] == si) & (self.ev["step"] >= 0)]
+        return self.ev[(self.ev["strategy"] == si) & (self.ev["step"] >= self.warmup)]
 
 
 def seconds(e):
