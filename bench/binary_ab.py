@@ -83,6 +83,8 @@ def main():
     ap.add_argument("--region", action="append", default=[],
                     help="also report the seconds per step in this trace region (repeatable)")
     a = ap.parse_args()
+    if a.rounds < 1:
+        ap.error(f"--rounds: must be >= 1 (got {a.rounds})")
     rounds = []
     with tempfile.TemporaryDirectory(prefix="wlb-ab-") as tmp:
         for r in range(a.rounds):

@@ -1294,9 +1294,15 @@ def compare(name, doc_rows, want):
                 bad.append(f"{name} row {k + 1} ({wrow[0][0]}) cell {j + 1}: '{dcell}' in the doc, "
                            f"'{render_cell(wcell)}' from the raw log")
                 continue
-            for s, v in zip(m.groups(), wcell[1:]):
+            # the doc shows each figure to the places the table's format renders: a figure
+            # cut shorter would pass a wider tolerance
+            rendered = cell_regex(wcell[0]).match(render_cell(wcell))
+            for s, v, r in zip(m.groups(), wcell[1:], rendered.groups() if rendered else m.groups()):
                 d = float(s.replace("−", "-"))
                 places = len(s.split(".")[1]) if "." in s else 0
+                if places < (len(r.split(".")[1]) if "." in r else 0):
+                    bad.append(f"{name} row {k + 1} ({wrow[0][0]}) cell {j + 1}: {s} in the doc, rendered {r} "
+                               f"(fewer places than the table's format)")
                 tol = 0.5 * 10 ** -places + 1e-9 * max(1.0, abs(v))
                 n += 1
                 if abs(d - v) > tol:

@@ -32,7 +32,7 @@
 # attnanchors: the PyTorch BF16 anchors of cases a-c alone (cuDNN SDPA, FlexAttention,
 # varlen_attn), about two minutes: what attnws's timings are read against;
 # attngrid: the CP-piece grid (case d) on the variants sync, auto, ws-split, then
-# varlen_attn on the same pieces, about four minutes.
+# varlen_attn on the same pieces, about four minutes; none: the preamble only (a test).
 # RUN_PRECISIONS: the extra precisions of `run` besides bf16 (default "fp32 tf32").
 # The PyTorch peer (torch8b) runs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 # unless the variable is set: with the default allocator its wlb plan ran out of memory on
@@ -46,6 +46,8 @@ log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 
 # Shared libraries: the system's where it has them, the carried ones otherwise.
 source "$(dirname "$0")/gpu_libs.sh"
+# shellcheck disable=SC2086
+require_gpu_parts gpu_end_to_end.sh $parts
 use_carried_libs "$BIN"
 # PyTorch's parts run without the CUDA folders found below: one of them held an older cuDNN
 # than PyTorch's own, and PyTorch refused it ("cuDNN version incompatibility", H100 lease of

@@ -35,6 +35,14 @@ cd "$(dirname "$0")/.." || exit 2
 
 # The carried libraries once for every part (gpu_end_to_end.sh finds them unpacked).
 source bench/gpu_libs.sh
+# Every part and estimate checked before the first runs (a typo would read as a part that
+# ran; an estimate that is no number would always "fit").
+for p in "$@"; do
+  require_gpu_parts gpu_parts.sh "${p%%:*}"
+  if [[ $p == *:* ]]; then
+    case ${p##*:} in '' | *[!0-9]*) echo "gpu_parts.sh: part '$p': the estimate '${p##*:}' is not a whole number of seconds" >&2; exit 2 ;; esac
+  fi
+done
 use_carried_libs "$BIN"
 
 dmon=

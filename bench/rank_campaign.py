@@ -60,6 +60,7 @@ passed; 3 when only the tolerance or an ordering was missed or --time-limit cut 
 check failed; 2 on bad input (checked before anything runs).
 """
 import argparse
+import contextlib
 import glob
 import json
 import math
@@ -88,8 +89,16 @@ class BadInput(Exception):
     pass
 
 
+# a run whose ranks got less of their cores than this was disturbed (docs/performance.md)
+LOW_CORE_SHARE = 0.9
+
+
 class StageFailed(Exception):
     pass
+
+
+class Interrupted(StageFailed):
+    """SIGINT or SIGTERM: the running stage is killed and the report so far written."""
 
 
 def interval(xs):
@@ -150,17 +159,25 @@ class Stages:
         with open(log, "w") as f, open(log) as r:
             p = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  env=env or self.env, start_new_session=True)
-            while p.poll() is None:
-                if watch:
-                    new = r.read()
-                    if re.search(watch, new, re.M):
-                        last_line = time.monotonic()
-                if timeout is not None and time.monotonic() - t0 > timeout:
-                    timed_out = True
-                    os.killpg(p.pid, signal.SIGKILL)  # the launcher and every rank
-                    p.wait()
-                    break
-                time.sleep(0.05)
+            try:
+                while p.poll() is None:
+                    if watch:
+                        new = r.read()
+                        if re.search(watch, new, re.M):
+                            last_line = time.monotonic()
+                    if timeout is not None and time.monotonic() - t0 > timeout:
+                        timed_out = True
+                        os.killpg(p.pid, signal.SIGKILL)  # the launcher and every rank
+                        p.wait()
+                        break
+                    time.sleep(0.05)
+            except BaseException:
+                # interrupted (Ctrl-C, SIGTERM): the stage runs in its own session, so no
+                # signal reached it; it must not keep the cores busy after the campaign ends
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+                raise
             # a line that only arrives with the exit tells nothing about how long the ranks took
         t1 = time.monotonic()
         secs = t1 - t0
@@ -442,6 +459,9 @@ def fmt_table(a, rows, deck_rows, worst, cores):
             continue
         verdict = "same" if d["same_order"] else "same up to ties" if d["order_ok"] else "DIFFERENT"
         share = f"; core share down to {d['min_core_share']:.2f}" if d["min_core_share"] is not None else ""
+        if d["min_core_share"] is not None and d["min_core_share"] < LOW_CORE_SHARE:
+            share += (f" (LOW CORE SHARE: below {LOW_CORE_SHARE}, other work held the cores; not a measurement of "
+                      f"one rank per core)")
         over = "; OVERSUBSCRIBED (more ranks than cores: not a measurement of one rank per core)" \
             if d["oversubscribed"] else ""
         cut = f"; {d['rounds']} of {a.rounds} round(s), {', '.join(d['skipped'])} cut by --time-limit" \
@@ -688,6 +708,12 @@ def main():
               + "\n(partial: the campaign is still running)\n")
 
     text, code = "", 0
+
+    def interrupted(signum, _frame):
+        raise Interrupted(f"interrupted by signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGINT, interrupted)
     try:
         # the failure checks first: bounded by --failure-timeout, so --time-limit is left to the runs
         if a.failure or a.failure_only:

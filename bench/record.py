@@ -79,7 +79,9 @@ def main():
     if a.note:
         head.append(f"# note: {a.note}")
     start = datetime.datetime.now()
-    p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # bytes that are no UTF-8 (a binary's stray output) become U+FFFD rather than lose the run
+    p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       errors="replace")
     secs = (datetime.datetime.now() - start).total_seconds()
     tail = [f"# clocks after: {clocks()}",
             f"# load after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
@@ -90,8 +92,13 @@ def main():
         sys.exit(f"record.py: {cmd[0]} exited {p.returncode}; {a.log} not written")
     a.log.parent.mkdir(parents=True, exist_ok=True)
     tmp = a.log.with_name(a.log.name + ".part")
-    tmp.write_text("\n".join(head) + "\n" + p.stdout + ("" if p.stdout.endswith("\n") else "\n") + "\n".join(tail) + "\n")
-    tmp.replace(a.log)
+    try:
+        tmp.write_text("\n".join(head) + "\n" + p.stdout + ("" if p.stdout.endswith("\n") else "\n") +
+                       "\n".join(tail) + "\n")
+        tmp.replace(a.log)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        sys.exit(f"record.py: {a.log}: cannot write it ({e.strerror}); the output is above")
 
 
 if __name__ == "__main__":

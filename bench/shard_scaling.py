@@ -71,6 +71,8 @@ def main():
     ap.add_argument("--comm", default="sharding_aware")
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
+    if a.rounds < 1:
+        ap.error(f"--rounds: must be >= 1 (got {a.rounds})")
     print(f"# {a.strategy} + {a.comm}, {a.deck}, {a.steps} step(s), {a.rounds} rounds, old then new per round")
     print(f"{'cp':>5} {'mbs':>4} {'old_s':>8} {'old_lo':>8} {'old_hi':>8} {'new_s':>8} {'new_lo':>8} {'new_hi':>8}"
           f" {'old/new':>8} {'new_ms/mb':>10} {'plan.us':>10} {'plan.us.mx':>10} {'old_MiB':>8} {'new_MiB':>8}")
