@@ -45,9 +45,21 @@ SMOKE_SETS = ["model.hidden=32", "model.heads=2", "model.kv_heads=1", "model.ffn
               "train.eval_tokens=4096", "train.log_interval=12"]
 
 
-def finished(d):
+def run_sets(sets, extra, prefix, seed, d):
+    """The --set overrides of one run (kept beside it: a finished run is reused only when they
+    are the same, so a --smoke run is never reported as a full one)."""
+    return sets + extra + [f'train.dataset="{prefix}"', f"train.seed={seed}", f'output.dir="{d}"']
+
+
+def finished(d, want):
     log = os.path.join(d, "train_log.jsonl")
     if not (os.path.exists(log) and os.path.exists(os.path.join(d, "trace.h5"))):
+        return False
+    try:
+        with open(os.path.join(d, "convergence_sets.json")) as f:
+            if json.load(f) != want:
+                return False
+    except (OSError, ValueError):
         return False
     lines = open(log).read().split("\n")
     lines = [l for l in lines if l.strip()]
@@ -81,14 +93,19 @@ def run_all(args, prefix, seeds, extra):
     for name, _, sets in CURVES:
         for seed in seeds:
             d = os.path.join(args.work, "runs", name, f"seed{seed}")
-            if finished(d):
+            want = run_sets(sets, extra, prefix, seed, d)
+            if finished(d, want):
                 continue
+            if os.path.exists(d):  # another run's output (other settings): not resumed from
+                shutil.rmtree(d)
             cmd = ["nice", "-n", str(args.nice), args.wlb, "train", deck, "--quiet"]
-            for s in sets + extra + [f'train.dataset="{prefix}"', f"train.seed={seed}", f'output.dir="{d}"']:
+            for s in want:
                 cmd += ["--set", s]
             print("+", name, "seed", seed, flush=True)
             with open(os.path.join(args.work, "runs.log"), "a") as log:
                 subprocess.run(cmd, check=True, stdout=log, stderr=log)
+            with open(os.path.join(d, "convergence_sets.json"), "w") as f:
+                json.dump(want, f)
 
 
 def load_run(d):
@@ -128,12 +145,12 @@ def unigram_entropy(prefix):
     return float(-(p * np.log(p)).sum()), int(tok.size)
 
 
-def report(args, prefix, seeds):
+def report(args, prefix, seeds, extra):
     runs = {}
-    for name, _, _ in CURVES:
+    for name, _, sets in CURVES:
         for seed in seeds:
             d = os.path.join(args.work, "runs", name, f"seed{seed}")
-            if finished(d):
+            if finished(d, run_sets(sets, extra, prefix, seed, d)):
                 runs.setdefault(name, {})[seed] = load_run(d)
     if not runs:
         sys.exit("no finished runs under " + os.path.join(args.work, "runs"))
@@ -168,11 +185,16 @@ def report(args, prefix, seeds):
         rows.append(row)
         out[name] = row
     h, ntok = unigram_entropy(prefix)
-    base = out.get("original", rows[0])["eval_mean"]
+    base_row = out.get("original", rows[0])
+    base = base_row["eval_mean"]
+    # the headings name the references the figures are relative to (others when --curves left
+    # out original or fixed k=1)
+    base_name = "original" if base_row["curve"] == "original" else base_row["label"]
+    ref_name = "fixed k=1" if ref == "fixed_k1" else out[ref]["label"]
     print(f"\nunigram entropy of the training split: {h:.4f} nats/byte ({ntok} tokens)")
     print(f"final evaluation loss after the last step, {len(seeds)} seeds (train.seed); training loss: "
           f"moving mean over {w} steps relative to {ref}, averaged over steps past 10%\n")
-    print("| packing | final eval loss (mean ± std) | min .. max | vs original | train loss vs fixed k=1 | "
+    print(f"| packing | final eval loss (mean ± std) | min .. max | vs {base_name} | train loss vs {ref_name} | "
           "imbalance | mean delay (steps) | tokens trained |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
@@ -259,7 +281,7 @@ def main():
         else prepare(args.wlb, args.work, args.smoke))
     if not args.report_only:
         run_all(args, prefix, seeds, extra)
-    report(args, prefix, seeds)
+    report(args, prefix, seeds, extra)
 
 
 if __name__ == "__main__":

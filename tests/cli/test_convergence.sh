@@ -18,4 +18,9 @@ grep -q "every run's training and evaluation loss fell" "$T/out.txt" || fail "lo
 # finished runs are read back, not rerun
 $PY "$SRC/bench/convergence.py" --wlb /nonexistent --work "$T/w" --smoke > "$T/again.txt" 2>&1 ||
   { cat "$T/again.txt"; fail "finished runs were not reused"; }
+# ... only with the same settings: other overrides are other runs (a smoke run is never
+# reported as a full one)
+$PY "$SRC/bench/convergence.py" --wlb /nonexistent --work "$T/w" --smoke --report-only --set train.lr=0.02 \
+  > "$T/other.txt" 2>&1 && fail "runs of other settings were reported: $(cat "$T/other.txt")"
+grep -q "no finished runs" "$T/other.txt" || fail "other settings: $(cat "$T/other.txt")"
 echo "PASS"
