@@ -139,10 +139,11 @@ int runPlan(const Opts& o) {
       if (root && !o.out.empty()) {
         final_path = outPathFor(o.out, packer->name(), several);
         tmp_path = fmt::format("{}.tmp.{}", final_path, ::getpid());
-        out.open(tmp_path);
-        if (!out) throw InputError(fmt::format("--out {}: cannot write", final_path), true);
+        // registered before the open: a Ctrl-C in between would leave it behind
         tmp_files.push_back(tmp_path);
         wlb::app::registerTemporary(tmp_path);  // removed if interrupted
+        out.open(tmp_path);
+        if (!out) throw InputError(fmt::format("--out {}: cannot write", final_path), true);
         packing::PlanHeader h;
         h.packer = packer->name();
         h.dp = packer->options().dp;

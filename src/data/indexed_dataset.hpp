@@ -40,7 +40,12 @@ class IndexedDatasetWriter {
   const std::string& prefix() const { return prefix_; }
   std::string binPath() const { return prefix_ + ".bin"; }
   std::string idxPath() const { return prefix_ + ".idx"; }
-  std::vector<std::string> temporaries() const { return {binPath() + ".tmp", idxPath() + ".tmp"}; }
+  std::vector<std::string> temporaries() const { return temporariesOf(prefix_); }
+  /// The temporaries a writer of `prefix` makes: known before it opens them, so that a
+  /// Ctrl-C between the open and the registration cannot leave one behind.
+  static std::vector<std::string> temporariesOf(const std::string& prefix) {
+    return {prefix + ".bin.tmp", prefix + ".idx.tmp"};
+  }
   std::int64_t documents() const { return static_cast<std::int64_t>(sizes_.size()); }
   std::int64_t tokens() const { return tokens_; }
 

@@ -200,10 +200,11 @@ PrepareResult prepareDataset(const PrepareOptions& o) {
   // under one of the names failed the commit after the first files were in place.
   for (const auto* pre : {&r.train_prefix, &r.valid_prefix})
     for (const char* ext : {".bin", ".idx"}) checkOutputPath(*pre + ext, "--out");
-  IndexedDatasetWriter train_out(r.train_prefix), valid_out(r.valid_prefix);
-  std::vector<std::string> tmps = train_out.temporaries();
-  for (auto& t : valid_out.temporaries()) tmps.push_back(t);
+  // tracked before the writers open them: a Ctrl-C in between would leave them behind
+  std::vector<std::string> tmps = IndexedDatasetWriter::temporariesOf(r.train_prefix);
+  for (auto& t : IndexedDatasetWriter::temporariesOf(r.valid_prefix)) tmps.push_back(t);
   const TrackedTemporaries tracked(o.track_temporary, tmps);
+  IndexedDatasetWriter train_out(r.train_prefix), valid_out(r.valid_prefix);
 
   std::vector<FileEntry> files;
   std::unique_ptr<TempDir> unpacked;

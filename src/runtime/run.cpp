@@ -659,10 +659,11 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
           // final one; the next run's open truncates the same temporary) and renamed once the
           // trace is committed
           const std::string path = planPath(deck, strat.name, strategies.size());
-          st.plan_path = path;
+          st.plan_path = path;  // partial_plans forgets and removes it whichever way the run ends
+          // tracked before the open: a Ctrl-C in between would leave it behind
+          if (opt.track_temporary) opt.track_temporary(path + ".partial", true);
           st.plan_out.open(path + ".partial");
           if (!st.plan_out) throw InputError("cannot write the plan file " + path + ".partial");
-          if (opt.track_temporary) opt.track_temporary(path + ".partial", true);
           report.plan_paths.push_back(path);
           packing::PlanHeader h;
           h.packer = strat.packer;

@@ -227,7 +227,9 @@ grep -q "nothing trained" o.txt || fail "resume of a finished run: $(cat o.txt)"
 mpiexec -n 2 "$WLB" train deck.toml $dp2 --set train.steps=100000 --set train.checkpoint_interval=100000 \
   --set output.dir=usr1 --quiet > usr1.txt 2>&1 &
 mpid=$!
-( sleep 120; kill -KILL $mpid 2> /dev/null ) &
+# the watchdog's sleep goes with it (a sleep left behind held ctest's output pipe open for
+# its two minutes)
+( trap 'kill $s 2> /dev/null; exit 0' TERM; sleep 120 & s=$!; wait $s; kill -KILL $mpid 2> /dev/null ) &
 watchdog=$!
 for _ in $(seq 240); do
   [ -f usr1/train_log.jsonl ] && [ "$(wc -l < usr1/train_log.jsonl)" -ge 2 ] && break
