@@ -294,6 +294,11 @@ int main(int argc, char** argv) {
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
+  // Flushed before MPI_Finalize (a fence): a rank that then exits 2 first makes the launcher
+  // kill the others, and what they held in stdio buffers (rank 0's report) would be lost.
+  std::cout.flush();
+  std::fflush(stdout);
+  std::fflush(stderr);
   MPI_Finalize();
   return rc;
 }
