@@ -72,7 +72,9 @@ int runStats(const Opts& o) {
     return std::make_pair(src->describe(), data::computeLengthStats(lens, d.data.context_window));
   };
   if (presets.empty()) {
-    auto [desc, st] = statsOf(deck);
+    std::pair<std::string, data::LengthStats> stats;
+    app::onEveryRank([&] { stats = statsOf(deck); });  // none fails alone, its message unprinted
+    const auto& [desc, st] = stats;
     if (root)
       printStats(fmt::format("{} (S={}{})", desc, deck.data.context_window,
                              deck.data.source == "generator" ? fmt::format(", {} steps", o.steps) : ", one epoch"),

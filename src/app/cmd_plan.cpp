@@ -91,7 +91,11 @@ int runPlan(const Opts& o) {
   packers.reserve(names.size());
   for (const auto& n : names) packers.push_back(packing::makePacker(n, deck, cost));
   nlohmann::json resume;
-  if (!o.resume.empty()) {
+  // every rank reads the inputs (the length file, --resume's state): one that cannot must
+  // not fail alone with its message unprinted
+  app::onEveryRank([&] {
+    (void)data::makeLengthSource(deck);
+    if (o.resume.empty()) return;
     auto f = openInput(o.resume, "--resume", std::ios::in, true);
     try {
       f >> resume;
@@ -100,7 +104,7 @@ int runPlan(const Opts& o) {
     }
     if (!resume.is_object() || resume.value("format", "") != "wlb-plan-state")
       throw InputError(fmt::format("--resume {}: not a wlb-plan-state file", o.resume), true);
-  }
+  });
   const std::string save = !o.save_state.empty() ? o.save_state : deck.packing.checkpoint;
   app::checkOnRankZero([&] {  // may be --resume's file: the state moves on in place
     const std::string save_key = o.save_state.empty() ? "packing.checkpoint" : "--save-state";

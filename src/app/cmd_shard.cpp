@@ -121,7 +121,8 @@ int runShard(const Opts& o) {
   }
   if (comms.empty()) comms = {cp::CommMode::AllGather, cp::CommMode::ShardingAware};
   auto packer = packing::makePacker(packer_name, deck, cost);
-  auto src = data::makeLengthSource(deck);
+  std::unique_ptr<data::LengthSource> src;
+  app::onEveryRank([&] { src = data::makeLengthSource(deck); });  // none fails alone, unprinted
 
   app::checkOnRankZero([&] {  // before the work, not at the rename after it
     if (!o.out.empty()) checkOutputPath(o.out, "--out", app::deckInputs(deck));

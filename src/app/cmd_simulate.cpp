@@ -139,49 +139,17 @@ std::string traceName(const std::string& trace, std::size_t idx, std::size_t n) 
 int run(const Opts& o) {
   const int rank = wlb::app::worldRank();
   checkCliStrategies(o.strategies);
-  std::vector<std::string> paths{o.deck.path};
-  paths.insert(paths.end(), o.more_decks.begin(), o.more_decks.end());
-  paths = expandDeckPaths(paths);
-
-  // Load and expand everything first: bad input fails before any output.
+  // Load and expand everything first: bad input fails before any output. Every rank reads
+  // the decks, plans and profiles: one that cannot must not fail alone (its message
+  // unprinted) or leave the others waiting.
   struct Case {
     std::string name;
     wlb::Deck deck;
   };
   std::vector<Case> cases;
-  for (const auto& p : paths) {
-    const wlb::Deck deck = wlb::loadDeck(p, o.deck.overrides);
-    const auto expanded = wlb::expandSweep(deck);
-    for (const auto& c : expanded) cases.push_back({caseName(p, c, !deck.sweep.empty()), c});
-  }
-  if (o.steps == 0 || o.steps < -1) throw wlb::InputError("--steps must be >= 1", true);
-  if (o.warmup < -1) throw wlb::InputError("--warmup must be >= 0", true);
   // --plans: the plans one run wrote, replayed on its one deck (model, mesh, profile).
   std::vector<wlb::packing::RunPlans::Strategy> replay;
   std::int64_t replay_steps = -1, replay_warmup = -1;
-  if (!o.plans.empty()) {
-    if (cases.size() != 1)
-      throw wlb::InputError("--plans replays one run: give the one deck it ran (no [sweep], no more decks); got " +
-                                std::to_string(cases.size()) + " cases",
-                            true);
-    auto rp = wlb::packing::readRunPlans(o.plans);
-    replay_steps = rp.steps;
-    replay_warmup = rp.warmup;
-    if (o.strategies.empty()) {
-      replay = std::move(rp.strategies);
-    } else {
-      for (const auto& want : o.strategies) {
-        std::string have;
-        for (const auto& st : rp.strategies) {
-          if (st.strategy == want) replay.push_back(st);
-          have += (have.empty() ? "" : ", ") + st.strategy;
-        }
-        if (replay.empty() || replay.back().strategy != want)
-          throw wlb::InputError("--strategies: '" + want + "' has no plans in " + o.plans + " (it has " + have + ")",
-                                true);
-      }
-    }
-  }
   // Validate every case (profile, schedule, strategies) before any output is written.
   // Same step accounting as `wlb run`: `warmup` unmeasured steps, then `steps` measured
   // (a replay: the run's own, from its summary.json, unless given).
@@ -192,39 +160,75 @@ int run(const Opts& o) {
                                                      : std::max<std::int64_t>(0, deck.run.warmup);
     return std::pair<std::int64_t, std::int64_t>{steps, warmup};
   };
-  for (const Case& cs : cases) {
-    wlb::Deck deck = cs.deck;
-    if (!replay.empty()) {
+  wlb::app::onEveryRank([&] {
+    std::vector<std::string> paths{o.deck.path};
+    paths.insert(paths.end(), o.more_decks.begin(), o.more_decks.end());
+    paths = expandDeckPaths(paths);
+    for (const auto& p : paths) {
+      const wlb::Deck deck = wlb::loadDeck(p, o.deck.overrides);
+      const auto expanded = wlb::expandSweep(deck);
+      for (const auto& c : expanded) cases.push_back({caseName(p, c, !deck.sweep.empty()), c});
+    }
+    if (o.steps == 0 || o.steps < -1) throw wlb::InputError("--steps must be >= 1", true);
+    if (o.warmup < -1) throw wlb::InputError("--warmup must be >= 0", true);
+    if (!o.plans.empty()) {
+      if (cases.size() != 1)
+        throw wlb::InputError("--plans replays one run: give the one deck it ran (no [sweep], no more decks); got " +
+                                  std::to_string(cases.size()) + " cases",
+                              true);
+      auto rp = wlb::packing::readRunPlans(o.plans);
+      replay_steps = rp.steps;
+      replay_warmup = rp.warmup;
+      if (o.strategies.empty()) {
+        replay = std::move(rp.strategies);
+      } else {
+        for (const auto& want : o.strategies) {
+          std::string have;
+          for (const auto& st : rp.strategies) {
+            if (st.strategy == want) replay.push_back(st);
+            have += (have.empty() ? "" : ", ") + st.strategy;
+          }
+          if (replay.empty() || replay.back().strategy != want)
+            throw wlb::InputError("--strategies: '" + want + "' has no plans in " + o.plans + " (it has " + have + ")",
+                                  true);
+        }
+      }
+    }
+    for (const Case& cs : cases) {
+      wlb::Deck deck = cs.deck;
+      if (!replay.empty()) {
+        const wlb::model::CostModel cost = wlb::model::CostModel::fromDeck(deck);
+        const wlb::pp::StepSimulator sim(deck, cost);
+        const auto [steps, warmup] = stepCounts(deck);
+        for (const auto& r : replay) {
+          wlb::packing::checkReplay(deck, r, steps + warmup);
+          wlb::packing::checkPackerSchedule(deck, r.file.header.packer);
+        }
+        continue;
+      }
+      if (!o.strategies.empty()) {
+        deck.run.strategies.clear();
+        for (const auto& st : o.strategies) deck.run.strategies.push_back(specOf(st));
+        try {  // the deck's check, told as the option's
+          (void)wlb::resolveStrategies(deck);
+        } catch (const wlb::InputError& e) {
+          std::string w = e.what();
+          const std::string key = "key 'run.strategies'";
+          if (w.rfind(key, 0) == 0) w = "--strategies" + w.substr(key.size());
+          throw wlb::InputError(w, true);
+        }
+      }
       const wlb::model::CostModel cost = wlb::model::CostModel::fromDeck(deck);
       const wlb::pp::StepSimulator sim(deck, cost);
-      const auto [steps, warmup] = stepCounts(deck);
-      for (const auto& r : replay) {
-        wlb::packing::checkReplay(deck, r, steps + warmup);
-        wlb::packing::checkPackerSchedule(deck, r.file.header.packer);
-      }
-      continue;
-    }
-    if (!o.strategies.empty()) {
-      deck.run.strategies.clear();
-      for (const auto& st : o.strategies) deck.run.strategies.push_back(specOf(st));
-      try {  // the deck's check, told as the option's
-        (void)wlb::resolveStrategies(deck);
-      } catch (const wlb::InputError& e) {
-        std::string w = e.what();
-        const std::string key = "key 'run.strategies'";
-        if (w.rfind(key, 0) == 0) w = "--strategies" + w.substr(key.size());
-        throw wlb::InputError(w, true);
+      (void)sim.schedule(static_cast<int>(wlb::data::microBatchesPerReplica(deck)));
+      (void)wlb::data::makeLengthSource(deck);  // its length file, read here on every rank
+      for (const auto& pr : wlb::resolveStrategies(deck)) {
+        wlb::packing::checkPackerSchedule(deck, pr.packer);
+        (void)wlb::packing::makePacker(pr.packer, deck, cost);
+        (void)wlb::cp::parseStrategy(pr.sharding);
       }
     }
-    const wlb::model::CostModel cost = wlb::model::CostModel::fromDeck(deck);
-    const wlb::pp::StepSimulator sim(deck, cost);
-    (void)sim.schedule(static_cast<int>(wlb::data::microBatchesPerReplica(deck)));
-    for (const auto& pr : wlb::resolveStrategies(deck)) {
-      wlb::packing::checkPackerSchedule(deck, pr.packer);
-      (void)wlb::packing::makePacker(pr.packer, deck, cost);
-      (void)wlb::cp::parseStrategy(pr.sharding);
-    }
-  }
+  });
   if (cases.empty()) throw wlb::InputError("wlb simulate: no decks to simulate (the deck list names none)", true);
   // Every output path before any work (rank 0 writes them): a bad one must not leave the
   // others written.

@@ -38,6 +38,7 @@ int runTune(const Opts& o) {
   if (o.sample_steps < 1) throw InputError("--sample-steps: must be >= 1", true);
   if (o.max_levels < 0 || o.max_levels > 4) throw InputError("--max-levels: must be in 0..4", true);
   const Deck deck = o.deck.load("wlb tune");
+  app::onEveryRank([&] { (void)data::makeLengthSource(deck); });  // none fails alone, unprinted
   app::checkOnRankZero([&] {
     if (!o.json.empty()) checkOutputPath(o.json, "--json", app::deckInputs(deck));
   });

@@ -41,7 +41,8 @@ const bool registered = wlb::app::registerCommand(
         }
         if (o->deck.path.empty()) throw wlb::InputError("validate: a DECK argument is required", true);
         const wlb::Deck deck = o->deck.loadWithSweep();  // every rank: the same validation and exit code
-        checkFiles(deck);
+        // every rank reads them: rank 0's "valid" only when they all could
+        wlb::app::onEveryRank([&] { checkFiles(deck); });
         if (wlb::app::worldRank() != 0) return 0;
         std::cout << "# " << deck.source_path << ": valid\n" << deck.toToml();
         // Keys whose 0 or [] stands for a value derived from others, as the packers use them

@@ -50,6 +50,13 @@ std::vector<std::string> deckInputs(const Deck& deck);
 /// InputError on every rank, so that no rank goes on alone (or waits for one that left).
 void checkOnRankZero(const std::function<void()>& checks);
 
+/// Runs `read` (a command's input files: a length file, a checkpoint, a deck list) on every
+/// rank and throws on every rank if it failed on any: where all failed, rank 0's message
+/// for all; else each failing rank's own message and rank 0's count. A rank that read
+/// another working directory's files must not fail alone (its message unprinted) or leave
+/// the others waiting.
+void onEveryRank(const std::function<void()>& read, const std::string& what = "the inputs");
+
 /// Add positional DECK (required unless `optional`) and repeatable --set.
 void addDeckArgs(CLI::App& sub, DeckArgs& args, bool optional = false);
 

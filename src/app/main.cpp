@@ -50,18 +50,12 @@ bool registerCommand(const std::string& name, const std::string& description, Se
   return true;
 }
 
-namespace {
-/// The deck `load` reads on this rank, once every rank has read one and they agree: a rank
-/// that cannot read it (a node-local path, another working directory) or reads another deck
-/// would otherwise leave the others waiting in the run's first collective. Every rank throws
-/// at the same point, so the driver's exit 2 ends the job.
-Deck agreedDeck(const std::function<Deck()>& load) {
+void onEveryRank(const std::function<void()>& read, const std::string& what) {
   const int size = worldSize();
-  if (size == 1) return load();
-  Deck d;
+  if (size == 1) return read();
   std::string err;
   try {
-    d = load();
+    read();
   } catch (const InputError& e) {
     err = e.what();
   }
@@ -71,34 +65,81 @@ Deck agreedDeck(const std::function<Deck()>& load) {
   if (nbad == size) throw InputError(err, /*collective=*/true);  // rank 0's message stands for all
   if (nbad > 0) {
     if (bad) throw InputError(err);  // printed with this rank's number
-    throw InputError(fmt::format("the deck could not be read on {} of {} ranks (their messages name them)", nbad, size),
+    throw InputError(fmt::format("{} could not be read on {} of {} ranks (their messages name them)", what, nbad, size),
                      true);
   }
-  // The same resolved deck everywhere: the first rank whose text differs from rank 0's.
-  const std::string text = d.toToml();
+}
+
+namespace {
+std::vector<std::string>& commandLine() {
+  static std::vector<std::string> args;
+  return args;
+}
+
+/// The first rank whose `text` differs from rank 0's (size when none does).
+int firstDiffering(const std::string& text) {
+  const int size = worldSize();
   unsigned long long mine = std::hash<std::string>{}(text), first = mine;
   MPI_Bcast(&first, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
-  const int me = worldRank(), differs = mine != first ? me : size;
+  const int differs = mine != first ? worldRank() : size;
   int lowest = size;
   MPI_Allreduce(&differs, &lowest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (lowest < size)
+  return lowest;
+}
+
+/// The deck `load` reads on this rank, once every rank has read one and they agree: a rank
+/// that cannot read it (a node-local path, another working directory) or reads another deck
+/// would otherwise leave the others waiting in the run's first collective. Every rank throws
+/// at the same point, so the driver's exit 2 ends the job. The options beside the deck
+/// (--steps, --no-output, --resume, ...) must agree too: they shape the collectives as much.
+Deck agreedDeck(const std::function<Deck()>& load, const std::string& deck_path) {
+  const int size = worldSize();
+  if (size == 1) return load();
+  Deck d;
+  onEveryRank([&] { d = load(); }, "the deck");
+  // The same resolved deck everywhere: the first rank whose text differs from rank 0's.
+  if (const int r = firstDiffering(d.toToml()); r < size)
     throw InputError(fmt::format("rank {} read another deck than rank 0 (after --set): every rank must read the same "
                                  "deck, so give them the same file and overrides",
-                                 lowest),
+                                 r),
+                     true);
+  // The rest of the command line: the deck's path and the --set pairs are compared resolved
+  // above (another spelling of the same deck is no difference).
+  std::string rest;
+  const auto& args = commandLine();
+  bool path_seen = false;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--set") {
+      ++i;
+      continue;
+    }
+    if (args[i].rfind("--set=", 0) == 0) continue;
+    if (!path_seen && args[i] == deck_path) {
+      path_seen = true;
+      continue;
+    }
+    rest += args[i] + '\0';
+  }
+  if (const int r = firstDiffering(rest); r < size)
+    throw InputError(fmt::format("rank {} was started with other options than rank 0: every rank must run the same "
+                                 "command (options such as --steps or --resume shape what the ranks do together)",
+                                 r),
                      true);
   return d;
 }
 }  // namespace
 
 Deck DeckArgs::load(const std::string& command) const {
-  return agreedDeck([&] {
-    Deck d = loadDeck(path, overrides);
-    requireOneCase(d, path, command);
-    return d;
-  });
+  return agreedDeck(
+      [&] {
+        Deck d = loadDeck(path, overrides);
+        requireOneCase(d, path, command);
+        return d;
+      },
+      path);
 }
 Deck DeckArgs::loadWithSweep() const {
-  return agreedDeck([&] { return loadDeck(path, overrides); });
+  return agreedDeck([&] { return loadDeck(path, overrides); }, path);
 }
 
 std::vector<std::string> deckInputs(const Deck& deck) {
@@ -164,6 +205,9 @@ int dispatch(int argc, char** argv) {
   for (int i = 1; i < argc; ++i)
     (std::string(argv[i]).rfind("--kokkos-", 0) == 0 ? kokkos_argv : cli_argv).push_back(argv[i]);
   int kokkos_argc = static_cast<int>(kokkos_argv.size());
+  // the command line the ranks must agree on (agreedDeck); Kokkos' options may differ (a
+  // device id per rank)
+  wlb::app::commandLine().assign(cli_argv.begin() + 1, cli_argv.end());
   {
     Kokkos::ScopeGuard kokkos(kokkos_argc, kokkos_argv.data());
     const int rank = wlb::app::worldRank();

@@ -111,6 +111,21 @@ timeout 120 mpiexec -n 1 "$WLB" run run.toml --set mesh.dp=2 --quiet : \
 timeout 120 mpiexec -n 1 "$WLB" mesh run.toml --set mesh.dp=2 : -n 1 "$WLB" mesh run.toml --set mesh.cp=2 > out.txt 2>&1
 rc=$?
 [ "$rc" = 2 ] && grep -q "rank 1 read another deck than rank 0" out.txt || fail "ranks with other decks: rc $rc $(cat out.txt)"
+# The options beside the deck shape the collectives too (--steps here): the same deck with
+# other options is refused, not left to hang.
+timeout 120 mpiexec -n 1 "$WLB" run run.toml --set mesh.dp=2 --quiet --steps 3 : \
+  -n 1 "$WLB" run run.toml --set mesh.dp=2 --quiet --steps 2 > out.txt 2>&1; rc=$?
+[ "$rc" = 2 ] && grep -q "rank 1 was started with other options than rank 0" out.txt ||
+  fail "ranks with other options: rc $rc $(cat out.txt)"
+# An input file that one rank reads differently (a node-local copy): that rank's message is
+# printed, whichever command reads it (it went unprinted behind rank 0's normal output).
+mkdir -p lA lB && cp run.toml lA/ && cp run.toml lB/ && printf '100\n300\n' > lA/l.txt && printf '100\nabc\n' > lB/l.txt
+for c in validate plan simulate "data stats"; do
+  timeout 120 mpiexec -n 1 --wdir lA "$WLB" $c run.toml --set data.source='"text"' --set data.path='"l.txt"' : \
+    -n 1 --wdir lB "$WLB" $c run.toml --set data.source='"text"' --set data.path='"l.txt"' > out.txt 2>&1; rc=$?
+  [ "$rc" = 2 ] && grep -q "wlb: error (rank 1): .*l.txt:2: expected a positive integer" out.txt &&
+    grep -q "the inputs could not be read on 1 of 2 ranks" out.txt || fail "$c, a length file bad on rank 1: rc $rc $(cat out.txt)"
+done
 # No room for the trace (a file-size limit stands in for a full disk; the plans fit): exit 2
 # on every rank with the trace's path and the system's reason, within the timeout, and
 # nothing left behind: no temporary, no plan, no folder.
