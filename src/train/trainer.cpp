@@ -471,6 +471,26 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
     err = e.what();
   }
   combine(err);
+  // Every rank must read the same splits (node-local copies): a rank without the validation
+  // split skipped the evaluation's collective the others entered (a hang).
+  if (W > 1) {
+    const auto summary = [](const std::shared_ptr<const data::IndexedDataset>& ds) {
+      if (!ds) return std::string("none");
+      std::int64_t tokens = 0;
+      for (std::int64_t i = 0; i < ds->documents(); ++i) tokens += ds->length(i);
+      return fmt::format("{} documents, {} tokens", ds->documents(), tokens);
+    };
+    const std::string mine = "train " + summary(train_ds) + "; validation " + summary(valid_ds);
+    std::string first = mine;
+    int len = static_cast<int>(first.size());
+    MPI_Bcast(&len, 1, MPI_INT, 0, world);
+    first.resize(static_cast<std::size_t>(len));
+    MPI_Bcast(first.data(), len, MPI_CHAR, 0, world);
+    combine(mine == first ? std::string()
+                          : fmt::format("train.dataset {}: this rank reads {}, rank 0 {}: every rank must read the "
+                                        "same dataset",
+                                        prefix, mine, first));
+  }
 
   const std::int64_t S = d.data.context_window;
   const std::int64_t M = data::microBatchesPerReplica(d);
@@ -549,6 +569,9 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   std::vector<trace::TrainStepRow> step_rows;  // rank 0: every step of the run, resumed part included
   std::vector<trace::TrainRankRow> rank_rows;  // rank 0: every rank's timings of this invocation's steps
   std::ofstream log;
+  // A resumed log's records before the checkpoint: written over the log only once every rank
+  // agreed on the checkpoint (a failed resume leaves the log as it was).
+  std::optional<std::string> kept_log;
   // Rank 0's output folders: made now, removed again (where empty) if the run fails before
   // its first step is logged, so bad input leaves nothing behind.
   // output.trace may name a sub-folder of output.dir: made with it. Both are also removed on
@@ -625,7 +648,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
           row.tokens_per_second = row.seconds > 0 ? static_cast<double>(row.tokens) / row.seconds : 0.0;
           step_rows.push_back(row);
         }
-        std::ofstream(log_path, std::ios::trunc) << kept;
+        kept_log = std::move(kept);
       }
     }
     if (rank == 0) {  // writable now; a fresh run's log replaces the old one at its first step
@@ -656,6 +679,17 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
             r, ckpt_path, steps[static_cast<std::size_t>(r)], steps[0]);
     combine(err);
   }
+  if (kept_log) {  // rank 0: the log back to the checkpoint's step, whole or not at all
+    try {
+      log.close();
+      writeFileAtomically(log_path, "train log", *kept_log, opt.track_temporary);
+      log.open(log_path, std::ios::app);
+      if (!log) throw InputError(fmt::format("{}: cannot write ({})", log_path, std::strerror(errno)));
+    } catch (const InputError& e) {
+      err = e.what();
+    }
+  }
+  combine(err);
 
   // The trace: this rank's events (attention, KV exchange, gradient all-reduce, optimizer),
   // the plans, and the training metrics (rank 0's tables).

@@ -448,4 +448,24 @@ touch afile
   > o.txt 2>&1; rc=$?
 [ "$rc" = 2 ] && grep -q "train.checkpoint_dir" o.txt || fail "checkpoint under a file: rc $rc $(cat o.txt)"
 [ ! -e ckbad ] || fail "checkpoint under a file: a step ran before the error"
+# Ranks that read other copies of the dataset (node-local disks; here each rank's working
+# directory): one without the validation split is refused at the start (it skipped the
+# evaluation's collective the other entered: a hang).
+mkdir -p vA vB && cp -r deck.toml data vA/ && cp -r deck.toml data vB/ && rm vB/data/lic_valid.*
+vset="$dp2 --set train.steps=4 --set train.log_interval=1 --set train.checkpoint_interval=3"
+timeout 120 mpiexec -n 1 --wdir vA "$WLB" train deck.toml $vset --set output.dir=\"$PWD/vout\" --quiet : \
+  -n 1 --wdir vB "$WLB" train deck.toml $vset --set output.dir=\"$PWD/vout\" --quiet > o.txt 2>&1; rc=$?
+[ "$rc" = 2 ] && grep -q "every rank must read the same dataset" o.txt ||
+  fail "a rank without the validation split: rc $rc $(cat o.txt)"
+# A resume refused on one rank (its checkpoint_dir, relative to its deck, holds none) leaves
+# the log as it was (rank 0 cut it back to the checkpoint's step before the others agreed).
+cp -r data/lic_valid.* vB/data/
+timeout 120 mpiexec -n 2 --wdir vA "$WLB" train deck.toml $vset --set train.checkpoint_dir='"ck"' \
+  --set output.dir=\"$PWD/vout\" --quiet > o.txt 2>&1 || fail "4 steps with a checkpoint at 3: $(cat o.txt)"
+before=$(md5sum < vout/train_log.jsonl)
+timeout 120 mpiexec -n 1 --wdir vA "$WLB" train deck.toml $vset --set train.checkpoint_dir='"ck"' \
+  --set output.dir=\"$PWD/vout\" --resume --quiet : -n 1 --wdir vB "$WLB" train deck.toml $vset \
+  --set train.checkpoint_dir='"ck"' --set output.dir=\"$PWD/vout\" --resume --quiet > o.txt 2>&1; rc=$?
+[ "$rc" = 2 ] && grep -q "rank 1" o.txt || fail "resume without rank 1's checkpoint: rc $rc $(cat o.txt)"
+[ "$(md5sum < vout/train_log.jsonl)" = "$before" ] || fail "a refused resume changed the log"
 echo "PASS"
