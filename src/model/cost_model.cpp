@@ -4,10 +4,12 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <utility>
 
+#include "core/deck.hpp"
 #include "core/error.hpp"
 
 namespace wlb::model {
@@ -280,15 +282,21 @@ bool Factors::linearIsUnit() const {
 }
 
 double ThroughputTable::at(double q, double k) const {
-  std::size_t i = 0, j = 0;
-  double tq = 0, tk = 0;
+  std::size_t i = 0;
+  double tq = 0;
   bracket(q_lens, q, i, tq);
-  bracket(k_lens, std::max(k, q), j, tk);
-  const std::size_t i1 = std::min(i + 1, q_lens.size() - 1), j1 = std::min(j + 1, k_lens.size() - 1);
-  // Interpolate log-throughput: throughput curves are closer to linear in log space.
-  auto lg = [&](std::size_t a, std::size_t b) { return std::log(gflops[a][b]); };
-  const double v = (1 - tq) * ((1 - tk) * lg(i, j) + tk * lg(i, j1)) + tq * ((1 - tk) * lg(i1, j) + tk * lg(i1, j1));
-  return std::exp(v);
+  const std::size_t i1 = std::min(i + 1, q_lens.size() - 1);
+  // Interpolate log-throughput: throughput curves are closer to linear in log space. Each
+  // row is read at k >= its own q: cells with k < q are ignored (docs/profile-format.md),
+  // also in the row above q that the interpolation blends in.
+  auto row = [&](std::size_t a) {
+    std::size_t j = 0;
+    double tk = 0;
+    bracket(k_lens, std::max({k, q, q_lens[a]}), j, tk);
+    const std::size_t j1 = std::min(j + 1, k_lens.size() - 1);
+    return (1 - tk) * std::log(gflops[a][j]) + tk * std::log(gflops[a][j1]);
+  };
+  return std::exp((1 - tq) * row(i) + tq * row(i1));
 }
 
 HardwareProfile HardwareProfile::analytic() {
@@ -303,16 +311,39 @@ HardwareProfile HardwareProfile::load(const std::string& path) {
   if (!in) throw InputError("cannot open hardware profile '" + path + "'");
   nlohmann::json j;
   try {
-    in >> j;
+    // the whole file (text after the JSON is damage, not ignored)
+    j = nlohmann::json::parse(std::string(std::istreambuf_iterator<char>(in), {}));
   } catch (const nlohmann::json::parse_error& e) {
     throw InputError(path + ": not valid JSON (byte " + std::to_string(e.byte) + "): " + e.what());
+  } catch (const nlohmann::json::exception& e) {  // a number past the range of a double
+    throw InputError(path + ": not valid JSON: " + e.what());
   }
   HardwareProfile p;
+  // A misspelt key would be ignored and its default used without a word: the closed tables
+  // (links, rank_speed) take their own keys only, and a top-level key one or two letters
+  // from one the model reads is taken for a slip (other top-level keys are free metadata:
+  // description, notes, measured, ...).
+  const auto onlyKeys = [&](const nlohmann::json& o, const std::string& table, const std::vector<std::string>& known) {
+    for (const auto& [key, value] : o.items())
+      if (std::find(known.begin(), known.end(), key) == known.end())
+        bad(path, table + key, "unknown key (did you mean '" + table + nearest(key, known) + "'?)");
+  };
   try {
     if (!j.is_object() || j.value("format", std::string()) != "wlb-hardware-profile")
       bad(path, "format", "must be \"wlb-hardware-profile\"");
-    if (!j.contains("version") || !j["version"].is_number_integer() || j["version"].get<int>() < 1 ||
-        j["version"].get<int>() > 2)
+    static const std::vector<std::string> kRead = {
+        "format",    "version",    "name",       "peak_gflops", "linear_gflops", "attention_efficiency",
+        "tile_q",    "tile_k",     "head_dim",   "calibration", "attention",     "links",
+        "memory_gb", "rank_speed", "linear_ops", "factors",     "topology",      "sources"};
+    static const std::vector<std::string> kMeta = {
+        "source", "description", "notes", "measured", "measured_fma_gflops", "created", "backend", "deck_profile"};
+    for (const auto& [key, value] : j.items())
+      if (std::find(kRead.begin(), kRead.end(), key) == kRead.end() &&
+          std::find(kMeta.begin(), kMeta.end(), key) == kMeta.end())
+        if (const std::string near = nearest(key, kRead); editDistance(key, near) <= 2)
+          bad(path, key, "unknown key (did you mean '" + near + "'?)");
+    if (!j.contains("version") || !j["version"].is_number_integer() || j["version"].get<std::int64_t>() < 1 ||
+        j["version"].get<std::int64_t>() > 2)
       bad(path, "version", "must be 1 or 2");
     p.version = j["version"].get<int>();
     if (j.contains("name") && !j["name"].is_string()) bad(path, "name", "must be a string");
@@ -343,6 +374,7 @@ HardwareProfile HardwareProfile::load(const std::string& path) {
     if (j.contains("links")) {
       const auto& l = j["links"];
       if (!l.is_object()) bad(path, "links", "must be an object {tp_gbps, cp_gbps, pp_gbps, dp_gbps, latency_us}");
+      onlyKeys(l, "links.", {"tp_gbps", "cp_gbps", "pp_gbps", "dp_gbps", "latency_us"});
       p.tp_bandwidth_gbps = positive(l, "tp_gbps", p.tp_bandwidth_gbps, path, "links.");
       p.cp_bandwidth_gbps = positive(l, "cp_gbps", p.cp_bandwidth_gbps, path, "links.");
       p.pp_bandwidth_gbps = positive(l, "pp_gbps", p.pp_bandwidth_gbps, path, "links.");
@@ -353,6 +385,7 @@ HardwareProfile HardwareProfile::load(const std::string& path) {
     if (j.contains("rank_speed")) {
       const auto& r = j["rank_speed"];
       if (!r.is_object()) bad(path, "rank_speed", "must be an object {spread, step_spread, task_spread}");
+      onlyKeys(r, "rank_speed.", {"spread", "step_spread", "task_spread"});
       const auto spread = [&](const char* key) {
         if (!r.contains(key)) return 0.0;
         if (!r[key].is_number() || r[key].get<double>() < 0 || r[key].get<double>() >= 1)

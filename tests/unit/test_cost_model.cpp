@@ -90,6 +90,52 @@ TEST(HardwareProfile, BadHeadDimAndCalibrationNameTheKey) {
       model::HardwareProfile::load(writeProfile("okkey.json", R"(, "head_dim": 128, "calibration": [{}])")));
 }
 
+// Misspelt keys of the closed tables and near-misses of the read top-level keys are refused
+// (they would be ignored and their defaults used); a number past a double and text after the
+// JSON name the file; free metadata keys load.
+TEST(HardwareProfile, SlipsAndDamageNameTheKeyOrFile) {
+  for (const auto& [extra, key] :
+       std::vector<std::pair<std::string, std::string>>{{R"(, "links": {"cp_gpbs": 5})", "links.cp_gpbs"},
+                                                        {R"(, "rank_speed": {"spreads": 0.1})", "rank_speed.spreads"},
+                                                        {R"(, "factor": {})", "factor"},
+                                                        {R"(, "version2": 1)", "version2"}}) {
+    try {
+      (void)model::HardwareProfile::load(writeProfile("slip.json", extra));
+      ADD_FAILURE() << "accepted " << extra;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("profile key '" + key + "': unknown key (did you mean"), std::string::npos)
+          << e.what();
+    }
+  }
+  for (const char* extra : {R"(, "linear_gflops": 1e999)", "} trailing"}) {
+    try {
+      (void)model::HardwareProfile::load(writeProfile("damaged.json", extra));
+      ADD_FAILURE() << "accepted " << extra;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("damaged.json: not valid JSON"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_NO_THROW(model::HardwareProfile::load(
+      writeProfile("meta.json", R"(, "description": "x", "notes": ["y"], "source": "z", "created": "today")")));
+}
+
+// Cells with k < q are ignored (docs/profile-format.md): also in the row above q that the
+// interpolation blends in. Here every such cell is tiny; the rates at k >= q must not move.
+TEST(HardwareProfile, CellsWithKBelowQAreIgnored) {
+  const auto base = model::HardwareProfile::load(writeProfile("kq.json", ""));
+  const std::string path = ::testing::TempDir() + "kq_tiny.json";
+  std::ofstream(path) << R"({"format": "wlb-hardware-profile", "version": 1, "peak_gflops": 100,
+    "linear_gflops": 50, "tile_q": 64, "tile_k": 64,
+    "attention": {
+      "fwd": {"q_lens": [64, 1024], "k_lens": [64, 1024], "gflops": [[40, 50], [0.001, 80]]},
+      "bwd": {"q_lens": [64, 1024], "k_lens": [64, 1024], "gflops": [[30, 45], [0.001, 90]]}}})";
+  const auto tiny = model::HardwareProfile::load(path);
+  for (auto p : {model::Phase::Fwd, model::Phase::Bwd})
+    for (double q : {64.0, 100.0, 300.0, 1024.0})
+      for (double k : {q, 2 * q, 1024.0})
+        EXPECT_DOUBLE_EQ(tiny.attnGflops(p, q, k), base.attnGflops(p, q, k)) << q << " " << k;
+}
+
 // The analytic curve counts whole query tiles, as the padded FLOPs do: a piece shorter
 // than a tile costs one tile (no more), and a longer piece never costs less than a shorter
 // one with the same prefix (a 1-query piece used to cost more than a 10-query one).
