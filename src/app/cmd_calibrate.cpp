@@ -217,7 +217,8 @@ int run(const Opts& o) {
         "ranks, "
         "{} layer tasks: log of measured / predicted, the ranks' means, their steps' around them, each layer's "
         "around its rank's step)\n",
-        sp.before_rank, sp.rank, sp.before_step, sp.step, sp.before_task, sp.task, sp.ranks, sp.tasks);
+        sp.before_rank, sp.rank, sp.before_step, sp.step, sp.before_task, sp.task, sp.ranks, sp.tasks) +
+              (sp.note.empty() ? "" : "               " + sp.note + "\n");
   else
     os << fmt::format("rank_speed     spread {:.4f}, step_spread {:.4f}, task_spread {:.4f} kept  ({})\n",
                       sp.before_rank, sp.before_step, sp.before_task, sp.note);

@@ -202,11 +202,19 @@ SpreadFit fitSpread(const std::vector<MeasuredRun>& runs, const std::vector<Task
     f.note = "needs a trace of more than one rank";
     return f;
   }
-  const double task = df_task > 0 ? std::sqrt(ss_task / df_task) : 0.0;
-  const double step = df_step > 0 ? std::sqrt(std::max(0.0, (ss_step - step_noise * task * task) / df_step)) : 0.0;
+  // A spread the trace cannot fit (no layer task with a peer, one step per rank) keeps the
+  // profile's value, which is also what the others are corrected by: fitting it to 0 would
+  // overwrite it and leave its noise in the spreads above it.
+  const double task = df_task > 0 ? std::sqrt(ss_task / df_task) : f.before_task;
+  const double step =
+      df_step > 0 ? std::sqrt(std::max(0.0, (ss_step - step_noise * task * task) / df_step)) : f.before_step;
   const double rank = std::sqrt(std::max(0.0, (ss_rank - rank_task * task * task - rank_step * step * step) / df_rank));
-  f.task = std::min(0.999, std::round(task * 1e4) / 1e4);
-  f.step = std::min(0.999, std::round(step * 1e4) / 1e4);
+  std::string kept;
+  if (df_task <= 0) kept += "task_spread";
+  if (df_step <= 0) kept += std::string(kept.empty() ? "" : " and ") + "step_spread";
+  if (!kept.empty()) f.note = kept + " kept (the trace has nothing to fit them by)";
+  f.task = df_task > 0 ? std::min(0.999, std::round(task * 1e4) / 1e4) : f.before_task;
+  f.step = df_step > 0 ? std::min(0.999, std::round(step * 1e4) / 1e4) : f.before_step;
   f.rank = std::min(0.999, std::round(rank * 1e4) / 1e4);
   f.fitted = true;
   return f;

@@ -631,4 +631,20 @@ TEST(Calibration, RankSpeedSpreadFromLayerTimes) {
   const auto kept = model::fitProfile({one}, seeded);
   EXPECT_FALSE(kept.spread.fitted);
   EXPECT_EQ(kept.apply(seeded).rank_spread, 0.05);
+
+  // Two replicas of one layer: no layer task has a peer, so task_spread cannot be fitted and
+  // keeps the profile's value (it was written as 0).
+  auto two = plainRun("two.h5", {{0, 0, 0}, {0, 0, 1}});
+  for (std::int64_t step = 0; step < 20; ++step)
+    for (int r = 0; r < 2; ++r)
+      two.events.push_back({"mlp", 1, r, 0, step, 0, 0,
+                            cost.linearOpSeconds(model::LinearOp::Mlp, n, Phase::Fwd) * std::exp(wander(rng)),
+                            cost.linearOpFlops(model::LinearOp::Mlp, n, Phase::Fwd)});
+  seeded.task_spread = 0.0815;
+  const auto tfit = model::fitProfile({two}, seeded);
+  ASSERT_TRUE(tfit.spread.fitted) << tfit.spread.note;
+  EXPECT_EQ(tfit.spread.tasks, 0u);
+  EXPECT_EQ(tfit.spread.task, 0.0815);
+  EXPECT_NE(tfit.spread.note.find("task_spread kept"), std::string::npos) << tfit.spread.note;
+  EXPECT_EQ(tfit.apply(seeded).task_spread, 0.0815);
 }
