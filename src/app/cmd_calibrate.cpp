@@ -272,9 +272,24 @@ int run(const Opts& o) {
   }
 
   const nlohmann::json j = wlb::model::applyToJson(pj, fit, names, isoNow());
-  // the new profile must load before it replaces anything (it is what the simulator will read)
-  wlb::app::writeAtomically(o.out, "--out", j.dump(2) + "\n",
-                            [](const std::string& tmp) { (void)wlb::model::HardwareProfile::load(tmp); });
+  // the new profile must load before it replaces anything (it is what the simulator will read);
+  // a fit outside the loader's ranges (a CPU profile against a GPU's trace) is told with the
+  // report and --out's name, not the temporary's
+  try {
+    wlb::app::writeAtomically(o.out, "--out", j.dump(2) + "\n", [&](const std::string& tmp) {
+      try {
+        (void)wlb::model::HardwareProfile::load(tmp);
+      } catch (const wlb::InputError& e) {
+        std::string why = e.what();
+        if (why.rfind(tmp, 0) == 0) why = why.substr(tmp.size() + (why.compare(tmp.size(), 2, ": ") == 0 ? 2 : 0));
+        throw wlb::InputError("--out " + o.out + ": the fitted profile would not load (" + why +
+                              "): the traces are too far from the profile for its ranges; nothing written");
+      }
+    });
+  } catch (const wlb::InputError&) {
+    if (!o.quiet) std::fputs(os.str().c_str(), stdout);
+    throw;
+  }
   os << "wrote " << o.out << "\n";
   if (!o.quiet) std::fputs(os.str().c_str(), stdout);
   return 0;

@@ -108,6 +108,22 @@ grep -q "^# rank speed" mean.log && fail "--mean-speed kept the spreads: $(cat m
 cp p2.json p3.json
 "$WLB" calibrate out/trace.h5 --profile p3.json --out p3.json --quiet || fail "in-place calibrate"
 /usr/bin/python3 -c "import json,sys; assert len(json.load(open('p3.json'))['calibration']) == 2" || fail "history"
+# A fit past the loader's ranges (attention 1 ns long: a factor over 1000) names --out and the
+# key, prints the report, and writes nothing.
+/usr/bin/python3 - out/trace.h5 fast.h5 <<'PY' || fail "edit the trace"
+import h5py, shutil, sys
+shutil.copy(sys.argv[1], sys.argv[2])
+with h5py.File(sys.argv[2], "r+") as f:
+    attn = [r.decode() for r in f["regions"][:]].index("attn")
+    ev = f["events"][:]
+    m = ev["region"] == attn
+    ev["end_ns"][m] = ev["start_ns"][m] + 1
+    f["events"][...] = ev
+PY
+"$WLB" calibrate fast.h5 --profile p.json --out fast.json > fast.txt 2>&1; rc=$?
+[ $rc -eq 2 ] && grep -q "wlb: error: --out fast.json: the fitted profile would not load (profile key 'factors.attn" \
+  fast.txt && grep -q "^residual after the fit" fast.txt && [ ! -e fast.json ] ||
+  fail "a fit past the ranges: rc $rc $(cat fast.txt)"
 
 # 3. Bad input: exit 2, message names the file, the existing output stays as it was.
 echo "sentinel" > keep.json
