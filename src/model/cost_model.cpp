@@ -318,6 +318,10 @@ HardwareProfile HardwareProfile::load(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {  // a number past the range of a double
     throw InputError(path + ": not valid JSON: " + e.what());
   }
+  return fromJson(j, path);
+}
+
+HardwareProfile HardwareProfile::fromJson(const nlohmann::json& j, const std::string& path) {
   HardwareProfile p;
   // A misspelt key would be ignored and its default used without a word: the closed tables
   // (links, rank_speed) take their own keys only, and a top-level key one or two letters

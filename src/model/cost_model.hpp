@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "attention/flops.hpp"
 #include "core/deck.hpp"
 
@@ -131,6 +133,9 @@ struct HardwareProfile {
   static HardwareProfile analytic();
   /// Read a profile JSON file; InputError naming the file and key on bad content.
   static HardwareProfile load(const std::string& path);
+  /// The checks and fields of load() on JSON already read; `name` stands for the file in
+  /// the errors (`wlb profile --base`'s carried keys are checked this way before timing).
+  static HardwareProfile fromJson(const nlohmann::json& j, const std::string& name);
   /// Profile named by the deck ("analytic" or a path, relative paths resolved against
   /// the deck's directory then the working directory), with the deck's link overrides.
   static HardwareProfile fromDeck(const Deck& deck);

@@ -818,8 +818,16 @@ ProfileResult measureProfile(ProfileOptions o) {
     for (const char* k : {"links", "rank_speed", "attention"})  // carried over whole: objects, as a profile has them
       if (base.contains(k) && !base[k].is_object())
         throw wlb::InputError("wlb profile: --base " + o.base + ": '" + k + "' must be an object");
-    // A whole profile is checked as one now, naming the base, not after the measurement.
-    if (base.contains("format")) (void)model::HardwareProfile::load(o.base);
+    // A whole profile is checked as one now, naming the base, not after the measurement; a
+    // partial one by the keys it carries over.
+    if (base.contains("format")) {
+      (void)model::HardwareProfile::load(o.base);
+    } else {
+      nlohmann::json probe = {{"format", "wlb-hardware-profile"}, {"version", 1}};
+      for (const char* k : {"links", "memory_gb", "peak_gflops"})
+        if (base.contains(k)) probe[k] = base[k];
+      (void)model::HardwareProfile::fromJson(probe, "wlb profile: --base " + o.base);
+    }
   }
   const Ctx ctx{o, cfg, clock};
   nlohmann::json fwd = nlohmann::json::array(), bwd = nlohmann::json::array();
@@ -872,8 +880,8 @@ ProfileResult measureProfile(ProfileOptions o) {
   j["sources"] = {"measured by `wlb profile` (attention: wlb::attention kernels, " + o.precision +
                       (o.attention == "auto" ? std::string() : ", kernel variant " + o.attention) + ", best of " +
                       std::to_string(o.reps) + " repetitions; linear: " + linear_src +
-                      "; peak: register-only FP32 FMA loop; timed with " +
-                      (clock.cpu ? "process CPU time" : "wall time") + ")",
+                      (o.peak_gflops > 0.0 ? "; peak: --peak-gflops" : "; peak: register-only FP32 FMA loop") +
+                      "; timed with " + (clock.cpu ? "process CPU time" : "wall time") + ")",
                   "heads " + std::to_string(o.heads) + ", kv_heads " + std::to_string(o.kv_heads) + ", Kokkos " +
                       wlb::kk::versionString()};
   j["peak_gflops"] = std::round((peak > 0.0 ? peak : 220.0) * 10.0) / 10.0;
@@ -895,6 +903,7 @@ ProfileResult measureProfile(ProfileOptions o) {
     for (const char* k : {"links", "topology", "memory_gb", "peak_gflops"}) {
       if (!base.contains(k)) continue;
       if (std::string(k) == "peak_gflops") {
+        if (o.peak_gflops > 0.0) continue;  // given on the command line: that one stands
         j["measured_fma_gflops"] = j[k];
       } else if (j.contains(k)) {
         continue;  // measured here (the host's memory)

@@ -73,5 +73,23 @@ else
   echo "FAIL: profile --base"; cat "$TMP/log"; fail=1
 fi
 
+# A partial base's carried keys are checked before any timing, naming --base; an explicit
+# --peak-gflops wins over the base's peak.
+echo '{"links": {"cp_gbps": -1}}' > "$TMP/negbase.json"
+"$WLB" profile --quick --q-lens 16 --k-lens 16 --base "$TMP/negbase.json" --out "$TMP/bad.json" >"$TMP/log" 2>&1
+rc=$?
+if [ $rc -ne 2 ] || ! grep -q "wlb profile: --base $TMP/negbase.json: profile key 'links.cp_gbps'" "$TMP/log" ||
+  grep -q "q=" "$TMP/log" || [ -e "$TMP/bad.json" ]; then
+  echo "FAIL: a bad partial --base: exit $rc"; cat "$TMP/log"; fail=1
+fi
+echo '{"peak_gflops": 999}' > "$TMP/peakbase.json"
+"$WLB" profile --quick --q-lens 16 --k-lens 16 --peak-gflops 500 --base "$TMP/peakbase.json" --out "$TMP/pk.json" \
+  >"$TMP/log" 2>&1 || { echo "FAIL: --peak-gflops with --base"; cat "$TMP/log"; fail=1; }
+/usr/bin/python3 -c "
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j['peak_gflops'] == 500 and 'measured_fma_gflops' not in j, j
+" "$TMP/pk.json" || fail=1
+
 [ $fail -eq 0 ] && echo "PASS"
 exit $fail
