@@ -521,7 +521,11 @@ nlohmann::json applyToJson(const nlohmann::json& profile_json, const Calibration
       {{"created", created}, {"traces", trace_names}, {"factors", hist_f}, {"links", hist_l}, {"rank_speed", hist_s}});
   std::string names;
   for (const auto& t : trace_names) names += (names.empty() ? "" : ", ") + t;
-  if (!j.contains("sources") || !j["sources"].is_array()) j["sources"] = nlohmann::json::array();
+  // a list of where the numbers came from; a hand-written string is kept as its first entry
+  if (!j.contains("sources"))
+    j["sources"] = nlohmann::json::array();
+  else if (!j["sources"].is_array())
+    j["sources"] = nlohmann::json::array({j["sources"]});
   j["sources"].push_back("calibrated by `wlb calibrate` at " + created + " from " + names +
                          ": factors = profiled throughput x predicted / measured op time per op kind; links from the "
                          "fastest member of each collective; rank_speed from the spread of each rank's layer times "

@@ -533,6 +533,13 @@ TEST(Calibration, AppliedJsonIsVersionTwoWithHistoryAndLoads) {
   // calibrating again appends to the history
   const auto j2 = model::applyToJson(j, fit, {"b.h5"}, "2026-01-02T00:00:00Z");
   EXPECT_EQ(j2["calibration"].size(), 2u);
+  // a hand-written sources string is kept as the list's first entry
+  auto hand = j0;
+  hand["sources"] = "vendor datasheet X";
+  const auto j3 = model::applyToJson(hand, fit, {"c.h5"}, "2026-01-03T00:00:00Z");
+  ASSERT_TRUE(j3["sources"].is_array());
+  ASSERT_EQ(j3["sources"].size(), 2u);
+  EXPECT_EQ(j3["sources"][0], "vendor datasheet X");
 }
 
 // Rank speed: eight ranks (cp 4 x dp 2) whose layer times carry a known factor per rank, a
