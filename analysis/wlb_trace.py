@@ -204,6 +204,10 @@ def load(path: str) -> Trace:
         if len(bad):
             raise TraceError(f"{path}: /events row {int(bad[0])} is damaged (an end before its start, or a FLOP or "
                              "byte count that is negative or not a number)")
+        phase = events["phase"].astype(np.int64)
+        bad = np.flatnonzero((phase < 0) | (phase > 2))
+        if len(bad):
+            raise TraceError(f"{path}: /events row {int(bad[0])} has phase {int(phase[bad[0]])} (none, fwd or bwd)")
     coords = set()
     for i in range(len(ranks["rank"])):
         off, cnt = int(ranks["event_offset"][i]), int(ranks["event_count"][i])
@@ -221,6 +225,8 @@ def load(path: str) -> Trace:
     mesh = {k: int(meta[f"mesh_{k}"]) for k in ("tp", "cp", "pp", "dp")}
     if min(mesh.values()) < 1:
         raise TraceError(f"{path}: /meta mesh {mesh} has a size below 1")
+    if "world_size" in meta and mesh["tp"] * mesh["cp"] * mesh["pp"] * mesh["dp"] != int(meta["world_size"]):
+        raise TraceError(f"{path}: /meta mesh {mesh} is not world_size {int(meta['world_size'])}")
     for k in ("tp", "cp", "pp", "dp"):
         if len(ranks[k]) and (ranks[k].min() < 0 or ranks[k].max() >= mesh[k]):
             raise TraceError(f"{path}: /ranks {k} coordinates lie outside /meta mesh_{k} = {mesh[k]}")

@@ -122,12 +122,23 @@ Trace readTrace(const std::string& path) {
   // analysis, calibration and replay divide by (an edited or damaged file is refused, not
   // averaged: a NaN or negative count would otherwise vanish from or skew every fit).
   if (t.warmup < 0) throw InputError(path + ": /meta warmup " + std::to_string(t.warmup) + " is negative");
+  // the mesh every coordinate and collective group is read against
+  for (const auto& [name, v] :
+       {std::pair{"mesh_tp", t.tp}, std::pair{"mesh_cp", t.cp}, std::pair{"mesh_pp", t.pp}, std::pair{"mesh_dp", t.dp}})
+    if (v < 1) throw InputError(path + ": /meta " + name + " " + std::to_string(v) + " is not a mesh size");
+  if (static_cast<std::int64_t>(t.tp) * t.cp * t.pp * t.dp != t.world_size)
+    throw InputError(path + ": /meta mesh " + std::to_string(t.tp) + "x" + std::to_string(t.cp) + "x" +
+                     std::to_string(t.pp) + "x" + std::to_string(t.dp) + " is not world_size " +
+                     std::to_string(t.world_size));
   const auto nreg = static_cast<int>(t.regions.size());
   const auto nstr = static_cast<int>(t.strategies.size());
   for (std::size_t i = 0; i < t.events.size(); ++i) {
     const Event& e = t.events[i];
     if (e.region < 0 || e.region >= nreg || e.strategy < 0 || e.strategy >= nstr)
       throw InputError(path + ": /events refers to a label or strategy outside the tables");
+    if (static_cast<int>(e.phase) < 0 || static_cast<int>(e.phase) > 2)  // none, fwd, bwd
+      throw InputError(path + ": /events row " + std::to_string(i) + " has phase " +
+                       std::to_string(static_cast<int>(e.phase)) + " (none, fwd or bwd)");
     if (e.end_ns < e.start_ns || !std::isfinite(e.flops) || e.flops < 0 || !std::isfinite(e.bytes) || e.bytes < 0)
       throw InputError(path + ": /events row " + std::to_string(i) +
                        " is damaged (an end before its start, or a FLOP or byte count that is negative or not a "
@@ -142,6 +153,8 @@ Trace readTrace(const std::string& path) {
       if (t.events[static_cast<std::size_t>(i)].rank != r.rank)
         throw InputError(path + ": /ranks event slice of rank " + std::to_string(r.rank) +
                          " holds another rank's events");
+    if (r.tp < 0 || r.tp >= t.tp || r.cp < 0 || r.cp >= t.cp || r.pp < 0 || r.pp >= t.pp || r.dp < 0 || r.dp >= t.dp)
+      throw InputError(path + ": /ranks gives rank " + std::to_string(r.rank) + " coordinates outside the mesh");
     if (!coords.insert({r.tp, r.cp, r.pp, r.dp}).second)
       throw InputError(path + ": /ranks gives two ranks the coordinates (tp, cp, pp, dp) = (" + std::to_string(r.tp) +
                        ", " + std::to_string(r.cp) + ", " + std::to_string(r.pp) + ", " + std::to_string(r.dp) + ")");

@@ -382,9 +382,16 @@ def _edit_ranks(f, field, value):
     (_edit_ranks, "event_count", lambda rk: rk[0]["event_count"] + 1000, "is out of range"),
     (_edit_ranks, "cp", lambda rk: rk[1]["cp"], "two ranks the coordinates"),
     (_edit_ranks, "event_offset", lambda rk: rk[1]["event_offset"], "another rank's events"),
+    (_edit_events, "phase", lambda e: 7, "has phase 7 (none, fwd or bwd)"),
 ])
 def test_damaged_tables_exit_2(hand_trace, tmp_path, edit, field, value, says):
     _refused_after(hand_trace, tmp_path, lambda f: edit(f, field, value), says)
+
+
+def test_mesh_that_is_not_the_world_exit_2(hand_trace, tmp_path):
+    def edit(f):
+        f["meta"].attrs["mesh_dp"] = int(f["meta"].attrs["mesh_dp"]) + 1
+    _refused_after(hand_trace, tmp_path, edit, "is not world_size")
 
 
 def test_wrong_schema_exit_2(tmp_path):

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/error.hpp"
@@ -238,6 +239,31 @@ TEST(TraceReader, ImpossibleFiguresAreInputErrors) {
   refused(neg, 0, "/events row 1 is damaged");
   refused(back, 0, "/events row 1 is damaged");
   refused(e, -1, "warmup -1 is negative");
+  tr::Event phase = e;
+  phase.phase = static_cast<tr::Phase>(7);
+  refused(phase, 0, "/events row 1 has phase 7");
+}
+
+// The mesh every coordinate is read against: sizes of at least 1 whose product is the world.
+TEST(TraceReader, MeshThatIsNotTheWorldIsAnInputError) {
+  const auto path = tmpPath("mesh");
+  for (const auto& [attr, value, want] : std::vector<std::tuple<std::string, int, std::string>>{
+           {"mesh_cp", 0, "/meta mesh_cp 0 is not a mesh size"}, {"mesh_dp", 2, "is not world_size 1"}}) {
+    tr::Recorder rec;
+    rec.record(rec.region("attn"), 1, 2);
+    tr::Writer(path, tr::RunMeta{}).commit(rec);
+    {
+      auto f = wlb::h5::File::open(path, wlb::h5::File::Mode::ReadWrite);
+      f.openGroup("meta").setAttribute(attr, value);
+    }
+    try {
+      tr::readTrace(path);
+      ADD_FAILURE() << "accepted " << attr << " = " << value;
+    } catch (const wlb::InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+    std::remove(path.c_str());
+  }
 }
 
 TEST(TraceReader, TruncatedAndMissingFilesAreInputErrors) {
