@@ -75,7 +75,7 @@ wlb::model::MeasuredRun toRun(const wlb::trace::Trace& tr, wlb::Deck& deck_out) 
   for (const auto& r : tr.ranks) {
     if (r.rank < 0 || r.rank > 1 << 20) throw wlb::InputError(path + ": /ranks has rank " + std::to_string(r.rank));
     if (static_cast<std::size_t>(r.rank) >= run.ranks.size()) run.ranks.resize(static_cast<std::size_t>(r.rank) + 1);
-    run.ranks[static_cast<std::size_t>(r.rank)] = {r.tp, r.cp, r.dp};
+    run.ranks[static_cast<std::size_t>(r.rank)] = {r.tp, r.cp, r.dp, r.pp};
   }
   for (const auto& e : tr.events) {
     if (e.step < tr.warmup) continue;  // cold caches, queues filling: not what the model predicts
@@ -105,13 +105,21 @@ wlb::model::MeasuredRun toRun(const wlb::trace::Trace& tr, wlb::Deck& deck_out) 
     }
     if (!sj.is_array()) continue;  // "{}": no shard plans recorded
     try {
+      // a count no plan holds (negative, or past a document's limit) is damage, not a share
+      const auto count = [&](const nlohmann::json& v, const char* what) {
+        const auto n = v.get<std::int64_t>();
+        if (n < 0 || n > (std::int64_t{1} << 40))
+          throw wlb::InputError(path + ": /plan/shard_json of step " + std::to_string(ps.step) + ": " + what + " " +
+                                std::to_string(n) + " is no token count");
+        return n;
+      };
       for (const auto& mb : sj) {
         std::vector<wlb::model::RankShare> shares;
         for (const auto& rk : mb.at("shard").at("ranks")) {
           wlb::model::RankShare s;
-          s.tokens = rk.at("tokens").get<std::int64_t>();
+          s.tokens = count(rk.at("tokens"), "tokens");
           for (const auto& p : rk.at("pieces"))
-            s.pieces.push_back({p.at("q_offset").get<std::int64_t>(), p.at("q_len").get<std::int64_t>()});
+            s.pieces.push_back({count(p.at("q_offset"), "q_offset"), count(p.at("q_len"), "q_len")});
           shares.push_back(std::move(s));
         }
         run.shares[{ps.strategy, ps.step, mb.at("dp").get<int>(), mb.at("micro_batch").get<int>()}] = std::move(shares);

@@ -288,7 +288,7 @@ CalibrationFit fitProfile(const std::vector<MeasuredRun>& runs, const HardwarePr
     std::map<std::tuple<int, int, std::int64_t>, StepAcc> steps;
     // Collectives: the fastest member's duration per instance.
     std::map<std::tuple<int, std::int64_t, int, int, int, int, int>, std::pair<double, double>> kv;  // -> (s, bytes)
-    std::map<std::tuple<int, std::int64_t, int>, std::pair<double, double>> grad;
+    std::map<std::tuple<int, std::int64_t, int, int>, std::pair<double, double>> grad;  // strategy, step, tp, pp
     std::size_t compute_events = 0;
     // Linear ops: (rank, strategy, step, micro-batch, layer, phase, op) -> (seconds, FLOPs)
     std::map<std::tuple<int, int, std::int64_t, int, int, int, int>, std::pair<double, double>> ops;
@@ -341,7 +341,7 @@ CalibrationFit fitProfile(const std::vector<MeasuredRun>& runs, const HardwarePr
         continue;
       }
       if (e.op == "grad_allreduce") {
-        auto& x = grad[{e.strategy, e.step, c.tp}];
+        auto& x = grad[{e.strategy, e.step, c.tp, c.pp}];
         if (x.second == 0 || e.seconds < x.first) x = {e.seconds, std::max(x.second, e.bytes)};
         continue;
       }
@@ -356,6 +356,9 @@ CalibrationFit fitProfile(const std::vector<MeasuredRun>& runs, const HardwarePr
         ++fit.unmatched_events;
         continue;
       }
+      if (!(v.second / per_token < 1e15))  // no op of a step has that many tokens: damage
+        throw InputError(run.name + ": an op's FLOP count is more than any step of this model holds (about 1e" +
+                         std::to_string(std::llround(std::log10(v.second))) + ")");
       const auto tokens = static_cast<std::int64_t>(std::llround(v.second / per_token));
       const std::string key = std::string(linearOpName(static_cast<LinearOp>(op))) + "." + phaseName(ph);
       const double pred = cost.linearOpSeconds(static_cast<LinearOp>(op), tokens, ph);

@@ -69,6 +69,7 @@ struct MeasuredRun {
   std::vector<std::string> strategies;  ///< MeasuredEvent::strategy indexes it
   struct Coord {
     int tp = 0, cp = 0, dp = 0;
+    int pp = 0;  ///< each stage reduces its own gradients: its all-reduce is another instance
   };
   std::vector<Coord> ranks;           ///< world rank -> mesh coordinates
   std::vector<MeasuredEvent> events;  ///< measured and drain steps (no warm-up)

@@ -513,6 +513,15 @@ TEST(Calibration, RunWithoutComputeEventsIsBadInput) {
   }
   run.events.push_back({"attn", 1, 5, 0, 1, 0, 0, 1.0, 0, 0});  // rank outside the table
   EXPECT_THROW((void)model::fitProfile({run}, p), InputError);
+  // an op with more FLOPs than any step holds (its token count would overflow) is damage
+  run.events.pop_back();
+  run.events.push_back({"mlp", 1, 0, 0, 1, 0, 0, 1.0, 1e30, 0});
+  try {
+    (void)model::fitProfile({run}, p);
+    FAIL() << "fitted an op of 1e30 FLOPs";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("FLOP count is more than any step"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Calibration, AppliedJsonIsVersionTwoWithHistoryAndLoads) {
