@@ -225,11 +225,11 @@ def load(path: str) -> Trace:
     mesh = {k: int(meta[f"mesh_{k}"]) for k in ("tp", "cp", "pp", "dp")}
     if min(mesh.values()) < 1:
         raise TraceError(f"{path}: /meta mesh {mesh} has a size below 1")
-    if "world_size" in meta and mesh["tp"] * mesh["cp"] * mesh["pp"] * mesh["dp"] != int(meta["world_size"]):
-        raise TraceError(f"{path}: /meta mesh {mesh} is not world_size {int(meta['world_size'])}")
     for k in ("tp", "cp", "pp", "dp"):
         if len(ranks[k]) and (ranks[k].min() < 0 or ranks[k].max() >= mesh[k]):
             raise TraceError(f"{path}: /ranks {k} coordinates lie outside /meta mesh_{k} = {mesh[k]}")
+    if "world_size" in meta and mesh["tp"] * mesh["cp"] * mesh["pp"] * mesh["dp"] != int(meta["world_size"]):
+        raise TraceError(f"{path}: /meta mesh {mesh} is not world_size {int(meta['world_size'])}")
     return Trace(path=path, meta=meta, strategies=strategies, regions=regions, ranks=ranks,
                  events=events, segments=segments, plan_steps=steps, mesh=mesh, train_steps=train_steps,
                  train_ranks=train_ranks)

@@ -96,8 +96,10 @@ def run_all(args, prefix, seeds, extra):
             want = run_sets(sets, extra, prefix, seed, d)
             if finished(d, want):
                 continue
-            if os.path.exists(d):  # another run's output (other settings): not resumed from
-                shutil.rmtree(d)
+            if os.path.exists(os.path.join(d, "train_log.jsonl")):
+                # a run of other (or unrecorded) settings: hours of work, never removed here
+                sys.exit(f"{d} holds a run of other settings than these (or of an older convergence.py): "
+                         "move it away or give another --work")
             cmd = ["nice", "-n", str(args.nice), args.wlb, "train", deck, "--quiet"]
             for s in want:
                 cmd += ["--set", s]

@@ -700,9 +700,12 @@ def main():
                        "replay_same_tokens": same_docs, "timing_pass": timing_ok, "partial": partial})
         return fmt_table(a, rows, deck_rows, worst, cores)
 
+    partial = [""]  # the last partial table: kept in campaign.md when a stage fails or a signal ends it
+
     def checkpoint(result):
         # a partial table after every measured run: a campaign cut short keeps what it measured
         table_text = record(result, True)
+        partial[0] = table_text
         report.update({"stages": stages.record, "seconds": time.monotonic() - t_all})
         write(table_text + (fmt_failure(report["failure"]) if "failure" in report else "")
               + "\n(partial: the campaign is still running)\n")
@@ -732,6 +735,13 @@ def main():
         print(f"rank_campaign: a stage failed: {e}; outputs so far are in {out}", file=sys.stderr)
         report["failed_stage"] = str(e)
         code = 1
+        if partial[0]:
+            text = partial[0] + f"\n(partial: the campaign ended early: {e})\n"
+        if "failure" in report:
+            text += fmt_failure(report["failure"])
+    # the report is written whole (a moment): a second signal now would leave a temporary
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     report["stages"] = stages.record
     report["seconds"] = time.monotonic() - t_all
     report["exit"] = code

@@ -76,7 +76,10 @@ int runPlan(const Opts& o) {
   const std::int64_t steps = o.steps >= 0 ? o.steps : deck.run.steps;
   if (steps < 1) throw InputError("--steps: must be >= 1", true);
   const auto names = packersFor(o, deck);
-  const auto cost = model::CostModel::fromDeck(deck);
+  // the profile is read on every rank: one that cannot must not fail alone
+  std::optional<model::CostModel> cost_read;
+  app::onEveryRank([&] { cost_read.emplace(model::CostModel::fromDeck(deck)); });
+  const model::CostModel cost = std::move(*cost_read);
   // Validate everything before writing anything.
   // --out names a file (several packers write NAME.PACKER.EXT beside it): a directory
   // would silently become "DIR.PACKER" files next to it

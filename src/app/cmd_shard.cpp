@@ -96,7 +96,10 @@ int runShard(const Opts& o) {
   if (steps < 1) throw InputError("--steps: must be >= 1", true);
   const int cp = static_cast<int>(deck.mesh.cp);
   if (cp < 1) throw InputError("mesh.cp: must be >= 1", true);
-  const auto cost = model::CostModel::fromDeck(deck);
+  // the profile is read on every rank: one that cannot must not fail alone
+  std::optional<model::CostModel> cost_read;
+  app::onEveryRank([&] { cost_read.emplace(model::CostModel::fromDeck(deck)); });
+  const model::CostModel cost = std::move(*cost_read);
   const std::string packer_name = o.packer.empty() ? deck.packing.strategy : o.packer;
   if (!o.packer.empty()) packing::checkPackerName(o.packer, "--packer");
 

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -42,7 +43,10 @@ int runTune(const Opts& o) {
   app::checkOnRankZero([&] {
     if (!o.json.empty()) checkOutputPath(o.json, "--json", app::deckInputs(deck));
   });
-  const auto cost = model::CostModel::fromDeck(deck);
+  // the profile is read on every rank: one that cannot must not fail alone
+  std::optional<model::CostModel> cost_read;
+  app::onEveryRank([&] { cost_read.emplace(model::CostModel::fromDeck(deck)); });
+  const model::CostModel cost = std::move(*cost_read);
   const auto base = packing::PackerOptions::fromDeck(deck);
   const std::int64_t S = base.context_window;
   // Candidate levels: multiples of S/8 up to 7S/8, every subset of up to max_levels of them,

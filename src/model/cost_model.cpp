@@ -324,8 +324,8 @@ HardwareProfile HardwareProfile::load(const std::string& path) {
 HardwareProfile HardwareProfile::fromJson(const nlohmann::json& j, const std::string& path) {
   HardwareProfile p;
   // A misspelt key would be ignored and its default used without a word: the closed tables
-  // (links, rank_speed) take their own keys only, and a top-level key one or two letters
-  // from one the model reads is taken for a slip (other top-level keys are free metadata:
+  // (links, rank_speed) take their own keys only, and a top-level key one letter from one
+  // the model reads is taken for a slip (other top-level keys are free metadata:
   // description, notes, measured, ...).
   const auto onlyKeys = [&](const nlohmann::json& o, const std::string& table, const std::vector<std::string>& known) {
     for (const auto& [key, value] : o.items())
@@ -344,7 +344,7 @@ HardwareProfile HardwareProfile::fromJson(const nlohmann::json& j, const std::st
     for (const auto& [key, value] : j.items())
       if (std::find(kRead.begin(), kRead.end(), key) == kRead.end() &&
           std::find(kMeta.begin(), kMeta.end(), key) == kMeta.end())
-        if (const std::string near = nearest(key, kRead); editDistance(key, near) <= 2)
+        if (const std::string near = nearest(key, kRead); editDistance(key, near) <= 1)
           bad(path, key, "unknown key (did you mean '" + near + "'?)");
     if (!j.contains("version") || !j["version"].is_number_integer() || j["version"].get<std::int64_t>() < 1 ||
         j["version"].get<std::int64_t>() > 2)

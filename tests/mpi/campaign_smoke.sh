@@ -137,4 +137,5 @@ rc=$?
 sleep 1
 [ $rc -eq 124 ] && grep -q "interrupted by signal 15" log_t.txt || fail "SIGTERM: exit $rc: $(tail -5 log_t.txt)"
 pgrep -f "sleep 97; :" > /dev/null && { pkill -f "sleep 97; :"; fail "SIGTERM left the stage running"; }
+grep -q "exit 1" t/campaign.md || fail "SIGTERM: no report: $(cat t/campaign.md)"
 echo "campaign smoke test passed"

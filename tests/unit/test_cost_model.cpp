@@ -115,8 +115,9 @@ TEST(HardwareProfile, SlipsAndDamageNameTheKeyOrFile) {
       EXPECT_NE(std::string(e.what()).find("damaged.json: not valid JSON"), std::string::npos) << e.what();
     }
   }
-  EXPECT_NO_THROW(model::HardwareProfile::load(
-      writeProfile("meta.json", R"(, "description": "x", "notes": ["y"], "source": "z", "created": "today")")));
+  EXPECT_NO_THROW(model::HardwareProfile::load(writeProfile(
+      "meta.json",
+      R"(, "description": "x", "notes": ["y"], "source": "z", "created": "today", "date": 1, "node": 2)")));
 }
 
 // Cells with k < q are ignored (docs/profile-format.md): also in the row above q that the
