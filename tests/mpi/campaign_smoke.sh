@@ -131,11 +131,13 @@ PY
 [ $? -eq 2 ] && grep -q "profile.calibrated.tiny.json not found" log_q.txt || fail "--profiles nowhere: $(cat log_q.txt)"
 # SIGTERM ends the campaign and the stage it runs, which has a session of its own (no signal
 # reaches it by itself): no process of the stage is left, and the report says why it ended.
+# (the stand-in's command line is this test's own: another run of the suite may be going)
+mark="wlb-campaign-smoke-$$"
 timeout -s TERM 8 /usr/bin/python3 "$SRC/bench/rank_campaign.py" tiny.toml --wlb "$WLB" --out t --rounds 1 \
-  --profiles c --mpirun "bash -c 'sleep 97; :' stand-in-launcher" > log_t.txt 2>&1
+  --profiles c --mpirun "bash -c 'sleep 97; : $mark' stand-in-launcher" > log_t.txt 2>&1
 rc=$?
 sleep 1
 [ $rc -eq 124 ] && grep -q "interrupted by signal 15" log_t.txt || fail "SIGTERM: exit $rc: $(tail -5 log_t.txt)"
-pgrep -f "sleep 97; :" > /dev/null && { pkill -f "sleep 97; :"; fail "SIGTERM left the stage running"; }
+pgrep -u "$(id -u)" -f "$mark" > /dev/null && { pkill -u "$(id -u)" -f "$mark"; fail "SIGTERM left the stage running"; }
 grep -q "exit 1" t/campaign.md || fail "SIGTERM: no report: $(cat t/campaign.md)"
 echo "campaign smoke test passed"
