@@ -23,6 +23,7 @@
 #include "data/length_source.hpp"
 #include "model/cost_model.hpp"
 #include "model/deck_inputs.hpp"
+#include "parallel/comm.hpp"
 #include "parallel/group_comm.hpp"
 #include "runtime/gemm.hpp"
 
@@ -154,11 +155,8 @@ void checkOnRankZero(const std::function<void()>& checks) {
     err = e.what();
   }
   // Rank 0's verdict to every rank (one message, printed once).
-  int len = static_cast<int>(err.size());
-  MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  err.resize(static_cast<std::size_t>(len));
-  if (len > 0) MPI_Bcast(err.data(), len, MPI_CHAR, 0, MPI_COMM_WORLD);
-  if (len > 0) throw InputError(err, /*collective=*/true);
+  err = parallel::bcastString(MPI_COMM_WORLD, err);
+  if (!err.empty()) throw InputError(err, /*collective=*/true);
 }
 
 void addDeckArgs(CLI::App& sub, DeckArgs& args, bool optional) {

@@ -68,4 +68,13 @@ void throwIfAnyFailed(MPI_Comm comm, const std::string& error) {
   throw InputError("rank " + std::to_string(first) + ": " + msg, /*collective=*/true);
 }
 
+std::string bcastString(MPI_Comm comm, const std::string& s) {
+  long long n = static_cast<long long>(s.size());
+  MPI_Bcast(&n, 1, MPI_LONG_LONG, 0, comm);
+  std::string out = s;
+  out.resize(static_cast<std::size_t>(n));
+  if (n > 0) MPI_Bcast(out.data(), static_cast<int>(n), MPI_CHAR, 0, comm);
+  return out;
+}
+
 }  // namespace wlb::parallel

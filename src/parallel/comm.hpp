@@ -43,4 +43,7 @@ bool allOk(MPI_Comm comm, bool ok);
 /// unless `collective_message`), so all ranks report one clear message.
 void throwIfAnyFailed(MPI_Comm comm, const std::string& error);
 
+/// Rank 0's `s` on every rank of `comm` (collective; the others' `s` is ignored).
+std::string bcastString(MPI_Comm comm, const std::string& s);
+
 }  // namespace wlb::parallel

@@ -83,13 +83,6 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-void bcastString(std::string& s, MPI_Comm comm) {
-  long long len = static_cast<long long>(s.size());
-  MPI_Bcast(&len, 1, MPI_LONG_LONG, 0, comm);
-  s.resize(static_cast<std::size_t>(len));
-  if (len > 0) MPI_Bcast(s.data(), static_cast<int>(len), MPI_CHAR, 0, comm);
-}
-
 std::string planPath(const Deck& deck, const std::string& strategy, std::size_t nstrategies) {
   std::filesystem::path p = std::filesystem::path(deck.output.dir) / deck.output.plan;
   if (nstrategies > 1) {
@@ -176,7 +169,7 @@ PlannedStep planStep(const RunContext& rc, StratState& st, std::int64_t step, bo
     }
   }
   parallel::throwIfAnyFailed(rc.mesh.world(), err);
-  bcastString(ps.text, rc.mesh.world());
+  ps.text = parallel::bcastString(rc.mesh.world(), ps.text);
   ps.plan = packing::stepFromJson(nlohmann::json::parse(ps.text));
   if (static_cast<int>(ps.plan.replicas.size()) != rc.shape.dp())
     throw std::logic_error("wlb run: packer returned " + std::to_string(ps.plan.replicas.size()) +

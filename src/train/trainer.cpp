@@ -66,13 +66,6 @@ using runtime::Vec;
 
 constexpr char kMagic[8] = {'W', 'L', 'B', 'C', 'K', 'P', 'T', '1'};
 
-void bcastString(std::string& s, MPI_Comm comm) {
-  long long len = static_cast<long long>(s.size());
-  MPI_Bcast(&len, 1, MPI_LONG_LONG, 0, comm);
-  s.resize(static_cast<std::size_t>(len));
-  if (len > 0) MPI_Bcast(s.data(), static_cast<int>(len), MPI_CHAR, 0, comm);
-}
-
 // FNV-1a over bytes: the final weights' hash and the identity of a checkpoint header or file.
 std::uint64_t fnv1a(const void* data, std::size_t n) {
   std::uint64_t h = 1469598103934665603ull;
@@ -481,11 +474,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
       return fmt::format("{} documents, {} tokens", ds->documents(), tokens);
     };
     const std::string mine = "train " + summary(train_ds) + "; validation " + summary(valid_ds);
-    std::string first = mine;
-    int len = static_cast<int>(first.size());
-    MPI_Bcast(&len, 1, MPI_INT, 0, world);
-    first.resize(static_cast<std::size_t>(len));
-    MPI_Bcast(first.data(), len, MPI_CHAR, 0, world);
+    const std::string first = parallel::bcastString(world, mine);
     combine(mine == first ? std::string()
                           : fmt::format("train.dataset {}: this rank reads {}, rank 0 {}: every rank must read the "
                                         "same dataset",
@@ -818,7 +807,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
       }
     }
     combine(err);
-    bcastString(text, world);
+    text = parallel::bcastString(world, text);
     const nlohmann::json pj = nlohmann::json::parse(text);
     const StepPlan plan = packing::stepFromJson(pj);
     const std::int64_t ndocs = pj.value("incoming", std::int64_t{0});
