@@ -310,13 +310,7 @@ struct PyDeck {
     std::error_code ec;
     const std::string abs = std::filesystem::absolute(*path, ec).string();
     const std::string file = ec ? *path : abs;
-    if (std::filesystem::is_directory(file, ec))
-      throw wlb::InputError("deck '" + *path + "' is a directory, not a TOML file");
-    std::ifstream in(file, std::ios::binary);
-    if (!in) throw wlb::InputError("cannot open deck '" + *path + "'");
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    return parse(ss.str(), file, std::move(ov), "wlb.Deck");
+    return parse(wlb::readDeckText(file, *path), file, std::move(ov), "wlb.Deck");
   }
   static std::shared_ptr<PyDeck> fromText(const std::string& text, const std::string& name,
                                           std::vector<std::string> ov) {

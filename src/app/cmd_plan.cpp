@@ -76,10 +76,11 @@ int runPlan(const Opts& o) {
   const std::int64_t steps = o.steps >= 0 ? o.steps : deck.run.steps;
   if (steps < 1) throw InputError("--steps: must be >= 1", true);
   const auto names = packersFor(o, deck);
-  // the profile is read on every rank: one that cannot must not fail alone
-  std::optional<model::CostModel> cost_read;
-  app::onEveryRank([&] { cost_read.emplace(model::CostModel::fromDeck(deck)); });
-  const model::CostModel cost = std::move(*cost_read);
+  // the profile and the length file are read on every rank: one that cannot must not fail alone
+  const model::CostModel cost = app::readOnEveryRank([&] {
+    (void)data::makeLengthSource(deck);
+    return model::CostModel::fromDeck(deck);
+  });
   // Validate everything before writing anything.
   // --out names a file (several packers write NAME.PACKER.EXT beside it): a directory
   // would silently become "DIR.PACKER" files next to it
@@ -94,20 +95,19 @@ int runPlan(const Opts& o) {
   packers.reserve(names.size());
   for (const auto& n : names) packers.push_back(packing::makePacker(n, deck, cost));
   nlohmann::json resume;
-  // every rank reads the inputs (the length file, --resume's state): one that cannot must
-  // not fail alone with its message unprinted
-  app::onEveryRank([&] {
-    (void)data::makeLengthSource(deck);
-    if (o.resume.empty()) return;
-    auto f = openInput(o.resume, "--resume", std::ios::in, true);
-    try {
-      f >> resume;
-    } catch (const nlohmann::json::exception& e) {
-      throw InputError(fmt::format("--resume {}: not valid JSON: {}", o.resume, e.what()), true);
-    }
-    if (!resume.is_object() || resume.value("format", "") != "wlb-plan-state")
-      throw InputError(fmt::format("--resume {}: not a wlb-plan-state file", o.resume), true);
-  });
+  // every rank reads --resume's state: one that cannot must not fail alone, its message
+  // unprinted
+  if (!o.resume.empty())
+    app::onEveryRank([&] {
+      auto f = openInput(o.resume, "--resume", std::ios::in, true);
+      try {
+        f >> resume;
+      } catch (const nlohmann::json::exception& e) {
+        throw InputError(fmt::format("--resume {}: not valid JSON: {}", o.resume, e.what()), true);
+      }
+      if (!resume.is_object() || resume.value("format", "") != "wlb-plan-state")
+        throw InputError(fmt::format("--resume {}: not a wlb-plan-state file", o.resume), true);
+    });
   const std::string save = !o.save_state.empty() ? o.save_state : deck.packing.checkpoint;
   app::checkOnRankZero([&] {  // may be --resume's file: the state moves on in place
     const std::string save_key = o.save_state.empty() ? "packing.checkpoint" : "--save-state";

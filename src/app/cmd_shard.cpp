@@ -96,10 +96,12 @@ int runShard(const Opts& o) {
   if (steps < 1) throw InputError("--steps: must be >= 1", true);
   const int cp = static_cast<int>(deck.mesh.cp);
   if (cp < 1) throw InputError("mesh.cp: must be >= 1", true);
-  // the profile is read on every rank: one that cannot must not fail alone
-  std::optional<model::CostModel> cost_read;
-  app::onEveryRank([&] { cost_read.emplace(model::CostModel::fromDeck(deck)); });
-  const model::CostModel cost = std::move(*cost_read);
+  // the profile and the length file are read on every rank: one that cannot must not fail alone
+  std::unique_ptr<data::LengthSource> src;
+  const model::CostModel cost = app::readOnEveryRank([&] {
+    src = data::makeLengthSource(deck);
+    return model::CostModel::fromDeck(deck);
+  });
   const std::string packer_name = o.packer.empty() ? deck.packing.strategy : o.packer;
   if (!o.packer.empty()) packing::checkPackerName(o.packer, "--packer");
 
@@ -124,8 +126,6 @@ int runShard(const Opts& o) {
   }
   if (comms.empty()) comms = {cp::CommMode::AllGather, cp::CommMode::ShardingAware};
   auto packer = packing::makePacker(packer_name, deck, cost);
-  std::unique_ptr<data::LengthSource> src;
-  app::onEveryRank([&] { src = data::makeLengthSource(deck); });  // none fails alone, unprinted
 
   app::checkOnRankZero([&] {  // before the work, not at the rename after it
     if (!o.out.empty()) checkOutputPath(o.out, "--out", app::deckInputs(deck));

@@ -39,14 +39,14 @@ int runTune(const Opts& o) {
   if (o.sample_steps < 1) throw InputError("--sample-steps: must be >= 1", true);
   if (o.max_levels < 0 || o.max_levels > 4) throw InputError("--max-levels: must be in 0..4", true);
   const Deck deck = o.deck.load("wlb tune");
-  app::onEveryRank([&] { (void)data::makeLengthSource(deck); });  // none fails alone, unprinted
   app::checkOnRankZero([&] {
     if (!o.json.empty()) checkOutputPath(o.json, "--json", app::deckInputs(deck));
   });
-  // the profile is read on every rank: one that cannot must not fail alone
-  std::optional<model::CostModel> cost_read;
-  app::onEveryRank([&] { cost_read.emplace(model::CostModel::fromDeck(deck)); });
-  const model::CostModel cost = std::move(*cost_read);
+  // the profile and the length file are read on every rank: one that cannot must not fail alone
+  const model::CostModel cost = app::readOnEveryRank([&] {
+    (void)data::makeLengthSource(deck);
+    return model::CostModel::fromDeck(deck);
+  });
   const auto base = packing::PackerOptions::fromDeck(deck);
   const std::int64_t S = base.context_window;
   // Candidate levels: multiples of S/8 up to 7S/8, every subset of up to max_levels of them,

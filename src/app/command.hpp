@@ -16,6 +16,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,14 @@ void checkOnRankZero(const std::function<void()>& checks);
 /// another working directory's files must not fail alone (its message unprinted) or leave
 /// the others waiting.
 void onEveryRank(const std::function<void()>& read, const std::string& what = "the inputs");
+
+/// onEveryRank for a read that returns what it read (a cost model, a length source).
+template <class Read>
+auto readOnEveryRank(Read read) -> decltype(read()) {
+  std::optional<decltype(read())> got;
+  onEveryRank([&] { got.emplace(read()); });
+  return std::move(*got);
+}
 
 /// Add positional DECK (required unless `optional`) and repeatable --set.
 void addDeckArgs(CLI::App& sub, DeckArgs& args, bool optional = false);

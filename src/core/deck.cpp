@@ -569,15 +569,20 @@ Deck parseDeck(const std::string& text, const std::string& name, const std::vect
   return d;
 }
 
-Deck loadDeck(const std::string& path, const std::vector<std::string>& overrides) {
+std::string readDeckText(const std::string& path, const std::string& shown) {
+  const std::string& name = shown.empty() ? path : shown;
   // a directory opens as an empty stream on Linux and would parse as the defaults
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) throw InputError("deck '" + path + "' is a directory, not a TOML file");
+  if (std::filesystem::is_directory(path, ec)) throw InputError("deck '" + name + "' is a directory, not a TOML file");
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError("cannot open deck '" + path + "'");
+  if (!in) throw InputError("cannot open deck '" + name + "'");
   std::ostringstream ss;
   ss << in.rdbuf();
-  return parseDeck(ss.str(), path, overrides);
+  return ss.str();
+}
+
+Deck loadDeck(const std::string& path, const std::vector<std::string>& overrides) {
+  return parseDeck(readDeckText(path), path, overrides);
 }
 
 void requireOneCase(const Deck& deck, const std::string& name, const std::string& command) {

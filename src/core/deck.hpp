@@ -141,6 +141,10 @@ struct Deck {
   std::string toToml() const;
 };
 
+/// The text of the deck file `path` (InputError for a folder or a file it cannot open,
+/// naming `shown`, or `path` when empty).
+std::string readDeckText(const std::string& path, const std::string& shown = "");
+
 /// Parse and validate a deck file, then apply `table.key=value` overrides in order.
 /// Throws InputError (file, line, key, allowed values) on any problem.
 Deck loadDeck(const std::string& path, const std::vector<std::string>& overrides = {});
