@@ -19,7 +19,6 @@
 #include "core/h5.hpp"
 #include "core/plan_json.hpp"
 #include "core/version_info.hpp"
-#include "parallel/comm.hpp"
 #include "trace/schema.hpp"
 
 namespace wlb::trace {
@@ -95,6 +94,16 @@ int indexOf(const std::vector<std::string>& v, const std::string& s) {
   return static_cast<int>(std::find(v.begin(), v.end(), s) - v.begin());
 }
 
+// parallel::bcastString's twin: the trace layer stands beside parallel and may not include it
+std::string bcastString(MPI_Comm comm, const std::string& s) {
+  long long n = static_cast<long long>(s.size());
+  MPI_Bcast(&n, 1, MPI_LONG_LONG, 0, comm);
+  std::string out = s;
+  out.resize(static_cast<std::size_t>(n));
+  if (n > 0) MPI_Bcast(out.data(), static_cast<int>(n), MPI_CHAR, 0, comm);
+  return out;
+}
+
 std::string joined(const std::vector<std::string>& v, const char* sep) {
   std::string out;
   for (std::size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + v[i];
@@ -148,8 +157,7 @@ Writer::Writer(std::string path, RunMeta meta, MPI_Comm comm, WriterOptions opts
   int rank = 0, size = 1;
   MPI_Comm_rank(comm_, &rank);
   MPI_Comm_size(comm_, &size);
-  if (size > 1)
-    checkSharedFolder(wlb::parallel::bcastString(comm_, path_ + ".shared-" + std::to_string(::getpid())), rank, size);
+  if (size > 1) checkSharedFolder(bcastString(comm_, path_ + ".shared-" + std::to_string(::getpid())), rank, size);
 }
 
 Writer::~Writer() {
@@ -284,7 +292,7 @@ std::string Writer::commit(const Recorder& rec) {
 
   // ---- 4. temporary name -------------------------------------------------------------
   std::string tmp = path_ + ".tmp-" + std::to_string(::getpid());
-  if (parallel) tmp = wlb::parallel::bcastString(comm_, tmp);
+  if (parallel) tmp = bcastString(comm_, tmp);
   const TrackedTemporaries tracked(rank == 0 ? opts_.track_temporary : TemporaryTracker{}, {tmp});
 
   // ---- 5. /events (parallel: collective hyperslab writes) ----------------------------
@@ -445,7 +453,7 @@ std::string Writer::commit(const Recorder& rec) {
   }
   if (parallel) {
     MPI_Bcast(&ok, 1, MPI_INT, 0, comm_);
-    err = wlb::parallel::bcastString(comm_, err);
+    err = bcastString(comm_, err);
   }
   // A WriteError, not an InputError: a close that failed (a full disk) leaves HDF5 state that
   // its shutdown in MPI_Finalize would crash on, so the driver aborts instead.
