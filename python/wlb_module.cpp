@@ -1080,8 +1080,11 @@ a checkpoint records).)")
       [](const std::string& p, const std::string& field) { return i64Vector(data::readJsonlLengths(p, field)); },
       py::arg("path"), py::arg("field") = "length");
   m.def(
-      "read_megatron_idx", [](const std::string& p) { return i64Vector(data::readMegatronIdx(p)); }, py::arg("path"),
-      "Document lengths of a Megatron-LM MMIDIDX index (.idx); empty documents are skipped.");
+      "read_megatron_idx",
+      [](const std::string& p, bool allow_empty) { return i64Vector(data::readMegatronIdx(p, allow_empty)); },
+      py::arg("path"), py::arg("allow_empty") = false,
+      "Document lengths of a Megatron-LM MMIDIDX index (.idx); empty documents are skipped. An index without a "
+      "non-empty document is refused unless allow_empty (a dataset's empty validation split).");
   m.def(
       "write_megatron_idx",
       [](const std::string& p, const Ints& lens) { data::writeMegatronIdx(p, lengthsFrom(lens)); }, py::arg("path"),

@@ -37,7 +37,8 @@ class MegatronDataset:
     def __init__(self, prefix):
         self.prefix = _prefix(prefix)
         idx, binf = self.prefix + ".idx", self.prefix + ".bin"
-        self.lengths = read_megatron_idx(idx)  # validates; the lengths wlb packs
+        # validates; the lengths wlb packs (none: `data prepare`'s empty validation split)
+        self.lengths = read_megatron_idx(idx, allow_empty=True)
         raw = np.fromfile(idx, dtype=np.uint8)
         code = int(raw[17])
         nseq, ndoc = (int(x) for x in raw[18:_HEADER].view("<u8"))

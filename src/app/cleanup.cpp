@@ -37,21 +37,27 @@ struct Slots {
   }
 };
 
-Slots<64> g_files;
-Slots<16> g_dirs;
+constexpr int kFiles = 64, kDirs = 128;  // kDirs: every level of a deep new output path
+Slots<kFiles> g_files;
+Slots<kDirs> g_dirs;
 std::atomic<int> g_children[16];  // 0: a free slot
 std::atomic<bool> g_installed{false};
 
 extern "C" void onSignal(int sig) {
   for (auto& c : g_children)  // children first: they clean up after themselves
     if (const int pid = c.load(); pid > 0) ::kill(pid, sig);
-  for (int i = 0; i < 64; ++i)
+  for (int i = 0; i < kFiles; ++i)
     if (g_files.used[i].load()) ::unlink(g_files.path[i]);
-  // Only while empty (rmdir refuses otherwise); a pass per slot, so a parent whose slot
-  // comes before its child's goes in a later pass.
-  for (int pass = 0; pass < 16; ++pass)
-    for (int i = 0; i < 16; ++i)
-      if (g_dirs.used[i].load() && ::rmdir(g_dirs.path[i]) == 0) g_dirs.used[i].store(false);
+  // Only while empty (rmdir refuses otherwise); passes until one removes nothing, so a
+  // parent whose slot comes before its child's goes in a later pass.
+  for (bool removed = true; removed;) {
+    removed = false;
+    for (int i = 0; i < kDirs; ++i)
+      if (g_dirs.used[i].load() && ::rmdir(g_dirs.path[i]) == 0) {
+        g_dirs.used[i].store(false);
+        removed = true;
+      }
+  }
   std::signal(sig, SIG_DFL);
   std::raise(sig);
 }
@@ -61,6 +67,8 @@ void install() {
   if (!g_installed.compare_exchange_strong(expected, true)) return;
   std::signal(SIGINT, onSignal);
   std::signal(SIGTERM, onSignal);
+  std::signal(SIGHUP, onSignal);   // the terminal went away
+  std::signal(SIGPIPE, onSignal);  // `wlb run ... | head`: the reader left
 }
 
 volatile std::sig_atomic_t g_stop_requested = 0;

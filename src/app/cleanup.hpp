@@ -1,6 +1,6 @@
 #pragma once
 /// \file cleanup.hpp
-/// \brief Temporaries removed on SIGINT/SIGTERM: a command that streams output under a
+/// \brief Temporaries removed on SIGINT/SIGTERM (and SIGHUP, SIGPIPE): a command that streams output under a
 /// temporary name registers it, so an interrupted run leaves neither a partial file under
 /// the final name (writes go to the temporary) nor the temporary itself. The handler uses
 /// only async-signal-safe calls (unlink, signal, raise) on a fixed table.

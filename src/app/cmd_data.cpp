@@ -105,7 +105,7 @@ int runPrepare(const Opts& o) {
   const auto r = data::prepareDataset(opt);
   std::cout << fmt::format(
       "source {}: {} regular files ({} shorter than --min-bytes {} skipped{}), {} symbolic "
-      "links or other entries skipped{}, {} files split by --max-bytes\n",
+      "links or other entries skipped{}{}, {} files split by --max-bytes\n",
       opt.source, r.regular_files, r.skipped_small, opt.min_bytes,
       opt.max_file_bytes > 0
           ? fmt::format(", {} longer than --max-file-bytes {} skipped", r.skipped_large, opt.max_file_bytes)
@@ -113,6 +113,8 @@ int runPrepare(const Opts& o) {
       r.skipped_other,
       r.skipped_datasets > 0 ? fmt::format(", {} files of token datasets (.idx/.bin) skipped", r.skipped_datasets)
                              : std::string(),
+      r.skipped_hard_links > 0 ? fmt::format(", {} hard links to a file already taken skipped", r.skipped_hard_links)
+                               : std::string(),
       r.cut_files);
   std::cout << fmt::format("tokenizer {} (vocab {}), tokens uint16, valid fraction {:g}, order {}\n",
                            data::ByteTokenizer::name(), data::ByteTokenizer::kVocabSize, opt.valid_fraction,
@@ -139,7 +141,7 @@ const bool registered = wlb::app::registerCommand(
       auto* preset = stats->add_option("--preset", o->preset, "Generator preset (overrides the deck's source)");
       stats->add_flag("--all-presets", o->all, "Every generator preset")->excludes(preset);
       stats->add_option("--steps", o->steps, "Steps (global batches) to sample from a generator")
-          ->check(wlb::app::intAtLeast(1));
+          ->check(wlb::app::intAtLeast(1, wlb::app::kMaxStepsOption));
       stats->add_option("--window", o->window, "Context window S (overrides data.context_window)");
       CLI::App* prep = sub.add_subcommand(
           "prepare", "Text documents (a directory or tarball) -> Megatron .bin/.idx, byte-level tokens, train/valid");

@@ -246,7 +246,8 @@ const bool registered = wlb::app::registerCommand(
     "plan", "Pack documents into micro-batches with one or more packers; write a JSONL plan", [](CLI::App& sub) {
       auto o = std::make_shared<Opts>();
       wlb::app::addDeckArgs(sub, o->deck);
-      sub.add_option("--steps", o->steps, "Steps to plan (default: run.steps)")->check(wlb::app::intAtLeast(1));
+      sub.add_option("--steps", o->steps, "Steps to plan (default: run.steps)")
+          ->check(wlb::app::intAtLeast(1, wlb::app::kMaxStepsOption));
       sub.add_option("--out", o->out, "JSONL plan file (with several packers: NAME.PACKER.EXT per packer)");
       sub.add_option("--packer", o->packers,
                      "Packer to run (repeatable; 'all' = every packer; default: run.strategies or "

@@ -4,6 +4,7 @@
 // must equal tp*cp*pp*dp.
 #include <mpi.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +13,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -30,42 +33,35 @@ struct Opts {
 };
 
 // NumPy .npy (format 1.0): a little-endian float32 vector that numpy.load reads.
-void writeNpy(const std::string& path, const std::vector<float>& v) {
+std::string npyText(const std::vector<float>& v) {
   std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::to_string(v.size()) + ",), }";
   const std::size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');
   header += '\n';
-  const std::string tmp = path + ".partial";
-  const wlb::app::TemporaryGuard guard(tmp);  // removed on Ctrl-C
-  std::ofstream f(tmp, std::ios::binary);
-  const unsigned short len = static_cast<unsigned short>(header.size());
-  f.write("\x93NUMPY\x01\x00", 8);
-  f.write(reinterpret_cast<const char*>(&len), 2);
-  f.write(header.data(), static_cast<std::streamsize>(header.size()));
-  f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
-  f.close();
-  if (!f || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
-    std::remove(tmp.c_str());
-    throw wlb::InputError("--gradients: cannot write " + path + " (" + why + ")");
-  }
+  const auto len = static_cast<std::uint16_t>(header.size());
+  std::string out("\x93NUMPY\x01\x00", 8);
+  out.append(reinterpret_cast<const char*>(&len), 2);
+  out += header;
+  out.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+  return out;
 }
 
 // --gradients DIR: each strategy's weight gradients of its last step (STRATEGY.npy,
 // tensor by tensor in model order, each whole: StrategyResult::gradients) and every step's loss
-// (losses.json), to compare builds (CPU vs GPU) or meshes.
+// (losses.json), to compare builds (CPU vs GPU) or meshes. All complete under temporary
+// names before the first rename: a full disk leaves every earlier file whole.
 void writeGradients(const std::string& dir, const wlb::runtime::RunReport& report) {
-  std::filesystem::create_directories(dir);
   nlohmann::json losses = nlohmann::json::object();
+  std::vector<std::pair<std::string, std::string>> files;
   for (const auto& r : report.strategies) {
-    writeNpy((std::filesystem::path(dir) / (r.name + ".npy")).string(), r.gradients);
+    files.emplace_back((std::filesystem::path(dir) / (r.name + ".npy")).string(), npyText(r.gradients));
     nlohmann::json steps = nlohmann::json::array();
-    for (const auto& s : r.steps) steps.push_back({{"step", s.step}, {"loss", s.loss}, {"warmup", s.warmup}});
+    for (const auto& s : r.steps)  // a step without tokens has no loss: null (a NaN dumps so)
+      steps.push_back({{"step", s.step}, {"loss", s.loss}, {"warmup", s.warmup}, {"drain", s.drain}});
     losses[r.name] = steps;
   }
-  // under a temporary name: a full disk fails with exit 2 and leaves an earlier file whole
-  wlb::app::writeAtomically((std::filesystem::path(dir) / "losses.json").string(), "--gradients",
-                            losses.dump(1) + "\n");
+  files.emplace_back((std::filesystem::path(dir) / "losses.json").string(), losses.dump(1) + "\n");
+  wlb::writeFilesAtomically(files, "--gradients", wlb::app::trackTemporary);
 }
 
 const bool registered = wlb::app::registerCommand(
@@ -74,9 +70,9 @@ const bool registered = wlb::app::registerCommand(
       auto o = std::make_shared<Opts>();
       wlb::app::addDeckArgs(sub, o->deck);
       sub.add_option("--steps", o->steps, "Measured steps per strategy (default: run.steps)")
-          ->check(wlb::app::intAtLeast(1));
+          ->check(wlb::app::intAtLeast(1, wlb::app::kMaxStepsOption));
       sub.add_option("--warmup", o->warmup, "Warm-up steps before them, not measured (default: run.warmup)")
-          ->check(wlb::app::intAtLeast(0));
+          ->check(wlb::app::intAtLeast(0, wlb::app::kMaxStepsOption));
       sub.add_flag("--quiet", o->quiet, "No per-step progress lines");
       sub.add_flag("--no-output", o->no_output, "Do not write the trace and plan files");
       sub.add_flag("--gemm-timing", o->gemm_timing,

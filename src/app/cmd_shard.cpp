@@ -320,7 +320,7 @@ const bool registered = wlb::app::registerCommand(
       auto o = std::make_shared<Opts>();
       wlb::app::addDeckArgs(sub, o->deck);
       sub.add_option("--steps", o->steps, "Steps to pack and shard (default: run.steps)")
-          ->check(wlb::app::intAtLeast(1));
+          ->check(wlb::app::intAtLeast(1, wlb::app::kMaxStepsOption));
       sub.add_option("--out", o->out, "JSONL output (docs/cp.md)");
       sub.add_option("--packer", o->packer, "Packer (default: packing.strategy)");
       sub.add_option("--strategy", o->strategies,

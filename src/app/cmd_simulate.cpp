@@ -474,8 +474,9 @@ const bool registered = wlb::app::registerCommand(
       wlb::app::addDeckArgs(sub, opts->deck);
       sub.add_option("more", opts->more_decks, "More decks (or .list files naming decks) to simulate");
       sub.add_option("--steps", opts->steps, "Measured steps per strategy (default: run.steps)")
-          ->check(wlb::app::intAtLeast(1));
-      sub.add_option("--warmup", opts->warmup, "Unmeasured steps before them (default: run.warmup), as in `wlb run`");
+          ->check(wlb::app::intAtLeast(1, wlb::app::kMaxStepsOption));
+      sub.add_option("--warmup", opts->warmup, "Unmeasured steps before them (default: run.warmup), as in `wlb run`")
+          ->check(wlb::app::intAtLeast(0, wlb::app::kMaxStepsOption));
       sub.add_flag("--as-run", opts->as_run,
                    "Model what `wlb run` executes: layers only (no embedding/LM head), fp32 "
                    "KV and gradient communication");

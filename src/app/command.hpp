@@ -15,8 +15,10 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -69,23 +71,35 @@ auto readOnEveryRank(Read read) -> decltype(read()) {
 /// Add positional DECK (required unless `optional`) and repeatable --set.
 void addDeckArgs(CLI::App& sub, DeckArgs& args, bool optional = false);
 
-/// Integer option validator: at least `min`, with a message that names the bound (CLI11's
+/// The largest step count an option takes: the deck's bound on run.steps and run.warmup
+/// (so `--steps N` and `--set run.steps=N` accept the same values, and steps + warmup
+/// cannot overflow).
+constexpr long long kMaxStepsOption = 1'000'000'000'000LL;
+
+/// Integer option validator: in [min, max], with a message that names the bound (CLI11's
 /// PositiveNumber prints the largest double as its upper bound).
-inline CLI::Validator intAtLeast(long long min) {
+inline CLI::Validator intAtLeast(long long min, long long max = std::numeric_limits<long long>::max()) {
   return CLI::Validator(
-      [min](std::string& s) -> std::string {
+      [min, max](std::string& s) -> std::string {
+        const std::string range = max == std::numeric_limits<long long>::max()
+                                      ? "at least " + std::to_string(min)
+                                      : "in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
         std::size_t pos = 0;
         long long v = 0;
         try {
           v = std::stoll(s, &pos);
+        } catch (const std::out_of_range&) {
+          return "'" + s + "' is out of range (must be " + range + ")";
         } catch (...) {
           pos = 0;
         }
         if (pos == 0 || pos != s.size()) return "'" + s + "' is not an integer";
-        if (v < min) return "must be at least " + std::to_string(min) + " (got " + s + ")";
+        if (v < min || v > max) return "must be " + range + " (got " + s + ")";
         return {};
       },
-      "INT>=" + std::to_string(min));
+      max == std::numeric_limits<long long>::max()
+          ? "INT>=" + std::to_string(min)
+          : "INT in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
 }
 
 /// MPI rank and size of MPI_COMM_WORLD (MPI is initialised by main for every command).

@@ -126,6 +126,7 @@ class MadeFolders {
   MadeFolders(const std::filesystem::path& dir, std::error_code& ec, TemporaryTracker track = {})
       : track_(std::move(track)) {
     namespace fs = std::filesystem;
+    if (dir.empty()) return;  // the working directory ("" as output.dir)
     std::error_code q;
     for (fs::path p = fs::absolute(dir, q); !q && !p.empty() && p != p.root_path() && !fs::exists(p, q);
          p = p.parent_path())

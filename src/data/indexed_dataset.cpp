@@ -110,8 +110,6 @@ IndexedDataset::IndexedDataset(const std::string& prefix)
         fmt::format("{}: byte offset 17: token dtype code {} is not supported for reading tokens "
                     "(1 = uint8 or 8 = uint16)",
                     idx_path, int(index_.dtype)));
-  if (index_.doc_idx.empty())
-    throw InputError(fmt::format("{}: doc_idx is empty (expected at least the leading 0)", idx_path));
   std::error_code ec;
   const auto bytes = fs::file_size(bin_path_, ec);
   if (ec) throw InputError(fmt::format("{}: cannot read ({})", bin_path_, ec.message()));

@@ -13,6 +13,7 @@
 
 #include "core/error.hpp"
 #include "core/input_file.hpp"
+#include "core/json_text.hpp"
 #include "core/output_file.hpp"
 
 namespace wlb::data {
@@ -418,7 +419,7 @@ std::vector<std::int64_t> readJsonlLengths(const std::string& path, const std::s
     if (trim(line).empty()) continue;
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(line);
+      j = parseJsonText(line);
     } catch (const nlohmann::json::exception& e) {
       throw InputError(fmt::format("{}:{}: invalid JSON: {}", path, lineno, e.what()), true);
     }
@@ -531,11 +532,22 @@ MegatronIndex readMegatronIndex(const std::string& path) {
                                    path, doc_at + 8 * i, i, b, nseq),
                        true);
   }
+  // Megatron's doc_idx always holds the leading 0 and ends at the sequence count: sequences
+  // past its last entry belong to no document and would be dropped without a word.
+  if (ndoc == 0)
+    throw InputError(
+        fmt::format("{}: byte offset {}: doc_idx is empty (expected at least the leading 0)", path, doc_at), true);
+  if (static_cast<std::uint64_t>(idx.doc_idx.back()) != nseq)
+    throw InputError(fmt::format("{}: byte offset {}: doc_idx ends at sequence {}, but the index holds {} sequences "
+                                 "(the last {} belong to no document)",
+                                 path, doc_at + 8 * (ndoc - 1), idx.doc_idx.back(), nseq,
+                                 nseq - static_cast<std::uint64_t>(idx.doc_idx.back())),
+                     true);
   idx.doc_idx_offset = doc_at;
   return idx;
 }
 
-std::vector<std::int64_t> readMegatronIdx(const std::string& path) {
+std::vector<std::int64_t> readMegatronIdx(const std::string& path, bool allow_empty) {
   const auto idx = readMegatronIndex(path);
   std::vector<std::int64_t> out;
   for (std::size_t i = 1; i < idx.doc_idx.size(); ++i) {
@@ -547,7 +559,7 @@ std::vector<std::int64_t> readMegatronIdx(const std::string& path) {
                        true);
     if (len > 0) out.push_back(len);  // empty documents are skipped (docs/data.md)
   }
-  if (out.empty()) throw InputError(fmt::format("{}: index holds no non-empty documents", path), true);
+  if (out.empty() && !allow_empty) throw InputError(fmt::format("{}: index holds no non-empty documents", path), true);
   return out;
 }
 

@@ -160,8 +160,9 @@ bool isMegatronIndexFile(const std::string& path);
 /// Parse an `.idx`. Truncated / malformed -> InputError naming the file and byte offset.
 MegatronIndex readMegatronIndex(const std::string& path);
 /// Megatron-LM MMIDIDX index (`.idx`): document lengths = sum of sequence sizes between
-/// consecutive doc_idx boundaries. Truncated / malformed -> InputError with byte offset.
-std::vector<std::int64_t> readMegatronIdx(const std::string& path);
+/// consecutive doc_idx boundaries. Truncated / malformed -> InputError with byte offset;
+/// so is an index without a non-empty document, unless `allow_empty`.
+std::vector<std::int64_t> readMegatronIdx(const std::string& path, bool allow_empty = false);
 /// Write a Megatron `.idx` (used by tests and `wlb data`): one sequence per document.
 void writeMegatronIdx(const std::string& path, const std::vector<std::int64_t>& doc_lengths);
 

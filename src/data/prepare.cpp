@@ -2,6 +2,7 @@
 #include "data/prepare.hpp"
 
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -165,7 +166,23 @@ std::vector<FileEntry> listFiles(const fs::path& root, const std::string& shown,
   }
   if (ec) throw InputError(fmt::format("{}: cannot list ({})", shown, ec.message()));
   std::sort(out.begin(), out.end(), [](const FileEntry& a, const FileEntry& b) { return a.rel < b.rel; });
-  return out;
+  // A hard link is the same text under a second name (a tarball's link entries unpack as
+  // such): one document, at its first path, or it would be duplicated, perhaps into both
+  // splits.
+  std::set<std::pair<dev_t, ino_t>> seen;
+  std::vector<FileEntry> kept;
+  kept.reserve(out.size());
+  for (auto& f : out) {
+    struct stat sb {};
+    if (::lstat(f.path.c_str(), &sb) != 0)
+      throw InputError(fmt::format("{}: cannot stat ({})", f.path.string(), std::strerror(errno)));
+    if (sb.st_nlink > 1 && !seen.emplace(sb.st_dev, sb.st_ino).second) {
+      ++r.skipped_hard_links;
+      continue;
+    }
+    kept.push_back(std::move(f));
+  }
+  return kept;
 }
 
 }  // namespace

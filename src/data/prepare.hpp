@@ -57,6 +57,9 @@ struct PrepareResult {
   /// token datasets (an MMIDIDX `.idx` and the `.bin` beside it, another run's outputs
   /// say), not counted in regular_files
   std::int64_t skipped_datasets = 0;
+  /// hard links to a file already taken (the first path in byte order is the document),
+  /// not counted in regular_files
+  std::int64_t skipped_hard_links = 0;
   std::int64_t cut_files = 0;      ///< files split into several documents by max_bytes
   std::string train_prefix, valid_prefix;
 };

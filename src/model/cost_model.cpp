@@ -11,6 +11,7 @@
 
 #include "core/deck.hpp"
 #include "core/error.hpp"
+#include "core/json_text.hpp"
 
 namespace wlb::model {
 
@@ -312,7 +313,7 @@ HardwareProfile HardwareProfile::load(const std::string& path) {
   nlohmann::json j;
   try {
     // the whole file (text after the JSON is damage, not ignored)
-    j = nlohmann::json::parse(std::string(std::istreambuf_iterator<char>(in), {}));
+    j = parseJsonText(in);
   } catch (const nlohmann::json::parse_error& e) {
     throw InputError(path + ": not valid JSON (byte " + std::to_string(e.byte) + "): " + e.what());
   } catch (const nlohmann::json::exception& e) {  // a number past the range of a double
@@ -409,19 +410,17 @@ HardwareProfile HardwareProfile::fromJson(const nlohmann::json& j, const std::st
 }
 
 std::string HardwareProfile::pathOf(const Deck& deck) {
-  const auto& h = deck.hardware;
-  if (h.profile == "analytic") return {};
-  std::filesystem::path path(h.profile);
-  if (path.is_relative() && !deck.source_path.empty()) {
-    // Relative to the deck first, then to the working directory, then the source tree.
-    auto rel = std::filesystem::path(deck.source_path).parent_path() / path;
-    if (std::filesystem::exists(rel)) path = rel;
+  namespace fs = std::filesystem;
+  const std::string& name = deck.hardware.profile;
+  if (name.empty() || name == "analytic") return {};
+  const fs::path p(name);
+  // Relative to the deck first, then to the working directory: never a folder of the
+  // machine the binary was built on, which a copied deck would silently read instead.
+  if (p.is_relative() && !deck.source_path.empty()) {
+    const auto rel = fs::path(deck.source_path).parent_path() / p;
+    if (fs::exists(rel)) return rel.string();
   }
-  if (!std::filesystem::exists(path) && std::filesystem::path(h.profile).is_relative()) {
-    auto src = std::filesystem::path(WLB_SOURCE_DIR) / h.profile;
-    if (std::filesystem::exists(src)) path = src;
-  }
-  return std::filesystem::exists(path) ? path.string() : std::string();
+  return fs::exists(p) ? p.string() : std::string();
 }
 
 HardwareProfile HardwareProfile::fromDeck(const Deck& deck) {

@@ -12,6 +12,7 @@
 
 #include "core/error.hpp"
 #include "core/input_file.hpp"
+#include "core/json_text.hpp"
 #include "core/plan_json.hpp"
 
 namespace wlb::packing {
@@ -84,7 +85,7 @@ PlanFile readPlanFile(const std::string& path) {
     ++lineno;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     try {
-      const auto j = nlohmann::json::parse(line);
+      const auto j = parseJsonText(line);
       const auto type = j.at("type").get<std::string>();
       if (type == "header") {
         if (have_header) throw InputError(fmt::format("{}:{}: second header line", path, lineno));
@@ -199,7 +200,7 @@ RunPlans readRunPlans(const std::string& path) {
   if (fs::exists(summary, ec)) {
     auto in = openInput(summary.string(), "run summary");
     try {
-      const auto j = nlohmann::json::parse(in);
+      const auto j = parseJsonText(in);
       if (j.value("format", std::string()) != "wlb-run-summary") throw InputError("not a wlb-run-summary (\"format\")");
       rp.steps = jsonIntegerAt<std::int64_t>(j, "steps");
       rp.warmup = jsonIntegerAt<std::int64_t>(j, "warmup");

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <numeric>
@@ -279,25 +278,6 @@ void packFlowPlanWork(const StepPlan& plan, const std::string& sharding, int cp,
 
 // ---- Network ---------------------------------------------------------------------------
 
-namespace {
-/// Locate the profile file the deck names (same search order as HardwareProfile::fromDeck).
-std::string profilePath(const Deck& deck) {
-  namespace fs = std::filesystem;
-  const std::string& name = deck.hardware.profile;
-  if (name.empty() || name == "analytic") return {};
-  fs::path p(name);
-  if (p.is_relative() && !deck.source_path.empty()) {
-    auto rel = fs::path(deck.source_path).parent_path() / p;
-    if (fs::exists(rel)) return rel.string();
-  }
-  if (fs::exists(p)) return p.string();
-#ifdef WLB_SOURCE_DIR
-  if (p.is_relative() && fs::exists(fs::path(WLB_SOURCE_DIR) / p)) return (fs::path(WLB_SOURCE_DIR) / p).string();
-#endif
-  return {};
-}
-}  // namespace
-
 Network Network::resolve(const Deck& deck, const model::HardwareProfile& hw) {
   Network n;
   n.tp_bps = hw.tp_bandwidth_gbps * 1e9;
@@ -305,7 +285,7 @@ Network Network::resolve(const Deck& deck, const model::HardwareProfile& hw) {
   n.pp_bps = hw.pp_bandwidth_gbps * 1e9;
   n.dp_bps = hw.dp_bandwidth_gbps * 1e9;
   n.latency_s = hw.link_latency_us * 1e-6;
-  const std::string path = profilePath(deck);
+  const std::string path = model::HardwareProfile::pathOf(deck);
   if (path.empty()) return n;
   nlohmann::json j;
   try {

@@ -30,6 +30,7 @@
 
 #include "core/deck.hpp"
 #include "core/error.hpp"
+#include "core/json_text.hpp"
 #include "core/output_file.hpp"
 #include "model/cost_model.hpp"
 #include "trace/reader.hpp"
@@ -230,7 +231,7 @@ int Stages::run(const std::string& title, const std::vector<std::string>& args, 
 nlohmann::json readJson(const fs::path& p) {
   std::ifstream in(p);
   if (!in) throw std::runtime_error("wlb validate-sim: stage output " + p.string() + " is missing");
-  return nlohmann::json::parse(in);
+  return parseJsonText(in);
 }
 
 /// Segments of every planned step in a trace: (strategy, step, dp, mb, index) -> (doc, offset, length).

@@ -7,18 +7,22 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
@@ -333,7 +337,8 @@ StepRecord gatherStep(const RunContext& rc, const std::vector<double>& row, cons
       }
     if (span > 0) sr.bubble += (1.0 - busy / (n * span)) / shape.dp();
   }
-  sr.loss = predicted_rows > 0 ? sr.loss / predicted_rows : 0.0;
+  // A step without a predicted row (a drain step with nothing left) has no loss, not 0.
+  sr.loss = predicted_rows > 0 ? sr.loss / predicted_rows : std::numeric_limits<double>::quiet_NaN();
   return sr;
 }
 
@@ -356,7 +361,17 @@ std::vector<OpTimer::Row> gatherTimes(const OpTimer& timer, MPI_Comm comm) {
   if (me != 0) return {};
   OpTimer sum;
   sum.merge(OpTimer::parse(all));
-  return sum.rows();
+  // Each strategy's rows together, strategies in first-row order: operations only another
+  // rank ran (the last stage's head.*, with pp > 1) are appended after rank 0's rows of
+  // every strategy, and the report prints a table per run of one strategy.
+  std::vector<OpTimer::Row> rows = sum.rows();
+  std::vector<std::string> order;
+  for (const auto& r : rows)
+    if (std::find(order.begin(), order.end(), r.strategy) == order.end()) order.push_back(r.strategy);
+  std::stable_sort(rows.begin(), rows.end(), [&](const OpTimer::Row& a, const OpTimer::Row& b) {
+    return std::find(order.begin(), order.end(), a.strategy) < std::find(order.begin(), order.end(), b.strategy);
+  });
+  return rows;
 }
 
 // Tests: the whole model's gradients on rank 0, tensor by tensor in model order, each whole
@@ -520,15 +535,21 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
     schedule = layout.schedule(static_cast<int>(M));  // the simulator's schedule, same function
     mc = LlamaConfig::fromDeck(deck, shape.tp(), coord.tp, shape.pp(), coord.pp, schedule.chunks);
     tokens = tokenSourceOf(deck);
-    if (opt.write_outputs) {  // every output path before the first step, not after the last
+    {  // every output path before the first step, not after the last
       namespace fs = std::filesystem;
-      std::vector<std::pair<std::string, std::string>> outs{
-          {"output.dir (summary.json)", (fs::path(deck.output.dir) / "summary.json").string()},
-          {"output.trace", (fs::path(deck.output.dir) / deck.output.trace).string()}};
-      for (const auto& s : strategies)
-        outs.emplace_back("output.plan (" + s.name + ")", planPath(deck, s.name, strategies.size()));
-      if (!opt.gradients_dir.empty())
+      std::vector<std::pair<std::string, std::string>> outs;
+      if (opt.write_outputs) {
+        outs = {{"output.dir (summary.json)", (fs::path(deck.output.dir) / "summary.json").string()},
+                {"output.trace", (fs::path(deck.output.dir) / deck.output.trace).string()}};
+        for (const auto& s : strategies)
+          outs.emplace_back("output.plan (" + s.name + ")", planPath(deck, s.name, strategies.size()));
+      }
+      if (!opt.gradients_dir.empty()) {  // the driver writes them after the run
         outs.emplace_back("--gradients (losses.json)", (fs::path(opt.gradients_dir) / "losses.json").string());
+        for (const auto& s : strategies)
+          outs.emplace_back("--gradients (" + s.name + ".npy)",
+                            (fs::path(opt.gradients_dir) / (s.name + ".npy")).string());
+      }
       const std::vector<std::string> inputs = model::deckInputFiles(deck);
       for (const auto& [what, path] : outs) checkOutputPath(path, what, inputs);
       checkDistinctOutputs(outs);
@@ -572,14 +593,21 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
   // Destroyed in reverse order, so the plan's subfolder goes before the trace's.
   // Also on SIGINT/SIGTERM (mpirun's, when another rank aborts): the driver's tracker.
   std::optional<MadeFolders> made_trace_dir, made_plan_dir;
+  err.clear();
   if (opt.write_outputs && world_rank == 0) {
     const std::filesystem::path out(deck.output.dir);
-    for (auto [made, f] : {std::pair{&made_trace_dir, &deck.output.trace}, {&made_plan_dir, &deck.output.plan}}) {
+    for (auto [made, f, key] : {std::tuple{&made_trace_dir, &deck.output.trace, "output.trace"},
+                                {&made_plan_dir, &deck.output.plan, "output.plan"}}) {
       std::error_code ec;
-      made->emplace((out / *f).parent_path(), ec, opt.track_temporary);
-      if (ec) throw std::filesystem::filesystem_error("cannot create the output folder", (out / *f).parent_path(), ec);
+      const auto dir = (out / *f).parent_path();
+      made->emplace(dir, ec, opt.track_temporary);
+      if (ec) {
+        err = fmt::format("output.dir / {}: cannot create the folder {} ({})", key, dir.string(), ec.message());
+        break;
+      }
     }
   }
+  parallel::throwIfAnyFailed(mesh.world(), err);
   std::unique_ptr<trace::Writer> writer;
   RunReport report;
   report.mesh = shape.describe();
@@ -726,13 +754,15 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
       else
         std::snprintf(where, sizeof where, "(%lld of %lld)%s", static_cast<long long>(step) + 1,
                       static_cast<long long>(warmup) + steps, sr.warmup ? " (warm-up)" : "");
+      char loss[32] = "-";
+      if (std::isfinite(sr.loss)) std::snprintf(loss, sizeof loss, "%.4f", sr.loss);
       char bubble[32] = "";
       if (shape.pp() > 1) std::snprintf(bubble, sizeof bubble, "  bubble %.2f", sr.bubble);
       std::fprintf(opt.out,
-                   "[%-5s] step %lld %s  %.3f s  tokens %lld  loss %.4f  mb-imbalance %.2f  cp-imbalance %.2f  "
+                   "[%-5s] step %lld %s  %.3f s  tokens %lld  loss %s  mb-imbalance %.2f  cp-imbalance %.2f  "
                    "(predicted %.2f)%s  allocations %lld  ETA %.0f s\n",
                    st.strat.name.c_str(), static_cast<long long>(step), where, sr.seconds,
-                   static_cast<long long>(sr.tokens), sr.loss, sr.mb_imbalance, sr.cp_imbalance, sr.predicted_imbalance,
+                   static_cast<long long>(sr.tokens), loss, sr.mb_imbalance, sr.cp_imbalance, sr.predicted_imbalance,
                    bubble, static_cast<long long>(sr.allocations), eta);
       std::fflush(opt.out);
     }

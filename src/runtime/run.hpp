@@ -74,7 +74,7 @@ struct StepRecord {
   double unrecorded = 0;
   std::int64_t allocations = 0;          ///< buffers the ranks' activation pools allocated in the step
   std::vector<double> rank_attn;         ///< per world rank: attention kernel seconds
-  double loss = 0;                       ///< mean cross-entropy over the step's predicted rows (tokens.hpp)
+  double loss = 0;                       ///< mean cross-entropy over the step's predicted rows (tokens.hpp); NaN: none
   double bubble = 0;                     ///< mean over replicas of 1 - stage task time / pipeline span
   std::vector<double> stage_peak_bytes;  ///< [pp] max over the stage's ranks of saved activations
   std::vector<double> stage_pool_bytes;  ///< [pp] max over the stage's ranks of the pool's bytes at the end

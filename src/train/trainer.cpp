@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/json_text.hpp"
 #include "core/kokkos_compat.hpp"
 #include "core/mesh_shape.hpp"
 #include "core/output_file.hpp"
@@ -258,7 +259,7 @@ nlohmann::json readCheckpoint(const std::string& path, const std::vector<Vec>& t
   f.read(h.data(), static_cast<std::streamsize>(n));
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(h);
+    header = parseJsonText(h);
   } catch (const std::exception& e) {
     throw InputError(path + ": corrupt checkpoint header (" + e.what() + ")");
   }
@@ -582,7 +583,8 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
       const std::vector<std::string> inputs = model::deckInputFiles(deck);
       std::vector<std::pair<std::string, std::string>> outs{{"output.dir (train_log.jsonl)", log_path}};
       if (opt.write_trace) outs.emplace_back("output.trace", (out_dir / deck.output.trace).string());
-      if (tc.checkpoint_interval > 0) outs.emplace_back("train.checkpoint_dir (checkpoint.wlb)", ckpt_path);
+      // Checked whatever the interval: a stop (--exit-after, SIGUSR1) always checkpoints.
+      outs.emplace_back("train.checkpoint_dir (checkpoint.wlb)", ckpt_path);
       for (const auto& [what, path] : outs) checkOutputPath(path, what, inputs);
       checkDistinctOutputs(outs);
     }
@@ -616,7 +618,7 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
           const std::string& line = lines[li];
           nlohmann::json r;
           try {
-            r = nlohmann::json::parse(line);
+            r = parseJsonText(line);
           } catch (const nlohmann::json::exception& e) {
             // A crash mid-write leaves a torn last line (a step after the checkpoint: run again).
             if (li + 1 == lines.size()) break;
@@ -975,7 +977,8 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
     // The checkpoint's tensors: the replicas hold the same weights and moments, so replica
     // 0's CP rank 0 ranks (every stage and TP slice) send theirs to rank 0, in (stage, TP
     // rank) order: each stage's slices back to back, the stages in order.
-    const bool ckpt_now = tc.checkpoint_interval > 0 && ((step + 1) % tc.checkpoint_interval == 0 || last || exiting);
+    // A stop checkpoints whatever the interval: its summary promises that --resume continues.
+    const bool ckpt_now = exiting || (tc.checkpoint_interval > 0 && ((step + 1) % tc.checkpoint_interval == 0 || last));
     std::vector<std::vector<float>> ckpt_host;
     if (ckpt_now && ckpt_comm.get() != MPI_COMM_NULL) {
       const int writers = shape.tp() * P;

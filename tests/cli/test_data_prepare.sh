@@ -199,12 +199,14 @@ expect2 "a folder under an output's name" "--out '$T/o12/x_valid.bin': is a dire
 [ "$(ls "$T/o12")" = "x_valid.bin" ] || fail "a refused preparation wrote $(ls "$T/o12")"
 expect2 "seed past 2^64" "must be an integer in \[0, 18446744073709551615\]" "$C" --out "$T/x" --shuffle 99999999999999999999999
 ls "$T" | grep -q '^x_' && fail "bad input left outputs"
-# Ctrl-C mid-scan: neither temporaries nor the folders the run made are left.
+# Ctrl-C mid-scan: neither temporaries nor the folders the run made are left (20 of them:
+# more than the handler's table once held).
 big="$T/big"; mkdir -p "$big"
 yes "a line of words to tokenize, again and again" | head -c 200000000 > "$big/one.txt"
-"$WLB" data prepare "$big" --out "$T/int/sub/x" > /dev/null 2>&1 &
+deep="$T/int"; for i in $(seq 19); do deep="$deep/d$i"; done
+"$WLB" data prepare "$big" --out "$deep/x" > /dev/null 2>&1 &
 ppid=$!
-for _ in $(seq 100); do ls "$T"/int/sub/x_train.bin.tmp > /dev/null 2>&1 && break; sleep 0.05; done
+for _ in $(seq 100); do ls "$deep"/x_train.bin.tmp > /dev/null 2>&1 && break; sleep 0.05; done
 kill -INT $ppid; wait $ppid; rc=$?
 [ $rc -eq 130 ] || fail "an interrupted preparation: exit $rc, expected 130 (it finished first?)"
 rm -rf "$big"

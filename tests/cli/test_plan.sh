@@ -228,4 +228,13 @@ PY
 "$WLB" data stats --all-presets --window 8192 --steps 5 > "$T/stats.txt" 2>&1 || fail "data stats"
 for p in long_context_128k pile code wikipedia sft_chat; do grep -q "generator:$p" "$T/stats.txt" || fail "stats lacks $p"; done
 "$WLB" data stats "$SRC/inputs/plan_lengths_file.toml" | grep -q "documents 400" || fail "file stats"
+# A deck copied away from its profile finds it relative to itself or the working directory
+# only, never in the source tree the binary was built from.
+mkdir -p "$T/copied/profiles"
+cp "$SRC/inputs/quickstart.toml" "$T/copied/"
+(cd "$T" && "$WLB" plan copied/quickstart.toml --steps 1 > "$T/copied.txt" 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "profile: file 'profiles/epyc-avx2-1core.json' not found" "$T/copied.txt" ||
+  { cat "$T/copied.txt"; fail "a deck without its profile beside it: exit $rc"; }
+cp "$SRC/inputs/profiles/epyc-avx2-1core.json" "$T/copied/profiles/"
+(cd "$T/copied" && "$WLB" plan quickstart.toml --steps 1 > /dev/null 2>&1) || fail "a copied deck with its profile"
 echo "test_plan: OK"

@@ -67,6 +67,14 @@ for s, g in by.items():
             mlp_rows = rows
         assert rows == mlp_rows, (s, w, rows, mlp_rows)
 PY
+# pp = 2: the head's products run on the last stage only, yet each strategy is one table
+# with one total (they were appended after every strategy's, a second table each).
+mpiexec -n 2 "$WLB" run "$SRC/inputs/run_cp2.toml" "${small[@]}" --set mesh.cp=1 --set mesh.pp=2 --set model.layers=2 \
+  --steps 1 --warmup 0 --no-output --quiet --gemm-timing > "$tmp/log" 2> "$tmp/err" || fail "--gemm-timing pp=2: $(cat "$tmp/err")"
+for s in plain fixed wlb; do
+  [ "$(grep -c "^  $s\$" "$tmp/log")" -eq 1 ] || fail "--gemm-timing pp=2: $s's table is not one: $(cat "$tmp/log")"
+done
+[ "$(grep -c "^    all " "$tmp/log")" -eq 3 ] || fail "--gemm-timing pp=2: not one total per strategy"
 
 # --kernel-timing: the labelled Kokkos kernels of every strategy's measured steps, summed
 # over the ranks; each layer kernel as often as its layer passes, alongside --gemm-timing

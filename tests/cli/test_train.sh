@@ -220,6 +220,15 @@ grep -q "stopped          after step 13 of 30 (--exit-after 13)" o.txt || fail "
   { cat resumed.err; fail "resume after --exit-after"; }
 grep -q "steps            13 .. 30" resumed.txt || fail "resume did not start at step 13: $(cat resumed.txt)"
 same_30_steps full stop "--exit-after 13 + resume: 30 steps bit-identical" || fail "--exit-after resumed losses differ"
+# With no periodic checkpoints (interval 0) the stop still writes one: its summary says
+# --resume continues.
+"$WLB" train deck.toml $ck --set train.checkpoint_interval=0 --set output.dir=stop0 --exit-after 13 --quiet > o.txt 2>&1 ||
+  { cat o.txt; fail "--exit-after, interval 0"; }
+[ -f stop0/checkpoint/checkpoint.wlb ] || fail "--exit-after with checkpoint_interval 0 wrote no checkpoint"
+"$WLB" train deck.toml $ck --set train.checkpoint_interval=0 --set output.dir=stop0 --resume > resumed.txt 2>&1 ||
+  { cat resumed.txt; fail "resume after --exit-after, interval 0"; }
+same_30_steps full stop0 "interval 0: --exit-after 13 + resume: 30 steps bit-identical" ||
+  fail "interval 0: --exit-after resumed losses differ"
 "$WLB" train deck.toml $ck --set output.dir=stop --resume > o.txt 2>&1 || fail "resume of a finished run"
 grep -q "nothing trained" o.txt || fail "resume of a finished run: $(cat o.txt)"
 # SIGUSR1 to mpiexec (what Slurm's --signal sends before a time limit): every rank stops

@@ -306,6 +306,18 @@ def test_megatron_dataset_round_trip(tmp_path):
         ds[4]
 
 
+def test_megatron_dataset_of_no_documents(tmp_path):
+    # `wlb data prepare`'s validation split without --valid-fraction: an empty dataset, not an
+    # error (as a length source it is refused: nothing to pack)
+    prefix = write_megatron_dataset(tmp_path / "v", [[]])
+    ds = MegatronDataset(prefix)
+    assert len(ds) == 0 and ds.lengths.tolist() == []
+    with pytest.raises(IndexError):
+        ds[0]
+    with pytest.raises(ValueError, match="no non-empty documents"):
+        wlb.read_megatron_idx(prefix + ".idx")
+
+
 def test_megatron_documents_of_several_sequences(tmp_path):
     # two documents of two sequences each, stored out of order in the .bin
     sizes = np.array([3, 2, 4, 1], dtype="<i4")

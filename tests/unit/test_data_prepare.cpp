@@ -170,3 +170,26 @@ TEST(DataPrepare, DatasetsInsideTheSourceAreNotDocuments) {
   EXPECT_EQ(third.skipped_datasets, 0);
   EXPECT_EQ(third.train.documents + third.valid.documents, 3);
 }
+
+// Hard links are one file under several names (a tarball's link entries unpack as such):
+// one document at the first path, not one per name (which could land in both splits).
+TEST(DataPrepare, HardLinksAreOneDocument) {
+  const fs::path root = tmpPath("hardlinks");
+  fs::remove_all(root);
+  writeFile(root / "a.txt", "the one text");
+  for (const char* n : {"b", "c", "sub/d"}) {
+    fs::create_directories((root / n).parent_path());
+    fs::create_hard_link(root / "a.txt", root / n);
+  }
+  writeFile(root / "z.txt", "another text");
+  data::PrepareOptions o;
+  o.source = root.string();
+  o.out_prefix = tmpPath("hardlinks-out");
+  o.valid_fraction = 0.5;
+  o.progress = false;
+  const auto r = data::prepareDataset(o);
+  EXPECT_EQ(r.regular_files, 2);
+  EXPECT_EQ(r.skipped_hard_links, 3);
+  EXPECT_EQ(r.train.documents + r.valid.documents, 2);
+  EXPECT_EQ(r.train.tokens + r.valid.tokens, 24);
+}

@@ -166,6 +166,11 @@ TEST(DataReaders, Jsonl) {
   writeFile(p, "{\"n_tokens\": 5}\n{broken\n");
   msg = expectInputError([&] { data::readJsonlLengths(p, "n_tokens"); });
   EXPECT_NE(msg.find(p + ":2"), std::string::npos) << msg;
+  // A NUL byte ended nlohmann's input: the document after it on the line was dropped.
+  writeFile(p, std::string("{\"n_tokens\": 5}\n{\"n_tokens\": 6}\0{\"n_tokens\": 7}\n", 48));
+  msg = expectInputError([&] { data::readJsonlLengths(p, "n_tokens"); });
+  EXPECT_NE(msg.find(p + ":2: invalid JSON"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("NUL byte"), std::string::npos) << msg;
 }
 
 TEST(DataReaders, MegatronIdxFromSpec) {
@@ -209,6 +214,28 @@ TEST(DataReaders, MegatronIdxFromSpec) {
     msg = expectInputError([&] { data::readMegatronIdx(t); });
     EXPECT_NE(msg.find("byte offset 62: invalid pointers[1] = " + std::to_string(p1)), std::string::npos) << msg;
   }
+  // doc_idx ending before the last sequence (sequences 3 and 4 in no document) or empty:
+  // refused at the offset of its last entry, not read as fewer tokens (doc_idx at 94).
+  bad = b;
+  const std::int64_t short_end = 3;
+  std::memcpy(bad.data() + 94 + 24, &short_end, 8);
+  writeFile(t, bad);
+  msg = expectInputError([&] { data::readMegatronIdx(t); });
+  EXPECT_NE(msg.find("byte offset 118: doc_idx ends at sequence 3, but the index holds 5 sequences"), std::string::npos)
+      << msg;
+  bad = b.substr(0, 94);
+  const std::uint64_t no_docs = 0;
+  std::memcpy(bad.data() + 26, &no_docs, 8);
+  writeFile(t, bad);
+  msg = expectInputError([&] { data::readMegatronIdx(t); });
+  EXPECT_NE(msg.find("doc_idx is empty"), std::string::npos) << msg;
+  // An index of empty documents only: refused as a length source, read as none for a
+  // dataset's empty validation split.
+  const auto e = tmpPath("empty.idx");
+  data::writeMegatronIdx(e, {});
+  msg = expectInputError([&] { data::readMegatronIdx(e); });
+  EXPECT_NE(msg.find("no non-empty documents"), std::string::npos) << msg;
+  EXPECT_TRUE(data::readMegatronIdx(e, /*allow_empty=*/true).empty());
   // Round trip through the writer.
   const auto w = tmpPath("rt.idx");
   data::writeMegatronIdx(w, {5, 6, 70000});
