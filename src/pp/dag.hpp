@@ -34,6 +34,10 @@ struct PipelineCosts {
   /// micro_batches + mb] (the activations of the slices it holds), and the seconds of its
   /// gradient transfer, [mb]. Empty: act_bytes and p2p (backward m frees forward m's).
   std::vector<double> free_bytes, p2p_bwd;
+  /// With a rank-speed spread or task noise: each member's time multiplier of each task (its
+  /// rank's speed x its own noise draw; the task lasts its slowest member's), [(at(vs, mb) * 2
+  /// + (backward ? 1 : 0)) * members + cp_rank * tp + tp_rank], members = cp * tp. Empty: 1.
+  std::vector<double> member_factor;
 
   PipelineCosts() = default;
   PipelineCosts(int vstages_, int micro_batches_, int stages)

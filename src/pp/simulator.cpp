@@ -423,8 +423,11 @@ std::vector<double> StepSimulator::rankSpeeds(int placement, int step) const {
 }
 
 double StepSimulator::groupSeconds(const std::vector<double>& x, int stage, int replica,
-                                   const std::vector<double>& speed, data::Rng* noise) const {
-  if (speed.empty() && !noise) return *std::max_element(x.begin(), x.end());
+                                   const std::vector<double>& speed, data::Rng* noise, double* factors) const {
+  if (speed.empty() && !noise) {
+    if (factors) std::fill(factors, factors + static_cast<std::ptrdiff_t>(cfg_.cp) * cfg_.tp, 1.0);
+    return *std::max_element(x.begin(), x.end());
+  }
   const MeshShape mesh = cfg_.mesh();
   // Each member's own draw: the group waits for its slowest, and the draw of the task on
   // the next stage is another one, so noise both lengthens groups and travels down the
@@ -434,10 +437,11 @@ double StepSimulator::groupSeconds(const std::vector<double>& x, int stage, int 
   double m = 0;
   for (int r = 0; r < cfg_.cp; ++r)
     for (int t = 0; t < cfg_.tp; ++t) {
-      double a = x[static_cast<std::size_t>(r)];
-      if (!speed.empty()) a *= speed[static_cast<std::size_t>(mesh.rankOf({t, r, stage, replica}))];
-      if (noise) a *= std::exp(cfg_.task_spread * noise->normal() - shift);
-      m = std::max(m, a);
+      double f = 1;
+      if (!speed.empty()) f *= speed[static_cast<std::size_t>(mesh.rankOf({t, r, stage, replica}))];
+      if (noise) f *= std::exp(cfg_.task_spread * noise->normal() - shift);
+      if (factors) factors[r * cfg_.tp + t] = f;
+      m = std::max(m, x[static_cast<std::size_t>(r)] * f);
     }
   return m;
 }
@@ -610,6 +614,12 @@ PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mb
                     static_cast<std::uint64_t>(replica));
   data::Rng* noise = rng ? &*rng : nullptr;
   const std::vector<double> speed = rankSpeeds(placement, step);
+  const std::size_t members = static_cast<std::size_t>(cfg_.cp) * static_cast<std::size_t>(cfg_.tp);
+  if (noise || !speed.empty()) c.member_factor.assign(c.fwd.size() * 2 * members, 1.0);
+  const auto factorsOf = [&](std::size_t task, int bwd) {
+    return c.member_factor.empty() ? nullptr
+                                   : c.member_factor.data() + (task * 2 + static_cast<std::size_t>(bwd)) * members;
+  };
   for (int m = 0; m < M; ++m) {
     const MicroBatchWork& w = mbs[static_cast<std::size_t>(m)];
     if (w.cp() != cfg_.cp)
@@ -665,8 +675,8 @@ PipelineCosts StepSimulator::pipelineCosts(const std::vector<MicroBatchWork>& mb
         fr[ri] = l * lc[ri].fwd + (last ? headSeconds(w.rank_tokens[ri], Phase::Fwd) : 0.0);
         br[ri] = l * lc[ri].bwd + (last ? headSeconds(tokens_b[ri], Phase::Bwd) : 0.0);
       }
-      c.fwd[c.at(vs, m)] = groupSeconds(fr, vs % cfg_.pp, replica, speed, noise);
-      c.bwd[c.at(vs, m)] = groupSeconds(br, vs % cfg_.pp, replica, speed, noise);
+      c.fwd[c.at(vs, m)] = groupSeconds(fr, vs % cfg_.pp, replica, speed, noise, factorsOf(c.at(vs, m), 0));
+      c.bwd[c.at(vs, m)] = groupSeconds(br, vs % cfg_.pp, replica, speed, noise, factorsOf(c.at(vs, m), 1));
       c.act_bytes[c.at(vs, m)] = actBytes(w.rank_tokens, w.rank_kv_tokens, max_tok, l, last);
       if (!c.free_bytes.empty())
         c.free_bytes[c.at(vs, m)] =
@@ -844,8 +854,17 @@ StepResult StepSimulator::simulateOnce(const std::vector<std::vector<MicroBatchW
                                : w.rank_tokens[static_cast<std::size_t>(c)];
           const double head = last ? headSeconds(tok, t.phase) : 0.0;
           const double own = l * (t.phase == Phase::Fwd ? lc.fwd : lc.bwd) + head;
-          busy += own;
+          busy += own;  // at the profile's mean speed (rank_busy, idle_fraction)
           if (!rec || own <= 0) continue;
+          // Each TP member at its own speed and noise draw, as the task's length has them
+          // (the task lasts its slowest member's): its events end within the task.
+          const auto& pcd = costs[static_cast<std::size_t>(d)];
+          const auto factor = [&](int tr) {
+            if (pcd.member_factor.empty()) return 1.0;
+            const std::size_t task = pcd.at(vs, t.mb) * 2 + (t.phase == Phase::Fwd ? 0 : 1);
+            return pcd.member_factor[task * static_cast<std::size_t>(C * cfg_.tp) +
+                                     static_cast<std::size_t>(c * cfg_.tp + tr)];
+          };
           // Split the task into attention / recomputation / linear / TP / KV pieces in that order.
           const auto ci = static_cast<std::size_t>(c);
           const bool fwd = t.phase == Phase::Fwd;
@@ -864,9 +883,11 @@ StepResult StepSimulator::simulateOnce(const std::vector<std::vector<MicroBatchW
           double cur = r.start[v];
           for (int tr = 0; tr < cfg_.tp; ++tr) {
             const int rank = mesh.rankOf({tr, c, s, d});
+            const double f = factor(tr);
             double x = cur;
             auto emit = [&](int region, double dur, double bytes, double flops = 0.0) {
               if (dur <= 0) return;
+              if (region != r_send) dur *= f;  // a compute piece at this member's speed
               trace::Event e;
               e.rank = rank;
               e.strategy = strat;

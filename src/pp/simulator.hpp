@@ -205,7 +205,7 @@ struct StepResult {
   std::vector<double> peak_bytes;             ///< [pp] max over replicas of static + activations
   std::vector<double> static_bytes;           ///< [pp] weights + grads + optimizer state
   std::vector<double> peak_activation_bytes;  ///< [pp] peak_bytes - static_bytes
-  std::vector<double> rank_busy;              ///< [((dp*pp + s)*cp + c)] own busy seconds
+  std::vector<double> rank_busy;              ///< [((dp*pp + s)*cp + c)] own busy seconds (at the mean speed)
   bool fits_memory = true;                    ///< every stage's peak <= memory_bytes (if known)
 };
 
@@ -285,9 +285,10 @@ class StepSimulator {
   double gradSyncSeconds(int stage) const;
   /// A CP group's task: CP rank r alone would take x[r] at the mean speed; the group takes
   /// its slowest member's time over the TP x CP ranks of (stage, replica), each at its rank's
-  /// `speed` (rankSpeeds) and, with `noise`, its own draw of the task noise.
+  /// `speed` (rankSpeeds) and, with `noise`, its own draw of the task noise. `factors`
+  /// (cp * tp, optional) receives each member's multiplier (PipelineCosts::member_factor).
   double groupSeconds(const std::vector<double>& x, int stage, int replica, const std::vector<double>& speed,
-                      data::Rng* noise) const;
+                      data::Rng* noise, double* factors = nullptr) const;
   /// Every world rank's speed factor in scatter `placement` of step `step` (rank and step
   /// spread); empty when both are 0.
   std::vector<double> rankSpeeds(int placement, int step) const;

@@ -4,6 +4,7 @@
 // real shard plans, predicted trace events, and a 4096-rank mesh step (plan + simulate).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -242,6 +243,39 @@ TEST(SimStep, PredictedEventsForEveryRank) {
   EXPECT_EQ(rec.virtualRanks()[5].cp, 0);
   EXPECT_EQ(rec.virtualRanks()[5].pp, 1);
   EXPECT_EQ(rec.virtualRanks()[5].tp, 1);
+}
+
+// With a rank-speed spread each member runs its pieces at its own speed and noise draw, as
+// the task's length has them: a rank's events never overlap and end within the step (they
+// were laid at the mean speed into tasks the slowest member's draw had lengthened or
+// shortened, so the analysis' step times differed from the simulator's).
+TEST(SimStep, PredictedEventsFollowEachRanksSpeed) {
+  const model::CostModel cost(dims(32000), model::HardwareProfile::analytic(), 2);
+  SimConfig cfg = fastNet(2, 2, 2, 2);
+  cfg.rank_spread = 0.15;
+  cfg.step_spread = 0.2;
+  cfg.task_spread = 0.3;
+  const StepSimulator sim(cfg, cost);
+  std::vector<std::vector<MicroBatchWork>> w(2);
+  for (int d = 0; d < 2; ++d)
+    for (int i = 0; i < 4; ++i) w[d].push_back(balancedMicroBatchWork({2048 * (1 + d + i), 1024}, 2, cost));
+  for (int step = 0; step < 3; ++step) {
+    trace::Recorder rec;
+    rec.setStrategy("wlb");
+    const StepResult r = sim.simulate(w, &rec, step, 0.0);
+    EXPECT_EQ(r.step_seconds, sim.simulate(w, nullptr, step, 0.0).step_seconds);
+    std::map<int, std::vector<std::pair<std::int64_t, std::int64_t>>> by_rank;
+    for (const auto& e : rec.events()) by_rank[e.rank].emplace_back(e.start_ns, e.end_ns);
+    ASSERT_EQ(by_rank.size(), 16u);
+    std::int64_t last_end = 0;
+    for (auto& [rank, spans] : by_rank) {
+      std::sort(spans.begin(), spans.end());
+      for (std::size_t i = 1; i < spans.size(); ++i)
+        EXPECT_GE(spans[i].first + 1, spans[i - 1].second) << "rank " << rank << ": events overlap at " << i;
+      last_end = std::max(last_end, spans.back().second);
+    }
+    EXPECT_NEAR(static_cast<double>(last_end), r.step_seconds * 1e9, 2.0);  // the step ends with its last event
+  }
 }
 
 TEST(SimStep, PredictedEventsCarryTheirFlopsAndBytes) {
