@@ -1360,17 +1360,47 @@ def check(root, allow_unmarked=False):
 MACHINE_PATH = re.compile(r"(^|[^\w$.])/(tmp|home|root|work)/")
 
 
+def h5_strings(path):
+    """(where, text) of every string attribute of an HDF5 file (a trace's /meta holds the
+    command line and the deck it ran)."""
+    import h5py  # only here: the tables need no HDF5
+    out = []
+
+    def visit(name, obj):
+        for k, v in obj.attrs.items():
+            if isinstance(v, bytes):
+                v = v.decode("utf-8", "replace")
+            if isinstance(v, str):
+                out.append((f"{name}@{k}", v))
+
+    with h5py.File(path, "r") as f:
+        visit("/", f)
+        f.visititems(visit)
+    return out
+
+
 def machine_paths(root):
     """Raw logs speak of the project: paths under the repository relative to it, scratch
     files as $TMPDIR/... (bench/record.py writes them so), no home or work folder of the
-    machine a figure was measured on."""
+    machine a figure was measured on. Compressed logs are read decompressed, HDF5 traces by
+    their string attributes."""
+    import gzip
+    import lzma
     bad = []
     for p in sorted((root / "bench" / "results").rglob("*")):
-        if not p.is_file() or p.suffix in (".xz", ".h5", ".png", ".gz"):
+        if not p.is_file() or p.suffix == ".png":
+            continue
+        if p.suffix == ".h5":
+            for where, text in h5_strings(p):
+                line = next((x for x in text.splitlines() if MACHINE_PATH.search(x)), None)
+                if line is not None:
+                    bad.append(f"{p.relative_to(root)}: {where}: a path of the machine it ran on: {line.strip()[:80]}")
+                    break
             continue
         try:
-            text = p.read_text()
-        except UnicodeDecodeError:
+            opener = {".xz": lzma.open, ".gz": gzip.open}.get(p.suffix)
+            text = opener(p, "rt").read() if opener else p.read_text()
+        except (UnicodeDecodeError, OSError, EOFError, lzma.LZMAError):
             continue
         for k, line in enumerate(text.splitlines(), 1):
             if MACHINE_PATH.search(line):

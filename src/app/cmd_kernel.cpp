@@ -260,14 +260,19 @@ const bool registered = wlb::app::registerCommand(
       auto o = std::make_shared<Opts>();
       sub.add_option("--in", o->in, "Input HDF5: q, k, v, cu_seqlens_q, cu_seqlens_k[, dO]")->required();
       sub.add_option("--out", o->out, "Output HDF5: o, lse[, dq, dk, dv]")->required();
-      sub.add_option("--tile-q", o->tile_q, "Query tile (multiple of 16, 16..256)");
-      sub.add_option("--tile-k", o->tile_k, "Key tile (multiple of 16, 16..256)");
-      auto* ref =
-          sub.add_flag("--reference", o->reference, "Use the double-precision reference instead of the kernels");
+      auto* tile_q = sub.add_option("--tile-q", o->tile_q, "Query tile (multiple of 16, 16..256)");
+      auto* tile_k = sub.add_option("--tile-k", o->tile_k, "Key tile (multiple of 16, 16..256)");
+      auto* precision =
+          sub.add_option("--precision", o->precision,
+                         "fp32 (default), tf32 (TF32 tensor cores on CUDA) or bf16 (BF16 storage and tensor cores)");
+      auto* attention = sub.add_option("--attention", o->attention, att::hopperVariantHelp());
+      // The reference has no tiles, precision or variant: naming one with it is refused, not ignored.
+      auto* ref = sub.add_flag("--reference", o->reference, "Use the double-precision reference instead of the kernels")
+                      ->excludes(tile_q)
+                      ->excludes(tile_k)
+                      ->excludes(precision)
+                      ->excludes(attention);
       sub.add_flag("--portable", o->portable, "Force the portable (device) kernel path")->excludes(ref);
-      sub.add_option("--precision", o->precision,
-                     "fp32 (default), tf32 (TF32 tensor cores on CUDA) or bf16 (BF16 storage and tensor cores)");
-      sub.add_option("--attention", o->attention, att::hopperVariantHelp());
       return [o]() -> int { return run(*o); };
     });
 

@@ -74,7 +74,7 @@ const bool registered = wlb::app::registerCommand(
       sub.add_option("--warmup", o->warmup, "Warm-up steps before them, not measured (default: run.warmup)")
           ->check(wlb::app::intAtLeast(0, wlb::app::kMaxStepsOption));
       sub.add_flag("--quiet", o->quiet, "No per-step progress lines");
-      sub.add_flag("--no-output", o->no_output, "Do not write the trace and plan files");
+      sub.add_flag("--no-output", o->no_output, "Do not write the trace, plan and summary.json files");
       sub.add_flag("--gemm-timing", o->gemm_timing,
                    "Time every GEMM of the measured steps on its own (fenced before and after) and report each "
                    "product's rate; the steps lose launch overlap, so their times are not a throughput figure");

@@ -43,8 +43,10 @@ std::vector<Strategy> allStrategies() {
 Strategy parseStrategy(const std::string& name) {
   for (Strategy s : allStrategies())
     if (name == strategyName(s)) return s;
+  // collective: a name comes from the deck or the command line, the same on every rank
   throw InputError("unknown CP sharding strategy '" + name +
-                   "' (allowed: per_sequence, per_document, adaptive, whole_document, hybrid)");
+                       "' (allowed: per_sequence, per_document, adaptive, whole_document, hybrid)",
+                   true);
 }
 
 const char* commModeName(CommMode m) {
@@ -54,7 +56,7 @@ const char* commModeName(CommMode m) {
 CommMode parseCommMode(const std::string& name) {
   if (name == "allgather") return CommMode::AllGather;
   if (name == "sharding_aware") return CommMode::ShardingAware;
-  throw InputError("unknown CP communication mode '" + name + "' (allowed: allgather, sharding_aware)");
+  throw InputError("unknown CP communication mode '" + name + "' (allowed: allgather, sharding_aware)", true);
 }
 
 namespace {

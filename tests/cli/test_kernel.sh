@@ -43,6 +43,12 @@ rc=$?
 if [ $rc -ne 2 ] || ! grep -q -- "--precision" "$TMP/bad_prec.log" || [ -e "$TMP/bad_prec.h5" ]; then
   echo "FAIL: --precision fp16 (exit $rc)"; cat "$TMP/bad_prec.log"; fail=1
 fi
+# the reference has no precision, tiles or variant: naming one with it is refused, not ignored
+"$WLB" kernel --in "$TMP/case64.h5" --out "$TMP/bad_ref.h5" --reference --precision bf16 >"$TMP/bad_ref.log" 2>&1
+rc=$?
+if [ $rc -ne 2 ] || ! grep -q -- "--precision excludes --reference" "$TMP/bad_ref.log" || [ -e "$TMP/bad_ref.h5" ]; then
+  echo "FAIL: --reference --precision bf16 (exit $rc)"; cat "$TMP/bad_ref.log"; fail=1
+fi
 
 # --attention: a Hopper kernel variant (the same kernels off an sm_90 GPU), recorded in the
 # output; an unknown variant exits 2 and writes nothing

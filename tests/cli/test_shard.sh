@@ -125,6 +125,11 @@ grep -q "per_sequence" "$TMP/e1" || fail "error should list allowed strategies"
 [ $? -eq 2 ] || fail "unknown comm should exit 2"
 "$WLB" shard "$TMP/deck.toml" --set cp.strategy=nope --out "$TMP/bad.jsonl" > "$TMP/e3" 2>&1
 [ $? -eq 2 ] || fail "bad cp.strategy should exit 2: $(cat "$TMP/e3")"
+# On two ranks a bad name is one message (rank 0's), not one per rank.
+timeout 60 mpiexec -n 2 "$WLB" shard "$TMP/deck.toml" --steps 1 --strategy ring --out "$TMP/bad.jsonl" > "$TMP/e4" 2>&1
+rc=$?
+[ $rc -eq 2 ] && [ "$(grep -c "unknown CP sharding strategy 'ring'" "$TMP/e4")" -eq 1 ] ||
+  fail "two ranks, unknown strategy: exit $rc, $(cat "$TMP/e4")"
 [ -e "$TMP/bad.jsonl" ] && fail "output written on error"
 ls "$TMP" | grep -q tmp && fail "temporary file left behind on error"
 echo "test_shard OK"

@@ -277,6 +277,13 @@ timeout 30 run/slurm/submit inputs/quickstart.toml mesh --set mesh.no_such_key=1
 rc=0
 timeout 30 run/slurm/submit inputs/slurm_sweep.toml mesh >/dev/null 2>&1 || rc=$?
 ((rc == 2)) && pass "submit: a sweeping deck -> exit 2" || fail "submit: a sweeping deck exited $rc, not 2"
+# sbatch refusing the job (here: no configuration): its exit status, and the output
+# folders submit made for the job's log are removed again.
+rc=0
+SLURM_CONF=$work/no-such.conf timeout 30 run/slurm/submit inputs/quickstart.toml mesh \
+  --set "output.dir=\"$work/refused/a/b\"" >"$work/r.txt" 2>&1 || rc=$?
+((rc != 0)) && [[ ! -e $work/refused ]] && pass "submit: sbatch refused -> exit $rc, no folder left" ||
+  fail "submit: sbatch refused: exit $rc, $(find "$work/refused" 2>/dev/null | tr '\n' ' ')"
 # An array task without its case table would run the base deck into its siblings' folder.
 rc=0
 SLURM_ARRAY_TASK_ID=0 SLURM_ARRAY_JOB_ID=1 timeout 30 run/slurm/wlb.sbatch inputs/quickstart.toml mesh >"$work/e.txt" 2>&1 || rc=$?
