@@ -170,32 +170,10 @@ RunPlans readRunPlans(const std::string& path) {
     rp.strategies.push_back(std::move(st));
     return rp;
   }
-  // A run directory: its complete plan files (a killed run leaves only `*.partial` ones).
-  std::vector<std::string> files;
-  bool partial = false;
-  for (const auto& e : fs::directory_iterator(path, ec)) {
-    const std::string name = e.path().filename().string();
-    if (!e.is_regular_file()) continue;
-    if (name.size() > 6 && name.substr(name.size() - 6) == ".jsonl") files.push_back(e.path().string());
-    if (name.size() > 14 && name.substr(name.size() - 14) == ".jsonl.partial") partial = true;
-  }
-  if (ec) throw InputError(fmt::format("{}: cannot list the directory: {}", path, ec.message()));
-  if (files.empty())
-    throw InputError(fmt::format("{}: no plan files (*.jsonl){}", path,
-                                 partial ? "; only *.partial ones: the run did not finish" : ""));
-  std::sort(files.begin(), files.end());
-  std::set<std::string> seen;
-  for (const auto& f : files) {
-    RunPlans::Strategy st;
-    st.path = f;
-    st.file = readPlanFile(f);
-    st.strategy = st.file.header.strategy.empty() ? st.file.header.packer : st.file.header.strategy;
-    st.sharding = st.file.header.sharding;
-    if (!seen.insert(st.strategy).second)
-      throw InputError(fmt::format("{}:1: a second plan file of strategy '{}' in {}", f, st.strategy, path));
-    rp.strategies.push_back(std::move(st));
-  }
-  // summary.json: the run's strategy order and its step accounting (warm-up, measured steps).
+  // A run directory. Its summary.json (when there) names the run's strategies in order and,
+  // from the version that records them, each one's plan file: a rerun into the same folder
+  // with fewer strategies leaves the older plans beside them, which are not this run's.
+  std::vector<std::string> order, named;
   const fs::path summary = fs::path(path) / "summary.json";
   if (fs::exists(summary, ec)) {
     auto in = openInput(summary.string(), "run summary");
@@ -204,18 +182,62 @@ RunPlans readRunPlans(const std::string& path) {
       if (j.value("format", std::string()) != "wlb-run-summary") throw InputError("not a wlb-run-summary (\"format\")");
       rp.steps = jsonIntegerAt<std::int64_t>(j, "steps");
       rp.warmup = jsonIntegerAt<std::int64_t>(j, "warmup");
-      std::vector<std::string> order;
-      for (const auto& s : j.at("strategies")) order.push_back(s.at("strategy").get<std::string>());
-      const auto rank = [&](const RunPlans::Strategy& s) {
-        return std::find(order.begin(), order.end(), s.strategy) - order.begin();
-      };
-      std::stable_sort(rp.strategies.begin(), rp.strategies.end(),
-                       [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
+      for (const auto& st : j.at("strategies")) {
+        order.push_back(st.at("strategy").get<std::string>());
+        if (st.contains("plan")) named.push_back((fs::path(path) / st.at("plan").get<std::string>()).string());
+      }
+      if (!named.empty() && named.size() != order.size())
+        throw InputError("some strategies name their plan file (\"plan\"), others do not");
     } catch (const nlohmann::json::exception& e) {
       throw InputError(fmt::format("{}: {}", summary.string(), e.what()));
     } catch (const InputError& e) {
       throw InputError(fmt::format("{}: {}", summary.string(), e.what()));
     }
+  }
+  // Without named files: the directory's complete plan files (a killed run leaves only
+  // `*.partial` ones), of the summary's strategies where there is one.
+  std::vector<std::string> files = named;
+  bool partial = false;
+  if (named.empty()) {
+    for (const auto& e : fs::directory_iterator(path, ec)) {
+      const std::string name = e.path().filename().string();
+      if (!e.is_regular_file()) continue;
+      if (name.size() > 6 && name.substr(name.size() - 6) == ".jsonl") files.push_back(e.path().string());
+      if (name.size() > 14 && name.substr(name.size() - 14) == ".jsonl.partial") partial = true;
+    }
+    if (ec) throw InputError(fmt::format("{}: cannot list the directory: {}", path, ec.message()));
+    std::sort(files.begin(), files.end());
+  }
+  if (files.empty())
+    throw InputError(fmt::format("{}: no plan files (*.jsonl){}", path,
+                                 partial ? "; only *.partial ones: the run did not finish" : ""));
+  std::set<std::string> seen;
+  for (const auto& f : files) {
+    if (!named.empty() && !fs::exists(f, ec))
+      throw InputError(fmt::format("{}: the plan file {} that summary.json names is missing", path, f));
+    RunPlans::Strategy st;
+    st.path = f;
+    st.file = readPlanFile(f);
+    st.strategy = st.file.header.strategy.empty() ? st.file.header.packer : st.file.header.strategy;
+    st.sharding = st.file.header.sharding;
+    if (!order.empty() && std::find(order.begin(), order.end(), st.strategy) == order.end()) {
+      if (!named.empty())
+        throw InputError(fmt::format("{}:1: plans strategy '{}', which summary.json does not list", f, st.strategy));
+      continue;  // an older run's strategy, not this run's
+    }
+    if (!seen.insert(st.strategy).second)
+      throw InputError(fmt::format("{}:1: a second plan file of strategy '{}' in {}", f, st.strategy, path));
+    rp.strategies.push_back(std::move(st));
+  }
+  if (!order.empty()) {
+    if (rp.strategies.size() != order.size())
+      throw InputError(fmt::format("{}: summary.json lists {} strateg{}, {} plan file(s) of them found", path,
+                                   order.size(), order.size() == 1 ? "y" : "ies", rp.strategies.size()));
+    const auto rank = [&](const RunPlans::Strategy& s) {
+      return std::find(order.begin(), order.end(), s.strategy) - order.begin();
+    };
+    std::stable_sort(rp.strategies.begin(), rp.strategies.end(),
+                     [&](const auto& x, const auto& y) { return rank(x) < rank(y); });
   }
   return rp;
 }

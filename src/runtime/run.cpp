@@ -686,6 +686,7 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
           st.plan_out.open(path + ".partial");
           if (!st.plan_out) throw InputError("cannot write the plan file " + path + ".partial");
           report.plan_paths.push_back(path);
+          st.res.plan_file = std::filesystem::path(path).lexically_relative(deck.output.dir).generic_string();
           packing::PlanHeader h;
           h.packer = strat.packer;
           h.dp = shape.dp();
@@ -842,7 +843,7 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
 
 nlohmann::json toJson(const RunReport& rep) {
   nlohmann::json st = nlohmann::json::array();
-  for (const auto& s : rep.strategies)
+  for (const auto& s : rep.strategies) {
     st.push_back({{"strategy", s.name},
                   {"packer", s.packer},
                   {"sharding", s.sharding},
@@ -867,6 +868,9 @@ nlohmann::json toJson(const RunReport& rep) {
                   {"stage_pool_bytes", s.stage_pool_bytes},
                   {"stage_pool_live_bytes", s.stage_live_bytes},
                   {"stage_pool_requested_bytes", s.stage_asked_bytes}});
+    // the plan file of this run: `wlb simulate --plans` takes these, not older files beside them
+    if (!s.plan_file.empty()) st.back()["plan"] = s.plan_file;
+  }
   nlohmann::json j = {{"format", "wlb-run-summary"},
                       {"version", 1},
                       {"mesh", rep.mesh},

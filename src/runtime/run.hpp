@@ -103,6 +103,7 @@ struct StrategyResult {
   std::vector<double> stage_live_bytes;                 ///< [pp] max over every step
   std::vector<double> stage_asked_bytes;                ///< [pp] max over every step
   std::vector<double> rank_busy, rank_comm, rank_attn;  ///< per world rank, mean per step
+  std::string plan_file;         ///< its plan file relative to output.dir (summary.json's "plan"); "" without outputs
   std::vector<float> gradients;  ///< RunOptions::keep_gradients: last step, tensor by tensor in model order
                                  ///< (runtime::Llama::layout), each whole: the same layout on every mesh
 };

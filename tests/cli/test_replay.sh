@@ -82,5 +82,18 @@ bad "missing strategy" "'slimpack' has no plans in" --plans "$T/run" --strategie
 cp "$p" "$T/b3/a.jsonl"; cp "$p" "$T/b3/b.jsonl"
 bad "two files of one strategy" "a second plan file of strategy 'wlb'" --plans "$T/b3"
 bad "two decks" "--plans replays one run" --plans "$T/run" "$SRC/inputs/run_dp2.toml"
+cp -r "$T/run" "$T/b4"; rm "$T/b4/plan.fixed.jsonl"
+bad "a plan the summary names is missing" "the plan file $T/b4/plan.fixed.jsonl that summary.json names is missing" \
+  --plans "$T/b4"
+
+# 4. A rerun into the same folder with fewer strategies (another seed) leaves the older plan
+# files beside its own: the replay takes the ones its summary.json names.
+mpiexec -n 2 "$WLB" run "$deck" "${small[@]}" --steps 3 --warmup 1 --quiet --set "output.dir=\"$T/run\"" \
+  --set 'run.strategies=["wlb"]' --set data.seed=99 > "$T/rerun.txt" 2>&1 || fail "rerun: $(cat "$T/rerun.txt")"
+[ -e "$T/run/plan.plain.jsonl" ] && [ -e "$T/run/plan.jsonl" ] || fail "rerun: expected old and new plan files: $(ls "$T/run")"
+"$WLB" simulate "$deck" "${small[@]}" --as-run --plans "$T/run" --set data.seed=99 > "$T/re.txt" 2>&1 ||
+  fail "replay of a rerun: $(cat "$T/re.txt")"
+grep -q "^# replayed the plans of $T/run ($T/run/plan.jsonl)" "$T/re.txt" && [ "$(grep -Ec '^run_cp2 +1x2x1x1 ' "$T/re.txt")" = 1 ] ||
+  fail "replay of a rerun mixed runs: $(cat "$T/re.txt")"
 
 echo "wlb simulate --plans tests passed"
