@@ -222,12 +222,48 @@ def mesh_ranks(resolved: dict) -> int:
     return int(m.get("tp", 1)) * int(m.get("cp", 1)) * int(m.get("pp", 1)) * int(m.get("dp", 1))
 
 
+def make_folder(path: Path, what: str, made: list[Path]) -> None:
+    """mkdir -p PATH; the top-most folder it makes goes to `made` (removed again while empty
+    if the submission fails). InputError naming `what` where none can be made."""
+    top, p = None, path.absolute()
+    while not p.exists() and p != p.parent:
+        top, p = p, p.parent
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"{what} '{path}': cannot create the folder ({e.strerror})")
+    if top is not None:
+        made.append(top)
+
+
+def remove_empty_folders(top: Path) -> None:
+    """The empty folders under (and including) `top`, deepest first; anything holding a file stays."""
+    if not top.is_dir():
+        return
+    for d, _, _ in sorted(os.walk(top), key=lambda w: -len(w[0])):
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
+
+
 def sh(cmd: list[str], env=None, check=True, timeout=None) -> subprocess.CompletedProcess:
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     if check and p.returncode != 0:
         sys.stderr.write(p.stderr)
         raise RuntimeError(f"'{' '.join(shlex.quote(c) for c in cmd)}' failed with exit {p.returncode}")
     return p
+
+
+def task_ids(spec: str) -> list[int]:
+    """The task ids of a Slurm array task field: "3", or the record of tasks not yet split
+    apart (pending), "0-3", "0,2,5-7", with a throttle "0-3%2"."""
+    ids: list[int] = []
+    for part in spec.split("%", 1)[0].split(","):
+        a, _, b = part.partition("-")
+        if a.isdigit() and (not b or b.isdigit()):
+            ids.extend(range(int(a), int(b or a) + 1))
+    return ids
 
 
 def task_states(job_ids: list[str]) -> dict[tuple[str, int], tuple[str, str]]:
@@ -237,17 +273,19 @@ def task_states(job_ids: list[str]) -> dict[tuple[str, int], tuple[str, str]]:
         p = sh(["scontrol", "show", "job", "-o", jid], check=False, timeout=60)
         for line in p.stdout.splitlines():
             f = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
-            tid = f.get("ArrayTaskId", "")
-            if f.get("ArrayJobId") == jid and tid.isdigit():
-                states[(jid, int(tid))] = (f.get("JobState", "?"), f.get("ExitCode", "?"))
+            if f.get("ArrayJobId") != jid:
+                continue
+            for tid in task_ids(f.get("ArrayTaskId", "")):
+                states[(jid, tid)] = (f.get("JobState", "?"), f.get("ExitCode", "?"))
         p = sh(["sacct", "-n", "-P", "-X", "-j", jid, "-o", "JobID,State,ExitCode"], check=False, timeout=60)
         if p.returncode == 0:
             for line in p.stdout.splitlines():
                 parts = line.split("|")
                 if len(parts) >= 3 and "_" in parts[0]:
                     a, t = parts[0].split("_", 1)
-                    if a == jid and t.isdigit() and (a, int(t)) not in states:
-                        states[(a, int(t))] = (parts[1].split()[0], parts[2])
+                    for tid in task_ids(t.strip("[]")) if a == jid else []:
+                        if (a, tid) not in states:
+                            states[(a, tid)] = (parts[1].split()[0], parts[2])
     return states
 
 
@@ -415,6 +453,12 @@ def collect(arg: str, quiet_nothing: bool = False) -> int:
             return 0
         raise InputError(f"{base}: {msg}")
 
+    # A case's result file from before this submission (an earlier sweep into the same
+    # folders) is not this sweep's: the case table, written once before sbatch, dates it.
+    try:
+        submitted_at = (man_path.parent / "cases.tsv").stat().st_mtime
+    except OSError:
+        submitted_at = None
     job_of = {i: jid for jid, idx in man.get("jobs", {}).items() for i in idx}
     states = safe_task_states(list(man.get("jobs", {})))
     cols = METRIC_COLUMNS[sub]
@@ -434,8 +478,11 @@ def collect(arg: str, quiet_nothing: bool = False) -> int:
         head = {"case": i, **{k: c["values"].get(k) for k in keys}, "state": st, "exit_code": ec,
                 "case_dir": c["dir"]}
         try:
-            rows = case_results(sub, rfile)
-            result = "ok"
+            if submitted_at is not None and rfile.stat().st_mtime < submitted_at:
+                rows, result = [], "stale"
+            else:
+                rows = case_results(sub, rfile)
+                result = "ok"
         except FileNotFoundError:
             rows, result = [], "missing"
         except (OSError, ValueError) as e:
@@ -731,17 +778,38 @@ def main(argv: list[str]) -> int:
         job_deck = deck_path
         fixes = []
 
-    if not o.dry_run:
-        job_deck.parent.mkdir(parents=True, exist_ok=True)
-        if sweep:
-            job_deck.write_text(f"# {deck_path} without its [sweep] table, for run/slurm/sweep\n{stripped}")
+    # Until every array is queued, a failure (a case refused, sbatch refusing an array, a
+    # folder that cannot be made, Ctrl-C) undoes the submission: arrays already queued are
+    # cancelled, and the stamp folder and the folders made for it go again, so the newest
+    # manifest stays the last sweep that was submitted.
+    made: list[Path] = []
+    submitted: list[tuple[str, list[int]]] = []
 
-    # Validate every case as its task will run it; take the rank count from its mesh.
-    check_deck = job_deck if job_deck.exists() else deck_path
-    rows = []  # (index, ranks, dir, overrides)
-    here = deck_dir(deck_path)
-    given = [fix_override(here, s) for s in o.sets] if sweep else list(o.sets)
+    def undo() -> None:
+        if submitted:
+            sh(["scancel", *[j for j, _ in submitted]], check=False)
+        shutil.rmtree(state_dir / stamp, ignore_errors=True)
+        for top in reversed(made):
+            remove_empty_folders(top)
+        try:
+            state_dir.rmdir()  # only if empty
+        except OSError:
+            pass
+
     try:
+        if not o.dry_run:
+            make_folder(base_out, "output.dir", made)
+            if not os.access(base_out, os.W_OK | os.X_OK):
+                raise InputError(f"output.dir '{base_out}': cannot write in the folder")
+            make_folder(state_dir / stamp, "output.dir", made)
+            if sweep:
+                job_deck.write_text(f"# {deck_path} without its [sweep] table, for run/slurm/sweep\n{stripped}")
+
+        # Validate every case as its task will run it; take the rank count from its mesh.
+        check_deck = job_deck if job_deck.exists() else deck_path
+        rows = []  # (index, ranks, dir, overrides)
+        here = deck_dir(deck_path)
+        given = [fix_override(here, s) for s in o.sets] if sweep else list(o.sets)
         for i, (d, own) in enumerate(zip(dirs, case_sets)):
             sets = fixes + given + ([fix_override(here, s) for s in own] if sweep else own)
             args = ["validate", str(check_deck)] + [a for s in sets for a in ("--set", s)]
@@ -758,58 +826,53 @@ def main(argv: list[str]) -> int:
             for s in sets:  # the case table is tab-separated, a line per case
                 if "\t" in s or "\n" in s:
                     raise InputError(f"override '{s}' contains a tab or newline")
-    except (InputError, RuntimeError):
-        if not o.dry_run and sweep:  # nothing submitted: the case copy goes again
-            shutil.rmtree(state_dir / stamp, ignore_errors=True)
-            try:
-                state_dir.rmdir()  # only if empty
-            except OSError:
-                pass
-        raise
 
-    print(f"sweep: {deck_path}: {len(rows)} case(s), wlb {o.subcommand}, outputs under {base_out}/")
-    for i, ranks, d, sets in rows:
-        print(f"  case {i}: {ranks} rank(s)  {d}  {' '.join(s for s in sets if s not in fixes)}")
+        print(f"sweep: {deck_path}: {len(rows)} case(s), wlb {o.subcommand}, outputs under {base_out}/")
+        for i, ranks, d, sets in rows:
+            print(f"  case {i}: {ranks} rank(s)  {d}  {' '.join(s for s in sets if s not in fixes)}")
 
-    cases_file = state_dir / stamp / "cases.tsv"
-    if not o.dry_run:
-        cases_file.parent.mkdir(parents=True, exist_ok=True)
-        cases_file.write_text("".join("\t".join([str(r), d, *s]) + "\n" for _, r, d, s in rows))
-        manifest = state_dir / stamp / "sweep.json"
-        write_manifest(manifest, deck_path, o.subcommand, base_out, sorted(sweep), rows, cases, [])
-        for _, _, d, _ in rows:
-            Path(d).mkdir(parents=True, exist_ok=True)
+        cases_file = state_dir / stamp / "cases.tsv"
+        if not o.dry_run:
+            for i, _, d, _ in rows:
+                make_folder(Path(d), f"case {i}'s folder", made)
+            cases_file.write_text("".join("\t".join([str(r), d, *s]) + "\n" for _, r, d, s in rows))
+            manifest = state_dir / stamp / "sweep.json"
+            write_manifest(manifest, deck_path, o.subcommand, base_out, sorted(sweep), rows, cases, [])
 
-    env = dict(os.environ, WLB=wlb, WLB_ROOT=str(ROOT), WLB_CASES=str(cases_file.resolve()))
-    env.pop("WLB_ARGS", None)
-    env.pop("WLB_NTASKS", None)
-    by_ranks: dict[int, list[int]] = {}
-    for i, ranks, _, _ in rows:
-        by_ranks.setdefault(ranks, []).append(i)
-    submitted: list[tuple[str, list[int]]] = []
-    for ranks, idx in sorted(by_ranks.items()):
-        array = ",".join(map(str, idx)) + (f"%{o.throttle}" if o.throttle > 0 else "")
-        cmd = ["sbatch", "--parsable", f"--array={array}", f"--ntasks={ranks}",
-               f"--job-name=wlb-{o.subcommand}-{deck_path.stem}",
-               f"--output={base_out.resolve()}/slurm-%A_%a.out", *o.sbatch_arg,
-               # as arguments, not only the environment: a cluster (or the user) may submit
-               # with --export=NONE, and a task must not then run the deck's base case
-               str(TEMPLATE), "--cases", str(cases_file.resolve()), "--wlb", wlb, "--root", str(ROOT),
-               str(job_deck), o.subcommand, *o.wlb_arg]
-        if o.dry_run:
-            print("  " + " ".join(shlex.quote(c) for c in cmd))
-            continue
-        jid = sh(cmd, env=env).stdout.strip().split(";")[0]
-        submitted.append((jid, idx))
-        write_manifest(manifest, deck_path, o.subcommand, base_out, sorted(sweep), rows, cases, submitted)
-        print(f"sweep: submitted array job {jid}: {len(idx)} task(s) of {ranks} rank(s): "
-              + " ".join(f"{jid}_{i}" for i in idx), flush=True)
-    if o.dry_run or not o.wait:
+        env = dict(os.environ, WLB=wlb, WLB_ROOT=str(ROOT), WLB_CASES=str(cases_file.resolve()))
+        env.pop("WLB_ARGS", None)
+        env.pop("WLB_NTASKS", None)
+        by_ranks: dict[int, list[int]] = {}
+        for i, ranks, _, _ in rows:
+            by_ranks.setdefault(ranks, []).append(i)
+        for ranks, idx in sorted(by_ranks.items()):
+            array = ",".join(map(str, idx)) + (f"%{o.throttle}" if o.throttle > 0 else "")
+            cmd = ["sbatch", "--parsable", f"--array={array}", f"--ntasks={ranks}",
+                   f"--job-name=wlb-{o.subcommand}-{deck_path.stem}",
+                   f"--output={base_out.resolve()}/slurm-%A_%a.out", *o.sbatch_arg,
+                   # as arguments, not only the environment: a cluster (or the user) may submit
+                   # with --export=NONE, and a task must not then run the deck's base case
+                   str(TEMPLATE), "--cases", str(cases_file.resolve()), "--wlb", wlb, "--root", str(ROOT),
+                   str(job_deck), o.subcommand, *o.wlb_arg]
+            if o.dry_run:
+                print("  " + " ".join(shlex.quote(c) for c in cmd))
+                continue
+            jid = sh(cmd, env=env).stdout.strip().split(";")[0]
+            submitted.append((jid, idx))
+            write_manifest(manifest, deck_path, o.subcommand, base_out, sorted(sweep), rows, cases, submitted)
+            print(f"sweep: submitted array job {jid}: {len(idx)} task(s) of {ranks} rank(s): "
+                  + " ".join(f"{jid}_{i}" for i in idx), flush=True)
         if submitted:
             (state_dir / stamp / "jobs.json").write_text(json.dumps({j: i for j, i in submitted}) + "\n")
+    except BaseException:
+        if not o.dry_run:
+            if submitted:
+                log(f"cancelling the array job(s) already queued: {' '.join(j for j, _ in submitted)}")
+            undo()
+        raise
+    if o.dry_run or not o.wait:
         return 0
 
-    (state_dir / stamp / "jobs.json").write_text(json.dumps({j: i for j, i in submitted}) + "\n")
     ids = [j for j, _ in submitted]
     t0 = time.monotonic()
     while True:

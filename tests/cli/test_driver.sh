@@ -56,11 +56,11 @@ done
 for sub in plan shard simulate run; do
   "$WLB" $sub "$SRC/inputs/quickstart.toml" --steps -5 > "$tmp/out" 2> "$tmp/err"; rc=$?
   [ "$rc" = 2 ] || fail "$sub --steps -5 exit $rc, wanted 2"
-  grep -q "at least 1" "$tmp/err" || fail "$sub --steps -5 message: $(cat "$tmp/err")"
+  grep -q "must be in \[1, 1000000000000\] (got -5)" "$tmp/err" || fail "$sub --steps -5 message: $(cat "$tmp/err")"
   [ "$(wc -c < "$tmp/err")" -lt 300 ] || fail "$sub --steps -5 message too long: $(cat "$tmp/err")"
 done
 "$WLB" run "$SRC/inputs/quickstart.toml" --warmup -1 > "$tmp/out" 2> "$tmp/err"; rc=$?
-[ "$rc" = 2 ] && grep -q "at least 0" "$tmp/err" || fail "run --warmup -1: exit $rc $(cat "$tmp/err")"
+[ "$rc" = 2 ] && grep -q "must be in \[0, 1000000000000\] (got -1)" "$tmp/err" || fail "run --warmup -1: exit $rc $(cat "$tmp/err")"
 
 # validate reads every file the deck names (a batch job must not fail after queueing)
 vbad() {  # name, deck text, expected words

@@ -206,7 +206,7 @@ PY
     pass "sweep collect DIR afterwards: the same table"
   fi
   # A case without results (copy of the sweep, one summary removed): listed, empty metrics, exit 1.
-  cp -r "$rs" "$work/broken"
+  cp -a "$rs" "$work/broken"  # -a: the dates that tell this submission's results from older ones
   rm -f "$work/broken/mesh.cp-2/summary.json"
   rc=0
   timeout 60 run/slurm/sweep collect "$work/broken" >"$work/collect2.txt" 2>&1 || rc=$?
@@ -216,6 +216,15 @@ PY
     fail "collect with a missing case: exit $rc (want 1), row '$row':"$'\n'"$(cat "$work/collect2.txt")"
   else
     pass "sweep collect: a case without results -> its row with empty metrics, named, exit 1"
+  fi
+  # Results older than the submission (an earlier sweep into the same folders) are not its.
+  touch -d '2001-01-01' "$work/broken/mesh.cp-1/summary.json"
+  rc=0
+  timeout 60 run/slurm/sweep collect "$work/broken" >"$work/collect3.txt" 2>&1 || rc=$?
+  if ((rc != 1)) || ! grep -q 'no results: case 0 (mesh.cp=1).*summary.json stale' "$work/collect3.txt"; then
+    fail "collect with an older result file: exit $rc (want 1):"$'\n'"$(cat "$work/collect3.txt")"
+  else
+    pass "sweep collect: a result file from before the submission -> stale, exit 1"
   fi
 fi
 rc=0
@@ -277,10 +286,29 @@ timeout 30 run/slurm/submit inputs/quickstart.toml mesh --set mesh.no_such_key=1
 rc=0
 timeout 30 run/slurm/submit inputs/slurm_sweep.toml mesh >/dev/null 2>&1 || rc=$?
 ((rc == 2)) && pass "submit: a sweeping deck -> exit 2" || fail "submit: a sweeping deck exited $rc, not 2"
-# sbatch refusing the job (here: no configuration): its exit status, and the output
+rc=0
+timeout 30 run/slurm/submit inputs/quickstart.toml no_such_cmd >"$work/e.txt" 2>&1 || rc=$?
+((rc == 2)) && grep -q "'no_such_cmd' is not a subcommand" "$work/e.txt" && pass "submit: unknown subcommand -> exit 2" ||
+  fail "submit: unknown subcommand exited $rc: $(cat "$work/e.txt")"
+rc=0
+timeout 30 run/slurm/submit inputs/quickstart.toml mesh --set 'output.dir="/proc/wlb_no"' >"$work/e.txt" 2>&1 || rc=$?
+((rc == 2)) && grep -q "output.dir '/proc/wlb_no'" "$work/e.txt" && pass "submit: output.dir not creatable -> exit 2" ||
+  fail "submit: output.dir not creatable exited $rc: $(cat "$work/e.txt")"
+rc=0
+timeout 30 run/slurm/sweep inputs/slurm_sweep.toml --subcommand mesh --set 'output.dir="/proc/wlb_no"' >"$work/e.txt" 2>&1 || rc=$?
+((rc == 2)) && grep -q "output.dir '/proc/wlb_no'" "$work/e.txt" && pass "sweep: output.dir not creatable -> exit 2" ||
+  fail "sweep: output.dir not creatable exited $rc: $(cat "$work/e.txt")"
+# sbatch refusing the array: nothing left of the submission (no manifest that collect would
+# take for the newest sweep, no case folders)
+rc=0
+timeout 60 run/slurm/sweep inputs/slurm_sweep.toml --subcommand mesh --set "output.dir=\"$work/swrefused\"" \
+  --sbatch-arg=--partition=no_such_partition >"$work/e.txt" 2>&1 || rc=$?
+((rc == 1)) && [[ ! -e $work/swrefused ]] && pass "sweep: sbatch refused -> exit 1, nothing left" ||
+  fail "sweep: sbatch refused: exit $rc, left $(find "$work/swrefused" 2>/dev/null | tr '\n' ' '): $(cat "$work/e.txt")"
+# sbatch refusing the job (here: no such partition): its exit status, and the output
 # folders submit made for the job's log are removed again.
 rc=0
-SLURM_CONF=$work/no-such.conf timeout 30 run/slurm/submit inputs/quickstart.toml mesh \
+timeout 60 run/slurm/submit inputs/quickstart.toml mesh --sbatch-arg=--partition=no_such_partition \
   --set "output.dir=\"$work/refused/a/b\"" >"$work/r.txt" 2>&1 || rc=$?
 ((rc != 0)) && [[ ! -e $work/refused ]] && pass "submit: sbatch refused -> exit $rc, no folder left" ||
   fail "submit: sbatch refused: exit $rc, $(find "$work/refused" 2>/dev/null | tr '\n' ' ')"
