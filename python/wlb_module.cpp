@@ -565,6 +565,17 @@ struct PyPacker {
         if (d.arrival_step > step)
           throw py::value_error(
               fmt::format("pack_documents: document {} arrives at step {}, after step {}", d.id, d.arrival_step, step));
+      // A document the packer still holds (a queue, carry-over, the window) given again would
+      // be planned twice, in one plan even. Ids it has planned completely are the caller's
+      // to not repeat (it keeps no history: a sampler's epoch may well revisit them).
+      std::unordered_set<wlb::DocId> held;
+      for (const auto& seg : packer->heldSegments()) held.insert(seg.doc);
+      for (const auto& d : *given)
+        if (held.count(d.id))
+          throw py::value_error(fmt::format(
+              "pack_documents: document {} is still held by the packer (given at an earlier step, not yet fully "
+              "planned): giving it again would plan its tokens twice",
+              d.id));
     }
     auto out = std::make_unique<PyPlan>();
     in_pack = true;

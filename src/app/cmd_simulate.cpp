@@ -179,6 +179,17 @@ int run(const Opts& o) {
       auto rp = wlb::packing::readRunPlans(o.plans);
       replay_steps = rp.steps;
       replay_warmup = rp.warmup;
+      // A replay's steps are the file's: other counts than the run's would call the run's
+      // measured steps warm-up or drain (no new documents), and count them so.
+      if (rp.steps > 0 && o.steps > 0 && o.steps != rp.steps)
+        throw wlb::InputError("--steps " + std::to_string(o.steps) + ": the run in " + o.plans + " measured " +
+                                  std::to_string(rp.steps) + " steps (its summary.json); a replay takes the run's",
+                              true);
+      if (rp.warmup >= 0 && o.warmup >= 0 && o.warmup != rp.warmup)
+        throw wlb::InputError("--warmup " + std::to_string(o.warmup) + ": the run in " + o.plans + " had " +
+                                  std::to_string(rp.warmup) +
+                                  " warm-up steps (its summary.json); a replay takes the run's",
+                              true);
       if (o.strategies.empty()) {
         replay = std::move(rp.strategies);
       } else {

@@ -11,6 +11,7 @@
 /// count, so no strategy ends the comparison owing work.
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "core/types.hpp"
@@ -18,9 +19,29 @@
 
 namespace wlb::model {
 
-/// Drain steps after which a packer still holding documents is a bug, not a slow drain
-/// (`wlb run` and `wlb simulate` both stop there).
+/// Drain steps in a row without progress after which a packer still holding documents is a
+/// bug, not a slow drain (`wlb run`, `wlb simulate` and `wlb profile` stop there). A long
+/// document drains at a window a step for as long as it takes: 200000 tokens at a window of
+/// 16 is 12500 steps, each one progress.
 inline constexpr std::int64_t kMaxDrainSteps = 10000;
+
+/// Watches one packer's drain: stalled() is true once its pending tokens have not fallen
+/// for kMaxDrainSteps steps in a row (a packer may hold documents for a few steps while
+/// they wait, but not for ever).
+class DrainWatch {
+ public:
+  bool stalled(std::int64_t pending) {
+    if (pending < least_) {
+      least_ = pending;
+      still_ = 0;
+      return false;
+    }
+    return ++still_ >= kMaxDrainSteps;
+  }
+
+ private:
+  std::int64_t least_ = std::numeric_limits<std::int64_t>::max(), still_ = 0;
+};
 
 /// One measured (or simulated) step: wall seconds, trained tokens, useful FLOPs.
 struct StepWork {

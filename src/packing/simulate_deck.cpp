@@ -126,6 +126,7 @@ std::vector<SimStrategyResult> simulateDeck(const Deck& deck_in, const SimulateO
     std::vector<model::StepWork> work;  // measured steps, then drain steps
     // Measured steps, then drain steps (no new documents) until the packer holds
     // nothing: every strategy trains the whole stream of the window (throughput.hpp).
+    model::DrainWatch drain_watch;
     for (std::int64_t step = 0;; ++step) {
       const bool drain = step >= warmup + steps;
       StepPlan plan;
@@ -145,9 +146,11 @@ std::vector<SimStrategyResult> simulateDeck(const Deck& deck_in, const SimulateO
         }
       } else {
         if (drain && packer->pendingTokens() == 0) break;
-        if (drain && step - warmup - steps >= model::kMaxDrainSteps)
-          throw std::logic_error(fmt::format("wlb simulate: {} still holds {} tokens after {} drain steps", pr.packer,
-                                             packer->pendingTokens(), model::kMaxDrainSteps));
+        if (drain && drain_watch.stalled(packer->pendingTokens()))
+          throw std::logic_error(
+              fmt::format("wlb simulate: {} still holds {} tokens after {} drain steps without "
+                          "progress",
+                          pr.packer, packer->pendingTokens(), model::kMaxDrainSteps));
         const auto docs = drain ? std::vector<Document>{} : src->next(step);
         incoming = static_cast<std::int64_t>(docs.size());
         plan = packer->pack(step, docs);

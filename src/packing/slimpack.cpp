@@ -402,6 +402,9 @@ class SlimPackPacker final : public Packer {
     /// the packer does makes the step fit.
     bool hopeless = false;
     bool have = false;
+    bool merged = false;   ///< the DP-Merge placement merged a sample (the plain one is tried too)
+    bool merging = false;  ///< the placement being partitioned has merged samples
+    int placements = 0;
     std::int64_t token_cap = 0;
     nlohmann::json cands = nlohmann::json::array();
   };
@@ -475,7 +478,8 @@ class SlimPackPacker final : public Packer {
                          {"partition", partition},
                          {"step_seconds", res.step_seconds},
                          {"fits_memory", res.fits_memory},
-                         {"balanced", balanced}});
+                         {"balanced", balanced},
+                         {"dp_merge", out.merging}});
     const bool better = !out.have || (res.fits_memory && !out.res.fits_memory) ||
                         (res.fits_memory == out.res.fits_memory && res.step_seconds < out.res.step_seconds);
     if (better) {
@@ -514,15 +518,31 @@ class SlimPackPacker final : public Packer {
     std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
       return f[a] != f[b] ? f[a] > f[b] : docs[a].id < docs[b].id;
     });
+    // Each placement of the samples (with DP-Merge, and, when that merged any, without it:
+    // a sample just above the share gains little from a CP group of replicas and pays its
+    // communication, so the simulator decides between the two as between MicroPack counts).
+    for (const bool merge : {true, false}) {
+      if (!merge && !out.merged) break;
+      placeAndPartition(out, step, docs, f, order, share, s_fill, memory, merge && opt_.slimpack_dp_merge);
+    }
+    return out;
+  }
+
+  /// Phase 1 (samples to replicas, merged ones to groups) and phase 2 (every candidate
+  /// MicroPack count and partition, `consider`ed into `out`) for one placement rule.
+  void placeAndPartition(Outcome& out, std::int64_t step, const std::vector<Document>& docs,
+                         const std::vector<double>& f, const std::vector<std::size_t>& order, double share,
+                         std::int64_t s_fill, bool memory, bool merge) {
+    const auto dp = static_cast<std::size_t>(opt_.dp);
     std::vector<std::vector<Document>> rep(dp);
-    std::vector<std::vector<double>> rep_f(dp);  // their forward FLOPs, for every candidate count
+    std::vector<std::vector<double>> rep_f(dp);
     std::vector<double> load(dp, 0.0);
     std::vector<std::int64_t> rtok(dp, 0);
     std::vector<Group> groups;
     for (const auto i : order) {
       const auto g = std::max<std::size_t>(static_cast<std::size_t>(std::ceil(f[i] / share - 1e-9)),
                                            static_cast<std::size_t>((docs[i].length + s_fill - 1) / s_fill));
-      if (opt_.slimpack_dp_merge && dp > 1 && f[i] > share * (1 + 1e-9) && g <= dp) {
+      if (merge && dp > 1 && f[i] > share * (1 + 1e-9) && g <= dp) {
         std::vector<std::int64_t> by_load(dp);
         std::iota(by_load.begin(), by_load.end(), 0);
         std::stable_sort(by_load.begin(), by_load.end(), [&](std::int64_t a, std::int64_t b) {
@@ -532,6 +552,7 @@ class SlimPackPacker final : public Packer {
         std::sort(by_load.begin(), by_load.end());
         for (const auto r : by_load) load[static_cast<std::size_t>(r)] += f[i] / static_cast<double>(g);
         groups.push_back({docs[i], std::move(by_load)});
+        out.merged = true;
         continue;
       }
       const auto r = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
@@ -540,12 +561,17 @@ class SlimPackPacker final : public Packer {
       load[r] += f[i];
       rtok[r] += docs[i].length;
     }
+    // A sample sliced on one replica that needs more than a stage's free memory: hopeless
+    // for this placement (the step is hopeless if every placement is).
+    bool hopeless = false;
     if (memory)
       for (const auto& rd : rep)
         for (const auto& d : rd)
           for (int s = 0; d.length > s_fill && s < sim_.config().pp; ++s)
-            if (static_cast<double>(d.length) * sim_.stageBytesPerToken(s) > sim_.stageFreeBytes(s))
-              out.hopeless = true;
+            if (static_cast<double>(d.length) * sim_.stageBytesPerToken(s) > sim_.stageFreeBytes(s)) hopeless = true;
+    out.hopeless = out.placements == 0 ? hopeless : out.hopeless && hopeless;
+    ++out.placements;
+    out.merging = !groups.empty();
     // Phase 2 for every candidate MicroPack count; the simulator picks. Merged samples take
     // the leading slots (their own forward and backward units), the same on every replica
     // (empty where a replica is no member). Per count: the FLOP-balanced backward cuts; if
@@ -564,16 +590,16 @@ class SlimPackPacker final : public Packer {
         fwd.push_back(slimpack::packReplica(rep[r], m, s_fill, *cost_, &rep_f[r]));
         balanced = balanced && fwd.back().balanced;
       }
-      const bool remedies = memory && !out.hopeless;  // a second partition of these MicroPacks may follow
+      const bool remedies = memory && !hopeless;  // a second partition of these MicroPacks may follow
       if (consider(out, *assemble(step, groups, fwd, Partition::Flops, m, s_fill, !remedies), "flops", m, balanced) ||
-          !memory || out.hopeless)
+          !memory || hopeless)
         continue;
       if (auto plan = assemble(step, groups, fwd, Partition::SampleEnds, m, s_fill))
         consider(out, std::move(*plan), "sample_ends", m, balanced);
     }
     // Fewer slices: samples whole (one grouping, 1F1B's memory, which s_fill bounds), only
     // those longer than a MicroPack sliced.
-    if (memory && !out.res.fits_memory && !out.hopeless)
+    if (memory && !out.res.fits_memory && !hopeless)
       for (const auto i : counts) {
         const std::int64_t m = i * opt_.pp;
         std::vector<slimpack::ReplicaPacks> whole;
@@ -585,7 +611,6 @@ class SlimPackPacker final : public Packer {
         if (ok)
           consider(out, *assemble(step, groups, whole, Partition::Whole, m, s_fill, true), "whole_samples", m, false);
       }
-    return out;
   }
 
   pp::StepSimulator sim_;

@@ -306,10 +306,11 @@ DeckPlans planDecks(const ProfileOptions& o) {
         out.strategies.push_back(pr.name);
       auto src = wlb::data::makeLengthSource(deck);
       auto packer = wlb::packing::makePacker(pr.packer, deck, cost);
+      wlb::model::DrainWatch drain_watch;
       for (std::int64_t step = 0;; ++step) {
         const bool drain = step >= total;
         if (drain && packer->pendingTokens() == 0) break;
-        if (drain && step - total >= wlb::model::kMaxDrainSteps)
+        if (drain && drain_watch.stalled(packer->pendingTokens()))
           throw std::logic_error("wlb profile: " + pr.packer + " still holds documents after the drain limit");
         const auto docs = drain ? std::vector<wlb::Document>{} : src->next(step);
         const wlb::StepPlan plan = packer->pack(step, docs);

@@ -772,16 +772,18 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
   for (std::int64_t step = 0; step < warmup + steps; ++step)
     for (StratState& st : states) runStep(st, step, false);
   // Drain: rank 0 owns the packers and tells everyone which strategies still hold documents.
-  std::int64_t drained = 0;
+  std::vector<model::DrainWatch> drain_watch(states.size());
   for (std::int64_t step = warmup + steps;; ++step) {
     std::vector<int> hold(states.size(), 0);
     if (world_rank == 0)
       for (std::size_t i = 0; i < states.size(); ++i) hold[i] = states[i].packer->pendingTokens() > 0 ? 1 : 0;
     MPI_Bcast(hold.data(), static_cast<int>(hold.size()), MPI_INT, 0, mesh.world());
     if (std::none_of(hold.begin(), hold.end(), [](int h) { return h != 0; })) break;
-    if (++drained > model::kMaxDrainSteps)
-      throw std::logic_error("wlb run: a packer still holds documents after " + std::to_string(model::kMaxDrainSteps) +
-                             " drain steps");
+    if (world_rank == 0)  // rank 0 alone throws: a packer bug, the driver's abort ends every rank
+      for (std::size_t i = 0; i < states.size(); ++i)
+        if (hold[i] && drain_watch[i].stalled(states[i].packer->pendingTokens()))
+          throw std::logic_error("wlb run: " + states[i].strat.name + " still holds documents after " +
+                                 std::to_string(model::kMaxDrainSteps) + " drain steps without progress");
     for (std::size_t i = 0; i < states.size(); ++i)
       if (hold[i]) runStep(states[i], step, true);
   }

@@ -76,6 +76,8 @@ bad "steps out of order" "$T/b2/plan.wlb.jsonl:3: step 2 where step 1 was expect
 bad "another mesh" "plan.wlb.jsonl:1: the plans have dp = 1 replicas; the deck's mesh.dp = 2" --plans "$p" --set mesh.dp=2
 bad "another window" "data.context_window" --plans "$p" --set data.context_window=2048
 bad "too few steps" "holds" --plans "$p" --steps 50
+bad "other step counts than the run's" "--steps 1: the run in $T/run measured 3 steps" --plans "$T/run" --steps 1
+bad "other warm-up than the run's" "--warmup 0: the run in $T/run had 1 warm-up steps" --plans "$T/run" --warmup 0
 bad "no plans" "no plan files" --plans "$T/empty"
 bad "no such path" "no such plan file or run directory" --plans "$T/nosuch"
 bad "missing strategy" "'slimpack' has no plans in" --plans "$T/run" --strategies plain,slimpack

@@ -418,6 +418,13 @@ def test_bad_values_are_refused_not_coerced():
     q.pack(), q.pack()
     with pytest.raises(ValueError, match="pack_documents: step 1 after step 1"):
         q.pack_documents(wlb.Documents([10**6], [100], [1]), 1)
+    # a document the packer still holds, given again, would be planned twice (in one plan)
+    w = wlb.Packer(wlb.Deck(SMOKE_DECK), "wlb")
+    w.pack_documents(wlb.Documents([7, 8], [7000, 100], [0, 0]), 0)
+    assert 7 in w.held_segments()[:, 0]
+    with pytest.raises(ValueError, match="document 7 is still held by the packer"):
+        w.pack_documents(wlb.Documents([7], [7000], [1]), 1)
+    w.pack_documents(wlb.Documents([9], [10], [1]), 1)  # the refused call changed nothing
 
 
 def test_packer_refuses_a_second_thread_while_it_packs():

@@ -180,3 +180,18 @@ TEST(Throughput, SpeedupIntervalSkipsResamplesWithoutBaseTokens) {
   EXPECT_DOUBLE_EQ(r.lo, 2.0);
   EXPECT_DOUBLE_EQ(r.hi, 2.0);
 }
+
+// A drain is a bug only once it stops making progress: a long document trains a window a
+// step for as long as it takes (200000 tokens at a window of 16: 12500 steps), and a
+// packer may hold documents for a few steps while they wait.
+TEST(Throughput, DrainWatchStopsOnlyAStalledDrain) {
+  model::DrainWatch slow;
+  for (std::int64_t pending = 200000; pending > 0; pending -= 16) ASSERT_FALSE(slow.stalled(pending));
+  model::DrainWatch waiting;
+  for (int i = 0; i < 5; ++i) EXPECT_FALSE(waiting.stalled(100));  // held while it waits
+  EXPECT_FALSE(waiting.stalled(40));
+  model::DrainWatch stuck;
+  EXPECT_FALSE(stuck.stalled(7));
+  for (std::int64_t i = 1; i < model::kMaxDrainSteps; ++i) ASSERT_FALSE(stuck.stalled(7));
+  EXPECT_TRUE(stuck.stalled(7));
+}

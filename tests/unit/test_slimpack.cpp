@@ -407,12 +407,35 @@ TEST(SlimPack, MicroPacksRespectThePerStageMemoryBudget) {
   }
 }
 
+// DP-Merge is a placement the simulator weighs, not a rule: the packer simulates the plans
+// with and without it and keeps the faster. A sample of 9000 tokens among small ones on 4
+// replicas gains less from a group of replicas than its empty slots on the others cost; one
+// of 20000 (below) gains.
+TEST(SlimPack, DpMergeOnlyWhereItIsFaster) {
+  Deck d = slimDeck("pile", 3);
+  d.mesh.dp = 4;
+  const auto cost = model::CostModel::fromDeck(d);
+  std::vector<Document> docs{{0, 9000, 0}};
+  for (DocId i = 1; i < 40; ++i) docs.push_back({i, 300 + 37 * i, 0});
+  auto p = packing::makePacker("slimpack", d, cost);
+  const StepPlan plan = p->pack(0, docs);
+  EXPECT_TRUE(plan.merged.empty());
+  const auto info = p->lastSolverInfo();
+  double merged = 1e300, plain = 1e300;
+  for (const auto& c : info.at("candidates"))
+    (c.at("dp_merge").get<bool>() ? merged : plain) =
+        std::min(c.at("dp_merge").get<bool>() ? merged : plain, c.at("step_seconds").get<double>());
+  ASSERT_LT(merged, 1e300);  // the merged placement was simulated too
+  EXPECT_LT(plain, merged);
+  EXPECT_EQ(info.at("step_seconds").get<double>(), plain);
+}
+
 TEST(SlimPack, DpMergeRunsAnOversizedSampleOnAGroupOfReplicas) {
   Deck d = slimDeck("pile", 3);
   d.mesh.dp = 4;
   const auto cost = model::CostModel::fromDeck(d);
   // One sample with most of the step's forward FLOPs, and small ones.
-  std::vector<Document> docs{{0, 9000, 0}};
+  std::vector<Document> docs{{0, 20000, 0}};
   for (DocId i = 1; i < 40; ++i) docs.push_back({i, 300 + 37 * i, 0});
   auto p = packing::makePacker("slimpack", d, cost);
   const StepPlan plan = p->pack(0, docs);
@@ -427,7 +450,7 @@ TEST(SlimPack, DpMergeRunsAnOversizedSampleOnAGroupOfReplicas) {
     if (static_cast<std::int64_t>(r) == mg.group.front()) {
       ASSERT_EQ(slot.segments.size(), 1u);
       EXPECT_EQ(slot.segments[0].doc, 0);
-      EXPECT_EQ(slot.segments[0].length, 9000);
+      EXPECT_EQ(slot.segments[0].length, 20000);
     } else {
       EXPECT_TRUE(slot.segments.empty());
     }
@@ -450,7 +473,7 @@ TEST(SlimPack, DpMergeRunsAnOversizedSampleOnAGroupOfReplicas) {
     EXPECT_EQ(works[r][0].rank_tokens.front() > 0, member) << r;
     share += works[r][0].rank_tokens.front();
   }
-  EXPECT_EQ(share, 9000);
+  EXPECT_EQ(share, 20000);
   // The members exchange the sample's K/V over the group at cp = 1 too (the executor does):
   // the simulator charges it on the CP link.
   for (const auto r : mg.group) EXPECT_GT(works[static_cast<std::size_t>(r)][0].kv_fwd_bytes.front(), 0) << r;
