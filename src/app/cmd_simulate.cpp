@@ -205,40 +205,44 @@ int run(const Opts& o) {
         }
       }
     }
-    for (const Case& cs : cases) {
-      wlb::Deck deck = cs.deck;
-      if (!replay.empty()) {
+    for (const Case& cs : cases) try {
+        wlb::Deck deck = cs.deck;
+        if (!replay.empty()) {
+          const wlb::model::CostModel cost = wlb::model::CostModel::fromDeck(deck);
+          const wlb::pp::StepSimulator sim(deck, cost);
+          const auto [steps, warmup] = stepCounts(deck);
+          for (const auto& r : replay) {
+            wlb::packing::checkReplay(deck, r, steps + warmup);
+            wlb::packing::checkPackerSchedule(deck, r.file.header.packer);
+          }
+          continue;
+        }
+        if (!o.strategies.empty()) {
+          deck.run.strategies.clear();
+          for (const auto& st : o.strategies) deck.run.strategies.push_back(specOf(st));
+          try {  // the deck's check, told as the option's
+            (void)wlb::resolveStrategies(deck);
+          } catch (const wlb::InputError& e) {
+            std::string w = e.what();
+            const std::string key = "key 'run.strategies'";
+            if (w.rfind(key, 0) == 0) w = "--strategies" + w.substr(key.size());
+            throw wlb::InputError(w, true);
+          }
+        }
         const wlb::model::CostModel cost = wlb::model::CostModel::fromDeck(deck);
         const wlb::pp::StepSimulator sim(deck, cost);
-        const auto [steps, warmup] = stepCounts(deck);
-        for (const auto& r : replay) {
-          wlb::packing::checkReplay(deck, r, steps + warmup);
-          wlb::packing::checkPackerSchedule(deck, r.file.header.packer);
+        (void)sim.schedule(static_cast<int>(wlb::data::microBatchesPerReplica(deck)));
+        (void)wlb::data::makeLengthSource(deck);  // its length file, read here on every rank
+        for (const auto& pr : wlb::resolveStrategies(deck)) {
+          wlb::packing::checkPackerSchedule(deck, pr.packer);
+          (void)wlb::packing::makePacker(pr.packer, deck, cost);
+          (void)wlb::cp::parseStrategy(pr.sharding);
         }
-        continue;
+      } catch (const wlb::InputError& e) {
+        // several cases: say which one (its profile or length file may be its own)
+        if (cases.size() < 2) throw;
+        throw wlb::InputError("case " + cs.name + " (" + cs.deck.source_path + "): " + e.what(), e.collective());
       }
-      if (!o.strategies.empty()) {
-        deck.run.strategies.clear();
-        for (const auto& st : o.strategies) deck.run.strategies.push_back(specOf(st));
-        try {  // the deck's check, told as the option's
-          (void)wlb::resolveStrategies(deck);
-        } catch (const wlb::InputError& e) {
-          std::string w = e.what();
-          const std::string key = "key 'run.strategies'";
-          if (w.rfind(key, 0) == 0) w = "--strategies" + w.substr(key.size());
-          throw wlb::InputError(w, true);
-        }
-      }
-      const wlb::model::CostModel cost = wlb::model::CostModel::fromDeck(deck);
-      const wlb::pp::StepSimulator sim(deck, cost);
-      (void)sim.schedule(static_cast<int>(wlb::data::microBatchesPerReplica(deck)));
-      (void)wlb::data::makeLengthSource(deck);  // its length file, read here on every rank
-      for (const auto& pr : wlb::resolveStrategies(deck)) {
-        wlb::packing::checkPackerSchedule(deck, pr.packer);
-        (void)wlb::packing::makePacker(pr.packer, deck, cost);
-        (void)wlb::cp::parseStrategy(pr.sharding);
-      }
-    }
   });
   if (cases.empty()) throw wlb::InputError("wlb simulate: no decks to simulate (the deck list names none)", true);
   // Every output path before any work (rank 0 writes them): a bad one must not leave the

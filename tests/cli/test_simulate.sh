@@ -147,4 +147,10 @@ grep -q '^# pipeline.recompute = "selective" without its time: run_cp2: ' "$TMP/
 step() { awk '$3 == "plain" {print $8}' "$1"; }
 awk -v a="$(step "$TMP/sel.txt")" -v b="$(step "$TMP/none.txt")" 'BEGIN { exit !(a > b) }' ||
   fail "selective step $(step "$TMP/sel.txt") s not above none's $(step "$TMP/none.txt") s"
+
+# Several decks: a case's own bad input names the case and its deck.
+sed 's#^profile = .*#profile = "nonexist.json"#' "$SRC/inputs/sim_small.toml" > "$TMP/badprof.toml"
+"$WLB" simulate "$SRC/inputs/sim_small.toml" "$TMP/badprof.toml" --steps 1 > "$TMP/bp.txt" 2>&1; rc=$?
+[ $rc -eq 2 ] && grep -q "case badprof ($TMP/badprof.toml): \[hardware\] profile: file 'nonexist.json' not found" "$TMP/bp.txt" ||
+  fail "a bad case among several: exit $rc: $(cat "$TMP/bp.txt")"
 echo "PASS"
