@@ -609,11 +609,13 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
           throw InputError(fmt::format("{}: step {} but its document source is at step {} (an edited checkpoint)",
                                        ckpt_path, start, source->nextStep()));
         // Keep the log of the steps before the checkpoint; later ones are run again.
+        const bool have_log = fs::exists(log_path);
         std::ifstream in(log_path);
         std::vector<std::string> lines;
         for (std::string line; std::getline(in, line);)
           if (!line.empty()) lines.push_back(line);
         std::string kept;
+        std::int64_t next = 0;  // the step the next kept record must hold
         for (std::size_t li = 0; li < lines.size(); ++li) {
           const std::string& line = lines[li];
           nlohmann::json r;
@@ -624,21 +626,45 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
             if (li + 1 == lines.size()) break;
             throw InputError(fmt::format("{}: line {}: not a log record ({})", log_path, li + 1, e.what()));
           }
-          if (r.value("step", std::int64_t{0}) >= start) continue;
-          kept += line + "\n";
           trace::TrainStepRow row;
-          row.step = r.value("step", std::int64_t{0});
-          row.tokens = r.value("tokens", std::int64_t{0});
-          row.predicted = r.value("predicted", std::int64_t{0});
-          row.documents = r.value("documents", std::int64_t{0});
-          row.loss = r.value("loss", 0.0);
-          row.eval_loss = r.value("eval_loss", std::nan(""));
-          row.lr = r.value("lr", 0.0);
-          row.grad_norm = r.value("grad_norm", 0.0);
-          row.seconds = r.value("seconds", 0.0);
+          try {
+            if (!r.is_object() || !r.contains("step") || !r["step"].is_number_integer())
+              throw InputError("not a log record (an object with an integer \"step\")");
+            row.step = r["step"].get<std::int64_t>();
+            if (row.step >= start) continue;
+            row.tokens = r.value("tokens", std::int64_t{0});
+            row.predicted = r.value("predicted", std::int64_t{0});
+            row.documents = r.value("documents", std::int64_t{0});
+            row.loss = r.value("loss", 0.0);
+            row.eval_loss = r.value("eval_loss", std::nan(""));
+            row.lr = r.value("lr", 0.0);
+            row.grad_norm = r.value("grad_norm", 0.0);
+            row.seconds = r.value("seconds", 0.0);
+          } catch (const nlohmann::json::exception& e) {
+            throw InputError(fmt::format("{}: line {}: not a log record ({})", log_path, li + 1, e.what()));
+          } catch (const InputError& e) {
+            throw InputError(fmt::format("{}: line {}: {}", log_path, li + 1, e.what()));
+          }
+          // The checkpoint's run logged steps 0 .. start-1, each once, in order: a log that
+          // does not is another run's (a fresh run into the same folder replaced it and
+          // stopped before its first checkpoint), and resuming would lose steps from it.
+          if (row.step != next)
+            throw InputError(fmt::format(
+                "{}: line {}: step {} where step {} was expected: the log is not that of the run that wrote {} "
+                "(step {}); a fresh run into the same output.dir replaced it before its first checkpoint. Start "
+                "afresh (without --resume) or move the log aside",
+                log_path, li + 1, row.step, next, ckpt_path, start));
+          ++next;
+          kept += line + "\n";
           row.tokens_per_second = row.seconds > 0 ? static_cast<double>(row.tokens) / row.seconds : 0.0;
           step_rows.push_back(row);
         }
+        if (have_log && next != start)
+          throw InputError(
+              fmt::format("{}: holds steps 0 .. {} of the {} before the checkpoint {}: the log is not "
+                          "that of the run that wrote it; start afresh (without --resume) or move "
+                          "the log aside",
+                          log_path, next - 1, start, ckpt_path));
         kept_log = std::move(kept);
       }
     }
@@ -670,7 +696,10 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
             r, ckpt_path, steps[static_cast<std::size_t>(r)], steps[0]);
     combine(err);
   }
-  if (kept_log) {  // rank 0: the log back to the checkpoint's step, whole or not at all
+  // Nothing to train (a finished run, or --exit-after at or before the checkpoint's step):
+  // the log, the trace and the checkpoint stay as they are.
+  const bool trains = start < total_steps && !(opt.exit_after_steps > 0 && opt.exit_after_steps <= start);
+  if (kept_log && trains) {  // rank 0: the log back to the checkpoint's step, whole or not at all
     try {
       log.close();
       writeFileAtomically(log_path, "train log", *kept_log, opt.track_temporary);
@@ -688,7 +717,6 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
   rec.setStrategy(d.packing.strategy);
   std::unique_ptr<trace::Writer> writer;
   // A resume with nothing left to train keeps the trace the run wrote.
-  const bool trains = start < total_steps && !(opt.exit_after_steps > 0 && opt.exit_after_steps <= start);
   if (opt.write_trace && trains) {
     trace::RunMeta meta = runtime::measuredMeta(deck, shape, opt.command, "wlb::train::train", precision, backend);
     meta.extra.emplace_back("first_step", std::to_string(start));
@@ -766,6 +794,13 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
     return predicted > 0 ? loss / static_cast<double>(predicted) : -1.0;
   };
 
+  if (rank == 0 && tc.eval_interval > 0 && eval_batches.empty()) {  // asked for, but nothing to evaluate on
+    std::fprintf(stderr,
+                 "wlb train: note: train.eval_interval = %lld, but the validation split %s_valid holds no tokens: "
+                 "no evaluation (prepare the dataset with --valid-fraction > 0)\n",
+                 static_cast<long long>(tc.eval_interval), prefix.c_str());
+    std::fflush(stderr);
+  }
   if (opt.progress && rank == 0) {
     std::fprintf(stderr, "wlb train: mesh %s, %lld parameters, steps %lld..%lld, packer %s%s\n",
                  shape.describe().c_str(), static_cast<long long>(sum.params), static_cast<long long>(start),
@@ -978,7 +1013,10 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
     // 0's CP rank 0 ranks (every stage and TP slice) send theirs to rank 0, in (stage, TP
     // rank) order: each stage's slices back to back, the stages in order.
     // A stop checkpoints whatever the interval: its summary promises that --resume continues.
-    const bool ckpt_now = exiting || (tc.checkpoint_interval > 0 && ((step + 1) % tc.checkpoint_interval == 0 || last));
+    // So does the last step of a resumed run: a later --resume then finds the run finished
+    // (with interval 0 it found the stop's checkpoint and trained the tail again).
+    const bool ckpt_now = exiting || (last && opt.resume) ||
+                          (tc.checkpoint_interval > 0 && ((step + 1) % tc.checkpoint_interval == 0 || last));
     std::vector<std::vector<float>> ckpt_host;
     if (ckpt_now && ckpt_comm.get() != MPI_COMM_NULL) {
       const int writers = shape.tp() * P;
@@ -1103,11 +1141,13 @@ std::string formatSummary(const TrainSummary& s) {
   if (!s.mesh.empty()) os << fmt::format("mesh             {}\n", s.mesh);
   os << fmt::format("parameters       {}\n", s.params);
   os << fmt::format("tokens trained   {} (since step 0)\n", s.tokens);
-  if (!s.exit_reason.empty())
+  if (!s.exit_reason.empty() && s.steps > s.first_step)
     os << fmt::format("stopped          after step {} of {} ({}); --resume continues\n", s.steps, s.total_steps,
                       s.exit_reason);
-  if (s.steps == s.first_step) {  // a resume of a finished run: no loss or rate to report
-    os << "nothing trained  the checkpoint had finished the run\n";
+  if (s.steps == s.first_step) {  // a resume with nothing to train: no loss or rate to report
+    os << (s.steps >= s.total_steps
+               ? "nothing trained  the checkpoint had finished the run\n"
+               : fmt::format("nothing trained  the checkpoint is at step {}, at or past {}\n", s.steps, s.exit_reason));
   } else {
     os << fmt::format("train loss       {:.4f} -> {:.4f} (nats/token)\n", s.first_loss, s.last_loss);
     if (s.eval_loss >= 0)

@@ -229,6 +229,32 @@ same_30_steps full stop "--exit-after 13 + resume: 30 steps bit-identical" || fa
   { cat resumed.txt; fail "resume after --exit-after, interval 0"; }
 same_30_steps full stop0 "interval 0: --exit-after 13 + resume: 30 steps bit-identical" ||
   fail "interval 0: --exit-after resumed losses differ"
+# ... and a resume to the end checkpoints the last step: a second resume trains nothing
+# (with interval 0 it found the stop's checkpoint and trained the tail again).
+"$WLB" train deck.toml $ck --set train.checkpoint_interval=0 --set output.dir=stop0 --resume > o.txt 2>&1 ||
+  { cat o.txt; fail "second resume, interval 0"; }
+grep -q "nothing trained  the checkpoint had finished the run" o.txt || fail "second resume, interval 0: $(cat o.txt)"
+# --exit-after at or before the checkpoint's step: nothing trained, said so, the log kept.
+"$WLB" train deck.toml $ck --set output.dir=ea --exit-after 13 --quiet > /dev/null 2>&1 || fail "--exit-after 13 (ea)"
+cp ea/train_log.jsonl log0.jsonl
+"$WLB" train deck.toml $ck --set output.dir=ea --resume --exit-after 5 > o.txt 2>&1 || fail "--exit-after before the checkpoint"
+grep -q "nothing trained  the checkpoint is at step 13, at or past --exit-after 5" o.txt && ! grep -q "^stopped" o.txt ||
+  fail "--exit-after before the checkpoint: $(cat o.txt)"
+cmp -s log0.jsonl ea/train_log.jsonl || fail "--exit-after before the checkpoint rewrote the log"
+# A fresh run into the folder of a checkpointed one, killed before its own first checkpoint,
+# leaves the other run's checkpoint beside its log: a resume would lose steps, refused.
+WLB_TRAIN_KILL_AFTER_STEP=14 "$WLB" train deck.toml $ck --set output.dir=stale --quiet > /dev/null 2>&1
+WLB_TRAIN_KILL_AFTER_STEP=3 "$WLB" train deck.toml $ck --set output.dir=stale --quiet > /dev/null 2>&1
+"$WLB" train deck.toml $ck --set output.dir=stale --resume > o.txt 2>&1; rc=$?
+[ $rc -eq 2 ] && grep -q "stale/train_log.jsonl: holds steps 0 .. 3 of the 10 before the checkpoint" o.txt ||
+  fail "resume with another run's log: exit $rc: $(cat o.txt)"
+# A record that is JSON but not a log record names the log and its line, not the checkpoint.
+cp stop/train_log.jsonl bad_log.jsonl
+WLB_TRAIN_KILL_AFTER_STEP=14 "$WLB" train deck.toml $ck --set output.dir=badrec --quiet > /dev/null 2>&1
+sed -i '2s/.*/[1,2]/' badrec/train_log.jsonl
+"$WLB" train deck.toml $ck --set output.dir=badrec --resume > o.txt 2>&1; rc=$?
+[ $rc -eq 2 ] && grep -q 'badrec/train_log.jsonl: line 2: not a log record' o.txt ||
+  fail "a damaged log record: exit $rc: $(cat o.txt)"
 "$WLB" train deck.toml $ck --set output.dir=stop --resume > o.txt 2>&1 || fail "resume of a finished run"
 grep -q "nothing trained" o.txt || fail "resume of a finished run: $(cat o.txt)"
 # SIGUSR1 to mpiexec (what Slurm's --signal sends before a time limit): every rank stops
