@@ -19,6 +19,7 @@
 #include "app/command.hpp"
 #include "core/error.hpp"
 #include "core/input_file.hpp"
+#include "core/json_text.hpp"
 #include "core/output_file.hpp"
 #include "core/progress.hpp"
 #include "data/length_source.hpp"
@@ -101,7 +102,7 @@ int runPlan(const Opts& o) {
     app::onEveryRank([&] {
       auto f = openInput(o.resume, "--resume", std::ios::in, true);
       try {
-        f >> resume;
+        resume = parseJsonText(f);  // the whole file: a NUL or text after the state is damage
       } catch (const nlohmann::json::exception& e) {
         throw InputError(fmt::format("--resume {}: not valid JSON: {}", o.resume, e.what()), true);
       }

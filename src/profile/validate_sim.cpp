@@ -327,7 +327,13 @@ ValidateSimResult validateSim(const ValidateSimOptions& o) {
   }
   checkOutputFolder(o.out, "--out");  // a file or an unwritable place, named before any work
   const fs::path out = fs::absolute(o.out);
-  for (const char* sub : {"logs", "calibration", "validation", "simulation"}) fs::create_directories(out / sub);
+  for (const char* sub : {"logs", "calibration", "validation", "simulation"}) {
+    std::error_code ec;
+    fs::create_directories(out / sub, ec);
+    if (ec)
+      throw InputError(
+          fmt::format("--out '{}': cannot create the folder {} ({})", o.out, (out / sub).string(), ec.message()));
+  }
   const fs::path logs = out / "logs";
   const std::string wlb = o.wlb.empty() ? selfExe() : o.wlb;
   const auto steps_args = [&](std::vector<std::string>& a) {

@@ -13,6 +13,8 @@
 #include <thread>
 #include <tuple>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.hpp"
 #include "core/kokkos_compat.hpp"
 #include "model/memory.hpp"
@@ -152,6 +154,23 @@ StageStepInput replicaStepInput(std::int64_t step, const StepPlan& plan, std::si
     in.comms[m] = std::move(plans[m].comm);
   }
   return in;
+}
+
+std::string shardPlansJson(const StepPlan& plan, int stages, std::int64_t slots, int cp, const model::CostModel& cost,
+                           cp::Strategy strategy, cp::CommMode mode, const CpConfig& cfg) {
+  nlohmann::json sj = nlohmann::json::array();
+  if (pp::isSlimPackPlan(plan)) return sj.dump();  // run sliced, without CP plans
+  for (std::size_t d = 0; d < plan.replicas.size(); ++d) {
+    const StageStepInput in = replicaStepInput(0, plan, d, stages, slots, cp, cost, strategy, mode, cfg);
+    for (std::size_t m = 0; m < plan.replicas[d].size(); ++m) {
+      if (in.mb_tokens[m] == 0) continue;
+      sj.push_back({{"dp", d},
+                    {"micro_batch", m},
+                    {"shard", cp::toJson(in.shards[m])},
+                    {"metrics", cp::toJson(cp::computeMetrics(in.shards[m], in.comms[m], cost))}});
+    }
+  }
+  return sj.dump();
 }
 
 MergedComms connectMerged(const parallel::Mesh& mesh, const StepPlan& plan, StageStepInput& in,

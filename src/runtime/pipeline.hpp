@@ -97,6 +97,13 @@ StageStepInput replicaStepInput(std::int64_t step, const StepPlan& plan, std::si
                                 int cp, const model::CostModel& cost, cp::Strategy strategy, cp::CommMode mode,
                                 const CpConfig& cfg);
 
+/// Every replica's CP shard plans of a step, as the trace's /plan/shard_json: per
+/// non-empty micro-batch its `dp`, `micro_batch`, `shard` and `metrics` (`[]` for a SlimPack
+/// plan, which runs sliced). What `wlb calibrate` fits the KV links to; `wlb run` and
+/// `wlb train` write it with each step's plan.
+std::string shardPlansJson(const StepPlan& plan, int stages, std::int64_t slots, int cp, const model::CostModel& cost,
+                           cp::Strategy strategy, cp::CommMode mode, const CpConfig& cfg);
+
 /// The communicators of a step's DP-Merge units: for each unit, the ranks of its group's
 /// replicas with the same (tp, pp) coordinates, by (replica, CP rank), set into `in.merged` (collective over
 /// the mesh's world: every rank walks plan.merged alike). They live until the step ends.

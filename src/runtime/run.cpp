@@ -198,19 +198,8 @@ StageStepInput shardReplica(const RunContext& rc, const StepPlan& plan, std::siz
 
 // The shard plans of every replica as the trace's /plan/shard_json.
 std::string shardJson(const RunContext& rc, const StepPlan& plan, const std::string& sharding) {
-  nlohmann::json sj = nlohmann::json::array();
-  if (pp::isSlimPackPlan(plan)) return sj.dump();  // run sliced, without CP plans
-  for (std::size_t d = 0; d < plan.replicas.size(); ++d) {
-    const StageStepInput in = shardReplica(rc, plan, d, sharding, 0);
-    for (std::size_t m = 0; m < plan.replicas[d].size(); ++m) {
-      if (in.mb_tokens[m] == 0) continue;
-      sj.push_back({{"dp", d},
-                    {"micro_batch", m},
-                    {"shard", cp::toJson(in.shards[m])},
-                    {"metrics", cp::toJson(cp::computeMetrics(in.shards[m], in.comms[m], rc.cost))}});
-    }
-  }
-  return sj.dump();
+  return shardPlansJson(plan, rc.shape.pp(), rc.M, rc.shape.cp(), rc.cost, cp::parseStrategy(sharding), rc.comm_mode,
+                        rc.deck.cp);
 }
 
 // ---- 3. execute: the schedule walk, the gradient reduction, the step's measurements -------
@@ -686,7 +675,12 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
           st.plan_out.open(path + ".partial");
           if (!st.plan_out) throw InputError("cannot write the plan file " + path + ".partial");
           report.plan_paths.push_back(path);
-          st.res.plan_file = std::filesystem::path(path).lexically_relative(deck.output.dir).generic_string();
+          {  // relative to output.dir, from absolute forms: an absolute output.plan beside a relative dir
+            namespace fs = std::filesystem;
+            const fs::path rel = fs::absolute(path).lexically_normal().lexically_relative(
+                fs::absolute(deck.output.dir).lexically_normal());
+            st.res.plan_file = rel.empty() ? fs::absolute(path).string() : rel.generic_string();
+          }
           packing::PlanHeader h;
           h.packer = strat.packer;
           h.dp = shape.dp();

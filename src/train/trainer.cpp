@@ -851,7 +851,9 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
     if (static_cast<int>(plan.replicas.size()) != shape.dp())
       throw std::logic_error(
           fmt::format("wlb train: the packer returned {} replicas for mesh.dp = {}", plan.replicas.size(), shape.dp()));
-    if (writer && rank == 0) writer->addPlan(d.packing.strategy, plan, text);
+    if (writer && rank == 0)  // with every replica's CP shard plans, as `wlb run` writes them (calibrate reads them)
+      writer->addPlan(d.packing.strategy, plan, text,
+                      runtime::shardPlansJson(plan, P, M, shape.cp(), *cost, cp_strategy, cp_mode, d.cp));
     // The loss is the mean over every predicted token of the step (all replicas), so each
     // rank scales its share by the same global count.
     const std::int64_t predicted = runtime::predictedRows(plan);

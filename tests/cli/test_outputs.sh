@@ -85,11 +85,13 @@ WANT="--gradients (wlb.npy) 'gn/wlb.npy': is a directory" \
 [ ! -e gno ] && [ "$(ls gn)" = "wlb.npy" ] || fail "a refused --gradients wrote $(find gno gn)"
 WANT="--gradients (plain.npy) and output.plan (plain) name the same file" \
   refused "$WLB" run run.toml --gradients gc --set 'output.dir="gc"' --set output.plan=plain.npy --set 'run.strategies=["plain"]' --quiet
-WANT="output.dir / output.trace: cannot create the folder /proc/wlbout" \
+# (as root the folder cannot be made; as a user /proc cannot be written in)
+WANT="output.dir.*/proc/wlbout" \
   refused "$WLB" run run.toml --set 'output.dir="/proc/wlbout"' --quiet
 WANT="--steps: '99999999999999999999' is out of range (must be in " \
   refused "$WLB" run run.toml --steps 99999999999999999999 --no-output
 WANT="--warmup: must be in " refused "$WLB" simulate run.toml --warmup -1
+WANT="--out '/proc/wlbvs/x': cannot " refused "$WLB" validate-sim run.toml --quick --rounds 1 --out /proc/wlbvs/x
 WANT="--out 'run.toml': is also an input" refused "$WLB" profile --quick --deck run.toml --out run.toml
 # --gradients' folder is made before the run: where none can be made, exit 2 before any output
 # (as root the folder cannot be made; as a user /proc cannot be written in)

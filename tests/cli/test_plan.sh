@@ -237,4 +237,9 @@ cp "$SRC/inputs/quickstart.toml" "$T/copied/"
   { cat "$T/copied.txt"; fail "a deck without its profile beside it: exit $rc"; }
 cp "$SRC/inputs/profiles/epyc-avx2-1core.json" "$T/copied/profiles/"
 (cd "$T/copied" && "$WLB" plan quickstart.toml --steps 1 > /dev/null 2>&1) || fail "a copied deck with its profile"
+# A --resume state with a NUL byte (or text) after it is damaged, not read up to the NUL.
+"$WLB" plan "$SRC/inputs/plan_smoke.toml" --packer wlb --steps 2 --save-state "$T/st.json" > /dev/null || fail "save-state"
+printf '\0{"junk":1}' >> "$T/st.json"
+"$WLB" plan "$SRC/inputs/plan_smoke.toml" --packer wlb --steps 2 --resume "$T/st.json" > "$T/nul.txt" 2>&1; rc=$?
+[ $rc -eq 2 ] && grep -q "NUL byte" "$T/nul.txt" || fail "--resume of a state with a NUL: exit $rc: $(cat "$T/nul.txt")"
 echo "test_plan: OK"

@@ -97,5 +97,14 @@ mpiexec -n 2 "$WLB" run "$deck" "${small[@]}" --steps 3 --warmup 1 --quiet --set
   fail "replay of a rerun: $(cat "$T/re.txt")"
 grep -q "^# replayed the plans of $T/run ($T/run/plan.jsonl)" "$T/re.txt" && [ "$(grep -Ec '^run_cp2 +1x2x1x1 ' "$T/re.txt")" = 1 ] ||
   fail "replay of a rerun mixed runs: $(cat "$T/re.txt")"
+# ... also when output.plan is absolute and output.dir relative (the summary names the
+# plans from their absolute paths)
+(cd "$T" && mpiexec -n 2 "$WLB" run "$deck" "${small[@]}" --steps 3 --warmup 1 --quiet --set 'output.dir="run"' \
+  --set 'run.strategies=["fixed"]' --set data.seed=98 --set "output.plan=\"$T/elsewhere/plan.jsonl\"" > rerun2.txt 2>&1) ||
+  fail "rerun with an absolute output.plan: $(cat "$T/rerun2.txt")"
+(cd "$T" && "$WLB" simulate "$deck" "${small[@]}" --as-run --plans run --set data.seed=98 > re2.txt 2>&1) ||
+  fail "replay, absolute output.plan: $(cat "$T/re2.txt")"
+grep -q "^# replayed the plans of run (run/../elsewhere/plan.jsonl)" "$T/re2.txt" ||
+  fail "replay with an absolute output.plan took other plans: $(cat "$T/re2.txt")"
 
 echo "wlb simulate --plans tests passed"

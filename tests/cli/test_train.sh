@@ -153,6 +153,14 @@ grep -q "wlb train: step 40/40" dp2.err || fail "dp=2: no progress line: $(cat d
 [ "$(grep -c 'step 40/40' dp2.err)" = 1 ] || fail "dp=2: progress printed by more than rank 0"
 timeout 120 mpiexec -n 2 "$WLB" train deck.toml --set mesh.cp=2 --set output.dir=cp2 --quiet > /dev/null 2> cp2.err ||
   { cat cp2.err; fail "cp=2 run"; }
+# the trace holds each step's CP shard plans, as wlb run's does (wlb calibrate reads them)
+$PY - cp2/trace.h5 <<'PYEOF' || fail "cp=2 trace: no shard plans"
+import json, sys, h5py
+with h5py.File(sys.argv[1], "r") as f:
+    plans = [json.loads(x) for x in f["plan/shard_json"][:]]
+assert plans and all(isinstance(p, list) and p for p in plans), plans[:2]
+assert all(len(m["shard"]["ranks"]) == 2 for p in plans for m in p), plans[0][0]
+PYEOF
 # tp = 2 splits the KV heads too: two of them
 "$WLB" train deck.toml --set model.kv_heads=2 --set output.dir=kv2 --quiet > /dev/null || fail "one-rank kv_heads=2 run"
 timeout 120 mpiexec -n 2 "$WLB" train deck.toml --set model.kv_heads=2 --set mesh.tp=2 --set output.dir=tp2 --quiet \
