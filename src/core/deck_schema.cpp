@@ -193,7 +193,8 @@ const std::vector<KeySpec>& deckSchema() {
         I("train", "eval_tokens", 0, big, WLB_F(train.eval_tokens),
           "Validation tokens per evaluation (documents in order); 0 = the whole split."),
         I("train", "checkpoint_interval", 0, big, WLB_F(train.checkpoint_interval),
-          "Checkpoint every N steps (and the last); 0 = only when a stop (--exit-after, SIGUSR1) asks."),
+          "Checkpoint every N steps (and the last); 0 = only at a stop (--exit-after, SIGUSR1) and the last step of a "
+          "resumed run."),
         S("train", "checkpoint_dir", {}, WLB_F(train.checkpoint_dir),
           "Checkpoint directory; \"\" = output.dir/checkpoint."),
 

@@ -679,7 +679,9 @@ RunReport runDeck(const Deck& deck_in, const RunOptions& opt) {
             namespace fs = std::filesystem;
             const fs::path rel = fs::absolute(path).lexically_normal().lexically_relative(
                 fs::absolute(deck.output.dir).lexically_normal());
-            st.res.plan_file = rel.empty() ? fs::absolute(path).string() : rel.generic_string();
+            // outside it ("..": through a link, the folder's real parent), absolute
+            const bool inside = !rel.empty() && *rel.begin() != "..";
+            st.res.plan_file = inside ? rel.generic_string() : fs::absolute(path).lexically_normal().string();
           }
           packing::PlanHeader h;
           h.packer = strat.packer;

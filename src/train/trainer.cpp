@@ -609,22 +609,25 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
           throw InputError(fmt::format("{}: step {} but its document source is at step {} (an edited checkpoint)",
                                        ckpt_path, start, source->nextStep()));
         // Keep the log of the steps before the checkpoint; later ones are run again.
-        const bool have_log = fs::exists(log_path);
         std::ifstream in(log_path);
-        std::vector<std::string> lines;
+        std::vector<std::pair<std::size_t, std::string>> lines;  // (line number, text)
+        std::size_t number = 0;
         for (std::string line; std::getline(in, line);)
-          if (!line.empty()) lines.push_back(line);
+          if (++number; !line.empty()) lines.emplace_back(number, line);
+        // No log, or an empty one (a resume into another output.dir that trained nothing):
+        // a fresh log from the checkpoint's step.
+        const bool have_log = !lines.empty();
         std::string kept;
-        std::int64_t next = 0;  // the step the next kept record must hold
+        std::int64_t first = -1, next = 0;  // the first kept record's step; the step the next must hold
         for (std::size_t li = 0; li < lines.size(); ++li) {
-          const std::string& line = lines[li];
+          const auto& [lineno, line] = lines[li];
           nlohmann::json r;
           try {
             r = parseJsonText(line);
           } catch (const nlohmann::json::exception& e) {
             // A crash mid-write leaves a torn last line (a step after the checkpoint: run again).
             if (li + 1 == lines.size()) break;
-            throw InputError(fmt::format("{}: line {}: not a log record ({})", log_path, li + 1, e.what()));
+            throw InputError(fmt::format("{}: line {}: not a log record ({})", log_path, lineno, e.what()));
           }
           trace::TrainStepRow row;
           try {
@@ -641,38 +644,42 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
             row.grad_norm = r.value("grad_norm", 0.0);
             row.seconds = r.value("seconds", 0.0);
           } catch (const nlohmann::json::exception& e) {
-            throw InputError(fmt::format("{}: line {}: not a log record ({})", log_path, li + 1, e.what()));
+            throw InputError(fmt::format("{}: line {}: not a log record ({})", log_path, lineno, e.what()));
           } catch (const InputError& e) {
-            throw InputError(fmt::format("{}: line {}: {}", log_path, li + 1, e.what()));
+            throw InputError(fmt::format("{}: line {}: {}", log_path, lineno, e.what()));
           }
-          // The checkpoint's run logged steps 0 .. start-1, each once, in order: a log that
-          // does not is another run's (a fresh run into the same folder replaced it and
-          // stopped before its first checkpoint), and resuming would lose steps from it.
+          // The checkpoint's run logged its steps before the checkpoint once each, in order
+          // (from step 0, or from where a resume into another output.dir began the log).
+          if (first < 0) first = next = row.step;
           if (row.step != next)
-            throw InputError(fmt::format(
-                "{}: line {}: step {} where step {} was expected: the log is not that of the run that wrote {} "
-                "(step {}); a fresh run into the same output.dir replaced it before its first checkpoint. Start "
-                "afresh (without --resume) or move the log aside",
-                log_path, li + 1, row.step, next, ckpt_path, start));
+            throw InputError(
+                fmt::format("{}: line {}: step {} where step {} was expected (a step missing or "
+                            "logged twice)",
+                            log_path, lineno, row.step, next));
           ++next;
           kept += line + "\n";
           row.tokens_per_second = row.seconds > 0 ? static_cast<double>(row.tokens) / row.seconds : 0.0;
           step_rows.push_back(row);
         }
+        // ... up to the checkpoint's step: a log that stops before it is another run's (a
+        // fresh run into the same folder replaces the log and stopped before its first
+        // checkpoint), and a resume would lose the steps between.
         if (have_log && next != start)
-          throw InputError(
-              fmt::format("{}: holds steps 0 .. {} of the {} before the checkpoint {}: the log is not "
-                          "that of the run that wrote it; start afresh (without --resume) or move "
-                          "the log aside",
-                          log_path, next - 1, start, ckpt_path));
-        kept_log = std::move(kept);
+          throw InputError(fmt::format(
+              "{}: {} but the checkpoint {} is at step {}: the log and the checkpoint are not of one run; start "
+              "afresh (without --resume) or move the log aside",
+              log_path,
+              first < 0 ? std::string("holds no step before the checkpoint's")
+                        : fmt::format("holds steps {} .. {}", first, next - 1),
+              ckpt_path, start));
+        if (have_log) kept_log = std::move(kept);
       }
     }
     if (rank == 0) {  // writable now; a fresh run's log replaces the old one at its first step
       const bool existed = fs::exists(log_path);
       log.open(log_path, std::ios::app);
       if (!log) throw InputError(fmt::format("{}: cannot write ({})", log_path, std::strerror(errno)));
-      if (!existed && !opt.resume) {  // made at the first step: a failure before it leaves no empty log
+      if (!existed) {  // made at the first step: a failure before it (or no step) leaves no empty log
         log.close();
         fs::remove(log_path);
       }
@@ -1062,6 +1069,13 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
       if (!opt.resume && step == start) {  // an input error before the first step kept the old log
         log.close();
         log.open(log_path, std::ios::trunc);
+        if (!log) err = fmt::format("{}: cannot write ({})", log_path, std::strerror(errno));  // combined below
+        // ... and an earlier run's checkpoint goes with it: left beside this run's log it
+        // would be resumed (a finished run's tail trained again, or steps lost between)
+        std::error_code ec;
+        fs::remove(ckpt_path, ec);
+      } else if (!log.is_open()) {  // a resume into a folder without a log: made at its first step
+        log.open(log_path, std::ios::app);
         if (!log) err = fmt::format("{}: cannot write ({})", log_path, std::strerror(errno));  // combined below
       }
       log << rec_json.dump() << "\n";

@@ -249,13 +249,33 @@ cp ea/train_log.jsonl log0.jsonl
 grep -q "nothing trained  the checkpoint is at step 13, at or past --exit-after 5" o.txt && ! grep -q "^stopped" o.txt ||
   fail "--exit-after before the checkpoint: $(cat o.txt)"
 cmp -s log0.jsonl ea/train_log.jsonl || fail "--exit-after before the checkpoint rewrote the log"
-# A fresh run into the folder of a checkpointed one, killed before its own first checkpoint,
-# leaves the other run's checkpoint beside its log: a resume would lose steps, refused.
+# A fresh run into the folder of a checkpointed one replaces the log and removes the other
+# run's checkpoint at its first step: killed before its own first checkpoint, nothing is
+# left to resume (a resume of the other's would lose steps, or train a finished run again).
 WLB_TRAIN_KILL_AFTER_STEP=14 "$WLB" train deck.toml $ck --set output.dir=stale --quiet > /dev/null 2>&1
 WLB_TRAIN_KILL_AFTER_STEP=3 "$WLB" train deck.toml $ck --set output.dir=stale --quiet > /dev/null 2>&1
 "$WLB" train deck.toml $ck --set output.dir=stale --resume > o.txt 2>&1; rc=$?
-[ $rc -eq 2 ] && grep -q "stale/train_log.jsonl: holds steps 0 .. 3 of the 10 before the checkpoint" o.txt ||
-  fail "resume with another run's log: exit $rc: $(cat o.txt)"
+[ $rc -eq 2 ] && grep -q "no checkpoint to resume from" o.txt || fail "resume after a fresh run's kill: exit $rc: $(cat o.txt)"
+# A log that misses a step before the checkpoint (or stops short of it) is not the
+# checkpoint's run's: refused naming the log's line.
+WLB_TRAIN_KILL_AFTER_STEP=14 "$WLB" train deck.toml $ck --set output.dir=gap --quiet > /dev/null 2>&1
+sed -i '4d' gap/train_log.jsonl
+"$WLB" train deck.toml $ck --set output.dir=gap --resume > o.txt 2>&1; rc=$?
+[ $rc -eq 2 ] && grep -q "gap/train_log.jsonl: line 4: step 4 where step 3 was expected" o.txt ||
+  fail "resume with a step missing from the log: exit $rc: $(cat o.txt)"
+WLB_TRAIN_KILL_AFTER_STEP=14 "$WLB" train deck.toml $ck --set output.dir=short --quiet > /dev/null 2>&1
+head -n 5 short/train_log.jsonl > short.jsonl && mv short.jsonl short/train_log.jsonl
+"$WLB" train deck.toml $ck --set output.dir=short --resume > o.txt 2>&1; rc=$?
+[ $rc -eq 2 ] && grep -q "short/train_log.jsonl: holds steps 0 .. 4 but the checkpoint .* is at step 10" o.txt ||
+  fail "resume with a short log: exit $rc: $(cat o.txt)"
+# output.dir may change on resume: the new folder's log begins at the checkpoint's step, and a
+# second resume into it continues from there.
+"$WLB" train deck.toml $ck --set output.dir=moved --set 'train.checkpoint_dir="short/checkpoint"' --resume \
+  --exit-after 15 --quiet > o.txt 2>&1 || fail "resume into another output.dir: $(cat o.txt)"
+"$WLB" train deck.toml $ck --set output.dir=moved --set 'train.checkpoint_dir="short/checkpoint"' --resume \
+  > o.txt 2>&1 || fail "second resume into the other output.dir: $(cat o.txt)"
+$PY -c "import json,sys; s=[json.loads(l)['step'] for l in open('moved/train_log.jsonl')]; sys.exit(s != list(range(10, 30)))" ||
+  fail "the moved run's log is not steps 10 .. 29: $(cut -c1-60 moved/train_log.jsonl | head -3)"
 # A record that is JSON but not a log record names the log and its line, not the checkpoint.
 cp stop/train_log.jsonl bad_log.jsonl
 WLB_TRAIN_KILL_AFTER_STEP=14 "$WLB" train deck.toml $ck --set output.dir=badrec --quiet > /dev/null 2>&1
