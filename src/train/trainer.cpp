@@ -664,14 +664,13 @@ TrainSummary train(const Deck& deck, const TrainOptions& opt) {
         // ... up to the checkpoint's step: a log that stops before it is another run's (a
         // fresh run into the same folder replaces the log and stopped before its first
         // checkpoint), and a resume would lose the steps between.
-        if (have_log && next != start)
+        // (A log whose records all lie at or after the checkpoint's step began there: a
+        // resume into another output.dir, stopped before its next checkpoint.)
+        if (first >= 0 && next != start)
           throw InputError(fmt::format(
-              "{}: {} but the checkpoint {} is at step {}: the log and the checkpoint are not of one run; start "
-              "afresh (without --resume) or move the log aside",
-              log_path,
-              first < 0 ? std::string("holds no step before the checkpoint's")
-                        : fmt::format("holds steps {} .. {}", first, next - 1),
-              ckpt_path, start));
+              "{}: holds steps {} .. {} but the checkpoint {} is at step {}: the log and the checkpoint are not of "
+              "one run; start afresh (without --resume) or move the log aside",
+              log_path, first, next - 1, ckpt_path, start));
         if (have_log) kept_log = std::move(kept);
       }
     }

@@ -276,6 +276,15 @@ head -n 5 short/train_log.jsonl > short.jsonl && mv short.jsonl short/train_log.
   > o.txt 2>&1 || fail "second resume into the other output.dir: $(cat o.txt)"
 $PY -c "import json,sys; s=[json.loads(l)['step'] for l in open('moved/train_log.jsonl')]; sys.exit(s != list(range(10, 30)))" ||
   fail "the moved run's log is not steps 10 .. 29: $(cut -c1-60 moved/train_log.jsonl | head -3)"
+# ... also when the moved run was killed before its next checkpoint (its log then holds only
+# steps at or after the checkpoint's)
+WLB_TRAIN_KILL_AFTER_STEP=14 "$WLB" train deck.toml $ck --set output.dir=k2 --quiet > /dev/null 2>&1
+WLB_TRAIN_KILL_AFTER_STEP=12 "$WLB" train deck.toml $ck --set output.dir=mv2 --set 'train.checkpoint_dir="k2/checkpoint"' \
+  --resume --quiet > /dev/null 2>&1
+"$WLB" train deck.toml $ck --set output.dir=mv2 --set 'train.checkpoint_dir="k2/checkpoint"' --resume > o.txt 2>&1 ||
+  fail "resume of a moved run killed before its next checkpoint: $(cat o.txt)"
+$PY -c "import json,sys; s=[json.loads(l)['step'] for l in open('mv2/train_log.jsonl')]; sys.exit(s != list(range(10, 30)))" ||
+  fail "the moved, killed run's log is not steps 10 .. 29"
 # A record that is JSON but not a log record names the log and its line, not the checkpoint.
 cp stop/train_log.jsonl bad_log.jsonl
 WLB_TRAIN_KILL_AFTER_STEP=14 "$WLB" train deck.toml $ck --set output.dir=badrec --quiet > /dev/null 2>&1
