@@ -104,7 +104,7 @@ grep -q "^# replayed the plans of $T/run ($T/run/plan.jsonl)" "$T/re.txt" && [ "
   fail "rerun with an absolute output.plan: $(cat "$T/rerun2.txt")"
 (cd "$T" && "$WLB" simulate "$deck" "${small[@]}" --as-run --plans run --set data.seed=98 > re2.txt 2>&1) ||
   fail "replay, absolute output.plan: $(cat "$T/re2.txt")"
-grep -q "^# replayed the plans of run (run/../elsewhere/plan.jsonl)" "$T/re2.txt" ||
+grep -q "^# replayed the plans of run (/.*/elsewhere/plan.jsonl)" "$T/re2.txt" ||
   fail "replay with an absolute output.plan took other plans: $(cat "$T/re2.txt")"
 
 echo "wlb simulate --plans tests passed"
