@@ -402,8 +402,7 @@ class SlimPackPacker final : public Packer {
     /// the packer does makes the step fit.
     bool hopeless = false;
     bool have = false;
-    bool merged = false;   ///< the DP-Merge placement merged a sample (the plain one is tried too)
-    bool merging = false;  ///< the placement being partitioned has merged samples
+    bool merged = false;  ///< the DP-Merge placement merged a sample (the plain one is tried too)
     int placements = 0;
     std::int64_t token_cap = 0;
     nlohmann::json cands = nlohmann::json::array();
@@ -470,7 +469,7 @@ class SlimPackPacker final : public Packer {
 
   /// Simulate a candidate plan and keep it when it is better: the fastest that fits
   /// memory, or the fastest when none fits. Returns whether it fits.
-  bool consider(Outcome& out, StepPlan&& plan, const char* partition, std::int64_t m, bool balanced) {
+  bool consider(Outcome& out, StepPlan&& plan, const char* partition, std::int64_t m, bool balanced, bool merged) {
     std::vector<pp::PackFlowDeps> flow;
     pp::packFlowPlanWork(plan, "per_document", sim_.config().cp, *cost_, CpConfig{}, attn_, flow, works_);
     const auto res = sim_.simulate(works_, nullptr, 0, 0, &flow);
@@ -479,7 +478,7 @@ class SlimPackPacker final : public Packer {
                          {"step_seconds", res.step_seconds},
                          {"fits_memory", res.fits_memory},
                          {"balanced", balanced},
-                         {"dp_merge", out.merging}});
+                         {"dp_merge", merged}});
     const bool better = !out.have || (res.fits_memory && !out.res.fits_memory) ||
                         (res.fits_memory == out.res.fits_memory && res.step_seconds < out.res.step_seconds);
     if (better) {
@@ -571,7 +570,7 @@ class SlimPackPacker final : public Packer {
             if (static_cast<double>(d.length) * sim_.stageBytesPerToken(s) > sim_.stageFreeBytes(s)) hopeless = true;
     out.hopeless = out.placements == 0 ? hopeless : out.hopeless && hopeless;
     ++out.placements;
-    out.merging = !groups.empty();
+    const bool merged = !groups.empty();
     // Phase 2 for every candidate MicroPack count; the simulator picks. Merged samples take
     // the leading slots (their own forward and backward units), the same on every replica
     // (empty where a replica is no member). Per count: the FLOP-balanced backward cuts; if
@@ -591,11 +590,12 @@ class SlimPackPacker final : public Packer {
         balanced = balanced && fwd.back().balanced;
       }
       const bool remedies = memory && !hopeless;  // a second partition of these MicroPacks may follow
-      if (consider(out, *assemble(step, groups, fwd, Partition::Flops, m, s_fill, !remedies), "flops", m, balanced) ||
+      if (consider(out, *assemble(step, groups, fwd, Partition::Flops, m, s_fill, !remedies), "flops", m, balanced,
+                   merged) ||
           !memory || hopeless)
         continue;
       if (auto plan = assemble(step, groups, fwd, Partition::SampleEnds, m, s_fill))
-        consider(out, std::move(*plan), "sample_ends", m, balanced);
+        consider(out, std::move(*plan), "sample_ends", m, balanced, merged);
     }
     // Fewer slices: samples whole (one grouping, 1F1B's memory, which s_fill bounds), only
     // those longer than a MicroPack sliced.
@@ -609,7 +609,8 @@ class SlimPackPacker final : public Packer {
           ok = whole.back().ok;
         }
         if (ok)
-          consider(out, *assemble(step, groups, whole, Partition::Whole, m, s_fill, true), "whole_samples", m, false);
+          consider(out, *assemble(step, groups, whole, Partition::Whole, m, s_fill, true), "whole_samples", m, false,
+                   merged);
       }
   }
 

@@ -327,12 +327,13 @@ ValidateSimResult validateSim(const ValidateSimOptions& o) {
   }
   checkOutputFolder(o.out, "--out");  // a file or an unwritable place, named before any work
   const fs::path out = fs::absolute(o.out);
-  for (const char* sub : {"logs", "calibration", "validation", "simulation"}) {  // all checked before any is made
+  static constexpr const char* kStageFolders[] = {"logs", "calibration", "validation", "simulation"};
+  for (const char* sub : kStageFolders) {  // all checked before any is made
     std::error_code ec;
     if (fs::exists(out / sub, ec) && !fs::is_directory(out / sub, ec))
       throw InputError(fmt::format("--out '{}': {} is a file, not a folder", o.out, (out / sub).string()));
   }
-  for (const char* sub : {"logs", "calibration", "validation", "simulation"}) {
+  for (const char* sub : kStageFolders) {
     std::error_code ec;
     fs::create_directories(out / sub, ec);
     if (ec)
